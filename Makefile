@@ -1,0 +1,32 @@
+# Set-up lives here so that a fresh clone needs only `make bench` or `make test`.
+# VENV may point at an existing environment (e.g. one holding a CUDA build of torch 2.13.0).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.benchlib-installed
+ARGS ?=
+
+.PHONY: bench test lab install clean-venv
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+## Run every notebook on the best available device; results land in results/<run-id>/.
+bench: $(STAMP)
+	$(BIN)/benchlib run --device auto $(ARGS)
+
+## The test suite (CI runs exactly this).
+test: $(STAMP)
+	$(BIN)/python -m pytest $(ARGS)
+
+## Open the notebooks in JupyterLab.
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks/
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""benchlib: measure memory, allocations and GC pauses of gradient engines (see docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""Plotly figure builders: take tidy DataFrames, return figures."""
