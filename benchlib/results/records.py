@@ -1,0 +1,197 @@
+"""The tidy record schema: one row per measured value, validated where it is made.
+
+Validation happens in `make_record` and `records_frame` so that a bad row fails in the
+workload that produced it, with the field named, rather than later as a confusing plot.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pandas as pd
+
+RECORD_COLUMNS: tuple[str, ...] = (
+    "run_id",
+    "benchmark",
+    "case",
+    "engine",
+    "device",
+    "dtype",
+    "metric",
+    "value",
+    "unit",
+    "repeat",
+    "params",
+)
+
+# Labels that identify a value; each must be a non-empty string.
+_LABEL_FIELDS = ("benchmark", "case", "engine", "device", "dtype", "metric")
+_REQUIRED_FIELDS = _LABEL_FIELDS + ("value", "unit")
+_COLUMN_DTYPES = {name: str for name in RECORD_COLUMNS} | {"value": "float64", "repeat": "int64"}
+
+
+class RecordError(ValueError):
+    """A record that does not fit the schema; the message names the field and what is valid."""
+
+
+def _device_name(device: Any) -> str:
+    """Accept a device string or anything with a string `.name` (a benchlib.measure.Device)."""
+    name = getattr(device, "name", device)
+    if not isinstance(name, str):
+        raise RecordError(
+            f"device must be a string such as 'cpu' or 'cuda:0' (or a Device), got {device!r}"
+        )
+    return name
+
+
+def _dtype_name(dtype: Any) -> str:
+    """Normalise NumPy and torch dtypes to one spelling ('float32'), so engines compare."""
+    if isinstance(dtype, str):
+        return dtype.removeprefix("torch.")
+    text = str(dtype)
+    if text.startswith("torch."):
+        return text.removeprefix("torch.")
+    try:
+        import numpy as np
+
+        return np.dtype(dtype).name
+    except TypeError:
+        raise RecordError(
+            f"dtype must be a string such as 'float64' or a NumPy/torch dtype, got {dtype!r}"
+        ) from None
+
+
+def _json_default(value: Any) -> Any:
+    """Let NumPy scalars and arrays through json.dumps; refuse anything else by name."""
+    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def params_json(params: Mapping[str, Any] | None) -> str:
+    """Parameters as a JSON string with sorted keys, so equal parameters compare equal."""
+    if params is None:
+        return "{}"
+    if not isinstance(params, Mapping):
+        raise RecordError(f"params must be a dict of JSON-able values or None, got {params!r}")
+    try:
+        return json.dumps(dict(params), sort_keys=True, default=_json_default)
+    except (TypeError, ValueError) as error:
+        raise RecordError(f"params must hold JSON-able values (numbers, strings, lists, dicts): {error}") from None
+
+
+def _value(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise RecordError(
+            f"value must be a real number (int, float or NumPy scalar; NaN for 'not measured'), "
+            f"got {type(value).__name__} {value!r}"
+        )
+    return float(value)
+
+
+def _repeat(repeat: Any) -> int:
+    if isinstance(repeat, bool) or not isinstance(repeat, numbers.Integral) or repeat < 0:
+        raise RecordError(f"repeat must be a non-negative integer, got {repeat!r}")
+    return int(repeat)
+
+
+def make_record(
+    *,
+    benchmark: str,
+    case: str,
+    engine: str,
+    device: Any,
+    dtype: Any,
+    metric: str,
+    value: float,
+    unit: str,
+    repeat: int = 0,
+    params: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One tidy row; `run_id` stays empty until `Run.save_records` fills it."""
+    record = {
+        "run_id": "",
+        "benchmark": benchmark,
+        "case": case,
+        "engine": engine,
+        "device": _device_name(device),
+        "dtype": _dtype_name(dtype),
+        "metric": metric,
+        "value": _value(value),
+        "unit": unit,
+        "repeat": _repeat(repeat),
+        "params": params_json(params),
+    }
+    for field in _LABEL_FIELDS:
+        if not isinstance(record[field], str) or not record[field]:
+            raise RecordError(f"{field} must be a non-empty string, got {record[field]!r}")
+    if not isinstance(unit, str):
+        raise RecordError(f"unit must be a string such as 's', 'B' or '' (dimensionless), got {unit!r}")
+    return record
+
+
+def _validated_row(row: Mapping[str, Any], index: int) -> dict[str, Any]:
+    missing = [field for field in _REQUIRED_FIELDS if field not in row]
+    if missing:
+        raise RecordError(
+            f"record {index} is missing {', '.join(missing)}; "
+            f"a record has {', '.join(RECORD_COLUMNS)} (make_record builds one)"
+        )
+    unknown = sorted(set(row) - set(RECORD_COLUMNS))
+    if unknown:
+        raise RecordError(
+            f"record {index} has unknown field(s) {', '.join(unknown)}; "
+            f"valid fields: {', '.join(RECORD_COLUMNS)} (put anything else in params)"
+        )
+    params = row.get("params")
+    fields = {name: row[name] for name in _REQUIRED_FIELDS}
+    try:
+        record = make_record(
+            **fields,
+            repeat=row.get("repeat", 0),
+            params=json.loads(params) if isinstance(params, str) else params,
+        )
+    except RecordError as error:
+        raise RecordError(f"record {index}: {error}") from None
+    except json.JSONDecodeError as error:
+        raise RecordError(f"record {index}: params is not valid JSON: {error}") from None
+    run_id = row.get("run_id", "")
+    record["run_id"] = "" if run_id is None or (isinstance(run_id, float) and math.isnan(run_id)) else str(run_id)
+    return record
+
+
+def empty_records_frame() -> pd.DataFrame:
+    """A frame with the schema's columns and dtypes and no rows."""
+    return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in _COLUMN_DTYPES.items()})
+
+
+def records_frame(records: Iterable[Mapping[str, Any]] | pd.DataFrame) -> pd.DataFrame:
+    """Rows (dicts, or a frame of them) to a validated DataFrame with the schema's columns and dtypes."""
+    if isinstance(records, pd.DataFrame):
+        rows = records.to_dict("records")
+    elif isinstance(records, Mapping):
+        raise RecordError("records_frame takes a list of records, got a single record (wrap it in a list)")
+    else:
+        rows = list(records)
+    for index, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise RecordError(f"record {index} is a {type(row).__name__}, not a dict (make_record builds one)")
+    validated = [_validated_row(row, index) for index, row in enumerate(rows)]
+    if not validated:
+        return empty_records_frame()
+    frame = pd.DataFrame(validated, columns=list(RECORD_COLUMNS))
+    return frame.astype(_COLUMN_DTYPES)
+
+
+def conform(frame: pd.DataFrame) -> pd.DataFrame:
+    """Give a frame read back from parquet the schema's column order and dtypes."""
+    missing = [name for name in RECORD_COLUMNS if name not in frame.columns]
+    if missing:
+        raise RecordError(f"records are missing column(s) {', '.join(missing)}; expected {', '.join(RECORD_COLUMNS)}")
+    return frame[list(RECORD_COLUMNS)].astype(_COLUMN_DTYPES).reset_index(drop=True)

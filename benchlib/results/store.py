@@ -1,0 +1,303 @@
+"""Run directories: atomic writes of records, figures and run.json, and loading runs back.
+
+A run directory holds `run.json`, `records.parquet` (every benchmark's rows),
+`records/<benchmark>.parquet`, `figures/` and, under the runner, `notebooks/`. Each file is
+written to a temporary name in the same directory and renamed, so a crash or Ctrl-C leaves the
+previous version or the new one, never half a file. Parquet and JSON only: no pickle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import tempfile
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from benchlib.results.environment import capture_environment
+from benchlib.results.records import conform, empty_records_frame, records_frame
+
+RUN_INFO = "run.json"
+RECORDS = "records.parquet"
+RESULTS_ROOT_ENV = "BENCHLIB_RESULTS"
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# mkstemp creates files readable by the owner only; results files get the usual permissions.
+_FILE_MODE = 0o666 & ~_current_umask()
+
+
+def now_iso() -> str:
+    """UTC time, to the second, in ISO 8601: what run.json records."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _atomic_write(path: Path, write: Any) -> Path:
+    """Call `write(temp_path)`, then rename over `path`; on any error the old file stays and no temp is left."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(descriptor)
+    try:
+        write(temp_name)
+        os.chmod(temp_name, _FILE_MODE)
+        with open(temp_name, "rb") as written:
+            os.fsync(written.fileno())
+        os.replace(temp_name, path)
+    except BaseException:
+        Path(temp_name).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_parquet_atomic(df: pd.DataFrame, path: str | os.PathLike) -> Path:
+    """Write `df` to parquet at `path` via a temp file in the same directory and `os.replace`."""
+    return _atomic_write(Path(path), lambda temp: df.to_parquet(temp, index=False))
+
+
+def write_text_atomic(text: str, path: str | os.PathLike) -> Path:
+    """Write text (UTF-8) atomically."""
+    return _atomic_write(Path(path), lambda temp: Path(temp).write_text(text, encoding="utf-8"))
+
+
+def write_json_atomic(data: Any, path: str | os.PathLike) -> Path:
+    """Write JSON atomically (indented, so run.json reads well in a diff)."""
+    return write_text_atomic(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n", path)
+
+
+def default_results_root() -> Path:
+    """`$BENCHLIB_RESULTS`, else `results/` of the project containing the working directory.
+
+    JupyterLab starts kernels in `notebooks/`, the runner in the project root: both find the
+    same `results/` by walking up to the directory that holds `pyproject.toml` and `notebooks/`.
+    """
+    if os.environ.get(RESULTS_ROOT_ENV):
+        return Path(os.environ[RESULTS_ROOT_ENV])
+    here = Path.cwd().resolve()
+    for directory in (here, *here.parents):
+        if (directory / "pyproject.toml").is_file() and (directory / "notebooks").is_dir():
+            return directory / "results"
+    return here / "results"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "unknown"
+
+
+def new_run_dir(root: str | os.PathLike, device: Any = "cpu", when: datetime | None = None) -> Path:
+    """Create `<root>/<run-id>/`, run-id = UTC timestamp, host and device; suffixed when taken."""
+    device_name = getattr(device, "name", device) or "cpu"
+    stamp = (when or datetime.now(timezone.utc)).strftime("%Y%m%d-%H%M%S")
+    base = f"{stamp}-{_slug(socket.gethostname().split('.')[0])}-{_slug(str(device_name))}"
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, 1000):
+        candidate = root / (base if attempt == 1 else f"{base}-{attempt}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+    raise FileExistsError(f"could not find a free run directory name for {base} in {root}")
+
+
+class Run:
+    """One run directory; notebooks write their records and figures through it."""
+
+    def __init__(self, path: Path, info: dict[str, Any]):
+        self.path = Path(path)
+        self.info = info
+
+    @property
+    def run_id(self) -> str:
+        return self.info["run_id"]
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.path)!r})"
+
+    @classmethod
+    def create(
+        cls,
+        root: str | os.PathLike | None = None,
+        device: Any = "cpu",
+        *,
+        allocator_policy: str | None = None,
+        **info: Any,
+    ) -> Run:
+        """A new run directory under `root` with a run.json of this environment (plus `info`)."""
+        path = new_run_dir(default_results_root() if root is None else root, device)
+        run = cls(
+            path,
+            {
+                "run_id": path.name,
+                "started_at": now_iso(),
+                "ended_at": None,
+                "device": getattr(device, "name", device),
+                **info,
+                "environment": capture_environment(device, allocator_policy=allocator_policy),
+                "notebooks": {},
+            },
+        )
+        run.write_info()
+        return run
+
+    @classmethod
+    def open(cls, results_dir: str | os.PathLike = "", device: Any = "cpu") -> Run:
+        """The run directory a notebook writes into: `results_dir` from the runner, or a new one when empty.
+
+        An existing run.json belongs to whoever created it (the runner): opening does not rewrite it.
+        """
+        if not results_dir:
+            return cls.create(device=device, created_by="Run.open")
+        path = Path(results_dir)
+        info_path = path / RUN_INFO
+        if info_path.is_file():
+            return cls(path, json.loads(info_path.read_text(encoding="utf-8")))
+        if path.exists() and not path.is_dir():
+            raise NotADirectoryError(f"results_dir {str(path)!r} is a file; give a directory (or '' for a new run)")
+        path.mkdir(parents=True, exist_ok=True)
+        run = cls(
+            path,
+            {
+                "run_id": path.resolve().name,
+                "started_at": now_iso(),
+                "ended_at": None,
+                "device": getattr(device, "name", device),
+                "created_by": "Run.open",
+                "environment": capture_environment(device),
+                "notebooks": {},
+            },
+        )
+        run.write_info()
+        return run
+
+    def write_info(self) -> Path:
+        """Write run.json atomically from `self.info`."""
+        return write_json_atomic(self.info, self.path / RUN_INFO)
+
+    def record_notebook(self, name: str, **entry: Any) -> None:
+        """Merge `entry` (status, duration_s, error, parameters...) into run.json's notebook `name`."""
+        self.info.setdefault("notebooks", {}).setdefault(name, {}).update(entry)
+        self.write_info()
+
+    def finish(self, **info: Any) -> None:
+        """Stamp the end time (and any final fields) into run.json."""
+        self.info.update(info, ended_at=now_iso())
+        self.write_info()
+
+    def save_records(self, records: Iterable[Mapping[str, Any]] | pd.DataFrame, benchmark: str) -> pd.DataFrame:
+        """Write `records/<benchmark>.parquet` (run_id filled in) and refresh the merged `records.parquet`."""
+        if not isinstance(benchmark, str) or not _SAFE_NAME.match(benchmark):
+            raise ValueError(
+                f"benchmark must be a name of letters, digits, '_', '-', '.' (it names a file), got {benchmark!r}"
+            )
+        frame = records_frame(records)
+        if frame.empty:
+            raise ValueError(f"no records to save for {benchmark!r}: a benchmark that measured nothing is a bug")
+        others = sorted(set(frame["benchmark"]) - {benchmark})
+        if others:
+            raise ValueError(
+                f"save_records(..., benchmark={benchmark!r}) got rows of benchmark(s) {', '.join(others)}; "
+                "save each benchmark's rows under its own name"
+            )
+        frame["run_id"] = self.run_id
+        write_parquet_atomic(frame, self.path / "records" / f"{benchmark}.parquet")
+        self.refresh_records()
+        return frame
+
+    def refresh_records(self) -> pd.DataFrame:
+        """Rebuild `records.parquet` from every `records/*.parquet`."""
+        parts = [conform(pd.read_parquet(part)) for part in sorted((self.path / "records").glob("*.parquet"))]
+        merged = pd.concat(parts, ignore_index=True) if parts else empty_records_frame()
+        write_parquet_atomic(merged, self.path / RECORDS)
+        return merged
+
+    def save_figure(self, fig: Any, name: str) -> Path:
+        """`figures/<name>.html` (plotly.js shared once per run directory) and `figures/<name>.json` to reload."""
+        if not isinstance(name, str) or not _SAFE_NAME.match(name):
+            raise ValueError(f"figure name must be letters, digits, '_', '-', '.' (it names a file), got {name!r}")
+        figures = self.path / "figures"
+        figures.mkdir(parents=True, exist_ok=True)
+        bundle = figures / "plotly.min.js"
+        if not bundle.exists():
+            from plotly.offline import get_plotlyjs
+
+            write_text_atomic(get_plotlyjs(), bundle)
+        write_text_atomic(fig.to_json(), figures / f"{name}.json")
+        return write_text_atomic(fig.to_html(include_plotlyjs="directory", full_html=True), figures / f"{name}.html")
+
+    def load_records(self) -> pd.DataFrame:
+        return load_records(self.path)
+
+
+def resolve_run(run: str | os.PathLike | Run, root: str | os.PathLike | None = None) -> Path:
+    """A run directory from a Run, a path, or a run_id under `root` (default results root)."""
+    if isinstance(run, Run):
+        return run.path
+    path = Path(run)
+    if (path / RUN_INFO).is_file() or (path / RECORDS).is_file():
+        return path
+    root = default_results_root() if root is None else Path(root)
+    if (root / str(run) / RUN_INFO).is_file():
+        return root / str(run)
+    known = sorted(info.parent.name for info in root.glob(f"*/{RUN_INFO}"))
+    hint = f"known runs in {root}: {', '.join(known[-10:])}" if known else f"no runs in {root}"
+    raise FileNotFoundError(f"no run {str(run)!r} (not a run directory, nor a run_id under {root}); {hint}")
+
+
+def load_run_info(run: str | os.PathLike | Run, root: str | os.PathLike | None = None) -> dict[str, Any]:
+    """run.json of a run (run_id or path)."""
+    path = resolve_run(run, root) / RUN_INFO
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: the run directory has no run.json")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def load_records(run: str | os.PathLike | Run, root: str | os.PathLike | None = None) -> pd.DataFrame:
+    """records.parquet of a run (run_id or path), with the schema's columns and dtypes."""
+    path = resolve_run(run, root) / RECORDS
+    if not path.is_file():
+        return empty_records_frame()
+    return conform(pd.read_parquet(path))
+
+
+def list_runs(root: str | os.PathLike | None = None) -> pd.DataFrame:
+    """One row per run directory under `root`: id, times, device, host, commit, notebook and record counts."""
+    root = default_results_root() if root is None else Path(root)
+    rows = []
+    for info_path in sorted(Path(root).glob(f"*/{RUN_INFO}")):
+        try:
+            info = json.loads(info_path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue
+        environment = info.get("environment", {})
+        notebooks = info.get("notebooks", {})
+        records_path = info_path.parent / RECORDS
+        rows.append(
+            {
+                "run_id": info.get("run_id", info_path.parent.name),
+                "started_at": info.get("started_at"),
+                "ended_at": info.get("ended_at"),
+                "device": info.get("device"),
+                "host": environment.get("host"),
+                "git_commit": environment.get("git", {}).get("commit"),
+                "notebooks": len(notebooks),
+                "failed": sum(1 for entry in notebooks.values() if entry.get("status") in ("failed", "interrupted")),
+                "records": len(pd.read_parquet(records_path, columns=["value"])) if records_path.is_file() else 0,
+                "path": str(info_path.parent),
+            }
+        )
+    columns = ["run_id", "started_at", "ended_at", "device", "host", "git_commit", "notebooks", "failed", "records", "path"]
+    return pd.DataFrame(rows, columns=columns).sort_values("started_at", kind="stable").reset_index(drop=True)

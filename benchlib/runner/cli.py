@@ -1,0 +1,114 @@
+"""The `benchlib` command: run notebooks, list them with their parameters, list past runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchlib.runner.execute import EXIT_INTERRUPTED, run
+from benchlib.runner.notebooks import (
+    RunnerError,
+    find_project_notebooks,
+    inspect,
+    parse_assignment,
+    select_notebooks,
+)
+
+EXIT_REFUSED = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="benchlib",
+        description="Run the benchmark notebooks through papermill and keep their results in results/<run-id>/.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run_parser = commands.add_parser(
+        "run",
+        help="execute notebooks into a new run directory",
+        description=(
+            "Execute notebooks (all when none is named, calibration first) with device and results_dir "
+            "injected. Every name and value is checked against the notebook's parameters cell before "
+            "anything runs. Exit status: 0 all ok, 1 a notebook failed, 2 refused, 130 interrupted."
+        ),
+    )
+    run_parser.add_argument("notebooks", nargs="*", metavar="NOTEBOOK", help="notebook names, with or without .ipynb")
+    run_parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N (default: auto)")
+    run_parser.add_argument(
+        "-p", "--param", action="append", default=[], metavar="NAME=VALUE",
+        help="set a parameter; VALUE is a Python literal (3, 1e-3, True, \"[1, 2]\") or plain text for str parameters; repeatable",
+    )
+    run_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="root for the run directory (default: results/)")
+    run_parser.add_argument("--quick", action="store_true", help="use each notebook's QUICK sizes (its cell tagged 'quick'); -p wins")
+    run_parser.add_argument("--notebooks-dir", type=Path, default=None, metavar="DIR", help="where notebooks live (default: notebooks/)")
+    run_parser.add_argument("--no-progress", action="store_true", help="hide papermill's per-cell progress bar")
+
+    list_parser = commands.add_parser("list", help="the notebooks with their parameters, defaults and QUICK values")
+    list_parser.add_argument("notebooks", nargs="*", metavar="NOTEBOOK")
+    list_parser.add_argument("--notebooks-dir", type=Path, default=None, metavar="DIR")
+
+    runs_parser = commands.add_parser("runs", help="past runs under the results directory")
+    runs_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root (default: results/)")
+    return parser
+
+
+def _list(names: Sequence[str], notebooks_dir: Path | None) -> int:
+    notebooks_dir = notebooks_dir or find_project_notebooks()
+    for name, path in select_notebooks(names, notebooks_dir).items():
+        spec = inspect(name, path)
+        print(f"{name}  ({path})")
+        for parameter in spec.parameters.values():
+            quick = f"  (quick: {spec.quick[parameter.name]!r})" if spec.quick and parameter.name in spec.quick else ""
+            print(f"  {parameter.describe()}{quick}")
+        if spec.quick is None:
+            print("  (no QUICK sizes: --quick will refuse this notebook)")
+    return 0
+
+
+def _runs(root: Path | None) -> int:
+    import pandas as pd
+
+    from benchlib.results import list_runs
+
+    runs = list_runs(root)
+    if runs.empty:
+        print("no runs yet")
+        return 0
+    with pd.option_context("display.width", 200, "display.max_columns", None, "display.max_colwidth", 60):
+        print(runs.drop(columns=["path"]).to_string(index=False))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `benchlib` command; returns the exit status."""
+    arguments = _parser().parse_args(argv)
+    try:
+        if arguments.command == "list":
+            return _list(arguments.notebooks, arguments.notebooks_dir)
+        if arguments.command == "runs":
+            return _runs(arguments.out)
+        params = dict(parse_assignment(text) for text in arguments.param)
+        result = run(
+            arguments.notebooks,
+            device=arguments.device,
+            params=params,
+            out=arguments.out,
+            quick=arguments.quick,
+            notebooks_dir=arguments.notebooks_dir,
+            progress=not arguments.no_progress,
+            command=["benchlib", *(sys.argv[1:] if argv is None else argv)],
+        )
+    except RunnerError as refused:  # bad input (DeviceError is one too): refused before anything ran
+        print(f"benchlib: error: {refused}", file=sys.stderr)
+        return EXIT_REFUSED
+    except KeyboardInterrupt:
+        print("benchlib: interrupted; everything written so far is kept", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return result.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""benchlib.results: record validation, atomic writes, run directories, run.json, loading runs."""
+
+import json
+import os
+import platform
+import re
+from datetime import datetime, timezone
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.io
+import pytest
+import torch
+
+from benchlib.results import (
+    RECORD_COLUMNS,
+    RecordError,
+    Run,
+    capture_environment,
+    default_results_root,
+    list_runs,
+    load_records,
+    load_run_info,
+    make_record,
+    records_frame,
+    write_parquet_atomic,
+)
+from benchlib.results.store import new_run_dir
+
+
+def record(**overrides):
+    fields = dict(
+        benchmark="dot_chain", case="D=10", engine="torch", device="cpu", dtype="float64",
+        metric="peak_bytes", value=1024, unit="B", repeat=0, params={"depth": 3, "D": 10},
+    )
+    fields.update(overrides)
+    return make_record(**fields)
+
+
+def test_make_record_normalises_labels_and_params():
+    row = record(dtype=torch.float32, value=np.int64(7), params={"z": np.int64(1), "a": [1, 2]})
+    assert row["dtype"] == "float32"
+    assert record(dtype=np.float64)["dtype"] == "float64"
+    assert row["value"] == 7.0 and isinstance(row["value"], float)
+    assert row["params"] == '{"a": [1, 2], "z": 1}'
+    assert row["run_id"] == ""
+    assert list(row) == list(RECORD_COLUMNS)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"value": "12"}, "value must be a real number"),
+        ({"value": True}, "value must be a real number"),
+        ({"repeat": -1}, "repeat must be a non-negative integer"),
+        ({"engine": ""}, "engine must be a non-empty string"),
+        ({"params": {"f": object()}}, "params must hold JSON-able values"),
+        ({"device": 3}, "device must be a string"),
+    ],
+)
+def test_make_record_rejects_bad_fields(overrides, message):
+    with pytest.raises(RecordError, match=message):
+        record(**overrides)
+
+
+def test_records_frame_names_missing_and_unknown_fields():
+    good = record()
+    missing = {key: value for key, value in good.items() if key != "value"}
+    with pytest.raises(RecordError, match=r"record 1 is missing value"):
+        records_frame([good, missing])
+    with pytest.raises(RecordError, match=r"unknown field\(s\) seconds"):
+        records_frame([{**good, "seconds": 1.0}])
+
+
+def test_records_frame_schema_and_empty_frame():
+    frame = records_frame([record(repeat=0, value=1.5), record(repeat=1, value=2)])
+    assert list(frame.columns) == list(RECORD_COLUMNS)
+    assert frame["value"].dtype == np.float64 and frame["repeat"].dtype == np.int64
+    assert frame["value"].tolist() == [1.5, 2.0]
+    empty = records_frame([])
+    assert list(empty.columns) == list(RECORD_COLUMNS) and empty.empty
+
+
+def test_parquet_round_trip_keeps_values_and_dtypes(tmp_path):
+    frame = records_frame([record(value=v, repeat=i, params={"i": i}) for i, v in enumerate([0.5, np.nan, 3e9])])
+    path = write_parquet_atomic(frame, tmp_path / "records.parquet")
+    back = pd.read_parquet(path)
+    pd.testing.assert_frame_equal(back, frame)
+    assert os.listdir(tmp_path) == ["records.parquet"]
+
+
+def test_failed_write_keeps_previous_file_and_leaves_no_temp(tmp_path, monkeypatch):
+    path = tmp_path / "records.parquet"
+    before = records_frame([record(value=1)])
+    write_parquet_atomic(before, path)
+
+    def write_half_then_fail(self, target, **kwargs):
+        with open(target, "wb") as handle:
+            handle.write(b"PAR1 half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", write_half_then_fail)
+    with pytest.raises(OSError, match="disk full"):
+        write_parquet_atomic(records_frame([record(value=2)]), path)
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == ["records.parquet"]
+    pd.testing.assert_frame_equal(pd.read_parquet(path), before)
+
+
+def test_run_saves_records_per_benchmark_and_merged(tmp_path):
+    run = Run.open(tmp_path / "run-a", device="cpu")
+    run.save_records([record(benchmark="dot_chain", value=1), record(benchmark="dot_chain", value=2, repeat=1)], "dot_chain")
+    run.save_records([record(benchmark="rnn_fanout", value=3)], "rnn_fanout")
+    run.save_records([record(benchmark="dot_chain", value=9)], "dot_chain")  # replaces the earlier dot_chain rows
+
+    assert sorted(os.listdir(run.path / "records")) == ["dot_chain.parquet", "rnn_fanout.parquet"]
+    merged = load_records(run.path)
+    assert set(merged["run_id"]) == {"run-a"}
+    assert sorted(zip(merged["benchmark"], merged["value"])) == [("dot_chain", 9.0), ("rnn_fanout", 3.0)]
+    with pytest.raises(ValueError, match="rows of benchmark\\(s\\) rnn_fanout"):
+        run.save_records([record(benchmark="rnn_fanout")], "dot_chain")
+    with pytest.raises(ValueError, match="names a file"):
+        run.save_records([record()], "../escape")
+
+
+def test_save_figure_writes_html_json_and_one_plotly_bundle(tmp_path):
+    run = Run.open(tmp_path / "run-f")
+    fig = go.Figure(go.Bar(x=["a", "b"], y=[1, 2]))
+    html = run.save_figure(fig, "bars")
+    run.save_figure(fig, "bars_again")
+    figures = run.path / "figures"
+    assert sorted(os.listdir(figures)) == ["bars.html", "bars.json", "bars_again.html", "bars_again.json", "plotly.min.js"]
+    assert 'src="plotly.min.js"' in html.read_text()
+    reloaded = plotly.io.from_json((figures / "bars.json").read_text())
+    assert list(reloaded.data[0].y) == [1, 2]
+
+
+def test_capture_environment_fields(monkeypatch):
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
+    env = capture_environment("cpu", allocator_policy="mmap-128k")
+    assert env["python"]["version"] == platform.python_version()
+    assert env["packages"]["torch"] == torch.__version__
+    assert env["packages"]["numpy"] == np.__version__
+    assert "autograd" in env["packages"]
+    assert env["cpu"]["logical_cores"] == os.cpu_count() and env["cpu"]["model"]
+    assert env["torch_threads"] == torch.get_num_threads()
+    assert env["gpu"]["available"] == torch.cuda.is_available()
+    if not torch.cuda.is_available():
+        assert "torch.cuda.is_available() is False" in env["gpu"]["note"]
+    assert env["allocator"]["env"]["MALLOC_ARENA_MAX"] == "2"
+    assert env["allocator"]["isolation_default_policy"] == "mmap-128k"
+    git = env["git"]
+    assert (re.fullmatch(r"[0-9a-f]{40}", git["commit"]) and isinstance(git["dirty"], bool)) or git["note"]
+    json.dumps(env)  # run.json must hold it
+
+
+def test_run_open_empty_creates_run_dir_with_run_json(results_root):
+    run = Run.open("", device="cpu")
+    assert run.path.parent == results_root
+    assert re.fullmatch(r"\d{8}-\d{6}-[a-z0-9-]+-cpu", run.run_id)
+    info = load_run_info(run.run_id)
+    assert info["run_id"] == run.run_id and info["device"] == "cpu"
+    assert info["started_at"] and info["environment"]["python"]["executable"]
+    # Reopening (as a notebook under the runner does) reads run.json, never rewrites it.
+    before = (run.path / "run.json").read_bytes()
+    assert Run.open(run.path).run_id == run.run_id
+    assert (run.path / "run.json").read_bytes() == before
+
+
+def test_run_ids_are_unique(tmp_path):
+    when = datetime(2026, 11, 21, 7, 15, tzinfo=timezone.utc)
+    first = new_run_dir(tmp_path, "cuda:0", when)
+    second = new_run_dir(tmp_path, "cuda:0", when)
+    assert first.name.startswith("20261121-071500-") and first.name.endswith("-cuda-0")
+    assert second.name == first.name + "-2"
+
+
+def test_list_runs_and_loading_by_id_or_path(results_root):
+    first = Run.open("")
+    first.save_records([record(value=1), record(value=2, repeat=1)], "dot_chain")
+    first.record_notebook("dot_chain", status="failed", error="ValueError: x")
+    second = Run.open("")
+    runs = list_runs()
+    assert runs["run_id"].tolist() == [first.run_id, second.run_id]
+    assert runs["records"].tolist() == [2, 0] and runs["failed"].tolist() == [1, 0]
+    assert load_records(first.run_id)["value"].tolist() == [1.0, 2.0]
+    assert load_records(str(first.path)).equals(load_records(first.run_id))
+    assert load_records(second.run_id).empty
+    assert load_run_info(first.path)["notebooks"]["dot_chain"]["status"] == "failed"
+    with pytest.raises(FileNotFoundError, match=f"known runs in .*{first.run_id}"):
+        load_records("no-such-run")
+
+
+def test_default_results_root_walks_up_to_the_project(tmp_path, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.delenv("BENCHLIB_RESULTS")
+    monkeypatch.chdir(tmp_path / "notebooks")
+    assert default_results_root() == tmp_path / "results"

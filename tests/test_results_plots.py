@@ -1,0 +1,43 @@
+"""Shared plot helpers: stable engine colours and ratios measured within one frame."""
+
+import math
+
+import pytest
+
+from benchlib.results import make_record, records_frame
+from benchlib.results.plots.common import ENGINE_COLORS, PALETTE, engine_color, ratio_bars, ratio_frame
+
+
+def rows(engine, case, values, metric="peak_bytes"):
+    return [
+        make_record(benchmark="b", case=case, engine=engine, device="cpu", dtype="float64",
+                    metric=metric, value=value, unit="B", repeat=repeat)
+        for repeat, value in enumerate(values)
+    ]
+
+
+def test_engine_colours_are_fixed_for_known_engines_and_stable_for_others():
+    assert len(set(ENGINE_COLORS.values())) == len(ENGINE_COLORS)
+    assert engine_color("torch") == ENGINE_COLORS["torch"]
+    assert engine_color("jax") in PALETTE and engine_color("jax") == engine_color("jax")
+
+
+def test_ratio_frame_divides_medians_by_the_baseline_in_each_case():
+    frame = records_frame(
+        rows("manual", "small", [2, 4, 6]) + rows("torch", "small", [8, 9, 7])
+        + rows("manual", "large", [10]) + rows("torch", "large", [25]) + rows("torch", "large", [1], metric="time")
+    )
+    ratios = ratio_frame(frame, metric="peak_bytes", baseline="manual").set_index(["case", "engine"])["ratio"]
+    assert ratios[("small", "torch")] == 2.0 and ratios[("large", "torch")] == 2.5
+    assert ratios[("small", "manual")] == 1.0
+    fig = ratio_bars(frame, metric="peak_bytes", baseline="manual")
+    torch_bars = next(trace for trace in fig.data if trace.name == "torch")
+    assert list(torch_bars.y) == [2.0, 2.5] and torch_bars.marker.color == ENGINE_COLORS["torch"]
+    with pytest.raises(ValueError, match=r"engines present: \['manual', 'torch'\]"):
+        ratio_frame(frame, metric="peak_bytes", baseline="autograd")
+
+
+def test_ratio_is_nan_where_the_baseline_was_not_measured():
+    frame = records_frame(rows("manual", "small", [2]) + rows("torch", "small", [4]) + rows("torch", "cuda-only", [4]))
+    ratios = ratio_frame(frame, metric="peak_bytes", baseline="manual").set_index(["case", "engine"])["ratio"]
+    assert math.isnan(ratios[("cuda-only", "torch")])

@@ -1,0 +1,142 @@
+"""benchlib.runner: parameter checks, refusals before anything runs, and real papermill runs of tests/notebooks/."""
+
+import json
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from benchlib.results import load_records, load_run_info
+from benchlib.runner import RunnerError, plan, run
+from benchlib.runner.cli import main
+
+NOTEBOOKS = Path(__file__).parent / "notebooks"
+
+
+def planned(notebooks=("probe",), quick=False, **params):
+    return {spec.name: values for spec, values in plan(notebooks, params=params, quick=quick, notebooks_dir=NOTEBOOKS)}
+
+
+def test_plan_applies_quick_then_params_with_types_of_the_defaults():
+    assert planned(quick=True) == {"probe": {"size": 10}}
+    values = planned(quick=True, size="20", scale="2", label="123", engines="['a', 'b']")["probe"]
+    assert values == {"size": 20, "scale": 2.0, "label": "123", "engines": ["a", "b"]}
+    assert isinstance(values["scale"], float)
+    # A name goes only to the notebooks that declare it.
+    assert planned(("failing", "probe"), size=5) == {"failing": {}, "probe": {"size": 5}}
+
+
+@pytest.mark.parametrize(
+    ("notebooks", "params", "message"),
+    [
+        (("nosuch",), {}, r"unknown notebook\(s\): nosuch; notebooks in .*: failing, probe"),
+        (("probe",), {"sizes": "3"}, r"unknown parameter 'sizes'.*\n.*probe:\n  device: str = \"auto\"(.|\n)*size: int = 1000"),
+        (("probe",), {"size": "3.5"}, r"parameter size takes an int \(default 1000\), got float 3.5"),
+        (("probe",), {"engines": "torch"}, r"parameter engines takes a list"),
+        (("probe",), {"device": "cpu"}, r"use --device"),
+    ],
+)
+def test_plan_refuses_bad_names_and_types(notebooks, params, message):
+    with pytest.raises(RunnerError, match=message):
+        plan(notebooks, params=params, quick=False, notebooks_dir=NOTEBOOKS)
+
+
+def test_quick_is_refused_for_a_notebook_without_quick_sizes(tmp_path):
+    notebook = nbformat.read(NOTEBOOKS / "failing.ipynb", as_version=4)
+    notebook.cells = [cell for cell in notebook.cells if "quick" not in cell.metadata.get("tags", [])]
+    nbformat.write(notebook, tmp_path / "plain.ipynb")
+    with pytest.raises(RunnerError, match="plain.ipynb has no cell tagged 'quick'"):
+        plan(["plain"], params={}, quick=True, notebooks_dir=tmp_path)
+
+
+def refused_cases():
+    cases = [
+        (["run", "nosuch"], "unknown notebook(s): nosuch"),
+        (["run", "probe", "-p", "repeats=3"], "unknown parameter 'repeats'"),
+        (["run", "probe", "-p", "size=big"], "parameter size takes an int"),
+        (["run", "probe", "-p", "size"], "-p takes NAME=VALUE"),
+        (["run", "probe", "--device", "tpu"], "--device 'tpu'"),
+    ]
+    if not torch.cuda.is_available():
+        cases.append((["run", "probe", "--device", "cuda"], "CUDA is not available"))
+    return cases
+
+
+@pytest.mark.parametrize(("argv", "message"), refused_cases())
+def test_cli_refuses_before_anything_runs(argv, message, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([*argv, "--notebooks-dir", str(NOTEBOOKS), "--out", str(out)]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_cli_refuses_an_unwritable_out(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["run", "probe", "--notebooks-dir", str(NOTEBOOKS), "--out", str(blocker / "results")]) == 2
+    assert "is a file, not a directory" in capsys.readouterr().err
+
+
+def test_cli_list_shows_parameters_defaults_and_quick(capsys):
+    assert main(["list", "--notebooks-dir", str(NOTEBOOKS)]) == 0
+    listing = capsys.readouterr().out
+    assert "size: int = 1000" in listing and "quick: 10" in listing
+    assert 'engines: list = ["manual"]' in listing
+
+
+@pytest.mark.slow
+def test_cli_runs_notebooks_records_a_failure_and_keeps_the_rest(tmp_path, capsys):
+    argv = ["run", "probe", "failing", "--quick", "--device", "cpu", "--no-progress",
+            "-p", "label=hello", "-p", "scale=2", "-p", "engines=['a', 'b']",
+            "--notebooks-dir", str(NOTEBOOKS), "--out", str(tmp_path)]
+    assert main(argv) == 1
+    (run_dir,) = tmp_path.iterdir()
+    output = capsys.readouterr().out
+    assert "failing" in output and "RuntimeError: deliberate failure on cpu" in output
+    assert f"results: {run_dir}" in output
+
+    info = load_run_info(run_dir)
+    assert info["ended_at"] and info["quick"] is True and info["device"] == "cpu"
+    failing, probe = info["notebooks"]["failing"], info["notebooks"]["probe"]
+    assert failing["status"] == "failed" and failing["error"] == "RuntimeError: deliberate failure on cpu"
+    assert probe["status"] == "ok" and probe["error"] is None
+    assert probe["parameters"] == {"size": 10, "scale": 2.0, "label": "hello", "engines": ["a", "b"],
+                                   "device": "cpu", "results_dir": str(run_dir.resolve())}
+    assert (run_dir / "notebooks" / "failing.ipynb").is_file() and (run_dir / "notebooks" / "probe.ipynb").is_file()
+    assert (run_dir / "figures" / "probe_sizes.html").is_file()
+
+    records = load_records(run_dir)
+    assert sorted(records["engine"]) == ["a", "b"] and set(records["run_id"]) == {run_dir.name}
+    assert records["value"].tolist() == [20.0, 20.0]  # QUICK size 10 times scale 2
+    seen = json.loads(records["params"].iloc[0])
+    assert seen["label"] == "hello" and seen["scale"] == 2.0
+    assert seen["executable"] == sys.executable  # the kernel is the runner's own Python
+
+
+def test_interrupt_keeps_what_was_written(tmp_path, monkeypatch, capsys):
+    import papermill
+
+    def interrupted(input_path, output_path, **kwargs):
+        Path(output_path).write_text("{}")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(papermill, "execute_notebook", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run(["failing", "probe"], device="cpu", out=tmp_path, notebooks_dir=NOTEBOOKS, progress=False)
+    (run_dir,) = tmp_path.iterdir()
+    notebooks = load_run_info(run_dir)["notebooks"]
+    assert notebooks["failing"]["status"] == "interrupted" and notebooks["probe"]["status"] == "not run"
+    assert "interrupted" in capsys.readouterr().out
+    assert main(["run", "failing", "--device", "cpu", "--notebooks-dir", str(NOTEBOOKS), "--out", str(tmp_path)]) == 130
+
+
+def test_cli_runs_lists_past_runs(tmp_path, capsys):
+    from benchlib.results import Run
+
+    assert main(["runs", "--out", str(tmp_path)]) == 0
+    assert "no runs yet" in capsys.readouterr().out
+    made = Run.create(tmp_path, "cpu")
+    assert main(["runs", "--out", str(tmp_path)]) == 0
+    assert made.run_id in capsys.readouterr().out
