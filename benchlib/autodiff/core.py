@@ -1,0 +1,513 @@
+"""The tape: traced values, graph nodes, the backward pass and its two accumulation strategies.
+
+Tracing: each differentiated argument is wrapped in a `Tracer`; every primitive applied to a
+tracer records a `Node` holding only what its VJPs need (inputs, output, or nothing but shapes).
+Backward: nodes run in a dependency order (a node runs once all its consumers have run, so its
+gradient is complete); after a node's VJPs have run, its gradient and saved values are dropped,
+so that memory returns while the pass goes on.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import asdict, dataclass, field
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from benchlib.autodiff.backend import NUMPY, SUPPORTED_INPUTS, backend_of
+
+ACCUMULATE_MODES = ("inplace", "deferred")
+
+
+class Node:
+    """One recorded operation (or a leaf: a differentiated argument, with no primitive)."""
+
+    __slots__ = ("primitive", "parents", "args", "output", "shapes", "kwargs", "shape", "dtype")
+
+    def __init__(self, primitive, parents, args, output, shapes, kwargs, shape, dtype):
+        self.primitive = primitive
+        self.parents = parents  # ((argument position, parent Node), ...) for traced arguments only
+        self.args = args
+        self.output = output
+        self.shapes = shapes
+        self.kwargs = kwargs
+        self.shape = shape
+        self.dtype = dtype
+
+    @classmethod
+    def leaf(cls, shape, dtype) -> "Node":
+        return cls(None, (), None, None, (), {}, shape, dtype)
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.primitive is None
+
+    def take_saved(self) -> "Saved":
+        """Hand the saved values to the VJPs and forget them here, so they die with the VJPs."""
+        saved = Saved(self.args, self.output, self.shapes, self.kwargs)
+        self.args = self.output = None
+        return saved
+
+
+class Saved(NamedTuple):
+    """What a VJP sees: inputs and output (None unless the primitive saves them), shapes, kwargs."""
+
+    args: tuple | None
+    output: object
+    shapes: tuple
+    kwargs: dict
+
+
+class Tracer:
+    """A value being differentiated: the raw array, the node that made it, and its backend.
+
+    Operators (`+ - * / @ **`, unary `-`) are attached by `benchlib.autodiff.ops`.
+    """
+
+    __slots__ = ("value", "node", "backend")
+    __array_ufunc__ = None  # `ndarray + tracer` defers to Tracer.__radd__ instead of looping
+    __array_priority__ = 1000
+
+    def __init__(self, value, node: Node, backend):
+        self.value = value
+        self.node = node
+        self.backend = backend
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.value.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.value.shape)
+
+    @property
+    def dtype(self):
+        return self.value.dtype
+
+    def __repr__(self) -> str:
+        return f"Tracer(shape={self.shape}, dtype={self.dtype}, library={self.backend.name})"
+
+
+class Primitive:
+    """An operation with a forward function and one VJP per argument position.
+
+    `forward(xp, *args, **kwargs)` computes on raw arrays; `vjps[i](xp, g, saved)` returns the
+    gradient contribution for argument i in the output's (broadcast) shape; the engine reduces it
+    to the argument's shape and dtype. `vjps[i] = None` marks a non-differentiable argument.
+    `save` names what the VJPs read: "inputs", "output", both, or nothing (shapes only).
+    """
+
+    def __init__(self, name: str, forward: Callable, vjps: tuple, save: tuple[str, ...] = ()):
+        unknown = set(save) - {"inputs", "output"}
+        if unknown:
+            raise ValueError(f"save may hold 'inputs' and 'output'; got {sorted(unknown)}")
+        self.name = name
+        self.forward = forward
+        self.vjps = vjps
+        self.save_inputs = "inputs" in save
+        self.save_output = "output" in save
+
+    def __call__(self, *args, **kwargs):
+        traced = [a for a in args if isinstance(a, Tracer)]
+        if traced:
+            xp = traced[0].backend
+            dtype = xp.promote([t.value.dtype for t in traced])
+        else:
+            xp, dtype = _raw_backend_and_dtype(args)
+        raw = []
+        for position, arg in enumerate(args):
+            if isinstance(arg, Tracer):
+                if self.vjps[position] is None:
+                    raise TypeError(
+                        f"{self.name}: argument {position} cannot be differentiated; pass a constant there"
+                    )
+                raw.append(arg.value)
+            elif self.vjps[position] is None:  # e.g. integer labels: no dtype rule applies
+                raw.append(arg)
+            else:
+                raw.append(_constant(xp, arg, dtype, self.name))
+        output = xp.normalize(self.forward(xp, *raw, **kwargs))
+        if not traced:
+            return output
+        node = Node(
+            primitive=self,
+            parents=tuple((i, a.node) for i, a in enumerate(args) if isinstance(a, Tracer)),
+            args=tuple(raw) if self.save_inputs else None,
+            output=output if self.save_output else None,
+            shapes=tuple(tuple(getattr(a, "shape", ())) for a in raw),
+            kwargs=kwargs,
+            shape=tuple(output.shape),
+            dtype=output.dtype,
+        )
+        return Tracer(output, node, xp)
+
+    def __repr__(self) -> str:
+        return f"Primitive({self.name})"
+
+
+def _raw_backend_and_dtype(args):
+    """Outside tracing: the library of the array arguments, and the dtype 0-d constants take
+    (that of the arrays with at least one dimension; None leaves the library's own rules)."""
+    arrays = [a for a in args if backend_of(a) is not None]
+    if not arrays:
+        return NUMPY, None
+    xp = backend_of(arrays[0])
+    shaped = [a.dtype for a in arrays if len(a.shape) > 0]
+    return xp, (xp.promote(shaped) if shaped else None)
+
+
+def _constant(xp, value, dtype, op_name: str):
+    if xp.foreign(value):
+        raise TypeError(
+            f"{op_name}: a {type(value).__module__}.{type(value).__name__} constant in a {xp.name} "
+            f"computation; convert it yourself (no data moves between libraries or devices)"
+        )
+    return value if dtype is None else xp.coerce_scalar(value, dtype)
+
+
+@dataclass
+class BackwardStats:
+    """Exact counters of the gradient memory the engine holds during one backward pass.
+
+    A gradient buffer is counted by the nbytes of its memory block when the engine first holds
+    it (a seed, a VJP's contribution once reduced to its input's shape, an accumulation buffer)
+    and uncounted when the engine lets go of it; views and repeated references to one block count
+    once. Temporaries inside a single VJP are not counted. Leaf gradients are held until they are
+    handed back, so `live_bytes` is 0 once a call has returned.
+    """
+
+    accumulate: str
+    library: str = ""
+    device: str = ""
+    dtype: str = ""
+    live_bytes: int = 0
+    peak_bytes: int = 0
+    nodes_run: int = 0  # operations whose VJPs ran
+    vjp_calls: int = 0  # one per (operation, traced argument)
+    buffers_created: int = 0  # accumulation buffers the engine allocated
+    inplace_adds: int = 0  # contributions added into such a buffer in place
+    live_bytes_after_node: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class _Ledger:
+    """Counts live gradient bytes by memory block, so aliases and views count once."""
+
+    def __init__(self, xp, stats: BackwardStats):
+        self.xp = xp
+        self.stats = stats
+        self.blocks: dict[int, list[int]] = {}  # key -> [references, nbytes]
+
+    def acquire(self, value) -> None:
+        key, nbytes = self.xp.storage(value)
+        entry = self.blocks.get(key)
+        if entry is not None:
+            entry[0] += 1
+            return
+        self.blocks[key] = [1, nbytes]
+        self.stats.live_bytes += nbytes
+        if self.stats.live_bytes > self.stats.peak_bytes:
+            self.stats.peak_bytes = self.stats.live_bytes
+
+    def release(self, value) -> None:
+        key, _ = self.xp.storage(value)
+        entry = self.blocks[key]
+        entry[0] -= 1
+        if entry[0] == 0:
+            del self.blocks[key]
+            self.stats.live_bytes -= entry[1]
+
+
+class _InPlace:
+    """First contribution kept as it is (it may alias a caller's array or another node's
+    gradient, so it is never written to); the second makes a fresh buffer; later ones are
+    added into that buffer in place."""
+
+    def __init__(self, xp, ledger: _Ledger, stats: BackwardStats):
+        self.xp, self.ledger, self.stats = xp, ledger, stats
+        self.slots: dict[Node, list] = {}  # node -> [gradient, engine owns it]
+
+    def add(self, node: Node, contribution) -> None:
+        self.ledger.acquire(contribution)
+        slot = self.slots.get(node)
+        if slot is None:
+            self.slots[node] = [contribution, False]
+            return
+        if slot[1]:
+            self.xp.add_inplace(slot[0], contribution)
+            self.stats.inplace_adds += 1
+        else:
+            buffer = self.xp.add(slot[0], contribution)
+            self.ledger.acquire(buffer)
+            self.stats.buffers_created += 1
+            self.ledger.release(slot[0])
+            slot[0], slot[1] = buffer, True
+        self.ledger.release(contribution)
+
+    def take(self, node: Node):
+        return self.slots.pop(node)[0]
+
+    def finish(self) -> None:
+        """Nothing is left: every slot was taken when its node ran."""
+
+
+class _Deferred:
+    """Every contribution, to every node, kept in a list until the backward pass ends; a node's
+    gradient is their sum, made when its VJPs need it and dropped after them. This is autograd's
+    behaviour before its issue #219 (and #221): kept to be measured against."""
+
+    def __init__(self, xp, ledger: _Ledger, stats: BackwardStats):
+        self.xp, self.ledger, self.stats = xp, ledger, stats
+        self.slots: dict[Node, list] = {}
+
+    def add(self, node: Node, contribution) -> None:
+        self.ledger.acquire(contribution)
+        self.slots.setdefault(node, []).append(contribution)
+
+    def take(self, node: Node):
+        contributions = self.slots[node]
+        if len(contributions) == 1:
+            total = contributions[0]
+        else:
+            total = self.xp.add(contributions[0], contributions[1])
+            self.stats.buffers_created += 1
+            for contribution in contributions[2:]:
+                self.xp.add_inplace(total, contribution)
+                self.stats.inplace_adds += 1
+        self.ledger.acquire(total)
+        return total
+
+    def finish(self) -> None:
+        """The backward pass has ended: let go of every kept contribution."""
+        for contributions in self.slots.values():
+            for contribution in contributions:
+                self.ledger.release(contribution)
+        self.slots.clear()
+
+
+_ACCUMULATORS = {"inplace": _InPlace, "deferred": _Deferred}
+
+
+def _fit(xp, contribution, node: Node):
+    """A contribution reduced to its input's shape (undoing broadcasting) and dtype."""
+    contribution = xp.normalize(contribution)
+    shape = tuple(contribution.shape)
+    if shape != node.shape:
+        lead = len(shape) - len(node.shape)
+        axes = tuple(range(lead)) + tuple(
+            lead + i for i, n in enumerate(node.shape) if n == 1 and shape[lead + i] != 1
+        )
+        contribution = xp.reshape(xp.sum(contribution, axis=axes, keepdims=True), node.shape)
+    if contribution.dtype != node.dtype:
+        contribution = xp.astype(contribution, node.dtype)
+    return contribution
+
+
+def _count_consumers(output: Node) -> dict[Node, int]:
+    """For every node the output depends on, how many edges lead to it from nodes that do."""
+    consumers: dict[Node, int] = {}
+    stack = [output]
+    seen = {output}
+    while stack:
+        node = stack.pop()
+        for _, parent in node.parents:
+            consumers[parent] = consumers.get(parent, 0) + 1
+            if parent not in seen:
+                seen.add(parent)
+                stack.append(parent)
+    return consumers
+
+
+def backward(xp, ledger: _Ledger, output: Node, seed, leaves: dict[Node, int], accumulate: str, on_leaf_grad):
+    """Run the backward pass from `output`; return {leaf: final gradient} for reached leaves.
+
+    `accumulator.take(node)` hands out the node's complete gradient holding one ledger reference,
+    which is released once the node's VJPs have run (or, for a leaf, when it is handed back).
+
+    A node runs when its last consumer has run; its gradient is then complete. A leaf's
+    gradient is final at that same moment, and `on_leaf_grad(index, gradient)` is called then.
+    """
+    stats = ledger.stats
+    accumulator = _ACCUMULATORS[accumulate](xp, ledger, stats)
+    remaining = _count_consumers(output)
+    final: dict[Node, object] = {}
+    ready: list[Node] = []
+
+    def complete(node: Node) -> None:
+        if node.is_leaf:
+            gradient = final[node] = accumulator.take(node)
+            if on_leaf_grad is not None:
+                on_leaf_grad(leaves[node], gradient)
+        else:
+            ready.append(node)
+
+    accumulator.add(output, seed)
+    del seed
+    complete(output)
+    while ready:
+        node = ready.pop()
+        gradient = accumulator.take(node)
+        saved = node.take_saved()
+        vjps = node.primitive.vjps
+        for position, parent in node.parents:
+            contribution = _fit(xp, vjps[position](xp, gradient, saved), parent)
+            stats.vjp_calls += 1
+            accumulator.add(parent, contribution)
+            del contribution  # the accumulator decides how long it lives
+            remaining[parent] -= 1
+            if remaining[parent] == 0:
+                del remaining[parent]
+                complete(parent)
+        del saved
+        ledger.release(gradient)
+        del gradient
+        stats.nodes_run += 1
+        stats.live_bytes_after_node.append(stats.live_bytes)
+    accumulator.finish()
+    return final
+
+
+def _check_argnum(argnum) -> tuple[int, ...]:
+    def valid(i):
+        return isinstance(i, int) and not isinstance(i, bool) and i >= 0
+
+    if valid(argnum):
+        return (argnum,)
+    if isinstance(argnum, tuple) and argnum and all(valid(i) for i in argnum):
+        if len(set(argnum)) != len(argnum):
+            raise ValueError(f"argnum {argnum} repeats an argument; each index may appear once")
+        return argnum
+    raise TypeError(f"argnum must be a non-negative int or a non-empty tuple of them; got {argnum!r}")
+
+
+class GradientFunction:
+    """What `grad` and `value_and_grad` return. `.stats` is the `BackwardStats` of the current
+    or latest call (a new object per call, updated live during the backward pass)."""
+
+    def __init__(self, fun: Callable, argnum, accumulate: str, on_leaf_grad, with_value: bool):
+        if accumulate not in ACCUMULATE_MODES:
+            raise ValueError(
+                f"accumulate must be one of {', '.join(repr(m) for m in ACCUMULATE_MODES)}; got {accumulate!r}"
+            )
+        if not callable(fun):
+            raise TypeError(f"fun must be callable; got {type(fun).__name__}")
+        if on_leaf_grad is not None and not callable(on_leaf_grad):
+            raise TypeError(f"on_leaf_grad must be callable(index, gradient) or None; got {on_leaf_grad!r}")
+        self.fun = fun
+        self.argnum = argnum
+        self.argnums = _check_argnum(argnum)
+        self.accumulate = accumulate
+        self.on_leaf_grad = on_leaf_grad
+        self.with_value = with_value
+        self.stats: BackwardStats | None = None
+        functools.update_wrapper(self, fun, updated=())
+
+    def _inputs(self, args):
+        """The differentiated arguments, checked, and their common backend."""
+        for index in self.argnums:
+            if index >= len(args):
+                raise ValueError(
+                    f"argnum {index} is out of range for a call with {len(args)} positional "
+                    f"argument(s) (valid: 0..{len(args) - 1})"
+                )
+        inputs, backends = [], []
+        for index in self.argnums:
+            value = args[index]
+            if isinstance(value, Tracer):
+                raise TypeError(
+                    f"argument {index} is already being differentiated: grad inside grad "
+                    f"(higher-order gradients) is not supported"
+                )
+            if isinstance(value, np.generic):
+                value = np.asarray(value)
+            xp = backend_of(value)
+            if xp is None or not xp.is_floating(value):
+                kind = type(value).__name__ if xp is None else f"{type(value).__name__} of dtype {value.dtype}"
+                raise TypeError(f"argument {index} is a {kind}; grad differentiates {SUPPORTED_INPUTS}")
+            inputs.append(value)
+            backends.append(xp)
+        if any(xp is not backends[0] for xp in backends):
+            libraries = ", ".join(f"argument {i}: {xp.name}" for i, xp in zip(self.argnums, backends))
+            raise TypeError(f"differentiated arguments must use one array library; got {libraries}")
+        return inputs, backends[0]
+
+    def __call__(self, *args, **kwargs):
+        inputs, xp = self._inputs(args)
+        stats = self.stats = BackwardStats(
+            self.accumulate, xp.name, xp.device(inputs[0]), str(inputs[0].dtype).replace("torch.", "")
+        )
+        with xp.no_grad():
+            leaves = {Node.leaf(tuple(v.shape), v.dtype): index for index, v in zip(self.argnums, inputs)}
+            traced = list(args)
+            for leaf, value in zip(leaves, inputs):
+                traced[leaves[leaf]] = Tracer(value, leaf, xp)
+            out = self.fun(*traced, **kwargs)
+            del traced
+            value, output_node = _unpack_output(out, xp)
+            del out
+            ledger = _Ledger(xp, stats)
+            final = {}
+            if output_node is not None:
+                final = backward(
+                    xp, ledger, output_node, xp.ones_like(value), leaves, self.accumulate, self.on_leaf_grad
+                )
+            gradients = []
+            for leaf, argument in zip(leaves, inputs):
+                if leaf not in final:  # the output does not depend on this argument
+                    gradient = final[leaf] = xp.zeros_like(argument)
+                    ledger.acquire(gradient)
+                    if self.on_leaf_grad is not None:
+                        self.on_leaf_grad(leaves[leaf], gradient)
+                gradients.append(final[leaf])
+            _separate(xp, gradients, ledger)
+            for gradient in gradients:
+                ledger.release(gradient)
+        result = gradients[0] if isinstance(self.argnum, int) else tuple(gradients)
+        return (value, result) if self.with_value else result
+
+
+def _unpack_output(out, xp):
+    """(raw value, node) of what `fun` returned; node is None when it does not depend on the inputs."""
+    if isinstance(out, Tracer):
+        value, node = out.value, out.node
+    elif xp.owns(out) or isinstance(out, (int, float, np.generic)):
+        value, node = out, None
+    else:
+        raise TypeError(f"fun must return a scalar array (one element); got {type(out).__name__}")
+    if isinstance(value, (int, float, np.generic)):
+        return value, None
+    if xp.size(value) != 1:
+        raise ValueError(
+            f"fun must return a scalar (an array with one element) to take its gradient; got shape {tuple(value.shape)}"
+        )
+    return value, node
+
+
+def _separate(xp, gradients: list, ledger: _Ledger) -> None:
+    """Gradients of different arguments can be one array (e.g. both sides of `x + y`); copy so
+    that each returned gradient can be modified without touching another."""
+    for j in range(1, len(gradients)):
+        if any(xp.shares_memory(gradients[i], gradients[j]) for i in range(j)):
+            copy = xp.copy(gradients[j])
+            ledger.acquire(copy)
+            ledger.release(gradients[j])
+            gradients[j] = copy
+
+
+def grad(fun: Callable, argnum=0, *, accumulate: str = "inplace", on_leaf_grad=None) -> GradientFunction:
+    """The gradient of scalar-valued `fun` with respect to argument(s) `argnum`.
+
+    An int `argnum` gives one gradient, a tuple gives a tuple. `accumulate` is "inplace" (the
+    default) or "deferred". `on_leaf_grad(index, gradient)` is called as soon as the gradient of
+    argument `index` is final, before the backward pass ends; treat that array as read-only.
+    """
+    return GradientFunction(fun, argnum, accumulate, on_leaf_grad, with_value=False)
+
+
+def value_and_grad(fun: Callable, argnum=0, *, accumulate: str = "inplace", on_leaf_grad=None) -> GradientFunction:
+    """Like `grad`, but the function returns `(value of fun, gradient)`."""
+    return GradientFunction(fun, argnum, accumulate, on_leaf_grad, with_value=True)
