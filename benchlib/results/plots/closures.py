@@ -1,0 +1,56 @@
+"""Figures for identical_closures: allocations and times per protocol step, engine and order."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from benchlib.results.plots.common import apply_layout, engine_color
+
+# Per phase: allocation column, time column, the columns bounding the time's bar, unit, what the bar is.
+PHASE_COLUMNS = {
+    "warm": ("warm allocs", "warm time (µs)", ("warm time q25 (µs)", "warm time q75 (µs)"), "µs", "quartiles"),
+    "cold": ("cold allocs", "cold time (ms)", ("cold time min (ms)", "cold time max (ms)"), "ms", "range over passes"),
+}
+
+
+def steps_figure(table: pd.DataFrame, *, mwe: str, phase: str = "warm") -> go.Figure:
+    """Allocations (top) and time (bottom) per step, one column per order, one colour per engine.
+
+    `table` is `benchlib.workloads.closures.seed_table(...)`. A closure "cursed" as in the seed
+    shows as a step that stands out from the others of its engine. Log axes, because engines
+    differ by orders of magnitude while a curse is a difference within one engine.
+    """
+    if phase not in PHASE_COLUMNS:
+        raise ValueError(f"phase must be one of {', '.join(PHASE_COLUMNS)}, got {phase!r}")
+    allocs, time, (low, high), unit, bar = PHASE_COLUMNS[phase]
+    missing = [column for column in ("mwe", "order", "engine", "step", "setup", allocs, time, low, high)
+               if column not in table]
+    if missing:
+        raise ValueError(f"table lacks column(s) {missing}: pass closures.seed_table(frame)")
+    rows = table[(table["mwe"] == mwe) & table[time].notna()]
+    if rows.empty:
+        raise ValueError(f"no measured rows for mwe {mwe!r}; mwes present: {sorted(table['mwe'].unique())}")
+    orders = list(dict.fromkeys(rows["order"]))
+    fig = make_subplots(rows=2, cols=len(orders), shared_xaxes=True, shared_yaxes="rows",
+                        column_titles=[f"order: {order}" for order in orders], vertical_spacing=0.08)
+    for column, order in enumerate(orders, start=1):
+        for engine, group in rows[rows["order"] == order].groupby("engine", sort=False):
+            steps = group["step"].astype(str)
+            common = dict(name=engine, legendgroup=engine, marker_color=engine_color(engine),
+                          mode="lines+markers", showlegend=column == 1)
+            fig.add_trace(go.Scatter(x=steps, y=group[allocs], customdata=group[["setup"]],
+                                     hovertemplate="%{x} (%{customdata[0]}): %{y:.0f} allocations<extra>"
+                                                   f"{engine}</extra>", **common), row=1, col=column)
+            fig.add_trace(go.Scatter(x=steps, y=group[time], error_y=dict(type="data", array=group[high] - group[time],
+                                                                 arrayminus=group[time] - group[low]),
+                                     customdata=group[["setup"]],
+                                     hovertemplate=f"%{{x}} (%{{customdata[0]}}): %{{y:.4g}} {unit}<extra>"
+                                                   f"{engine}</extra>",
+                                     **(common | {"showlegend": False})), row=2, col=column)
+    fig.update_yaxes(type="log")
+    fig.update_yaxes(title_text=f"{phase} allocations per train()", row=1, col=1)
+    fig.update_yaxes(title_text=f"{phase} time per train() ({unit}; bars: {bar})", row=2, col=1)
+    return apply_layout(fig, title=f"identical_closures, {mwe} MWE, {phase}: allocations and time per step",
+                        height=640)
