@@ -1,0 +1,20 @@
+"""The instrument: devices, time, GC pauses, allocations, memory timelines, process isolation.
+
+See docs/architecture.md for the contract and docs/measuring.md for how each quantity is
+measured, what it costs and its caveats.
+"""
+from .allocations import (AllocationTracker, AllocationTrackingUnavailable, Allocations,
+                          count_allocations)
+from .core import Measurement, measure
+from .devices import Device, DeviceError, resolve_device
+from .gcmonitor import GCMonitor
+from .isolation import (DEFAULT_MALLOC_POLICY, MALLOC_POLICIES, Case, CaseFailed,
+                        IsolatedResult, MemoryRequirementError, run_isolated)
+from .timeline import MemoryTimeline, mark
+
+__all__ = [
+    "AllocationTracker", "AllocationTrackingUnavailable", "Allocations", "Case", "CaseFailed",
+    "DEFAULT_MALLOC_POLICY", "Device", "DeviceError", "GCMonitor", "IsolatedResult",
+    "MALLOC_POLICIES", "Measurement", "MemoryRequirementError", "MemoryTimeline",
+    "count_allocations", "mark", "measure", "resolve_device", "run_isolated",
+]

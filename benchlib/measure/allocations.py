@@ -1,0 +1,130 @@
+"""Allocation counts and bytes: memray on CPU, the CUDA caching allocator's stats on CUDA.
+
+On CPU memray intercepts the system allocator (malloc, calloc, realloc, the aligned variants
+and mmap) without Python-allocator tracing, so it sees NumPy and torch CPU buffers and
+CPython's own large objects and arenas, but not small objects served by pymalloc. Tracing slows
+the traced code, so `measure` runs it in a pass of its own, apart from the timed repeats.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Callable
+
+from .devices import Device, resolve_device
+
+SOURCE_MEMRAY = "memray"
+SOURCE_CUDA = "cuda-caching-allocator"
+_ALLOCATING = ("MALLOC", "CALLOC", "REALLOC", "POSIX_MEMALIGN", "ALIGNED_ALLOC", "MEMALIGN",
+               "VALLOC", "PVALLOC", "MMAP")
+
+
+class AllocationTrackingUnavailable(RuntimeError):
+    """Allocation tracking cannot run here (memray missing, or another tracker is active)."""
+
+
+@dataclass(frozen=True)
+class Allocations:
+    count: int
+    bytes: int
+    source: str
+
+
+def memray_available() -> bool:
+    try:
+        import memray  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class AllocationTracker:
+    """Context manager counting allocations made inside it; the result is in `.allocations`."""
+
+    def __init__(self, device: str | Device = "cpu"):
+        self.device = resolve_device(device)
+        self.allocations: Allocations | None = None
+        self._tracker = None
+        self._tmpdir = None
+        self._path = ""
+        self._stats_before = None
+
+    def __enter__(self) -> "AllocationTracker":
+        if self.device.is_cuda:
+            self.device.synchronize()
+            self._stats_before = _cuda_counters(self.device)
+            return self
+        try:
+            import memray
+        except ImportError as err:
+            raise AllocationTrackingUnavailable(
+                "counting CPU allocations needs memray (Linux/macOS only): pip install memray"
+            ) from err
+        self._tmpdir = tempfile.TemporaryDirectory(prefix="benchlib-memray-")
+        self._path = os.path.join(self._tmpdir.name, "allocations.bin")
+        self._tracker = memray.Tracker(self._path, native_traces=False,
+                                       trace_python_allocators=False)
+        try:
+            self._tracker.__enter__()
+        except RuntimeError as err:
+            self._tmpdir.cleanup()
+            raise AllocationTrackingUnavailable(
+                f"memray could not start ({err}); usually a memray Tracker is already active in "
+                "this process (memray cannot nest): stop it, or run without allocation "
+                "tracking (track_allocations=False)"
+            ) from err
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.device.is_cuda:
+            self.device.synchronize()
+            count0, bytes0 = self._stats_before
+            count1, bytes1 = _cuda_counters(self.device)
+            self.allocations = Allocations(count1 - count0, bytes1 - bytes0, SOURCE_CUDA)
+            return
+        try:
+            self._tracker.__exit__(*exc)
+            if exc[0] is None:
+                self.allocations = _read_memray(self._path)
+        finally:
+            self._tmpdir.cleanup()
+
+
+def _cuda_counters(device: Device) -> tuple[int, int]:
+    import torch
+
+    stats = torch.cuda.memory_stats(device.index)
+    return (int(stats.get("allocation.all.allocated", 0)),
+            int(stats.get("allocated_bytes.all.allocated", 0)))
+
+
+def _read_memray(path: str) -> Allocations:
+    """Sum the allocating records, leaving out those memray makes while it starts and stops
+    (their innermost Python frame is AllocationTracker.__enter__ or __exit__)."""
+    import memray
+
+    allocating = {getattr(memray.AllocatorType, name) for name in _ALLOCATING}
+    tracker_code = {AllocationTracker.__enter__.__code__, AllocationTracker.__exit__.__code__}
+    tracker_frames = {(code.co_name, code.co_filename) for code in tracker_code}
+    own_by_stack: dict[int, bool] = {}
+    count = nbytes = 0
+    for record in memray.FileReader(path).get_allocation_records():
+        if record.allocator not in allocating:
+            continue
+        own = own_by_stack.get(record.stack_id)
+        if own is None:
+            frames = record.stack_trace(max_stacks=1)
+            own = bool(frames) and frames[0][:2] in tracker_frames
+            own_by_stack[record.stack_id] = own
+        if not own:
+            count += record.n_allocations
+            nbytes += record.size * record.n_allocations
+    return Allocations(count, nbytes, SOURCE_MEMRAY)
+
+
+def count_allocations(fn: Callable[[], object], device: str | Device = "cpu") -> Allocations:
+    """Call `fn` once under the device's allocation tracker; its result is discarded."""
+    with AllocationTracker(device) as tracker:
+        fn()
+    return tracker.allocations

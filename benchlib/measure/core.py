@@ -1,0 +1,215 @@
+"""`measure`: timed repeats with GC pauses and peak memory, then a separate allocation pass."""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Any, Callable
+
+import numpy as np
+
+from .allocations import AllocationTrackingUnavailable, count_allocations, memray_available
+from .devices import Device, resolve_device
+from .gcmonitor import GCMonitor
+from .timeline import MemoryTimeline
+
+_FIELDS = ("name", "device", "times_s", "gc_count", "gc_seconds", "alloc_count", "alloc_bytes",
+           "alloc_source", "peak_bytes", "baseline_bytes", "timeline")
+
+
+def _sig4(value: float) -> str:
+    """Four significant digits, trailing zeros kept (812.0, 1.331, 10.69)."""
+    text = f"{value:#.4g}"
+    return text.rstrip(".") if "e" not in text else text
+
+
+def format_seconds(seconds: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("μs", 1e-6)):
+        if abs(seconds) >= 0.1 * scale:
+            value = seconds / scale
+            return f"{value:.1f} {unit}" if value >= 1e4 else f"{_sig4(value)} {unit}"
+    return f"{_sig4(seconds / 1e-9)} ns"
+
+
+def format_count(count: int) -> str:
+    for suffix, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if count >= scale:
+            return f"{_sig4(count / scale)} {suffix}"
+    return str(count)
+
+
+def format_bytes(nbytes: int) -> str:
+    sign = "-" if nbytes < 0 else ""
+    nbytes = abs(nbytes)
+    if nbytes < 1024:
+        return f"{sign}{nbytes} bytes"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        nbytes /= 1024
+        if nbytes < 1024 or unit == "TiB":
+            return f"{sign}{_sig4(nbytes)} {unit}"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measured function. Allocation and peak fields are None when not measured."""
+
+    name: str
+    device: str
+    times_s: tuple
+    gc_count: int
+    gc_seconds: float
+    alloc_count: int | None = None
+    alloc_bytes: int | None = None
+    alloc_source: str | None = None
+    peak_bytes: int | None = None
+    baseline_bytes: int | None = None
+    timeline: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def median_s(self) -> float:
+        return float(np.median(self.times_s))
+
+    @property
+    def iqr_s(self) -> float:
+        q25, q75 = np.percentile(self.times_s, [25, 75])
+        return float(q75 - q25)
+
+    @property
+    def gc_fraction(self) -> float:
+        """Share of the timed repeats' wall time spent in GC pauses."""
+        total = sum(self.times_s)
+        return self.gc_seconds / total if total > 0 else 0.0
+
+    def __str__(self) -> str:
+        parts = []
+        if self.alloc_count is not None:
+            noun = "allocation" if self.alloc_count == 1 else "allocations"
+            parts.append(f"{format_count(self.alloc_count)} {noun}: "
+                         f"{format_bytes(self.alloc_bytes)}")
+        parts.append(f"{100 * self.gc_fraction:.2f}% gc time")
+        if self.peak_bytes is not None:
+            parts.append(f"peak +{format_bytes(self.peak_bytes)}")
+        prefix = f"{self.name}: " if self.name else ""
+        return f"{prefix}{format_seconds(self.median_s)} ({', '.join(parts)})"
+
+    def to_dict(self) -> dict:
+        """JSON-able dict; the timeline becomes column lists."""
+        out = {name: getattr(self, name) for name in _FIELDS if name != "timeline"}
+        out["times_s"] = list(self.times_s)
+        tl = self.timeline
+        out["timeline"] = None if tl is None else {
+            "t_s": [float(v) for v in tl["t_s"]],
+            "bytes": [int(v) for v in tl["bytes"]],
+            "phase": [str(v) for v in tl["phase"]],
+        }
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Measurement":
+        missing = [name for name in _FIELDS if name not in data]
+        unknown = sorted(set(data) - set(_FIELDS))
+        if missing or unknown:
+            raise ValueError(f"not a Measurement dict: missing {missing}, unknown {unknown}; "
+                             f"expected keys {list(_FIELDS)}")
+        values = dict(data)
+        values["times_s"] = tuple(float(t) for t in data["times_s"])
+        if data["timeline"] is not None:
+            import pandas as pd
+
+            tl = data["timeline"]
+            values["timeline"] = pd.DataFrame({
+                "t_s": pd.Series(tl["t_s"], dtype="float64"),
+                "bytes": pd.Series(tl["bytes"], dtype="int64"),
+                "phase": pd.Series(tl["phase"], dtype="object"),
+            })
+        return cls(**values)
+
+    def records(self, **labels) -> list[dict]:
+        """Tidy rows via benchlib.results.make_record: one per timed repeat, then one per
+        measured quantity. `labels` are make_record's (benchmark, engine, dtype, params...);
+        case defaults to this measurement's name and device to its device."""
+        from benchlib.results import make_record
+
+        labels.setdefault("case", self.name)
+        labels.setdefault("device", self.device)
+        rows = [make_record(**labels, metric="time", value=t, unit="s", repeat=i)
+                for i, t in enumerate(self.times_s)]
+        quantities = [("gc_count", self.gc_count, "count"), ("gc_time", self.gc_seconds, "s"),
+                      ("alloc_count", self.alloc_count, "count"),
+                      ("alloc_bytes", self.alloc_bytes, "B"),
+                      ("peak_bytes", self.peak_bytes, "B"),
+                      ("baseline_bytes", self.baseline_bytes, "B")]
+        rows += [make_record(**labels, metric=metric, value=float(value), unit=unit)
+                 for metric, value, unit in quantities if value is not None]
+        return rows
+
+
+def _check_counts(warmup: int, repeats: int) -> None:
+    if not (isinstance(warmup, int) and warmup >= 0):
+        raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+    if not (isinstance(repeats, int) and repeats >= 1):
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+
+
+def measure_with_result(fn: Callable[[], Any], *, device: str | Device = "cpu", warmup: int = 1,
+                        repeats: int = 5, track_allocations: bool = True, timeline: bool = False,
+                        timeline_interval_s: float = 0.002,
+                        name: str = "") -> tuple[Measurement, Any]:
+    """`measure`, also returning the last timed repeat's result (for a case's check).
+
+    Each call's result is kept until just before the next call, as any caller would hold it;
+    dropping it is outside the timed region.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable with no arguments, got {type(fn).__name__}")
+    _check_counts(warmup, repeats)
+    if timeline and not timeline_interval_s > 0:
+        raise ValueError(f"timeline_interval_s must be > 0, got {timeline_interval_s!r}")
+    dev = resolve_device(device)
+    if track_allocations and not dev.is_cuda and not memray_available():
+        raise AllocationTrackingUnavailable(
+            "track_allocations=True needs memray on CPU (Linux/macOS only); install it or pass "
+            "track_allocations=False")
+
+    result = None
+    for _ in range(warmup):
+        result = None
+        result = fn()
+    result = None
+    dev.synchronize()
+    dev.reset_peak()
+    baseline = dev.memory_in_use()
+    times = []
+    recorder = MemoryTimeline(dev, timeline_interval_s) if timeline else None
+    with GCMonitor() as gc_monitor, recorder or nullcontext():
+        for _ in range(repeats):
+            result = None
+            dev.synchronize()
+            start = perf_counter()
+            result = fn()
+            dev.synchronize()
+            times.append(perf_counter() - start)
+    peak = dev.peak_memory()
+    peak_bytes = None if peak is None else max(0, peak - baseline)
+
+    allocations = count_allocations(fn, dev) if track_allocations else None
+    measurement = Measurement(
+        name=name, device=dev.name, times_s=tuple(times), gc_count=gc_monitor.count,
+        gc_seconds=gc_monitor.seconds,
+        alloc_count=None if allocations is None else allocations.count,
+        alloc_bytes=None if allocations is None else allocations.bytes,
+        alloc_source=None if allocations is None else allocations.source,
+        peak_bytes=peak_bytes, baseline_bytes=baseline,
+        timeline=None if recorder is None else recorder.frame())
+    return measurement, result
+
+
+def measure(fn: Callable[[], Any], *, device: str | Device = "cpu", warmup: int = 1,
+            repeats: int = 5, track_allocations: bool = True, timeline: bool = False,
+            timeline_interval_s: float = 0.002, name: str = "") -> Measurement:
+    """Warm-up calls, timed repeats (GC pauses, peak above the baseline taken just before the
+    first repeat, optional memory timeline), then, if asked, one allocation-tracing call."""
+    measurement, _ = measure_with_result(
+        fn, device=device, warmup=warmup, repeats=repeats, track_allocations=track_allocations,
+        timeline=timeline, timeline_interval_s=timeline_interval_s, name=name)
+    return measurement

@@ -1,0 +1,187 @@
+"""Devices: where a measurement runs, how to synchronize it and how to read its memory.
+
+torch is imported lazily so that CPU-only measurements (and the isolation child before its
+case imports torch) do not pay for it.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+
+VALID_FORMS = '"auto", "cpu", "cuda", "cuda:N" (N a device index)'
+_SPEC = re.compile(r"^(auto|cpu|cuda(?::(\d+))?)$")
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class DeviceError(ValueError):
+    """A device request that is malformed or names hardware this machine does not have."""
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _cuda_count() -> int:
+    torch = _torch()
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _available() -> str:
+    count = _cuda_count()
+    if count == 0:
+        torch = _torch()
+        why = ("this torch build has no CUDA support" if torch.version.cuda is None
+               else "no CUDA device is visible")
+        return f'available: "cpu" only ({why}; torch {torch.__version__})'
+    return 'available: "cpu", ' + ", ".join(f'"cuda:{i}"' for i in range(count))
+
+
+_statm = {"pid": None, "fd": None}
+
+
+def _statm_fd() -> int | None:
+    """An open descriptor on this process's statm: one pread per sample, no open/close.
+    Reopened after a fork, since the inherited descriptor reads the parent's figures."""
+    pid = os.getpid()
+    if _statm["pid"] != pid:
+        try:
+            _statm["fd"] = os.open(f"/proc/{pid}/statm", os.O_RDONLY)
+        except OSError:
+            _statm["fd"] = None
+        _statm["pid"] = pid
+    return _statm["fd"]
+
+
+@lru_cache(maxsize=1)
+def _psutil_process():
+    import psutil
+
+    return psutil.Process()
+
+
+def process_rss() -> int:
+    """Resident set size of this process in bytes (cheap: one pread of /proc/self/statm)."""
+    fd = _statm_fd()
+    if fd is not None:
+        return int(os.pread(fd, 128, 0).split()[1]) * _PAGE_SIZE
+    return _psutil_process().memory_info().rss
+
+
+@lru_cache(maxsize=1)
+def hwm_resettable() -> bool:
+    """Whether the kernel lets us reset VmHWM (Linux >= 4.0, writable /proc/self/clear_refs)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return _read_vm_hwm() is not None
+    except OSError:
+        return False
+
+
+def _read_vm_hwm() -> int | None:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+@dataclass(frozen=True)
+class Device:
+    """A resolved device; `name` is what records carry ("cpu", "cuda:0")."""
+
+    kind: str
+    index: int | None = None
+
+    def __post_init__(self):
+        if self.kind not in ("cpu", "cuda"):
+            raise DeviceError(f"unknown device kind {self.kind!r}; valid kinds: 'cpu', 'cuda'")
+        if (self.kind == "cuda") != (self.index is not None):
+            raise DeviceError("a cuda Device needs an index and a cpu Device must not have one")
+
+    @property
+    def name(self) -> str:
+        return "cpu" if self.kind == "cpu" else f"cuda:{self.index}"
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.kind == "cuda"
+
+    @property
+    def torch(self):
+        return _torch().device(self.name)
+
+    def __str__(self) -> str:
+        return self.name
+
+    def synchronize(self) -> None:
+        """Wait for queued device work, so that a clock read after it includes that work."""
+        if self.is_cuda:
+            _torch().cuda.synchronize(self.index)
+
+    def memory_in_use(self) -> int:
+        """Process RSS on CPU; bytes held by live tensors (`memory_allocated`) on CUDA."""
+        if self.is_cuda:
+            return int(_torch().cuda.memory_allocated(self.index))
+        return process_rss()
+
+    def reset_peak(self) -> None:
+        """Restart peak tracking from the current level (VmHWM on Linux CPU)."""
+        if self.is_cuda:
+            _torch().cuda.reset_peak_memory_stats(self.index)
+        elif hwm_resettable():
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+
+    def peak_memory(self) -> int | None:
+        """Peak since `reset_peak`; None where the platform cannot reset a peak (not Linux)."""
+        if self.is_cuda:
+            return int(_torch().cuda.max_memory_allocated(self.index))
+        return _read_vm_hwm() if hwm_resettable() else None
+
+    def describe(self) -> dict:
+        """What records and run metadata say about this device."""
+        info: dict = {"device": self.name, "kind": self.kind, "index": self.index}
+        if self.is_cuda:
+            torch = _torch()
+            props = torch.cuda.get_device_properties(self.index)
+            info.update(gpu_name=props.name, total_memory_bytes=int(props.total_memory),
+                        capability=f"{props.major}.{props.minor}", cuda=torch.version.cuda)
+        else:
+            info.update(cpu_count=os.cpu_count(), peak_source=(
+                "VmHWM" if hwm_resettable() else "unavailable"))
+        return info
+
+
+def resolve_device(spec: str | Device = "auto") -> Device:
+    """Turn "auto" | "cpu" | "cuda" | "cuda:N" into a Device; "auto" picks CUDA when present."""
+    if isinstance(spec, Device):
+        return spec
+    if type(spec).__name__ == "device" and hasattr(spec, "type"):  # a torch.device
+        spec = str(spec)
+    if not isinstance(spec, str):
+        raise DeviceError(f"device must be a string, got {type(spec).__name__}; "
+                          f"valid forms: {VALID_FORMS}")
+    match = _SPEC.match(spec.strip().lower())
+    if match is None:
+        raise DeviceError(f"malformed device {spec!r}; valid forms: {VALID_FORMS}")
+    form, index = match.group(1), match.group(2)
+    if form == "cpu":
+        return Device("cpu")
+    if form == "auto":
+        return Device("cuda", _torch().cuda.current_device()) if _cuda_count() else Device("cpu")
+    count = _cuda_count()
+    if count == 0:
+        raise DeviceError(f"device {spec!r} requested but CUDA is not available; {_available()}")
+    if index is None:
+        return Device("cuda", _torch().cuda.current_device())
+    if int(index) >= count:
+        raise DeviceError(f"device {spec!r} does not exist; {_available()}")
+    return Device("cuda", int(index))

@@ -1,0 +1,286 @@
+"""Run one case in a fresh Python process, so that its memory figures start from a clean heap.
+
+The parent writes a JSON spec, runs `python -m benchlib.measure.isolation SPEC RESULT` and reads
+the JSON result back (never pickle). The child resolves the device, imports the target
+"module:function", calls it with `device=` and the params to set the case up, takes the baseline
+after that set-up, measures, then runs the case's check on the last result.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import traceback
+from dataclasses import dataclass
+from importlib import import_module
+from typing import Any, Callable
+
+from .core import Measurement, _check_counts, measure_with_result
+from .devices import Device, resolve_device
+
+MALLOC_POLICIES: dict[str, dict[str, str]] = {
+    # Fixed mmap threshold: every buffer >= 128 KiB is its own mapping, returned to the OS when
+    # freed, so RSS follows live memory instead of glibc's heap retention (docs/architecture.md).
+    "mmap-128k": {"MALLOC_MMAP_THRESHOLD_": "131072"},
+    # The environment as inherited: glibc's dynamic threshold, for comparison.
+    "glibc-default": {},
+}
+DEFAULT_MALLOC_POLICY = "mmap-128k"
+_TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_ALLOCATOR_ENV = re.compile(r"^(MALLOC_\w+|GLIBC_TUNABLES|PYTORCH_CUDA_ALLOC_CONF|"
+                            r"OMP_NUM_THREADS|MKL_NUM_THREADS|OPENBLAS_NUM_THREADS)$")
+_TAIL_CHARS = 4000
+# benchlib.measure imports this module before runpy runs it as __main__; harmless here.
+_RUNPY_WARNING = "ignore:'benchlib.measure.isolation' found in sys.modules:RuntimeWarning"
+
+
+@dataclass(frozen=True)
+class Case:
+    """What a target returns: `fn()` is measured; `check(result_of_last_call)` -> {name: float}."""
+
+    fn: Callable[[], Any]
+    check: Callable[[Any], dict] | None = None
+
+
+@dataclass(frozen=True)
+class IsolatedResult:
+    name: str
+    measurement: Measurement
+    checks: dict
+    environment: dict
+
+
+class CaseFailed(RuntimeError):
+    """A case that did not produce a result: child exception, crash, timeout or refusal."""
+
+    def __init__(self, name: str, reason: str, child_traceback: str = "", output: str = ""):
+        self.name = name
+        self.reason = reason
+        self.child_traceback = child_traceback
+        self.output = output
+        message = f"case {name!r} failed: {reason}"
+        if child_traceback:
+            message += f"\n--- child traceback ---\n{child_traceback.rstrip()}"
+        elif output:
+            message += f"\n--- last child output ---\n{output.rstrip()}"
+        super().__init__(message)
+
+
+class MemoryRequirementError(CaseFailed):
+    """The case declared more memory than the device has available; it was not started."""
+
+    def __init__(self, name: str, required_bytes: int, available_bytes: int, device: str):
+        self.required_bytes = required_bytes
+        self.available_bytes = available_bytes
+        super().__init__(name, (
+            f"needs {required_bytes:,} bytes ({required_bytes / 2**30:.2f} GiB) but only "
+            f"{available_bytes:,} bytes ({available_bytes / 2**30:.2f} GiB) are available on "
+            f"{device}; not started"))
+
+
+def available_memory(device: Device) -> int:
+    """Memory a new case could use: free device memory on CUDA, available RAM on CPU."""
+    if device.is_cuda:
+        import torch
+
+        free, _total = torch.cuda.mem_get_info(device.index)
+        return int(free)
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def malloc_environment(policy: str) -> dict[str, str]:
+    """The environment variables a malloc policy sets; unknown policies are refused."""
+    if policy not in MALLOC_POLICIES:
+        raise ValueError(f"unknown malloc policy {policy!r}; valid policies: "
+                         f"{', '.join(repr(p) for p in MALLOC_POLICIES)}")
+    return dict(MALLOC_POLICIES[policy])
+
+
+def _tail(text: str) -> str:
+    return text if len(text) <= _TAIL_CHARS else "..." + text[-_TAIL_CHARS:]
+
+
+def _crash_reason(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            sig = signal.Signals(-returncode).name
+        except ValueError:
+            sig = f"signal {-returncode}"
+        hint = " (often the kernel's out-of-memory killer)" if sig == "SIGKILL" else ""
+        return f"the child process was killed by {sig}{hint} before writing a result"
+    return f"the child process exited with status {returncode} without writing a result"
+
+
+def run_isolated(target: str, params: dict | None = None, *, name: str,
+                 device: str | Device = "cpu", warmup: int = 0, repeats: int = 1,
+                 track_allocations: bool = False, timeline: bool = True,
+                 timeout_s: float = 600, malloc: str = DEFAULT_MALLOC_POLICY,
+                 memory_required_bytes: int | None = None,
+                 timeline_interval_s: float = 0.002) -> IsolatedResult:
+    """Measure one case in a fresh `python` subprocess; failures raise CaseFailed(name)."""
+    params = {} if params is None else params
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty string naming the case, got {name!r}")
+    if not isinstance(target, str) or not _TARGET.match(target):
+        raise ValueError(f"target must be 'module:function' (e.g. 'benchlib.workloads.x:case'), "
+                         f"got {target!r}")
+    if not isinstance(params, dict):
+        raise TypeError(f"params must be a dict of JSON values, got {type(params).__name__}")
+    try:
+        json.dumps(params, allow_nan=False)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"params of case {name!r} must be JSON values (numbers, strings, "
+                         f"lists, dicts): {err}") from err
+    _check_counts(warmup, repeats)
+    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    if timeline and not (isinstance(timeline_interval_s, (int, float))
+                         and timeline_interval_s > 0):
+        raise ValueError(f"timeline_interval_s must be a positive number of seconds, "
+                         f"got {timeline_interval_s!r}")
+    if memory_required_bytes is not None and not (
+            isinstance(memory_required_bytes, (int, float)) and memory_required_bytes >= 0):
+        raise ValueError(f"memory_required_bytes must be a number of bytes >= 0 or None, "
+                         f"got {memory_required_bytes!r}")
+    policy_env = malloc_environment(malloc)
+    dev = resolve_device(device)
+    if memory_required_bytes is not None:
+        available = available_memory(dev)
+        if memory_required_bytes > available:
+            raise MemoryRequirementError(name, int(memory_required_bytes), available, dev.name)
+
+    spec = {"target": target, "params": params, "name": name, "device": dev.name,
+            "warmup": warmup, "repeats": repeats, "track_allocations": track_allocations,
+            "timeline": timeline, "timeline_interval_s": timeline_interval_s,
+            "malloc_policy": malloc, "malloc_env": policy_env,
+            "sys_path": [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p)]}
+    env = {**os.environ, **policy_env}
+    with tempfile.TemporaryDirectory(prefix="benchlib-case-") as tmp:
+        spec_path, result_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "result.json")
+        output_path = os.path.join(tmp, "output.txt")
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        # Output goes to a file, not a pipe: a process the case leaves behind holding a pipe
+        # open would otherwise keep us waiting after the child itself has finished.
+        with open(output_path, "w") as output_file:
+            proc = subprocess.Popen(
+                [sys.executable, "-W", _RUNPY_WARNING, "-m", "benchlib.measure.isolation",
+                 spec_path, result_path],
+                env=env, stdin=subprocess.DEVNULL, stdout=output_file, stderr=subprocess.STDOUT,
+                start_new_session=True)
+            try:
+                proc.wait(timeout=timeout_s)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            finally:  # also on KeyboardInterrupt: nothing of the case keeps running
+                _kill_group(proc)
+                proc.wait()
+        with open(output_path, errors="replace") as f:
+            output = _tail(f.read())
+        if timed_out:
+            raise CaseFailed(name, f"timed out after {timeout_s} s; the child was killed",
+                             output=output)
+        if not os.path.exists(result_path):
+            raise CaseFailed(name, _crash_reason(proc.returncode), output=output)
+        with open(result_path) as f:
+            result = json.load(f)
+    if not result["ok"]:
+        raise CaseFailed(name, f"the child raised {result['error']}",
+                         child_traceback=result["traceback"], output=output)
+    return IsolatedResult(name=name, measurement=Measurement.from_dict(result["measurement"]),
+                          checks=result["checks"], environment=result["environment"])
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill whatever is left of the child's session: the child and anything it started."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # the whole session has exited already
+    except AttributeError:  # no process groups (Windows): the child alone
+        proc.kill()
+
+
+# ---------------------------------------------------------------- child side
+
+
+def _write_json_atomic(path: str, data: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, allow_nan=True)
+    os.replace(tmp, path)
+
+
+def _load_case(target: str, device: Device, params: dict) -> Case:
+    module_name, func_name = target.split(":")
+    func = getattr(import_module(module_name), func_name, None)
+    if func is None:
+        raise AttributeError(f"module {module_name!r} has no function {func_name!r}")
+    case = func(device=device, **params)
+    if not isinstance(case, Case):
+        raise TypeError(f"{target} must return benchlib.measure.Case(fn, check=None), "
+                        f"got {type(case).__name__}")
+    return case
+
+
+def _checks(case: Case, result: Any) -> dict[str, float]:
+    if case.check is None:
+        return {}
+    checks = case.check(result)
+    if not isinstance(checks, dict):
+        raise TypeError(f"a case's check must return a dict of name -> float, "
+                        f"got {type(checks).__name__}")
+    return {str(k): float(v) for k, v in checks.items()}
+
+
+def _environment(spec: dict, device: Device) -> dict:
+    torch = sys.modules.get("torch")
+    return {
+        "pid": os.getpid(),
+        "python": sys.executable,
+        "malloc_policy": spec["malloc_policy"],
+        "malloc_env": spec["malloc_env"],
+        "allocator_env": {k: v for k, v in sorted(os.environ.items()) if _ALLOCATOR_ENV.match(k)},
+        "torch_threads": torch.get_num_threads() if torch is not None else None,
+        "device": device.describe(),
+    }
+
+
+def child_main(spec_path: str, result_path: str) -> int:
+    """Run the case described in `spec_path`; write the outcome to `result_path` as JSON."""
+    with open(spec_path) as f:
+        spec = json.load(f)
+    sys.path.extend(p for p in spec["sys_path"] if p not in sys.path)
+    try:
+        device = resolve_device(spec["device"])
+        case = _load_case(spec["target"], device, spec["params"])
+        measurement, last = measure_with_result(
+            case.fn, device=device, warmup=spec["warmup"], repeats=spec["repeats"],
+            track_allocations=spec["track_allocations"], timeline=spec["timeline"],
+            timeline_interval_s=spec["timeline_interval_s"], name=spec["name"])
+        checks = _checks(case, last)
+        del last
+        outcome = {"ok": True, "measurement": measurement.to_dict(), "checks": checks,
+                   "environment": _environment(spec, device)}
+    except Exception as err:
+        outcome = {"ok": False, "error": f"{type(err).__name__}: {err}",
+                   "traceback": traceback.format_exc()}
+    _write_json_atomic(result_path, outcome)
+    return 0 if outcome["ok"] else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m benchlib.measure.isolation SPEC_JSON RESULT_JSON")
+    # Run the imported module's child_main, not this __main__ copy, so that the Case class a
+    # target returns is the one isinstance() checks against.
+    from benchlib.measure.isolation import child_main as _child_main
+
+    sys.exit(_child_main(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,82 @@
+"""Targets for tests/test_isolation.py: each is a `module:function` a child process imports."""
+import os
+import time
+
+import numpy as np
+
+from benchlib.measure import Case, mark
+
+ARRAY_BYTES = 8 * 4_000_000
+
+
+def allocate(device, n=4_000_000):
+    """Set-up allocates `kept` (before the baseline); the measured call allocates n float64s."""
+    kept = np.ones(n)
+
+    def fn():
+        mark("allocate")
+        out = np.ones(n)
+        mark("reduce")
+        return out
+
+    def check(result):
+        return {"sum": float(result.sum()), "kept": float(kept.size)}
+
+    return Case(fn, check)
+
+
+def raises(device):
+    def fn():
+        raise ValueError("deliberate failure in the measured function")
+
+    return Case(fn)
+
+
+def fails_in_setup(device, message="bad set-up"):
+    raise RuntimeError(message)
+
+
+def exits_hard(device, status=3):
+    return Case(lambda: os._exit(status))
+
+
+def aborts(device):
+    return Case(os.abort)
+
+
+def sleeps(device, seconds=60.0):
+    return Case(lambda: time.sleep(seconds))
+
+
+def not_a_case(device):
+    return lambda: None
+
+
+def environment(device):
+    """Reports the child's view of its environment through the check."""
+    def check(_):
+        threshold = os.environ.get("MALLOC_MMAP_THRESHOLD_")
+        return {"mmap_threshold": float(threshold) if threshold else -1.0,
+                "pid": float(os.getpid())}
+
+    return Case(lambda: None, check)
+
+
+def cuda_allocate(device, n=1_000_000):
+    import torch
+
+    return Case(lambda: torch.ones(n, dtype=torch.float32, device=device.torch))
+
+
+def spawns_sleeper(device, seconds=60.0):
+    """The measured call starts a grandchild and then hangs: a timeout must kill both."""
+    import subprocess
+    import sys
+
+    def fn():
+        child = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
+        with open(os.environ["GRANDCHILD_PID_FILE"], "w") as f:
+            f.write(str(child.pid))
+        time.sleep(seconds)
+
+    return Case(fn)

@@ -1,0 +1,143 @@
+"""run_isolated: a case measured in a fresh child process, and every way a case can fail."""
+import os
+import time
+
+import pytest
+import torch
+
+import benchlib.measure.isolation as isolation
+from benchlib.measure import (DEFAULT_MALLOC_POLICY, MALLOC_POLICIES, CaseFailed,
+                              MemoryRequirementError, run_isolated)
+from isolation_targets import ARRAY_BYTES
+
+pytestmark = pytest.mark.slow
+
+
+def test_child_returns_measurement_checks_and_environment():
+    result = run_isolated("isolation_targets:allocate", {"n": ARRAY_BYTES // 8}, name="allocate",
+                          track_allocations=True, repeats=2)
+    m = result.measurement
+    assert result.name == m.name == "allocate" and m.device == "cpu"
+    assert len(m.times_s) == 2
+    assert m.alloc_bytes >= ARRAY_BYTES and m.alloc_source == "memray"
+    # the array made during set-up is below the baseline; the one made per call is above it
+    assert ARRAY_BYTES * 0.9 <= m.peak_bytes < 2 * ARRAY_BYTES
+    assert result.checks == {"sum": float(ARRAY_BYTES // 8), "kept": float(ARRAY_BYTES // 8)}
+    phases = list(dict.fromkeys(m.timeline["phase"]))
+    assert phases[:3] == ["", "allocate", "reduce"]
+    assert m.timeline.loc[m.timeline["phase"] == "reduce", "bytes"].max() >= ARRAY_BYTES * 0.9
+    env = result.environment
+    assert env["pid"] != os.getpid()
+    assert env["malloc_policy"] == DEFAULT_MALLOC_POLICY == "mmap-128k"
+    assert env["malloc_env"] == {"MALLOC_MMAP_THRESHOLD_": "131072"}
+    assert env["device"]["device"] == "cpu" and "torch_threads" in env
+
+
+@pytest.mark.parametrize("policy, expected", [("mmap-128k", 131072.0), ("glibc-default", -1.0)])
+def test_malloc_policy_reaches_the_child(policy, expected, monkeypatch):
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    result = run_isolated("isolation_targets:environment", name="env", malloc=policy,
+                          timeline=False)
+    assert result.checks["mmap_threshold"] == expected
+    assert result.environment["malloc_env"] == MALLOC_POLICIES[policy]
+
+
+def test_exception_in_measured_function_comes_back_with_traceback():
+    with pytest.raises(CaseFailed) as info:
+        run_isolated("isolation_targets:raises", name="raiser")
+    message = str(info.value)
+    assert info.value.name == "raiser" and "case 'raiser' failed" in message
+    assert "ValueError: deliberate failure in the measured function" in message
+    assert "Traceback (most recent call last)" in message and "isolation_targets.py" in message
+
+
+def test_exception_in_setup_comes_back_with_traceback():
+    with pytest.raises(CaseFailed, match="RuntimeError: set-up broke") as info:
+        run_isolated("isolation_targets:fails_in_setup", {"message": "set-up broke"},
+                     name="setup")
+    assert "fails_in_setup" in info.value.child_traceback
+
+
+def test_target_that_returns_no_case_is_explained():
+    with pytest.raises(CaseFailed, match=r"must return benchlib.measure.Case"):
+        run_isolated("isolation_targets:not_a_case", name="plain")
+
+
+def test_hard_exit_is_a_crash_and_the_caller_carries_on():
+    with pytest.raises(CaseFailed, match="exited with status 3 without writing a result"):
+        run_isolated("isolation_targets:exits_hard", {"status": 3}, name="exit")
+    assert run_isolated("isolation_targets:environment", name="next",
+                        timeline=False).checks["pid"] > 0
+
+
+def test_abort_names_the_signal():
+    with pytest.raises(CaseFailed, match="killed by SIGABRT") as info:
+        run_isolated("isolation_targets:aborts", name="abort")
+    assert info.value.name == "abort"
+
+
+def test_timeout_kills_the_child():
+    with pytest.raises(CaseFailed, match=r"case 'sleepy' failed: timed out after 1\.5 s"):
+        run_isolated("isolation_targets:sleeps", {"seconds": 60}, name="sleepy", timeout_s=1.5)
+
+
+def test_memory_precheck_refuses_before_spawning(monkeypatch):
+    def no_spawn(*args, **kwargs):
+        raise AssertionError("a refused case must not start a process")
+
+    monkeypatch.setattr(isolation.subprocess, "Popen", no_spawn)
+    with pytest.raises(MemoryRequirementError) as info:
+        run_isolated("isolation_targets:allocate", name="huge", memory_required_bytes=10**18)
+    err = info.value
+    assert isinstance(err, CaseFailed) and err.name == "huge"
+    assert err.required_bytes == 10**18 and 0 < err.available_bytes < 10**18
+    assert f"{10**18:,} bytes" in str(err) and f"{err.available_bytes:,} bytes" in str(err)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(malloc="jemalloc"), ValueError, "valid policies: 'mmap-128k', 'glibc-default'"),
+    (dict(target="no_colon"), ValueError, "'module:function'"),
+    (dict(params={"x": object()}), ValueError, "must be JSON values"),
+    (dict(params={"x": float("nan")}), ValueError, "must be JSON values"),
+    (dict(timeout_s=0), ValueError, "timeout_s must be a positive"),
+    (dict(repeats=0), ValueError, "repeats must be"),
+    (dict(device="tpu"), ValueError, "valid forms"),
+    (dict(name=""), ValueError, "name must be a non-empty string"),
+    (dict(timeline_interval_s=0), ValueError, "timeline_interval_s must be a positive"),
+    (dict(memory_required_bytes=-1), ValueError, "memory_required_bytes must be"),
+    (dict(params=[1, 2]), TypeError, "params must be a dict"),
+])
+def test_bad_arguments_are_refused_before_spawning(kwargs, error, message, monkeypatch):
+    monkeypatch.setattr(isolation.subprocess, "Popen", None)
+    call = {"target": "isolation_targets:allocate", "name": "bad", **kwargs}
+    with pytest.raises(error, match=message):
+        run_isolated(call.pop("target"), call.pop("params", None), **call)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_cuda_child_measures_on_the_gpu():
+    result = run_isolated("isolation_targets:cuda_allocate", {"n": 1_000_000}, name="gpu",
+                          device="cuda", track_allocations=True)
+    m = result.measurement
+    assert m.device.startswith("cuda:") and m.alloc_count == 1 and m.peak_bytes >= 4_000_000
+    assert m.alloc_source == "cuda-caching-allocator"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads process states from /proc")
+def test_timeout_also_kills_what_the_child_started(tmp_path, monkeypatch):
+    pid_file = tmp_path / "grandchild.pid"
+    monkeypatch.setenv("GRANDCHILD_PID_FILE", str(pid_file))
+    with pytest.raises(CaseFailed, match="timed out"):
+        run_isolated("isolation_targets:spawns_sleeper", name="tree", timeout_s=3)
+    grandchild = int(pid_file.read_text())
+    for _ in range(100):  # reaped by init shortly after the kill
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{grandchild}/stat") as f:
+            if f.read().split()[2] == "Z":
+                break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"grandchild {grandchild} still running after the timeout")

@@ -1,0 +1,336 @@
+"""benchlib.measure in-process: devices, GC pauses, allocations, measure, Measurement, timeline."""
+import gc
+import os
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from benchlib.measure import (AllocationTracker, Allocations, AllocationTrackingUnavailable, Device,
+                              DeviceError, GCMonitor, Measurement, MemoryTimeline,
+                              count_allocations, mark, measure, resolve_device)
+from benchlib.measure import devices as devices_module
+from benchlib.measure.devices import hwm_resettable
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="no CUDA device on this machine")
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(),
+                             reason="checks the error for a missing GPU; this machine has one")
+needs_hwm = pytest.mark.skipif(not hwm_resettable(),
+                               reason="CPU peak needs a resettable VmHWM (Linux /proc/self/clear_refs)")
+
+MB = 1_000_000
+
+
+# ---------------------------------------------------------------- devices
+
+def test_cpu_device_names_itself():
+    dev = resolve_device("cpu")
+    assert (dev.name, dev.kind, dev.index) == ("cpu", "cpu", None)
+    assert dev.torch == torch.device("cpu")
+    assert dev.describe()["device"] == "cpu"
+    assert resolve_device(" CPU ") == dev
+    assert resolve_device(dev) is dev
+    assert resolve_device(torch.device("cpu")) == dev
+
+
+def test_auto_picks_cuda_only_when_present():
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").kind == expected
+    assert resolve_device().kind == expected
+
+
+@pytest.mark.parametrize("spec", ["gpu", "cuda:", "cuda:-1", "cuda0", "mps", "", 3, None])
+def test_malformed_device_lists_valid_forms(spec):
+    with pytest.raises(DeviceError, match=r'valid forms: "auto", "cpu", "cuda", "cuda:N"'):
+        resolve_device(spec)
+
+
+@no_cuda
+@pytest.mark.parametrize("spec", ["cuda", "cuda:0"])
+def test_cuda_request_without_cuda_says_what_is_available(spec):
+    with pytest.raises(DeviceError, match=r'CUDA is not available; available: "cpu" only'):
+        resolve_device(spec)
+
+
+def test_missing_cuda_index_lists_existing_devices(monkeypatch):
+    monkeypatch.setattr(devices_module, "_cuda_count", lambda: 2)
+    with pytest.raises(DeviceError, match=r'available: "cpu", "cuda:0", "cuda:1"'):
+        resolve_device("cuda:5")
+
+
+def test_device_rejects_inconsistent_fields():
+    with pytest.raises(DeviceError):
+        Device("cuda")
+    with pytest.raises(DeviceError):
+        Device("tpu")
+
+
+@needs_hwm
+def test_cpu_peak_sees_a_touched_buffer_after_reset():
+    dev = resolve_device("cpu")
+    dev.reset_peak()
+    baseline = dev.memory_in_use()
+    buffer = np.ones(10 * MB // 8)
+    del buffer
+    # The kernel batches RSS counter updates, so VmHWM can lag by a few hundred KiB.
+    assert dev.peak_memory() - baseline >= 9 * MB
+
+
+# ---------------------------------------------------------------- GC pauses
+
+def test_gc_monitor_sees_forced_collection_and_unregisters():
+    before = list(gc.callbacks)
+    with GCMonitor() as outer:
+        with GCMonitor() as inner:
+            gc.collect()
+        gc.collect(0)
+    assert gc.callbacks == before
+    assert [g for _, _, g in inner.pauses].count(2) >= 1
+    assert outer.count >= inner.count + 1
+    assert 0 in [g for _, _, g in outer.pauses]
+    assert outer.seconds > 0 and all(d >= 0 for _, d, _ in outer.pauses)
+
+
+def test_gc_monitor_unregisters_on_exception():
+    before = list(gc.callbacks)
+    with pytest.raises(KeyError):
+        with GCMonitor():
+            raise KeyError("boom")
+    assert gc.callbacks == before
+
+
+def test_gc_monitor_refuses_reentry_of_same_instance():
+    monitor = GCMonitor()
+    with monitor:
+        with pytest.raises(RuntimeError, match="already active"):
+            monitor.__enter__()
+
+
+# ---------------------------------------------------------------- allocations
+
+def test_count_allocations_sees_one_numpy_buffer():
+    assert count_allocations(lambda: np.empty(10 * MB), "cpu") == Allocations(1, 80 * MB, "memray")
+
+
+def test_count_allocations_counts_each_buffer():
+    allocs = count_allocations(lambda: [np.empty(MB // 8) for _ in range(5)])
+    assert allocs.count >= 5 and 5 * MB <= allocs.bytes < 5 * MB + 64 * 1024
+
+
+def test_nested_memray_is_a_clear_error():
+    with AllocationTracker("cpu"):
+        with pytest.raises(AllocationTrackingUnavailable, match="already active"):
+            count_allocations(lambda: None)
+
+
+# ---------------------------------------------------------------- measure
+
+def test_measure_sees_known_allocation_and_forced_gc():
+    def fn():
+        gc.collect()
+        return np.ones(5 * MB)  # 40 MB: above glibc's largest mmap threshold, so RSS sees it
+
+    m = measure(fn, warmup=1, repeats=3, name="ones")
+    assert (m.alloc_count, m.alloc_bytes, m.alloc_source) == (1, 40 * MB, "memray")
+    assert len(m.times_s) == 3 and all(t > 0 for t in m.times_s)
+    assert m.gc_count >= 3 and 0 < m.gc_seconds <= sum(m.times_s)
+    assert 0 < m.gc_fraction <= 1
+    assert m.name == "ones" and m.device == "cpu"
+    if hwm_resettable():
+        assert m.peak_bytes >= 39 * MB
+
+
+def test_measure_without_allocation_pass_leaves_fields_unset():
+    m = measure(lambda: None, warmup=0, repeats=2, track_allocations=False)
+    assert m.alloc_count is None and m.alloc_bytes is None and m.alloc_source is None
+    assert "allocation" not in str(m)
+
+
+def test_measure_allocation_pass_is_separate_from_timed_repeats():
+    calls = []
+    measure(lambda: calls.append(1), warmup=2, repeats=3, track_allocations=True)
+    assert len(calls) == 2 + 3 + 1
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(repeats=0), "repeats must be an integer >= 1"),
+    (dict(warmup=-1), "warmup must be an integer >= 0"),
+    (dict(timeline=True, timeline_interval_s=0), "timeline_interval_s must be > 0"),
+    (dict(device="gpu"), "valid forms"),
+])
+def test_measure_refuses_bad_arguments_before_calling(kwargs, message):
+    calls = []
+    with pytest.raises(ValueError, match=message):
+        measure(lambda: calls.append(1), **kwargs)
+    assert calls == []
+
+
+def test_measure_timeline_covers_timed_repeats():
+    def fn():
+        mark("work")
+        return np.ones(MB)
+
+    m = measure(fn, warmup=0, repeats=2, timeline=True, track_allocations=False)
+    assert list(m.timeline.columns) == ["t_s", "bytes", "phase"]
+    assert (m.timeline["phase"] == "work").sum() >= 2
+
+
+def test_failing_function_leaves_no_monitor_timeline_or_tracker_behind():
+    from benchlib.measure import timeline as timeline_module
+
+    callbacks = list(gc.callbacks)
+
+    def boom():
+        raise ZeroDivisionError("in the measured function")
+
+    with pytest.raises(ZeroDivisionError):
+        measure(boom, warmup=0, timeline=True)
+    with pytest.raises(ZeroDivisionError):
+        count_allocations(boom)
+    assert gc.callbacks == callbacks and timeline_module._active == []
+    assert count_allocations(lambda: np.empty(MB)).count == 1  # memray was stopped
+
+
+# ---------------------------------------------------------------- Measurement
+
+JULIA_EXAMPLE = Measurement(
+    name="", device="cpu", times_s=(0.1495,), gc_count=3, gc_seconds=0.1495 * 0.9945,
+    alloc_count=10_690, alloc_bytes=round(1.331 * 2**20), alloc_source="memray",
+    peak_bytes=812 * 2**20, baseline_bytes=100 * 2**20)
+
+
+def test_str_is_julia_time_style():
+    assert str(JULIA_EXAMPLE) == (
+        "0.1495 s (10.69 k allocations: 1.331 MiB, 99.45% gc time, peak +812.0 MiB)")
+
+
+def test_str_omits_unmeasured_parts_and_uses_small_units():
+    m = Measurement(name="tiny", device="cpu", times_s=(2e-5, 3e-5, 4e-5), gc_count=0,
+                    gc_seconds=0.0, alloc_count=1, alloc_bytes=64, alloc_source="memray")
+    assert str(m) == "tiny: 30.00 μs (1 allocation: 64 bytes, 0.00% gc time)"
+
+
+def test_statistics():
+    m = Measurement(name="", device="cpu", times_s=(1.0, 2.0, 3.0, 4.0, 5.0), gc_count=1,
+                    gc_seconds=1.5)
+    assert (m.median_s, m.iqr_s, m.gc_fraction) == (3.0, 2.0, 0.1)
+
+
+def test_to_dict_from_dict_round_trip_through_json():
+    with MemoryTimeline("cpu") as tl:
+        tl.mark("forward")
+    m = Measurement(**{**JULIA_EXAMPLE.__dict__, "timeline": tl.frame()})
+    data = json.loads(json.dumps(m.to_dict()))
+    back = Measurement.from_dict(data)
+    assert back == m and back.to_dict() == m.to_dict()
+    assert back.timeline.equals(m.timeline)
+    assert Measurement.from_dict(JULIA_EXAMPLE.to_dict()).timeline is None
+
+
+def test_from_dict_names_missing_keys():
+    with pytest.raises(ValueError, match=r"missing \['peak_bytes'\]"):
+        Measurement.from_dict({k: v for k, v in JULIA_EXAMPLE.to_dict().items()
+                               if k != "peak_bytes"})
+
+
+def test_records_are_tidy_rows():
+    rows = JULIA_EXAMPLE.records(benchmark="calibration", case="example", engine="numpy",
+                                 dtype="float64", params={"n": 3})
+    metrics = [r["metric"] for r in rows]
+    assert metrics == ["time", "gc_count", "gc_time", "alloc_count", "alloc_bytes",
+                       "peak_bytes", "baseline_bytes"]
+    assert all(r["case"] == "example" for r in rows)
+    assert all(r["device"] == "cpu" and json.loads(r["params"]) == {"n": 3} for r in rows)
+    assert rows[4]["value"] == JULIA_EXAMPLE.alloc_bytes
+
+
+# ---------------------------------------------------------------- timeline
+
+def test_timeline_sees_200mb_allocation_and_phase_marks():
+    with MemoryTimeline("cpu", interval_s=0.001) as tl:
+        mark("allocate")
+        buffer = np.ones(200 * MB // 8)
+        mark("hold")
+        time.sleep(0.05)
+        del buffer
+        mark("freed")
+    frame = tl.frame()
+    assert list(frame.columns) == ["t_s", "bytes", "phase"]
+    assert str(frame["bytes"].dtype) == "int64" and frame["t_s"].is_monotonic_increasing
+    assert list(dict.fromkeys(frame["phase"])) == ["", "allocate", "hold", "freed"]
+    assert frame.loc[frame["phase"] == "hold", "bytes"].min() >= 200 * MB
+    assert frame.loc[frame["phase"] == "freed", "bytes"].iloc[-1] < 20 * MB
+    assert len(frame) > 5  # the background thread sampled, beyond the start, marks and end
+    assert [p for _, p in tl.marks] == ["allocate", "hold", "freed"]
+
+
+def test_mark_reaches_every_active_timeline_and_is_a_noop_otherwise():
+    mark("nobody listens")
+    with MemoryTimeline("cpu", interval_s=1.0) as a, MemoryTimeline("cpu", interval_s=1.0) as b:
+        mark("shared")
+    mark("after")
+    assert [p for _, p in a.marks] == [p for _, p in b.marks] == ["shared"]
+
+
+def test_timeline_refuses_bad_interval():
+    with pytest.raises(ValueError, match="positive"):
+        MemoryTimeline("cpu", interval_s=0)
+
+
+# ---------------------------------------------------------------- CUDA
+
+@needs_cuda
+def test_cuda_device_and_allocations():
+    dev = resolve_device("cuda")
+    assert dev.name == f"cuda:{torch.cuda.current_device()}" and dev.torch.type == "cuda"
+    allocs = count_allocations(lambda: torch.empty(MB, dtype=torch.float32, device=dev.torch), dev)
+    assert allocs.count == 1 and 4 * MB <= allocs.bytes < 4 * MB + 512
+    assert allocs.source == "cuda-caching-allocator"
+
+
+@needs_cuda
+def test_cuda_measure_peak_and_timeline():
+    dev = resolve_device("cuda")
+
+    def fn():
+        mark("alloc")
+        return torch.ones(50 * MB // 4, device=dev.torch)
+
+    m = measure(fn, device=dev, warmup=0, repeats=2, timeline=True)
+    assert m.alloc_count == 1 and m.peak_bytes >= 50 * MB
+    assert m.timeline["bytes"].max() >= 50 * MB
+
+
+def test_rss_fallback_without_proc_agrees_with_proc(monkeypatch):
+    import psutil
+
+    with_proc = devices_module.process_rss()
+    monkeypatch.setattr(devices_module, "_statm_fd", lambda: None)
+    without_proc = devices_module.process_rss()
+    assert without_proc == psutil.Process().memory_info().rss
+    assert abs(without_proc - with_proc) < 16 * 2**20
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_rss_after_fork_is_the_childs_own():
+    devices_module.process_rss()  # open the descriptor in the parent
+    ballast = np.ones(100 * MB // 8)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        del ballast
+        import gc as child_gc
+
+        child_gc.collect()
+        os.write(write_fd, str(devices_module.process_rss()).encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child_rss = int(os.read(read_fd, 64))
+    os.close(read_fd)
+    os.close(write_fd)
+    # the child freed its copy of the ballast; reading the parent's statm would include it
+    assert child_rss < devices_module.process_rss() - 50 * MB
+    del ballast
