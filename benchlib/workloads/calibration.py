@@ -1,0 +1,349 @@
+"""Calibration: the ceilings other benchmarks compare against, and the instrument's own cost.
+
+- `matmul_flops`: matrix-product FLOP/s (2·n³ per product), float32 and float64; NumPy and torch
+  on CPU, torch on CUDA.
+- `copy_bandwidth`: bytes read plus bytes written per second by a buffer-to-buffer copy.
+- `sampler_overhead`: how much the MemoryTimeline's sampler thread slows a fixed workload of
+  small torch operations (GIL-bound, the worst case), as a time ratio per sampling interval.
+- `tracker_overhead`: how much memray's allocation tracing slows NumPy and torch workloads
+  (and, on CUDA, the cost of the caching allocator's counters), as time ratios.
+
+Overhead ratios interleave plain and instrumented calls round by round, in a shuffled order,
+so drift in the machine's speed affects both sides alike. Every function returns tidy records
+(benchlib.results.make_record); `run_calibration` runs them all.
+"""
+from __future__ import annotations
+
+import random
+import statistics
+from contextlib import contextmanager
+from time import perf_counter
+from typing import Callable
+
+import numpy as np
+import torch
+
+from benchlib.measure import AllocationTracker, Device, measure, resolve_device
+from benchlib.results import make_record
+
+BENCHMARK = "calibration"
+DEFAULTS = {
+    "matmul_sizes_cpu": [128, 512, 1024],
+    "matmul_sizes_cuda": [1024, 4096, 8192],
+    "copy_mib": 256,
+    "sampler_intervals_s": [0.001, 0.002, 0.01],
+    "rounds": 11,
+    "repeats": 5,
+}
+DTYPES = ("float32", "float64")
+
+
+def _check_positive_ints(name: str, values) -> list[int]:
+    values = list(values)
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                             for v in values):
+        raise ValueError(f"{name} must be a non-empty list of positive integers, got {values!r}")
+    return values
+
+
+def _check_dtypes(dtypes) -> list[str]:
+    dtypes = list(dtypes)
+    if not dtypes or any(d not in DTYPES for d in dtypes):
+        raise ValueError(f"dtypes must be a non-empty subset of {list(DTYPES)}, got {dtypes!r}")
+    return dtypes
+
+
+def _libraries(device: Device) -> list[str]:
+    """NumPy runs on the CPU only; on CUDA the ceiling is torch's."""
+    return ["torch"] if device.is_cuda else ["numpy", "torch"]
+
+
+def _operands(library: str, device: Device, shape: tuple, dtype: str, count: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    arrays = [rng.standard_normal(shape).astype(dtype) for _ in range(count)]
+    if library == "numpy":
+        return arrays
+    return [torch.from_numpy(a).to(device.torch) for a in arrays]
+
+
+def matmul_flops(device="cpu", sizes=None, dtypes=DTYPES, repeats: int = 5) -> list[dict]:
+    """FLOP/s of an n×n by n×n product written into a preallocated output (one row per repeat)."""
+    device = resolve_device(device)
+    if sizes is None:
+        sizes = DEFAULTS["matmul_sizes_cuda" if device.is_cuda else "matmul_sizes_cpu"]
+    sizes, dtypes = _check_positive_ints("sizes", sizes), _check_dtypes(dtypes)
+    records = []
+    for library in _libraries(device):
+        for dtype in dtypes:
+            for n in sizes:
+                a, b, out = _operands(library, device, (n, n), dtype, 3)
+                if library == "numpy":
+                    fn = lambda: np.matmul(a, b, out=out)  # noqa: E731
+                else:
+                    fn = lambda: torch.matmul(a, b, out=out)  # noqa: E731
+                params = {"n": n, "flop_per_call": 2 * n**3, "library": library,
+                          "torch_threads": torch.get_num_threads()}
+                if device.is_cuda:
+                    params["tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
+                m = measure(fn, device=device, warmup=1, repeats=repeats,
+                            track_allocations=False, name=f"matmul n={n}")
+                labels = dict(benchmark=BENCHMARK, case="matmul", engine=library,
+                              device=device.name, dtype=dtype, params=params)
+                records += m.records(**labels)
+                records += [make_record(**labels, metric="flop_rate", value=2 * n**3 / t,
+                                        unit="FLOP/s", repeat=i) for i, t in enumerate(m.times_s)]
+    return records
+
+
+def copy_bandwidth(device="cpu", size_mib: int = 256, repeats: int = 5) -> list[dict]:
+    """Bytes read + written per second copying one byte buffer into another of the same size."""
+    device = resolve_device(device)
+    size_mib = _check_positive_ints("size_mib", [size_mib])[0]
+    nbytes = size_mib * 2**20
+    records = []
+    for library in _libraries(device):
+        if library == "numpy":
+            src, dst = np.ones(nbytes, dtype=np.uint8), np.zeros(nbytes, dtype=np.uint8)
+            fn = lambda: np.copyto(dst, src)  # noqa: E731
+        else:
+            src = torch.ones(nbytes, dtype=torch.uint8, device=device.torch)
+            dst = torch.zeros(nbytes, dtype=torch.uint8, device=device.torch)
+            fn = lambda: dst.copy_(src)  # noqa: E731
+        m = measure(fn, device=device, warmup=1, repeats=repeats, track_allocations=False,
+                    name=f"copy {size_mib} MiB")
+        labels = dict(benchmark=BENCHMARK, case="copy", engine=library, device=device.name,
+                      dtype="uint8", params={"bytes": nbytes, "bytes_moved_per_call": 2 * nbytes,
+                                             "library": library,
+                                             "torch_threads": torch.get_num_threads()})
+        records += m.records(**labels)
+        records += [make_record(**labels, metric="bandwidth", value=2 * nbytes / t, unit="B/s",
+                                repeat=i) for i, t in enumerate(m.times_s)]
+    return records
+
+
+def small_ops_workload(device, steps: int = 400, width: int = 64) -> Callable[[], object]:
+    """A fixed GIL-bound workload: many small torch operations, like an eager gradient step."""
+    gen = torch.Generator().manual_seed(0)
+    w = (torch.randn(width, width, generator=gen) / width**0.5).to(device.torch)
+    x0 = torch.randn(width, width, generator=gen).to(device.torch)
+
+    def fn():
+        x = x0
+        for _ in range(steps):
+            x = torch.tanh(x @ w) * 0.5 + x
+        return x
+
+    return fn
+
+
+def numpy_temporaries_workload(steps: int = 100, size: int = 10_000) -> Callable[[], object]:
+    """NumPy code that allocates a temporary per operation (80 kB float64 buffers)."""
+    x0 = np.random.default_rng(0).standard_normal(size)
+
+    def fn():
+        x = x0
+        for _ in range(steps):
+            x = np.tanh(x) * 0.5 + x
+        return x
+
+    return fn
+
+
+def torch_autograd_workload(device, steps: int = 20, width: int = 128) -> Callable[[], object]:
+    """A small MLP's forward and backward under torch autograd (many tensor allocations)."""
+    gen = torch.Generator().manual_seed(0)
+    weights = [(torch.randn(width, width, generator=gen) / width**0.5).to(device.torch)
+               .requires_grad_() for _ in range(4)]
+    x0 = torch.randn(64, width, generator=gen).to(device.torch)
+
+    def fn():
+        for _ in range(steps):
+            x = x0
+            for w in weights:
+                x = torch.tanh(x @ w)
+            loss = (x * x).sum()
+            grads = torch.autograd.grad(loss, weights)
+        return grads
+
+    return fn
+
+
+@contextmanager
+def single_threaded_torch():
+    """Overhead workloads run with one torch thread: on a busy machine the intra-op thread pool's
+    scheduling noise is far larger than the instrument's cost we want to see."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _timed(fn: Callable[[], object], device: Device) -> float:
+    device.synchronize()
+    start = perf_counter()
+    fn()
+    device.synchronize()
+    return perf_counter() - start
+
+
+def _traced_time(fn: Callable[[], object], device: Device) -> float:
+    with AllocationTracker(device):
+        return _timed(fn, device)
+
+
+def _ratio_records(labels: dict, plain: list[float], instrumented: list[float],
+                   params: dict) -> list[dict]:
+    """Per-call times of both sides, the ratio of their medians (`time_ratio`) and of their
+    minima (`time_ratio_min`: on a busy machine noise only adds time, so minima are steadier)."""
+    rows = [make_record(**labels, metric="time_plain", value=t, unit="s", repeat=i, params=params)
+            for i, t in enumerate(plain)]
+    rows += [make_record(**labels, metric="time_instrumented", value=t, unit="s", repeat=i,
+                         params=params) for i, t in enumerate(instrumented)]
+    rows.append(make_record(**labels, metric="time_ratio", unit="ratio", params=params,
+                            value=statistics.median(instrumented) / statistics.median(plain)))
+    rows.append(make_record(**labels, metric="time_ratio_min", unit="ratio", params=params,
+                            value=min(instrumented) / min(plain)))
+    return rows
+
+
+def _interleaved(variants: dict, rounds: int, seed: int = 0) -> dict:
+    """Call every variant (a function returning one time) once per round, in a shuffled order,
+    so that drift in machine speed and order effects hit every variant alike."""
+    order = random.Random(seed)
+    times = {key: [] for key in variants}
+    for _ in range(rounds):
+        keys = list(variants)
+        order.shuffle(keys)
+        for key in keys:
+            times[key].append(variants[key]())
+    return times
+
+
+def _sample_time(device: Device, samples: int = 1000) -> float:
+    """The sampler's own work per sample, without the thread switch that delivers it."""
+    times = []
+    for _ in range(samples):
+        start = perf_counter()
+        device.memory_in_use()
+        times.append(perf_counter() - start)
+    return statistics.median(times)
+
+
+def sampler_overhead(device="cpu", intervals_s=(0.001, 0.002, 0.01), rounds: int = 11,
+                     steps: int = 400) -> list[dict]:
+    """Time of the small-ops workload under `measure` with the timeline sampler on, divided by
+    the time with it off, per sampling interval."""
+    device = resolve_device(device)
+    intervals = list(intervals_s)
+    if not intervals or not all(isinstance(i, (int, float)) and i > 0 for i in intervals):
+        raise ValueError(f"intervals_s must be a non-empty list of positive seconds, "
+                         f"got {intervals!r}")
+    rounds = _check_positive_ints("rounds", [rounds])[0]
+    fn = small_ops_workload(device, steps=steps)
+    samples = {interval: 0 for interval in intervals}
+
+    def plain() -> float:
+        return measure(fn, device=device, warmup=0, repeats=1, track_allocations=False).times_s[0]
+
+    def sampled(interval: float) -> Callable[[], float]:
+        def run() -> float:
+            m = measure(fn, device=device, warmup=0, repeats=1, track_allocations=False,
+                        timeline=True, timeline_interval_s=interval)
+            samples[interval] += len(m.timeline)
+            return m.times_s[0]
+        return run
+
+    with single_threaded_torch():
+        fn()  # warm-up outside the comparison
+        times = _interleaved({"off": plain, **{i: sampled(i) for i in intervals}}, rounds)
+    labels = dict(benchmark=BENCHMARK, case="sampler_overhead", engine="torch",
+                  device=device.name, dtype="float32")
+    records = [make_record(**labels, metric="sample_time", value=_sample_time(device), unit="s",
+                           params={"what": "one memory_in_use() read, median of 1000"})]
+    for interval in intervals:
+        params = {"interval_s": interval, "workload": "torch small ops", "steps": steps,
+                  "samples_per_call": samples[interval] / rounds, "torch_threads": 1}
+        records += _ratio_records(labels, times["off"], times[interval], params)
+    return records
+
+
+def tracker_overhead(device="cpu", rounds: int = 11) -> list[dict]:
+    """Time of NumPy and torch workloads inside memray's tracker divided by their plain time;
+    on CUDA also the torch workload on the GPU under the caching-allocator counters."""
+    device = resolve_device(device)
+    rounds = _check_positive_ints("rounds", [rounds])[0]
+    cpu = resolve_device("cpu")
+    workloads = [("numpy", "float64", "numpy temporaries", cpu, numpy_temporaries_workload()),
+                 ("torch", "float32", "torch autograd MLP", cpu, torch_autograd_workload(cpu))]
+    if device.is_cuda:
+        workloads.append(("torch", "float32", "torch autograd MLP", device,
+                          torch_autograd_workload(device)))
+    records = []
+    for engine, dtype, workload, where, fn in workloads:
+        with single_threaded_torch():
+            fn()  # warm-up outside the comparison
+            times = _interleaved({"plain": lambda: _timed(fn, where),
+                                  "traced": lambda: _traced_time(fn, where)}, rounds)
+            with AllocationTracker(where) as tracker:
+                fn()
+        labels = dict(benchmark=BENCHMARK, case="tracker_overhead", engine=engine,
+                      device=where.name, dtype=dtype)
+        params = {"workload": workload, "tracker": tracker.allocations.source,
+                  "allocations_per_call": tracker.allocations.count, "torch_threads": 1}
+        records += _ratio_records(labels, times["plain"], times["traced"], params)
+    return records
+
+
+def run_calibration(device="cpu", *, matmul_sizes_cpu=None, matmul_sizes_cuda=None,
+                    copy_mib=None, sampler_intervals_s=None, rounds=None, repeats=None,
+                    progress: Callable[[str], None] | None = print) -> list[dict]:
+    """Every calibration on `device`; unset sizes take DEFAULTS (a few seconds each on 2 cores)."""
+    device = resolve_device(device)
+    given = dict(matmul_sizes_cpu=matmul_sizes_cpu, matmul_sizes_cuda=matmul_sizes_cuda,
+                 copy_mib=copy_mib, sampler_intervals_s=sampler_intervals_s, rounds=rounds,
+                 repeats=repeats)
+    cfg = {**DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
+    sizes = cfg["matmul_sizes_cuda" if device.is_cuda else "matmul_sizes_cpu"]
+    steps = [
+        ("matrix-product FLOP/s", lambda: matmul_flops(device, sizes, repeats=cfg["repeats"])),
+        ("copy bandwidth", lambda: copy_bandwidth(device, cfg["copy_mib"], cfg["repeats"])),
+        ("timeline sampler overhead",
+         lambda: sampler_overhead(device, cfg["sampler_intervals_s"], cfg["rounds"])),
+        ("allocation tracker overhead", lambda: tracker_overhead(device, cfg["rounds"])),
+    ]
+    records = []
+    for label, step in steps:
+        start = perf_counter()
+        records += step()
+        if progress:
+            progress(f"{label}: {perf_counter() - start:.1f} s")
+    return records
+
+
+def summary(frame) -> "pandas.DataFrame":
+    """Median of each headline metric per case, engine, dtype and parameters (a table)."""
+    import json
+
+    import pandas as pd
+
+    headline = {"flop_rate": ("GFLOP/s", 1e-9), "bandwidth": ("GB/s", 1e-9),
+                "time_ratio": ("ratio", 1.0), "time_ratio_min": ("ratio", 1.0),
+                "sample_time": ("μs", 1e6)}
+    rows = frame[frame["metric"].isin(list(headline))]
+    table = (rows.groupby(["case", "engine", "device", "dtype", "metric", "params"], sort=False)
+             ["value"].median().reset_index())
+    table["unit"] = [headline[m][0] for m in table["metric"]]
+    table["value"] = [v * headline[m][1] for v, m in zip(table["value"], table["metric"])]
+    table["setting"] = [_setting(json.loads(p)) for p in table["params"]]
+    return pd.DataFrame(table[["case", "engine", "device", "dtype", "setting", "metric", "value",
+                               "unit"]])
+
+
+def _setting(params: dict) -> str:
+    for key, fmt in (("n", "n={}"), ("bytes", "{} B"), ("interval_s", "interval {} s"),
+                     ("workload", "{}")):
+        if key in params:
+            return fmt.format(params[key])
+    return ""
