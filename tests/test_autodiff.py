@@ -643,10 +643,16 @@ def test_cuda_gradients_stay_on_device_and_match_cpu(dtype):
 @needs_cuda
 @pytest.mark.cuda
 def test_cuda_dot_chain_peak_bytes_exact():
+    """The same counts as on the CPU (test_dot_chain_peak_gradient_bytes_exact): the ledger does
+    not depend on the device."""
+    depth = 5
     x = torch.randn(8, 8, device="cuda", dtype=torch.float64) / 8
     z = torch.randn(8, 8, device="cuda", dtype=torch.float64)
-    block = 8 * 8 * 8
-    for mode, expected in (("inplace", 4 * block), ("deferred", 7 * block)):
-        df = grad(_dot_chain(5), accumulate=mode)
+    block, seed = 8 * 8 * 8, 8
+    for mode, expected in (("inplace", 4 * block), ("deferred", (2 * depth + 1) * block + seed)):
+        df = grad(_dot_chain(depth), accumulate=mode)
         df(x, z)
         assert df.stats.peak_bytes == expected and df.stats.device == "cuda:0"
+        on_cpu = grad(_dot_chain(depth), accumulate=mode)
+        on_cpu(x.cpu(), z.cpu())
+        assert on_cpu.stats.peak_bytes == expected

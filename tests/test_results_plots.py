@@ -18,6 +18,7 @@ def rows(engine, case, values, metric="peak_bytes"):
 
 def test_engine_colours_are_fixed_for_known_engines_and_stable_for_others():
     assert len(set(ENGINE_COLORS.values())) == len(ENGINE_COLORS)
+    assert not set(ENGINE_COLORS.values()) & set(PALETTE)  # a hashed name never looks like a fixed engine
     assert engine_color("torch") == ENGINE_COLORS["torch"]
     assert engine_color("jax") in PALETTE and engine_color("jax") == engine_color("jax")
 

@@ -85,11 +85,17 @@ def default_results_root() -> Path:
     """
     if os.environ.get(RESULTS_ROOT_ENV):
         return Path(os.environ[RESULTS_ROOT_ENV])
+    project = find_project_root()
+    return (project or Path.cwd().resolve()) / "results"
+
+
+def find_project_root() -> Path | None:
+    """The nearest directory, from the working directory up, holding `pyproject.toml` and `notebooks/`."""
     here = Path.cwd().resolve()
     for directory in (here, *here.parents):
         if (directory / "pyproject.toml").is_file() and (directory / "notebooks").is_dir():
-            return directory / "results"
-    return here / "results"
+            return directory
+    return None
 
 
 def _slug(text: str) -> str:
@@ -138,10 +144,15 @@ class Run:
     ) -> Run:
         """A new run directory under `root` with a run.json of this environment (plus `info`)."""
         path = new_run_dir(default_results_root() if root is None else root, device)
+        return cls._start(path, path.name, device, allocator_policy, info)
+
+    @classmethod
+    def _start(cls, path: Path, run_id: str, device: Any, allocator_policy: str | None, info: dict) -> Run:
+        """A run in `path` with a fresh run.json: identity, start time, `info`, the environment."""
         run = cls(
             path,
             {
-                "run_id": path.name,
+                "run_id": run_id,
                 "started_at": now_iso(),
                 "ended_at": None,
                 "device": getattr(device, "name", device),
@@ -168,20 +179,7 @@ class Run:
         if path.exists() and not path.is_dir():
             raise NotADirectoryError(f"results_dir {str(path)!r} is a file; give a directory (or '' for a new run)")
         path.mkdir(parents=True, exist_ok=True)
-        run = cls(
-            path,
-            {
-                "run_id": path.resolve().name,
-                "started_at": now_iso(),
-                "ended_at": None,
-                "device": getattr(device, "name", device),
-                "created_by": "Run.open",
-                "environment": capture_environment(device),
-                "notebooks": {},
-            },
-        )
-        run.write_info()
-        return run
+        return cls._start(path, path.resolve().name, device, None, {"created_by": "Run.open"})
 
     def write_info(self) -> Path:
         """Write run.json atomically from `self.info`."""

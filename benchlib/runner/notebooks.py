@@ -16,6 +16,8 @@ from typing import Any
 import nbformat
 import papermill
 
+from benchlib.results.store import find_project_root
+
 FIRST_NOTEBOOK = "calibration"  # the ceilings the others compare against: run it first
 INJECTED = ("device", "results_dir")  # set by the runner from --device and the run directory
 _TYPE_NAMES = {bool: "bool", int: "int", float: "float", str: "str", list: "list", dict: "dict", type(None): "None"}
@@ -60,11 +62,8 @@ class NotebookSpec:
 
 def find_project_notebooks() -> Path:
     """`notebooks/` of the project containing the working directory, else the one beside the package."""
-    here = Path.cwd().resolve()
-    for directory in (here, *here.parents):
-        if (directory / "pyproject.toml").is_file() and (directory / "notebooks").is_dir():
-            return directory / "notebooks"
-    return Path(__file__).resolve().parents[2] / "notebooks"
+    project = find_project_root()
+    return (project or Path(__file__).resolve().parents[2]) / "notebooks"
 
 
 def available_notebooks(notebooks_dir: Path) -> dict[str, Path]:

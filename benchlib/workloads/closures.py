@@ -36,7 +36,7 @@ from benchlib.engines import Engine, get_engine
 from benchlib.engines.comparison import GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, max_relative_error
 from benchlib.measure import count_allocations, measure, resolve_device
 from benchlib.results import make_record
-from benchlib.workloads.verdicts import compare_counts, compare_times
+from benchlib.workloads.verdicts import DEFAULT_ALPHA, DEFAULT_MIN_EFFECT, compare_counts, compare_times
 
 BENCHMARK = "identical_closures"
 MWES = ("dense", "reduced")
@@ -556,8 +556,9 @@ def run(*, device="auto", mwes: Iterable[str] = MWES, engines: Iterable[str] = E
     unknown = sorted(set(sizes) - set(DEFAULTS))
     if unknown:
         raise ValueError(f"unknown option(s) {unknown}; valid: {', '.join(DEFAULTS)}")
+    # lists before validating: a generator would be used up by the check and run nothing
+    mwes, engines, orders = (given if isinstance(given, str) else list(given) for given in (mwes, engines, orders))
     validate(mwes=mwes, engines=engines, orders=orders, **options)
-    mwes, engines, orders = list(mwes), list(engines), list(orders)
     device = resolve_device(device)
     records = tracker_records(device, options["alloc_samples"])
     for mwe in mwes:
@@ -650,7 +651,8 @@ def seed_table(frame: pd.DataFrame) -> pd.DataFrame:
             .drop(columns=["_order", "_engine"]).reset_index(drop=True))
 
 
-def verdict_table(frame: pd.DataFrame, *, alpha: float = 0.01, min_effect: float = 0.05) -> pd.DataFrame:
+def verdict_table(frame: pd.DataFrame, *, alpha: float = DEFAULT_ALPHA,
+                  min_effect: float = DEFAULT_MIN_EFFECT) -> pd.DataFrame:
     """A verdict per pair of steps (PAIRS), phase, engine, order and MWE: allocation counts and
     bytes against the tracker's jitter, times by Mann-Whitney U (p < alpha and a min_effect change),
     and whether the two states' gradients are bit-identical."""

@@ -8,15 +8,18 @@ from collections.abc import Iterable, Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
-# The engines of docs/architecture.md get fixed colours; any other name gets a stable one from PALETTE.
+# The engines of docs/architecture.md (and identical_closures' torch variants, drawn in one figure
+# with them) get fixed colours; any other name gets a stable one from PALETTE, which shares none of them.
 ENGINE_COLORS = {
     "manual": "#4d4d4d",
     "benchlib-inplace": "#1f77b4",
     "benchlib-deferred": "#aec7e8",
     "autograd": "#2ca02c",
     "torch": "#d62728",
+    "torch.compile": "#ff7f0e",
+    "torch.func": "#9467bd",
 }
-PALETTE = ("#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#ff7f0e", "#7f7f7f", "#98df8a")
+PALETTE = ("#8c564b", "#e377c2", "#bcbd22", "#17becf", "#7f7f7f", "#98df8a", "#c5b0d5", "#ffbb78")
 TEMPLATE = "plotly_white"
 
 
