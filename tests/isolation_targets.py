@@ -80,3 +80,15 @@ def spawns_sleeper(device, seconds=60.0):
         time.sleep(seconds)
 
     return Case(fn)
+
+
+def leaves_thread_running(device):
+    """The measured call starts a non-daemon thread that never ends, which would block a normal
+    interpreter exit after the result is written."""
+    import threading
+
+    def fn():
+        threading.Thread(target=time.sleep, args=(3600,), name="left-behind").start()
+        return 1.0
+
+    return Case(fn, lambda result: {"result": result})

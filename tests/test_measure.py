@@ -5,6 +5,7 @@ import json
 import time
 
 import numpy as np
+import pandas  # noqa: F401  (loaded before any timeline starts: importing it inside one moves RSS)
 import pytest
 import torch
 
@@ -254,7 +255,10 @@ def test_timeline_sees_200mb_allocation_and_phase_marks():
         mark("allocate")
         buffer = np.ones(200 * MB // 8)
         mark("hold")
-        time.sleep(0.05)
+        for _ in range(5000):  # until the background thread has sampled the held buffer
+            if (tl.frame()["phase"] == "hold").sum() >= 2:
+                break
+            time.sleep(0.001)
         del buffer
         mark("freed")
     frame = tl.frame()
@@ -273,6 +277,25 @@ def test_mark_reaches_every_active_timeline_and_is_a_noop_otherwise():
         mark("shared")
     mark("after")
     assert [p for _, p in a.marks] == [p for _, p in b.marks] == ["shared"]
+
+
+def test_timeline_samples_leave_nothing_for_the_collector():
+    """Stored samples must not count towards generation 0: if they did, the sampler would set off
+    GC pauses that `measure` attributes to the measured code."""
+    gc.collect()
+    gc.disable()
+    try:
+        with MemoryTimeline("cpu", interval_s=60) as tl:
+            before = gc.get_count()[0]
+            for i in range(3000):
+                tl.mark("forward" if i % 2 else "backward")  # a mark stores a mark and a sample
+            grown = gc.get_count()[0] - before
+    finally:
+        gc.enable()
+    assert grown < 50  # was 2 per mark
+    frame = tl.frame()
+    assert len(frame) == 1 + 3000 + 1 and len(tl.marks) == 3000
+    assert list(frame["phase"][1:5]) == ["backward", "forward", "backward", "forward"]
 
 
 def test_timeline_refuses_bad_interval():
@@ -302,6 +325,28 @@ def test_cuda_measure_peak_and_timeline():
     m = measure(fn, device=dev, warmup=0, repeats=2, timeline=True)
     assert m.alloc_count == 1 and m.peak_bytes >= 50 * MB
     assert m.timeline["bytes"].max() >= 50 * MB
+
+
+def _fake_cuda_stats(seed):
+    """The shape of torch.cuda.memory_stats_as_nested_dict: stat -> pool -> field -> int."""
+    fields = ("current", "peak", "allocated", "freed")
+    return {stat: {pool: {f: seed * (i + 1) * (j + 1) * (k + 1) for k, f in enumerate(fields)}
+                   for j, pool in enumerate(("all", "small_pool", "large_pool"))}
+            for i, stat in enumerate(("allocation", "segment", "allocated_bytes", "reserved_bytes"))}
+
+
+@pytest.mark.parametrize("stats", [_fake_cuda_stats(7), {}], ids=["initialised", "no-context"])
+def test_cuda_counters_read_what_torch_reports(stats, monkeypatch):
+    """Without a GPU: the nested counters we read are the ones torch's flattened API names."""
+    from benchlib.measure.allocations import _cuda_counters
+
+    for module in (torch.cuda, torch.cuda.memory):
+        monkeypatch.setattr(module, "memory_stats_as_nested_dict", lambda device=None: stats)
+    dev = Device("cuda", 0)
+    assert dev.memory_in_use() == torch.cuda.memory_allocated(0)
+    flat = torch.cuda.memory_stats(0)
+    assert _cuda_counters(dev) == (flat.get("allocation.all.allocated", 0),
+                                   flat.get("allocated_bytes.all.allocated", 0))
 
 
 def test_rss_fallback_without_proc_agrees_with_proc(monkeypatch):

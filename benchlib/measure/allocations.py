@@ -12,7 +12,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Callable
 
-from .devices import Device, resolve_device
+from .devices import Device, cuda_stat, resolve_device
 
 SOURCE_MEMRAY = "memray"
 SOURCE_CUDA = "cuda-caching-allocator"
@@ -92,11 +92,10 @@ class AllocationTracker:
 
 
 def _cuda_counters(device: Device) -> tuple[int, int]:
-    import torch
-
-    stats = torch.cuda.memory_stats(device.index)
-    return (int(stats.get("allocation.all.allocated", 0)),
-            int(stats.get("allocated_bytes.all.allocated", 0)))
+    """Allocations and bytes handed out so far (memory_stats' allocation.all.allocated and
+    allocated_bytes.all.allocated)."""
+    return (cuda_stat(device.index, "allocation", "allocated"),
+            cuda_stat(device.index, "allocated_bytes", "allocated"))
 
 
 def _read_memray(path: str) -> Allocations:

@@ -181,7 +181,9 @@ def measure_with_result(fn: Callable[[], Any], *, device: str | Device = "cpu", 
     baseline = dev.memory_in_use()
     times = []
     recorder = MemoryTimeline(dev, timeline_interval_s) if timeline else None
-    with GCMonitor() as gc_monitor, recorder or nullcontext():
+    # The timeline's thread starts and stops outside the GC monitor: collections its set-up
+    # triggers are the instrument's, not the measured code's.
+    with recorder or nullcontext(), GCMonitor() as gc_monitor:
         for _ in range(repeats):
             result = None
             dev.synchronize()

@@ -283,4 +283,9 @@ if __name__ == "__main__":
     # target returns is the one isinstance() checks against.
     from benchlib.measure.isolation import child_main as _child_main
 
-    sys.exit(_child_main(sys.argv[1], sys.argv[2]))
+    _status = _child_main(sys.argv[1], sys.argv[2])
+    # The result is written: exit now, without interpreter shutdown, so that threads the case
+    # left running or a hang in library teardown cannot turn a finished case into a timeout.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_status)
