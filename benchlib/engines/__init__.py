@@ -1,0 +1,226 @@
+"""The gradient engines under comparison, behind one small interface.
+
+An engine turns a loss written against an array namespace `xp` (see `Engine.namespace`) into a
+gradient function with `benchlib.autodiff.grad`'s calling convention: `argnum` an int gives one
+gradient, a tuple gives a tuple. `manual` is the hand-written backward pass each workload supplies
+(`Engine.gradient(..., manual=...)`); it is the reference the others are checked against.
+Adding an engine means adding one entry to `ENGINES`.
+
+    engine = get_engine("torch")
+    reason = engine.not_applicable(device)      # e.g. HIPS autograd on CUDA: record it, don't drop it
+    xp = engine.namespace(device)
+    x = engine.asarray(x_numpy, device)          # NumPy, or a torch tensor on the device
+    gx = engine.gradient(make_loss(xp), argnum=0, manual=hand_written)(x, z)
+    engine.to_numpy(gx)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from benchlib.engines import namespaces
+
+__all__ = ["Engine", "ENGINES", "ENGINE_NAMES", "get_engine", "NotApplicableError"]
+
+
+class NotApplicableError(RuntimeError):
+    """Raised when an engine is asked to run on a device it does not support."""
+
+
+def _device(device):
+    """Accept a `benchlib.measure.Device` or a device spec string ("cpu", "cuda:0", "auto")."""
+    if hasattr(device, "kind"):
+        return device
+    from benchlib.measure import resolve_device
+
+    return resolve_device(device)
+
+
+def _valid_argnum(argnum) -> bool:
+    if isinstance(argnum, tuple):
+        return bool(argnum) and all(isinstance(i, int) for i in argnum)
+    return isinstance(argnum, int)
+
+
+def _argnums(argnum) -> tuple[int, ...]:
+    return (argnum,) if isinstance(argnum, int) else tuple(argnum)
+
+
+def _benchlib_gradient(accumulate: str):
+    def make(fun, argnum):
+        from benchlib import autodiff
+
+        return autodiff.grad(fun, argnum, accumulate=accumulate)
+
+    return make
+
+
+def _benchlib_namespace(device):
+    from benchlib.autodiff import ops
+
+    return ops
+
+
+def _autograd_gradient(fun, argnum):
+    import autograd
+
+    return autograd.grad(fun, argnum)
+
+
+def _torch_gradient(fun, argnum):
+    """torch.autograd.grad on fresh leaves that share the inputs' storage (no copies)."""
+    import torch
+
+    argnums = _argnums(argnum)
+
+    def gradient(*args):
+        args = list(args)
+        for index in argnums:
+            args[index] = args[index].detach().requires_grad_(True)
+        grads = torch.autograd.grad(fun(*args), [args[index] for index in argnums])
+        return grads[0] if isinstance(argnum, int) else tuple(grads)
+
+    return gradient
+
+
+def _cpu_only(engine_name: str):
+    def not_applicable(device):
+        if device.kind != "cpu":
+            return f"{engine_name} computes with NumPy, on the CPU only (asked for {device.name})"
+        return None
+
+    return not_applicable
+
+
+def _everywhere(device):
+    return None
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One gradient engine: how it differentiates, which arrays it takes, where it runs.
+
+    `cpu_library` is the array library the engine computes with on the CPU ("numpy" or "torch");
+    on CUDA every engine that runs there computes with torch tensors on the device.
+    """
+
+    name: str
+    description: str
+    cpu_library: str
+    _make_gradient: Callable[[Callable, Any], Callable] | None
+    _namespace: Callable[[Any], Any]
+    _not_applicable: Callable[[Any], str | None] = _everywhere
+
+    @property
+    def hand_written(self) -> bool:
+        """True for `manual`: its gradient is the workload's own backward pass."""
+        return self._make_gradient is None
+
+    def not_applicable(self, device) -> str | None:
+        """Why this engine cannot run on `device`, or None when it can."""
+        return self._not_applicable(_device(device))
+
+    def _require(self, device):
+        device = _device(device)
+        reason = self._not_applicable(device)
+        if reason is not None:
+            raise NotApplicableError(reason)
+        return device
+
+    def array_library(self, device) -> str:
+        """"numpy" or "torch": what `asarray` returns on `device`."""
+        device = self._require(device)
+        return self.cpu_library if device.kind == "cpu" else "torch"
+
+    def namespace(self, device):
+        """The `xp` a loss (or, for `manual`, the hand-written backward pass) is written against."""
+        return self._namespace(self._require(device))
+
+    def asarray(self, array: np.ndarray, device):
+        """`array` in this engine's library on `device`; NumPy stays NumPy (no copy on CPU)."""
+        if self.array_library(device) == "numpy":
+            return np.asarray(array)
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(array)).to(_device(device).torch)
+
+    @staticmethod
+    def to_numpy(array) -> np.ndarray:
+        """A NumPy copy of any engine's array (torch tensors are moved to the CPU)."""
+        if hasattr(array, "detach"):
+            return array.detach().cpu().numpy()
+        return np.asarray(array)
+
+    def gradient(self, fun: Callable, argnum=0, *, manual: Callable | None = None) -> Callable:
+        """The gradient function of `fun` with respect to `argnum` (an int or a tuple of ints).
+
+        `manual` is the workload's hand-written gradient (same arguments, same return convention);
+        the `manual` engine returns it, every other engine ignores it.
+        """
+        if not _valid_argnum(argnum):
+            raise ValueError(f"argnum must be an int or a non-empty tuple of ints, got {argnum!r}")
+        if self.hand_written:
+            if manual is None:
+                raise ValueError(f"engine {self.name!r} needs the workload's hand-written gradient: pass manual=...")
+            return manual
+        return self._make_gradient(fun, argnum)
+
+
+def _manual_namespace(device):
+    return namespaces.numpy_namespace() if device.kind == "cpu" else namespaces.torch_namespace()
+
+
+ENGINES: dict[str, Engine] = {
+    engine.name: engine
+    for engine in (
+        Engine(
+            "manual",
+            "hand-written backward pass supplied by each workload (NumPy on CPU, torch on CUDA)",
+            "numpy",
+            None,
+            _manual_namespace,
+        ),
+        Engine(
+            "benchlib-inplace",
+            "benchlib.autodiff, gradients accumulated in place and released once used",
+            "numpy",
+            _benchlib_gradient("inplace"),
+            _benchlib_namespace,
+        ),
+        Engine(
+            "benchlib-deferred",
+            "benchlib.autodiff, every contribution kept until the end then summed (autograd before #219)",
+            "numpy",
+            _benchlib_gradient("deferred"),
+            _benchlib_namespace,
+        ),
+        Engine(
+            "autograd",
+            "HIPS autograd on NumPy",
+            "numpy",
+            _autograd_gradient,
+            lambda device: namespaces.autograd_namespace(),
+            _cpu_only("HIPS autograd"),
+        ),
+        Engine(
+            "torch",
+            "torch.autograd on torch tensors",
+            "torch",
+            _torch_gradient,
+            lambda device: namespaces.torch_namespace(),
+        ),
+    )
+}
+
+ENGINE_NAMES: tuple[str, ...] = tuple(ENGINES)
+
+
+def get_engine(name: str) -> Engine:
+    """The engine called `name`; an unknown name is a ValueError listing the valid ones."""
+    try:
+        return ENGINES[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown engine {name!r}; valid engines: {', '.join(ENGINE_NAMES)}") from None

@@ -1,0 +1,257 @@
+"""Run a workload's case for every engine, each in a fresh process, and gather tidy records.
+
+A workload provides a case target ("module:function", called in the child as
+`function(device=..., engine=..., dtype=..., **params)`) whose check returns the gradient's
+`grad_max_rel_err` against `manual`. `compare_engines` runs it once per engine and case, records
+every outcome (measured, failed with its error, or not applicable with the reason) and keeps the
+memory timelines apart from the records (they are samples, not measured values).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+
+from benchlib.engines import ENGINE_NAMES, get_engine
+
+GRAD_ERROR_METRIC = "grad_max_rel_err"
+# max|g - g_manual| / max|g_manual| an engine's gradient may reach. Reordered sums of hundreds of
+# contributions cost thousands of float32 rounding errors where they cancel (the RNN's bias
+# gradients at T=200 reach 7e-5); a wrong gradient is off by far more than either bound.
+GRADIENT_TOLERANCE = {"float32": 1e-3, "float64": 1e-10}
+DTYPES = tuple(GRADIENT_TOLERANCE)
+STATUS_METRIC = {"failed": "failed", "not applicable": "not_applicable"}
+REFERENCE_ENGINE = "manual"
+
+
+class GradientMismatch(AssertionError):
+    """An engine's gradient disagrees with the hand-written one beyond its dtype's tolerance."""
+
+
+def _leaves(gradient) -> list:
+    return list(gradient) if isinstance(gradient, (tuple, list)) else [gradient]
+
+
+def _as_float64(array) -> np.ndarray:
+    if hasattr(array, "detach"):
+        array = array.detach().cpu().numpy()
+    return np.asarray(array, dtype=np.float64)
+
+
+def max_relative_error(gradient, reference) -> float:
+    """max |g - ref| / max |ref| over all arrays of a gradient (one array or a tuple of them).
+
+    Relative to the largest entry, not entry by entry: entries near zero would otherwise turn
+    rounding noise into huge ratios. NaN anywhere gives NaN (a failed check, never a pass).
+    """
+    got, want = _leaves(gradient), _leaves(reference)
+    if len(got) != len(want):
+        raise ValueError(f"gradient has {len(got)} arrays, the reference {len(want)}")
+    got, want = [_as_float64(g) for g in got], [_as_float64(w) for w in want]
+    for index, (g, w) in enumerate(zip(got, want)):
+        if g.shape != w.shape:
+            raise ValueError(f"gradient array {index} has shape {g.shape}, the reference {w.shape}")
+    scale = max(float(np.max(np.abs(w))) if w.size else 0.0 for w in want)
+    error = max(float(np.max(np.abs(g - w))) if w.size else 0.0 for g, w in zip(got, want))
+    if not (math.isfinite(scale) and math.isfinite(error)):
+        return math.nan
+    return error / scale if scale > 0 else error
+
+
+def validate_common(*, dtype: str, engines: Iterable[str], repeats: int, warmup: int) -> None:
+    """Refuse bad arguments before any child process starts, saying what is valid."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if isinstance(engines, str):
+        raise ValueError(f"engines must be a list of engine names, got the string {engines!r}")
+    engines = list(engines)
+    if not engines:
+        raise ValueError(f"engines must name at least one of {', '.join(ENGINE_NAMES)}")
+    for name in engines:
+        get_engine(name)
+    if len(set(engines)) != len(engines):
+        raise ValueError(f"engines lists a name twice: {engines}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+
+
+@dataclass
+class EngineComparison:
+    """What `compare_engines` gathered: tidy records, memory timelines, and the cases that did not run."""
+
+    benchmark: str
+    device: str
+    dtype: str
+    records: list[dict] = field(default_factory=list)
+    timelines: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(
+        columns=["case", "engine", "t_s", "bytes", "phase"]))
+    problems: list[dict] = field(default_factory=list)
+    case_params: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """No case failed and every gradient is within tolerance (not-applicable cases are fine)."""
+        return not any(p["status"] == "failed" for p in self.problems) and self.gradient_mismatches().empty
+
+    def frame(self) -> pd.DataFrame:
+        from benchlib.results import records_frame
+
+        return records_frame(self.records)
+
+    def summary(self, params: Iterable[str] = ()) -> pd.DataFrame:
+        """One row per case and engine: peak and median time, each with its ratio to `manual`.
+
+        `params` names case parameters (e.g. "T") to add as columns, for sweeps.
+        """
+        table = summarize(self.frame(), self.problems)
+        for name in params:
+            table.insert(1, name, table["case"].map(lambda case: self.case_params[case][name]))
+        return table
+
+    def gradient_mismatches(self) -> pd.DataFrame:
+        """Cases whose gradient error exceeds the tolerance of their dtype (NaN counts as exceeding)."""
+        frame = self.frame()
+        errors = frame[frame["metric"] == GRAD_ERROR_METRIC]
+        tolerance = errors["dtype"].map(GRADIENT_TOLERANCE).astype("float64")
+        bad = errors[~(errors["value"] <= tolerance)]
+        return bad.assign(tolerance=tolerance[bad.index])[["case", "engine", "dtype", "value", "tolerance"]]
+
+    def check_gradients(self) -> None:
+        """Raise GradientMismatch, listing the offenders, when any gradient disagrees with `manual`."""
+        bad = self.gradient_mismatches()
+        if not bad.empty:
+            raise GradientMismatch(
+                f"{self.benchmark}: gradients disagree with manual beyond tolerance "
+                f"({GRAD_ERROR_METRIC} = max|g - g_manual| / max|g_manual|):\n{bad.to_string(index=False)}")
+
+    def table_text(self) -> str:
+        """The summary as a plain-text table (MB, ratio to manual, seconds, gradient error)."""
+        summary = self.summary()
+        if summary.empty:
+            return "no cases ran"
+        shown = summary.assign(peak_MB=summary["peak_bytes"] / 1e6)[
+            ["case", "engine", "status", "peak_MB", "peak_ratio", "time_s", "time_ratio", GRAD_ERROR_METRIC]]
+        text = shown.to_string(index=False, float_format=lambda v: f"{v:.4g}")
+        for problem in self.problems:
+            text += f"\n\n{problem['engine']} ({problem['case']}) {problem['status']}: {problem['message']}"
+        return text
+
+
+def summarize(frame: pd.DataFrame, problems: Iterable[Mapping] = ()) -> pd.DataFrame:
+    """Peak bytes, median time and gradient error per case and engine, with ratios to `manual`."""
+    columns = ["case", "engine", "status", "peak_bytes", "peak_ratio", "time_s", "time_ratio",
+               GRAD_ERROR_METRIC, "reason"]
+    rows = []
+    for (case, engine), group in frame.groupby(["case", "engine"], sort=False):
+        by_metric = group.groupby("metric")["value"]
+        medians = by_metric.median()
+        if "time" not in medians:
+            continue
+        rows.append({"case": case, "engine": engine, "status": "ok",
+                     "peak_bytes": medians.get("peak_bytes", math.nan),
+                     "time_s": medians["time"],
+                     GRAD_ERROR_METRIC: medians.get(GRAD_ERROR_METRIC, math.nan), "reason": ""})
+    for problem in problems:
+        rows.append({"case": problem["case"], "engine": problem["engine"], "status": problem["status"],
+                     "peak_bytes": math.nan, "time_s": math.nan, GRAD_ERROR_METRIC: math.nan,
+                     "reason": problem["message"]})
+    table = pd.DataFrame(rows, columns=columns)
+    if table.empty:
+        return table
+    manual = table[table["engine"] == REFERENCE_ENGINE].set_index("case")
+    table["peak_ratio"] = table["peak_bytes"] / table["case"].map(manual["peak_bytes"])
+    table["time_ratio"] = table["time_s"] / table["case"].map(manual["time_s"])
+    order = {name: index for index, name in enumerate(ENGINE_NAMES)}
+    table["_case_order"] = table["case"].map({case: i for i, case in enumerate(dict.fromkeys(table["case"]))})
+    table["_engine_order"] = table["engine"].map(order)
+    return (table.sort_values(["_case_order", "_engine_order"], kind="stable")
+            .drop(columns=["_case_order", "_engine_order"]).reset_index(drop=True))
+
+
+def _status_record(*, benchmark, case, engine, device, dtype, status, message, params):
+    from benchlib.results import make_record
+
+    return make_record(benchmark=benchmark, case=case, engine=engine, device=device, dtype=dtype,
+                       metric=STATUS_METRIC[status], value=1.0, unit="",
+                       params={**params, "status": status, "message": message})
+
+
+def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping], engines: Iterable[str],
+                    device="auto", dtype: str, repeats: int = 1, warmup: int = 0,
+                    memory_required: Callable[[str, Mapping], int | None] | None = None,
+                    malloc: str | None = None, timeout_s: float = 600,
+                    describe: Mapping | None = None, progress: Callable[[str], None] | None = print) -> EngineComparison:
+    """Run `target` for every case (label -> params) and engine, each in a fresh process.
+
+    A case that fails (exception, crash, timeout, or more memory than is available) becomes a
+    `failed` record with its error; an engine that cannot run on the device becomes a
+    `not_applicable` record with the reason. Neither stops the other cases. `describe` adds
+    JSON-able facts to every record's params without passing them to the child (e.g. how the
+    data were scaled).
+    """
+    from benchlib.measure import CaseFailed, resolve_device, run_isolated
+    from benchlib.results import make_record
+
+    validate_common(dtype=dtype, engines=engines, repeats=repeats, warmup=warmup)
+    device = resolve_device(device)
+    comparison = EngineComparison(benchmark=benchmark, device=device.name, dtype=dtype)
+    timelines = []
+    options = {} if malloc is None else {"malloc": malloc}
+    for case, child_params in cases.items():
+        comparison.case_params[case] = dict(child_params)
+        case_params = {**child_params, **(describe or {})}
+        for engine_name in engines:
+            engine = get_engine(engine_name)
+            params = {**child_params, "engine": engine_name, "dtype": dtype}
+            labels = dict(benchmark=benchmark, case=case, engine=engine_name, device=device.name, dtype=dtype)
+            reason = engine.not_applicable(device)
+            if reason is not None:
+                comparison.records.append(_status_record(**labels, status="not applicable", message=reason,
+                                                         params=case_params))
+                comparison.problems.append({"case": case, "engine": engine_name, "status": "not applicable",
+                                            "message": reason})
+                if progress:
+                    progress(f"{benchmark} {case} {engine_name}: not applicable ({reason})")
+                continue
+            required = memory_required(engine_name, child_params) if memory_required else None
+            try:
+                result = run_isolated(target, params, name=f"{benchmark}/{case}/{engine_name}",
+                                      device=device.name, warmup=warmup, repeats=repeats,
+                                      track_allocations=False, timeline=True, timeout_s=timeout_s,
+                                      memory_required_bytes=required, **options)
+            except CaseFailed as error:  # includes MemoryRequirementError: refused before it starts
+                message = str(error)
+                comparison.records.append(_status_record(**labels, status="failed", message=message,
+                                                         params=case_params))
+                comparison.problems.append({"case": case, "engine": engine_name, "status": "failed",
+                                            "message": message})
+                if progress:
+                    progress(f"{benchmark} {case} {engine_name}: FAILED: {message.splitlines()[0]}")
+                continue
+            record_params = {**case_params, **_allocator_params(result.environment)}
+            measurement = result.measurement
+            comparison.records += measurement.records(benchmark=benchmark, case=case, engine=engine_name,
+                                                      dtype=dtype, params=record_params)
+            comparison.records += [
+                make_record(**labels, metric=metric, value=value, unit="", params=record_params)
+                for metric, value in result.checks.items()
+            ]
+            if measurement.timeline is not None:
+                timelines.append(measurement.timeline.assign(case=case, engine=engine_name))
+            if progress:
+                progress(f"{benchmark} {case} {engine_name}: {measurement}"
+                         + "".join(f", {k} {v:.3g}" for k, v in result.checks.items()))
+    if timelines:
+        comparison.timelines = pd.concat(timelines, ignore_index=True)[["case", "engine", "t_s", "bytes", "phase"]]
+    return comparison
+
+
+def _allocator_params(environment: Mapping) -> dict:
+    """The child's allocator policy and the variables it set, for the record's params."""
+    return {key: environment[key] for key in ("malloc_policy", "malloc_env") if key in environment}

@@ -1,0 +1,117 @@
+"""Array namespaces (`xp`) with one set of names, so a loss is written once for every engine.
+
+`benchlib.autodiff.ops` is the reference: `dot`, `matmul`, `tanh`, `exp`, `log`, `sum` and `mean`
+(`axis`, `keepdims`), `reshape`, `transpose`, `maximum`, `relu`, with NumPy's semantics, and the
+losses `mse(prediction, target)` (mean squared error) and `softmax_cross_entropy(logits, labels)`
+(mean over rows; labels are integer class indices (N,) or probabilities (N, classes)). The
+namespaces here give NumPy, HIPS autograd and torch the same names and semantics, so that the
+same loss runs under each engine and a hand-written gradient runs on NumPy or on torch tensors.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+OP_NAMES = ("dot", "matmul", "tanh", "exp", "log", "sum", "mean", "reshape", "transpose", "maximum", "relu",
+            "mse", "softmax_cross_entropy")
+
+
+def _numpy_like(module, name: str) -> SimpleNamespace:
+    """NumPy or autograd.numpy under the common names (both already have NumPy's semantics)."""
+
+    def mse(prediction, target):
+        difference = prediction - target
+        return module.mean(difference * difference)
+
+    def softmax_cross_entropy(logits, labels):
+        shifted = logits - module.max(logits, axis=-1, keepdims=True)
+        log_probabilities = shifted - module.log(module.sum(module.exp(shifted), axis=-1, keepdims=True))
+        rows = logits.shape[0]
+        if np.ndim(labels) == 1 and np.issubdtype(np.asarray(labels).dtype, np.integer):
+            return -module.mean(log_probabilities[np.arange(rows), labels])
+        return -module.sum(labels * log_probabilities) / rows
+
+    return SimpleNamespace(
+        name=name,
+        dot=module.dot,
+        matmul=module.matmul,
+        tanh=module.tanh,
+        exp=module.exp,
+        log=module.log,
+        sum=module.sum,
+        mean=module.mean,
+        reshape=module.reshape,
+        transpose=module.transpose,
+        maximum=module.maximum,
+        relu=lambda x: module.maximum(x, 0.0),
+        mse=mse,
+        softmax_cross_entropy=softmax_cross_entropy,
+    )
+
+
+def numpy_namespace() -> SimpleNamespace:
+    """Plain NumPy: what hand-written gradients use on CPU (with `ones_like` for seeding them)."""
+    namespace = _numpy_like(np, "numpy")
+    namespace.ones_like = np.ones_like
+    return namespace
+
+
+def autograd_namespace() -> SimpleNamespace:
+    """HIPS autograd's traced NumPy."""
+    import autograd.numpy as anp
+
+    return _numpy_like(anp, "autograd.numpy")
+
+
+def torch_namespace() -> SimpleNamespace:
+    """torch ops under NumPy's names and semantics (`axis`/`keepdims`, `dot` of matrices is matmul).
+
+    Also what hand-written gradients use on CUDA, hence `ones_like`.
+    """
+    import torch
+
+    def reduce(op):
+        def reduced(x, axis=None, keepdims=False):
+            if axis is None:
+                result = op(x)
+                return result.reshape((1,) * x.dim()) if keepdims else result
+            return op(x, dim=axis, keepdim=keepdims)
+
+        return reduced
+
+    def transpose(x, axes=None):
+        return x.permute(*(reversed(range(x.dim())) if axes is None else axes))
+
+    def maximum(a, b):
+        if not isinstance(b, torch.Tensor):
+            return torch.clamp_min(a, b)
+        if not isinstance(a, torch.Tensor):
+            return torch.clamp_min(b, a)
+        return torch.maximum(a, b)
+
+    def mse(prediction, target):
+        difference = prediction - target
+        return torch.mean(difference * difference)
+
+    def softmax_cross_entropy(logits, labels):
+        return torch.nn.functional.cross_entropy(logits, labels.long() if not labels.is_floating_point() else labels)
+
+    return SimpleNamespace(
+        name="torch",
+        dot=torch.matmul,
+        matmul=torch.matmul,
+        tanh=torch.tanh,
+        exp=torch.exp,
+        log=torch.log,
+        sum=reduce(torch.sum),
+        mean=reduce(torch.mean),
+        reshape=torch.reshape,
+        transpose=transpose,
+        maximum=maximum,
+        relu=torch.relu,
+        mse=mse,
+        softmax_cross_entropy=softmax_cross_entropy,
+        ones_like=torch.ones_like,
+    )

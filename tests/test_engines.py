@@ -1,0 +1,292 @@
+"""The engine interface: registry, namespaces, gradient conventions, comparison bookkeeping."""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import benchlib.measure
+from benchlib.engines import ENGINE_NAMES, ENGINES, NotApplicableError, get_engine
+from benchlib.engines import namespaces
+from benchlib.engines.comparison import (
+    GRADIENT_TOLERANCE,
+    EngineComparison,
+    GradientMismatch,
+    compare_engines,
+    max_relative_error,
+    summarize,
+    validate_common,
+)
+from benchlib.measure import Device
+from benchlib.results import make_record, records_frame
+
+CPU = Device("cpu")
+CUDA = Device("cuda", 0)
+AUTOMATIC = [name for name in ENGINE_NAMES if not get_engine(name).hand_written]
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+
+
+def test_registry_holds_the_five_engines_and_refuses_unknown_names():
+    assert ENGINE_NAMES == ("manual", "benchlib-inplace", "benchlib-deferred", "autograd", "torch")
+    assert all(ENGINES[name].name == name for name in ENGINE_NAMES)
+    with pytest.raises(ValueError, match="valid engines: manual, benchlib-inplace"):
+        get_engine("jax")
+
+
+def test_autograd_is_not_applicable_on_cuda_and_says_why():
+    assert get_engine("autograd").not_applicable(CUDA) == "HIPS autograd computes with NumPy, on the CPU only (asked for cuda:0)"
+    for name in ENGINE_NAMES:
+        assert get_engine(name).not_applicable(CPU) is None
+        if name != "autograd":
+            assert get_engine(name).not_applicable(CUDA) is None
+    with pytest.raises(NotApplicableError, match="CPU only"):
+        get_engine("autograd").namespace(CUDA)
+
+
+def test_array_library_per_engine_and_device():
+    assert {name: get_engine(name).array_library(CPU) for name in ENGINE_NAMES} == {
+        "manual": "numpy", "benchlib-inplace": "numpy", "benchlib-deferred": "numpy",
+        "autograd": "numpy", "torch": "torch"}
+    assert {name: get_engine(name).array_library(CUDA) for name in ENGINE_NAMES if name != "autograd"} == {
+        "manual": "torch", "benchlib-inplace": "torch", "benchlib-deferred": "torch", "torch": "torch"}
+
+
+def test_asarray_keeps_numpy_arrays_and_shares_storage_with_torch_on_cpu():
+    array = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert get_engine("manual").asarray(array, CPU) is array
+    tensor = get_engine("torch").asarray(array, CPU)
+    assert isinstance(tensor, torch.Tensor) and tensor.dtype == torch.float32
+    assert tensor.data_ptr() == array.ctypes.data
+    np.testing.assert_array_equal(get_engine("torch").to_numpy(tensor), array)
+
+
+def _reference_gradients(x, z):
+    """d/dx and d/dz of sum(tanh(x·z) * 2 + relu(x·z)), by hand."""
+    product = x @ z
+    outer = 2 * (1 - np.tanh(product) ** 2) + (product > 0)
+    return outer @ z.T, x.T @ outer
+
+
+def _loss(xp):
+    def loss(x, z):
+        product = xp.dot(x, z)
+        return xp.sum(xp.tanh(product) * 2 + xp.relu(product))
+
+    return loss
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("name", AUTOMATIC)
+def test_every_engine_differentiates_one_loss_written_against_its_namespace(name, dtype):
+    engine = get_engine(name)
+    rng = np.random.default_rng(1)
+    x, z = rng.standard_normal((4, 5)).astype(dtype), rng.standard_normal((5, 3)).astype(dtype)
+    want_x, want_z = _reference_gradients(x.astype(np.float64), z.astype(np.float64))
+    args = engine.asarray(x, CPU), engine.asarray(z, CPU)
+    gradient = engine.gradient(_loss(engine.namespace(CPU)), 0)(*args)
+    both = engine.gradient(_loss(engine.namespace(CPU)), (0, 1))(*args)
+    assert isinstance(both, tuple) and len(both) == 2
+    assert engine.to_numpy(gradient).dtype == np.dtype(dtype)
+    tolerance = GRADIENT_TOLERANCE[dtype]
+    assert max_relative_error(gradient, want_x) < tolerance
+    assert max_relative_error(both, (want_x, want_z)) < tolerance
+
+
+def test_manual_engine_returns_the_workloads_gradient_and_requires_one():
+    def hand_written(x):
+        return 2 * x
+
+    assert get_engine("manual").gradient(None, 0, manual=hand_written) is hand_written
+    with pytest.raises(ValueError, match="pass manual="):
+        get_engine("manual").gradient(None, 0)
+    with pytest.raises(ValueError, match="argnum must be an int or a non-empty tuple"):
+        get_engine("torch").gradient(lambda x: x, [0])
+
+
+def test_torch_namespace_has_numpy_semantics():
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((2, 3, 4))
+    t = torch.from_numpy(a)
+    np_ns, torch_ns = namespaces.numpy_namespace(), namespaces.torch_namespace()
+    for name in namespaces.OP_NAMES:
+        assert hasattr(np_ns, name) and hasattr(torch_ns, name) and hasattr(namespaces.autograd_namespace(), name)
+    cases = [
+        ("sum", (), {}), ("sum", (), {"axis": 1}), ("sum", (), {"axis": 2, "keepdims": True}),
+        ("sum", (), {"keepdims": True}), ("mean", (), {"axis": 0}), ("transpose", (), {}),
+        ("transpose", ((0, 2, 1),), {}), ("maximum", (0.1,), {}), ("relu", (), {}), ("tanh", (), {}),
+        ("reshape", ((4, 6),), {}),
+    ]
+    for name, args, kwargs in cases:
+        want = getattr(np_ns, name)(a, *args, **kwargs)
+        got = getattr(torch_ns, name)(t, *args, **kwargs).numpy()
+        assert got.shape == np.shape(want), (name, kwargs)
+        np.testing.assert_allclose(got, want, rtol=1e-12, err_msg=f"{name} {kwargs}")
+    m = rng.standard_normal((4, 5))
+    np.testing.assert_allclose(torch_ns.dot(torch.from_numpy(a[0]), torch.from_numpy(m)).numpy(), a[0] @ m)
+
+
+def test_max_relative_error_is_relative_to_the_largest_entry_and_never_passes_nan():
+    reference = (np.array([10.0, -20.0]), np.array([[0.0]]))
+    assert max_relative_error((np.array([10.0, -19.0]), np.array([[0.5]])), reference) == pytest.approx(1.0 / 20)
+    assert math.isnan(max_relative_error(np.array([np.nan, 1.0]), np.array([1.0, 1.0])))
+    with pytest.raises(ValueError, match="shape"):
+        max_relative_error(np.zeros(2), np.zeros(3))
+    with pytest.raises(ValueError, match="2 arrays, the reference 1"):
+        max_relative_error((np.zeros(2), np.zeros(2)), np.zeros(2))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"dtype": "float16"}, "dtype must be one of float32, float64"),
+    ({"engines": "torch"}, "list of engine names"),
+    ({"engines": []}, "at least one"),
+    ({"engines": ["torch", "torch"]}, "twice"),
+    ({"engines": ["tf"]}, "unknown engine"),
+    ({"repeats": 0}, "repeats must be"),
+    ({"warmup": -1}, "warmup must be"),
+])
+def test_bad_comparison_arguments_are_refused_with_what_is_valid(kwargs, message):
+    arguments = {"dtype": "float64", "engines": ["manual"], "repeats": 1, "warmup": 0} | kwargs
+    with pytest.raises(ValueError, match=message):
+        validate_common(**arguments)
+
+
+def _records(engine, peak, time, error=None, dtype="float64", case="c"):
+    labels = dict(benchmark="b", case=case, engine=engine, device="cpu", dtype=dtype)
+    rows = [make_record(**labels, metric="peak_bytes", value=peak, unit="bytes"),
+            make_record(**labels, metric="time", value=time, unit="s")]
+    if error is not None:
+        rows.append(make_record(**labels, metric="grad_max_rel_err", value=error, unit=""))
+    return rows
+
+
+def test_summary_gives_ratios_to_manual_and_gradient_mismatches_raise():
+    comparison = EngineComparison("b", "cpu", "float64", records=(
+        _records("manual", 100, 2.0) + _records("torch", 150, 1.0, 1e-14)
+        + _records("benchlib-deferred", 200, 4.0, 1e-6)))
+    summary = comparison.summary().set_index("engine")
+    assert list(summary.index) == ["manual", "benchlib-deferred", "torch"]
+    assert summary.loc["benchlib-deferred", "peak_ratio"] == 2.0
+    assert summary.loc["torch", "time_ratio"] == 0.5
+    assert list(comparison.gradient_mismatches()["engine"]) == ["benchlib-deferred"]
+    assert not comparison.ok
+    with pytest.raises(GradientMismatch, match="benchlib-deferred"):
+        comparison.check_gradients()
+
+
+def test_summary_lists_cases_that_did_not_run():
+    problems = [{"case": "c", "engine": "autograd", "status": "not applicable", "message": "CPU only"}]
+    table = summarize(records_frame(_records("manual", 100, 2.0)), problems).set_index("engine")
+    assert table.loc["autograd", "status"] == "not applicable"
+    assert table.loc["autograd", "reason"] == "CPU only"
+    assert math.isnan(table.loc["autograd", "peak_ratio"])
+
+
+def test_an_engine_that_cannot_run_on_the_device_is_recorded_not_dropped(monkeypatch):
+    monkeypatch.setattr(benchlib.measure, "resolve_device", lambda spec: CUDA)
+    comparison = compare_engines(benchmark="dot_chain", target="benchlib.workloads.dot_chain:case",
+                                 cases={"small": {"D": 3, "depth": 2}}, engines=["autograd"], device="cuda",
+                                 dtype="float32", progress=None)
+    (record,) = comparison.records
+    assert (record["engine"], record["metric"], record["device"]) == ("autograd", "not_applicable", "cuda:0")
+    assert json.loads(record["params"])["message"].startswith("HIPS autograd computes with NumPy")
+    assert comparison.ok
+
+
+@pytest.mark.slow
+def test_a_failing_case_becomes_a_failed_record_and_the_others_survive():
+    comparison = compare_engines(
+        benchmark="dot_chain", target="benchlib.workloads.dot_chain:case",
+        cases={"good": {"D": 6, "depth": 3}, "bad": {"D": 6, "depth": 3, "bogus": 1}},
+        engines=["manual"], device="cpu", dtype="float64", progress=None)
+    frame = comparison.frame()
+    assert set(frame[frame["case"] == "good"]["metric"]) >= {"time", "peak_bytes", "x_scale"}
+    (failed,) = comparison.problems
+    assert failed["case"] == "bad" and failed["status"] == "failed"
+    assert "unexpected keyword argument 'bogus'" in failed["message"]
+    assert list(frame[frame["case"] == "bad"]["metric"]) == ["failed"]
+    assert not comparison.ok
+
+
+@cuda_only
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", [n for n in AUTOMATIC if n != "autograd"])
+def test_engines_compute_on_cuda_tensors(name):
+    engine = get_engine(name)
+    rng = np.random.default_rng(3)
+    x, z = rng.standard_normal((4, 5)), rng.standard_normal((5, 3))
+    args = engine.asarray(x, CUDA), engine.asarray(z, CUDA)
+    assert args[0].device.type == "cuda"
+    gradient = engine.gradient(_loss(engine.namespace(CUDA)), 0)(*args)
+    assert gradient.device.type == "cuda"
+    assert max_relative_error(gradient, _reference_gradients(x, z)[0]) < GRADIENT_TOLERANCE["float64"]
+
+
+@pytest.mark.parametrize("labels_kind", ["indices", "probabilities"])
+def test_losses_agree_across_namespaces_and_with_benchlib_ops(labels_kind):
+    from benchlib.autodiff import ops
+
+    rng = np.random.default_rng(4)
+    logits = rng.standard_normal((5, 3))
+    labels = rng.integers(0, 3, size=5) if labels_kind == "indices" else rng.dirichlet(np.ones(3), size=5)
+    prediction, target = rng.standard_normal((4, 2)), rng.standard_normal((4, 2))
+    want_ce = float(ops.softmax_cross_entropy(logits, labels))
+    want_mse = float(ops.mse(prediction, target))
+    for xp in (namespaces.numpy_namespace(), namespaces.autograd_namespace()):
+        assert float(xp.softmax_cross_entropy(logits, labels)) == pytest.approx(want_ce, rel=1e-12)
+        assert float(xp.mse(prediction, target)) == pytest.approx(want_mse, rel=1e-12)
+    torch_ns = namespaces.torch_namespace()
+    assert float(torch_ns.softmax_cross_entropy(torch.from_numpy(logits), torch.from_numpy(labels))) == pytest.approx(
+        want_ce, rel=1e-12)
+    assert float(torch_ns.mse(torch.from_numpy(prediction), torch.from_numpy(target))) == pytest.approx(want_mse, rel=1e-12)
+
+
+def _timelines():
+    rows = []
+    for engine, scale in (("manual", 1.0), ("benchlib-deferred", 2.0)):
+        for t, phase, megabytes in ((0.0, "", 0), (0.1, "forward", 1), (0.2, "forward", 5), (0.3, "backward", 8),
+                                    (0.4, "backward", 3)):
+            rows.append({"case": "c", "engine": engine, "t_s": t, "bytes": int(megabytes * scale * 1e6), "phase": phase})
+    return pd.DataFrame(rows)
+
+
+def test_memory_timeline_figure_draws_each_engine_with_a_marker_where_each_phase_begins():
+    from benchlib.results.plots import gradients
+
+    records = records_frame(_records("manual", 8e6, 1.0) + [make_record(
+        benchmark="b", case="c", engine="autograd", device="cuda:0", dtype="float32", metric="not_applicable",
+        value=1.0, unit="", params={"message": "CPU only"})])
+    figure = gradients.memory_timelines(_timelines(), records=records)
+    lines = [trace for trace in figure.data if trace.mode == "lines"]
+    markers = [trace for trace in figure.data if trace.mode == "markers"]
+    assert [trace.name for trace in lines] == ["manual", "benchlib-deferred"]
+    assert list(markers[1].x) == [0.1, 0.3] and list(markers[1].text) == ["forward", "backward"]
+    assert list(markers[1].y) == [2.0, 16.0]
+    assert "autograd: not applicable (CPU only)" in figure.layout.annotations[0].text
+    with pytest.raises(ValueError, match="valid cases"):
+        gradients.memory_timelines(_timelines(), case="other")
+
+
+def test_peak_bars_label_each_engine_with_its_ratio_to_manual():
+    from benchlib.results.plots import gradients
+
+    figure = gradients.peak_bars(records_frame(_records("manual", 100e6, 1.0) + _records("benchlib-deferred", 197e6, 1.0)))
+    assert [(bar.x[0], bar.y[0], bar.text[0]) for bar in figure.data] == [
+        ("manual", 100.0, "100 MB<br>1.000x"), ("benchlib-deferred", 197.0, "197 MB<br>1.970x")]
+
+
+def test_sweep_lines_read_the_swept_parameter_from_params():
+    from benchlib.results.plots import gradients
+
+    rows = []
+    for T, peak in ((10, 1e6), (20, 2e6)):
+        labels = dict(benchmark="b", case=f"T={T}", engine="manual", device="cpu", dtype="float32", params={"T": T})
+        rows += [make_record(**labels, metric="peak_bytes", value=peak, unit="bytes"),
+                 make_record(**labels, metric="time", value=T / 10, unit="s")]
+    figure = gradients.sweep_lines(records_frame(rows), parameter="T")
+    peak_line, time_line = figure.data
+    assert list(peak_line.x) == [10, 20] and list(peak_line.y) == [1.0, 2.0] and list(time_line.y) == [1.0, 2.0]
+    with pytest.raises(ValueError, match="'depth' is missing"):
+        gradients.sweep_lines(records_frame(rows), parameter="depth")
