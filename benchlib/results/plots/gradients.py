@@ -1,0 +1,121 @@
+"""Figures of the gradient-engine notebooks (dot_chain, rnn_fanout): the pictures of autograd #219.
+
+Each builder takes tidy frames (records as `records_frame` gives them, timelines as
+`EngineComparison.timelines`: case, engine, t_s, bytes, phase) and returns a plotly figure.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from benchlib.results.plots.common import apply_layout, engine_color, ratio_frame
+
+MB = 1e6
+PHASE_SYMBOLS = {"forward": "circle-open", "backward": "diamond"}
+STATUS_METRICS = ("failed", "not_applicable")
+
+
+def _one_case(frame: pd.DataFrame, case: str | None, what: str) -> pd.DataFrame:
+    cases = list(dict.fromkeys(frame["case"]))
+    if case is None:
+        if len(cases) != 1:
+            raise ValueError(f"{what} holds cases {cases}; pass case= one of them")
+        return frame
+    if case not in cases:
+        raise ValueError(f"case {case!r} is not in {what}; valid cases: {cases}")
+    return frame[frame["case"] == case]
+
+
+def _status_notes(records: pd.DataFrame, case: str | None = None) -> list[str]:
+    """'engine: not applicable (reason)' for every engine that has no measurement."""
+    rows = records[records["metric"].isin(STATUS_METRICS)]
+    if case is not None:
+        rows = rows[rows["case"] == case]
+    notes = []
+    for row in rows.itertuples():
+        message = json.loads(row.params).get("message", "")
+        notes.append(f"{row.engine}: {row.metric.replace('_', ' ')} ({message.splitlines()[0][:90] if message else ''})")
+    return notes
+
+
+def _annotate(fig: go.Figure, notes: Sequence[str]) -> go.Figure:
+    if notes:
+        fig.add_annotation(text="<br>".join(notes), xref="paper", yref="paper", x=0, y=-0.22,
+                           showarrow=False, align="left", font=dict(size=11))
+        fig.update_layout(margin=dict(b=60 + 18 * len(notes)))
+    return fig
+
+
+def memory_timelines(timelines: pd.DataFrame, *, case: str | None = None, records: pd.DataFrame | None = None,
+                     title: str = "Memory above baseline during one gradient call") -> go.Figure:
+    """Memory over time for every engine on one plot; a marker where each phase begins.
+
+    All engines share the time axis from their own start, as in the seed's picture: a longer line
+    is a slower engine, a higher one holds more memory.
+    """
+    frame = _one_case(timelines, case, "the timelines")
+    fig = go.Figure()
+    for engine, samples in frame.groupby("engine", sort=False):
+        color = engine_color(engine)
+        fig.add_trace(go.Scatter(x=samples["t_s"], y=samples["bytes"] / MB, mode="lines", name=engine,
+                                 legendgroup=engine, line=dict(color=color),
+                                 hovertemplate=f"{engine}<br>%{{x:.3f}} s, %{{y:.1f}} MB<extra></extra>"))
+        starts = samples[samples["phase"].ne(samples["phase"].shift()) & samples["phase"].ne("")]
+        fig.add_trace(go.Scatter(
+            x=starts["t_s"], y=starts["bytes"] / MB, mode="markers", legendgroup=engine, showlegend=False,
+            marker=dict(color=color, size=10, symbol=[PHASE_SYMBOLS.get(p, "x") for p in starts["phase"]]),
+            text=starts["phase"], hovertemplate=f"{engine}: %{{text}} begins at %{{x:.3f}} s<extra></extra>"))
+    apply_layout(fig, title=f"{title} ({case})" if case else title, x_title="time since the timed call began (s)",
+                 y_title="memory above baseline (MB)")
+    notes = ["markers: ○ forward begins, ◇ backward begins"]
+    if records is not None:
+        notes += _status_notes(records, case)
+    return _annotate(fig, notes)
+
+
+def peak_bars(records: pd.DataFrame, *, case: str | None = None, baseline: str = "manual",
+              title: str = "Peak memory above baseline") -> go.Figure:
+    """Peak memory per engine in MB, each bar labelled with its ratio to `baseline`."""
+    records = _one_case(records, case, "the records")
+    ratios = ratio_frame(records, metric="peak_bytes", baseline=baseline)
+    fig = go.Figure()
+    for row in ratios.itertuples():
+        fig.add_trace(go.Bar(x=[row.engine], y=[row.value / MB], name=row.engine, marker_color=engine_color(row.engine),
+                             text=[f"{row.value / MB:.0f} MB<br>{row.ratio:.3f}x"], textposition="outside",
+                             hovertemplate=f"{row.engine}: %{{y:.1f}} MB, {row.ratio:.3f}x {baseline}<extra></extra>"))
+    apply_layout(fig, title=f"{title} ({case})" if case else title, x_title="engine",
+                 y_title="peak above baseline (MB)")
+    fig.update_layout(showlegend=False)
+    fig.update_yaxes(rangemode="tozero")
+    return _annotate(fig, _status_notes(records, case))
+
+
+def sweep_lines(records: pd.DataFrame, *, parameter: str = "T",
+                title: str = "Peak memory and time against the number of steps") -> go.Figure:
+    """Peak memory and median time against a swept case parameter (read from params), one line per engine."""
+    measured = records[records["metric"].isin(["peak_bytes", "time"])]
+    if measured.empty:
+        raise ValueError("no peak_bytes or time records to plot")
+    values = measured["params"].map(lambda text: json.loads(text).get(parameter))
+    if values.isna().any():
+        raise ValueError(f"parameter {parameter!r} is missing from some records' params")
+    table = (measured.assign(**{parameter: values})
+             .groupby(["engine", parameter, "metric"], sort=False)["value"].median().unstack("metric").reset_index()
+             .sort_values(parameter))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("peak memory above baseline (MB)", "median time (s)"))
+    for engine in dict.fromkeys(measured["engine"]):
+        rows = table[table["engine"] == engine]
+        color = engine_color(engine)
+        for col, metric, scale in ((1, "peak_bytes", MB), (2, "time", 1.0)):
+            if metric in rows:
+                fig.add_trace(go.Scatter(x=rows[parameter], y=rows[metric] / scale, mode="lines+markers", name=engine,
+                                         legendgroup=engine, showlegend=col == 1, line=dict(color=color)),
+                              row=1, col=col)
+    apply_layout(fig, title=title)
+    fig.update_xaxes(title_text=parameter)
+    return _annotate(fig, _status_notes(records))

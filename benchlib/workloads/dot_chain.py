@@ -1,0 +1,168 @@
+"""The dot chain of HIPS autograd #219: F(x, z) = sum(x·(x·(…·(x·z)))), gradient with respect to x.
+
+`depth` dot products share one x, so x's gradient receives `depth` contributions: keeping them all
+until the end (`benchlib-deferred`, autograd before its fix) costs about as much again as the
+forward pass stores, accumulating them in place costs one buffer. The hand-written gradient
+(`manual`, the seed's code) stores the z stack and pops it on the way back: the floor.
+
+The seed's raw data (x = A·Aᵀ, A standard normal) overflows to inf/NaN after a few dozen
+products, so x is scaled to spectral norm 1; the scale is recorded with every result.
+
+Run every engine in a fresh process and print a table (the benchmark of issue 3):
+
+    python -m benchlib.workloads.dot_chain [--D 1000 --depth 100 --dtype float64 --engines ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from benchlib.engines import ENGINE_NAMES, get_engine
+from benchlib.engines.comparison import (
+    GRAD_ERROR_METRIC,
+    EngineComparison,
+    compare_engines,
+    max_relative_error,
+    validate_common,
+)
+from benchlib.measure import Case, mark
+
+BENCHMARK = "dot_chain"
+SEED_SIZES = {"D": 1000, "depth": 100}
+X_SCALING = "x = A·Aᵀ / λmax(A·Aᵀ), A standard normal (spectral norm 1); z standard normal"
+TARGET = "benchlib.workloads.dot_chain:case"
+
+
+def make_data(D: int, dtype: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray, float]:
+    """x (spectral norm 1), z and the factor x was scaled by, all built in float64 then cast."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((D, D))
+    x = a @ a.T
+    scale = 1.0 / float(np.linalg.eigvalsh(x)[-1])
+    x *= scale
+    z = rng.standard_normal((D, D))
+    return x.astype(dtype), z.astype(dtype), scale
+
+
+def chain_loss(xp, depth: int):
+    """The seed's F, written once against the namespace `xp`; marks where its backward begins."""
+
+    def loss(x, z):
+        mark("forward")
+        for _ in range(depth):
+            z = xp.dot(x, z)
+        total = xp.sum(z)
+        mark("backward")
+        return total
+
+    return loss
+
+
+def manual_gradient(xp, depth: int):
+    """The seed's hand-written gradient: store the z stack, pop it on the way back."""
+
+    def gradient(x, z):
+        mark("forward")
+        z_stack = []
+        for _ in range(depth):
+            z_stack.append(z)
+            z = xp.dot(x, z)
+        mark("backward")
+        g_z = xp.ones_like(z)
+        g_x = None
+        for _ in range(depth):
+            z = z_stack.pop()
+            contribution = xp.dot(g_z, z.T)
+            if g_x is None:
+                g_x = contribution
+            else:
+                g_x += contribution
+            g_z = xp.dot(x.T, g_z)
+        return g_x
+
+    return gradient
+
+
+def memory_required_bytes(engine: str, D: int, depth: int, dtype: str) -> int:
+    """What a case needs: the stored z stack (twice over when contributions are kept) and a few buffers."""
+    stored = 2.2 if engine == "benchlib-deferred" else 1.2
+    return int(D * D * np.dtype(dtype).itemsize * (stored * depth + 8))
+
+
+def case(*, device, engine: str, D: int, depth: int, dtype: str, seed: int = 0) -> Case:
+    """One engine's gradient call, set up in the isolation child.
+
+    The check reports the scale applied to x and, for every engine but `manual`, the gradient's
+    error against the manual gradient, computed after the measurement in the same child on the
+    same inputs (so the comparison costs no extra data crossing processes).
+    """
+    chosen = get_engine(engine)
+    x_np, z_np, scale = make_data(D, dtype, seed)
+    x, z = chosen.asarray(x_np, device), chosen.asarray(z_np, device)
+    del x_np, z_np
+    xp = chosen.namespace(device)
+    gradient = chosen.gradient(chain_loss(xp, depth), 0, manual=manual_gradient(xp, depth))
+
+    def check(result) -> dict[str, float]:
+        checks = {"x_scale": scale}
+        if not chosen.hand_written:
+            manual = get_engine("manual")
+            reference = manual_gradient(manual.namespace(device), depth)(
+                manual.asarray(chosen.to_numpy(x), device), manual.asarray(chosen.to_numpy(z), device))
+            checks[GRAD_ERROR_METRIC] = max_relative_error(result, reference)
+        return checks
+
+    return Case(lambda: gradient(x, z), check)
+
+
+def run(*, device="auto", dtype: str = "float64", D: int = SEED_SIZES["D"], depth: int = SEED_SIZES["depth"],
+        engines=ENGINE_NAMES, repeats: int = 1, warmup: int = 0, seed: int = 0, malloc: str | None = None,
+        timeout_s: float = 600, progress=print) -> EngineComparison:
+    """Every engine's case in its own process; finished cases survive a failing one."""
+    validate_common(dtype=dtype, engines=engines, repeats=repeats, warmup=warmup)
+    for name, value in (("D", D), ("depth", depth), ("seed", seed)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "seed" else 1):
+            raise ValueError(f"{name} must be a {'non-negative' if name == 'seed' else 'positive'} integer, "
+                             f"got {value!r}")
+    return compare_engines(
+        benchmark=BENCHMARK,
+        target=TARGET,
+        cases={f"D={D},depth={depth}": {"D": D, "depth": depth, "seed": seed}},
+        describe={"x_scaling": X_SCALING},
+        engines=engines,
+        device=device,
+        dtype=dtype,
+        repeats=repeats,
+        warmup=warmup,
+        memory_required=lambda engine, _params: memory_required_bytes(engine, D, depth, dtype),
+        malloc=malloc,
+        timeout_s=timeout_s,
+        progress=progress,
+    )
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchlib.workloads.dot_chain",
+        description="Gradient of 100 chained dot products: each engine in a fresh process, "
+                    "peak memory and time against the hand-written gradient.")
+    parser.add_argument("--D", type=int, default=SEED_SIZES["D"])
+    parser.add_argument("--depth", type=int, default=SEED_SIZES["depth"])
+    parser.add_argument("--dtype", default="float64", choices=("float32", "float64"))
+    parser.add_argument("--engines", nargs="+", default=list(ENGINE_NAMES), metavar="ENGINE",
+                        help=f"any of: {', '.join(ENGINE_NAMES)}")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--malloc", default=None, help="allocator policy of the child processes")
+    args = parser.parse_args(argv)
+    comparison = run(device=args.device, dtype=args.dtype, D=args.D, depth=args.depth, engines=args.engines,
+                     repeats=args.repeats, malloc=args.malloc, progress=lambda line: print(line, file=sys.stderr))
+    print(comparison.table_text())
+    return 0 if comparison.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

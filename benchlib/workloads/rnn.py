@@ -1,0 +1,168 @@
+"""A tanh RNN with shared weights over T steps: the fan-out benchmark of HIPS autograd #219.
+
+The model and sizes are autograd's own `bench_rnn` (batch 16, hidden 1024, 50 steps, float32,
+weights 0.01·N(0, 1)): h₀ = x, hₜ = tanh(hₜ₋₁·W + b), one logistic output per step,
+logitₜ = hₜ·Wout + bout, and the loss is summed over all T outputs. The gradient is taken with
+respect to all weights (W, b, Wout, bout), each of which is used T times: keeping every
+contribution until the end costs T weight-sized buffers, accumulating in place costs one.
+`manual` is hand-written backpropagation through time that stores the hidden states and pops them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from benchlib.engines import ENGINE_NAMES, get_engine
+from benchlib.engines.comparison import (
+    GRAD_ERROR_METRIC,
+    EngineComparison,
+    compare_engines,
+    max_relative_error,
+    validate_common,
+)
+from benchlib.measure import Case, mark
+
+BENCHMARK = "rnn_fanout"
+SEED_SIZES = {"batch": 16, "hidden": 1024, "T": 50}
+TARGET = "benchlib.workloads.rnn:case"
+WEIGHTS = ("W", "b", "Wout", "bout")
+WEIGHT_ARGNUMS = (0, 1, 2, 3)
+
+
+def make_data(batch: int, hidden: int, dtype: str, seed: int = 0) -> dict[str, np.ndarray]:
+    """bench_rnn's arrays: weights and input 0.01·N(0, 1), labels 0 or 1."""
+    rng = np.random.default_rng(seed)
+    return {
+        "W": 0.01 * rng.standard_normal((hidden, hidden)),
+        "b": 0.01 * rng.standard_normal(hidden),
+        "Wout": 0.01 * rng.standard_normal((hidden, 1)),
+        "bout": 0.01 * rng.standard_normal(1),
+        "x": 0.01 * rng.standard_normal((batch, hidden)),
+        "label": (rng.random((batch, 1)) > 0.5).astype(np.float64),
+    }
+
+
+def rnn_loss(xp, T: int):
+    """Summed logistic loss of the T outputs, written once against `xp`; marks where backward begins."""
+
+    def loss(W, b, Wout, bout, x, label):
+        mark("forward")
+        h = x
+        total = None
+        for _ in range(T):
+            h = xp.tanh(xp.dot(h, W) + b)
+            logit = xp.dot(h, Wout) + bout
+            step = xp.sum(logit * (1 - label) + xp.log(1 + xp.exp(-logit)))
+            total = step if total is None else total + step
+        mark("backward")
+        return total
+
+    return loss
+
+
+def manual_gradient(xp, T: int):
+    """Backpropagation through time by hand: store the hidden states, pop them, accumulate in place."""
+
+    def accumulate(total, contribution):
+        if total is None:
+            return contribution
+        total += contribution
+        return total
+
+    def gradient(W, b, Wout, bout, x, label):
+        mark("forward")
+        hidden_states = [x]
+        logits = []
+        h = x
+        for _ in range(T):
+            h = xp.tanh(xp.dot(h, W) + b)
+            hidden_states.append(h)
+            logits.append(xp.dot(h, Wout) + bout)
+        mark("backward")
+        dW = db = dWout = dbout = carry = None
+        for _ in range(T):
+            h = hidden_states.pop()
+            logit = logits.pop()
+            dlogit = 1 / (1 + xp.exp(-logit)) - label
+            dWout = accumulate(dWout, xp.dot(h.T, dlogit))
+            dbout = accumulate(dbout, xp.sum(dlogit, axis=0))
+            dh = xp.dot(dlogit, Wout.T)
+            if carry is not None:
+                dh += carry
+            da = dh * (1 - h * h)
+            dW = accumulate(dW, xp.dot(hidden_states[-1].T, da))
+            db = accumulate(db, xp.sum(da, axis=0))
+            carry = xp.dot(da, W.T)
+        return dW, db, dWout, dbout
+
+    return gradient
+
+
+def memory_required_bytes(engine: str, batch: int, hidden: int, T: int, dtype: str) -> int:
+    """What a case needs: the hidden states, and T copies of W and its kind when contributions are kept."""
+    itemsize = np.dtype(dtype).itemsize
+    weight = hidden * hidden * itemsize
+    states = T * batch * hidden * itemsize * 8
+    kept = T * weight if engine == "benchlib-deferred" else 0
+    return int(6 * weight + states + kept)
+
+
+def case(*, device, engine: str, batch: int, hidden: int, T: int, dtype: str, seed: int = 0) -> Case:
+    """One engine's gradient call, set up in the isolation child.
+
+    The check compares every weight's gradient with the manual BPTT gradient, computed after the
+    measurement in the same child on the same inputs (`manual` itself reports no error).
+    """
+    chosen = get_engine(engine)
+    arrays = {name: chosen.asarray(value.astype(dtype), device)
+              for name, value in make_data(batch, hidden, dtype, seed).items()}
+    args = tuple(arrays[name] for name in (*WEIGHTS, "x", "label"))
+    del arrays
+    xp = chosen.namespace(device)
+    gradient = chosen.gradient(rnn_loss(xp, T), WEIGHT_ARGNUMS, manual=manual_gradient(xp, T))
+    if chosen.hand_written:
+        return Case(lambda: gradient(*args))
+
+    def check(result) -> dict[str, float]:
+        manual = get_engine("manual")
+        reference = manual_gradient(manual.namespace(device), T)(
+            *(manual.asarray(chosen.to_numpy(a), device) for a in args))
+        return {GRAD_ERROR_METRIC: max_relative_error(result, reference)}
+
+    return Case(lambda: gradient(*args), check)
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def run(*, device="auto", dtype: str = "float32", batch: int = SEED_SIZES["batch"],
+        hidden: int = SEED_SIZES["hidden"], T_values=(SEED_SIZES["T"],), engines=ENGINE_NAMES,
+        repeats: int = 1, warmup: int = 0, seed: int = 0, malloc: str | None = None,
+        timeout_s: float = 600, progress=print) -> EngineComparison:
+    """Every engine at every T in its own process; cases are labelled "T=<steps>"."""
+    validate_common(dtype=dtype, engines=engines, repeats=repeats, warmup=warmup)
+    _positive_int("batch", batch)
+    _positive_int("hidden", hidden)
+    if isinstance(T_values, (str, int)) or not list(T_values):
+        raise ValueError(f"T_values must be a non-empty list of positive integers, got {T_values!r}")
+    T_values = [_positive_int("each T", T) for T in T_values]
+    if len(set(T_values)) != len(T_values):
+        raise ValueError(f"T_values lists a value twice: {T_values}")
+    return compare_engines(
+        benchmark=BENCHMARK,
+        target=TARGET,
+        cases={f"T={T}": {"batch": batch, "hidden": hidden, "T": T, "seed": seed} for T in T_values},
+        engines=engines,
+        device=device,
+        dtype=dtype,
+        repeats=repeats,
+        warmup=warmup,
+        memory_required=lambda engine, params: memory_required_bytes(engine, batch, hidden, params["T"], dtype),
+        malloc=malloc,
+        timeout_s=timeout_s,
+        describe={"model": "h_t = tanh(h_{t-1} W + b), logistic output per step, loss summed over steps"},
+        progress=progress,
+    )

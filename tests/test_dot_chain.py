@@ -1,0 +1,122 @@
+"""The dot-chain workload: data, hand-written gradient, every engine against it, the notebook."""
+
+import io
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from benchlib.engines import ENGINE_NAMES, get_engine
+from benchlib.engines.comparison import GRADIENT_TOLERANCE, max_relative_error
+from benchlib.measure import Device
+from benchlib.workloads import dot_chain
+
+CPU = Device("cpu")
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+
+
+def _chain_value(x, z, depth):
+    for _ in range(depth):
+        z = x @ z
+    return z.sum()
+
+
+def test_data_is_scaled_to_spectral_norm_one_so_long_chains_stay_finite():
+    x, z, scale = dot_chain.make_data(40, "float64", seed=3)
+    assert np.linalg.norm(x, 2) == pytest.approx(1.0, rel=1e-12)
+    np.testing.assert_array_equal(x, x.T)
+    assert 0 < scale < 1
+    assert np.isfinite(_chain_value(x, z, 100))
+    x32, _, scale32 = dot_chain.make_data(40, "float32", seed=3)
+    assert x32.dtype == np.float32 and scale32 == scale
+
+
+def test_manual_gradient_matches_central_differences():
+    x, z, _ = dot_chain.make_data(5, "float64", seed=1)
+    depth, step = 4, 1e-6
+    gradient = dot_chain.manual_gradient(get_engine("manual").namespace(CPU), depth)(x, z)
+    numeric = np.zeros_like(x)
+    for index in np.ndindex(*x.shape):
+        bump = np.zeros_like(x)
+        bump[index] = step
+        numeric[index] = (_chain_value(x + bump, z, depth) - _chain_value(x - bump, z, depth)) / (2 * step)
+    np.testing.assert_allclose(gradient, numeric, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("engine", [name for name in ENGINE_NAMES if name != "manual"])
+def test_every_engine_agrees_with_manual_through_the_case_and_its_check(engine, dtype):
+    case = dot_chain.case(device=CPU, engine=engine, D=12, depth=8, dtype=dtype)
+    result = case.fn()
+    assert get_engine(engine).to_numpy(result).dtype == np.dtype(dtype)
+    checks = case.check(result)
+    assert checks["grad_max_rel_err"] <= GRADIENT_TOLERANCE[dtype]
+    assert checks["x_scale"] == dot_chain.make_data(12, "float64")[2]
+
+
+def test_the_check_would_catch_a_wrong_gradient():
+    case = dot_chain.case(device=CPU, engine="torch", D=12, depth=8, dtype="float64")
+    wrong = case.fn() * 1.001
+    assert case.check(wrong)["grad_max_rel_err"] == pytest.approx(1e-3, rel=1e-6)
+
+
+def test_memory_requirement_counts_the_z_stack_and_the_kept_contributions_of_deferred():
+    inplace = dot_chain.memory_required_bytes("benchlib-inplace", 1000, 100, "float64")
+    deferred = dot_chain.memory_required_bytes("benchlib-deferred", 1000, 100, "float64")
+    assert inplace > 100 * 1000 * 1000 * 8
+    assert deferred - inplace >= 100 * 1000 * 1000 * 8
+    assert dot_chain.memory_required_bytes("manual", 1000, 100, "float32") * 2 == pytest.approx(
+        dot_chain.memory_required_bytes("manual", 1000, 100, "float64"))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"D": 0}, "D must be a positive integer"),
+    ({"depth": 2.5}, "depth must be a positive integer"),
+    ({"dtype": "int32"}, "dtype must be one of float32, float64"),
+    ({"engines": ["manual", "jax"]}, "valid engines"),
+])
+def test_bad_arguments_are_refused_before_any_process_starts(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        dot_chain.run(device="cpu", **kwargs)
+
+
+@pytest.mark.slow
+def test_benchmark_script_prints_the_table(capsys):
+    assert dot_chain.main(["--D", "16", "--depth", "4", "--engines", "manual", "torch", "--dtype", "float32"]) == 0
+    table = capsys.readouterr().out
+    assert "peak_ratio" in table and "time_ratio" in table
+    rows = [line.split()[:3] for line in table.splitlines()[1:]]
+    assert rows == [["D=16,depth=4", "manual", "ok"], ["D=16,depth=4", "torch", "ok"]]
+
+
+@pytest.mark.slow
+def test_notebook_runs_with_quick_sizes_and_writes_every_engines_records(tmp_path):
+    from benchlib.runner import run
+
+    result = run(["dot_chain"], device="cpu", out=tmp_path, quick=True, progress=False, stream=io.StringIO())
+    assert result.ok, result.summary()
+    records = pd.read_parquet(result.path / "records" / "dot_chain.parquet")
+    assert set(records["engine"]) == set(ENGINE_NAMES)
+    assert set(records["device"]) == {"cpu"} and set(records["dtype"]) == {"float64"}
+    for engine in ENGINE_NAMES:
+        metrics = set(records[records["engine"] == engine]["metric"])
+        assert {"time", "peak_bytes", "x_scale"} <= metrics
+        assert ("grad_max_rel_err" in metrics) == (engine != "manual")
+    assert set(records["case"]) == {"D=200,depth=20"}
+    for figure in ("dot_chain_memory_timeline", "dot_chain_peak"):
+        assert (result.path / "figures" / f"{figure}.html").is_file()
+
+
+@cuda_only
+@pytest.mark.cuda
+@pytest.mark.parametrize("engine", ["manual", "benchlib-inplace", "benchlib-deferred", "torch"])
+def test_cases_run_on_cuda_tensors_and_agree_with_manual(engine):
+    cuda = Device("cuda", 0)
+    case = dot_chain.case(device=cuda, engine=engine, D=64, depth=10, dtype="float32")
+    result = case.fn()
+    assert result.device.type == "cuda"
+    checks = case.check(result)
+    assert checks.get("grad_max_rel_err", 0.0) <= GRADIENT_TOLERANCE["float32"]
+    cpu_result = dot_chain.case(device=CPU, engine="manual", D=64, depth=10, dtype="float32").fn()
+    assert max_relative_error(result, cpu_result) <= GRADIENT_TOLERANCE["float32"]

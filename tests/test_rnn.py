@@ -1,0 +1,128 @@
+"""The RNN fan-out workload: hand-written BPTT, every engine against it, the fan-out cost, the notebook."""
+
+import io
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from benchlib.engines import ENGINE_NAMES, get_engine
+from benchlib.engines.comparison import GRADIENT_TOLERANCE, max_relative_error
+from benchlib.measure import Device
+from benchlib.workloads import rnn
+
+CPU = Device("cpu")
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+
+
+def _arguments(batch, hidden, dtype="float64", seed=0):
+    data = rnn.make_data(batch, hidden, dtype, seed)
+    return [data[name].astype(dtype) for name in (*rnn.WEIGHTS, "x", "label")]
+
+
+def test_data_follows_bench_rnn():
+    data = rnn.make_data(16, 1024, "float32")
+    assert {name: value.shape for name, value in data.items()} == {
+        "W": (1024, 1024), "b": (1024,), "Wout": (1024, 1), "bout": (1,), "x": (16, 1024), "label": (16, 1)}
+    assert set(np.unique(data["label"])) <= {0.0, 1.0}
+    assert data["W"].std() == pytest.approx(0.01, rel=0.01)
+
+
+def test_manual_bptt_matches_central_differences_for_every_weight():
+    args = [a * 50 for a in _arguments(batch=3, hidden=4)[:5]] + _arguments(batch=3, hidden=4)[5:]
+    T, step = 5, 1e-6
+    loss = rnn.rnn_loss(get_engine("manual").namespace(CPU), T)
+    gradients = rnn.manual_gradient(get_engine("manual").namespace(CPU), T)(*args)
+    assert len(gradients) == 4
+    for position, gradient in enumerate(gradients):
+        assert gradient.shape == args[position].shape
+        numeric = np.zeros_like(gradient)
+        for index in np.ndindex(*gradient.shape):
+            up = [a.copy() for a in args]
+            down = [a.copy() for a in args]
+            up[position][index] += step
+            down[position][index] -= step
+            numeric[index] = (loss(*up) - loss(*down)) / (2 * step)
+        assert max_relative_error(gradient, numeric) < 1e-7, rnn.WEIGHTS[position]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("engine", [name for name in ENGINE_NAMES if name != "manual"])
+def test_every_engine_agrees_with_manual_through_the_case_and_its_check(engine, dtype):
+    case = rnn.case(device=CPU, engine=engine, batch=4, hidden=16, T=6, dtype=dtype)
+    result = case.fn()
+    assert [get_engine(engine).to_numpy(g).dtype for g in result] == [np.dtype(dtype)] * 4
+    assert case.check(result)["grad_max_rel_err"] <= GRADIENT_TOLERANCE[dtype]
+
+
+def test_the_check_would_catch_a_wrong_gradient_of_one_weight():
+    case = rnn.case(device=CPU, engine="autograd", batch=4, hidden=16, T=6, dtype="float64")
+    dW, db, dWout, dbout = case.fn()
+    assert case.check((dW, db, dWout, dbout * 1.01))["grad_max_rel_err"] > GRADIENT_TOLERANCE["float64"]
+
+
+def _gradient_peak_bytes(accumulate, T, hidden=32, batch=2):
+    """benchlib.autodiff's exact count of live gradient bytes during one backward pass."""
+    engine = get_engine(f"benchlib-{accumulate}")
+    gradient = engine.gradient(rnn.rnn_loss(engine.namespace(CPU), T), rnn.WEIGHT_ARGNUMS)
+    gradient(*_arguments(batch, hidden))
+    return gradient.stats.peak_bytes
+
+
+def test_deferred_gradient_memory_grows_by_a_weight_matrix_per_step_and_inplace_does_not():
+    hidden, w_bytes = 32, 32 * 32 * 8
+    deferred_growth = _gradient_peak_bytes("deferred", 12, hidden) - _gradient_peak_bytes("deferred", 4, hidden)
+    inplace_growth = _gradient_peak_bytes("inplace", 12, hidden) - _gradient_peak_bytes("inplace", 4, hidden)
+    assert deferred_growth >= 8 * w_bytes
+    assert inplace_growth < w_bytes
+
+
+def test_memory_requirement_grows_with_T_by_a_weight_matrix_for_deferred_only():
+    def growth(engine):
+        return rnn.memory_required_bytes(engine, 16, 1024, 100, "float32") - rnn.memory_required_bytes(
+            engine, 16, 1024, 50, "float32")
+
+    assert growth("benchlib-deferred") >= 50 * 1024 * 1024 * 4
+    assert growth("benchlib-inplace") < 50 * 1024 * 1024 * 4 / 4
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"T_values": []}, "non-empty list"),
+    ({"T_values": 50}, "non-empty list"),
+    ({"T_values": [10, 0]}, "each T must be a positive integer"),
+    ({"T_values": [10, 10]}, "twice"),
+    ({"hidden": -1}, "hidden must be a positive integer"),
+    ({"repeats": 0}, "repeats must be"),
+])
+def test_bad_arguments_are_refused_before_any_process_starts(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        rnn.run(device="cpu", **kwargs)
+
+
+@pytest.mark.slow
+def test_notebook_runs_with_quick_sizes_and_writes_every_engines_records_for_every_T(tmp_path):
+    from benchlib.runner import run
+
+    result = run(["rnn_fanout"], device="cpu", out=tmp_path, quick=True, progress=False, stream=io.StringIO())
+    assert result.ok, result.summary()
+    records = pd.read_parquet(result.path / "records" / "rnn_fanout.parquet")
+    assert set(records["case"]) == {"T=4", "T=8"}
+    assert set(records["dtype"]) == {"float32"}
+    for (case, engine), group in records.groupby(["case", "engine"]):
+        metrics = set(group["metric"])
+        assert {"time", "peak_bytes"} <= metrics, (case, engine)
+        assert ("grad_max_rel_err" in metrics) == (engine != "manual")
+    assert set(records["engine"]) == set(ENGINE_NAMES)
+    for figure in ("rnn_fanout_memory_timeline", "rnn_fanout_peak", "rnn_fanout_sweep"):
+        assert (result.path / "figures" / f"{figure}.html").is_file()
+
+
+@cuda_only
+@pytest.mark.cuda
+@pytest.mark.parametrize("engine", ["benchlib-inplace", "benchlib-deferred", "torch"])
+def test_cases_run_on_cuda_tensors_and_agree_with_manual(engine):
+    case = rnn.case(device=Device("cuda", 0), engine=engine, batch=4, hidden=64, T=6, dtype="float32")
+    result = case.fn()
+    assert all(g.device.type == "cuda" for g in result)
+    assert case.check(result)["grad_max_rel_err"] <= GRADIENT_TOLERANCE["float32"]
