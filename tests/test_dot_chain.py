@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from benchlib.engines import ENGINE_NAMES, get_engine
-from benchlib.engines.comparison import GRADIENT_TOLERANCE, max_relative_error
+from benchlib.engines.comparison import GRADIENT_TOLERANCE, load_gradient, max_relative_error, saved_gradient_error
 from benchlib.measure import Device
 from benchlib.workloads import dot_chain
 
@@ -44,21 +44,27 @@ def test_manual_gradient_matches_central_differences():
     np.testing.assert_allclose(gradient, numeric, rtol=1e-6, atol=1e-8)
 
 
+def _run_case(engine, gradient_dir, device=CPU, dtype="float64", D=12, depth=8, wrong_by=0.0):
+    """One case as the isolation child runs it: the call, then the check (which saves the gradient)."""
+    case = dot_chain.case(device=device, engine=engine, D=D, depth=depth, dtype=dtype, gradient_dir=str(gradient_dir))
+    result = case.fn()
+    return result, case.check(result * (1 + wrong_by) if wrong_by else result)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("engine", [name for name in ENGINE_NAMES if name != "manual"])
-def test_every_engine_agrees_with_manual_through_the_case_and_its_check(engine, dtype):
-    case = dot_chain.case(device=CPU, engine=engine, D=12, depth=8, dtype=dtype)
-    result = case.fn()
+def test_every_engine_agrees_with_manual_through_the_case_and_its_saved_gradient(engine, dtype, tmp_path):
+    _run_case("manual", tmp_path, dtype=dtype)
+    result, checks = _run_case(engine, tmp_path, dtype=dtype)
     assert get_engine(engine).to_numpy(result).dtype == np.dtype(dtype)
-    checks = case.check(result)
-    assert checks["grad_max_rel_err"] <= GRADIENT_TOLERANCE[dtype]
-    assert checks["x_scale"] == dot_chain.make_data(12, "float64")[2]
+    assert saved_gradient_error(tmp_path, engine) <= GRADIENT_TOLERANCE[dtype]
+    assert checks == {"x_scale": dot_chain.make_data(12, "float64")[2]}
 
 
-def test_the_check_would_catch_a_wrong_gradient():
-    case = dot_chain.case(device=CPU, engine="torch", D=12, depth=8, dtype="float64")
-    wrong = case.fn() * 1.001
-    assert case.check(wrong)["grad_max_rel_err"] == pytest.approx(1e-3, rel=1e-6)
+def test_the_check_would_catch_a_wrong_gradient(tmp_path):
+    _run_case("manual", tmp_path)
+    _run_case("torch", tmp_path, wrong_by=1e-3)
+    assert saved_gradient_error(tmp_path, "torch") == pytest.approx(1e-3, rel=1e-6)
 
 
 def test_memory_requirement_counts_the_z_stack_and_the_kept_contributions_of_deferred():
@@ -75,6 +81,7 @@ def test_memory_requirement_counts_the_z_stack_and_the_kept_contributions_of_def
     ({"depth": 2.5}, "depth must be a positive integer"),
     ({"dtype": "int32"}, "dtype must be one of float32, float64"),
     ({"engines": ["manual", "jax"]}, "valid engines"),
+    ({"malloc": "jemalloc"}, "valid policies: 'mmap-128k', 'glibc-default'"),
 ])
 def test_bad_arguments_are_refused_before_any_process_starts(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -103,20 +110,22 @@ def test_notebook_runs_with_quick_sizes_and_writes_every_engines_records(tmp_pat
         metrics = set(records[records["engine"] == engine]["metric"])
         assert {"time", "peak_bytes", "x_scale"} <= metrics
         assert ("grad_max_rel_err" in metrics) == (engine != "manual")
-    assert set(records["case"]) == {"D=200,depth=20"}
+    assert set(records["case"]) == {"D=64,depth=8"}
     for figure in ("dot_chain_memory_timeline", "dot_chain_peak"):
         assert (result.path / "figures" / f"{figure}.html").is_file()
+    timelines = pd.read_parquet(result.path / "tables" / "dot_chain_timelines.parquet")
+    assert list(timelines.columns) == ["benchmark", "case", "engine", "device", "dtype", "t_s", "bytes", "phase"]
+    assert set(timelines["engine"]) == set(ENGINE_NAMES)
+    assert {"forward", "backward"} <= set(timelines["phase"])
 
 
 @cuda_only
 @pytest.mark.cuda
 @pytest.mark.parametrize("engine", ["manual", "benchlib-inplace", "benchlib-deferred", "torch"])
-def test_cases_run_on_cuda_tensors_and_agree_with_manual(engine):
-    cuda = Device("cuda", 0)
-    case = dot_chain.case(device=cuda, engine=engine, D=64, depth=10, dtype="float32")
-    result = case.fn()
+def test_cases_run_on_cuda_tensors_and_agree_with_manual_on_the_cpu(engine, tmp_path):
+    _run_case("manual", tmp_path, dtype="float32", D=64, depth=10)
+    (tmp_path / "cuda").mkdir()
+    result, _ = _run_case(engine, tmp_path / "cuda", device=Device("cuda", 0), dtype="float32", D=64, depth=10)
     assert result.device.type == "cuda"
-    checks = case.check(result)
-    assert checks.get("grad_max_rel_err", 0.0) <= GRADIENT_TOLERANCE["float32"]
-    cpu_result = dot_chain.case(device=CPU, engine="manual", D=64, depth=10, dtype="float32").fn()
-    assert max_relative_error(result, cpu_result) <= GRADIENT_TOLERANCE["float32"]
+    assert max_relative_error(load_gradient(tmp_path / "cuda", engine),
+                              load_gradient(tmp_path, "manual")) <= GRADIENT_TOLERANCE["float32"]

@@ -2,6 +2,8 @@
 
 import json
 import math
+import os
+import tempfile
 
 import numpy as np
 import pandas as pd
@@ -16,7 +18,10 @@ from benchlib.engines.comparison import (
     EngineComparison,
     GradientMismatch,
     compare_engines,
+    load_gradient,
     max_relative_error,
+    save_gradient,
+    saved_gradient_error,
     summarize,
     validate_common,
 )
@@ -61,6 +66,15 @@ def test_asarray_keeps_numpy_arrays_and_shares_storage_with_torch_on_cpu():
     assert isinstance(tensor, torch.Tensor) and tensor.dtype == torch.float32
     assert tensor.data_ptr() == array.ctypes.data
     np.testing.assert_array_equal(get_engine("torch").to_numpy(tensor), array)
+
+
+@pytest.mark.parametrize("name", ENGINE_NAMES)
+def test_asarray_keeps_the_shape_of_a_scalar_and_of_a_strided_view(name):
+    engine = get_engine(name)
+    scalar = engine.asarray(np.array(2.5), CPU)
+    assert tuple(scalar.shape) == () and float(scalar) == 2.5
+    view = np.arange(12.0).reshape(3, 4)[:, ::2]
+    np.testing.assert_array_equal(engine.to_numpy(engine.asarray(view, CPU)), view)
 
 
 def _reference_gradients(x, z):
@@ -138,6 +152,57 @@ def test_max_relative_error_is_relative_to_the_largest_entry_and_never_passes_na
         max_relative_error((np.zeros(2), np.zeros(2)), np.zeros(2))
 
 
+def test_saved_gradients_round_trip_without_pickle_and_compare_with_the_reference(tmp_path):
+    manual = (np.arange(6.0).reshape(2, 3), np.array(4.0))
+    save_gradient(manual, tmp_path, "manual")
+    save_gradient((torch.from_numpy(manual[0]) * 1.001, torch.tensor(4.0)), tmp_path, "torch")
+    back = load_gradient(tmp_path, "manual")
+    assert [a.shape for a in back] == [(2, 3), ()] and all(a.dtype != object for a in back)
+    np.testing.assert_array_equal(back[0], manual[0])
+    assert saved_gradient_error(tmp_path, "torch") == pytest.approx(5 * 0.001 / 5)
+    with pytest.raises(FileNotFoundError, match="no gradient saved for 'autograd'"):
+        saved_gradient_error(tmp_path, "autograd")
+
+
+@pytest.mark.slow
+def test_the_parent_compares_each_saved_gradient_with_manuals_and_deletes_the_files(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    comparison = compare_engines(
+        benchmark="b", target="engine_targets:case",
+        cases={"off": {"off_by": 1e-3}, "manual fails": {"failing": "manual"}},
+        engines=["torch", "manual"], device="cpu", dtype="float64", progress=None)
+    assert os.listdir(tmp_path) == []
+    frame = comparison.frame()
+    assert list(dict.fromkeys(frame[frame["case"] == "off"]["engine"])) == ["manual", "torch"]  # manual first
+    errors = frame[frame["metric"] == "grad_max_rel_err"]
+    assert list(errors["engine"]) == ["torch"] and errors["value"].iloc[0] == pytest.approx(1e-3)
+    with pytest.raises(GradientMismatch, match="torch"):
+        comparison.check_gradients()
+    unchecked = frame[frame["metric"] == "grad_check_unavailable"]
+    assert list(zip(unchecked["case"], unchecked["engine"])) == [("manual fails", "torch")]
+    summary = comparison.summary().set_index(["case", "engine"])
+    assert summary.loc[("manual fails", "torch"), "reason"] == (
+        "gradient not checked: manual failed, so there is no gradient to compare with")
+    assert summary.loc[("manual fails", "manual"), "status"] == "failed"
+    assert "torch (manual fails): gradient not checked: manual failed" in comparison.table_text()
+
+
+def test_check_gradients_says_what_was_checked_and_what_could_not_be():
+    unchecked = make_record(benchmark="b", case="c", engine="autograd", device="cpu", dtype="float64",
+                            metric="grad_check_unavailable", value=1.0, unit="",
+                            params={"message": "manual failed, so there is no gradient to compare with"})
+    comparison = EngineComparison("b", "cpu", "float64", records=(
+        _records("torch", 150, 1.0, 2e-15) + _records("autograd", 150, 1.0) + [unchecked]))
+    assert comparison.check_gradients().splitlines() == [
+        "1 gradient(s) agree with manual within the float64 tolerance 1e-10 (grad_max_rel_err up to 2.00e-15)",
+        "not checked: autograd (c): manual failed, so there is no gradient to compare with"]
+
+
+def test_engines_may_be_any_iterable_of_names_read_once():
+    names = (name for name in ["manual", "torch"])
+    assert validate_common(dtype="float32", engines=names, repeats=1, warmup=0) == ["manual", "torch"]
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"dtype": "float16"}, "dtype must be one of float32, float64"),
     ({"engines": "torch"}, "list of engine names"),
@@ -186,9 +251,11 @@ def test_summary_lists_cases_that_did_not_run():
 
 def test_an_engine_that_cannot_run_on_the_device_is_recorded_not_dropped(monkeypatch):
     monkeypatch.setattr(benchlib.measure, "resolve_device", lambda spec: CUDA)
-    comparison = compare_engines(benchmark="dot_chain", target="benchlib.workloads.dot_chain:case",
-                                 cases={"small": {"D": 3, "depth": 2}}, engines=["autograd"], device="cuda",
-                                 dtype="float32", progress=None)
+    from benchlib.workloads import dot_chain
+
+    # engines as a generator: validated by run() and again by compare_engines, read once
+    comparison = dot_chain.run(D=3, depth=2, engines=(name for name in ["autograd"]), device="cuda",
+                               dtype="float32", progress=None)
     (record,) = comparison.records
     assert (record["engine"], record["metric"], record["device"]) == ("autograd", "not_applicable", "cuda:0")
     assert json.loads(record["params"])["message"].startswith("HIPS autograd computes with NumPy")

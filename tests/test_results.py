@@ -136,6 +136,19 @@ def test_save_figure_writes_html_json_and_one_plotly_bundle(tmp_path):
     assert list(reloaded.data[0].y) == [1, 2]
 
 
+def test_save_table_writes_a_parquet_under_tables_and_refuses_unsafe_names(tmp_path):
+    run = Run.open(tmp_path / "run-t")
+    table = pd.DataFrame({"engine": ["manual", "torch"], "t_s": [0.0, 0.002], "bytes": [0, 4096], "phase": ["", "forward"]})
+    path = run.save_table(table, "dot_chain_timelines")
+    assert path == run.path / "tables" / "dot_chain_timelines.parquet"
+    pd.testing.assert_frame_equal(pd.read_parquet(path), table)
+    assert os.listdir(run.path / "tables") == ["dot_chain_timelines.parquet"]  # no temp file left
+    with pytest.raises(ValueError, match="names a file"):
+        run.save_table(table, "../escape")
+    with pytest.raises(TypeError, match="DataFrame"):
+        run.save_table(table.to_dict(), "as_dict")
+
+
 def test_capture_environment_fields(monkeypatch):
     monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
     env = capture_environment("cpu", allocator_policy="mmap-128k")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from benchlib.engines import ENGINE_NAMES, get_engine
-from benchlib.engines.comparison import GRADIENT_TOLERANCE, max_relative_error
+from benchlib.engines.comparison import GRADIENT_TOLERANCE, load_gradient, max_relative_error, saved_gradient_error
 from benchlib.measure import Device
 from benchlib.workloads import rnn
 
@@ -18,11 +18,12 @@ cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA de
 
 def _arguments(batch, hidden, dtype="float64", seed=0):
     data = rnn.make_data(batch, hidden, dtype, seed)
-    return [data[name].astype(dtype) for name in (*rnn.WEIGHTS, "x", "label")]
+    return [data[name] for name in (*rnn.WEIGHTS, "x", "label")]
 
 
 def test_data_follows_bench_rnn():
     data = rnn.make_data(16, 1024, "float32")
+    assert {value.dtype for value in data.values()} == {np.dtype("float32")}
     assert {name: value.shape for name, value in data.items()} == {
         "W": (1024, 1024), "b": (1024,), "Wout": (1024, 1), "bout": (1,), "x": (16, 1024), "label": (16, 1)}
     assert set(np.unique(data["label"])) <= {0.0, 1.0}
@@ -47,19 +48,29 @@ def test_manual_bptt_matches_central_differences_for_every_weight():
         assert max_relative_error(gradient, numeric) < 1e-7, rnn.WEIGHTS[position]
 
 
+def _run_case(engine, gradient_dir, device=CPU, dtype="float64", hidden=16, wrong_bout_by=0.0):
+    """One case as the isolation child runs it: the call, then the check (which saves the gradients)."""
+    case = rnn.case(device=device, engine=engine, batch=4, hidden=hidden, T=6, dtype=dtype,
+                    gradient_dir=str(gradient_dir))
+    dW, db, dWout, dbout = result = case.fn()
+    assert case.check((dW, db, dWout, dbout * (1 + wrong_bout_by)) if wrong_bout_by else result) == {}
+    return result
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("engine", [name for name in ENGINE_NAMES if name != "manual"])
-def test_every_engine_agrees_with_manual_through_the_case_and_its_check(engine, dtype):
-    case = rnn.case(device=CPU, engine=engine, batch=4, hidden=16, T=6, dtype=dtype)
-    result = case.fn()
+def test_every_engine_agrees_with_manual_through_the_case_and_its_saved_gradients(engine, dtype, tmp_path):
+    _run_case("manual", tmp_path, dtype=dtype)
+    result = _run_case(engine, tmp_path, dtype=dtype)
     assert [get_engine(engine).to_numpy(g).dtype for g in result] == [np.dtype(dtype)] * 4
-    assert case.check(result)["grad_max_rel_err"] <= GRADIENT_TOLERANCE[dtype]
+    assert [g.shape for g in load_gradient(tmp_path, engine)] == [(16, 16), (16,), (16, 1), (1,)]
+    assert saved_gradient_error(tmp_path, engine) <= GRADIENT_TOLERANCE[dtype]
 
 
-def test_the_check_would_catch_a_wrong_gradient_of_one_weight():
-    case = rnn.case(device=CPU, engine="autograd", batch=4, hidden=16, T=6, dtype="float64")
-    dW, db, dWout, dbout = case.fn()
-    assert case.check((dW, db, dWout, dbout * 1.01))["grad_max_rel_err"] > GRADIENT_TOLERANCE["float64"]
+def test_the_check_would_catch_a_wrong_gradient_of_one_weight(tmp_path):
+    _run_case("manual", tmp_path)
+    _run_case("autograd", tmp_path, wrong_bout_by=0.01)
+    assert saved_gradient_error(tmp_path, "autograd") > GRADIENT_TOLERANCE["float64"]
 
 
 def _gradient_peak_bytes(accumulate, T, hidden=32, batch=2):
@@ -87,6 +98,30 @@ def test_memory_requirement_grows_with_T_by_a_weight_matrix_for_deferred_only():
     assert growth("benchlib-inplace") < 50 * 1024 * 1024 * 4 / 4
 
 
+def test_growth_per_step_is_the_slope_of_the_measured_peak_against_T_in_W_buffers():
+    from benchlib.results import make_record, records_frame
+
+    w_bytes = 32 * 32 * 4
+    rows = []
+    for engine, per_step in (("benchlib-deferred", w_bytes), ("benchlib-inplace", 256)):
+        for T in (10, 20, 40):
+            labels = dict(benchmark="rnn_fanout", case=f"T={T}", engine=engine, device="cpu", dtype="float32",
+                          params={"T": T, "hidden": 32, "batch": 2})
+            rows += [make_record(**labels, metric="peak_bytes", value=5000 + per_step * T, unit="B"),
+                     make_record(**labels, metric="time", value=0.01 * T, unit="s", repeat=0),
+                     make_record(**labels, metric="time", value=0.01 * T + 1, unit="s", repeat=1),
+                     make_record(**labels, metric="time", value=0.01 * T + 0.002, unit="s", repeat=2)]
+    rows.append(make_record(benchmark="rnn_fanout", case="T=10", engine="torch", device="cpu", dtype="float32",
+                            metric="peak_bytes", value=1.0, unit="B", params={"T": 10, "hidden": 32}))
+    rows.append(make_record(benchmark="rnn_fanout", case="T=10", engine="torch", device="cpu", dtype="float32",
+                            metric="time", value=1.0, unit="s", params={"T": 10, "hidden": 32}))
+    growth = rnn.growth_per_step(records_frame(rows)).set_index("engine")
+    assert growth.loc["benchlib-deferred", "peak_per_step_in_W"] == pytest.approx(1.0)
+    assert growth.loc["benchlib-inplace", "peak_bytes_per_step"] == pytest.approx(256)
+    assert growth.loc["benchlib-inplace", "time_s_per_step"] == pytest.approx(0.01)  # medians, not means
+    assert growth.loc["torch", "T_values"] == 1 and np.isnan(growth.loc["torch", "peak_bytes_per_step"])
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"T_values": []}, "non-empty list"),
     ({"T_values": 50}, "non-empty list"),
@@ -107,7 +142,7 @@ def test_notebook_runs_with_quick_sizes_and_writes_every_engines_records_for_eve
     result = run(["rnn_fanout"], device="cpu", out=tmp_path, quick=True, progress=False, stream=io.StringIO())
     assert result.ok, result.summary()
     records = pd.read_parquet(result.path / "records" / "rnn_fanout.parquet")
-    assert set(records["case"]) == {"T=4", "T=8"}
+    assert set(records["case"]) == {"T=2", "T=4"}
     assert set(records["dtype"]) == {"float32"}
     for (case, engine), group in records.groupby(["case", "engine"]):
         metrics = set(group["metric"])
@@ -116,13 +151,17 @@ def test_notebook_runs_with_quick_sizes_and_writes_every_engines_records_for_eve
     assert set(records["engine"]) == set(ENGINE_NAMES)
     for figure in ("rnn_fanout_memory_timeline", "rnn_fanout_peak", "rnn_fanout_sweep"):
         assert (result.path / "figures" / f"{figure}.html").is_file()
+    timelines = pd.read_parquet(result.path / "tables" / "rnn_fanout_timelines.parquet")
+    assert set(zip(timelines["case"], timelines["engine"])) == {(f"T={T}", e) for T in (2, 4) for e in ENGINE_NAMES}
 
 
 @cuda_only
 @pytest.mark.cuda
-@pytest.mark.parametrize("engine", ["benchlib-inplace", "benchlib-deferred", "torch"])
-def test_cases_run_on_cuda_tensors_and_agree_with_manual(engine):
-    case = rnn.case(device=Device("cuda", 0), engine=engine, batch=4, hidden=64, T=6, dtype="float32")
-    result = case.fn()
+@pytest.mark.parametrize("engine", ["manual", "benchlib-inplace", "benchlib-deferred", "torch"])
+def test_cases_run_on_cuda_tensors_and_agree_with_manual_on_the_cpu(engine, tmp_path):
+    _run_case("manual", tmp_path, dtype="float32", hidden=64)
+    (tmp_path / "cuda").mkdir()
+    result = _run_case(engine, tmp_path / "cuda", device=Device("cuda", 0), dtype="float32", hidden=64)
     assert all(g.device.type == "cuda" for g in result)
-    assert case.check(result)["grad_max_rel_err"] <= GRADIENT_TOLERANCE["float32"]
+    assert max_relative_error(load_gradient(tmp_path / "cuda", engine),
+                              load_gradient(tmp_path, "manual")) <= GRADIENT_TOLERANCE["float32"]

@@ -140,16 +140,20 @@ class Engine:
         return self._namespace(self._require(device))
 
     def asarray(self, array: np.ndarray, device):
-        """`array` in this engine's library on `device`; NumPy stays NumPy (no copy on CPU)."""
+        """`array` in this engine's library on `device`, same shape (0-d stays 0-d); no copy of a
+        C-contiguous array on the CPU."""
+        array = np.asarray(array)
         if self.array_library(device) == "numpy":
-            return np.asarray(array)
+            return array
         import torch
 
-        return torch.from_numpy(np.ascontiguousarray(array)).to(_device(device).torch)
+        # ascontiguousarray returns at least 1-d: reshape restores a 0-d array's shape (a view).
+        return torch.from_numpy(np.ascontiguousarray(array).reshape(array.shape)).to(_device(device).torch)
 
     @staticmethod
     def to_numpy(array) -> np.ndarray:
-        """A NumPy copy of any engine's array (torch tensors are moved to the CPU)."""
+        """Any engine's array as NumPy: CUDA tensors are copied to the host, CPU arrays and
+        tensors are shared, not copied."""
         if hasattr(array, "detach"):
             return array.detach().cpu().numpy()
         return np.asarray(array)

@@ -1,24 +1,33 @@
 """Run a workload's case for every engine, each in a fresh process, and gather tidy records.
 
 A workload provides a case target ("module:function", called in the child as
-`function(device=..., engine=..., dtype=..., **params)`) whose check returns the gradient's
-`grad_max_rel_err` against `manual`. `compare_engines` runs it once per engine and case, records
-every outcome (measured, failed with its error, or not applicable with the reason) and keeps the
-memory timelines apart from the records (they are samples, not measured values).
+`function(device=..., engine=..., dtype=..., gradient_dir=..., **params)`) whose check saves the
+gradient of the last measured call with `save_gradient(result, gradient_dir, engine)`.
+`compare_engines` runs `manual` first, then every other engine, and compares each saved gradient
+with manual's (`grad_max_rel_err`), so the check costs a file write instead of a second gradient.
+It records every outcome (measured, failed with its error, or not applicable with the reason) and
+keeps the memory timelines apart from the records (they are samples, not measured values).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 import numpy as np
 import pandas as pd
 
-from benchlib.engines import ENGINE_NAMES, get_engine
+from benchlib.engines import ENGINE_NAMES, Engine, get_engine
 
 GRAD_ERROR_METRIC = "grad_max_rel_err"
+# Recorded (value 1, the reason in params["message"]) for an engine that ran but whose gradient
+# could not be compared: no manual gradient to compare it with.
+GRAD_UNCHECKED_METRIC = "grad_check_unavailable"
 # max|g - g_manual| / max|g_manual| an engine's gradient may reach. Reordered sums of hundreds of
 # contributions cost thousands of float32 rounding errors where they cancel (the RNN's bias
 # gradients at T=200 reach 7e-5); a wrong gradient is off by far more than either bound.
@@ -37,9 +46,36 @@ def _leaves(gradient) -> list:
 
 
 def _as_float64(array) -> np.ndarray:
-    if hasattr(array, "detach"):
-        array = array.detach().cpu().numpy()
-    return np.asarray(array, dtype=np.float64)
+    return np.asarray(Engine.to_numpy(array), dtype=np.float64)
+
+
+def gradient_file(directory: str | os.PathLike, engine: str) -> Path:
+    """Where `engine`'s gradient is saved in `directory`."""
+    return Path(directory) / f"{engine}.npz"
+
+
+def save_gradient(gradient, directory: str | os.PathLike, engine: str) -> None:
+    """Save a gradient (one array or a tuple of them, NumPy or torch) as `<engine>.npz`, no pickle.
+
+    Called by a case's check in the isolation child, after the measurement.
+    """
+    arrays = {f"g{index}": Engine.to_numpy(leaf) for index, leaf in enumerate(_leaves(gradient))}
+    np.savez(gradient_file(directory, engine), **arrays)
+
+
+def load_gradient(directory: str | os.PathLike, engine: str) -> list[np.ndarray]:
+    """The arrays `save_gradient` saved for `engine`, in order."""
+    path = gradient_file(directory, engine)
+    if not path.is_file():
+        raise FileNotFoundError(f"no gradient saved for {engine!r} ({path}): the case's check must call "
+                                "benchlib.engines.comparison.save_gradient(result, gradient_dir, engine)")
+    with np.load(path, allow_pickle=False) as saved:
+        return [saved[f"g{index}"] for index in range(len(saved.files))]
+
+
+def saved_gradient_error(directory: str | os.PathLike, engine: str, reference: str = "manual") -> float:
+    """`max_relative_error` of `engine`'s saved gradient against `reference`'s."""
+    return max_relative_error(load_gradient(directory, engine), load_gradient(directory, reference))
 
 
 def max_relative_error(gradient, reference) -> float:
@@ -62,8 +98,9 @@ def max_relative_error(gradient, reference) -> float:
     return error / scale if scale > 0 else error
 
 
-def validate_common(*, dtype: str, engines: Iterable[str], repeats: int, warmup: int) -> None:
-    """Refuse bad arguments before any child process starts, saying what is valid."""
+def validate_common(*, dtype: str, engines: Iterable[str], repeats: int, warmup: int) -> list[str]:
+    """Refuse bad arguments before any child process starts, saying what is valid; the engines as a list
+    (so a generator of names is read once)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if isinstance(engines, str):
@@ -79,6 +116,7 @@ def validate_common(*, dtype: str, engines: Iterable[str], repeats: int, warmup:
         raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+    return engines
 
 
 @dataclass
@@ -122,13 +160,30 @@ class EngineComparison:
         bad = errors[~(errors["value"] <= tolerance)]
         return bad.assign(tolerance=tolerance[bad.index])[["case", "engine", "dtype", "value", "tolerance"]]
 
-    def check_gradients(self) -> None:
-        """Raise GradientMismatch, listing the offenders, when any gradient disagrees with `manual`."""
+    def check_gradients(self) -> str:
+        """Raise GradientMismatch, listing the offenders, when any gradient disagrees with `manual`.
+
+        Otherwise return one line per fact: how many gradients agree within which tolerance, and
+        which engines could not be checked, with the reason (say, manual failed).
+        """
         bad = self.gradient_mismatches()
         if not bad.empty:
             raise GradientMismatch(
                 f"{self.benchmark}: gradients disagree with manual beyond tolerance "
                 f"({GRAD_ERROR_METRIC} = max|g - g_manual| / max|g_manual|):\n{bad.to_string(index=False)}")
+        frame = self.frame()
+        checked = frame[frame["metric"] == GRAD_ERROR_METRIC]
+        lines = [f"{len(checked)} gradient(s) agree with manual within the {self.dtype} tolerance "
+                 f"{GRADIENT_TOLERANCE[self.dtype]:g} ({GRAD_ERROR_METRIC} up to {checked['value'].max():.2e})"
+                 if len(checked) else "no gradient was compared with manual"]
+        for row in frame[frame["metric"] == GRAD_UNCHECKED_METRIC].itertuples():
+            lines.append(f"not checked: {row.engine} ({row.case}): {json.loads(row.params)['message']}")
+        return "\n".join(lines)
+
+    def timeline_frame(self) -> pd.DataFrame:
+        """The memory timelines labelled with benchmark, device and dtype: the table a run saves."""
+        return self.timelines.assign(benchmark=self.benchmark, device=self.device, dtype=self.dtype)[
+            ["benchmark", "case", "engine", "device", "dtype", "t_s", "bytes", "phase"]]
 
     def table_text(self) -> str:
         """The summary as a plain-text table (MB, ratio to manual, seconds, gradient error)."""
@@ -138,6 +193,8 @@ class EngineComparison:
         shown = summary.assign(peak_MB=summary["peak_bytes"] / 1e6)[
             ["case", "engine", "status", "peak_MB", "peak_ratio", "time_s", "time_ratio", GRAD_ERROR_METRIC]]
         text = shown.to_string(index=False, float_format=lambda v: f"{v:.4g}")
+        for row in summary[(summary["status"] == "ok") & (summary["reason"] != "")].itertuples():
+            text += f"\n{row.engine} ({row.case}): {row.reason}"
         for problem in self.problems:
             text += f"\n\n{problem['engine']} ({problem['case']}) {problem['status']}: {problem['message']}"
         return text
@@ -153,10 +210,12 @@ def summarize(frame: pd.DataFrame, problems: Iterable[Mapping] = ()) -> pd.DataF
         medians = by_metric.median()
         if "time" not in medians:
             continue
+        unchecked = group[group["metric"] == GRAD_UNCHECKED_METRIC]["params"]
         rows.append({"case": case, "engine": engine, "status": "ok",
                      "peak_bytes": medians.get("peak_bytes", math.nan),
                      "time_s": medians["time"],
-                     GRAD_ERROR_METRIC: medians.get(GRAD_ERROR_METRIC, math.nan), "reason": ""})
+                     GRAD_ERROR_METRIC: medians.get(GRAD_ERROR_METRIC, math.nan),
+                     "reason": "".join(f"gradient not checked: {json.loads(p)['message']}" for p in unchecked)})
     for problem in problems:
         rows.append({"case": problem["case"], "engine": problem["engine"], "status": problem["status"],
                      "peak_bytes": math.nan, "time_s": math.nan, GRAD_ERROR_METRIC: math.nan,
@@ -189,64 +248,88 @@ def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping]
                     describe: Mapping | None = None, progress: Callable[[str], None] | None = print) -> EngineComparison:
     """Run `target` for every case (label -> params) and engine, each in a fresh process.
 
-    A case that fails (exception, crash, timeout, or more memory than is available) becomes a
-    `failed` record with its error; an engine that cannot run on the device becomes a
-    `not_applicable` record with the reason. Neither stops the other cases. `describe` adds
-    JSON-able facts to every record's params without passing them to the child (e.g. how the
-    data were scaled).
+    `manual` runs first in each case; every other engine's saved gradient is then compared with
+    manual's (`grad_max_rel_err`), or recorded as not checked (`grad_check_unavailable`, with the
+    reason) when there is no manual gradient. A case that fails (exception, crash, timeout, or
+    more memory than is available) becomes a `failed` record with its error; an engine that cannot
+    run on the device becomes a `not_applicable` record with the reason. Neither stops the other
+    cases. `describe` adds JSON-able facts to every record's params without passing them to the
+    child (e.g. how the data were scaled). The gradient files live in a temporary directory that
+    is deleted before this returns.
     """
     from benchlib.measure import CaseFailed, resolve_device, run_isolated
+    from benchlib.measure.isolation import malloc_environment
     from benchlib.results import make_record
 
-    validate_common(dtype=dtype, engines=engines, repeats=repeats, warmup=warmup)
+    engines = validate_common(dtype=dtype, engines=engines, repeats=repeats, warmup=warmup)
+    if malloc is not None:
+        malloc_environment(malloc)  # an unknown policy is refused here, naming the valid ones
     device = resolve_device(device)
     comparison = EngineComparison(benchmark=benchmark, device=device.name, dtype=dtype)
+    ordered = sorted(engines, key=lambda name: name != REFERENCE_ENGINE)  # manual first, others as given
     timelines = []
     options = {} if malloc is None else {"malloc": malloc}
-    for case, child_params in cases.items():
-        comparison.case_params[case] = dict(child_params)
-        case_params = {**child_params, **(describe or {})}
-        for engine_name in engines:
-            engine = get_engine(engine_name)
-            params = {**child_params, "engine": engine_name, "dtype": dtype}
-            labels = dict(benchmark=benchmark, case=case, engine=engine_name, device=device.name, dtype=dtype)
-            reason = engine.not_applicable(device)
-            if reason is not None:
-                comparison.records.append(_status_record(**labels, status="not applicable", message=reason,
-                                                         params=case_params))
-                comparison.problems.append({"case": case, "engine": engine_name, "status": "not applicable",
-                                            "message": reason})
+
+    def note(labels, status, message, params):
+        comparison.records.append(_status_record(**labels, status=status, message=message, params=params))
+        comparison.problems.append({"case": labels["case"], "engine": labels["engine"], "status": status,
+                                    "message": message})
+        if progress:
+            progress(f"{benchmark} {labels['case']} {labels['engine']}: {status}: {message.splitlines()[0]}")
+
+    with tempfile.TemporaryDirectory(prefix="benchlib-gradients-") as gradient_root:
+        for index, (case, child_params) in enumerate(cases.items()):
+            comparison.case_params[case] = dict(child_params)
+            case_params = {**child_params, **(describe or {})}
+            gradient_dir = os.path.join(gradient_root, f"case-{index}")
+            os.mkdir(gradient_dir)
+            if REFERENCE_ENGINE in ordered:
+                no_reference = f"{REFERENCE_ENGINE} did not run, so there is no gradient to compare with"
+            else:
+                no_reference = f"{REFERENCE_ENGINE} was not among the engines, so there is no gradient to compare with"
+            for engine_name in ordered:
+                engine = get_engine(engine_name)
+                labels = dict(benchmark=benchmark, case=case, engine=engine_name, device=device.name, dtype=dtype)
+                reason = engine.not_applicable(device)
+                if reason is not None:
+                    note(labels, "not applicable", reason, case_params)
+                    continue
+                params = {**child_params, "engine": engine_name, "dtype": dtype, "gradient_dir": gradient_dir}
+                required = memory_required(engine_name, child_params) if memory_required else None
+                try:
+                    result = run_isolated(target, params, name=f"{benchmark}/{case}/{engine_name}",
+                                          device=device.name, warmup=warmup, repeats=repeats,
+                                          track_allocations=False, timeline=True, timeout_s=timeout_s,
+                                          memory_required_bytes=required, **options)
+                except CaseFailed as error:  # includes MemoryRequirementError: refused before it starts
+                    note(labels, "failed", str(error), case_params)
+                    if engine.hand_written:
+                        no_reference = f"{REFERENCE_ENGINE} failed, so there is no gradient to compare with"
+                    continue
+                record_params = {**case_params, **_allocator_params(result.environment)}
+                measurement = result.measurement
+                checks = dict(result.checks)
+                if engine.hand_written:
+                    no_reference = None
+                elif no_reference is None:
+                    checks[GRAD_ERROR_METRIC] = saved_gradient_error(gradient_dir, engine_name, REFERENCE_ENGINE)
+                    gradient_file(gradient_dir, engine_name).unlink()
+                comparison.records += measurement.records(benchmark=benchmark, case=case, engine=engine_name,
+                                                          dtype=dtype, params=record_params)
+                comparison.records += [
+                    make_record(**labels, metric=metric, value=value, unit="", params=record_params)
+                    for metric, value in checks.items()
+                ]
+                if not engine.hand_written and no_reference is not None:
+                    comparison.records.append(make_record(**labels, metric=GRAD_UNCHECKED_METRIC, value=1.0, unit="",
+                                                          params={**record_params, "message": no_reference}))
+                if measurement.timeline is not None:
+                    timelines.append(measurement.timeline.assign(case=case, engine=engine_name))
                 if progress:
-                    progress(f"{benchmark} {case} {engine_name}: not applicable ({reason})")
-                continue
-            required = memory_required(engine_name, child_params) if memory_required else None
-            try:
-                result = run_isolated(target, params, name=f"{benchmark}/{case}/{engine_name}",
-                                      device=device.name, warmup=warmup, repeats=repeats,
-                                      track_allocations=False, timeline=True, timeout_s=timeout_s,
-                                      memory_required_bytes=required, **options)
-            except CaseFailed as error:  # includes MemoryRequirementError: refused before it starts
-                message = str(error)
-                comparison.records.append(_status_record(**labels, status="failed", message=message,
-                                                         params=case_params))
-                comparison.problems.append({"case": case, "engine": engine_name, "status": "failed",
-                                            "message": message})
-                if progress:
-                    progress(f"{benchmark} {case} {engine_name}: FAILED: {message.splitlines()[0]}")
-                continue
-            record_params = {**case_params, **_allocator_params(result.environment)}
-            measurement = result.measurement
-            comparison.records += measurement.records(benchmark=benchmark, case=case, engine=engine_name,
-                                                      dtype=dtype, params=record_params)
-            comparison.records += [
-                make_record(**labels, metric=metric, value=value, unit="", params=record_params)
-                for metric, value in result.checks.items()
-            ]
-            if measurement.timeline is not None:
-                timelines.append(measurement.timeline.assign(case=case, engine=engine_name))
-            if progress:
-                progress(f"{benchmark} {case} {engine_name}: {measurement}"
-                         + "".join(f", {k} {v:.3g}" for k, v in result.checks.items()))
+                    progress(f"{benchmark} {case} {engine_name}: {measurement}"
+                             + "".join(f", {k} {v:.3g}" for k, v in checks.items())
+                             + (f", gradient not checked: {no_reference}"
+                                if not engine.hand_written and no_reference is not None else ""))
     if timelines:
         comparison.timelines = pd.concat(timelines, ignore_index=True)[["case", "engine", "t_s", "bytes", "phase"]]
     return comparison

@@ -1,9 +1,9 @@
 """Run directories: atomic writes of records, figures and run.json, and loading runs back.
 
 A run directory holds `run.json`, `records.parquet` (every benchmark's rows),
-`records/<benchmark>.parquet`, `figures/` and, under the runner, `notebooks/`. Each file is
-written to a temporary name in the same directory and renamed, so a crash or Ctrl-C leaves the
-previous version or the new one, never half a file. Parquet and JSON only: no pickle.
+`records/<benchmark>.parquet`, `figures/`, `tables/` and, under the runner, `notebooks/`. Each
+file is written to a temporary name in the same directory and renamed, so a crash or Ctrl-C leaves
+the previous version or the new one, never half a file. Parquet and JSON only: no pickle.
 """
 
 from __future__ import annotations
@@ -235,6 +235,14 @@ class Run:
             write_text_atomic(get_plotlyjs(), bundle)
         write_text_atomic(fig.to_json(), figures / f"{name}.json")
         return write_text_atomic(fig.to_html(include_plotlyjs="directory", full_html=True), figures / f"{name}.html")
+
+    def save_table(self, df: pd.DataFrame, name: str) -> Path:
+        """`tables/<name>.parquet`: a table that is not tidy records (e.g. memory timeline samples), atomically."""
+        if not isinstance(name, str) or not _SAFE_NAME.match(name):
+            raise ValueError(f"table name must be letters, digits, '_', '-', '.' (it names a file), got {name!r}")
+        if not isinstance(df, pd.DataFrame):
+            raise TypeError(f"save_table takes a pandas DataFrame, got {type(df).__name__}")
+        return write_parquet_atomic(df, self.path / "tables" / f"{name}.parquet")
 
     def load_records(self) -> pd.DataFrame:
         return load_records(self.path)

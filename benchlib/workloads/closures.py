@@ -223,9 +223,8 @@ def dense_arrays(seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def reduced_arrays(seed: int = 0) -> dict[str, np.ndarray]:
-    """The seed's X = (1,): one number (an Int there, promoted to Float64 by exp), held as a
-    1-element vector because the engines' arrays are at least 1-d."""
-    return {"x": np.ones(1, dtype=DTYPES["reduced"])}
+    """The seed's X = (1,): one scalar (an Int there, promoted to Float64 by exp), held 0-d."""
+    return {"x": np.array(1.0, dtype=DTYPES["reduced"])}
 
 
 def _batches(X: np.ndarray, Y: np.ndarray, engine: ClosureEngine) -> tuple:

@@ -10,16 +10,14 @@ contribution until the end costs T weight-sized buffers, accumulating in place c
 
 from __future__ import annotations
 
+import json
+import math
+
 import numpy as np
+import pandas as pd
 
 from benchlib.engines import ENGINE_NAMES, get_engine
-from benchlib.engines.comparison import (
-    GRAD_ERROR_METRIC,
-    EngineComparison,
-    compare_engines,
-    max_relative_error,
-    validate_common,
-)
+from benchlib.engines.comparison import EngineComparison, compare_engines, save_gradient, validate_common
 from benchlib.measure import Case, mark
 
 BENCHMARK = "rnn_fanout"
@@ -30,9 +28,10 @@ WEIGHT_ARGNUMS = (0, 1, 2, 3)
 
 
 def make_data(batch: int, hidden: int, dtype: str, seed: int = 0) -> dict[str, np.ndarray]:
-    """bench_rnn's arrays: weights and input 0.01·N(0, 1), labels 0 or 1."""
+    """bench_rnn's arrays in `dtype`: weights and input 0.01·N(0, 1), labels 0 or 1 (drawn in float64,
+    so both dtypes see the same numbers)."""
     rng = np.random.default_rng(seed)
-    return {
+    arrays = {
         "W": 0.01 * rng.standard_normal((hidden, hidden)),
         "b": 0.01 * rng.standard_normal(hidden),
         "Wout": 0.01 * rng.standard_normal((hidden, 1)),
@@ -40,6 +39,7 @@ def make_data(batch: int, hidden: int, dtype: str, seed: int = 0) -> dict[str, n
         "x": 0.01 * rng.standard_normal((batch, hidden)),
         "label": (rng.random((batch, 1)) > 0.5).astype(np.float64),
     }
+    return {name: array.astype(dtype) for name, array in arrays.items()}
 
 
 def rnn_loss(xp, T: int):
@@ -107,29 +107,47 @@ def memory_required_bytes(engine: str, batch: int, hidden: int, T: int, dtype: s
     return int(6 * weight + states + kept)
 
 
-def case(*, device, engine: str, batch: int, hidden: int, T: int, dtype: str, seed: int = 0) -> Case:
+def case(*, device, engine: str, batch: int, hidden: int, T: int, dtype: str, gradient_dir: str,
+         seed: int = 0) -> Case:
     """One engine's gradient call, set up in the isolation child.
 
-    The check compares every weight's gradient with the manual BPTT gradient, computed after the
-    measurement in the same child on the same inputs (`manual` itself reports no error).
+    The check saves the last call's gradients of (W, b, Wout, bout) to `gradient_dir`; the parent
+    compares them with manual's.
     """
     chosen = get_engine(engine)
-    arrays = {name: chosen.asarray(value.astype(dtype), device)
-              for name, value in make_data(batch, hidden, dtype, seed).items()}
+    arrays = {name: chosen.asarray(value, device) for name, value in make_data(batch, hidden, dtype, seed).items()}
     args = tuple(arrays[name] for name in (*WEIGHTS, "x", "label"))
     del arrays
     xp = chosen.namespace(device)
     gradient = chosen.gradient(rnn_loss(xp, T), WEIGHT_ARGNUMS, manual=manual_gradient(xp, T))
-    if chosen.hand_written:
-        return Case(lambda: gradient(*args))
 
     def check(result) -> dict[str, float]:
-        manual = get_engine("manual")
-        reference = manual_gradient(manual.namespace(device), T)(
-            *(manual.asarray(chosen.to_numpy(a), device) for a in args))
-        return {GRAD_ERROR_METRIC: max_relative_error(result, reference)}
+        save_gradient(result, gradient_dir, engine)
+        return {}
 
     return Case(lambda: gradient(*args), check)
+
+
+def growth_per_step(records: pd.DataFrame) -> pd.DataFrame:
+    """Per engine, the least-squares slope of peak memory and of median time against T, from the
+    records of a sweep: the fan-out cost per step, measured. `peak_per_step_in_W` is the peak's
+    slope in units of one W-sized buffer (hidden²·itemsize, from the records' params and dtype).
+    Engines measured at fewer than two T values get NaN."""
+    measured = records[records["metric"].isin(["peak_bytes", "time"])]
+    params = measured["params"].map(json.loads)
+    table = (measured.assign(T=params.map(lambda p: p["T"]), hidden=params.map(lambda p: p["hidden"]))
+             .groupby(["engine", "dtype", "hidden", "T", "metric"], sort=False)["value"].median()
+             .unstack("metric").reset_index())
+    rows = []
+    for (engine, dtype, hidden), group in table.groupby(["engine", "dtype", "hidden"], sort=False):
+        enough = group["T"].nunique() >= 2
+        peak_slope = float(np.polyfit(group["T"], group["peak_bytes"], 1)[0]) if enough else math.nan
+        time_slope = float(np.polyfit(group["T"], group["time"], 1)[0]) if enough else math.nan
+        rows.append({"engine": engine, "T_values": len(group), "peak_bytes_per_step": peak_slope,
+                     "peak_per_step_in_W": peak_slope / (hidden * hidden * np.dtype(dtype).itemsize),
+                     "time_s_per_step": time_slope})
+    return pd.DataFrame(rows, columns=["engine", "T_values", "peak_bytes_per_step", "peak_per_step_in_W",
+                                       "time_s_per_step"])
 
 
 def _positive_int(name: str, value) -> int:
@@ -143,7 +161,7 @@ def run(*, device="auto", dtype: str = "float32", batch: int = SEED_SIZES["batch
         repeats: int = 1, warmup: int = 0, seed: int = 0, malloc: str | None = None,
         timeout_s: float = 600, progress=print) -> EngineComparison:
     """Every engine at every T in its own process; cases are labelled "T=<steps>"."""
-    validate_common(dtype=dtype, engines=engines, repeats=repeats, warmup=warmup)
+    engines = validate_common(dtype=dtype, engines=engines, repeats=repeats, warmup=warmup)
     _positive_int("batch", batch)
     _positive_int("hidden", hidden)
     if isinstance(T_values, (str, int)) or not list(T_values):
