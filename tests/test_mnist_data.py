@@ -1,0 +1,165 @@
+"""IDX loading, verified download and the labelled synthetic fallback (small files written here)."""
+
+import gzip
+import hashlib
+import urllib.error
+
+import numpy as np
+import pytest
+
+from benchlib.workloads import mnist_data
+from benchlib.workloads.mnist_data import (MNISTDataError, default_data_dir, download_mnist, load_mnist, read_idx,
+                                          synthetic_mnist, write_idx)
+
+
+def small_split(n=12, seed=1):
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8), rng.integers(0, 10, size=n, dtype=np.uint8)
+
+
+def write_split(directory, images, labels, *, gz_images=True, gz_labels=False):
+    write_idx(directory / ("train-images-idx3-ubyte" + (".gz" if gz_images else "")), images)
+    write_idx(directory / ("train-labels-idx1-ubyte" + (".gz" if gz_labels else "")), labels)
+
+
+def no_network(url):
+    raise urllib.error.URLError(f"unreachable in tests: {url}")
+
+
+@pytest.mark.parametrize("name", ["a.idx", "a.idx.gz"])
+@pytest.mark.parametrize("dtype", ["uint8", "int16", "int32", "float32", "float64"])
+def test_idx_round_trip_raw_and_gzipped(tmp_path, name, dtype):
+    array = (np.arange(2 * 3 * 4) - 5).reshape(2, 3, 4).astype(dtype)
+    if dtype == "uint8":
+        array = np.arange(24, dtype=np.uint8).reshape(2, 3, 4)
+    path = write_idx(tmp_path / name, array)
+    assert (path.read_bytes()[:2] == b"\x1f\x8b") == name.endswith(".gz")
+    back = read_idx(path)
+    assert back.dtype == array.dtype and back.shape == array.shape
+    np.testing.assert_array_equal(back, array)
+
+
+def test_load_reads_a_split_of_gz_and_raw_files(tmp_path):
+    images, labels = small_split()
+    write_split(tmp_path, images, labels, gz_images=True, gz_labels=False)
+    data = load_mnist(tmp_path, download=False, allow_synthetic=False)
+    assert data.source == "mnist" and data.describe()["data"] == "mnist"
+    np.testing.assert_array_equal(data.images, images)
+    np.testing.assert_array_equal(data.labels, labels)
+
+
+def corruptions():
+    header = bytes([0, 0, 0x08, 3]) + np.array([2, 28, 28], dtype=">u4").tobytes()
+    payload = bytes(2 * 28 * 28)
+    return {
+        "bad magic": (b"\x01\x02\x08\x03" + header[4:] + payload, "not an IDX file"),
+        "unknown type code": (bytes([0, 0, 0x07, 3]) + header[4:] + payload, "not an IDX file"),
+        "truncated payload": (header + payload[:-10], "truncated"),
+        "trailing bytes": (header + payload + b"xx", "trailing bytes"),
+        "truncated header": (header[:9], "truncated header"),
+        "too short": (b"\x00\x00", "too short"),
+        "truncated gzip": (gzip.compress(header + payload)[:-12], "corrupt or truncated gzip"),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(corruptions()))
+def test_corrupt_or_truncated_files_are_refused(tmp_path, case):
+    blob, message = corruptions()[case]
+    path = tmp_path / "bad.idx"
+    path.write_bytes(blob)
+    with pytest.raises(MNISTDataError, match=message):
+        read_idx(path)
+
+
+def test_present_but_corrupt_split_raises_and_never_falls_back(tmp_path):
+    images, labels = small_split()
+    write_split(tmp_path, images, labels)
+    labels_path = tmp_path / "train-labels-idx1-ubyte"
+    labels_path.write_bytes(labels_path.read_bytes()[:-3])
+    with pytest.raises(MNISTDataError, match="truncated"):
+        load_mnist(tmp_path, download=False, allow_synthetic=True)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda images, labels: (images, labels[:-1]), "mismatched files"),
+    (lambda images, labels: (images[:, :, :27].copy(), labels), r"shape \(N, 28, 28\)"),
+    (lambda images, labels: (images.astype(np.int32), labels), "expected uint8 images"),
+    (lambda images, labels: (images, np.where(labels == labels[0], 10, labels).astype(np.uint8)), "out of range"),
+])
+def test_mismatched_splits_are_refused(tmp_path, mutate, message):
+    write_split(tmp_path, *mutate(*small_split()))
+    with pytest.raises(MNISTDataError, match=message):
+        load_mnist(tmp_path, download=False, allow_synthetic=True)
+
+
+def make_mirror(tmp_path):
+    """A file:// mirror holding a small train split as .gz, and its MD5 sums."""
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    images, labels = small_split(n=20, seed=3)
+    write_split(mirror, images, labels, gz_images=True, gz_labels=True)
+    sums = {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in mirror.iterdir()}
+    return mirror, sums, images, labels
+
+
+def test_download_from_a_file_url_is_verified_and_loaded(tmp_path):
+    mirror, sums, images, labels = make_mirror(tmp_path)
+    target = tmp_path / "cache"
+    data = load_mnist(target, mirrors=(mirror.as_uri() + "/",), checksums=sums, allow_synthetic=False)
+    assert data.source == "mnist"
+    np.testing.assert_array_equal(data.images, images)
+    np.testing.assert_array_equal(data.labels, labels)
+    assert sorted(p.name for p in target.iterdir()) == sorted(sums)
+
+
+def test_download_tries_the_next_mirror_when_one_is_unreachable(tmp_path):
+    mirror, sums, _, _ = make_mirror(tmp_path)
+    written = download_mnist(tmp_path / "cache", mirrors=((tmp_path / "nowhere").as_uri(), mirror.as_uri()),
+                             checksums=sums)
+    assert [p.name for p in written] == ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"]
+
+
+def test_download_with_a_wrong_checksum_is_refused_and_leaves_nothing(tmp_path):
+    mirror, sums, _, _ = make_mirror(tmp_path)
+    sums["train-images-idx3-ubyte.gz"] = "0" * 32
+    target = tmp_path / "cache"
+    with pytest.raises(MNISTDataError, match="published checksum"):
+        load_mnist(target, mirrors=(mirror.as_uri(),), checksums=sums)
+    assert list(target.iterdir()) == []
+
+
+def test_unreachable_data_falls_back_to_synthetic_with_a_warning(tmp_path):
+    with pytest.warns(UserWarning, match="SYNTHETIC"):
+        data = load_mnist(tmp_path, fetch=no_network, synthetic_n=50)
+    assert data.source == "synthetic" and data.describe()["data"] == "synthetic"
+    assert data.images.shape == (50, 28, 28) and data.images.dtype == np.uint8
+
+
+def test_without_the_fallback_missing_data_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="BENCHLIB_MNIST_DIR"):
+        load_mnist(tmp_path, fetch=no_network, allow_synthetic=False)
+
+
+def test_synthetic_set_is_deterministic_and_covers_every_class():
+    a, b = synthetic_mnist(400, seed=7), synthetic_mnist(400, seed=7)
+    np.testing.assert_array_equal(a.images, b.images)
+    np.testing.assert_array_equal(a.labels, b.labels)
+    assert set(np.unique(a.labels)) == set(range(10))
+    assert not np.array_equal(a.images, synthetic_mnist(400, seed=8).images)
+
+
+def test_data_dir_comes_from_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv(mnist_data.ENV_DATA_DIR, str(tmp_path / "mine"))
+    assert default_data_dir() == tmp_path / "mine"
+    monkeypatch.delenv(mnist_data.ENV_DATA_DIR)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert default_data_dir() == tmp_path / "cache" / "benchlib" / "mnist"
+
+
+def test_bad_arguments_are_refused_with_the_valid_choices(tmp_path):
+    with pytest.raises(ValueError, match="split must be one of"):
+        load_mnist(tmp_path, split="validation")
+    with pytest.raises(ValueError, match="IDX cannot hold"):
+        write_idx(tmp_path / "x.idx", np.zeros(3, dtype=np.complex64))
+    with pytest.raises(ValueError, match="count must be in"):
+        synthetic_mnist(10).as_sample_tuples(11)
