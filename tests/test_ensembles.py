@@ -1,0 +1,247 @@
+"""Workload A: strategies agree (start, gradients, trajectory), all train, GC accounting, records."""
+
+import gc
+import io
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from benchlib.measure import Device, resolve_device
+from benchlib.results import make_record, records_frame
+from benchlib.workloads import ensembles as E
+from benchlib.workloads.mnist_data import synthetic_mnist
+
+CPU = resolve_device("cpu")
+SMALL = E.EnsembleConfig(n_nets=4, hidden=6, batch=16, lr=1e-2, seed=3)
+has_cuda = torch.cuda.is_available()
+cuda_only = pytest.mark.skipif(not has_cuda, reason="needs a CUDA device; this machine has none")
+
+
+@pytest.fixture(scope="module")
+def data():
+    return synthetic_mnist(512, seed=1)
+
+
+@pytest.fixture(scope="module")
+def tensors(data):
+    return data.as_float_tensors()
+
+
+def batch(tensors, step=0, config=SMALL):
+    x, y = tensors
+    idx = E.minibatch_indices(len(y), config.batch, step + 1, config.seed)[step]
+    return x[idx], y[idx]
+
+
+def test_the_thread_sized_net_has_4780_parameters_and_its_flop_count():
+    config = E.EnsembleConfig()
+    assert config.params_per_net == 4780
+    assert config.flops_per_model_sample == 2 * (784 * 6 + 60) + 2 * 784 * 6 + 4 * 60
+    floor = E.flop_floor(config, flop_rate=1e9)
+    assert floor["flops_per_step"] == 200 * 64 * config.flops_per_model_sample
+    assert floor["floor_step_s"] == pytest.approx(floor["flops_per_step"] / 1e9)
+
+
+@pytest.mark.parametrize("strategy", E.STRATEGIES)
+def test_every_strategy_starts_from_the_same_parameters(strategy):
+    init = E.initial_parameters(SMALL)
+    held = E.make_strategy(strategy, init, SMALL, CPU).stacked_parameters()
+    again = E.initial_parameters(SMALL)
+    for name in E.PARAM_NAMES:
+        assert torch.equal(held[name], init[name]) and torch.equal(init[name], again[name])
+
+
+def test_minibatch_order_is_seeded_and_each_epoch_a_permutation():
+    a = E.minibatch_indices(100, 10, 25, seed=5)
+    assert torch.equal(a, E.minibatch_indices(100, 10, 25, seed=5))
+    assert not torch.equal(a, E.minibatch_indices(100, 10, 25, seed=6))
+    assert a.shape == (25, 10)
+    assert sorted(a[:10].flatten().tolist()) == list(range(100))
+
+
+@pytest.mark.parametrize("batched", ["batched_vmap", "batched_hand"])
+def test_batched_and_naive_gradients_agree(tensors, batched):
+    init = E.initial_parameters(SMALL)
+    x, y = batch(tensors)
+    reference = E.make_strategy("naive", init, SMALL, CPU).gradients(x, y)
+    grads = E.make_strategy(batched, init, SMALL, CPU).gradients(x, y)
+    for name in E.PARAM_NAMES:
+        assert grads[name].shape == reference[name].shape
+        torch.testing.assert_close(grads[name], reference[name], rtol=1e-4, atol=1e-6)
+        assert reference[name].abs().max() > 0
+
+
+def test_all_strategies_follow_the_same_trajectory(tensors):
+    init = E.initial_parameters(SMALL)
+    after = {}
+    for name in E.STRATEGIES:
+        strategy = E.make_strategy(name, init, SMALL, CPU)
+        for step in range(3):
+            strategy.step(*batch(tensors, step))
+        after[name] = strategy.stacked_parameters()
+        strategy.close()
+    for name in E.STRATEGIES:
+        for param in E.PARAM_NAMES:
+            torch.testing.assert_close(after[name][param], after["naive"][param], rtol=1e-4, atol=1e-5)
+            assert not torch.equal(after[name][param], init[param])
+
+
+@pytest.mark.parametrize("strategy", E.STRATEGIES)
+def test_every_strategy_lowers_the_loss(tensors, strategy):
+    x_all, y_all = tensors
+    trainer = E.make_strategy(strategy, E.initial_parameters(SMALL), SMALL, CPU)
+    batches = E.minibatch_indices(len(y_all) - 128, SMALL.batch, 40, SMALL.seed)
+    held_out = x_all[-128:], y_all[-128:]
+    before = E.evaluate(trainer.stacked_parameters(), *held_out)
+    for idx in batches:
+        trainer.step(x_all[idx], y_all[idx])
+    after = E.evaluate(trainer.stacked_parameters(), *held_out)
+    assert before.shape == (SMALL.n_nets,)
+    assert (after < 0.8 * before).all(), (before, after)
+
+
+def run_train(tensors, policy, steps=6, alloc_steps=1, strategy="batched_hand"):
+    x_all, y_all = tensors
+    batches = E.minibatch_indices(len(y_all), SMALL.batch, steps + alloc_steps, SMALL.seed)
+    trainer = E.make_strategy(strategy, E.initial_parameters(SMALL), SMALL, CPU)
+    labels = {"n_nets": SMALL.n_nets, "batch": SMALL.batch, "gc_policy": policy.name, "heap_objects": 0,
+              "data": "synthetic"}
+    return E.train(trainer, x_all, y_all, batches, device=CPU, policy=policy, warmup=1, alloc_steps=alloc_steps,
+                   labels=labels)
+
+
+def test_gc_accounting_sees_the_forced_collections(tensors):
+    result = run_train(tensors, E.GCPolicy("manual", every=2, generation=2))
+    forced = [i for i in range(len(result.step_s)) if (i + 1) % 2 == 0]
+    for step in forced:
+        assert result.gc_count[step] >= 1 and 2 in result.gc_generations[step]
+        assert result.gc_s[step] > 0
+    assert result.summary()["gc_pauses"] >= len([s for s in forced if s >= 1])
+    assert gc.isenabled()
+
+
+def test_policies_restore_the_collector():
+    was = gc.isenabled()
+    with E.GCPolicy("freeze"):
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0 and gc.isenabled() == was
+    with E.GCPolicy("manual", every=3):
+        assert not gc.isenabled()
+    assert gc.isenabled() == was
+
+
+def test_train_counts_allocations_in_a_separate_pass_and_records_tidy_rows(tensors):
+    result = run_train(tensors, E.GCPolicy("default"), steps=5, alloc_steps=2)
+    assert len(result.step_s) == 5 and (result.step_s > 0).all()
+    assert result.alloc_source == "memray" and result.alloc_count_per_step > 0 and result.alloc_bytes_per_step > 0
+    rows = result.records(CPU)
+    frame = records_frame(rows)
+    per_step = frame[frame["metric"] == "step_time"]
+    assert per_step["repeat"].tolist() == list(range(5))
+    assert set(frame["metric"]) >= {"step_time_median", "step_time_p99", "step_time_max", "throughput", "gc_share",
+                                    "alloc_bytes_per_step", "peak_bytes", "step_loss", "step_gc_pauses"}
+    assert len(frame) == len(result.summary()) + 4 * 5
+    assert {json.loads(p)["data"] for p in frame["params"]} == {"synthetic"}
+    assert frame["case"].unique().tolist() == ["batched_hand|gc=default|heap=0"]
+
+
+def test_run_grid_labels_every_record_with_the_synthetic_data_source(data):
+    seen = []
+    results = E.run_grid(data, device=CPU, config=SMALL, strategies=("naive", "batched_hand"),
+                         gc_policies=("default", "freeze"), heap_sizes=(20,), steps=4, warmup=1, alloc_steps=0,
+                         progress=seen.append)
+    assert [(r.strategy, r.labels["gc_policy"], r.labels["heap_objects"]) for r in results] == [
+        (s, p, 20) for p in ("default", "freeze") for s in ("naive", "batched_hand")]
+    assert seen == results
+    frame = records_frame([row for r in results for row in r.records(CPU)])
+    params = [json.loads(p) for p in frame["params"]]
+    assert {p["data"] for p in params} == {"synthetic"} and {p["device"] for p in params} == {"cpu"}
+    assert set(E.summary_frame(results)["data"]) == {"synthetic"}
+    steps = E.steps_frame(results)
+    assert len(steps) == 4 * 4 and set(steps["data"]) == {"synthetic"}
+    # same start and same batches: per-net and batched losses coincide step by step
+    naive = steps[(steps.strategy == "naive") & (steps.gc_policy == "default")]
+    hand = steps[(steps.strategy == "batched_hand") & (steps.gc_policy == "default")]
+    np.testing.assert_allclose(naive["loss"].to_numpy(), hand["loss"].to_numpy(), rtol=1e-4)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"strategies": ("fast",)}, "valid: naive"),
+    ({"gc_policies": ("never",)}, "valid: default, freeze, manual"),
+    ({"heap_sizes": (10**6,)}, "heap sizes must be integers in 0..512"),
+    ({"steps": 3, "warmup": 3}, "steps must exceed warmup"),
+    ({"steps_per_strategy": {"slow": 3}}, "unknown strategies"),
+])
+def test_run_grid_refuses_bad_arguments_before_work(data, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        E.run_grid(data, device=CPU, config=SMALL, **kwargs)
+
+
+def test_bad_config_and_policy_are_refused():
+    with pytest.raises(ValueError, match="n_nets must be a positive integer"):
+        E.EnsembleConfig(n_nets=0)
+    with pytest.raises(ValueError, match="valid: default, freeze, manual"):
+        E.GCPolicy("sometimes")
+    with pytest.raises(ValueError, match="generation must be 0, 1 or 2"):
+        E.GCPolicy("manual", generation=3)
+
+
+def test_flop_rate_is_read_from_calibration_records_of_the_same_device():
+    def row(value, device="cpu", dtype="float32", engine="torch", n=512):
+        return make_record(benchmark="calibration", case="matmul", engine=engine, device=device, dtype=dtype,
+                           metric="flop_rate", value=value, unit="FLOP/s", params={"n": n})
+
+    frame = records_frame([row(1e9), row(3e9), row(2e9, n=1024), row(9e9, device="cuda:0"), row(8e9, dtype="float64"),
+                           row(7e9, engine="numpy")])
+    assert E.calibration_flop_rate(frame, "cpu") == 2e9  # best median over sizes: n=512 -> 2e9, n=1024 -> 2e9
+    assert E.calibration_flop_rate(frame, "cuda:1") is None
+    assert E.calibration_flop_rate(pd.DataFrame(), "cpu") is None
+
+
+def test_full_collection_pauses_cover_each_heap_frozen_and_not(data):
+    pauses = E.full_collection_pauses(data, heap_sizes=(0, 50), repeats=1)
+    assert pauses[["heap_objects", "frozen"]].values.tolist() == [[0, False], [0, True], [50, False], [50, True]]
+    assert gc.get_freeze_count() == 0
+    rows = records_frame(E.collection_pause_records(pauses, CPU, {"data": data.source}))
+    assert len(rows) == 8 and set(rows["engine"]) == {"python-gc"}
+
+
+@cuda_only
+@pytest.mark.cuda
+@pytest.mark.parametrize("strategy", E.STRATEGIES)
+def test_strategies_on_cuda_match_the_cpu_trajectory(tensors, strategy):
+    init = E.initial_parameters(SMALL)
+    cuda = Device("cuda", 0)
+    on_cpu = E.make_strategy(strategy, init, SMALL, CPU)
+    on_gpu = E.make_strategy(strategy, init, SMALL, cuda)
+    for step in range(2):
+        x, y = batch(tensors, step)
+        on_cpu.step(x, y)
+        on_gpu.step(x.cuda(), y.cuda())
+    for name in E.PARAM_NAMES:
+        torch.testing.assert_close(on_gpu.stacked_parameters()[name], on_cpu.stacked_parameters()[name],
+                                   rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_notebook_runs_through_the_runner_with_quick_sizes(tmp_path):
+    from benchlib.runner import run
+
+    empty = tmp_path / "no-mnist"
+    empty.mkdir()
+    result = run(["mnist_ensembles"], device="cpu", out=tmp_path / "runs", quick=True, progress=False,
+                 stream=io.StringIO(), params={"data_dir": str(empty), "download": False})
+    assert result.ok, result.summary()
+    records = pd.read_parquet(result.path / "records" / "mnist_ensembles.parquet")
+    params = [json.loads(p) for p in records["params"]]
+    assert {p["data"] for p in params} == {"synthetic"}
+    assert set(records["engine"]) >= set(E.STRATEGIES) | {"sequential", "threads", "vmap", "floor", "python-gc"}
+    summary = records[records["metric"] == "throughput"]
+    assert len(summary) == len(E.STRATEGIES) * len(E.GC_POLICIES)
+    for figure in ("trace_default", "trace_freeze", "trace_manual", "step_time_distribution", "throughput", "loss",
+                   "gc_pauses", "lenet"):
+        html = (result.path / "figures" / f"mnist_ensembles_{figure}.html").read_text()
+        assert "data=synthetic" in html
