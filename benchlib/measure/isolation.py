@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from importlib import import_module
 from typing import Any, Callable
 
+from benchlib.results.environment import allocator_env
+
 from .core import Measurement, _check_counts, measure_with_result
 from .devices import Device, resolve_device
 
@@ -31,8 +33,6 @@ MALLOC_POLICIES: dict[str, dict[str, str]] = {
 }
 DEFAULT_MALLOC_POLICY = "mmap-128k"
 _TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-_ALLOCATOR_ENV = re.compile(r"^(MALLOC_\w+|GLIBC_TUNABLES|PYTORCH_CUDA_ALLOC_CONF|"
-                            r"OMP_NUM_THREADS|MKL_NUM_THREADS|OPENBLAS_NUM_THREADS)$")
 _TAIL_CHARS = 4000
 # benchlib.measure imports this module before runpy runs it as __main__; harmless here.
 _RUNPY_WARNING = "ignore:'benchlib.measure.isolation' found in sys.modules:RuntimeWarning"
@@ -247,7 +247,7 @@ def _environment(spec: dict, device: Device) -> dict:
         "python": sys.executable,
         "malloc_policy": spec["malloc_policy"],
         "malloc_env": spec["malloc_env"],
-        "allocator_env": {k: v for k, v in sorted(os.environ.items()) if _ALLOCATOR_ENV.match(k)},
+        "allocator_env": allocator_env(),
         "torch_threads": torch.get_num_threads() if torch is not None else None,
         "device": device.describe(),
     }

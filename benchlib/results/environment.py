@@ -18,9 +18,15 @@ from pathlib import Path
 from typing import Any
 
 # Environment variables that change how memory is allocated and so what memory figures mean.
-_ALLOCATOR_ENV = re.compile(r"^(MALLOC_\w*|PYTORCH_CUDA_ALLOC_CONF|PYTORCH_NO_CUDA_MEMORY_CACHING|OMP_NUM_THREADS|MKL_NUM_THREADS)$")
+_ALLOCATOR_ENV = re.compile(r"^(MALLOC_\w*|GLIBC_TUNABLES|PYTORCH_CUDA_ALLOC_CONF|PYTORCH_NO_CUDA_MEMORY_CACHING|"
+                            r"OMP_NUM_THREADS|MKL_NUM_THREADS|OPENBLAS_NUM_THREADS)$")
 _PACKAGES = ("torch", "numpy", "autograd", "pandas", "pyarrow", "plotly", "papermill", "memray", "psutil")
 _PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def allocator_env() -> dict[str, str]:
+    """The environment variables of this process that shape memory and thread figures."""
+    return {key: value for key, value in sorted(os.environ.items()) if _ALLOCATOR_ENV.match(key)}
 
 
 def _package_versions() -> dict[str, str | None]:
@@ -133,7 +139,7 @@ def capture_environment(device: Any = None, *, allocator_policy: str | None = No
         "device": device_name,
         "gpu": _gpu(torch),
         "allocator": {
-            "env": {key: value for key, value in sorted(os.environ.items()) if _ALLOCATOR_ENV.match(key)},
+            "env": allocator_env(),
             "isolation_default_policy": allocator_policy,
         },
         "git": _git(_PROJECT_ROOT),
