@@ -74,6 +74,16 @@ def test_batched_and_naive_gradients_agree(tensors, batched):
         assert reference[name].abs().max() > 0
 
 
+def assert_same_parameters(params, reference, held_out, rtol=1e-4, atol=1e-5):
+    """Adam divides by the gradient's own size: a weight whose gradient cancels to ~1e-9 (rounding
+    noise, which differs between kernels) still takes a step of up to lr, in a direction the noise
+    picks. So a few such weights may differ; all others, and the losses, must agree."""
+    for param in E.PARAM_NAMES:
+        close = torch.isclose(params[param], reference[param], rtol=rtol, atol=atol)
+        assert close.float().mean() > 0.999, (param, int((~close).sum()))
+    torch.testing.assert_close(E.evaluate(params, *held_out), E.evaluate(reference, *held_out), rtol=rtol, atol=atol)
+
+
 def test_all_strategies_follow_the_same_trajectory(tensors):
     init = E.initial_parameters(SMALL)
     after = {}
@@ -83,9 +93,10 @@ def test_all_strategies_follow_the_same_trajectory(tensors):
             strategy.step(*batch(tensors, step))
         after[name] = strategy.stacked_parameters()
         strategy.close()
+    held_out = tensors[0][-128:], tensors[1][-128:]
     for name in E.STRATEGIES:
+        assert_same_parameters(after[name], after["naive"], held_out)
         for param in E.PARAM_NAMES:
-            torch.testing.assert_close(after[name][param], after["naive"][param], rtol=1e-4, atol=1e-5)
             assert not torch.equal(after[name][param], init[param])
 
 
@@ -103,11 +114,11 @@ def test_every_strategy_lowers_the_loss(tensors, strategy):
     assert (after < 0.8 * before).all(), (before, after)
 
 
-def run_train(tensors, policy, steps=6, alloc_steps=1, strategy="batched_hand"):
+def run_train(tensors, policy, steps=6, alloc_steps=1, strategy="batched_hand", config=SMALL):
     x_all, y_all = tensors
-    batches = E.minibatch_indices(len(y_all), SMALL.batch, steps + alloc_steps, SMALL.seed)
-    trainer = E.make_strategy(strategy, E.initial_parameters(SMALL), SMALL, CPU)
-    labels = {"n_nets": SMALL.n_nets, "batch": SMALL.batch, "gc_policy": policy.name, "heap_objects": 0,
+    batches = E.minibatch_indices(len(y_all), config.batch, steps + alloc_steps, config.seed)
+    trainer = E.make_strategy(strategy, E.initial_parameters(config), config, CPU)
+    labels = {"n_nets": config.n_nets, "batch": config.batch, "gc_policy": policy.name, "heap_objects": 0,
               "data": "synthetic"}
     return E.train(trainer, x_all, y_all, batches, device=CPU, policy=policy, warmup=1, alloc_steps=alloc_steps,
                    labels=labels)
@@ -148,13 +159,25 @@ def test_train_counts_allocations_in_a_separate_pass_and_records_tidy_rows(tenso
     assert frame["case"].unique().tolist() == ["batched_hand|gc=default|heap=0"]
 
 
+@pytest.mark.skipif(E._malloc_trim() is None, reason="the C library has no malloc_trim (not glibc)")
+def test_each_cell_sees_its_own_peak_memory_not_what_earlier_cells_freed(tensors):
+    # 200 nets: Adam's two state tensors, created in the first step, are 7.6 MB. Without handing
+    # freed heap back first, the second cell reused the first cell's memory and read ~0.
+    config = E.EnsembleConfig(n_nets=200, batch=16, seed=3)
+    adam_state_bytes = 2 * config.n_nets * config.params_per_net * 4
+    for _ in range(2):
+        result = run_train(tensors, E.GCPolicy("default"), steps=3, alloc_steps=0, config=config)
+        assert result.labels["peak_after_malloc_trim"] is True
+        assert result.peak_bytes >= adam_state_bytes, (result.peak_bytes, adam_state_bytes)
+
+
 def test_run_grid_labels_every_record_with_the_synthetic_data_source(data):
     seen = []
-    results = E.run_grid(data, device=CPU, config=SMALL, strategies=("naive", "batched_hand"),
-                         gc_policies=("default", "freeze"), heap_sizes=(20,), steps=4, warmup=1, alloc_steps=0,
+    results = E.run_grid(data, device=CPU, config=SMALL, strategies=("naive", "batched_vmap"),
+                         gc_policies=("default", "freeze"), heap_sizes=(20,), steps=4, warmup=1, alloc_steps=1,
                          progress=seen.append)
     assert [(r.strategy, r.labels["gc_policy"], r.labels["heap_objects"]) for r in results] == [
-        (s, p, 20) for p in ("default", "freeze") for s in ("naive", "batched_hand")]
+        (s, p, 20) for p in ("default", "freeze") for s in ("naive", "batched_vmap")]
     assert seen == results
     frame = records_frame([row for r in results for row in r.records(CPU)])
     params = [json.loads(p) for p in frame["params"]]
@@ -164,8 +187,13 @@ def test_run_grid_labels_every_record_with_the_synthetic_data_source(data):
     assert len(steps) == 4 * 4 and set(steps["data"]) == {"synthetic"}
     # same start and same batches: per-net and batched losses coincide step by step
     naive = steps[(steps.strategy == "naive") & (steps.gc_policy == "default")]
-    hand = steps[(steps.strategy == "batched_hand") & (steps.gc_policy == "default")]
-    np.testing.assert_allclose(naive["loss"].to_numpy(), hand["loss"].to_numpy(), rtol=1e-4)
+    vmapped = steps[(steps.strategy == "batched_vmap") & (steps.gc_policy == "default")]
+    np.testing.assert_allclose(naive["loss"].to_numpy(), vmapped["loss"].to_numpy(), rtol=1e-4)
+    # torch makes one more allocation per operator call once vmap has run in the process; the
+    # grid uses it before the first cell, so naive counts the same before and after batched_vmap
+    # (without that: 44 more per net in the second naive cell; the first cell has ~24 one-off extras)
+    naive_counts = [r.alloc_count_per_step for r in results if r.strategy == "naive"]
+    assert abs(naive_counts[0] - naive_counts[1]) < 10 * SMALL.n_nets, naive_counts
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -206,7 +234,10 @@ def test_full_collection_pauses_cover_each_heap_frozen_and_not(data):
     assert pauses[["heap_objects", "frozen"]].values.tolist() == [[0, False], [0, True], [50, False], [50, True]]
     assert gc.get_freeze_count() == 0
     rows = records_frame(E.collection_pause_records(pauses, CPU, {"data": data.source}))
-    assert len(rows) == 8 and set(rows["engine"]) == {"python-gc"}
+    assert len(rows) == 12 and set(rows["engine"]) == {"python-gc"}
+    # the heap adds 50 tuples and 50 tensors to what a collection walks; freezing hides them all
+    walked = pauses.set_index(["heap_objects", "frozen"])["tracked_objects"]
+    assert walked[(50, False)] - walked[(0, False)] >= 100 and walked[(50, True)] < walked[(0, False)]
 
 
 @cuda_only
@@ -221,9 +252,8 @@ def test_strategies_on_cuda_match_the_cpu_trajectory(tensors, strategy):
         x, y = batch(tensors, step)
         on_cpu.step(x, y)
         on_gpu.step(x.cuda(), y.cuda())
-    for name in E.PARAM_NAMES:
-        torch.testing.assert_close(on_gpu.stacked_parameters()[name], on_cpu.stacked_parameters()[name],
-                                   rtol=1e-3, atol=1e-4)
+    assert_same_parameters(on_gpu.stacked_parameters(), on_cpu.stacked_parameters(),
+                           (tensors[0][-128:], tensors[1][-128:]), rtol=1e-3, atol=1e-4)
 
 
 @pytest.mark.slow
@@ -245,3 +275,6 @@ def test_notebook_runs_through_the_runner_with_quick_sizes(tmp_path):
                    "gc_pauses", "lenet"):
         html = (result.path / "figures" / f"mnist_ensembles_{figure}.html").read_text()
         assert "data=synthetic" in html
+    executed = json.loads((result.path / "notebooks" / "mnist_ensembles.ipynb").read_text())
+    shown = [json.dumps(output) for cell in executed["cells"] for output in cell.get("outputs", [])]
+    assert any("SYNTHETIC MNIST-shaped dataset" in text for text in shown)  # the fallback warning is in the output

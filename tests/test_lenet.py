@@ -58,7 +58,8 @@ def test_run_lenet_reports_each_epoch_and_labels_the_data(data):
     frame = records_frame(L.lenet_records(results, labels, CPU))
     assert set(frame["case"]) == {f"lenet5|{m}" for m in L.MODES}
     assert {json.loads(p)["data"] for p in frame["params"]} == {"synthetic"}
-    assert set(L.lenet_frame(results)["mode"]) == set(L.MODES)
+    table = L.lenet_frame(results, labels)
+    assert set(table["mode"]) == set(L.MODES) and set(table["data"]) == {"synthetic"}
 
 
 def test_at_time_line_matches_the_thread_format():

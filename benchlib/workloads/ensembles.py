@@ -34,14 +34,19 @@ Measurement scheme. Each timed step reads the clock after synchronising the devi
 pauses that began during it come from a `GCMonitor`. Allocation tracing (memray) slows every
 ``malloc`` and would distort the very step times we study, so allocations are counted in a
 separate pass of ``alloc_steps`` further steps after the timed ones (`count_allocations`), and
-reported per step. Peak memory is for the timed steps, above the memory in use before them.
-The first ``warmup`` steps (Adam state creation, first-touch allocations) are recorded per step
-but left out of the summaries.
+reported per step. Peak memory is the highest level during the cell's steps (warm-up included, so
+Adam's state counts) above the level at the cell's start; on CPU that start level is taken after
+``malloc_trim`` hands back the heap memory earlier cells freed, so a cell's own growth shows
+instead of reusing what glibc kept. The first ``warmup`` steps (Adam state creation, first-touch
+allocations) are recorded per step but left out of the summaries.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import functools
 import gc
 import math
 import os
@@ -427,7 +432,7 @@ class TrainResult:
             "throughput": samples / total,
             "gc_share": float(self.gc_s[self.timed].sum()) / total,
             "gc_pauses": float(self.gc_count[self.timed].sum()),
-            "gc_pause_max": float(self.gc_s[self.timed].max()),
+            "step_gc_time_max": float(self.gc_s[self.timed].max()),
             "alloc_count_per_step": self.alloc_count_per_step,
             "alloc_bytes_per_step": self.alloc_bytes_per_step,
             "peak_bytes": self.peak_bytes,
@@ -441,7 +446,7 @@ class TrainResult:
         """Tidy rows: the summary metrics, and (if ``per_step``) one row per step and metric."""
         units = {
             "step_time_median": "s", "step_time_p99": "s", "step_time_max": "s",
-            "throughput": "model-samples/s", "gc_share": "", "gc_pauses": "count", "gc_pause_max": "s",
+            "throughput": "model-samples/s", "gc_share": "", "gc_pauses": "count", "step_gc_time_max": "s",
             "alloc_count_per_step": "count", "alloc_bytes_per_step": "B", "peak_bytes": "B", "final_loss": "",
         }
         common = dict(benchmark=BENCHMARK, case=self.case(), engine=self.strategy, device=device,
@@ -480,10 +485,12 @@ def train(
     step_s, gc_count, gc_s, loss = (np.zeros(steps) for _ in range(4))
     generations = [()] * steps
     labels = dict(labels or {}) | {"loadavg_1m_before": load_average()}
-    device.synchronize()
-    baseline = device.memory_in_use()
-    device.reset_peak()
     with policy, GCMonitor() as monitor:
+        device.synchronize()
+        if device.kind == "cpu":
+            labels["peak_after_malloc_trim"] = release_freed_heap()
+        baseline = device.memory_in_use()
+        device.reset_peak()
         for step in range(steps):
             seen = len(monitor.pauses)
             device.synchronize()
@@ -517,6 +524,26 @@ def train(
         result.alloc_source = allocs.source
         result.labels["alloc_source"] = allocs.source
     return result
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim():
+    libc = ctypes.util.find_library("c")
+    return getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+
+
+def release_freed_heap() -> bool:
+    """Return the heap memory glibc keeps after ``free`` to the OS (``malloc_trim(0)``); False
+    where the C library has no ``malloc_trim`` (not glibc).
+
+    Without it a cell reuses what earlier cells freed, its resident memory does not grow, and a
+    VmHWM peak above the cell's starting level reads ~0 whatever the cell allocates.
+    """
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
 
 
 def load_average() -> float:
@@ -577,6 +604,7 @@ def run_grid(
         if steps_per_strategy.get(name, steps) <= warmup:
             raise ValueError(f"{name}: steps must exceed warmup ({warmup})")
     torch_device = device.torch
+    _use_vmap_once()
     x_all, y_all = data.as_float_tensors(torch_device)
     init = initial_parameters(config)
     longest = max(steps_per_strategy.get(s, steps) for s in strategies)
@@ -606,6 +634,14 @@ def run_grid(
                     if progress is not None:
                         progress(result)
     return results
+
+
+def _use_vmap_once() -> None:
+    """Call ``torch.func.vmap`` once before any cell. From its first use in a process on, torch
+    makes one more allocation per operator call (memray: about 10,000 more per naive step of
+    200 nets), so without this the cells before the first ``batched_vmap`` cell would count
+    fewer allocations than the same cells after it."""
+    torch.func.vmap(torch.neg)(torch.zeros(1, 1))
 
 
 def summary_frame(results: list[TrainResult]):
@@ -668,11 +704,15 @@ def flop_floor(config: EnsembleConfig, flop_rate: float) -> dict:
 
 def full_collection_pauses(data, heap_sizes=(0, 60000), repeats: int = 5):
     """Median pause of ``gc.collect()`` with ``heap_sizes`` samples held as tuples, with and
-    without ``gc.freeze()``: what a full collection costs when it walks the long-lived heap."""
+    without ``gc.freeze()``: what a full collection costs when it walks the long-lived heap.
+    ``tracked_objects`` is how many objects that collection walks (``gc.get_objects()``, which
+    leaves out the frozen ones)."""
     import pandas as pd
 
     from benchlib.measure import GCMonitor
 
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
     rows = []
     for heap_size in heap_sizes:
         with long_lived_heap(data, heap_size):
@@ -680,6 +720,7 @@ def full_collection_pauses(data, heap_sizes=(0, 60000), repeats: int = 5):
                 gc.collect()
                 if frozen:
                     gc.freeze()
+                tracked = len(gc.get_objects())
                 try:
                     with GCMonitor() as monitor:
                         for _ in range(repeats):
@@ -688,7 +729,8 @@ def full_collection_pauses(data, heap_sizes=(0, 60000), repeats: int = 5):
                     if frozen:
                         gc.unfreeze()
                 full = [duration for _, duration, generation in monitor.pauses if generation == 2]
-                rows.append({"heap_objects": heap_size, "frozen": frozen, "pause_s": float(np.median(full)),
+                rows.append({"heap_objects": heap_size, "frozen": frozen, "tracked_objects": tracked,
+                             "pause_s": float(np.median(full)),
                              "pause_max_s": float(np.max(full)), "repeats": repeats, "data": data.source})
     return pd.DataFrame(rows)
 
@@ -702,6 +744,7 @@ def collection_pause_records(pauses, device, labels: dict) -> list[dict]:
                       params=labels | {"heap_objects": row.heap_objects, "frozen": row.frozen, "repeats": row.repeats})
         rows.append(make_record(metric="full_gc_pause_median", value=row.pause_s, unit="s", **common))
         rows.append(make_record(metric="full_gc_pause_max", value=row.pause_max_s, unit="s", **common))
+        rows.append(make_record(metric="tracked_objects", value=row.tracked_objects, unit="count", **common))
     return rows
 
 

@@ -280,11 +280,11 @@ def lenet_records(results: list[EpochResult], labels: dict, device) -> list[dict
     return rows
 
 
-def lenet_frame(results: list[EpochResult]):
-    """One row per mode and epoch, with the @time line, for a table."""
+def lenet_frame(results: list[EpochResult], labels: dict):
+    """One row per mode and epoch, with the @time line and the data source, for a table."""
     import pandas as pd
 
-    return pd.DataFrame([{"mode": r.mode, "epoch": r.epoch, "seconds": r.seconds, "gc_share": r.gc_share,
-                          "gc_pauses": r.gc_count, "alloc_count_est": r.alloc_count_est,
+    return pd.DataFrame([{"data": labels["data"], "mode": r.mode, "epoch": r.epoch, "seconds": r.seconds,
+                          "gc_share": r.gc_share, "gc_pauses": r.gc_count, "alloc_count_est": r.alloc_count_est,
                           "alloc_bytes_est": r.alloc_bytes_est, "loss": r.loss, "@time": r.at_time()}
                          for r in results])

@@ -102,6 +102,7 @@ def lenet_epochs(epochs: pd.DataFrame, *, data: str, device: str = "") -> go.Fig
 def collection_pauses(pauses: pd.DataFrame, *, data: str) -> go.Figure:
     """Full-collection pause against the long-lived heap, with and without ``gc.freeze()``."""
     frame = pauses.assign(state=pauses["frozen"].map({True: "after gc.freeze()", False: "not frozen"}))
-    fig = px.line(frame, x="heap_objects", y="pause_s", color="state", markers=True, log_y=True)
+    hover = {"tracked_objects": ":,"} if "tracked_objects" in frame else None
+    fig = px.line(frame, x="heap_objects", y="pause_s", color="state", markers=True, log_y=True, hover_data=hover)
     title = f"gc.collect() pause vs long-lived heap, frozen or not (data={data})"
     return apply_layout(fig, title=title, x_title="samples held as (tensor, label) tuples", y_title="pause (s, log)")
