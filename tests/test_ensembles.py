@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from benchlib.measure import Device, resolve_device
+from benchlib.measure.devices import heap_trim_available
 from benchlib.results import make_record, records_frame
 from benchlib.workloads import ensembles as E
 from benchlib.workloads.mnist_data import synthetic_mnist
@@ -159,7 +160,7 @@ def test_train_counts_allocations_in_a_separate_pass_and_records_tidy_rows(tenso
     assert frame["case"].unique().tolist() == ["batched_hand|gc=default|heap=0"]
 
 
-@pytest.mark.skipif(E._malloc_trim() is None, reason="the C library has no malloc_trim (not glibc)")
+@pytest.mark.skipif(not heap_trim_available(), reason="the C library has no malloc_trim (not glibc)")
 def test_each_cell_sees_its_own_peak_memory_not_what_earlier_cells_freed(tensors):
     # 200 nets: Adam's two state tensors, created in the first step, are 7.6 MB. Without handing
     # freed heap back first, the second cell reused the first cell's memory and read ~0.

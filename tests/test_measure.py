@@ -80,6 +80,24 @@ def test_cpu_peak_sees_a_touched_buffer_after_reset():
     assert dev.peak_memory() - baseline >= 9 * MB
 
 
+@pytest.mark.skipif(not (hwm_resettable() and devices_module.heap_trim_available()),
+                    reason="needs Linux VmHWM and glibc's malloc_trim")
+def test_cpu_reset_peak_hands_freed_heap_back_so_small_buffers_count_again():
+    # 64 KiB buffers come from glibc's heap; freed, they stay resident unless trimmed. A warm-up
+    # call that left them resident would hide the next call's identical buffers from the peak.
+    def small_buffers():
+        return [np.ones(8 * 1024) for _ in range(800)]  # 800 x 64 KiB = 52 MB
+
+    dev = resolve_device("cpu")
+    kept = small_buffers()
+    pin = np.ones(8 * 1024)  # above them on the heap: glibc cannot trim the heap's top by itself
+    del kept
+    dev.reset_peak()
+    baseline = dev.memory_in_use()
+    kept = small_buffers()
+    assert dev.peak_memory() - baseline >= 40 * MB
+    del kept, pin
+
 # ---------------------------------------------------------------- GC pauses
 
 def test_gc_monitor_sees_forced_collection_and_unregisters():

@@ -5,6 +5,8 @@ case imports torch) do not pay for it.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import re
 import sys
@@ -14,6 +16,27 @@ from functools import lru_cache
 VALID_FORMS = '"auto", "cpu", "cuda", "cuda:N" (N a device index)'
 _SPEC = re.compile(r"^(auto|cpu|cuda(?::(\d+))?)$")
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+@lru_cache(maxsize=1)
+def _malloc_trim():
+    libc = ctypes.util.find_library("c")
+    return getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+
+
+def heap_trim_available() -> bool:
+    """Whether this C library can hand freed heap back to the OS (glibc's ``malloc_trim``)."""
+    return _malloc_trim() is not None
+
+
+def release_freed_heap() -> bool:
+    """Hand the heap memory glibc keeps after ``free`` back to the OS (``malloc_trim(0)``), so
+    process RSS follows live memory; False where the C library has no ``malloc_trim`` (not glibc)."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
 
 
 class DeviceError(ValueError):
@@ -142,10 +165,17 @@ class Device:
         return process_rss()
 
     def reset_peak(self) -> None:
-        """Restart peak tracking from the current level (VmHWM on Linux CPU)."""
+        """Restart peak tracking from the current level (VmHWM on Linux CPU).
+
+        On CPU, glibc's freed-but-kept heap is handed back first: otherwise a warm-up call's
+        freed buffers stay resident, count in the baseline, and the next call's small buffers
+        reuse them unseen, so the peak above the baseline undercounts.
+        """
         if self.is_cuda:
             _torch().cuda.reset_peak_memory_stats(self.index)
-        elif hwm_resettable():
+            return
+        release_freed_heap()
+        if hwm_resettable():
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
 

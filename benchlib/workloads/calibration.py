@@ -14,6 +14,7 @@ so drift in the machine's speed affects both sides alike. Every function returns
 """
 from __future__ import annotations
 
+import json
 import random
 import statistics
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ from time import perf_counter
 from typing import Callable
 
 import numpy as np
+import pandas as pd
 import torch
 
 from benchlib.measure import AllocationTracker, Device, measure, resolve_device
@@ -322,12 +324,8 @@ def run_calibration(device="cpu", *, matmul_sizes_cpu=None, matmul_sizes_cuda=No
     return records
 
 
-def summary(frame) -> "pandas.DataFrame":
+def summary(frame: pd.DataFrame) -> pd.DataFrame:
     """Median of each headline metric per case, engine, dtype and parameters (a table)."""
-    import json
-
-    import pandas as pd
-
     headline = {"flop_rate": ("GFLOP/s", 1e-9), "bandwidth": ("GB/s", 1e-9),
                 "time_ratio": ("ratio", 1.0), "time_ratio_min": ("ratio", 1.0),
                 "sample_time": ("μs", 1e6)}

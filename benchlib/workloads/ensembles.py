@@ -44,9 +44,6 @@ allocations) are recorded per step but left out of the summaries.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
-import functools
 import gc
 import math
 import os
@@ -478,6 +475,7 @@ def train(
     allocation pass, so the timed steps see the same minibatches whatever ``alloc_steps`` is.
     """
     from benchlib.measure import GCMonitor, count_allocations
+    from benchlib.measure.devices import heap_trim_available
 
     steps = len(batches) - alloc_steps
     if steps <= warmup:
@@ -488,9 +486,9 @@ def train(
     with policy, GCMonitor() as monitor:
         device.synchronize()
         if device.kind == "cpu":
-            labels["peak_after_malloc_trim"] = release_freed_heap()
+            labels["peak_after_malloc_trim"] = heap_trim_available()
+        device.reset_peak()  # on CPU this first trims glibc's freed heap
         baseline = device.memory_in_use()
-        device.reset_peak()
         for step in range(steps):
             seen = len(monitor.pauses)
             device.synchronize()
@@ -524,26 +522,6 @@ def train(
         result.alloc_source = allocs.source
         result.labels["alloc_source"] = allocs.source
     return result
-
-
-@functools.lru_cache(maxsize=1)
-def _malloc_trim():
-    libc = ctypes.util.find_library("c")
-    return getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
-
-
-def release_freed_heap() -> bool:
-    """Return the heap memory glibc keeps after ``free`` to the OS (``malloc_trim(0)``); False
-    where the C library has no ``malloc_trim`` (not glibc).
-
-    Without it a cell reuses what earlier cells freed, its resident memory does not grow, and a
-    VmHWM peak above the cell's starting level reads ~0 whatever the cell allocates.
-    """
-    trim = _malloc_trim()
-    if trim is None:
-        return False
-    trim(0)
-    return True
 
 
 def load_average() -> float:
