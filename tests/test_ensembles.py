@@ -157,7 +157,7 @@ def test_train_counts_allocations_in_a_separate_pass_and_records_tidy_rows(tenso
                                     "alloc_bytes_per_step", "peak_bytes", "step_loss", "step_gc_pauses"}
     assert len(frame) == len(result.summary()) + 4 * 5
     assert {json.loads(p)["data"] for p in frame["params"]} == {"synthetic"}
-    assert frame["case"].unique().tolist() == ["batched_hand|gc=default|heap=0"]
+    assert frame["case"].unique().tolist() == [f"batched_hand|gc=default|heap=0|threads={torch.get_num_threads()}"]
 
 
 @pytest.mark.skipif(not heap_trim_available(), reason="the C library has no malloc_trim (not glibc)")
@@ -271,7 +271,8 @@ def test_notebook_runs_through_the_runner_with_quick_sizes(tmp_path):
     assert {p["data"] for p in params} == {"synthetic"}
     assert set(records["engine"]) >= set(E.STRATEGIES) | {"sequential", "threads", "vmap", "floor", "python-gc"}
     summary = records[records["metric"] == "throughput"]
-    assert len(summary) == len(E.STRATEGIES) * len(E.GC_POLICIES)
+    assert len(summary) == len(E.STRATEGIES) * len(E.GC_POLICIES) + 1  # + the thread sweep's one cell (QUICK: [1])
+    assert summary["case"].str.endswith("|threads=1").sum() >= 1
     for figure in ("trace_default", "trace_freeze", "trace_manual", "step_time_distribution", "throughput", "loss",
                    "gc_pauses", "lenet"):
         html = (result.path / "figures" / f"mnist_ensembles_{figure}.html").read_text()
@@ -279,3 +280,13 @@ def test_notebook_runs_through_the_runner_with_quick_sizes(tmp_path):
     executed = json.loads((result.path / "notebooks" / "mnist_ensembles.ipynb").read_text())
     shown = [json.dumps(output) for cell in executed["cells"] for output in cell.get("outputs", [])]
     assert any("SYNTHETIC MNIST-shaped dataset" in text for text in shown)  # the fallback warning is in the output
+
+
+def test_thread_sweep_runs_the_cell_at_each_thread_count_and_restores_torch(data):
+    before = torch.get_num_threads()
+    results = E.thread_sweep(data, device=CPU, config=SMALL, thread_counts=[1, 2], steps=4, warmup=1)
+    assert [r.labels["torch_threads"] for r in results] == [1, 2]
+    assert len({r.case() for r in results}) == 2
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="thread_counts"):
+        E.thread_sweep(data, device=CPU, config=SMALL, thread_counts=[0], steps=4, warmup=1)

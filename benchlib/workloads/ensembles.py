@@ -437,7 +437,8 @@ class TrainResult:
         }
 
     def case(self) -> str:
-        return f"{self.strategy}|gc={self.labels['gc_policy']}|heap={self.labels['heap_objects']}"
+        return (f"{self.strategy}|gc={self.labels['gc_policy']}|heap={self.labels['heap_objects']}"
+                f"|threads={self.labels['torch_threads']}")
 
     def records(self, device, per_step: bool = True) -> list[dict]:
         """Tidy rows: the summary metrics, and (if ``per_step``) one row per step and metric."""
@@ -482,7 +483,7 @@ def train(
         raise ValueError(f"need more steps than warm-up steps ({warmup}), got {steps} timed steps")
     step_s, gc_count, gc_s, loss = (np.zeros(steps) for _ in range(4))
     generations = [()] * steps
-    labels = dict(labels or {}) | {"loadavg_1m_before": load_average()}
+    labels = dict(labels or {}) | {"loadavg_1m_before": load_average(), "torch_threads": torch.get_num_threads()}
     with policy, GCMonitor() as monitor:
         device.synchronize()
         if device.kind == "cpu":
@@ -600,7 +601,7 @@ def run_grid(
                     labels = asdict(config) | data.describe() | policy.describe() | {
                         "strategy": name, "optimizer": strategy.optimizer, "heap_objects": heap_size,
                         "steps": n_steps, "warmup": warmup, "alloc_steps": alloc_steps,
-                        "params_per_net": config.params_per_net, "torch_threads": torch.get_num_threads(),
+                        "params_per_net": config.params_per_net,
                         "device": device.name,
                     }
                     try:
@@ -611,6 +612,39 @@ def run_grid(
                     results.append(result)
                     if progress is not None:
                         progress(result)
+    return results
+
+
+def thread_sweep(
+    data,
+    *,
+    device,
+    thread_counts,
+    config: EnsembleConfig = EnsembleConfig(),
+    strategy: str = "batched_hand",
+    gc_policy: str = "freeze",
+    steps: int = 200,
+    warmup: int = 5,
+    progress=None,
+) -> list[TrainResult]:
+    """One cell at several torch intra-op thread counts.
+
+    A step of a few milliseconds can wait on a thread pool's wake-up, which a busy or small
+    machine delays now and then: that moves p99, not the median, so the fastest strategy's
+    spread is worth measuring against the thread count. torch's setting is restored afterwards.
+    """
+    bad = [n for n in thread_counts if not isinstance(n, int) or n < 1]
+    if bad or not thread_counts:
+        raise ValueError(f"thread_counts must be a non-empty list of integers >= 1, got {list(thread_counts)}")
+    previous = torch.get_num_threads()
+    results = []
+    try:
+        for count in thread_counts:
+            torch.set_num_threads(count)
+            results += run_grid(data, device=device, config=config, strategies=(strategy,), gc_policies=(gc_policy,),
+                                heap_sizes=(0,), steps=steps, warmup=warmup, alloc_steps=0, progress=progress)
+    finally:
+        torch.set_num_threads(previous)
     return results
 
 
@@ -627,7 +661,7 @@ def summary_frame(results: list[TrainResult]):
     import pandas as pd
 
     rows = [{"strategy": r.strategy, "gc_policy": r.labels["gc_policy"], "heap_objects": r.labels["heap_objects"],
-             "data": r.labels["data"], **r.summary()} for r in results]
+             "torch_threads": r.labels["torch_threads"], "data": r.labels["data"], **r.summary()} for r in results]
     return pd.DataFrame(rows)
 
 
