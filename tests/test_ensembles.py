@@ -272,7 +272,8 @@ def test_notebook_runs_through_the_runner_with_quick_sizes(tmp_path):
     assert set(records["engine"]) >= set(E.STRATEGIES) | {"sequential", "threads", "vmap", "floor", "python-gc"}
     summary = records[records["metric"] == "throughput"]
     assert len(summary) == len(E.STRATEGIES) * len(E.GC_POLICIES) + 1  # + the thread sweep's one cell (QUICK: [1])
-    assert summary["case"].str.endswith("|threads=1").sum() >= 1
+    assert summary["case"].is_unique
+    assert summary["case"].str.endswith("|threads=1|sweep=threads").sum() == 1
     for figure in ("trace_default", "trace_freeze", "trace_manual", "step_time_distribution", "throughput", "loss",
                    "gc_pauses", "lenet"):
         html = (result.path / "figures" / f"mnist_ensembles_{figure}.html").read_text()

@@ -437,8 +437,9 @@ class TrainResult:
         }
 
     def case(self) -> str:
-        return (f"{self.strategy}|gc={self.labels['gc_policy']}|heap={self.labels['heap_objects']}"
+        case = (f"{self.strategy}|gc={self.labels['gc_policy']}|heap={self.labels['heap_objects']}"
                 f"|threads={self.labels['torch_threads']}")
+        return f"{case}|sweep={self.labels['sweep']}" if self.labels.get("sweep") else case
 
     def records(self, device, per_step: bool = True) -> list[dict]:
         """Tidy rows: the summary metrics, and (if ``per_step``) one row per step and metric."""
@@ -560,8 +561,12 @@ def run_grid(
     manual_generation: int = 2,
     steps_per_strategy: dict | None = None,
     progress=None,
+    sweep: str | None = None,
 ) -> list[TrainResult]:
     """Every strategy x GC policy x heap size, each from the same initial parameters and batches.
+
+    ``sweep`` names a side experiment (e.g. "threads") in the labels and case names, so its cells
+    never share a case name with the main grid's.
 
     ``steps_per_strategy`` overrides ``steps`` for named strategies (a per-net step trains
     the nets one by one and is 20-30x slower; a shorter run of it still shows its distribution). ``progress`` is called
@@ -601,7 +606,7 @@ def run_grid(
                     labels = asdict(config) | data.describe() | policy.describe() | {
                         "strategy": name, "optimizer": strategy.optimizer, "heap_objects": heap_size,
                         "steps": n_steps, "warmup": warmup, "alloc_steps": alloc_steps,
-                        "params_per_net": config.params_per_net,
+                        "params_per_net": config.params_per_net, "sweep": sweep,
                         "device": device.name,
                     }
                     try:
@@ -642,7 +647,8 @@ def thread_sweep(
         for count in thread_counts:
             torch.set_num_threads(count)
             results += run_grid(data, device=device, config=config, strategies=(strategy,), gc_policies=(gc_policy,),
-                                heap_sizes=(0,), steps=steps, warmup=warmup, alloc_steps=0, progress=progress)
+                                heap_sizes=(0,), steps=steps, warmup=warmup, alloc_steps=0, progress=progress,
+                                sweep="threads")
     finally:
         torch.set_num_threads(previous)
     return results
