@@ -140,7 +140,7 @@ def test_verdict_table_flags_a_cursed_first_closure_and_spares_a_jittery_one():
     records = []
     for step, count in cursed.items():
         records += _synthetic(step, "warm_alloc_count", [count, count + 1, count])  # tracker jitter of 1
-        records += _synthetic(step, "warm_alloc_bytes", [8 * count] * 3, "bytes")
+        records += _synthetic(step, "warm_alloc_bytes", [8 * count] * 3, "B")
         scale = 25.7e-6 if count == 419 else 19.3e-6
         records += _synthetic(step, "warm_time", list(scale * (1 + 0.01 * np.arange(10))), "s")
     verdicts = closures.verdict_table(records_frame(records)).set_index("pair")

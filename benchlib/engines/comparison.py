@@ -33,6 +33,10 @@ GRAD_UNCHECKED_METRIC = "grad_check_unavailable"
 # gradients at T=200 reach 7e-5); a wrong gradient is off by far more than either bound.
 GRADIENT_TOLERANCE = {"float32": 1e-3, "float64": 1e-10}
 DTYPES = tuple(GRADIENT_TOLERANCE)
+# Time is measured in the same calls as the memory timeline (one fresh process per case), so the
+# sampler thread runs during the timed repeats (its cost is measured by the calibration notebook,
+# see docs/measuring.md); the interval is recorded with every row.
+TIMELINE_INTERVAL_S = 0.002
 STATUS_METRIC = {"failed": "failed", "not applicable": "not_applicable"}
 REFERENCE_ENGINE = "manual"
 
@@ -300,13 +304,15 @@ def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping]
                     result = run_isolated(target, params, name=f"{benchmark}/{case}/{engine_name}",
                                           device=device.name, warmup=warmup, repeats=repeats,
                                           track_allocations=False, timeline=True, timeout_s=timeout_s,
+                                          timeline_interval_s=TIMELINE_INTERVAL_S,
                                           memory_required_bytes=required, **options)
                 except CaseFailed as error:  # includes MemoryRequirementError: refused before it starts
                     note(labels, "failed", str(error), case_params)
                     if engine.hand_written:
                         no_reference = f"{REFERENCE_ENGINE} failed, so there is no gradient to compare with"
                     continue
-                record_params = {**case_params, **_allocator_params(result.environment)}
+                record_params = {**case_params, **_allocator_params(result.environment),
+                                 "timeline_interval_s": TIMELINE_INTERVAL_S}
                 measurement = result.measurement
                 checks = dict(result.checks)
                 if engine.hand_written:

@@ -206,6 +206,21 @@ def measure_with_result(fn: Callable[[], Any], *, device: str | Device = "cpu", 
     return measurement, result
 
 
+def time_call(fn: Callable[[], Any], device: str | Device = "cpu") -> float:
+    """Seconds of one call of `fn`, CUDA synchronized before each clock read; nothing else.
+
+    For protocols that time single calls one after another (cold vs warm), where `measure`'s
+    per-call set-up (peak reset, which trims the heap on CPU; the GC monitor) would touch the state
+    the next call runs in.
+    """
+    dev = resolve_device(device)
+    dev.synchronize()
+    start = perf_counter()
+    fn()
+    dev.synchronize()
+    return perf_counter() - start
+
+
 def measure(fn: Callable[[], Any], *, device: str | Device = "cpu", warmup: int = 1,
             repeats: int = 5, track_allocations: bool = True, timeline: bool = False,
             timeline_interval_s: float = 0.002, name: str = "") -> Measurement:

@@ -34,7 +34,7 @@ import pandas as pd
 
 from benchlib.engines import Engine, get_engine
 from benchlib.engines.comparison import GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, max_relative_error
-from benchlib.measure import count_allocations, measure, resolve_device
+from benchlib.measure import count_allocations, resolve_device, time_call
 from benchlib.results import make_record
 from benchlib.workloads.verdicts import DEFAULT_ALPHA, DEFAULT_MIN_EFFECT, compare_counts, compare_times
 
@@ -407,12 +407,11 @@ class _Step:
 
 
 def _timed_call(mwe: MWE, state: ClosureState, compiles: _Compiles, *, cold: bool) -> float:
-    """One train(state) call, timed by `measure` (CUDA synchronised); compiled graphs tallied."""
+    """One train(state) call, timed by `time_call` (CUDA synchronised); compiled graphs tallied."""
     compiler = mwe.engine.compiler
     if compiler is not None:
         graphs, entries = compiler.graphs, compiler.cache_entries(state.code)
-    seconds = measure(lambda: mwe.train(state), device=mwe.engine.device, warmup=0, repeats=1,
-                      track_allocations=False).times_s[0]
+    seconds = time_call(lambda: mwe.train(state), mwe.engine.device)
     if compiler is not None:
         new_graphs = compiler.graphs - graphs
         if cold:
@@ -517,7 +516,7 @@ def _records(mwe: str, engine: str, order: str, device, dtype: str, steps: dict,
         for phase, allocations in (("cold", data.cold_allocs), ("warm", data.warm_allocs)):
             for i, a in enumerate(allocations):
                 add(step, f"{phase}_alloc_count", a.count, "count", i, **labels)
-                add(step, f"{phase}_alloc_bytes", a.bytes, "bytes", i, **labels)
+                add(step, f"{phase}_alloc_bytes", a.bytes, "B", i, **labels)
         for i, compiles in enumerate(data.compiles):
             add(step, "cold_compiles", compiles.cold, "count", i, **labels)
             add(step, "warm_compiles", compiles.warm, "count", i, **labels)
@@ -540,7 +539,7 @@ def tracker_records(device="auto", samples: int = 5) -> list[dict]:
     for i in range(samples):
         allocations = count_allocations(lambda: None, device)
         for metric, value, unit in (("alloc_count", allocations.count, "count"),
-                                    ("alloc_bytes", allocations.bytes, "bytes")):
+                                    ("alloc_bytes", allocations.bytes, "B")):
             records.append(make_record(benchmark=BENCHMARK, case=TRACKER_CASE, engine=TRACKER_ENGINE,
                                        device=device, dtype="none", metric=metric, value=value, unit=unit,
                                        repeat=i, params={"alloc_source": allocations.source}))
