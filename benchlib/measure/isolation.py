@@ -20,6 +20,7 @@ from importlib import import_module
 from typing import Any, Callable
 
 from benchlib.results.environment import allocator_env
+from benchlib.results.store import write_json_atomic
 
 from .core import Measurement, _check_counts, measure_with_result
 from .devices import Device, resolve_device
@@ -211,13 +212,6 @@ def _kill_group(proc: subprocess.Popen) -> None:
 # ---------------------------------------------------------------- child side
 
 
-def _write_json_atomic(path: str, data: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, allow_nan=True)
-    os.replace(tmp, path)
-
-
 def _load_case(target: str, device: Device, params: dict) -> Case:
     module_name, func_name = target.split(":")
     func = getattr(import_module(module_name), func_name, None)
@@ -272,7 +266,7 @@ def child_main(spec_path: str, result_path: str) -> int:
     except Exception as err:
         outcome = {"ok": False, "error": f"{type(err).__name__}: {err}",
                    "traceback": traceback.format_exc()}
-    _write_json_atomic(result_path, outcome)
+    write_json_atomic(outcome, result_path)
     return 0 if outcome["ok"] else 1
 
 

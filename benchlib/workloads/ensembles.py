@@ -60,6 +60,9 @@ from benchlib.results import make_record
 BENCHMARK = "mnist_ensembles"
 STRATEGIES = ("naive", "buffers_reused", "step_in_backward", "batched_vmap", "batched_hand")
 GC_POLICIES = ("default", "freeze", "manual")
+# Strategies that step the nets one by one: 20-30x slower per step, so the notebook gives them
+# fewer steps (`per_net_steps`).
+PER_NET_STRATEGIES = ("naive", "buffers_reused", "step_in_backward")
 PARAM_NAMES = ("0.weight", "0.bias", "2.weight", "2.bias")  # nn.Sequential(Linear, ReLU, Linear)
 
 
@@ -688,15 +691,13 @@ def steps_frame(results: list[TrainResult]):
 
 
 def matmul_flops(device, n: int = 1024, repeats: int = 5) -> float:
-    """Measured float32 matmul FLOP/s on ``device`` (square n x n, median of ``repeats``): the
-    ceiling the FLOP floor divides by, when no calibration record of the same run exists."""
-    from benchlib.measure import measure
+    """Measured float32 torch matmul FLOP/s on ``device`` when the run has no calibration records:
+    the calibration workload's own measurement (same method), read the same way."""
+    from benchlib.results import records_frame
+    from benchlib.workloads import calibration
 
-    a = torch.randn(n, n, device=device.torch)
-    b = torch.randn(n, n, device=device.torch)
-    m = measure(lambda: torch.mm(a, b), device=device, warmup=2, repeats=repeats, track_allocations=False,
-                name=f"matmul {n}")
-    return 2.0 * n**3 / m.median_s
+    rows = calibration.matmul_flops(device, sizes=[n], dtypes=["float32"], repeats=repeats)
+    return calibration_flop_rate(records_frame(rows), device.name)
 
 
 def calibration_flop_rate(records, device_name: str) -> float | None:
