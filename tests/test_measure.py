@@ -397,3 +397,17 @@ def test_rss_after_fork_is_the_childs_own():
     # the child freed its copy of the ballast; reading the parent's statm would include it
     assert child_rss < devices_module.process_rss() - 50 * MB
     del ballast
+
+
+def test_torch_threads_sets_and_restores_the_count_even_on_error():
+    from benchlib.measure import torch_threads
+
+    before = torch.get_num_threads()
+    with pytest.raises(RuntimeError):
+        with torch_threads(1):
+            assert torch.get_num_threads() == 1
+            raise RuntimeError("inside")
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="integer >= 1"):
+        with torch_threads(0):
+            pass

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+from contextlib import contextmanager
 import re
 import sys
 from dataclasses import dataclass
@@ -37,6 +38,21 @@ def release_freed_heap() -> bool:
         return False
     trim(0)
     return True
+
+
+@contextmanager
+def torch_threads(count: int):
+    """Run the body with `count` torch intra-op threads, restoring the previous setting after: the
+    thread pool's wake-ups shape short timings, so a measurement may need to fix the count."""
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise ValueError(f"torch thread count must be an integer >= 1, got {count!r}")
+    torch = _torch()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 class DeviceError(ValueError):

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import random
 import statistics
-from contextlib import contextmanager
 from time import perf_counter
 from typing import Callable
 
@@ -25,7 +24,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from benchlib.measure import AllocationTracker, Device, measure, resolve_device
+from benchlib.measure import AllocationTracker, Device, measure, resolve_device, time_call, torch_threads
 from benchlib.results import make_record
 
 BENCHMARK = "calibration"
@@ -170,29 +169,9 @@ def torch_autograd_workload(device, steps: int = 20, width: int = 128) -> Callab
     return fn
 
 
-@contextmanager
-def single_threaded_torch():
-    """Overhead workloads run with one torch thread: on a busy machine the intra-op thread pool's
-    scheduling noise is far larger than the instrument's cost we want to see."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _timed(fn: Callable[[], object], device: Device) -> float:
-    device.synchronize()
-    start = perf_counter()
-    fn()
-    device.synchronize()
-    return perf_counter() - start
-
-
 def _traced_time(fn: Callable[[], object], device: Device) -> float:
     with AllocationTracker(device):
-        return _timed(fn, device)
+        return time_call(fn, device)
 
 
 def _ratio_records(labels: dict, plain: list[float], instrumented: list[float],
@@ -257,7 +236,7 @@ def sampler_overhead(device="cpu", intervals_s=(0.001, 0.002, 0.01), rounds: int
             return m.times_s[0]
         return run
 
-    with single_threaded_torch():
+    with torch_threads(1):  # the pool's scheduling noise would swamp the instrument's cost
         fn()  # warm-up outside the comparison
         times = _interleaved({"off": plain, **{i: sampled(i) for i in intervals}}, rounds)
     labels = dict(benchmark=BENCHMARK, case="sampler_overhead", engine="torch",
@@ -284,9 +263,9 @@ def tracker_overhead(device="cpu", rounds: int = 11) -> list[dict]:
                           torch_autograd_workload(device)))
     records = []
     for engine, dtype, workload, where, fn in workloads:
-        with single_threaded_torch():
+        with torch_threads(1):  # the pool's scheduling noise would swamp the instrument's cost
             fn()  # warm-up outside the comparison
-            times = _interleaved({"plain": lambda: _timed(fn, where),
+            times = _interleaved({"plain": lambda: time_call(fn, where),
                                   "traced": lambda: _traced_time(fn, where)}, rounds)
             with AllocationTracker(where) as tracker:
                 fn()

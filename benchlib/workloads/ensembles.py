@@ -644,16 +644,14 @@ def thread_sweep(
     bad = [n for n in thread_counts if not isinstance(n, int) or n < 1]
     if bad or not thread_counts:
         raise ValueError(f"thread_counts must be a non-empty list of integers >= 1, got {list(thread_counts)}")
-    previous = torch.get_num_threads()
+    from benchlib.measure import torch_threads
+
     results = []
-    try:
-        for count in thread_counts:
-            torch.set_num_threads(count)
+    for count in thread_counts:
+        with torch_threads(count):
             results += run_grid(data, device=device, config=config, strategies=(strategy,), gc_policies=(gc_policy,),
                                 heap_sizes=(0,), steps=steps, warmup=warmup, alloc_steps=0, progress=progress,
                                 sweep="threads")
-    finally:
-        torch.set_num_threads(previous)
     return results
 
 
