@@ -52,7 +52,25 @@ def _parser() -> argparse.ArgumentParser:
 
     runs_parser = commands.add_parser("runs", help="past runs under the results directory")
     runs_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root (default: results/)")
+
+    report_parser = commands.add_parser(
+        "report", help="(re)write a run's report.html", description="Write RUN/report.html: environment, verdicts, every figure."
+    )
+    report_parser.add_argument("run", metavar="RUN", help="a run id (under --out) or a run directory")
+    report_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root (default: results/)")
     return parser
+
+
+def _report(run_name: str, root: Path | None) -> int:
+    from benchlib.results.report import write_report
+    from benchlib.results.store import resolve_run
+
+    try:
+        path = resolve_run(run_name, root)
+    except FileNotFoundError as missing:
+        raise RunnerError(str(missing)) from None
+    print(write_report(path))
+    return 0
 
 
 def _list(names: Sequence[str], notebooks_dir: Path | None) -> int:
@@ -90,6 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _list(arguments.notebooks, arguments.notebooks_dir)
         if arguments.command == "runs":
             return _runs(arguments.out)
+        if arguments.command == "report":
+            return _report(arguments.run, arguments.out)
         params = dict(parse_assignment(text) for text in arguments.param)
         result = run(
             arguments.notebooks,

@@ -12,12 +12,14 @@ from __future__ import annotations
 import os
 import sys
 import time
+from contextlib import contextmanager
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from benchlib.results import Run, default_results_root
+from benchlib.results.report import write_report
 from benchlib.results.store import now_iso
 from benchlib.runner.notebooks import (
     INJECTED,
@@ -32,6 +34,9 @@ from benchlib.runner.notebooks import (
 
 KERNEL_NAME = "python3"
 EXIT_INTERRUPTED = 130
+# Kernels save each figure as plotly JSON *and* HTML (plotly.js once per notebook), so executed
+# notebooks show their figures in nbconvert and repository previews, not only in Jupyter.
+PORTABLE_FIGURES = {"PLOTLY_RENDERER": "plotly_mimetype+notebook"}
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,7 @@ class RunResult:
     path: Path
     notebooks: list[NotebookResult] = field(default_factory=list)
     interrupted: bool = False
+    report: Path | None = None
 
     @property
     def ok(self) -> bool:
@@ -219,14 +225,15 @@ def run(
         started = time.perf_counter()
         status, error = "ok", None
         try:
-            papermill.execute_notebook(
-                str(spec.path),
-                str(output),
-                parameters=parameters,
-                kernel_name=KERNEL_NAME,
-                progress_bar=progress,
-                cwd=str(spec.path.parent),
-            )
+            with _kernel_environment(PORTABLE_FIGURES):
+                papermill.execute_notebook(
+                    str(spec.path),
+                    str(output),
+                    parameters=parameters,
+                    kernel_name=KERNEL_NAME,
+                    progress_bar=progress,
+                    cwd=str(spec.path.parent),
+                )
         except KeyboardInterrupt:
             duration = time.perf_counter() - started
             results_run.record_notebook(
@@ -238,6 +245,8 @@ def run(
             results_run.finish(interrupted=True)
             print(f"[{index}/{len(planned)}] {spec.name}: interrupted", file=stream, flush=True)
             print(result.summary(), file=stream, flush=True)
+            result.report = write_report(results_run.path)
+            print(f"report (partial run): {result.report}", file=stream, flush=True)
             raise
         except Exception as failure:  # a notebook's failure is a result to record; the others still run
             status, error = "failed", _error_text(failure)
@@ -255,4 +264,19 @@ def run(
 
     results_run.finish(interrupted=False)
     print(result.summary(), file=stream, flush=True)
+    result.report = write_report(results_run.path)
+    print(f"report: {result.report}", file=stream, flush=True)
     return result
+
+
+@contextmanager
+def _kernel_environment(values: Mapping[str, str]):
+    """Set environment variables that kernels inherit, for the run only; the caller's values come back after."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update({name: value for name, value in values.items() if saved[name] is None})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
