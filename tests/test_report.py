@@ -92,3 +92,29 @@ def test_a_quick_run_ends_with_a_report_that_renders_every_figure_in_chromium(tm
                     str(report.parent / "notebooks" / "probe.ipynb")], check=True, capture_output=True)
     converted = rendered_dom(tmp_path / "html" / "probe.html")
     assert re.search(r'class="[^"]*js-plotly-plot', converted)
+
+
+def test_png_is_refused_before_anything_runs_where_export_cannot_work(tmp_path, monkeypatch, capsys):
+    import benchlib.runner.execute as execute
+
+    def unavailable():
+        raise RuntimeError("PNG export needs kaleido")
+
+    monkeypatch.setattr(execute, "check_static_export", unavailable)
+    code = main(["run", "probe", "--png", "--device", "cpu", "--notebooks-dir", str(NOTEBOOKS), "--out", str(tmp_path)])
+    assert code == 2
+    assert "--png: PNG export needs kaleido" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_png_saves_every_figure_as_a_file_and_in_the_executed_notebook(tmp_path):
+    pytest.importorskip("kaleido", reason="kaleido (the png extra) is not installed")
+    code = main(["run", "probe", "--quick", "--png", "--device", "cpu", "--no-progress",
+                 "--notebooks-dir", str(NOTEBOOKS), "--out", str(tmp_path)])
+    assert code == 0
+    run_dir = next(tmp_path.iterdir())
+    assert (run_dir / "figures" / "probe_sizes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    executed = (run_dir / "notebooks" / "probe.ipynb").read_text()
+    assert '"image/png"' in executed

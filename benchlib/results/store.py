@@ -26,6 +26,7 @@ from benchlib.results.records import conform, empty_records_frame, records_frame
 RUN_INFO = "run.json"
 RECORDS = "records.parquet"
 RESULTS_ROOT_ENV = "BENCHLIB_RESULTS"
+FIGURE_PNG_ENV = "BENCHLIB_FIGURE_PNG"  # "1": save_figure also writes figures/<name>.png (benchlib run --png)
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -234,6 +235,8 @@ class Run:
 
             write_text_atomic(get_plotlyjs(), bundle)
         write_text_atomic(fig.to_json(), figures / f"{name}.json")
+        if os.environ.get(FIGURE_PNG_ENV) == "1":
+            _atomic_write(figures / f"{name}.png", lambda temp: fig.write_image(temp, format="png", width=1200, height=fig.layout.height or 500))
         return write_text_atomic(fig.to_html(include_plotlyjs="directory", full_html=True), figures / f"{name}.html")
 
     def save_table(self, df: pd.DataFrame, name: str) -> Path:
@@ -246,6 +249,24 @@ class Run:
 
     def load_records(self) -> pd.DataFrame:
         return load_records(self.path)
+
+
+def check_static_export() -> None:
+    """Refuse static (PNG) figure export where it cannot work: plotly exports through kaleido,
+    which drives a Chrome or Chromium; one tiny export proves both are there."""
+    try:
+        import kaleido  # noqa: F401  (plotly imports it itself; here only to name what is missing)
+    except ImportError:
+        raise RuntimeError("PNG export needs kaleido: pip install -e '.[png]' (and a Chrome or Chromium, "
+                           "e.g. Debian's chromium package)") from None
+    import plotly.graph_objects as go
+
+    try:
+        go.Figure().to_image(format="png", width=10, height=10)
+    except Exception as error:  # kaleido says why (no browser found, browser failed to start)
+        raise RuntimeError(f"PNG export is not available here: kaleido could not drive a Chrome/Chromium "
+                           f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
+                           "install one (Debian: apt-get install chromium) or run without --png") from None
 
 
 def resolve_run(run: str | os.PathLike | Run, root: str | os.PathLike | None = None) -> Path:

@@ -45,6 +45,11 @@ def _parser() -> argparse.ArgumentParser:
     run_parser.add_argument("--quick", action="store_true", help="use each notebook's QUICK sizes (its cell tagged 'quick'); -p wins")
     run_parser.add_argument("--notebooks-dir", type=Path, default=None, metavar="DIR", help="where notebooks live (default: notebooks/)")
     run_parser.add_argument("--no-progress", action="store_true", help="hide papermill's per-cell progress bar")
+    run_parser.add_argument(
+        "--png", action="store_true",
+        help="also save every figure as figures/<name>.png and as PNG in the executed notebooks "
+             "(needs kaleido, pip install -e '.[png]', and a Chrome/Chromium; refused otherwise)",
+    )
 
     list_parser = commands.add_parser("list", help="the notebooks with their parameters, defaults and QUICK values")
     list_parser.add_argument("notebooks", nargs="*", metavar="NOTEBOOK")
@@ -119,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             quick=arguments.quick,
             notebooks_dir=arguments.notebooks_dir,
             progress=not arguments.no_progress,
+            png=arguments.png,
             command=["benchlib", *(sys.argv[1:] if argv is None else argv)],
         )
     except RunnerError as refused:  # bad input (DeviceError is one too): refused before anything ran

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 from benchlib.results import Run, default_results_root
 from benchlib.results.report import write_report
-from benchlib.results.store import now_iso
+from benchlib.results.store import FIGURE_PNG_ENV, check_static_export, now_iso
 from benchlib.runner.notebooks import (
     INJECTED,
     NotebookSpec,
@@ -37,6 +37,8 @@ EXIT_INTERRUPTED = 130
 # Kernels save each figure as plotly JSON *and* HTML (plotly.js once per notebook), so executed
 # notebooks show their figures in nbconvert and repository previews, not only in Jupyter.
 PORTABLE_FIGURES = {"PLOTLY_RENDERER": "plotly_mimetype+notebook"}
+# With --png, figures are also saved as PNG files and embedded as PNG in the executed notebooks.
+PNG_FIGURES = {"PLOTLY_RENDERER": "plotly_mimetype+notebook+png", FIGURE_PNG_ENV: "1"}
 
 
 @dataclass(frozen=True)
@@ -181,6 +183,7 @@ def run(
     progress: bool = True,
     stream: TextIO | None = None,
     command: Sequence[str] | None = None,
+    png: bool = False,
 ) -> RunResult:
     """Run `notebooks` (names, default all) into a new run directory under `out` (default results/).
 
@@ -195,6 +198,11 @@ def run(
     resolved = _resolve_device(device)
     _check_out_dir(root)
     _check_kernel()
+    if png:
+        try:
+            check_static_export()
+        except RuntimeError as unavailable:
+            raise RunnerError(f"--png: {unavailable}") from None
 
     import papermill
 
@@ -225,7 +233,7 @@ def run(
         started = time.perf_counter()
         status, error = "ok", None
         try:
-            with _kernel_environment(PORTABLE_FIGURES):
+            with _kernel_environment(PNG_FIGURES if png else PORTABLE_FIGURES):
                 papermill.execute_notebook(
                     str(spec.path),
                     str(output),
