@@ -102,18 +102,21 @@ def loss_curves(steps: pd.DataFrame, *, gc_policy: str = "default", heap_objects
     """Mean loss over the nets per step, one line per strategy: every strategy trains, and the
     per-net and batched strategies follow the same curve (same start, same batches)."""
     rows = steps[(steps["gc_policy"] == gc_policy) & (steps["heap_objects"] == heap_objects)]
-    fig = px.line(rows, x="step", y="loss", color="strategy", color_discrete_map=engine_colors(rows["strategy"].unique()))
+    # Strategies that train alike overlap exactly: a dash per strategy keeps each line visible.
+    fig = px.line(rows, x="step", y="loss", color="strategy", line_dash="strategy",
+                  color_discrete_map=engine_colors(rows["strategy"].unique()))
     title = f"Training loss (mean over nets), gc={gc_policy}, heap={heap_objects} ({_data_label(rows)}{', ' + device if device else ''})"
     return apply_layout(fig, title=title, x_title="step", y_title="cross-entropy")
 
 
 def lenet_epochs(epochs: pd.DataFrame, *, data: str, device: str = "") -> go.Figure:
     """Epoch time per LeNet5 mode, GC share and estimated allocations on hover."""
-    frame = epochs.assign(epoch=epochs["epoch"].astype(str))
-    fig = px.bar(frame, x="mode", y="seconds", color="epoch", barmode="group",
+    frame = epochs.assign(epoch="epoch " + epochs["epoch"].astype(str))
+    fig = px.bar(frame, x="epoch", y="seconds", color="mode", barmode="group",
+                 color_discrete_map=engine_colors(frame["mode"].unique()),
                  hover_data={"gc_share": ":.2%", "alloc_bytes_est": ":.3s", "alloc_count_est": ":.3s", "loss": ":.4f"})
     title = f"5 LeNet5: epoch time per mode (data={data}{', ' + device if device else ''})"
-    return apply_layout(fig, title=title, x_title="mode", y_title="seconds per epoch")
+    return apply_layout(fig, title=title, x_title="epoch", y_title="seconds per epoch")
 
 
 def collection_pauses(pauses: pd.DataFrame, *, data: str) -> go.Figure:

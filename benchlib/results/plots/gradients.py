@@ -13,7 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from benchlib.results.plots.common import apply_layout, engine_color, ratio_frame
+from benchlib.results.plots.common import apply_layout, engine_color, legend_right, ratio_frame
 
 MB = 1e6
 PHASE_SYMBOLS = {"forward": "circle-open", "backward": "diamond"}
@@ -148,6 +148,6 @@ def sweep_lines(records: pd.DataFrame, *, parameter: str = "T",
                 fig.add_trace(go.Scatter(x=rows[parameter], y=rows[metric] / scale, mode="lines+markers", name=engine,
                                          legendgroup=engine, showlegend=col == 1, line=dict(color=color)),
                               row=1, col=col)
-    apply_layout(fig, title=title)
+    legend_right(apply_layout(fig, title=title))
     fig.update_xaxes(title_text=parameter)
     return _annotate(fig, _status_notes(records))
