@@ -3,24 +3,38 @@
 Each notebook gets `device` (resolved) and `results_dir` (the run directory) injected, writes its
 records and figures through `benchlib.results.Run.open(results_dir)`, and is executed into
 `<run>/notebooks/<name>.ipynb`. A failing notebook is recorded with its error and the rest run;
-run.json is rewritten (atomically) before and after every notebook, so Ctrl-C loses nothing
-already written.
+a notebook that ran to the end but whose cases partly failed (its workload saved `failed` status
+records) is `partial`, never `ok`. run.json is rewritten (atomically) before and after every
+notebook, so Ctrl-C, SIGTERM or SIGHUP lose nothing already written.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import sys
+import tempfile
 import time
-from contextlib import contextmanager
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+import pandas as pd
+
 from benchlib.results import Run, default_results_root
 from benchlib.results.report import write_report
-from benchlib.results.store import FIGURE_PNG_ENV, check_static_export, now_iso
+from benchlib.results.store import FIGURE_PNG_ENV, RUN_INFO, check_static_export, now_iso
+from benchlib.runner.kernels import (
+    ProgressLines,
+    Terminated,
+    become_subreaper,
+    ipc_kernel_manager,
+    kernel_environment,
+    reap_orphans,
+    terminate_as_interrupt,
+)
 from benchlib.runner.notebooks import (
     INJECTED,
     NotebookSpec,
@@ -34,6 +48,7 @@ from benchlib.runner.notebooks import (
 
 KERNEL_NAME = "python3"
 EXIT_INTERRUPTED = 130
+FAILED_CASE_METRIC = "failed"  # the status records a workload saves for a case that failed
 # Kernels save each figure as plotly JSON *and* HTML (plotly.js once per notebook), so executed
 # notebooks show their figures in nbconvert and repository previews, not only in Jupyter.
 PORTABLE_FIGURES = {"PLOTLY_RENDERER": "plotly_mimetype+notebook"}
@@ -43,7 +58,8 @@ PNG_FIGURES = {"PLOTLY_RENDERER": "plotly_mimetype+notebook+png", FIGURE_PNG_ENV
 
 @dataclass(frozen=True)
 class NotebookResult:
-    """How one notebook went: status is 'ok', 'failed', 'interrupted' or 'not run'."""
+    """How one notebook went: status is 'ok', 'partial' (it ran, some cases failed), 'failed',
+    'interrupted' or 'not run'."""
 
     name: str
     status: str
@@ -51,6 +67,7 @@ class NotebookResult:
     parameters: dict[str, Any]
     error: str | None = None
     output: Path | None = None
+    data_source: str | None = None
 
 
 @dataclass
@@ -69,7 +86,7 @@ class RunResult:
 
     @property
     def exit_code(self) -> int:
-        """0 when every notebook ran cleanly, 130 when interrupted, else 1."""
+        """0 when every notebook ran cleanly, 130 when interrupted, else 1 (a failed or partial notebook)."""
         if self.interrupted:
             return EXIT_INTERRUPTED
         return 0 if self.ok else 1
@@ -80,6 +97,8 @@ class RunResult:
         lines = [f"{'notebook':<{width}}  {'status':<11}  {'duration':>9}"]
         for result in self.notebooks:
             line = f"{result.name:<{width}}  {result.status:<11}  {result.duration_s:>7.1f} s"
+            if result.data_source:
+                line += f"  data={result.data_source}"
             if result.error:
                 line += f"  {result.error.splitlines()[0][:120]}"
             lines.append(line)
@@ -96,6 +115,59 @@ def _check_out_dir(root: Path) -> None:
         raise RunnerError(f"--out {str(root)!r} cannot be created: {str(existing)!r} is a file, not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise RunnerError(f"--out {str(root)!r} is not writable ({str(existing)!r} refuses writes); choose a directory you can write")
+    for directory in (root.resolve(), *root.resolve().parents):
+        if (directory / RUN_INFO).is_file():
+            raise RunnerError(f"--out {str(root)!r} is inside the run {str(directory)!r}; runs are not nested: "
+                              f"give the directory that holds runs (e.g. {str(directory.parent)!r})")
+
+
+def check_values(planned: Sequence[tuple[NotebookSpec, dict[str, Any]]], device: Any) -> None:
+    """Each notebook's full parameter set (defaults, then the planned values) by its workload's rules."""
+    from benchlib.workloads.parameters import ParameterError, validate_parameters
+
+    for spec, values in planned:
+        full = {name: parameter.default for name, parameter in spec.parameters.items()} | values
+        try:
+            validate_parameters(spec.name, full, device)
+        except ParameterError as refused:
+            raise RunnerError(str(refused)) from None
+
+
+def case_outcomes(run_path: Path, since: float) -> tuple[list[str], list[str]]:
+    """From the records a notebook saved (fragments written since `since`): one line per failed
+    case ('engine (case): first line of its error') and the data sources its records name."""
+    failures, sources = [], []
+    for fragment in sorted((run_path / "records").glob("*.parquet")):
+        if fragment.stat().st_mtime < since:
+            continue
+        try:
+            frame = pd.read_parquet(fragment, columns=["case", "engine", "metric", "params"])
+        except Exception as error:  # an unreadable fragment is itself a failure to report
+            failures.append(f"{fragment.name}: unreadable records ({type(error).__name__}: {error})")
+            continue
+        params = frame["params"].map(lambda text: json.loads(text) if text else {})
+        for row, row_params in zip(frame[frame["metric"] == FAILED_CASE_METRIC].itertuples(), params[frame["metric"] == FAILED_CASE_METRIC]):
+            message = (row_params.get("message") or "").strip().splitlines()
+            failures.append(f"{row.engine} ({row.case}): {message[0][:200] if message else 'failed'}")
+        sources += [source for source in dict.fromkeys(params.map(lambda p: p.get("data"))) if isinstance(source, str)]
+    return failures, list(dict.fromkeys(sources))
+
+
+def last_duration(root: Path, notebook: str, quick: bool) -> float | None:
+    """How long `notebook` took in the most recent finished run under `root` with the same --quick:
+    the basis of the ETA."""
+    best: tuple[str, float] | None = None
+    for info_path in root.glob(f"*/{RUN_INFO}"):
+        try:
+            info = json.loads(info_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        entry = info.get("notebooks", {}).get(notebook, {})
+        if info.get("quick") == quick and entry.get("status") == "ok" and entry.get("duration_s"):
+            started = str(entry.get("started_at", ""))
+            if best is None or started > best[0]:
+                best = (started, float(entry["duration_s"]))
+    return best[1] if best else None
 
 
 def _check_kernel() -> None:
@@ -185,17 +257,20 @@ def run(
     command: Sequence[str] | None = None,
     png: bool = False,
 ) -> RunResult:
-    """Run `notebooks` (names, default all) into a new run directory under `out` (default results/).
+    """Run `notebooks` (names or paths, default all) into a new run directory under `out` (default results/).
 
-    Everything is validated first (RunnerError / DeviceError, both ValueErrors); then each
-    notebook runs in turn. Failures are recorded, not raised. On KeyboardInterrupt the run is
-    recorded as interrupted, the summary printed, and the interrupt re-raised.
+    Everything is validated first (RunnerError / DeviceError, both ValueErrors): names, types and
+    each workload's own value checks, memory included. Then each notebook runs in turn. Failures
+    are recorded, not raised. On KeyboardInterrupt, SIGTERM or SIGHUP the run is recorded as
+    interrupted, the summary printed, and the interrupt re-raised. `progress` prints the
+    notebooks' own output lines as they come, with elapsed time and an ETA.
     """
     stream = stream or sys.stdout
     notebooks_dir = Path(notebooks_dir) if notebooks_dir is not None else find_project_notebooks()
     root = Path(out) if out is not None else default_results_root()
     planned = plan(notebooks, params=dict(params or {}), quick=quick, notebooks_dir=notebooks_dir)
     resolved = _resolve_device(device)
+    check_values(planned, resolved)
     _check_out_dir(root)
     _check_kernel()
     if png:
@@ -206,85 +281,98 @@ def run(
 
     import papermill
 
+    typed_params = {name: next(values[name] for _, values in planned if name in values) for name in (params or {})}
     results_run = Run.create(
         root,
         resolved,
         allocator_policy=_allocator_policy(),
         device_requested=device,
         quick=quick,
-        params={name: value for name, value in (params or {}).items()},
+        params=typed_params,
         notebooks_dir=str(notebooks_dir.resolve()),
         command=list(command) if command is not None else None,
+        runner={"pid": os.getpid(), "host": socket.gethostname()},
     )
     result = RunResult(results_run.run_id, results_run.path)
     injected = {"device": resolved.name, "results_dir": str(results_run.path.resolve())}
     for spec, values in planned:
-        results_run.info["notebooks"][spec.name] = {"status": "not run", "parameters": {**values, **injected}}
+        results_run.info["notebooks"][spec.name] = {"status": "not run", "parameters": {**values, **injected},
+                                                    "path": str(spec.path.resolve())}
     results_run.write_info()
     print(f"run {results_run.run_id}: {len(planned)} notebook(s) on {resolved.name} -> {results_run.path}", file=stream, flush=True)
+    become_subreaper()
+    figures = PNG_FIGURES if png else PORTABLE_FIGURES
 
-    for index, (spec, values) in enumerate(planned, start=1):
-        parameters = {**values, **injected}
-        output = results_run.path / "notebooks" / f"{spec.name}.ipynb"
-        output.parent.mkdir(exist_ok=True)
-        shown = ", ".join(f"{key}={value!r}" for key, value in values.items())
-        print(f"[{index}/{len(planned)}] {spec.name}: started{f' ({shown})' if shown else ''}", file=stream, flush=True)
-        results_run.record_notebook(spec.name, status="running", started_at=now_iso())
-        started = time.perf_counter()
-        status, error = "ok", None
-        try:
-            with _kernel_environment(PNG_FIGURES if png else PORTABLE_FIGURES):
-                papermill.execute_notebook(
-                    str(spec.path),
-                    str(output),
-                    parameters=parameters,
-                    kernel_name=KERNEL_NAME,
-                    progress_bar=progress,
-                    cwd=str(spec.path.parent),
+    with tempfile.TemporaryDirectory(prefix="benchlib-kernels-") as socket_dir, terminate_as_interrupt():
+        kernel_manager = ipc_kernel_manager(socket_dir)
+        for index, (spec, values) in enumerate(planned, start=1):
+            parameters = {**values, **injected}
+            output = results_run.path / "notebooks" / f"{spec.name}.ipynb"
+            output.parent.mkdir(exist_ok=True)
+            shown = ", ".join(f"{key}={value!r}" for key, value in values.items())
+            expected = last_duration(root, spec.name, quick)
+            eta = f", last time {expected:.0f} s" if expected else ""
+            print(f"[{index}/{len(planned)}] {spec.name}: started{f' ({shown})' if shown else ''}{eta}", file=stream, flush=True)
+            results_run.record_notebook(spec.name, status="running", started_at=now_iso())
+            started, wall_start = time.perf_counter(), time.time()
+            status, error, failures = "ok", None, []
+            lines = ProgressLines(spec.name, stream, expected) if progress else None
+            try:
+                with kernel_environment(figures):
+                    papermill.execute_notebook(
+                        str(spec.path),
+                        str(output),
+                        parameters=parameters,
+                        kernel_name=KERNEL_NAME,
+                        progress_bar=False,
+                        stdout_file=lines,
+                        stderr_file=lines,
+                        cwd=str(spec.path.parent),
+                        kernel_manager_class=kernel_manager,
+                    )
+            except KeyboardInterrupt as interrupt:
+                reason = interrupt.signal_name if isinstance(interrupt, Terminated) else "KeyboardInterrupt"
+                duration = time.perf_counter() - started
+                reap_orphans()
+                results_run.record_notebook(
+                    spec.name, status="interrupted", duration_s=round(duration, 3), ended_at=now_iso(), error=reason
                 )
-        except KeyboardInterrupt:
+                result.notebooks.append(NotebookResult(spec.name, "interrupted", duration, parameters, reason, output))
+                result.notebooks.extend(NotebookResult(s.name, "not run", 0.0, {**v, **injected}) for s, v in planned[index:])
+                result.interrupted = True
+                results_run.finish(interrupted=True, interrupted_by=reason)
+                print(f"[{index}/{len(planned)}] {spec.name}: interrupted ({reason})", file=stream, flush=True)
+                print(result.summary(), file=stream, flush=True)
+                result.report = write_report(results_run.path)
+                print(f"report (partial run): {result.report}", file=stream, flush=True)
+                raise
+            except Exception as failure:  # a notebook's failure is a result to record; the others still run
+                status, error = "failed", _error_text(failure)
             duration = time.perf_counter() - started
+            orphans = reap_orphans()
+            failures, sources = case_outcomes(results_run.path, wall_start)
+            if failures and status == "ok":
+                status = "partial"
+                error = f"{len(failures)} case(s) failed: " + "; ".join(failures[:3]) + (" ..." if len(failures) > 3 else "")
+            data_source = "+".join(sources) or None
             results_run.record_notebook(
-                spec.name, status="interrupted", duration_s=round(duration, 3), ended_at=now_iso(), error="KeyboardInterrupt"
+                spec.name,
+                status=status,
+                duration_s=round(duration, 3),
+                ended_at=now_iso(),
+                error=error,
+                failed_cases=failures,
+                data_source=data_source,
+                orphans_killed=orphans,
+                output=str(output.relative_to(results_run.path)) if output.exists() else None,
             )
-            result.notebooks.append(NotebookResult(spec.name, "interrupted", duration, parameters, "KeyboardInterrupt", output))
-            result.notebooks.extend(NotebookResult(s.name, "not run", 0.0, {**v, **injected}) for s, v in planned[index:])
-            result.interrupted = True
-            results_run.finish(interrupted=True)
-            print(f"[{index}/{len(planned)}] {spec.name}: interrupted", file=stream, flush=True)
-            print(result.summary(), file=stream, flush=True)
-            result.report = write_report(results_run.path)
-            print(f"report (partial run): {result.report}", file=stream, flush=True)
-            raise
-        except Exception as failure:  # a notebook's failure is a result to record; the others still run
-            status, error = "failed", _error_text(failure)
-        duration = time.perf_counter() - started
-        results_run.record_notebook(
-            spec.name,
-            status=status,
-            duration_s=round(duration, 3),
-            ended_at=now_iso(),
-            error=error,
-            output=str(output.relative_to(results_run.path)) if output.exists() else None,
-        )
-        result.notebooks.append(NotebookResult(spec.name, status, duration, parameters, error, output if output.exists() else None))
-        print(f"[{index}/{len(planned)}] {spec.name}: {status} in {duration:.1f} s{f' ({error})' if error else ''}", file=stream, flush=True)
+            result.notebooks.append(NotebookResult(spec.name, status, duration, parameters, error,
+                                                   output if output.exists() else None, data_source))
+            detail = f" ({error.splitlines()[0][:200]})" if error else ""
+            print(f"[{index}/{len(planned)}] {spec.name}: {status} in {duration:.1f} s{detail}", file=stream, flush=True)
 
-    results_run.finish(interrupted=False)
+    results_run.finish(interrupted=False, data_sources={r.name: r.data_source for r in result.notebooks if r.data_source})
     print(result.summary(), file=stream, flush=True)
     result.report = write_report(results_run.path)
     print(f"report: {result.report}", file=stream, flush=True)
     return result
-
-
-@contextmanager
-def _kernel_environment(values: Mapping[str, str]):
-    """Set environment variables that kernels inherit, for the run only; the caller's values come back after."""
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update({name: value for name, value in values.items() if saved[name] is None})
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
