@@ -25,6 +25,7 @@ from benchlib.results.store import RUN_INFO, load_run_info, resolve_run, write_t
 REPORT = "report.html"
 HEADLINE_SUFFIX = "_headline"  # tables/<notebook>_headline.parquet are shown in the notebook's section
 _OTHER = "other figures"
+GRID_SECTION = "parameter grid"  # figures named grid_* (benchlib run --grid): metric against the grid's parameters
 
 
 def figure_names(run_path: Path) -> list[str]:
@@ -40,7 +41,8 @@ def group_by_notebook(names: Sequence[str], notebooks: Sequence[str]) -> dict[st
     groups: dict[str, list[str]] = {notebook: [] for notebook in notebooks}
     by_length = sorted(notebooks, key=len, reverse=True)
     for name in names:
-        owner = next((nb for nb in by_length if name == nb or name.startswith(f"{nb}_")), _OTHER)
+        owner = next((nb for nb in by_length if name == nb or name.startswith(f"{nb}_")),
+                     GRID_SECTION if name.startswith("grid_") else _OTHER)
         groups.setdefault(owner, []).append(name)
     return groups
 

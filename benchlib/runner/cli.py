@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchlib.runner.execute import EXIT_INTERRUPTED, run
+from benchlib.runner.sweep import parse_grid
 from benchlib.runner.notebooks import (
     RunnerError,
     find_project_notebooks,
@@ -48,6 +49,14 @@ def _parser() -> argparse.ArgumentParser:
     run_parser.add_argument("--notebooks-dir", type=Path, default=None, metavar="DIR", help="where notebooks live (default: notebooks/)")
     run_parser.add_argument("--no-progress", action="store_true",
                             help="hide the notebooks' own output lines (only each notebook's start and end are printed)")
+    run_parser.add_argument(
+        "--grid", action="append", default=[], metavar="NAME=V1,V2,...",
+        help="sweep a parameter: the cartesian product of every --grid with the -p values, one execution per point "
+             "(values typed as for -p; repeatable)")
+    run_parser.add_argument("--executor", default="local", choices=("local", "dask"),
+                            help="where grid points run: local (one at a time, the default) or dask")
+    run_parser.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                            help="with --executor dask: the scheduler (default: a local cluster of one benchmark slot)")
     run_parser.add_argument(
         "--png", action="store_true",
         help="also save every figure as figures/<name>.png and as PNG in the executed notebooks "
@@ -171,6 +180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             notebooks_dir=arguments.notebooks_dir,
             progress=not arguments.no_progress,
             png=arguments.png,
+            grid=parse_grid(arguments.grid),
+            executor=arguments.executor,
+            scheduler=arguments.scheduler,
             command=["benchlib", *(sys.argv[1:] if argv is None else argv)],
         )
     except RunnerError as refused:  # bad input (DeviceError is one too): refused before anything ran
