@@ -330,6 +330,24 @@ def load_records(run: str | os.PathLike | Run, root: str | os.PathLike | None = 
     return read_records_file(path)
 
 
+REFERENCE_DIR = Path("results") / "reference"  # committed reference runs, under the project root
+
+
+def reference_records(benchmark: str, project: Path | None = None) -> tuple[str, pd.DataFrame] | None:
+    """(run_id, records of `benchmark`) from the newest committed reference run that holds them
+    (`results/reference/<run-id>/` of the project), or None: notebooks compare with measured
+    reference figures, never with numbers typed in."""
+    project = project or find_project_root() or find_project_root(Path(__file__).resolve().parent)
+    if project is None:
+        return None
+    for info_path in sorted((project / REFERENCE_DIR).glob(f"*/{RUN_INFO}"), reverse=True):
+        records = load_records(info_path.parent)
+        rows = records[records["benchmark"] == benchmark]
+        if not rows.empty:
+            return info_path.parent.name, rows.reset_index(drop=True)
+    return None
+
+
 RUN_MARKERS = (RUN_INFO, RECORDS, "records", "notebooks")  # what makes a directory a run's
 
 
