@@ -88,6 +88,17 @@ def _rnn_fanout(params: Mapping[str, Any], device: Any) -> None:
           device, f"the RNN at batch={batch}, hidden={hidden}, T={max(steps)}, {params['dtype']}")
 
 
+def _checkpointing(params: Mapping[str, Any], device: Any) -> None:
+    from benchlib.workloads.checkpointing import ENGINES, check_budgets
+    from benchlib.workloads.dot_chain import memory_required_bytes
+
+    _engine_comparison({**params, "engines": ENGINES})
+    D, depth = _positive_int("D", params["D"]), _positive_int("depth", params["depth"])
+    check_budgets(params["budgets"], depth)
+    _fits(memory_required_bytes("manual", D, depth, params["dtype"]), device,
+          f"the dot chain at D={D}, depth={depth}, {params['dtype']}")
+
+
 def _identical_closures(params: Mapping[str, Any], device: Any) -> None:
     from benchlib.workloads.closures import validate
 
@@ -144,6 +155,7 @@ def _calibration(params: Mapping[str, Any], device: Any) -> None:
 
 CHECKS: dict[str, Callable[[Mapping[str, Any], Any], None]] = {
     "calibration": _calibration,
+    "checkpointing": _checkpointing,
     "dot_chain": _dot_chain,
     "rnn_fanout": _rnn_fanout,
     "identical_closures": _identical_closures,
