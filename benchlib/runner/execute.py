@@ -378,9 +378,14 @@ class _RunLoop:
         if total == 1:
             return "[1/1]"
         failed = sum(1 for r in self.result.notebooks if r.status in ("failed", "partial"))
-        left = total - len(self.result.notebooks)
-        eta = f", ~{sum(self.durations) / len(self.durations) * left:.0f} s left" if self.durations and left else ""
-        return f"[{index}/{total}, {len(self.result.notebooks)} done, {failed} failed{eta}]"
+        done = {r.name for r in self.result.notebooks}
+        left = [e for e in self.executions if e.key not in done]
+        eta = ""
+        if self.durations and left:  # each remaining one at its last run's time where known, else this run's mean
+            mean = sum(self.durations) / len(self.durations)
+            seconds = sum(last_duration(self.root, e.key, self.quick) or mean for e in left)
+            eta = f", ~{seconds:.0f} s left"
+        return f"[{index}/{total}, {len(done)} done, {failed} failed{eta}]"
 
     def _interrupted(self, index: int, execution: Execution, duration: float, reason: str) -> None:
         reap_orphans()
