@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from benchlib.results import Run, default_results_root
+from benchlib.results import Run, default_results_root, load_records
+from benchlib.results.seed_verdicts import verdict_text
 from benchlib.results.store import now_iso
 from benchlib.runner.notebooks import (
     INJECTED,
@@ -255,4 +256,5 @@ def run(
 
     results_run.finish(interrupted=False)
     print(result.summary(), file=stream, flush=True)
+    print(verdict_text(load_records(results_run.path)), file=stream, flush=True)
     return result
