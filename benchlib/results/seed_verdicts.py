@@ -57,6 +57,10 @@ SEED_RULES: tuple[RatioRule, ...] = (
               "peak_bytes", "benchlib-deferred", "manual", 1.5, 2.5),
     RatioRule("dot_chain", "autograd #219: in-place accumulation peaks at the manual floor",
               "peak_bytes", "benchlib-inplace", "manual", 0.9, 1.1),
+    RatioRule("mnist_ensembles", "Flux GC thread: one batched step for the ensemble raises throughput over the per-model loop",
+              "throughput", "batched_hand", "naive", 2.0, math.inf),
+    RatioRule("mnist_ensembles", "NaiveGAflux: the optimiser step inside backward lowers peak gradient memory",
+              "peak_bytes", "step_in_backward", "naive", 0.0, 0.95),
 )
 
 
@@ -72,7 +76,7 @@ def verdict_of(interval_low: float, interval_high: float, low: float, high: floa
 
 
 def apply_rule(records: pd.DataFrame, rule: RatioRule) -> SeedVerdict | None:
-    """The rule's verdict on a run's records, per all cases pooled; None when the run lacks them."""
+    """The rule's verdict on a run's records, all cases of an engine pooled; None when the run lacks them."""
     selected = records[(records[BENCHMARK_COLUMN] == rule.benchmark) & (records[METRIC_COLUMN] == rule.metric)]
     values = selected[selected[ENGINE_COLUMN] == rule.engine][VALUE_COLUMN].dropna().to_numpy(float)
     baseline = selected[selected[ENGINE_COLUMN] == rule.baseline][VALUE_COLUMN].dropna().to_numpy(float)
