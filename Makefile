@@ -24,9 +24,10 @@ bench: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(ARGS)
 
-## Open the notebooks in JupyterLab.
+## JupyterLab at the project root (notebooks/ and results/ both browsable); ARGS go to jupyter lab.
+## As root (containers, CI machines) Jupyter refuses to start without --allow-root, so it is added.
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" $(if $(filter 0,$(shell id -u)),--allow-root,) $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

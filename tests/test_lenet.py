@@ -64,8 +64,8 @@ def test_run_lenet_reports_each_epoch_and_labels_the_data(data):
 
 def test_at_time_line_matches_the_thread_format():
     epoch = L.EpochResult("threads", 0, seconds=9.269353, gc_count=3, gc_seconds=1.35332, loss=0.1, steps=10,
-                          alloc_count_est=1_460_000, alloc_bytes_est=34.171 * 2**30)
-    assert epoch.at_time() == "  9.269353 seconds (~1.460 M allocations: ~34.17 GiB, 14.60% gc time)"
+                          alloc_count_est=1_460_000, alloc_bytes_est=34.171e9)
+    assert epoch.at_time() == "  9.269353 seconds (~1.460 M allocations: ~34.17 GB, 14.60% gc time)"
     quiet = L.EpochResult("vmap", 0, seconds=0.5, gc_count=0, gc_seconds=0.0, loss=0.1, steps=1)
     assert quiet.at_time() == "  0.500000 seconds ()"
 

@@ -163,3 +163,13 @@ def test_bad_arguments_are_refused_with_the_valid_choices(tmp_path):
         write_idx(tmp_path / "x.idx", np.zeros(3, dtype=np.complex64))
     with pytest.raises(ValueError, match="count must be in"):
         synthetic_mnist(10).as_sample_tuples(11)
+
+
+def test_the_fallback_message_names_only_the_missing_file(tmp_path):
+    images, _ = small_split()
+    write_idx(tmp_path / "train-images-idx3-ubyte.gz", images)
+    with pytest.warns(UserWarning) as caught:
+        load_mnist(tmp_path, download=False, synthetic_n=20)
+    message = str(caught[0].message)
+    assert "no train-labels-idx1-ubyte[.gz] in" in message and "(found train-images-idx3-ubyte.gz)" in message
+    assert "no train-images" not in message

@@ -211,3 +211,19 @@ def test_default_results_root_walks_up_to_the_project(tmp_path, monkeypatch):
     monkeypatch.delenv("BENCHLIB_RESULTS")
     monkeypatch.chdir(tmp_path / "notebooks")
     assert default_results_root() == tmp_path / "results"
+
+
+def test_reference_records_come_from_the_newest_committed_reference_run_that_holds_them(tmp_path):
+    from benchlib.results import reference_records
+
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "notebooks").mkdir()
+    for run_id, value in (("20260101-000000-a-cpu", 1.0), ("20260102-000000-a-cpu", 2.0)):
+        made = Run.create(tmp_path / "results" / "reference", "cpu")
+        made.path.rename(made.path.parent / run_id)
+        reference = Run(made.path.parent / run_id, {**made.info, "run_id": run_id})
+        reference.save_records([make_record(benchmark="b", case="c", engine="e", device="cpu", dtype="float64",
+                                            metric="peak_bytes", value=value, unit="B")], "b")
+    run_id, records = reference_records("b", project=tmp_path)
+    assert run_id == "20260102-000000-a-cpu" and records["value"].tolist() == [2.0]
+    assert reference_records("other", project=tmp_path) is None

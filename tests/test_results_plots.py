@@ -5,7 +5,7 @@ import math
 import pytest
 
 from benchlib.results import make_record, records_frame
-from benchlib.results.plots.common import ENGINE_COLORS, PALETTE, engine_color, ratio_bars, ratio_frame
+from benchlib.results.plots.common import ENGINE_COLORS, PALETTE, SERIES_COLORS, engine_color, log_ticks, ratio_bars, ratio_frame
 
 
 def rows(engine, case, values, metric="peak_bytes"):
@@ -17,7 +17,8 @@ def rows(engine, case, values, metric="peak_bytes"):
 
 
 def test_engine_colours_are_fixed_for_known_engines_and_stable_for_others():
-    assert len(set(ENGINE_COLORS.values())) == len(ENGINE_COLORS)
+    for group, colors in SERIES_COLORS.items():  # names drawn together never share a colour
+        assert len(set(colors.values())) == len(colors), group
     assert not set(ENGINE_COLORS.values()) & set(PALETTE)  # a hashed name never looks like a fixed engine
     assert engine_color("torch") == ENGINE_COLORS["torch"]
     assert engine_color("jax") in PALETTE and engine_color("jax") == engine_color("jax")
@@ -42,3 +43,10 @@ def test_ratio_is_nan_where_the_baseline_was_not_measured():
     frame = records_frame(rows("manual", "small", [2]) + rows("torch", "small", [4]) + rows("torch", "cuda-only", [4]))
     ratios = ratio_frame(frame, metric="peak_bytes", baseline="manual").set_index(["case", "engine"])["ratio"]
     assert math.isnan(ratios[("cuda-only", "torch")])
+
+
+def test_log_ticks_are_a_labelled_1_2_5_series_spanning_the_values():
+    assert log_ticks(2, 250) == [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0]
+    assert log_ticks(0.03, 0.04) == [0.02, 0.05]
+    with pytest.raises(ValueError, match="0 < low <= high"):
+        log_ticks(0, 1)

@@ -31,7 +31,7 @@ def test_plan_applies_quick_then_params_with_types_of_the_defaults():
 @pytest.mark.parametrize(
     ("notebooks", "params", "message"),
     [
-        (("nosuch",), {}, r"unknown notebook\(s\): nosuch; notebooks in .*: failing, probe"),
+        (("nosuch",), {}, r"unknown notebook\(s\): nosuch; notebooks in .*: cases, failing, probe"),
         (("probe",), {"sizes": "3"}, r"unknown parameter 'sizes'.*\n.*probe:\n  device: str = \"auto\"(.|\n)*size: int = 1000"),
         (("probe",), {"size": "3.5"}, r"parameter size takes an int \(default 1000\), got float 3.5"),
         (("probe",), {"engines": "torch"}, r"parameter engines takes a list"),

@@ -10,12 +10,14 @@ so that memory returns while the pass goes on.
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import asdict, dataclass, field
 from typing import Callable, NamedTuple
 
 import numpy as np
 
 from benchlib.autodiff.backend import NUMPY, SUPPORTED_INPUTS, backend_of
+from benchlib.autodiff.checkpoint import SqrtSnapshots, check_policy, revolve_advance
 
 ACCUMULATE_MODES = ("inplace", "deferred")
 
@@ -23,9 +25,11 @@ ACCUMULATE_MODES = ("inplace", "deferred")
 class Node:
     """One recorded operation (or a leaf: a differentiated argument, with no primitive)."""
 
-    __slots__ = ("primitive", "parents", "args", "output", "shapes", "kwargs", "shape", "dtype")
+    __slots__ = ("primitive", "parents", "args", "output", "shapes", "kwargs", "shape", "dtype", "index", "consts")
 
     def __init__(self, primitive, parents, args, output, shapes, kwargs, shape, dtype):
+        self.index = -1  # position on the tape of the call that recorded it
+        self.consts = None  # under checkpointing: the untraced arguments, to re-run the primitive
         self.primitive = primitive
         self.parents = parents  # ((argument position, parent Node), ...) for traced arguments only
         self.args = args
@@ -141,6 +145,9 @@ class Primitive:
             shape=tuple(output.shape),
             dtype=output.dtype,
         )
+        recorder = getattr(_RECORDING, "current", None)
+        if recorder is not None:
+            recorder.record(node, raw, output)
         return Tracer(output, node, xp)
 
     def __repr__(self) -> str:
@@ -176,31 +183,55 @@ class BackwardStats:
     and uncounted when the engine lets go of it; views and repeated references to one block count
     once. Temporaries inside a single VJP are not counted. Leaf gradients are held until they are
     handed back, so `live_bytes` is 0 once a call has returned.
+
+    Forward values held for the backward pass (`saved_bytes`) are counted the same way: the
+    outputs of recorded operations that a VJP will read, from the moment they are saved (or, under
+    checkpointing, kept or recomputed) until the VJPs that read them have run. The differentiated
+    arguments and constants belong to the caller and are not counted. `peak_total_bytes` is the
+    largest sum of both at one instant; `recomputed_nodes` counts operations re-run under checkpointing.
     """
 
     accumulate: str
+    checkpoint: str = "none"
     library: str = ""
     device: str = ""
     dtype: str = ""
     live_bytes: int = 0
     peak_bytes: int = 0
+    saved_bytes: int = 0
+    saved_bytes_peak: int = 0
+    peak_total_bytes: int = 0
+    recomputed_nodes: int = 0
     nodes_run: int = 0  # operations whose VJPs ran
     vjp_calls: int = 0  # one per (operation, traced argument)
     buffers_created: int = 0  # accumulation buffers the engine allocated
     inplace_adds: int = 0  # contributions added into such a buffer in place
     live_bytes_after_node: list[int] = field(default_factory=list)
+    saved_bytes_after_node: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 class _Ledger:
-    """Counts live gradient bytes by memory block, so aliases and views count once."""
+    """Counts live bytes by memory block, so aliases and views count once: gradient buffers
+    (`role="live"`: live_bytes, peak_bytes) or saved forward values (`role="saved"`)."""
 
-    def __init__(self, xp, stats: BackwardStats):
+    def __init__(self, xp, stats: BackwardStats, role: str = "live"):
         self.xp = xp
         self.stats = stats
+        self.current, self.peak = ("live_bytes", "peak_bytes") if role == "live" else ("saved_bytes", "saved_bytes_peak")
         self.blocks: dict[int, list[int]] = {}  # key -> [references, nbytes]
+
+    def _add(self, nbytes: int) -> None:
+        stats = self.stats
+        value = getattr(stats, self.current) + nbytes
+        setattr(stats, self.current, value)
+        if value > getattr(stats, self.peak):
+            setattr(stats, self.peak, value)
+        total = stats.live_bytes + stats.saved_bytes
+        if total > stats.peak_total_bytes:
+            stats.peak_total_bytes = total
 
     def acquire(self, value) -> None:
         key, nbytes = self.xp.storage(value)
@@ -209,9 +240,7 @@ class _Ledger:
             entry[0] += 1
             return
         self.blocks[key] = [1, nbytes]
-        self.stats.live_bytes += nbytes
-        if self.stats.live_bytes > self.stats.peak_bytes:
-            self.stats.peak_bytes = self.stats.live_bytes
+        self._add(nbytes)
 
     def release(self, value) -> None:
         key, _ = self.xp.storage(value)
@@ -219,7 +248,7 @@ class _Ledger:
         entry[0] -= 1
         if entry[0] == 0:
             del self.blocks[key]
-            self.stats.live_bytes -= entry[1]
+            self._add(-entry[1])
 
 
 class _InPlace:
@@ -322,8 +351,12 @@ def _count_consumers(output: Node) -> dict[Node, int]:
     return consumers
 
 
-def backward(xp, ledger: _Ledger, output: Node, seed, leaves: dict[Node, int], accumulate: str, on_leaf_grad):
+def backward(xp, ledger: _Ledger, output: Node, seed, leaves: dict[Node, int], accumulate: str, on_leaf_grad,
+             values: "_SavedValues | _Checkpointed"):
     """Run the backward pass from `output`; return {leaf: final gradient} for reached leaves.
+
+    `values.saved_for(node)` gives a node's VJPs what they read (kept, or recomputed under a
+    checkpoint policy); `values.done(node)` lets go of it once they have run.
 
     `accumulator.take(node)` hands out the node's complete gradient holding one ledger reference,
     which is released once the node's VJPs have run (or, for a leaf, when it is handed back).
@@ -345,13 +378,14 @@ def backward(xp, ledger: _Ledger, output: Node, seed, leaves: dict[Node, int], a
         else:
             ready.append(node)
 
+    values.begin(output)
     accumulator.add(output, seed)
     del seed
     complete(output)
     while ready:
         node = ready.pop()
         gradient = accumulator.take(node)
-        saved = node.take_saved()
+        saved = values.saved_for(node)
         vjps = node.primitive.vjps
         for position, parent in node.parents:
             contribution = _fit(xp, vjps[position](xp, gradient, saved), parent)
@@ -363,12 +397,177 @@ def backward(xp, ledger: _Ledger, output: Node, seed, leaves: dict[Node, int], a
                 del remaining[parent]
                 complete(parent)
         del saved
+        values.done(node)
         ledger.release(gradient)
         del gradient
         stats.nodes_run += 1
         stats.live_bytes_after_node.append(stats.live_bytes)
+        stats.saved_bytes_after_node.append(stats.saved_bytes)
     accumulator.finish()
     return final
+
+
+_RECORDING = threading.local()  # .current: the recorder of the call being traced in this thread
+
+
+class _SavedValues:
+    """The plain engine's forward values: each node keeps what its VJPs read (Node.args/output);
+    the ledger counts the recorded outputs among them from the forward pass until the VJPs ran."""
+
+    def __init__(self, xp, ledger: _Ledger):
+        self.xp, self.ledger = xp, ledger
+        self.held: dict[Node, list] = {}
+        self.tape_length = 0
+
+    def record(self, node: Node, raw: list, output) -> None:
+        node.index = self.tape_length
+        self.tape_length += 1
+        held = [raw[position] for position, parent in node.parents if not parent.is_leaf] if node.primitive.save_inputs else []
+        if node.primitive.save_output:
+            held.append(output)
+        for value in held:
+            self.ledger.acquire(value)
+        if held:
+            self.held[node] = held
+
+    def begin(self, output: Node) -> None:
+        """The backward pass starts from `output`: nothing to prepare, every node holds its values."""
+
+    def saved_for(self, node: Node) -> "Saved":
+        return node.take_saved()
+
+    def done(self, node: Node) -> None:
+        for value in self.held.pop(node, ()):
+            self.ledger.release(value)
+
+    def finish(self) -> None:
+        """The backward pass has ended: values saved by operations it never reached are not held for it."""
+        for node in list(self.held):
+            self.done(node)
+
+
+class _Checkpointed:
+    """Forward values under a checkpoint policy (benchlib.autodiff.checkpoint): nodes keep none,
+    snapshots are kept by the policy, the rest is recomputed from the tape when a VJP needs it."""
+
+    def __init__(self, xp, ledger: _Ledger, policy, leaves: dict):
+        self.xp, self.ledger, self.policy = xp, ledger, policy
+        self.leaf_values = leaves  # leaf Node -> the caller's array (not counted)
+        self.kept: dict[Node, object] = {}  # snapshots and recomputed values, until their node has run
+        self.sqrt = SqrtSnapshots() if policy == "sqrt" else None
+        self.tape_length = 0
+        self.temporaries: dict[Node, list] = {}
+        self.unrun_consumers: dict[Node, int] = {}
+        self.ran: set[Node] = set()
+
+    def begin(self, output: Node) -> None:
+        """Count each node's consumers, so a kept value goes as soon as nothing left to run can need it."""
+        self.unrun_consumers = _count_consumers(output)
+
+    def record(self, node: Node, raw: list, output) -> None:
+        node.index = self.tape_length
+        self.tape_length += 1
+        traced = {position for position, _ in node.parents}
+        node.consts = tuple(None if position in traced else value for position, value in enumerate(raw))
+        node.args = node.output = None
+        if self.sqrt is not None:
+            self.sqrt.offer(node, output, self.kept, self.ledger)
+
+    def _value(self, node: Node, computed: dict):
+        if node.is_leaf:
+            return self.leaf_values[node]
+        if node in computed:
+            return computed[node]
+        return self.kept[node]
+
+    def _keep_positions(self, count: int) -> set[int]:
+        """Which of `count` recomputed values (in tape order; the last is the one needed now) to keep."""
+        if self.sqrt is not None:
+            return set(range(count))  # the whole segment: the next nodes to run need it
+        free = self.policy - len(self.kept)
+        keep, done, steps = set(), 0, count + 1  # reversing the node after the target: count + 1 steps
+        while free > 0 and steps - done > 1:
+            done += revolve_advance(steps - done, free)
+            keep.add(done - 1)
+            free -= 1
+        return keep
+
+    def materialize(self, target: Node) -> tuple[object, list]:
+        """The value of `target`, recomputing unkept ancestors in tape order; (value, values to drop
+        once the caller's VJPs have run)."""
+        if target.is_leaf or target in self.kept:
+            return self._value(target, {}), []
+        needed, stack = set(), [target]
+        while stack:
+            node = stack.pop()
+            if node in needed or node.is_leaf or node in self.kept:
+                continue
+            needed.add(node)
+            stack.extend(parent for _, parent in node.parents)
+        order = sorted(needed, key=lambda n: n.index)
+        uses = {node: 0 for node in order}
+        for node in order:
+            for _, parent in node.parents:
+                if parent in uses:
+                    uses[parent] += 1
+        keep = self._keep_positions(len(order))
+        computed: dict[Node, object] = {}
+        for position, node in enumerate(order):
+            args = list(node.consts)
+            for argument, parent in node.parents:
+                args[argument] = self._value(parent, computed)
+            value = self.xp.normalize(node.primitive.forward(self.xp, *args, **node.kwargs))
+            self.ledger.acquire(value)
+            self.ledger.stats.recomputed_nodes += 1
+            computed[node] = value
+            if position in keep:
+                self.kept[node] = value
+                self.ledger.acquire(value)
+            for _, parent in node.parents:
+                if parent in uses:
+                    uses[parent] -= 1
+                    if uses[parent] == 0 and parent is not target:
+                        self.ledger.release(computed.pop(parent))
+        value = computed.pop(target)  # every other recomputed value was kept or released with its last use
+        return value, [value]
+
+    def saved_for(self, node: Node) -> "Saved":
+        temporaries = []
+        args = None
+        if node.primitive.save_inputs:
+            args = list(node.consts)
+            for position, parent in node.parents:
+                args[position], dropped = self.materialize(parent)
+                temporaries += dropped
+            args = tuple(args)
+        output = None
+        if node.primitive.save_output:
+            output, dropped = self.materialize(node)
+            temporaries += dropped
+        self.temporaries[node] = temporaries
+        return Saved(args, output, node.shapes, node.kwargs)
+
+    def _release_if_unneeded(self, node: Node) -> None:
+        """A kept value is needed while a consumer has not run (its input, or an ancestor of a value
+        still to recompute), and until its own node ran if that node's VJPs read its output."""
+        if node in self.kept and not self.unrun_consumers.get(node) and (
+                node in self.ran or not node.primitive.save_output):
+            self.ledger.release(self.kept.pop(node))
+
+    def finish(self) -> None:
+        """The backward pass has ended: snapshots of operations it never reached are let go."""
+        for node in list(self.kept):
+            self.ledger.release(self.kept.pop(node))
+
+    def done(self, node: Node) -> None:
+        for value in self.temporaries.pop(node, ()):
+            self.ledger.release(value)
+        self.ran.add(node)
+        self._release_if_unneeded(node)
+        for _, parent in node.parents:
+            if parent in self.unrun_consumers:
+                self.unrun_consumers[parent] -= 1
+                self._release_if_unneeded(parent)
 
 
 def _check_argnum(argnum) -> tuple[int, ...]:
@@ -388,7 +587,8 @@ class GradientFunction:
     """What `grad` and `value_and_grad` return. `.stats` is the `BackwardStats` of the current
     or latest call (a new object per call, updated live during the backward pass)."""
 
-    def __init__(self, fun: Callable, argnum, accumulate: str, on_leaf_grad, with_value: bool):
+    def __init__(self, fun: Callable, argnum, accumulate: str, on_leaf_grad, with_value: bool, checkpoint=None):
+        check_policy(checkpoint)
         if accumulate not in ACCUMULATE_MODES:
             raise ValueError(
                 f"accumulate must be one of {', '.join(repr(m) for m in ACCUMULATE_MODES)}; got {accumulate!r}"
@@ -403,6 +603,7 @@ class GradientFunction:
         self.accumulate = accumulate
         self.on_leaf_grad = on_leaf_grad
         self.with_value = with_value
+        self.checkpoint = checkpoint
         self.stats: BackwardStats | None = None
         functools.update_wrapper(self, fun, updated=())
 
@@ -438,23 +639,34 @@ class GradientFunction:
     def __call__(self, *args, **kwargs):
         inputs, xp = self._inputs(args)
         stats = self.stats = BackwardStats(
-            self.accumulate, xp.name, xp.device(inputs[0]), str(inputs[0].dtype).replace("torch.", "")
+            self.accumulate, "none" if self.checkpoint is None else str(self.checkpoint), xp.name,
+            xp.device(inputs[0]), str(inputs[0].dtype).replace("torch.", "")
         )
         with xp.no_grad():
             leaves = {Node.leaf(tuple(v.shape), v.dtype): index for index, v in zip(self.argnums, inputs)}
+            ledger, saved_ledger = _Ledger(xp, stats), _Ledger(xp, stats, role="saved")
+            if self.checkpoint is None:
+                values = _SavedValues(xp, saved_ledger)
+            else:
+                values = _Checkpointed(xp, saved_ledger, self.checkpoint, dict(zip(leaves, inputs)))
             traced = list(args)
             for leaf, value in zip(leaves, inputs):
                 traced[leaves[leaf]] = Tracer(value, leaf, xp)
-            out = self.fun(*traced, **kwargs)
+            _RECORDING.current = values
+            try:
+                out = self.fun(*traced, **kwargs)
+            finally:
+                _RECORDING.current = None
             del traced
             value, output_node = _unpack_output(out, xp)
             del out
-            ledger = _Ledger(xp, stats)
             final = {}
             if output_node is not None:
                 final = backward(
-                    xp, ledger, output_node, xp.ones_like(value), leaves, self.accumulate, self.on_leaf_grad
+                    xp, ledger, output_node, xp.ones_like(value), leaves, self.accumulate, self.on_leaf_grad, values
                 )
+            values.finish()
+            del values
             gradients = []
             for leaf, argument in zip(leaves, inputs):
                 if leaf not in final:  # the output does not depend on this argument
@@ -498,16 +710,20 @@ def _separate(xp, gradients: list, ledger: _Ledger) -> None:
             gradients[j] = copy
 
 
-def grad(fun: Callable, argnum=0, *, accumulate: str = "inplace", on_leaf_grad=None) -> GradientFunction:
+def grad(fun: Callable, argnum=0, *, accumulate: str = "inplace", on_leaf_grad=None, checkpoint=None) -> GradientFunction:
     """The gradient of scalar-valued `fun` with respect to argument(s) `argnum`.
 
     An int `argnum` gives one gradient, a tuple gives a tuple. `accumulate` is "inplace" (the
     default) or "deferred". `on_leaf_grad(index, gradient)` is called as soon as the gradient of
     argument `index` is final, before the backward pass ends; treat that array as read-only.
+    `checkpoint` trades time for memory: None keeps every forward value a VJP needs; "sqrt" keeps
+    about √n snapshots of n operations; an int N keeps at most N with the binomial (Revolve)
+    schedule. The rest is recomputed during the backward pass (benchlib.autodiff.checkpoint).
     """
-    return GradientFunction(fun, argnum, accumulate, on_leaf_grad, with_value=False)
+    return GradientFunction(fun, argnum, accumulate, on_leaf_grad, with_value=False, checkpoint=checkpoint)
 
 
-def value_and_grad(fun: Callable, argnum=0, *, accumulate: str = "inplace", on_leaf_grad=None) -> GradientFunction:
+def value_and_grad(fun: Callable, argnum=0, *, accumulate: str = "inplace", on_leaf_grad=None,
+                   checkpoint=None) -> GradientFunction:
     """Like `grad`, but the function returns `(value of fun, gradient)`."""
-    return GradientFunction(fun, argnum, accumulate, on_leaf_grad, with_value=True)
+    return GradientFunction(fun, argnum, accumulate, on_leaf_grad, with_value=True, checkpoint=checkpoint)

@@ -18,8 +18,16 @@ from benchlib.autodiff.core import Primitive, Tracer
 __all__ = [
     "add", "subtract", "multiply", "divide", "negative", "power",
     "dot", "matmul", "tanh", "exp", "log", "sum", "mean", "reshape", "transpose",
-    "maximum", "relu", "mse", "softmax_cross_entropy",
+    "maximum", "relu", "mse", "softmax_cross_entropy", "chain",
 ]  # fmt: skip
+
+
+def chain(step, state, steps: int):
+    """`state = step(state)`, `steps` times: a loop written so that an engine may checkpoint it
+    (torch-checkpoint segments it; benchlib's own checkpointing needs no hint and sees a plain loop)."""
+    for _ in range(steps):
+        state = step(state)
+    return state
 
 
 def _gradient(xp, g, saved):

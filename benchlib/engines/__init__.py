@@ -49,11 +49,11 @@ def _argnums(argnum) -> tuple[int, ...]:
     return (argnum,) if isinstance(argnum, int) else tuple(argnum)
 
 
-def _benchlib_gradient(accumulate: str):
+def _benchlib_gradient(accumulate: str, checkpoint=None):
     def make(fun, argnum):
         from benchlib import autodiff
 
-        return autodiff.grad(fun, argnum, accumulate=accumulate)
+        return autodiff.grad(fun, argnum, accumulate=accumulate, checkpoint=checkpoint)
 
     return make
 
@@ -202,6 +202,13 @@ ENGINES: dict[str, Engine] = {
             _benchlib_namespace,
         ),
         Engine(
+            "benchlib-checkpoint",
+            "benchlib.autodiff in place, with about √n forward snapshots; the rest recomputed in the backward pass",
+            "numpy",
+            _benchlib_gradient("inplace", checkpoint="sqrt"),
+            _benchlib_namespace,
+        ),
+        Engine(
             "autograd",
             "HIPS autograd on NumPy",
             "numpy",
@@ -215,6 +222,13 @@ ENGINES: dict[str, Engine] = {
             "torch",
             _torch_gradient,
             lambda device: namespaces.torch_namespace(),
+        ),
+        Engine(
+            "torch-checkpoint",
+            "torch.autograd with the workload's chain cut into ~√n segments under torch.utils.checkpoint (non-reentrant)",
+            "torch",
+            _torch_gradient,
+            lambda device: namespaces.torch_checkpoint_namespace(),
         ),
     )
 }

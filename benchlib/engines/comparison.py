@@ -45,6 +45,11 @@ class GradientMismatch(AssertionError):
     """An engine's gradient disagrees with the hand-written one beyond its dtype's tolerance."""
 
 
+class AllCasesFailed(RuntimeError):
+    """Not one case of a comparison could be measured: the notebook stops here, with the first
+    case's error, instead of failing later in a table or figure with nothing to show."""
+
+
 def _leaves(gradient) -> list:
     return list(gradient) if isinstance(gradient, (tuple, list)) else [gradient]
 
@@ -338,6 +343,11 @@ def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping]
                                 if not engine.hand_written and no_reference is not None else ""))
     if timelines:
         comparison.timelines = pd.concat(timelines, ignore_index=True)[["case", "engine", "t_s", "bytes", "phase"]]
+    failed = [problem for problem in comparison.problems if problem["status"] == "failed"]
+    if failed and not any(record["metric"] == "time" for record in comparison.records):
+        first = failed[0]
+        raise AllCasesFailed(f"{benchmark}: all {len(failed)} case(s) failed; the first, {first['engine']} "
+                             f"({first['case']}): {first['message']}")
     return comparison
 
 

@@ -3,8 +3,8 @@
 `benchlib.autodiff.ops` is the reference: `dot`, `matmul`, `tanh`, `exp`, `log`, `sum` and `mean`
 (`axis`, `keepdims`), `reshape`, `transpose`, `maximum`, `relu`, with NumPy's semantics, and the
 losses `mse(prediction, target)` (mean squared error) and `softmax_cross_entropy(logits, labels)`
-(mean over rows; labels are integer class indices (N,) or probabilities (N, classes)). The
-namespaces here give NumPy, HIPS autograd and torch the same names and semantics, so that the
+(mean over rows; labels are integer class indices (N,) or probabilities (N, classes)), and
+`chain(step, state, steps)`, a loop an engine may checkpoint. The namespaces here give NumPy, HIPS autograd and torch the same names and semantics, so that the
 same loss runs under each engine and a hand-written gradient runs on NumPy or on torch tensors.
 """
 
@@ -15,7 +15,13 @@ from types import SimpleNamespace
 import numpy as np
 
 OP_NAMES = ("dot", "matmul", "tanh", "exp", "log", "sum", "mean", "reshape", "transpose", "maximum", "relu",
-            "mse", "softmax_cross_entropy")
+            "mse", "softmax_cross_entropy", "chain")
+
+
+def _loop(step, state, steps: int):
+    for _ in range(steps):
+        state = step(state)
+    return state
 
 
 def _numpy_like(module, name: str) -> SimpleNamespace:
@@ -48,6 +54,7 @@ def _numpy_like(module, name: str) -> SimpleNamespace:
         relu=lambda x: module.maximum(x, 0.0),
         mse=mse,
         softmax_cross_entropy=softmax_cross_entropy,
+        chain=_loop,
     )
 
 
@@ -114,4 +121,28 @@ def torch_namespace() -> SimpleNamespace:
         mse=mse,
         softmax_cross_entropy=softmax_cross_entropy,
         ones_like=torch.ones_like,
+        chain=_loop,
     )
+
+
+def torch_checkpoint_namespace() -> SimpleNamespace:
+    """torch with `chain` cut into about √steps segments, each under torch.utils.checkpoint
+    (non-reentrant): only the state between segments is kept, each segment's inside is recomputed
+    during the backward pass, as benchlib's "sqrt" policy does on its tape."""
+    import math
+
+    from torch.utils.checkpoint import checkpoint
+
+    def chain(step, state, steps: int):
+        length = max(1, math.isqrt(steps - 1) + 1) if steps > 1 else 1  # ceil(sqrt(steps))
+        done = 0
+        while done < steps:
+            count = min(length, steps - done)
+            state = checkpoint(_loop, step, state, count, use_reentrant=False)
+            done += count
+        return state
+
+    namespace = torch_namespace()
+    namespace.name = "torch (checkpointed chains)"
+    namespace.chain = chain
+    return namespace

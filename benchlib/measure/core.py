@@ -39,13 +39,14 @@ def format_count(count: int) -> str:
 
 
 def format_bytes(nbytes: int) -> str:
+    """Bytes in decimal units (kB, MB, GB, TB: powers of 1000), the one byte unit of every table and figure."""
     sign = "-" if nbytes < 0 else ""
     nbytes = abs(nbytes)
-    if nbytes < 1024:
+    if nbytes < 1000:
         return f"{sign}{nbytes} bytes"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        nbytes /= 1024
-        if nbytes < 1024 or unit == "TiB":
+    for unit in ("kB", "MB", "GB", "TB"):
+        nbytes /= 1000
+        if nbytes < 1000 or unit == "TB":
             return f"{sign}{_sig4(nbytes)} {unit}"
 
 

@@ -159,7 +159,7 @@ def run_isolated(target: str, params: dict | None = None, *, name: str,
     spec = {"target": target, "params": params, "name": name, "device": dev.name,
             "warmup": warmup, "repeats": repeats, "track_allocations": track_allocations,
             "timeline": timeline, "timeline_interval_s": timeline_interval_s,
-            "malloc_policy": malloc, "malloc_env": policy_env,
+            "malloc_policy": malloc, "malloc_env": policy_env, "parent_pid": os.getpid(),
             "sys_path": [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p)]}
     env = {**os.environ, **policy_env}
     with tempfile.TemporaryDirectory(prefix="benchlib-case-") as tmp:
@@ -247,10 +247,26 @@ def _environment(spec: dict, device: Device) -> dict:
     }
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel kill this process when its parent dies (Linux), so a case never outlives
+    the kernel or runner that started it and computes through the next notebook's measurements.
+    If the parent is already gone (it died before this call), exit at once."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
 def child_main(spec_path: str, result_path: str) -> int:
     """Run the case described in `spec_path`; write the outcome to `result_path` as JSON."""
     with open(spec_path) as f:
         spec = json.load(f)
+    die_with_parent(spec["parent_pid"])
     sys.path.extend(p for p in spec["sys_path"] if p not in sys.path)
     try:
         device = resolve_device(spec["device"])

@@ -8,6 +8,7 @@ from benchlib.results.store import (
     list_runs,
     load_records,
     load_run_info,
+    reference_records,
     write_json_atomic,
     write_parquet_atomic,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "make_record",
     "params_json",
     "records_frame",
+    "reference_records",
     "write_json_atomic",
     "write_parquet_atomic",
 ]

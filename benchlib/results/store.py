@@ -26,6 +26,7 @@ from benchlib.results.records import conform, empty_records_frame, records_frame
 RUN_INFO = "run.json"
 RECORDS = "records.parquet"
 RESULTS_ROOT_ENV = "BENCHLIB_RESULTS"
+FIGURE_PNG_ENV = "BENCHLIB_FIGURE_PNG"  # "1": save_figure also writes figures/<name>.png (benchlib run --png)
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -78,20 +79,22 @@ def write_json_atomic(data: Any, path: str | os.PathLike) -> Path:
 
 
 def default_results_root() -> Path:
-    """`$BENCHLIB_RESULTS`, else `results/` of the project containing the working directory.
+    """`$BENCHLIB_RESULTS`, else `results/` of the project containing the working directory, else
+    `results/` of the project this package was installed from (an editable install), else `./results`.
 
     JupyterLab starts kernels in `notebooks/`, the runner in the project root: both find the
-    same `results/` by walking up to the directory that holds `pyproject.toml` and `notebooks/`.
+    same `results/` by walking up to the directory that holds `pyproject.toml` and `notebooks/`;
+    from anywhere else the project the package lives in is used.
     """
     if os.environ.get(RESULTS_ROOT_ENV):
         return Path(os.environ[RESULTS_ROOT_ENV])
-    project = find_project_root()
+    project = find_project_root() or find_project_root(Path(__file__).resolve().parent)
     return (project or Path.cwd().resolve()) / "results"
 
 
-def find_project_root() -> Path | None:
-    """The nearest directory, from the working directory up, holding `pyproject.toml` and `notebooks/`."""
-    here = Path.cwd().resolve()
+def find_project_root(start: Path | None = None) -> Path | None:
+    """The nearest directory, from `start` (default: the working directory) up, holding `pyproject.toml` and `notebooks/`."""
+    here = (start or Path.cwd()).resolve()
     for directory in (here, *here.parents):
         if (directory / "pyproject.toml").is_file() and (directory / "notebooks").is_dir():
             return directory
@@ -215,12 +218,23 @@ class Run:
         self.refresh_records()
         return frame
 
-    def refresh_records(self) -> pd.DataFrame:
-        """Rebuild `records.parquet` from every `records/*.parquet`."""
-        parts = [conform(pd.read_parquet(part)) for part in sorted((self.path / "records").glob("*.parquet"))]
+    def refresh_records(self, *, skip_unreadable: bool = False) -> list[str]:
+        """Rebuild `records.parquet` from every `records/*.parquet` (`benchlib merge-records` after a crash).
+
+        An unreadable fragment raises RecordsUnreadable naming it; with `skip_unreadable` the
+        others are merged and the unreadable ones returned (one message each).
+        """
+        parts, skipped = [], []
+        for part in sorted((self.path / "records").glob("*.parquet")):
+            try:
+                parts.append(read_records_file(part))
+            except RecordsUnreadable as error:
+                if not skip_unreadable:
+                    raise
+                skipped.append(str(error))
         merged = pd.concat(parts, ignore_index=True) if parts else empty_records_frame()
         write_parquet_atomic(merged, self.path / RECORDS)
-        return merged
+        return skipped
 
     def save_figure(self, fig: Any, name: str) -> Path:
         """`figures/<name>.html` (plotly.js shared once per run directory) and `figures/<name>.json` to reload."""
@@ -234,6 +248,8 @@ class Run:
 
             write_text_atomic(get_plotlyjs(), bundle)
         write_text_atomic(fig.to_json(), figures / f"{name}.json")
+        if os.environ.get(FIGURE_PNG_ENV) == "1":
+            _atomic_write(figures / f"{name}.png", lambda temp: fig.write_image(temp, format="png", width=1200, height=fig.layout.height or 500))
         return write_text_atomic(fig.to_html(include_plotlyjs="directory", full_html=True), figures / f"{name}.html")
 
     def save_table(self, df: pd.DataFrame, name: str) -> Path:
@@ -246,6 +262,24 @@ class Run:
 
     def load_records(self) -> pd.DataFrame:
         return load_records(self.path)
+
+
+def check_static_export() -> None:
+    """Refuse static (PNG) figure export where it cannot work: plotly exports through kaleido,
+    which drives a Chrome or Chromium; one tiny export proves both are there."""
+    try:
+        import kaleido  # noqa: F401  (plotly imports it itself; here only to name what is missing)
+    except ImportError:
+        raise RuntimeError("PNG export needs kaleido: pip install -e '.[png]' (and a Chrome or Chromium, "
+                           "e.g. Debian's chromium package)") from None
+    import plotly.graph_objects as go
+
+    try:
+        go.Figure().to_image(format="png", width=10, height=10)
+    except Exception as error:  # kaleido says why (no browser found, browser failed to start)
+        raise RuntimeError(f"PNG export is not available here: kaleido could not drive a Chrome/Chromium "
+                           f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
+                           "install one (Debian: apt-get install chromium) or run without --png") from None
 
 
 def resolve_run(run: str | os.PathLike | Run, root: str | os.PathLike | None = None) -> Path:
@@ -263,12 +297,29 @@ def resolve_run(run: str | os.PathLike | Run, root: str | os.PathLike | None = N
     raise FileNotFoundError(f"no run {str(run)!r} (not a run directory, nor a run_id under {root}); {hint}")
 
 
+class RecordsUnreadable(ValueError):
+    """A records or run.json file that exists but cannot be read; the message names the file."""
+
+
+def read_records_file(path: Path) -> pd.DataFrame:
+    """One parquet file of records, conformed to the schema; RecordsUnreadable names the file otherwise."""
+    try:
+        return conform(pd.read_parquet(path))
+    except Exception as error:  # pyarrow raises OSError, ArrowInvalid...; the caller needs the file's name
+        raise RecordsUnreadable(f"{path}: cannot read records ({type(error).__name__}: {error}); "
+                                f"`benchlib merge-records {path.parent if path.name == RECORDS else path.parent.parent}` "
+                                "rebuilds records.parquet from the per-notebook files") from None
+
+
 def load_run_info(run: str | os.PathLike | Run, root: str | os.PathLike | None = None) -> dict[str, Any]:
     """run.json of a run (run_id or path)."""
     path = resolve_run(run, root) / RUN_INFO
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: the run directory has no run.json")
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise RecordsUnreadable(f"{path}: cannot read run.json ({type(error).__name__}: {error})") from None
 
 
 def load_records(run: str | os.PathLike | Run, root: str | os.PathLike | None = None) -> pd.DataFrame:
@@ -276,34 +327,87 @@ def load_records(run: str | os.PathLike | Run, root: str | os.PathLike | None = 
     path = resolve_run(run, root) / RECORDS
     if not path.is_file():
         return empty_records_frame()
-    return conform(pd.read_parquet(path))
+    return read_records_file(path)
+
+
+REFERENCE_DIR = Path("results") / "reference"  # committed reference runs, under the project root
+
+
+def reference_records(benchmark: str, project: Path | None = None) -> tuple[str, pd.DataFrame] | None:
+    """(run_id, records of `benchmark`) from the newest committed reference run that holds them
+    (`results/reference/<run-id>/` of the project), or None: notebooks compare with measured
+    reference figures, never with numbers typed in."""
+    project = project or find_project_root() or find_project_root(Path(__file__).resolve().parent)
+    if project is None:
+        return None
+    for info_path in sorted((project / REFERENCE_DIR).glob(f"*/{RUN_INFO}"), reverse=True):
+        records = load_records(info_path.parent)
+        rows = records[records["benchmark"] == benchmark]
+        if not rows.empty:
+            return info_path.parent.name, rows.reset_index(drop=True)
+    return None
+
+
+RUN_MARKERS = (RUN_INFO, RECORDS, "records", "notebooks")  # what makes a directory a run's
+
+
+def _runner_alive(info: Mapping[str, Any]) -> bool | None:
+    """Whether the runner that wrote run.json still runs (None: not recorded, or another host)."""
+    runner = info.get("runner") or {}
+    if not runner.get("pid") or runner.get("host") != socket.gethostname():
+        return None
+    import psutil
+
+    return psutil.pid_exists(int(runner["pid"]))
+
+
+def run_state(info: Mapping[str, Any]) -> str:
+    """finished, interrupted, running, or stale (run.json says running but its runner is gone)."""
+    if info.get("ended_at"):
+        return "interrupted" if info.get("interrupted") else "finished"
+    alive = _runner_alive(info)
+    if alive is False:
+        return "stale: runner gone"
+    return "running" if alive else "not finished"
 
 
 def list_runs(root: str | os.PathLike | None = None) -> pd.DataFrame:
-    """One row per run directory under `root`: id, times, device, host, commit, notebook and record counts."""
+    """One row per run directory under `root`: id, state, times, device, host, commit, notebook, failure
+    and record counts, and `problem` for a run whose files cannot be read (listed, never skipped)."""
     root = default_results_root() if root is None else Path(root)
+    if not Path(root).is_dir():
+        raise FileNotFoundError(f"no results directory {str(root)!r}")
     rows = []
-    for info_path in sorted(Path(root).glob(f"*/{RUN_INFO}")):
-        try:
-            info = json.loads(info_path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
+    for directory in sorted(path for path in Path(root).iterdir() if path.is_dir() and not path.name.startswith(".")):
+        if not any((directory / marker).exists() for marker in RUN_MARKERS):
             continue
+        row = {"run_id": directory.name, "state": "", "started_at": None, "ended_at": None, "device": None,
+               "host": None, "git_commit": None, "notebooks": 0, "failed": 0, "records": 0, "problem": "",
+               "path": str(directory)}
+        problems = []
+        try:
+            info = load_run_info(directory)
+        except (FileNotFoundError, RecordsUnreadable) as error:
+            problems.append(str(error).replace(str(directory) + os.sep, ""))
+            info = {}
         environment = info.get("environment", {})
         notebooks = info.get("notebooks", {})
-        records_path = info_path.parent / RECORDS
-        rows.append(
-            {
-                "run_id": info.get("run_id", info_path.parent.name),
-                "started_at": info.get("started_at"),
-                "ended_at": info.get("ended_at"),
-                "device": info.get("device"),
-                "host": environment.get("host"),
-                "git_commit": environment.get("git", {}).get("commit"),
-                "notebooks": len(notebooks),
-                "failed": sum(1 for entry in notebooks.values() if entry.get("status") in ("failed", "interrupted")),
-                "records": len(pd.read_parquet(records_path, columns=["value"])) if records_path.is_file() else 0,
-                "path": str(info_path.parent),
-            }
+        row.update(
+            run_id=info.get("run_id", directory.name), state=run_state(info) if info else "unreadable",
+            started_at=info.get("started_at"), ended_at=info.get("ended_at"), device=info.get("device"),
+            host=environment.get("host"), git_commit=(environment.get("git", {}).get("commit") or "")[:12] or None,
+            notebooks=len(notebooks),
+            failed=sum(1 for entry in notebooks.values() if entry.get("status") in ("failed", "partial", "interrupted")),
         )
-    columns = ["run_id", "started_at", "ended_at", "device", "host", "git_commit", "notebooks", "failed", "records", "path"]
-    return pd.DataFrame(rows, columns=columns).sort_values("started_at", kind="stable").reset_index(drop=True)
+        records_path = directory / RECORDS
+        if records_path.is_file():
+            try:
+                row["records"] = len(pd.read_parquet(records_path, columns=["value"]))
+            except Exception as error:
+                problems.append(f"{RECORDS} unreadable ({type(error).__name__}); benchlib merge-records {directory}")
+        row["problem"] = "; ".join(problems)
+        rows.append(row)
+    columns = ["run_id", "state", "started_at", "ended_at", "device", "host", "git_commit", "notebooks", "failed",
+               "records", "problem", "path"]
+    frame = pd.DataFrame(rows, columns=columns)
+    return frame.sort_values("started_at", kind="stable", na_position="first").reset_index(drop=True)

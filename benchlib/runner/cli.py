@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchlib.runner.execute import EXIT_INTERRUPTED, run
+from benchlib.runner.sweep import parse_grid
 from benchlib.runner.notebooks import (
     RunnerError,
     find_project_notebooks,
@@ -32,10 +33,12 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Execute notebooks (all when none is named, calibration first) with device and results_dir "
             "injected. Every name and value is checked against the notebook's parameters cell before "
-            "anything runs. Exit status: 0 all ok, 1 a notebook failed, 2 refused, 130 interrupted."
+            "anything runs. Exit status: 0 all ok, 1 a notebook failed or partly failed, 2 refused, "
+            "130 interrupted (Ctrl-C, SIGTERM, SIGHUP)."
         ),
     )
-    run_parser.add_argument("notebooks", nargs="*", metavar="NOTEBOOK", help="notebook names, with or without .ipynb")
+    run_parser.add_argument("notebooks", nargs="*", metavar="NOTEBOOK",
+                            help="notebook names (with or without .ipynb) from --notebooks-dir, or paths to .ipynb files")
     run_parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N (default: auto)")
     run_parser.add_argument(
         "-p", "--param", action="append", default=[], metavar="NAME=VALUE",
@@ -44,7 +47,21 @@ def _parser() -> argparse.ArgumentParser:
     run_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="root for the run directory (default: results/)")
     run_parser.add_argument("--quick", action="store_true", help="use each notebook's QUICK sizes (its cell tagged 'quick'); -p wins")
     run_parser.add_argument("--notebooks-dir", type=Path, default=None, metavar="DIR", help="where notebooks live (default: notebooks/)")
-    run_parser.add_argument("--no-progress", action="store_true", help="hide papermill's per-cell progress bar")
+    run_parser.add_argument("--no-progress", action="store_true",
+                            help="hide the notebooks' own output lines (only each notebook's start and end are printed)")
+    run_parser.add_argument(
+        "--grid", action="append", default=[], metavar="NAME=V1,V2,...",
+        help="sweep a parameter: the cartesian product of every --grid with the -p values, one execution per point "
+             "(values typed as for -p; repeatable)")
+    run_parser.add_argument("--executor", default="local", choices=("local", "dask"),
+                            help="where grid points run: local (one at a time, the default) or dask")
+    run_parser.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                            help="with --executor dask: the scheduler (default: a local cluster of one benchmark slot)")
+    run_parser.add_argument(
+        "--png", action="store_true",
+        help="also save every figure as figures/<name>.png and as PNG in the executed notebooks "
+             "(needs kaleido, pip install -e '.[png]', and a Chrome/Chromium; refused otherwise)",
+    )
 
     list_parser = commands.add_parser("list", help="the notebooks with their parameters, defaults and QUICK values")
     list_parser.add_argument("notebooks", nargs="*", metavar="NOTEBOOK")
@@ -62,7 +79,32 @@ def _parser() -> argparse.ArgumentParser:
     compare_parser.add_argument("--threshold", type=float, default=0.05, help="minimum relative change (default 0.05)")
     compare_parser.add_argument("--format", choices=("table", "csv", "json"), default="table")
     compare_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root for run ids")
+
+    report_parser = commands.add_parser(
+        "report", help="(re)write a run's report.html", description="Write RUN/report.html: environment, verdicts, every figure."
+    )
+    report_parser.add_argument("run", metavar="RUN", help="a run id (under --out) or a run directory")
+    report_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root (default: results/)")
+
+    merge_parser = commands.add_parser(
+        "merge-records", help="rebuild a run's records.parquet from its per-notebook records/*.parquet",
+        description="Rebuild RUN/records.parquet from RUN/records/*.parquet (e.g. after a crash or a corrupt file); "
+                    "unreadable files are named and skipped, with exit status 1.")
+    merge_parser.add_argument("run", metavar="RUN", help="a run id (under --out) or a run directory")
+    merge_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root (default: results/)")
     return parser
+
+
+def _report(run_name: str, root: Path | None) -> int:
+    from benchlib.results.report import write_report
+    from benchlib.results.store import resolve_run
+
+    try:
+        path = resolve_run(run_name, root)
+    except FileNotFoundError as missing:
+        raise RunnerError(str(missing)) from None
+    print(write_report(path))
+    return 0
 
 
 def _list(names: Sequence[str], notebooks_dir: Path | None) -> int:
@@ -81,14 +123,22 @@ def _list(names: Sequence[str], notebooks_dir: Path | None) -> int:
 def _runs(root: Path | None) -> int:
     import pandas as pd
 
-    from benchlib.results import list_runs
+    from benchlib.results import default_results_root, list_runs
 
-    runs = list_runs(root)
+    root = root or default_results_root()
+    try:
+        runs = list_runs(root)
+    except FileNotFoundError as missing:
+        raise RunnerError(f"{missing} (--out names the directory that holds runs)") from None
     if runs.empty:
-        print("no runs yet")
+        print(f"no runs yet in {root}")
         return 0
-    with pd.option_context("display.width", 200, "display.max_columns", None, "display.max_colwidth", 60):
-        print(runs.drop(columns=["path"]).to_string(index=False))
+    shown = runs.drop(columns=["path"])
+    if not shown["problem"].astype(bool).any():
+        shown = shown.drop(columns=["problem"])
+    with pd.option_context("display.width", 250, "display.max_columns", None, "display.max_colwidth", 90):
+        print(f"runs in {root}:")
+        print(shown.to_string(index=False))
     return 0
 
 
@@ -116,6 +166,32 @@ def _compare(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def _merge_records(run_name: str, root: Path | None) -> int:
+    from benchlib.results import Run
+    from benchlib.results.store import resolve_run
+
+    try:
+        path = resolve_run(run_name, root)
+    except FileNotFoundError as missing:
+        raise RunnerError(str(missing)) from None
+    skipped = Run(path, {"run_id": path.name}).refresh_records(skip_unreadable=True)
+    for message in skipped:
+        print(f"skipped: {message}", file=sys.stderr)
+    print(f"{path / 'records.parquet'} rebuilt from {path / 'records'}" + (f" ({len(skipped)} file(s) skipped)" if skipped else ""))
+    return 1 if skipped else 0
+
+
+def _params(assignments: Sequence[str]) -> dict[str, str]:
+    """`-p NAME=VALUE` assignments as a dict; a name given twice is refused (which one would win is a guess)."""
+    params: dict[str, str] = {}
+    for text in assignments:
+        name, value = parse_assignment(text)
+        if name in params:
+            raise RunnerError(f"-p {name} is given twice ({params[name]!r} and {value!r}); give each parameter once")
+        params[name] = value
+    return params
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `benchlib` command; returns the exit status."""
     arguments = _parser().parse_args(argv)
@@ -126,7 +202,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _runs(arguments.out)
         if arguments.command == "compare":
             return _compare(arguments)
-        params = dict(parse_assignment(text) for text in arguments.param)
+        if arguments.command == "report":
+            return _report(arguments.run, arguments.out)
+        if arguments.command == "merge-records":
+            return _merge_records(arguments.run, arguments.out)
+        params = _params(arguments.param)
         result = run(
             arguments.notebooks,
             device=arguments.device,
@@ -135,6 +215,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             quick=arguments.quick,
             notebooks_dir=arguments.notebooks_dir,
             progress=not arguments.no_progress,
+            png=arguments.png,
+            grid=parse_grid(arguments.grid),
+            executor=arguments.executor,
+            scheduler=arguments.scheduler,
             command=["benchlib", *(sys.argv[1:] if argv is None else argv)],
         )
     except RunnerError as refused:  # bad input (DeviceError is one too): refused before anything ran

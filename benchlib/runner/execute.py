@@ -3,23 +3,56 @@
 Each notebook gets `device` (resolved) and `results_dir` (the run directory) injected, writes its
 records and figures through `benchlib.results.Run.open(results_dir)`, and is executed into
 `<run>/notebooks/<name>.ipynb`. A failing notebook is recorded with its error and the rest run;
-run.json is rewritten (atomically) before and after every notebook, so Ctrl-C loses nothing
-already written.
+a notebook that ran to the end but whose cases partly failed (its workload saved `failed` status
+records) is `partial`, never `ok`. run.json is rewritten (atomically) before and after every
+notebook, so Ctrl-C, SIGTERM or SIGHUP lose nothing already written.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+import pandas as pd
+import papermill
+
 from benchlib.results import Run, default_results_root, load_records
+from benchlib.results.report import write_report
 from benchlib.results.seed_verdicts import verdict_text
-from benchlib.results.store import now_iso
+from benchlib.results.store import (
+    FIGURE_PNG_ENV,
+    RUN_INFO,
+    check_static_export,
+    now_iso,
+    read_records_file,
+    write_parquet_atomic,
+)
+from benchlib.runner.kernels import (
+    ProgressLines,
+    Terminated,
+    become_subreaper,
+    ipc_kernel_manager,
+    kernel_environment,
+    reap_orphans,
+    terminate_as_interrupt,
+)
+from benchlib.runner.sweep import (
+    BENCHMARK_SLOT,
+    EXECUTORS,
+    Execution,
+    dask_client,
+    execute_remote,
+    expand,
+    unpack_point,
+)
 from benchlib.runner.notebooks import (
     INJECTED,
     NotebookSpec,
@@ -33,11 +66,18 @@ from benchlib.runner.notebooks import (
 
 KERNEL_NAME = "python3"
 EXIT_INTERRUPTED = 130
+FAILED_CASE_METRIC = "failed"  # the status records a workload saves for a case that failed
+# Kernels save each figure as plotly JSON *and* HTML (plotly.js once per notebook), so executed
+# notebooks show their figures in nbconvert and repository previews, not only in Jupyter.
+PORTABLE_FIGURES = {"PLOTLY_RENDERER": "plotly_mimetype+notebook"}
+# With --png, figures are also saved as PNG files and embedded as PNG in the executed notebooks.
+PNG_FIGURES = {"PLOTLY_RENDERER": "plotly_mimetype+notebook+png", FIGURE_PNG_ENV: "1"}
 
 
 @dataclass(frozen=True)
 class NotebookResult:
-    """How one notebook went: status is 'ok', 'failed', 'interrupted' or 'not run'."""
+    """How one notebook went: status is 'ok', 'partial' (it ran, some cases failed), 'failed',
+    'interrupted' or 'not run'."""
 
     name: str
     status: str
@@ -45,6 +85,7 @@ class NotebookResult:
     parameters: dict[str, Any]
     error: str | None = None
     output: Path | None = None
+    data_source: str | None = None
 
 
 @dataclass
@@ -55,6 +96,7 @@ class RunResult:
     path: Path
     notebooks: list[NotebookResult] = field(default_factory=list)
     interrupted: bool = False
+    report: Path | None = None
 
     @property
     def ok(self) -> bool:
@@ -62,7 +104,7 @@ class RunResult:
 
     @property
     def exit_code(self) -> int:
-        """0 when every notebook ran cleanly, 130 when interrupted, else 1."""
+        """0 when every notebook ran cleanly, 130 when interrupted, else 1 (a failed or partial notebook)."""
         if self.interrupted:
             return EXIT_INTERRUPTED
         return 0 if self.ok else 1
@@ -73,6 +115,8 @@ class RunResult:
         lines = [f"{'notebook':<{width}}  {'status':<11}  {'duration':>9}"]
         for result in self.notebooks:
             line = f"{result.name:<{width}}  {result.status:<11}  {result.duration_s:>7.1f} s"
+            if result.data_source:
+                line += f"  data={result.data_source}"
             if result.error:
                 line += f"  {result.error.splitlines()[0][:120]}"
             lines.append(line)
@@ -89,6 +133,59 @@ def _check_out_dir(root: Path) -> None:
         raise RunnerError(f"--out {str(root)!r} cannot be created: {str(existing)!r} is a file, not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise RunnerError(f"--out {str(root)!r} is not writable ({str(existing)!r} refuses writes); choose a directory you can write")
+    for directory in (root.resolve(), *root.resolve().parents):
+        if (directory / RUN_INFO).is_file():
+            raise RunnerError(f"--out {str(root)!r} is inside the run {str(directory)!r}; runs are not nested: "
+                              f"give the directory that holds runs (e.g. {str(directory.parent)!r})")
+
+
+def check_values(planned: Sequence[tuple[NotebookSpec, dict[str, Any]]], device: Any) -> None:
+    """Each notebook's full parameter set (defaults, then the planned values) by its workload's rules."""
+    from benchlib.workloads.parameters import ParameterError, validate_parameters
+
+    for spec, values in planned:
+        full = {name: parameter.default for name, parameter in spec.parameters.items()} | values
+        try:
+            validate_parameters(spec.name, full, device)
+        except ParameterError as refused:
+            raise RunnerError(str(refused)) from None
+
+
+def case_outcomes(run_path: Path, since: float) -> tuple[list[str], list[str]]:
+    """From the records a notebook saved (fragments written since `since`): one line per failed
+    case ('engine (case): first line of its error') and the data sources its records name."""
+    failures, sources = [], []
+    for fragment in sorted((run_path / "records").glob("*.parquet")):
+        if fragment.stat().st_mtime < since:
+            continue
+        try:
+            frame = pd.read_parquet(fragment, columns=["case", "engine", "metric", "params"])
+        except Exception as error:  # an unreadable fragment is itself a failure to report
+            failures.append(f"{fragment.name}: unreadable records ({type(error).__name__}: {error})")
+            continue
+        params = frame["params"].map(lambda text: json.loads(text) if text else {})
+        for row, row_params in zip(frame[frame["metric"] == FAILED_CASE_METRIC].itertuples(), params[frame["metric"] == FAILED_CASE_METRIC]):
+            message = (row_params.get("message") or "").strip().splitlines()
+            failures.append(f"{row.engine} ({row.case}): {message[0][:200] if message else 'failed'}")
+        sources += [source for source in dict.fromkeys(params.map(lambda p: p.get("data"))) if isinstance(source, str)]
+    return failures, list(dict.fromkeys(sources))
+
+
+def last_duration(root: Path, notebook: str, quick: bool) -> float | None:
+    """How long `notebook` took in the most recent finished run under `root` with the same --quick:
+    the basis of the ETA."""
+    best: tuple[str, float] | None = None
+    for info_path in root.glob(f"*/{RUN_INFO}"):
+        try:
+            info = json.loads(info_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        entry = info.get("notebooks", {}).get(notebook, {})
+        if info.get("quick") == quick and entry.get("status") == "ok" and entry.get("duration_s"):
+            started = str(entry.get("started_at", ""))
+            if best is None or started > best[0]:
+                best = (started, float(entry["duration_s"]))
+    return best[1] if best else None
 
 
 def _check_kernel() -> None:
@@ -157,7 +254,7 @@ def plan(
     return planned
 
 
-def _error_text(error: BaseException) -> str:
+def error_text(error: BaseException) -> str:
     """papermill's execution error as 'ename: evalue' (the notebook's own exception); others by type."""
     ename = getattr(error, "ename", None)
     if ename:
@@ -176,85 +273,244 @@ def run(
     progress: bool = True,
     stream: TextIO | None = None,
     command: Sequence[str] | None = None,
+    png: bool = False,
+    grid: Mapping[str, Sequence[Any]] | None = None,
+    executor: str = "local",
+    scheduler: str | None = None,
 ) -> RunResult:
-    """Run `notebooks` (names, default all) into a new run directory under `out` (default results/).
+    """Run `notebooks` (names or paths, default all) into a new run directory under `out` (default results/).
 
-    Everything is validated first (RunnerError / DeviceError, both ValueErrors); then each
-    notebook runs in turn. Failures are recorded, not raised. On KeyboardInterrupt the run is
-    recorded as interrupted, the summary printed, and the interrupt re-raised.
+    Everything is validated first (RunnerError / DeviceError, both ValueErrors): names, types and
+    each workload's own value checks, memory included, for every grid point. Then each notebook
+    (each grid point: `grid` maps a parameter to its values, see `benchlib.runner.sweep`) runs, here
+    one at a time (`executor="local"`) or on a Dask cluster (`"dask"`, at `scheduler` or a local
+    one). Failures are recorded, not raised. On KeyboardInterrupt, SIGTERM or SIGHUP the run is
+    recorded as interrupted, the summary printed, and the interrupt re-raised. `progress` prints
+    the notebooks' own output lines as they come, with elapsed time and an ETA.
     """
     stream = stream or sys.stdout
     notebooks_dir = Path(notebooks_dir) if notebooks_dir is not None else find_project_notebooks()
     root = Path(out) if out is not None else default_results_root()
+    if executor not in EXECUTORS:
+        raise RunnerError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    if scheduler and executor != "dask":
+        raise RunnerError("--scheduler goes with --executor dask")
     planned = plan(notebooks, params=dict(params or {}), quick=quick, notebooks_dir=notebooks_dir)
+    executions = expand(planned, dict(grid or {}), dict(params or {}))
     resolved = _resolve_device(device)
+    check_values([(execution.spec, execution.values) for execution in executions], resolved)
     _check_out_dir(root)
     _check_kernel()
+    if png:
+        try:
+            check_static_export()
+        except RuntimeError as unavailable:
+            raise RunnerError(f"--png: {unavailable}") from None
+    client, cluster = dask_client(scheduler) if executor == "dask" else (None, None)
 
-    import papermill
-
+    typed_params = {name: next(values[name] for _, values in planned if name in values) for name in (params or {})}
     results_run = Run.create(
         root,
         resolved,
         allocator_policy=_allocator_policy(),
         device_requested=device,
         quick=quick,
-        params={name: value for name, value in (params or {}).items()},
+        params=typed_params,
+        grid={name: list(values) for name, values in (grid or {}).items()},
+        executor=executor if executor == "local" else f"dask ({scheduler or 'local cluster'})",
         notebooks_dir=str(notebooks_dir.resolve()),
         command=list(command) if command is not None else None,
+        runner={"pid": os.getpid(), "host": socket.gethostname()},
     )
     result = RunResult(results_run.run_id, results_run.path)
     injected = {"device": resolved.name, "results_dir": str(results_run.path.resolve())}
-    for spec, values in planned:
-        results_run.info["notebooks"][spec.name] = {"status": "not run", "parameters": {**values, **injected}}
+    for execution in executions:
+        results_run.info["notebooks"][execution.key] = {
+            "status": "not run", "parameters": {**execution.values, **_injected(results_run, execution, injected)},
+            "path": str(execution.spec.path.resolve()), **({"grid": execution.point} if execution.point else {})}
     results_run.write_info()
-    print(f"run {results_run.run_id}: {len(planned)} notebook(s) on {resolved.name} -> {results_run.path}", file=stream, flush=True)
-
-    for index, (spec, values) in enumerate(planned, start=1):
-        parameters = {**values, **injected}
-        output = results_run.path / "notebooks" / f"{spec.name}.ipynb"
-        output.parent.mkdir(exist_ok=True)
-        shown = ", ".join(f"{key}={value!r}" for key, value in values.items())
-        print(f"[{index}/{len(planned)}] {spec.name}: started{f' ({shown})' if shown else ''}", file=stream, flush=True)
-        results_run.record_notebook(spec.name, status="running", started_at=now_iso())
-        started = time.perf_counter()
-        status, error = "ok", None
-        try:
-            papermill.execute_notebook(
-                str(spec.path),
-                str(output),
-                parameters=parameters,
-                kernel_name=KERNEL_NAME,
-                progress_bar=progress,
-                cwd=str(spec.path.parent),
-            )
-        except KeyboardInterrupt:
-            duration = time.perf_counter() - started
-            results_run.record_notebook(
-                spec.name, status="interrupted", duration_s=round(duration, 3), ended_at=now_iso(), error="KeyboardInterrupt"
-            )
-            result.notebooks.append(NotebookResult(spec.name, "interrupted", duration, parameters, "KeyboardInterrupt", output))
-            result.notebooks.extend(NotebookResult(s.name, "not run", 0.0, {**v, **injected}) for s, v in planned[index:])
-            result.interrupted = True
-            results_run.finish(interrupted=True)
-            print(f"[{index}/{len(planned)}] {spec.name}: interrupted", file=stream, flush=True)
-            print(result.summary(), file=stream, flush=True)
-            raise
-        except Exception as failure:  # a notebook's failure is a result to record; the others still run
-            status, error = "failed", _error_text(failure)
-        duration = time.perf_counter() - started
-        results_run.record_notebook(
-            spec.name,
-            status=status,
-            duration_s=round(duration, 3),
-            ended_at=now_iso(),
-            error=error,
-            output=str(output.relative_to(results_run.path)) if output.exists() else None,
-        )
-        result.notebooks.append(NotebookResult(spec.name, status, duration, parameters, error, output if output.exists() else None))
-        print(f"[{index}/{len(planned)}] {spec.name}: {status} in {duration:.1f} s{f' ({error})' if error else ''}", file=stream, flush=True)
-
-    results_run.finish(interrupted=False)
+    what = f"{len(executions)} grid point(s) of {len(planned)} notebook(s)" if grid else f"{len(planned)} notebook(s)"
+    print(f"run {results_run.run_id}: {what} on {resolved.name} -> {results_run.path}", file=stream, flush=True)
+    become_subreaper()
+    loop = _RunLoop(results_run, result, executions, injected, stream, root, quick, progress,
+                    PNG_FIGURES if png else PORTABLE_FIGURES)
+    try:
+        with terminate_as_interrupt():
+            if client is None:
+                loop.run_locally()
+            else:
+                loop.run_on_dask(client)
+    finally:
+        if client is not None:
+            client.close()
+        if cluster is not None:
+            cluster.close()
+    if grid:
+        _save_grid_figures(results_run)
+    results_run.finish(interrupted=False, data_sources={r.name: r.data_source for r in result.notebooks if r.data_source})
     print(result.summary(), file=stream, flush=True)
     print(verdict_text(load_records(results_run.path)), file=stream, flush=True)
+    result.report = write_report(results_run.path)
+    print(f"report: {result.report}", file=stream, flush=True)
     return result
+
+
+def _injected(results_run: Run, execution: Execution, injected: Mapping[str, str]) -> dict[str, str]:
+    """device and results_dir for one execution: a grid point writes into its own `points/<key>/`."""
+    if not execution.point:
+        return dict(injected)
+    return {**injected, "results_dir": str((results_run.path / "points" / execution.key).resolve())}
+
+
+class _RunLoop:
+    """Executes the planned notebooks or grid points, records each outcome in run.json as it comes,
+    and prints progress: the notebook's own lines locally, points done / total with an ETA."""
+
+    def __init__(self, results_run: Run, result: RunResult, executions: Sequence[Execution], injected: Mapping[str, str],
+                 stream: TextIO, root: Path, quick: bool, progress: bool, figures_env: Mapping[str, str]):
+        self.run_, self.result, self.executions, self.injected = results_run, result, list(executions), injected
+        self.stream, self.root, self.quick, self.progress, self.figures_env = stream, root, quick, progress, figures_env
+        self.durations: list[float] = []
+
+    def say(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    def _tally(self, index: int) -> str:
+        total = len(self.executions)
+        if total == 1:
+            return "[1/1]"
+        failed = sum(1 for r in self.result.notebooks if r.status in ("failed", "partial"))
+        left = total - len(self.result.notebooks)
+        eta = f", ~{sum(self.durations) / len(self.durations) * left:.0f} s left" if self.durations and left else ""
+        return f"[{index}/{total}, {len(self.result.notebooks)} done, {failed} failed{eta}]"
+
+    def _interrupted(self, index: int, execution: Execution, duration: float, reason: str) -> None:
+        reap_orphans()
+        self.run_.record_notebook(execution.key, status="interrupted", duration_s=round(duration, 3), ended_at=now_iso(),
+                                  error=reason)
+        parameters = {**execution.values, **_injected(self.run_, execution, self.injected)}
+        self.result.notebooks.append(NotebookResult(execution.key, "interrupted", duration, parameters, reason))
+        self.result.notebooks.extend(
+            NotebookResult(e.key, "not run", 0.0, {**e.values, **_injected(self.run_, e, self.injected)})
+            for e in self.executions[index:])
+        self.result.interrupted = True
+        self.run_.finish(interrupted=True, interrupted_by=reason)
+        self.say(f"[{index}/{len(self.executions)}] {execution.key}: interrupted ({reason})")
+        self.say(self.result.summary())
+        self.result.report = write_report(self.run_.path)
+        self.say(f"report (partial run): {self.result.report}")
+
+    def _finished(self, index: int, execution: Execution, status: str, error: str | None, duration: float,
+                  since: float, orphans: Sequence[int] = ()) -> None:
+        point_dir = self.run_.path / "points" / execution.key
+        failures, sources = case_outcomes(point_dir if execution.point else self.run_.path, since)
+        if failures and status == "ok":
+            status = "partial"
+            error = f"{len(failures)} case(s) failed: " + "; ".join(failures[:3]) + (" ..." if len(failures) > 3 else "")
+        if execution.point:
+            _merge_point_records(self.run_, execution, point_dir)
+        output = self.run_.path / "notebooks" / f"{execution.key}.ipynb"
+        data_source = "+".join(sources) or None
+        self.run_.record_notebook(
+            execution.key, status=status, duration_s=round(duration, 3), ended_at=now_iso(), error=error,
+            failed_cases=failures, data_source=data_source, orphans_killed=list(orphans),
+            output=str(output.relative_to(self.run_.path)) if output.exists() else None)
+        parameters = {**execution.values, **_injected(self.run_, execution, self.injected)}
+        self.result.notebooks.append(NotebookResult(execution.key, status, duration, parameters, error,
+                                                    output if output.exists() else None, data_source))
+        self.durations.append(duration)
+        detail = f" ({error.splitlines()[0][:200]})" if error else ""
+        self.say(f"{self._tally(index)} {execution.key}: {status} in {duration:.1f} s{detail}")
+
+    def run_locally(self) -> None:
+        with tempfile.TemporaryDirectory(prefix="benchlib-kernels-") as socket_dir:
+            kernel_manager = ipc_kernel_manager(socket_dir)
+            for index, execution in enumerate(self.executions, start=1):
+                parameters = {**execution.values, **_injected(self.run_, execution, self.injected)}
+                output = self.run_.path / "notebooks" / f"{execution.key}.ipynb"
+                output.parent.mkdir(exist_ok=True)
+                shown = ", ".join(f"{key}={value!r}" for key, value in execution.values.items())
+                expected = last_duration(self.root, execution.key, self.quick)
+                eta = f", last time {expected:.0f} s" if expected else ""
+                self.say(f"[{index}/{len(self.executions)}] {execution.key}: started{f' ({shown})' if shown else ''}{eta}")
+                self.run_.record_notebook(execution.key, status="running", started_at=now_iso())
+                started, wall_start = time.perf_counter(), time.time()
+                status, error = "ok", None
+                lines = ProgressLines(execution.spec.name, self.stream, expected) if self.progress else None
+                try:
+                    with kernel_environment(self.figures_env):
+                        papermill.execute_notebook(
+                            str(execution.spec.path), str(output), parameters=parameters, kernel_name=KERNEL_NAME,
+                            progress_bar=False, stdout_file=lines, stderr_file=lines, cwd=str(execution.spec.path.parent),
+                            kernel_manager_class=kernel_manager)
+                except KeyboardInterrupt as interrupt:
+                    reason = interrupt.signal_name if isinstance(interrupt, Terminated) else "KeyboardInterrupt"
+                    self._interrupted(index, execution, time.perf_counter() - started, reason)
+                    raise
+                except Exception as failure:  # a notebook's failure is a result to record; the others still run
+                    status, error = "failed", error_text(failure)
+                duration = time.perf_counter() - started
+                self._finished(index, execution, status, error, duration, wall_start, reap_orphans())
+
+    def run_on_dask(self, client) -> None:
+        """Submit every point (each needs the one benchmark slot of a worker) and record them as they come back."""
+        from distributed import as_completed
+
+        futures = {}
+        for execution in self.executions:
+            parameters = {**execution.values, **_injected(self.run_, execution, self.injected)}
+            future = client.submit(execute_remote, execution.spec.path.read_text(encoding="utf-8"), execution.spec.name,
+                                   parameters, str(execution.spec.path.parent), dict(self.figures_env),
+                                   resources={BENCHMARK_SLOT: 1}, pure=False, key=f"benchlib-{self.run_.run_id}-{execution.key}")
+            futures[future] = execution
+            self.run_.record_notebook(execution.key, status="submitted", started_at=now_iso())
+        self.say(f"submitted {len(futures)} point(s) to {client.scheduler.address}")
+        try:
+            for index, future in enumerate(as_completed(futures), start=1):
+                execution = futures[future]
+                point_dir = self.run_.path / "points" / execution.key if execution.point else self.run_.path
+                output = self.run_.path / "notebooks" / f"{execution.key}.ipynb"
+                try:
+                    summary = unpack_point(future.result(), point_dir, output)
+                    status, error, duration = summary["status"], summary["error"], summary["duration_s"]
+                except Exception as lost:  # the worker died, or the point could not be run there
+                    status, error, duration = "failed", f"{type(lost).__name__}: {lost}", 0.0
+                self._finished(index, execution, status, error, duration, since=0.0)
+        except KeyboardInterrupt as interrupt:
+            for future in futures:
+                future.cancel()
+            reason = interrupt.signal_name if isinstance(interrupt, Terminated) else "KeyboardInterrupt"
+            done = {r.name for r in self.result.notebooks}
+            remaining = [e for e in self.executions if e.key not in done]
+            if remaining:
+                self.executions = [e for e in self.executions if e.key in done] + remaining
+                self._interrupted(len(done) + 1, remaining[0], 0.0, reason)
+            raise
+
+
+def _merge_point_records(results_run: Run, execution: Execution, point_dir: Path) -> None:
+    """A grid point's records into the run's: `records/<point>.parquet` with the point in params["grid"]."""
+    parts = [read_records_file(path) for path in sorted((point_dir / "records").glob("*.parquet"))]
+    if not parts:
+        return
+    frame = pd.concat(parts, ignore_index=True)
+    frame["params"] = [json.dumps({**(json.loads(text) if text else {}), "grid": execution.point}, sort_keys=True, default=str)
+                       for text in frame["params"]]
+    frame["run_id"] = results_run.run_id
+    write_parquet_atomic(frame, results_run.path / "records" / f"{execution.key}.parquet")
+    results_run.refresh_records(skip_unreadable=True)
+
+
+def _save_grid_figures(results_run: Run) -> None:
+    """One "metric against parameter" figure per benchmark and headline metric, from the merged records."""
+    from benchlib.results.plots.sweep import GRID_METRICS, grid_figure
+
+    records = results_run.load_records()
+    if records.empty:
+        return
+    for benchmark in sorted(records["benchmark"].unique()):
+        rows = records[records["benchmark"] == benchmark]
+        for metric in GRID_METRICS:
+            if (rows["metric"] == metric).any():
+                results_run.save_figure(grid_figure(rows, metric=metric, grid=results_run.info.get("grid", {})),
+                                        f"grid_{benchmark}_{metric}")

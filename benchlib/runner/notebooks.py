@@ -8,6 +8,7 @@ default and look like a result. Here every name and type is checked against the 
 from __future__ import annotations
 
 import ast
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,19 +76,40 @@ def available_notebooks(notebooks_dir: Path) -> dict[str, Path]:
 
 
 def select_notebooks(names: Sequence[str], notebooks_dir: Path) -> dict[str, Path]:
-    """The notebooks asked for (with or without .ipynb), or all of them; unknown names are refused."""
-    available = available_notebooks(notebooks_dir)
-    if not available:
-        raise RunnerError(f"no notebooks (*.ipynb) in {str(notebooks_dir)!r}")
+    """The notebooks asked for, or all of them in `notebooks_dir`.
+
+    A name with a path separator is a file: that very file runs (its folder is its working
+    directory), or it is refused when missing; it is never swapped for the project's notebook of
+    the same name. A bare name (with or without .ipynb) is looked up in `notebooks_dir`.
+    """
     if not names:
+        available = available_notebooks(notebooks_dir)
+        if not available:
+            raise RunnerError(f"no notebooks (*.ipynb) in {str(notebooks_dir)!r}")
         return available
-    wanted = [Path(name).name.removesuffix(".ipynb") for name in names]
-    unknown = [name for name in wanted if name not in available]
+    selected: dict[str, Path] = {}
+    unknown = []
+    for name in names:
+        if os.sep in name or (os.altsep and os.altsep in name):
+            path = Path(name)
+            if path.suffix != ".ipynb" or not path.is_file():
+                raise RunnerError(f"notebook file {name!r} does not exist (a path must name an existing .ipynb file)")
+            stem = path.stem
+            if stem in selected and selected[stem] != path.resolve():
+                raise RunnerError(f"two notebooks named {stem!r} ({selected[stem]} and {path}); run them separately")
+            selected[stem] = path.resolve()
+            continue
+        available = available_notebooks(notebooks_dir)
+        stem = name.removesuffix(".ipynb")
+        if stem not in available:
+            unknown.append(stem)
+        else:
+            selected[stem] = available[stem]
     if unknown:
-        raise RunnerError(
-            f"unknown notebook(s): {', '.join(unknown)}; notebooks in {notebooks_dir}: {', '.join(available)}"
-        )
-    return {name: available[name] for name in dict.fromkeys(wanted)}
+        listing = ", ".join(available_notebooks(notebooks_dir)) or "none"
+        raise RunnerError(f"unknown notebook(s): {', '.join(unknown)}; notebooks in {notebooks_dir}: {listing} "
+                          "(or give a path to a .ipynb file)")
+    return selected
 
 
 def _literal(source: str) -> tuple[Any, bool]:

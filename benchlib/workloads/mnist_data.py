@@ -281,13 +281,15 @@ def load_mnist(
     if split not in MNIST_FILES:
         raise ValueError(f"split must be one of {sorted(MNIST_FILES)}, got {split!r}")
     data_dir = Path(data_dir).expanduser() if data_dir else default_data_dir()
-    images_stem, labels_stem = MNIST_FILES[split]
-    paths = [_find_file(data_dir, images_stem), _find_file(data_dir, labels_stem)]
-    reason = f"no {images_stem}[.gz] and {labels_stem}[.gz] in {data_dir}"
+    stems = MNIST_FILES[split]
+    paths = [_find_file(data_dir, stem) for stem in stems]
+    missing = [f"{stem}[.gz]" for stem, path in zip(stems, paths) if path is None]
+    present = [path.name for path in paths if path is not None]
+    reason = f"no {' and '.join(missing)} in {data_dir}" + (f" (found {', '.join(present)})" if present else "")
     if None in paths and download:
         try:
             download_mnist(data_dir, split, mirrors=mirrors, checksums=checksums, fetch=fetch)
-            paths = [_find_file(data_dir, images_stem), _find_file(data_dir, labels_stem)]
+            paths = [_find_file(data_dir, stem) for stem in stems]
         except OSError as exc:  # unreachable mirrors; a checksum mismatch raises MNISTDataError
             reason += f", and the download failed: {exc}"
     if None not in paths:

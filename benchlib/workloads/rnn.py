@@ -46,14 +46,15 @@ def rnn_loss(xp, T: int):
     """Summed logistic loss of the T outputs, written once against `xp`; marks where backward begins."""
 
     def loss(W, b, Wout, bout, x, label):
-        mark("forward")
-        h = x
-        total = None
-        for _ in range(T):
+        def step(state):
+            h, total = state
             h = xp.tanh(xp.dot(h, W) + b)
             logit = xp.dot(h, Wout) + bout
-            step = xp.sum(logit * (1 - label) + xp.log(1 + xp.exp(-logit)))
-            total = step if total is None else total + step
+            loss_t = xp.sum(logit * (1 - label) + xp.log(1 + xp.exp(-logit)))
+            return h, loss_t if total is None else total + loss_t
+
+        mark("forward")
+        _, total = xp.chain(step, step((x, None)), T - 1)
         mark("backward")
         return total
 

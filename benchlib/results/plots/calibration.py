@@ -45,8 +45,9 @@ def flop_rate_figure(records: pd.DataFrame) -> go.Figure:
                          arrayminus=group["median"] - group["q25"]),
             hovertemplate=f"{engine} {dtype} n=%{{x}}: %{{y:.3g}} GFLOP/s<extra></extra>"))
     device = ", ".join(sorted(rows["device"].unique()))
-    fig.update_xaxes(type="log")
-    return apply_layout(fig, title=f"Matrix-product throughput on {device} (median of repeats)",
+    sizes = sorted(stats["n"].unique())
+    fig.update_xaxes(type="log", tickmode="array", tickvals=sizes, ticktext=[str(n) for n in sizes], minor=dict(showgrid=False))
+    return apply_layout(fig, title=f"Matrix-product throughput on {device} (median of repeats; bars: quartiles)",
                         x_title="n (n×n @ n×n)", y_title="GFLOP/s")
 
 

@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from benchlib.results.plots.common import apply_layout, engine_color
+from benchlib.results.plots.common import apply_layout, engine_color, legend_right, log_axis
 
 # Per phase: allocation column, time column, the columns bounding the time's bar, unit, what the bar is.
 PHASE_COLUMNS = {
@@ -15,12 +15,28 @@ PHASE_COLUMNS = {
 }
 
 
-def steps_figure(table: pd.DataFrame, *, mwe: str, phase: str = "warm") -> go.Figure:
+def verdict_lines(verdicts: pd.DataFrame, *, mwe: str, phase: str, order: str) -> list[str]:
+    """One line per engine: how many step pairs had the same allocations and time, and which differed."""
+    rows = verdicts[(verdicts["mwe"] == mwe) & (verdicts["phase"] == phase) & (verdicts["order"] == order)]
+    lines = []
+    for engine, pairs in rows.groupby("engine", sort=False):
+        allocs_same = int((pairs["allocs verdict"] == "same").sum())
+        time_same = int((pairs["time verdict"] == "same").sum())
+        untested = int((pairs["time verdict"] == "too few samples").sum())
+        text = f"{engine}: allocations same in {allocs_same}/{len(pairs)} pairs, time same in {time_same}/{len(pairs)}"
+        if untested:
+            text += f" ({untested} too few samples)"
+        lines.append(text)
+    return lines
+
+
+def steps_figure(table: pd.DataFrame, *, mwe: str, phase: str = "warm", verdicts: pd.DataFrame | None = None) -> go.Figure:
     """Allocations (top) and time (bottom) per step, one column per order, one colour per engine.
 
     `table` is `benchlib.workloads.closures.seed_table(...)`. A closure "cursed" as in the seed
     shows as a step that stands out from the others of its engine. Log axes, because engines
-    differ by orders of magnitude while a curse is a difference within one engine.
+    differ by orders of magnitude while a curse is a difference within one engine. With
+    `verdicts` (`closures.verdict_table(...)`), each column states the verdicts under the plot.
     """
     if phase not in PHASE_COLUMNS:
         raise ValueError(f"phase must be one of {', '.join(PHASE_COLUMNS)}, got {phase!r}")
@@ -49,8 +65,17 @@ def steps_figure(table: pd.DataFrame, *, mwe: str, phase: str = "warm") -> go.Fi
                                      hovertemplate=f"%{{x}} (%{{customdata[0]}}): %{{y:.4g}} {unit}<extra>"
                                                    f"{engine}</extra>",
                                      **(common | {"showlegend": False})), row=2, col=column)
-    fig.update_yaxes(type="log")
+    for row, column_name in ((1, allocs), (2, time)):
+        log_axis(fig, rows[column_name], row=row)
     fig.update_yaxes(title_text=f"{phase} allocations per train()", row=1, col=1)
     fig.update_yaxes(title_text=f"{phase} time per train() ({unit}; bars: {bar})", row=2, col=1)
-    return apply_layout(fig, title=f"identical_closures, {mwe} MWE, {phase}: allocations and time per step",
-                        height=640)
+    apply_layout(fig, title=f"identical_closures, {mwe} MWE, {phase}: allocations and time per step", height=640)
+    legend_right(fig)
+    if verdicts is not None:
+        notes = [verdict_lines(verdicts, mwe=mwe, phase=phase, order=order) for order in orders]
+        for column, lines in enumerate(notes):
+            fig.add_annotation(text="<br>".join(lines) or "no verdicts", xref="paper", yref="paper", showarrow=False,
+                               x=column / len(orders), y=-0.1, xanchor="left", yanchor="top", align="left",
+                               font=dict(size=11))
+        fig.update_layout(height=640 + 16 * max(len(lines) for lines in notes), margin=dict(b=60 + 16 * max(len(n) for n in notes)))
+    return fig

@@ -3,23 +3,41 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Sequence
 
 import pandas as pd
 import plotly.graph_objects as go
 
-# The engines of docs/architecture.md (and identical_closures' torch variants, drawn in one figure
-# with them) get fixed colours; any other name gets a stable one from PALETTE, which shares none of them.
-ENGINE_COLORS = {
-    "manual": "#4d4d4d",
-    "benchlib-inplace": "#1f77b4",
-    "benchlib-deferred": "#aec7e8",
-    "autograd": "#2ca02c",
-    "torch": "#d62728",
-    "torch.compile": "#ff7f0e",
-    "torch.func": "#9467bd",
+# One palette for every series the notebooks draw, by the groups of names that share a figure:
+# within a group every name has a colour of its own, dark enough to read on white; names of
+# different groups never meet in one figure, so hues repeat across groups. Any other name gets
+# a stable colour from PALETTE, which shares none of these.
+SERIES_COLORS = {
+    "engines": {  # dot_chain, rnn_fanout, identical_closures (with its torch variants), calibration
+        "manual": "#222222",
+        "manual-seed": "#8c8c8c",
+        "benchlib-inplace": "#1f77b4",
+        "benchlib-deferred": "#6a3d9a",
+        "benchlib-checkpoint": "#0f8b8d",
+        "autograd": "#2ca02c",
+        "torch": "#d62728",
+        "torch-checkpoint": "#e377c2",
+        "torch.compile": "#ff7f0e",
+        "torch.func": "#8c564b",
+        "numpy": "#b8860b",
+    },
+    "strategies": {  # mnist_ensembles
+        "naive": "#d62728",
+        "buffers_reused": "#ff7f0e",
+        "step_in_backward": "#9467bd",
+        "batched_vmap": "#1f77b4",
+        "batched_hand": "#2ca02c",
+    },
+    "lenet modes": {"sequential": "#d62728", "threads": "#ff7f0e", "vmap": "#1f77b4"},
 }
-PALETTE = ("#8c564b", "#e377c2", "#bcbd22", "#17becf", "#7f7f7f", "#98df8a", "#c5b0d5", "#ffbb78")
+ENGINE_COLORS = {name: color for group in SERIES_COLORS.values() for name, color in group.items()}
+PALETTE = ("#17becf", "#7f7f7f", "#bcbd22", "#393b79", "#843c39", "#637939", "#7b4173")
 TEMPLATE = "plotly_white"
 
 
@@ -36,6 +54,18 @@ def engine_colors(engines: Iterable[str]) -> dict[str, str]:
     return {engine: engine_color(engine) for engine in engines}
 
 
+def log_ticks(low: float, high: float) -> list[float]:
+    """1-2-5 tick values spanning [low, high] for a log axis: every tick labelled in full,
+    instead of plotly's small '2 3 5' minor digits that read as values."""
+    if not (low > 0 and high >= low):
+        raise ValueError(f"log ticks need 0 < low <= high, got {low}, {high}")
+    ticks, decade = [], 10.0 ** math.floor(math.log10(low))
+    while decade <= high * 10:
+        ticks += [float(f"{m * decade:.6g}") for m in (1, 2, 5) if low / 2 <= m * decade <= high * 2]
+        decade *= 10
+    return ticks
+
+
 def apply_layout(fig: go.Figure, *, title: str, x_title: str | None = None, y_title: str | None = None, height: int = 420) -> go.Figure:
     """The common look: white template, title, axis titles, legend above the plot."""
     fig.update_layout(
@@ -50,6 +80,22 @@ def apply_layout(fig: go.Figure, *, title: str, x_title: str | None = None, y_ti
     if y_title is not None:
         fig.update_yaxes(title_text=y_title)
     return fig
+
+
+def legend_right(fig: go.Figure) -> go.Figure:
+    """The legend in a column right of the plot: for figures whose subplot titles sit where
+    `apply_layout` puts the legend (above the plot)."""
+    return fig.update_layout(legend=dict(orientation="v", yanchor="top", y=1.0, xanchor="left", x=1.01),
+                             margin=dict(r=190))
+
+
+def log_axis(fig: go.Figure, values: pd.Series, **selector) -> go.Figure:
+    """A log y axis with labelled 1-2-5 ticks spanning the positive `values` (see `log_ticks`)."""
+    positive = values[values > 0]
+    if positive.empty:
+        return fig.update_yaxes(type="log", **selector)
+    ticks = log_ticks(float(positive.min()), float(positive.max()))
+    return fig.update_yaxes(type="log", tickmode="array", tickvals=ticks, ticktext=[f"{t:g}" for t in ticks], **selector)
 
 
 def ratio_frame(records: pd.DataFrame, *, metric: str, baseline: str, by: Sequence[str] = ("case",)) -> pd.DataFrame:

@@ -13,7 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from benchlib.results.plots.common import apply_layout, engine_color, ratio_frame
+from benchlib.results.plots.common import apply_layout, engine_color, legend_right, ratio_frame
 
 MB = 1e6
 PHASE_SYMBOLS = {"forward": "circle-open", "backward": "diamond"}
@@ -51,28 +51,60 @@ def _annotate(fig: go.Figure, notes: Sequence[str]) -> go.Figure:
     return fig
 
 
-def memory_timelines(timelines: pd.DataFrame, *, case: str | None = None, records: pd.DataFrame | None = None,
-                     title: str = "Memory above baseline during one gradient call") -> go.Figure:
-    """Memory over time for every engine on one plot; a marker where each phase begins.
+ZOOM_SPREAD = 4.0  # engines whose peaks differ by more than this factor get a zoomed second panel
 
-    All engines share the time axis from their own start, as in the seed's picture: a longer line
-    is a slower engine, a higher one holds more memory.
-    """
-    frame = _one_case(timelines, case, "the timelines")
-    fig = go.Figure()
+
+def split_calls(samples: pd.DataFrame) -> pd.DataFrame:
+    """Number each gradient call in one engine's samples (a new call begins where 'forward' begins
+    again) and re-zero its time, so repeats are drawn over each other rather than end to end."""
+    forward_starts = samples["phase"].eq("forward") & samples["phase"].shift().ne("forward")
+    call = forward_starts.cumsum().clip(lower=1)
+    t0 = samples.groupby(call)["t_s"].transform("min")
+    return samples.assign(call=call.to_numpy(), t_call_s=(samples["t_s"] - t0).to_numpy())
+
+
+def _engine_lines(fig: go.Figure, frame: pd.DataFrame, *, row: int, showlegend: bool) -> None:
     for engine, samples in frame.groupby("engine", sort=False):
         color = engine_color(engine)
-        fig.add_trace(go.Scatter(x=samples["t_s"], y=samples["bytes"] / MB, mode="lines", name=engine,
-                                 legendgroup=engine, line=dict(color=color),
-                                 hovertemplate=f"{engine}<br>%{{x:.3f}} s, %{{y:.1f}} MB<extra></extra>"))
-        starts = samples[samples["phase"].ne(samples["phase"].shift()) & samples["phase"].ne("")]
-        fig.add_trace(go.Scatter(
-            x=starts["t_s"], y=starts["bytes"] / MB, mode="markers", legendgroup=engine, showlegend=False,
-            marker=dict(color=color, size=10, symbol=[PHASE_SYMBOLS.get(p, "x") for p in starts["phase"]]),
-            text=starts["phase"], hovertemplate=f"{engine}: %{{text}} begins at %{{x:.3f}} s<extra></extra>"))
-    apply_layout(fig, title=f"{title} ({case})" if case else title, x_title="time since the timed call began (s)",
-                 y_title="memory above baseline (MB)")
-    notes = ["markers: ○ forward begins, ◇ backward begins"]
+        calls = split_calls(samples)
+        last = int(calls["call"].max())
+        for call, one in calls.groupby("call", sort=True):
+            fig.add_trace(go.Scatter(
+                x=one["t_call_s"], y=one["bytes"] / MB, mode="lines", name=engine, legendgroup=engine,
+                showlegend=bool(showlegend and call == last), opacity=1.0 if call == last else 0.45,
+                line=dict(color=color, width=2 if call == last else 1),
+                hovertemplate=f"{engine}, call {call}<br>%{{x:.3f}} s, %{{y:.1f}} MB<extra></extra>"), row=row, col=1)
+            starts = one[one["phase"].ne(one["phase"].shift()) & one["phase"].ne("")]
+            if call == last:
+                fig.add_trace(go.Scatter(
+                    x=starts["t_call_s"], y=starts["bytes"] / MB, mode="markers", legendgroup=engine, showlegend=False,
+                    marker=dict(color=color, size=10, symbol=[PHASE_SYMBOLS.get(p, "x") for p in starts["phase"]]),
+                    text=starts["phase"], hovertemplate=f"{engine}: %{{text}} begins at %{{x:.3f}} s<extra></extra>"),
+                    row=row, col=1)
+
+
+def memory_timelines(timelines: pd.DataFrame, *, case: str | None = None, records: pd.DataFrame | None = None,
+                     title: str = "Memory above baseline during one gradient call") -> go.Figure:
+    """Memory over time for every engine, each call from its own start (repeats drawn faintly
+    under the last); a marker where each phase of the last call begins.
+
+    A longer line is a slower engine, a higher one holds more memory. When one engine's peak is
+    far above the others (deferred accumulation on the RNN), a second panel zooms on the rest.
+    """
+    frame = _one_case(timelines, case, "the timelines")
+    peaks = frame.groupby("engine", sort=False)["bytes"].max().clip(lower=1)
+    low = peaks[peaks <= peaks.min() * ZOOM_SPREAD]
+    zoom = len(low) < len(peaks) and len(low) > 1
+    fig = make_subplots(rows=2 if zoom else 1, cols=1, shared_xaxes=True, vertical_spacing=0.12,
+                        subplot_titles=("all engines", f"zoom: {', '.join(low.index)}") if zoom else None)
+    _engine_lines(fig, frame, row=1, showlegend=True)
+    if zoom:
+        _engine_lines(fig, frame[frame["engine"].isin(low.index)], row=2, showlegend=False)
+        fig.update_yaxes(title_text="MB above baseline", row=2, col=1)
+    apply_layout(fig, title=f"{title} ({case})" if case else title, height=640 if zoom else 420)
+    fig.update_yaxes(title_text="memory above baseline (MB)", row=1, col=1)
+    fig.update_xaxes(title_text="time since the call began (s)", row=2 if zoom else 1, col=1)
+    notes = ["markers: ○ forward begins, ◇ backward begins (last call); faint lines: earlier calls"]
     if records is not None:
         notes += _status_notes(records, case)
     return _annotate(fig, notes)
@@ -116,6 +148,6 @@ def sweep_lines(records: pd.DataFrame, *, parameter: str = "T",
                 fig.add_trace(go.Scatter(x=rows[parameter], y=rows[metric] / scale, mode="lines+markers", name=engine,
                                          legendgroup=engine, showlegend=col == 1, line=dict(color=color)),
                               row=1, col=col)
-    apply_layout(fig, title=title)
+    legend_right(apply_layout(fig, title=title))
     fig.update_xaxes(title_text=parameter)
     return _annotate(fig, _status_notes(records))

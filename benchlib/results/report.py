@@ -1,0 +1,226 @@
+"""report.html: the one page to open after a run.
+
+A run directory holds many figures, tables and executed notebooks; this page ties them together:
+the environment that shaped the numbers, the seed verdicts, then one section per notebook with
+its question, its headline tables and every figure it saved. It carries one inline copy of
+plotly.js and the figures' JSON, so it opens offline from the file system and can be mailed on
+its own. When the page has drawn every figure it sets `data-figures-rendered` on <body>; script
+errors are collected in `data-script-errors`, so a headless browser can check the page.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pandas as pd
+
+from benchlib.results.store import RUN_INFO, load_run_info, resolve_run, write_text_atomic
+
+REPORT = "report.html"
+HEADLINE_SUFFIX = "_headline"  # tables/<notebook>_headline.parquet are shown in the notebook's section
+_OTHER = "other figures"
+GRID_SECTION = "parameter grid"  # figures named grid_* (benchlib run --grid): metric against the grid's parameters
+
+
+def figure_names(run_path: Path) -> list[str]:
+    """The figures a run saved (figures/<name>.json), sorted."""
+    return sorted(path.stem for path in (run_path / "figures").glob("*.json"))
+
+
+def group_by_notebook(names: Sequence[str], notebooks: Sequence[str]) -> dict[str, list[str]]:
+    """Figure or table names under the notebook whose name is their longest prefix; the rest under 'other figures'.
+
+    Notebooks name what they save after themselves (`dot_chain_peak`), so no extra index is needed.
+    """
+    groups: dict[str, list[str]] = {notebook: [] for notebook in notebooks}
+    by_length = sorted(notebooks, key=len, reverse=True)
+    for name in names:
+        owner = next((nb for nb in by_length if name == nb or name.startswith(f"{nb}_")),
+                     GRID_SECTION if name.startswith("grid_") else _OTHER)
+        groups.setdefault(owner, []).append(name)
+    return groups
+
+
+def notebook_question(run_path: Path, notebook: str, info: Mapping[str, Any]) -> str:
+    """The first markdown paragraph of the notebook (executed copy, else the source): what it asks."""
+    candidates = [run_path / "notebooks" / f"{notebook}.ipynb"]
+    if info.get("notebooks_dir"):
+        candidates.append(Path(info["notebooks_dir"]) / f"{notebook}.ipynb")
+    for path in candidates:
+        if not path.is_file():
+            continue
+        try:
+            cells = nbformat.read(path, as_version=4).cells
+        except Exception:  # an unreadable notebook must not stop the report; the section says so
+            return f"(the notebook {path.name} could not be read)"
+        for cell in cells:
+            if cell.cell_type == "markdown" and cell.source.strip():
+                paragraphs = [p.strip() for p in cell.source.split("\n\n") if p.strip()]
+                text = " ".join(p.lstrip("#").strip() for p in paragraphs[:2])
+                return text
+    return ""
+
+
+def _environment_lines(info: Mapping[str, Any]) -> list[str]:
+    """A few lines naming what shaped the numbers: device, versions, commit, allocator, threads, data."""
+    env = info.get("environment", {})
+    packages = env.get("packages", {})
+    cpu = env.get("cpu", {})
+    gpu = env.get("gpu", {})
+    git = env.get("git", {})
+    allocator = env.get("allocator", {})
+    gpu_text = ", ".join(d.get("name", "?") for d in gpu.get("devices", [])) if gpu.get("available") else gpu.get("note", "none")
+    versions = ", ".join(f"{name} {version}" for name, version in packages.items() if version)
+    commit = (git.get("commit") or "unknown")[:12] + (" (dirty tree)" if git.get("dirty") else "")
+    lines = [
+        f"device {info.get('device')} (asked: {info.get('device_requested', info.get('device'))}); "
+        f"host {env.get('host', '?')}, {cpu.get('model', '?')}, {cpu.get('usable_cores', '?')} usable cores, "
+        f"{env.get('torch_threads', '?')} torch threads; GPU: {gpu_text}",
+        f"Python {env.get('python', {}).get('version', '?')}; {versions}",
+        f"commit {commit}; allocator policy {allocator.get('isolation_default_policy')}, "
+        f"environment {json.dumps(allocator.get('env', {}))}",
+    ]
+    sources = info.get("data_sources") or info.get("data_source")
+    if sources:
+        lines.append(f"data: {json.dumps(sources) if not isinstance(sources, str) else sources}")
+    if info.get("quick"):
+        lines.append("quick sizes (--quick): a first look, not the default sizes")
+    return lines
+
+
+def _status_table(info: Mapping[str, Any]) -> pd.DataFrame:
+    rows = []
+    for name, entry in info.get("notebooks", {}).items():
+        error = (entry.get("error") or "").splitlines()
+        rows.append(
+            {
+                "notebook": name,
+                "status": entry.get("status"),
+                "duration (s)": entry.get("duration_s"),
+                "error": error[0][:160] if error else "",
+            }
+        )
+    return pd.DataFrame(rows, columns=["notebook", "status", "duration (s)", "error"])
+
+
+def _table_html(frame: pd.DataFrame) -> str:
+    return frame.to_html(index=False, border=0, classes="table", na_rep="", float_format=lambda v: f"{v:.4g}")
+
+
+def _headline_tables(run_path: Path, tables: Sequence[str]) -> list[tuple[str, pd.DataFrame]]:
+    shown = []
+    for name in tables:
+        if name.endswith(HEADLINE_SUFFIX):
+            try:
+                shown.append((name, pd.read_parquet(run_path / "tables" / f"{name}.parquet")))
+            except Exception as error:  # keep the page: say which file is unreadable
+                shown.append((name, pd.DataFrame({"unreadable table": [f"{name}.parquet: {error}"]})))
+    return shown
+
+
+_STYLE = """
+body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 24px auto; max-width: 1250px;
+       color: #222; line-height: 1.4; }
+h1 { font-size: 1.6em; margin-bottom: 4px; } h2 { border-bottom: 1px solid #ccc; padding-bottom: 4px; margin-top: 36px; }
+.env { color: #444; font-size: 0.92em; margin: 2px 0; }
+.question { font-style: italic; color: #333; }
+table.table { border-collapse: collapse; font-size: 0.9em; margin: 8px 0 16px; }
+table.table th, table.table td { padding: 3px 10px; border-bottom: 1px solid #e3e3e3; text-align: left; }
+table.table th { background: #f4f4f4; }
+.status-ok { color: #1a7f37; } .status-failed, .status-partial, .status-interrupted { color: #b42318; font-weight: bold; }
+.figure { border: 1px solid #eee; margin: 12px 0; min-height: 420px; }
+nav a { margin-right: 14px; }
+"""
+
+_RENDER_SCRIPT = """
+(function () {
+  var errors = [];
+  window.addEventListener('error', function (e) { errors.push(String(e.message)); report(); });
+  function report() { document.body.setAttribute('data-script-errors', JSON.stringify(errors)); }
+  report();
+  var specs = JSON.parse(document.getElementById('figure-data').textContent);
+  var drawn = 0;
+  var pending = specs.map(function (spec) {
+    var target = document.getElementById(spec.id);
+    try {
+      var figure = spec.figure;
+      var layout = Object.assign({}, figure.layout || {}, {autosize: true});
+      return Plotly.newPlot(target, figure.data || [], layout, {responsive: true}).then(function () { drawn += 1; })
+        .catch(function (e) { errors.push(spec.id + ': ' + e); });
+    } catch (e) { errors.push(spec.id + ': ' + e); return Promise.resolve(); }
+  });
+  Promise.all(pending).then(function () {
+    document.body.setAttribute('data-figures-rendered', String(drawn)); report();
+  });
+})();
+"""
+
+
+def build_report(run: str | os.PathLike, verdicts: pd.DataFrame | None = None) -> str:
+    """The report page of a run directory (or run id) as one HTML string."""
+    run_path = resolve_run(run)
+    info = load_run_info(run_path)
+    notebooks = list(info.get("notebooks", {}))
+    figures = group_by_notebook(figure_names(run_path), notebooks)
+    table_names = sorted(path.stem for path in (run_path / "tables").glob("*.parquet"))
+    tables = group_by_notebook(table_names, notebooks)
+    figure_specs: list[dict[str, Any]] = []
+    esc = html.escape
+
+    parts = [f"<h1>benchlib run {esc(info.get('run_id', run_path.name))}</h1>"]
+    parts.append(f"<p class='env'>started {esc(str(info.get('started_at')))}, ended {esc(str(info.get('ended_at') or 'not finished'))}</p>")
+    parts += [f"<p class='env'>{esc(line)}</p>" for line in _environment_lines(info)]
+    sections = [name for name in figures if figures[name] or name in notebooks]
+    parts.append("<nav>" + "".join(f"<a href='#{esc(name)}'>{esc(name)}</a>" for name in sections) + "</nav>")
+    parts.append("<h2 id='status'>Notebooks</h2>" + _table_html(_status_table(info)))
+    if verdicts is not None and not verdicts.empty:
+        parts.append("<h2 id='verdicts'>Seed verdicts</h2>" + _table_html(verdicts))
+
+    for section in sections:
+        entry = info.get("notebooks", {}).get(section, {})
+        parts.append(f"<h2 id='{esc(section)}'>{esc(section)}</h2>")
+        question = notebook_question(run_path, section, info) if section in notebooks else ""
+        if question:
+            parts.append(f"<p class='question'>{esc(question)}</p>")
+        if entry:
+            status = entry.get("status", "?")
+            link = entry.get("output")
+            line = f"status <span class='status-{esc(status)}'>{esc(status)}</span>"
+            if entry.get("duration_s") is not None:
+                line += f", {entry['duration_s']:.0f} s"
+            if link:
+                line += f"; executed notebook: <a href='{esc(link)}'>{esc(link)}</a>"
+            parts.append(f"<p>{line}</p>")
+        for name, frame in _headline_tables(run_path, tables.get(section, [])):
+            parts.append(f"<h3>{esc(name)}</h3>" + _table_html(frame))
+        for name in figures.get(section, []):
+            figure_id = f"figure-{len(figure_specs)}"
+            figure_json = json.loads((run_path / "figures" / f"{name}.json").read_text(encoding="utf-8"))
+            figure_specs.append({"id": figure_id, "name": name, "figure": figure_json})
+            parts.append(f"<div class='figure' id='{figure_id}' data-name='{esc(name)}'></div>")
+
+    from plotly.offline import get_plotlyjs
+
+    # '</' inside JSON would end the <script> element early; JSON allows the escaped form.
+    data = json.dumps(figure_specs).replace("</", "<\\/")
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>benchlib run {esc(info.get('run_id', run_path.name))}</title><style>{_STYLE}</style>"
+        f"<script>{get_plotlyjs()}</script></head>\n<body data-figures='{len(figure_specs)}'>\n"
+        + "\n".join(parts)
+        + f"\n<script type='application/json' id='figure-data'>{data}</script>\n<script>{_RENDER_SCRIPT}</script>\n</body></html>\n"
+    )
+
+
+def write_report(run: str | os.PathLike, verdicts: pd.DataFrame | None = None) -> Path:
+    """Write `<run>/report.html` (atomically) and return its path."""
+    run_path = resolve_run(run)
+    if not (run_path / RUN_INFO).is_file():
+        raise FileNotFoundError(f"{run_path} has no run.json: a report needs the run's metadata")
+    return write_text_atomic(build_report(run_path, verdicts), run_path / REPORT)

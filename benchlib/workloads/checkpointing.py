@@ -1,0 +1,86 @@
+"""Below the floor: the dot chain's gradient under a snapshot budget, from 2 to depth.
+
+Every budget N runs `benchlib.autodiff.grad(..., checkpoint=N)` (binomial, Revolve) in a fresh
+process, beside `manual` (the floor that stores every z) and the "sqrt" policy: measured peak
+memory and time, the tape's exact counters (`saved_bytes_peak`, `peak_total_bytes`,
+`recomputed_nodes`) and Revolve's predicted recomputation count for the same chain, so the
+schedule is checked against its theory. Each case's gradient is compared with manual's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from benchlib import autodiff
+from benchlib.autodiff import ops
+from benchlib.autodiff.checkpoint import revolve_cost
+from benchlib.engines import get_engine
+from benchlib.engines.comparison import EngineComparison, compare_engines, save_gradient, validate_common
+from benchlib.measure import Case
+from benchlib.workloads import dot_chain
+
+BENCHMARK = "checkpointing"
+TARGET = "benchlib.workloads.checkpointing:case"
+ENGINES = ("manual", "benchlib-checkpoint")
+SQRT = "sqrt"
+
+
+def case(*, device, engine: str, D: int, depth: int, dtype: str, gradient_dir: str, budget, seed: int = 0) -> Case:
+    """`manual`, or benchlib's engine under `budget` snapshots ("sqrt" or an int), set up in the child;
+    the check reports the tape's counters and Revolve's prediction."""
+    chosen = get_engine(engine)
+    x_np, z_np, _ = dot_chain.make_data(D, dtype, seed)
+    x, z = chosen.asarray(x_np, device), chosen.asarray(z_np, device)
+    del x_np, z_np
+    if chosen.hand_written:
+        gradient = dot_chain.manual_gradient(chosen.namespace(device), depth)
+    else:
+        gradient = autodiff.grad(dot_chain.chain_loss(ops, depth), 0, checkpoint=budget)
+
+    def check(result) -> dict[str, float]:
+        save_gradient(result, gradient_dir, engine)
+        if chosen.hand_written:
+            return {}
+        stats = gradient.stats
+        counters = {"recomputed_nodes": stats.recomputed_nodes, "saved_bytes_peak": stats.saved_bytes_peak,
+                    "peak_total_bytes": stats.peak_total_bytes}
+        if budget != SQRT:
+            counters["revolve_recomputations"] = revolve_cost(depth, budget)  # the chain has depth steps
+        return counters
+
+    return Case(lambda: gradient(x, z), check)
+
+
+def check_budgets(budgets: Iterable, depth: int) -> list[int]:
+    """Budgets as a list of distinct ints in 1..depth; what is wrong is said otherwise."""
+    if isinstance(budgets, (str, int)) or not list(budgets):
+        raise ValueError(f"budgets must be a non-empty list of snapshot counts in 1..depth ({depth}), got {budgets!r}")
+    budgets = list(budgets)
+    bad = [b for b in budgets if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= depth]
+    if bad:
+        raise ValueError(f"budgets must be integers in 1..depth ({depth}), got {bad}")
+    if len(set(budgets)) != len(budgets):
+        raise ValueError(f"budgets lists a value twice: {budgets}")
+    return budgets
+
+
+def run(*, device="auto", dtype: str = "float64", D: int = 500, depth: int = 100, budgets=(2, 5, 10, 20, 50, 100),
+        repeats: int = 1, warmup: int = 0, seed: int = 0, malloc: str | None = None, progress=print) -> EngineComparison:
+    """manual and benchlib-checkpoint at every budget (and "sqrt"), each case in a fresh process."""
+    validate_common(dtype=dtype, engines=ENGINES, repeats=repeats, warmup=warmup)
+    budgets = check_budgets(budgets, depth)
+    return compare_engines(
+        benchmark=BENCHMARK,
+        target=TARGET,
+        cases={f"budget={budget}": {"D": D, "depth": depth, "budget": budget, "seed": seed}
+               for budget in [*budgets, SQRT]},
+        engines=ENGINES,
+        device=device,
+        dtype=dtype,
+        repeats=repeats,
+        warmup=warmup,
+        memory_required=lambda engine, _params: dot_chain.memory_required_bytes(engine, D, depth, dtype),
+        malloc=malloc,
+        describe={"x_scaling": dot_chain.X_SCALING},
+        progress=progress,
+    )

@@ -1,0 +1,61 @@
+"""The checkpointing notebook's workload: every budget measured beside manual, counters and Revolve's prediction."""
+
+import io
+import json
+
+import pandas as pd
+import pytest
+
+from benchlib.autodiff.checkpoint import revolve_cost
+from benchlib.results.plots.checkpointing import budget_table, tradeoff_figure
+from benchlib.workloads import checkpointing
+
+
+def test_budgets_are_checked_before_any_process_starts():
+    for bad, message in (([], "non-empty list"), ([0, 2], r"integers in 1..depth \(8\)"), ([2, 2], "twice"),
+                         ("2", "non-empty list")):
+        with pytest.raises(ValueError, match=message):
+            checkpointing.run(D=8, depth=8, budgets=bad, progress=None)
+
+
+@pytest.mark.slow
+def test_each_budget_matches_manual_and_recomputes_what_revolve_predicts():
+    comparison = checkpointing.run(D=16, depth=10, budgets=[1, 3, 10], progress=None)
+    comparison.check_gradients()
+    frame = comparison.frame()
+    table = budget_table(frame)
+    assert table["budget"].tolist() == ["1", "3", "10", "sqrt"]
+    measured = table.set_index("budget")
+    for budget in (1, 3, 10):
+        assert measured.loc[str(budget), "recomputed_nodes"] == revolve_cost(10, budget)
+        assert measured.loc[str(budget), "revolve_recomputations"] == revolve_cost(10, budget)
+    assert measured.loc["1", "saved_bytes_peak"] < measured.loc["10", "saved_bytes_peak"]
+    errors = frame[frame["metric"] == "grad_max_rel_err"]["value"]
+    assert len(errors) == 4 and (errors == 0).all()  # the same operations: bit for bit
+    figure = tradeoff_figure(frame, title="t")
+    assert {trace.name for trace in figure.data} >= {"recomputed (measured)", "Revolve's prediction"}
+
+
+@pytest.mark.slow
+def test_notebook_runs_with_quick_sizes(tmp_path):
+    from benchlib.runner import run
+
+    result = run(["checkpointing"], device="cpu", out=tmp_path, quick=True, progress=False, stream=io.StringIO())
+    assert result.ok, result.summary()
+    records = pd.read_parquet(result.path / "records" / "checkpointing.parquet")
+    budgets = {json.loads(p)["budget"] for p in records["params"]}
+    assert budgets == {2, 4, 12, "sqrt"}
+    assert (result.path / "figures" / "checkpointing_tradeoff.html").is_file()
+    assert (result.path / "tables" / "checkpointing_headline.parquet").is_file()
+
+
+def test_notebook_is_thin_and_committed_without_outputs():
+    from pathlib import Path
+
+    import nbformat
+
+    notebook = nbformat.read(Path(__file__).parents[1] / "notebooks" / "checkpointing.ipynb", as_version=4)
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert "parameters" in code[0].metadata["tags"] and "quick" in code[1].metadata["tags"]
+    assert all(not cell.outputs and cell.execution_count is None for cell in code)
+    assert sum(len([line for line in cell.source.splitlines() if line.strip()]) for cell in code) <= 60

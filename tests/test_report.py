@@ -1,0 +1,120 @@
+"""report.html: grouping, content, the `benchlib report` command, and a real-browser render."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import plotly.graph_objects as go
+import pytest
+
+from benchlib.results import Run, make_record
+from benchlib.results.report import build_report, group_by_notebook, write_report
+from benchlib.runner.cli import main
+
+NOTEBOOKS = Path(__file__).parent / "notebooks"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it where it runs as root)"
+)
+
+
+def rendered_dom(page: Path) -> str:
+    """The page's DOM after its scripts ran, from headless Chromium (offline, throw-away profile)."""
+    result = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={page.parent / '.chromium'}",
+         "--virtual-time-budget=15000", "--dump-dom", page.resolve().as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+def small_run(root: Path) -> Run:
+    run = Run.create(root, "cpu", notebooks={})
+    run.record_notebook("alpha", status="ok", duration_s=1.0, output="notebooks/alpha.ipynb")
+    run.record_notebook("alpha_beta", status="partial", duration_s=2.0, error="CaseFailed: engine x crashed\nmore")
+    run.save_records([make_record(benchmark="alpha", case="c", engine="e", device="cpu", dtype="float64",
+                                  metric="time", value=1.0, unit="s")], "alpha")
+    run.save_figure(go.Figure(go.Bar(x=["a"], y=[1], name="</script><b>x</b>")), "alpha_bars")
+    run.save_figure(go.Figure(go.Scatter(x=[1, 2], y=[3, 4])), "alpha_beta_line")
+    run.save_figure(go.Figure(), "loose")
+    return run
+
+
+def test_figures_group_under_the_longest_notebook_prefix():
+    groups = group_by_notebook(["alpha_bars", "alpha_beta_line", "alpha", "loose"], ["alpha", "alpha_beta"])
+    assert groups == {"alpha": ["alpha_bars", "alpha"], "alpha_beta": ["alpha_beta_line"], "other figures": ["loose"]}
+
+
+def test_report_holds_every_figure_status_and_environment_escaped(tmp_path):
+    run = small_run(tmp_path)
+    page = build_report(run.path)
+    assert "data-figures='3'" in page
+    assert page.count("class='figure'") == 3
+    assert "status-partial" in page and "CaseFailed: engine x crashed" in page and "more" not in page.split("Notebooks")[1].split("</table>")[0]
+    assert "torch" in page and "allocator policy" in page
+    assert "</script><b>" not in page  # a figure's text cannot close the data element
+    assert page.count("Plotly.newPlot") == 1  # one render loop; plotly.js inline once
+    assert write_report(run.path) == run.path / "report.html"
+
+
+def test_report_command_writes_the_page_and_refuses_an_unknown_run(tmp_path, capsys):
+    run = small_run(tmp_path)
+    assert main(["report", str(run.path)]) == 0
+    assert capsys.readouterr().out.strip() == str(run.path / "report.html")
+    assert main(["report", "no-such-run", "--out", str(tmp_path)]) == 2
+    assert "no run 'no-such-run'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_a_quick_run_ends_with_a_report_that_renders_every_figure_in_chromium(tmp_path, capsys):
+    code = main(["run", "probe", "--quick", "--device", "cpu", "--no-progress",
+                 "--notebooks-dir", str(NOTEBOOKS), "--out", str(tmp_path)])
+    assert code == 0
+    last_line = capsys.readouterr().out.strip().splitlines()[-1]
+    report = Path(last_line.removeprefix("report: "))
+    assert report.is_file() and report.name == "report.html"
+    saved = len(list((report.parent / "figures").glob("*.json")))
+    dom = rendered_dom(report)
+    body = re.search(r"<body[^>]*>", dom).group(0)
+    assert f'data-figures-rendered="{saved}"' in body, body
+    assert 'data-script-errors="[]"' in body, body
+    assert len(re.findall(r'class="main-svg"', dom)) >= saved
+
+    # The executed notebook shows its figure outside Jupyter too (nbconvert's HTML, no plotly JSON renderer).
+    subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "html", "--output-dir", str(tmp_path / "html"),
+                    str(report.parent / "notebooks" / "probe.ipynb")], check=True, capture_output=True)
+    converted = rendered_dom(tmp_path / "html" / "probe.html")
+    assert re.search(r'class="[^"]*js-plotly-plot', converted)
+
+
+def test_png_is_refused_before_anything_runs_where_export_cannot_work(tmp_path, monkeypatch, capsys):
+    import benchlib.runner.execute as execute
+
+    def unavailable():
+        raise RuntimeError("PNG export needs kaleido")
+
+    monkeypatch.setattr(execute, "check_static_export", unavailable)
+    code = main(["run", "probe", "--png", "--device", "cpu", "--notebooks-dir", str(NOTEBOOKS), "--out", str(tmp_path)])
+    assert code == 2
+    assert "--png: PNG export needs kaleido" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_png_saves_every_figure_as_a_file_and_in_the_executed_notebook(tmp_path):
+    pytest.importorskip("kaleido", reason="kaleido (the png extra) is not installed")
+    code = main(["run", "probe", "--quick", "--png", "--device", "cpu", "--no-progress",
+                 "--notebooks-dir", str(NOTEBOOKS), "--out", str(tmp_path)])
+    assert code == 0
+    run_dir = next(tmp_path.iterdir())
+    assert (run_dir / "figures" / "probe_sizes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    executed = (run_dir / "notebooks" / "probe.ipynb").read_text()
+    assert '"image/png"' in executed

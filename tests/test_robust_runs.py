@@ -1,0 +1,225 @@
+"""Runs that fail visibly, refuse bad values before any kernel starts, survive bad files and signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+
+from benchlib.results import Run, list_runs, load_records, load_run_info, make_record
+from benchlib.results.store import RecordsUnreadable, run_state
+from benchlib.runner import run
+from benchlib.runner.cli import main
+from benchlib.runner.execute import case_outcomes, last_duration
+
+NOTEBOOKS = Path(__file__).parent / "notebooks"
+PROJECT = Path(__file__).parents[1]
+
+
+def cli(*argv, out):
+    return main([*argv, "--device", "cpu", "--notebooks-dir", str(NOTEBOOKS), "--out", str(out)])
+
+
+# ---------------------------------------------------------------- a failing case is never ok
+
+
+@pytest.mark.slow
+def test_a_notebook_whose_cases_partly_failed_is_partial_and_the_run_exits_1(tmp_path, capsys):
+    assert cli("run", "cases", "-p", "failing=torch", out=tmp_path) == 1
+    (run_dir,) = tmp_path.iterdir()
+    entry = load_run_info(run_dir)["notebooks"]["cases"]
+    assert entry["status"] == "partial"
+    assert entry["failed_cases"] == ["torch (c): case 'cases/c/torch' failed: the child raised RuntimeError: "
+                                     "torch fails on purpose"]
+    assert entry["error"].startswith("1 case(s) failed: torch (c)")
+    summary = capsys.readouterr().out
+    assert "partial" in summary and "torch fails on purpose" in summary
+    assert set(load_records(run_dir)["engine"]) == {"manual", "torch"}  # manual's measurement is kept
+    assert [row["state"] for _, row in list_runs(tmp_path).iterrows()] == ["finished"]
+    assert list_runs(tmp_path)["failed"].tolist() == [1]
+
+
+@pytest.mark.slow
+def test_a_notebook_whose_cases_all_failed_stops_with_the_first_cases_error(tmp_path):
+    assert cli("run", "cases", "-p", "engines=['torch']", "-p", "failing=torch", out=tmp_path) == 1
+    (run_dir,) = tmp_path.iterdir()
+    entry = load_run_info(run_dir)["notebooks"]["cases"]
+    assert entry["status"] == "failed"
+    assert entry["error"].startswith("AllCasesFailed: cases: all 1 case(s) failed; the first, torch (c)")
+
+
+def test_case_outcomes_read_failures_and_data_sources_from_the_records_a_notebook_saved(tmp_path):
+    run_ = Run.create(tmp_path, "cpu")
+    since = time.time() - 1
+    common = dict(benchmark="b", device="cpu", dtype="float32", unit="")
+    run_.save_records([make_record(case="c1", engine="e", metric="time", value=1.0, params={"data": "synthetic"}, **common),
+                       make_record(case="c2", engine="f", metric="failed", value=1.0,
+                                   params={"message": "boom\ntraceback..."}, **common)], "b")
+    failures, sources = case_outcomes(run_.path, since)
+    assert failures == ["f (c2): boom"] and sources == ["synthetic"]
+    assert case_outcomes(run_.path, time.time() + 60) == ([], [])  # fragments of earlier notebooks are not read
+
+
+# ---------------------------------------------------------------- refused while planning
+
+
+def refuse_kernels(monkeypatch):
+    import papermill
+
+    def no_kernel(*args, **kwargs):
+        raise AssertionError("a kernel was started for a run that should have been refused")
+
+    monkeypatch.setattr(papermill, "execute_notebook", no_kernel)
+
+
+@pytest.mark.parametrize(("notebook", "params", "message"), [
+    ("dot_chain", ["-p", "depth=0"], "depth must be an integer >= 1, got 0"),
+    ("dot_chain", ["-p", "D=200000"], "needs about 72960.00 GB, but"),
+    ("dot_chain", ["-p", "dtype=float16"], "dtype must be one of float32, float64, got 'float16'"),
+    ("dot_chain", ["-p", "engines=[]"], "engines must name at least one of"),
+    ("dot_chain", ["-p", "engines=['jax']"], "unknown engine 'jax'"),
+    ("dot_chain", ["-p", "malloc=big"], "unknown malloc policy 'big'"),
+    ("rnn_fanout", ["-p", "T_sweep=[0]"], "each of T_sweep must be an integer >= 1, got 0"),
+    ("identical_closures", ["-p", "backend=foo"], "backend must be one of"),
+    ("mnist_ensembles", ["-p", "synthetic_n=100000000"], "mnist_ensembles with 100000000 samples needs about"),
+    ("mnist_ensembles", ["-p", "gc_policies=['sometimes']"], "unknown gc_policies ['sometimes']"),
+    ("calibration", ["-p", "copy_mib=-1"], "copy_mib must be an integer >= 1, got -1"),
+    ("dot_chain", ["-p", "depth=1", "-p", "depth=2"], "-p depth is given twice ('1' and '2')"),
+])
+def test_bad_values_are_refused_with_exit_2_before_a_kernel_starts(notebook, params, message, tmp_path, monkeypatch,
+                                                                   capsys):
+    refuse_kernels(monkeypatch)
+    out = tmp_path / "out"
+    code = main(["run", notebook, *params, "--device", "cpu", "--out", str(out)])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_out_inside_a_run_and_a_missing_results_root_are_refused(tmp_path, capsys):
+    made = Run.create(tmp_path, "cpu")
+    assert cli("run", "probe", out=made.path / "nested") == 2
+    assert "is inside the run" in capsys.readouterr().err
+    assert main(["runs", "--out", str(tmp_path / "typo")]) == 2
+    assert "no results directory" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- notebooks given as paths
+
+
+@pytest.mark.slow
+def test_a_notebook_path_runs_that_file_never_the_projects_namesake(tmp_path, capsys):
+    import nbformat
+
+    edited = tmp_path / "mine" / "probe.ipynb"
+    edited.parent.mkdir()
+    notebook = nbformat.read(NOTEBOOKS / "probe.ipynb", as_version=4)
+    notebook.cells[1].source += "\nextra = 5"
+    nbformat.write(notebook, edited)
+    assert main(["run", str(edited), "-p", "extra=7", "--device", "cpu", "--out", str(tmp_path / "out")]) == 0
+    (run_dir,) = (tmp_path / "out").iterdir()
+    entry = load_run_info(run_dir)["notebooks"]["probe"]
+    assert entry["path"] == str(edited.resolve()) and entry["parameters"]["extra"] == 7
+    assert main(["run", str(tmp_path / "mine" / "missing.ipynb"), "--out", str(tmp_path / "out")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- bad files are named, listed, rebuilt
+
+
+def corrupt(path: Path) -> None:
+    path.write_bytes(b"PAR1" + os.urandom(64) + b"PAR1")
+
+
+def test_a_corrupt_records_file_is_named_listed_and_rebuilt_from_fragments(tmp_path, capsys):
+    good = Run.create(tmp_path, "cpu")
+    good.save_records([make_record(benchmark="b", case="c", engine="e", device="cpu", dtype="float64",
+                                   metric="time", value=2.0, unit="s")], "b")
+    corrupt(good.path / "records.parquet")
+    broken_info = tmp_path / "broken-run"
+    broken_info.mkdir()
+    (broken_info / "run.json").write_text("{not json")
+
+    with pytest.raises(RecordsUnreadable, match=r"records\.parquet: cannot read records"):
+        load_records(good.path)
+    runs = list_runs(tmp_path).set_index("run_id")
+    assert "records.parquet unreadable" in runs.loc[good.run_id, "problem"]
+    assert runs.loc["broken-run", "state"] == "unreadable" and "cannot read run.json" in runs.loc["broken-run", "problem"]
+    assert main(["runs", "--out", str(tmp_path)]) == 0
+    listing = capsys.readouterr().out
+    assert good.run_id in listing and "broken-run" in listing
+
+    assert main(["merge-records", str(good.path)]) == 0
+    assert load_records(good.path)["value"].tolist() == [2.0]
+    corrupt(good.path / "records" / "b.parquet")
+    assert main(["merge-records", str(good.path)]) == 1
+    assert "b.parquet: cannot read records" in capsys.readouterr().err
+
+
+def test_a_running_entry_whose_runner_is_gone_is_shown_as_stale():
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    import socket
+
+    assert run_state({"ended_at": None, "runner": {"pid": gone.pid, "host": socket.gethostname()}}) == "stale: runner gone"
+    assert run_state({"ended_at": None, "runner": {"pid": os.getpid(), "host": socket.gethostname()}}) == "running"
+    assert run_state({"ended_at": "t", "interrupted": True}) == "interrupted"
+
+
+# ---------------------------------------------------------------- signals, orphans, the terminal
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_run_json_as_interrupted_and_leaves_no_case_child(tmp_path):
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "benchlib.runner.cli", "run", "cases", "-p", "sleep_s=120", "--device", "cpu",
+         "--notebooks-dir", str(NOTEBOOKS), "--out", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    case_child = None
+    deadline = time.monotonic() + 90
+    while case_child is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+        case_child = next((p for p in psutil.Process(runner.pid).children(recursive=True)
+                           if "benchlib.measure.isolation" in " ".join(p.cmdline())), None)
+    assert case_child is not None, "the long case never started"
+    runner.send_signal(signal.SIGTERM)
+    output, _ = runner.communicate(timeout=60)
+    assert runner.returncode == 130, output
+    (run_dir,) = tmp_path.iterdir()
+    info = load_run_info(run_dir)
+    assert info["ended_at"] and info["interrupted"] is True and info["interrupted_by"] == "SIGTERM"
+    assert info["notebooks"]["cases"]["status"] == "interrupted"
+    assert not psutil.pid_exists(case_child.pid) or case_child.status() == psutil.STATUS_ZOMBIE
+    assert "without encryption" not in output  # kernels speak over IPC sockets, not TCP
+
+
+def test_typed_parameters_in_run_json_and_the_eta_basis(tmp_path, monkeypatch):
+    import papermill
+
+    def executes(input_path, output_path, **kwargs):
+        time.sleep(0.05)
+        Path(output_path).write_text("{}")
+
+    monkeypatch.setattr(papermill, "execute_notebook", executes)
+    result = run(["probe"], device="cpu", params={"size": "12", "label": "123"}, out=tmp_path,
+                 notebooks_dir=NOTEBOOKS, progress=False)
+    info = load_run_info(result.path)
+    assert info["params"] == {"size": 12, "label": "123"}  # typed as the notebook declares them
+    assert last_duration(tmp_path, "probe", quick=False) == info["notebooks"]["probe"]["duration_s"]
+    assert last_duration(tmp_path, "probe", quick=True) is None
+
+
+def test_the_default_results_root_is_the_projects_from_any_directory(tmp_path, monkeypatch):
+    from benchlib.results import default_results_root
+
+    monkeypatch.delenv("BENCHLIB_RESULTS")
+    monkeypatch.chdir(tmp_path)
+    assert default_results_root() == PROJECT / "results"
