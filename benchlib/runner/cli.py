@@ -1,4 +1,4 @@
-"""The `benchlib` command: run notebooks, list them with their parameters, list past runs."""
+"""The `benchlib` command: run notebooks, list them with their parameters, list past runs, compare two runs."""
 
 from __future__ import annotations
 
@@ -70,6 +70,16 @@ def _parser() -> argparse.ArgumentParser:
     runs_parser = commands.add_parser("runs", help="past runs under the results directory")
     runs_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root (default: results/)")
 
+    compare_parser = commands.add_parser(
+        "compare", help="run B against run A per metric: ratio with 95% interval, p, better/worse/same/noisy")
+    compare_parser.add_argument("run_a", metavar="RUN_A", help="run id or run directory (the baseline)")
+    compare_parser.add_argument("run_b", metavar="RUN_B", help="run id or run directory (the candidate)")
+    compare_parser.add_argument("--metric", action="append", default=[], help="only this metric (repeatable)")
+    compare_parser.add_argument("--benchmark", action="append", default=[], help="only this benchmark (repeatable)")
+    compare_parser.add_argument("--threshold", type=float, default=0.05, help="minimum relative change (default 0.05)")
+    compare_parser.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    compare_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root for run ids")
+
     report_parser = commands.add_parser(
         "report", help="(re)write a run's report.html", description="Write RUN/report.html: environment, verdicts, every figure."
     )
@@ -132,6 +142,30 @@ def _runs(root: Path | None) -> int:
     return 0
 
 
+def _compare(arguments: argparse.Namespace) -> int:
+    """Print the comparison; exit 1 when any metric is significantly worse beyond the threshold."""
+    from benchlib.results.compare import WORSE, any_worse, compare_runs
+
+    try:
+        comparison = compare_runs(arguments.run_a, arguments.run_b, root=arguments.out, threshold=arguments.threshold,
+                                  metrics=arguments.metric, benchmarks=arguments.benchmark)
+    except (FileNotFoundError, ValueError) as refused:
+        print(f"benchlib: error: {refused}", file=sys.stderr)
+        return EXIT_REFUSED
+    if arguments.format == "csv":
+        print(comparison.to_csv(index=False), end="")
+    elif arguments.format == "json":
+        print(comparison.to_json(orient="records", indent=1))
+    else:
+        print(comparison.to_string(index=False) if len(comparison) else "no metric in both runs")
+    if any_worse(comparison):
+        worse = comparison[comparison["label"] == WORSE]
+        names = ", ".join(f"{row.benchmark}/{row.case}/{row.engine}/{row.metric}" for row in worse.itertuples())
+        print(f"benchlib: worse in B: {names}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _merge_records(run_name: str, root: Path | None) -> int:
     from benchlib.results import Run
     from benchlib.results.store import resolve_run
@@ -166,6 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _list(arguments.notebooks, arguments.notebooks_dir)
         if arguments.command == "runs":
             return _runs(arguments.out)
+        if arguments.command == "compare":
+            return _compare(arguments)
         if arguments.command == "report":
             return _report(arguments.run, arguments.out)
         if arguments.command == "merge-records":

@@ -24,8 +24,9 @@ from typing import Any, TextIO
 import pandas as pd
 import papermill
 
-from benchlib.results import Run, default_results_root
+from benchlib.results import Run, default_results_root, load_records
 from benchlib.results.report import write_report
+from benchlib.results.seed_verdicts import verdict_text
 from benchlib.results.store import (
     FIGURE_PNG_ENV,
     RUN_INFO,
@@ -348,6 +349,7 @@ def run(
         _save_grid_figures(results_run)
     results_run.finish(interrupted=False, data_sources={r.name: r.data_source for r in result.notebooks if r.data_source})
     print(result.summary(), file=stream, flush=True)
+    print(verdict_text(load_records(results_run.path)), file=stream, flush=True)
     result.report = write_report(results_run.path)
     print(f"report: {result.report}", file=stream, flush=True)
     return result

@@ -18,7 +18,7 @@ Each step's first call is its cold measurement, followed by warm-up calls; the w
 calls of the four steps are then timed round-robin. Times and allocations come from separate
 passes (tracing slows code), each starting from fresh set-ups and, for torch.compile, from
 `torch._dynamo.reset()`. `run` gathers every MWE x engine x order; `seed_table` and
-`verdict_table` turn the records into the notebook's tables (verdicts: `verdicts.py`).
+`verdict_table` turn the records into the notebook's tables (verdicts: `benchlib.results.stats`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from benchlib.engines import Engine, get_engine
 from benchlib.engines.comparison import GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, max_relative_error
 from benchlib.measure import count_allocations, resolve_device, time_call
 from benchlib.results import make_record
-from benchlib.workloads.verdicts import DEFAULT_ALPHA, DEFAULT_MIN_EFFECT, compare_counts, compare_times
+from benchlib.results.stats import DEFAULT_ALPHA, DEFAULT_MIN_EFFECT, compare_counts, compare_times
 
 BENCHMARK = "identical_closures"
 MWES = ("dense", "reduced")
@@ -603,7 +603,7 @@ def _percentile(values: np.ndarray, q: float) -> float:
 def seed_table(frame: pd.DataFrame) -> pd.DataFrame:
     """The seed's table: per MWE, order, engine and step, allocations, bytes and times, cold and warm.
 
-    Allocations and bytes are floors over identical calls (see `verdicts.compare_counts`), with
+    Allocations and bytes are floors over identical calls (see `benchlib.results.stats.compare_counts`), with
     their range; times are medians with quartiles (warm) or min and max over passes (cold)."""
     rows = []
     expanded = expand_cases(frame)

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from benchlib.workloads.verdicts import (
+from benchlib.results.stats import (
     DIFFER,
     SAME,
     UNTESTABLE,
@@ -97,3 +97,74 @@ def test_samples_too_small_to_reach_alpha_are_untestable_not_the_same():
 def test_bad_input_is_refused_with_what_is_valid(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+# --- intervals, judge, noise flags, interleaving ---------------------------------------------
+
+from benchlib.results.stats import (  # noqa: E402
+    BETTER,
+    INCONCLUSIVE,
+    WORSE,
+    interleaved_order,
+    judge,
+    noise_flags,
+    ratio_of_medians,
+    robust_outliers,
+)
+
+
+def test_a_distribution_shifted_up_is_worse_and_its_ratio_interval_excludes_one():
+    rng = np.random.default_rng(1)
+    a = 1.0 + 0.02 * rng.standard_normal(20)
+    b = 1.3 * a[::-1]
+    assert judge(a, b) == WORSE
+    assert judge(b, a) == BETTER
+    assert judge(a, b, lower_is_better=False) == BETTER  # throughput: higher is better
+    interval = ratio_of_medians(a, b)
+    assert interval.ci_low > 1.2 and interval.ci_high < 1.4
+    assert interval.ci_low <= interval.ratio <= interval.ci_high
+
+
+def test_equal_distributions_are_the_same_and_their_interval_covers_one():
+    a = np.linspace(1.0, 1.1, 15)
+    assert judge(a, a[::-1]) == SAME
+    interval = ratio_of_medians(a, a[::-1])
+    assert interval.ratio == 1.0 and interval.ci_low < 1 < interval.ci_high
+
+
+def test_two_samples_of_one_value_each_are_inconclusive_not_same():
+    assert judge([1.0], [1.0]) == INCONCLUSIVE
+    assert judge([1.0], [2.0]) == INCONCLUSIVE
+
+
+def test_the_bootstrap_interval_is_reproducible_from_its_seed():
+    a, b = [1.0, 1.2, 0.9, 1.1, 1.05], [2.0, 2.2, 1.8, 2.5, 2.1]
+    assert ratio_of_medians(a, b, seed=3) == ratio_of_medians(a, b, seed=3)
+    with pytest.raises(ValueError, match="positive"):
+        ratio_of_medians([0.0, 1.0], b)
+
+
+def test_a_planted_stall_is_flagged_as_an_outlier_and_a_steady_sample_is_not():
+    gflops = [13.7, 13.6, 13.9, 13.8, 0.26, 13.7, 13.5]
+    assert robust_outliers(gflops).tolist() == [False] * 4 + [True] + [False] * 2
+    flags = noise_flags(gflops)
+    assert any("outliers 0.26" in flag for flag in flags)
+    assert any("max/min" in flag for flag in flags)
+    assert noise_flags([13.7, 13.6, 13.9, 13.8, 13.7]) == []
+
+
+def test_load_above_the_core_count_is_flagged_only_when_recorded():
+    steady = [1.0, 1.01, 0.99]
+    assert noise_flags(steady, load_average=3.5, cores=2) == ["load average 3.50 at start > 2 cores"]
+    assert noise_flags(steady, load_average=1.5, cores=2) == []
+    assert noise_flags(steady) == []
+
+
+def test_interleaving_alternates_without_a_seed_and_is_reproducible_from_one():
+    assert interleaved_order(["A", "B"], 3) == ["A", "B"] * 3
+    order = interleaved_order(["A", "B", "C"], 4, seed=7)
+    assert order == interleaved_order(["A", "B", "C"], 4, seed=7)
+    assert all(sorted(order[i:i + 3]) == ["A", "B", "C"] for i in range(0, 12, 3))
+    assert any(interleaved_order(["A", "B", "C"], 4, seed=s) != order for s in range(8, 12))
+    with pytest.raises(ValueError, match="distinct"):
+        interleaved_order(["A", "A"], 2)

@@ -1,0 +1,116 @@
+"""Did a change make things better? Per metric, run B against run A (asv `compare`, pyperf `compare_to`).
+
+The statistics come from `benchlib.results.stats` and take plain arrays; the record columns they are
+grouped by are named once, in `KEY_COLUMNS`, `VALUE_COLUMN` and `UNIT_COLUMN`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.stats import mannwhitneyu
+
+from benchlib.results.stats import (
+    DEFAULT_ALPHA,
+    INCONCLUSIVE,
+    SAME,
+    WORSE,
+    judge,
+    noise_flags,
+    ratio_of_medians,
+)
+from benchlib.results.store import load_records
+
+KEY_COLUMNS = ("benchmark", "case", "engine", "device", "dtype", "metric")
+VALUE_COLUMN = "value"
+UNIT_COLUMN = "unit"
+DEFAULT_THRESHOLD = 0.05
+NOISY = "noisy"
+NO_DIRECTION = "no direction"
+
+# Which way each unit counts as better: lower time, bytes and counts; higher rates.
+LOWER_IS_BETTER_BY_UNIT = {
+    "s": True,
+    "B": True,
+    "count": True,
+    "B/s": False,
+    "FLOP/s": False,
+    "model-samples/s": False,
+}
+
+COMPARE_COLUMNS = [*KEY_COLUMNS, UNIT_COLUMN, "n_a", "n_b", "median_a", "median_b", "ratio", "ci_low",
+                   "ci_high", "p_value", "label", "noise"]
+
+
+def _mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sided p where both sides have trials (nan otherwise; 1 when every value ties)."""
+    if a.size < 2 or b.size < 2:
+        return math.nan
+    if np.ptp(np.concatenate([a, b])) == 0:
+        return 1.0
+    return float(mannwhitneyu(a, b, alternative="two-sided").pvalue)
+
+
+def _label(a: np.ndarray, b: np.ndarray, unit: str, threshold: float, noise: list[str]) -> str:
+    lower_is_better = LOWER_IS_BETTER_BY_UNIT.get(unit)
+    if lower_is_better is None:
+        return NO_DIRECTION
+    label = judge(a, b, lower_is_better=lower_is_better, alpha=DEFAULT_ALPHA, min_effect=threshold)
+    if label in (SAME, INCONCLUSIVE) and noise:
+        return NOISY
+    return label
+
+
+def compare_records(records_a: pd.DataFrame, records_b: pd.DataFrame, *, threshold: float = DEFAULT_THRESHOLD,
+                    metrics: list[str] | None = None, benchmarks: list[str] | None = None) -> pd.DataFrame:
+    """One row per key present in both runs: ratio B/A of medians with its 95% interval, p and label.
+
+    A label is "worse"/"better" only with Mann-Whitney p < 0.01 *and* |ratio - 1| >= threshold;
+    too few trials to test give "inconclusive", a noisy side "noisy"; units without a direction
+    (ratios, flags) get "no direction" and never gate.
+    """
+    if not 0 <= threshold < 1:
+        raise ValueError(f"threshold must lie in [0, 1) (a relative change, 0.05 = 5%), got {threshold!r}")
+    keys = [*KEY_COLUMNS, UNIT_COLUMN]
+    filtered = []
+    for records in (records_a, records_b):
+        selected = records
+        if metrics:
+            selected = selected[selected["metric"].isin(metrics)]
+        if benchmarks:
+            selected = selected[selected["benchmark"].isin(benchmarks)]
+        filtered.append(selected.dropna(subset=[VALUE_COLUMN]))
+    groups_b = dict(iter(filtered[1].groupby(keys, sort=True)))
+    rows = []
+    for key, group_a in filtered[0].groupby(keys, sort=True):
+        if key not in groups_b:
+            continue
+        a = group_a[VALUE_COLUMN].to_numpy(float)
+        b = groups_b[key][VALUE_COLUMN].to_numpy(float)
+        median_a, median_b = float(np.median(a)), float(np.median(b))
+        unit = key[-1]
+        if median_a > 0 and np.all(a > 0) and np.all(np.isfinite(b)):
+            interval = ratio_of_medians(a, b)
+            ratio, ci_low, ci_high = interval.ratio, interval.ci_low, interval.ci_high
+            noise = [f"A: {flag}" for flag in noise_flags(a)] + [f"B: {flag}" for flag in noise_flags(b)]
+            label = _label(a, b, unit, threshold, noise)
+        else:  # zero or negative values (e.g. zero allocations): no ratio to take
+            ratio = ci_low = ci_high = math.nan
+            noise = []
+            label = SAME if np.array_equal(np.sort(a), np.sort(b)) else NO_DIRECTION
+        rows.append([*key, a.size, b.size, median_a, median_b, ratio, ci_low, ci_high,
+                     _mann_whitney_p(a, b), label, "; ".join(noise)])
+    return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
+
+
+def compare_runs(run_a: str | Path, run_b: str | Path, *, root: Path | None = None, **options) -> pd.DataFrame:
+    """`compare_records` on two runs given by run id (under `root`) or directory."""
+    return compare_records(load_records(run_a, root), load_records(run_b, root), **options)
+
+
+def any_worse(comparison: pd.DataFrame) -> bool:
+    """Whether any metric is significantly worse beyond the threshold (the CI gate)."""
+    return bool((comparison["label"] == WORSE).any())

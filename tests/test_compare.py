@@ -1,0 +1,60 @@
+"""`benchlib compare` on two small runs written by the test: the same runs pass, a slower engine fails."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from benchlib.results import Run, make_record
+from benchlib.results.compare import compare_records, compare_runs
+from benchlib.runner.cli import main
+
+TIMES = np.linspace(1.0, 1.1, 12)
+
+
+def _write_run(root, name, slow_factor=1.0):
+    run = Run.create(root / name, "cpu")
+    records = []
+    for engine, factor in (("ours", slow_factor), ("torch", 1.0)):
+        for repeat, seconds in enumerate(TIMES):
+            records.append(make_record(benchmark="dot_chain", case="n=4", engine=engine, device="cpu",
+                                       dtype="float64", metric="time", value=seconds * factor, unit="s",
+                                       repeat=repeat))
+        records.append(make_record(benchmark="dot_chain", case="n=4", engine=engine, device="cpu",
+                                   dtype="float64", metric="peak_bytes", value=1000.0, unit="B"))
+    run.save_records(records, "dot_chain")
+    return run.path
+
+
+def test_the_same_run_twice_is_same_and_exits_zero(tmp_path, capsys):
+    a, b = _write_run(tmp_path, "a"), _write_run(tmp_path, "b")
+    table = compare_runs(a, b)
+    assert table.set_index(["engine", "metric"])["label"].to_dict() == {
+        ("ours", "time"): "same", ("ours", "peak_bytes"): "inconclusive",
+        ("torch", "time"): "same", ("torch", "peak_bytes"): "inconclusive"}
+    assert main(["compare", str(a), str(b)]) == 0
+
+
+def test_a_slower_engine_exits_one_naming_engine_and_metric(tmp_path, capsys):
+    a, b = _write_run(tmp_path, "a"), _write_run(tmp_path, "b", slow_factor=1.5)
+    assert main(["compare", str(a), str(b), "--format", "csv"]) == 1
+    captured = capsys.readouterr()
+    assert "dot_chain/n=4/ours/time" in captured.err and "torch" not in captured.err
+    assert "worse" in captured.out
+    # below the threshold the same change is not a failure; the other direction is better
+    assert main(["compare", str(a), str(b), "--threshold", "0.6"]) == 0
+    table = compare_runs(b, a, metrics=["time"])
+    assert table.set_index("engine")["label"].to_dict() == {"ours": "better", "torch": "same"}
+    row = compare_runs(a, b, metrics=["time"]).set_index("engine").loc["ours"]
+    assert row.ci_low <= 1.5 <= row.ci_high and row.p_value < 0.01
+
+
+def test_higher_throughput_is_better_and_bad_input_is_refused(tmp_path, capsys):
+    a = make_record(benchmark="b", case="c", engine="e", device="cpu", dtype="float32", metric="throughput",
+                    value=1.0, unit="model-samples/s")
+    frame_a = pd.DataFrame([{**a, "value": v, "repeat": i} for i, v in enumerate(TIMES)])
+    frame_b = frame_a.assign(value=frame_a["value"] * 2)
+    assert compare_records(frame_a, frame_b)["label"].tolist() == ["better"]
+    with pytest.raises(ValueError, match="threshold"):
+        compare_records(frame_a, frame_b, threshold=5)
+    assert main(["compare", str(tmp_path / "missing"), str(tmp_path / "missing")]) == 2
+    assert "no run" in capsys.readouterr().err

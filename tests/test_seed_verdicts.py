@@ -1,0 +1,66 @@
+"""Seed verdict rules on small synthetic record frames with known answers."""
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from benchlib.results import make_record
+from benchlib.results.seed_verdicts import (
+    INCONCLUSIVE,
+    REFUTED,
+    REPRODUCED,
+    seed_verdicts,
+    verdict_of,
+    verdict_text,
+)
+
+
+def _dot_chain(peaks, repeats=8):
+    jitter = np.linspace(0.99, 1.01, repeats)
+    return pd.DataFrame([
+        make_record(benchmark="dot_chain", case="D=10,depth=5", engine=engine, device="cpu", dtype="float64",
+                    metric="peak_bytes", value=peak * factor, unit="B", repeat=repeat)
+        for engine, peak in peaks.items() for repeat, factor in enumerate(jitter)])
+
+
+def test_deferred_at_twice_and_inplace_at_the_floor_are_reproduced():
+    table = seed_verdicts(_dot_chain({"manual": 1000, "benchlib-deferred": 2000, "benchlib-inplace": 1000}))
+    assert table["verdict"].tolist() == [REPRODUCED, REPRODUCED]
+    assert table["baseline"].tolist() == ["manual", "manual"]
+    assert math.isclose(table["ratio"][0], 2.0)
+
+
+def test_deferred_at_the_floor_refutes_the_2x_claim():
+    table = seed_verdicts(_dot_chain({"manual": 1000, "benchlib-deferred": 1000, "benchlib-inplace": 1000}))
+    assert table["verdict"].tolist() == [REFUTED, REPRODUCED]
+
+
+def test_one_trial_a_side_is_inconclusive_and_missing_engines_give_no_row():
+    table = seed_verdicts(_dot_chain({"manual": 1000, "benchlib-deferred": 2000}, repeats=1))
+    assert table["verdict"].tolist() == [INCONCLUSIVE]
+    assert seed_verdicts(_dot_chain({"manual": 1000})).empty
+
+
+def test_an_interval_straddling_the_range_edge_is_inconclusive():
+    assert verdict_of(1.4, 1.8, 1.5, 2.5) == INCONCLUSIVE
+    assert verdict_of(1.6, 1.8, 1.5, 2.5) == REPRODUCED
+    assert verdict_of(0.9, 1.2, 1.5, 2.5) == REFUTED
+
+
+def test_the_printed_table_names_verdict_ratio_and_claim():
+    text = verdict_text(_dot_chain({"manual": 1000, "benchlib-deferred": 2000, "benchlib-inplace": 1000}))
+    assert "reproduced" in text and "2 [" in text and "deferred accumulation" in text
+    assert verdict_text(_dot_chain({"manual": 1000})).startswith("seed verdicts: none")
+
+
+def test_ensemble_rules_read_throughput_up_and_peak_down():
+    def rows(engine, metric, value, unit):
+        return [make_record(benchmark="mnist_ensembles", case=f"{engine}|gc=default", engine=engine, device="cpu",
+                            dtype="float32", metric=metric, value=value * f, unit=unit, repeat=i)
+                for i, f in enumerate(np.linspace(0.98, 1.02, 6))]
+    records = pd.DataFrame(rows("naive", "throughput", 1e5, "model-samples/s")
+                           + rows("batched_hand", "throughput", 1.5e5, "model-samples/s")
+                           + rows("naive", "peak_bytes", 16e6, "B") + rows("step_in_backward", "peak_bytes", 9e6, "B"))
+    table = seed_verdicts(records).set_index("baseline")
+    assert table["verdict"].tolist() == [REFUTED, REPRODUCED]  # 1.5x is short of the claimed 2x gain
