@@ -118,3 +118,15 @@ def test_png_saves_every_figure_as_a_file_and_in_the_executed_notebook(tmp_path)
     assert (run_dir / "figures" / "probe_sizes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     executed = (run_dir / "notebooks" / "probe.ipynb").read_text()
     assert '"image/png"' in executed
+
+
+def test_the_report_carries_the_seed_verdicts_of_the_runs_records(tmp_path):
+    run = Run.create(tmp_path, "cpu")
+    records = [make_record(benchmark="dot_chain", case="c", engine=engine, device="cpu", dtype="float64",
+                           metric="peak_bytes", value=value, unit="B", repeat=repeat)
+               for engine, values in (("manual", (100, 101, 99)), ("benchlib-deferred", (200, 198, 202)))
+               for repeat, value in enumerate(values)]
+    run.save_records(records, "dot_chain")
+    page = build_report(run.path)
+    verdicts = page.split("id='verdicts'")[1].split("<h2")[0]
+    assert "reproduced" in verdicts and "deferred accumulation peaks at about 2x" in verdicts

@@ -20,7 +20,8 @@ from typing import Any
 import nbformat
 import pandas as pd
 
-from benchlib.results.store import RUN_INFO, load_run_info, resolve_run, write_text_atomic
+from benchlib.results.seed_verdicts import seed_verdicts
+from benchlib.results.store import RUN_INFO, RecordsUnreadable, load_records, load_run_info, resolve_run, write_text_atomic
 
 REPORT = "report.html"
 HEADLINE_SUFFIX = "_headline"  # tables/<notebook>_headline.parquet are shown in the notebook's section
@@ -162,7 +163,19 @@ _RENDER_SCRIPT = """
 """
 
 
-def build_report(run: str | os.PathLike, verdicts: pd.DataFrame | None = None) -> str:
+def _verdict_section(run_path: Path) -> str:
+    """The seed verdicts of the run's records (benchlib.results.seed_verdicts), or why there are none."""
+    try:
+        verdicts = seed_verdicts(load_records(run_path))
+    except RecordsUnreadable as error:
+        return f"<p>No verdicts: {html.escape(str(error))}</p>"
+    if verdicts.empty:
+        return "<p>No seed rule applies to what this run measured.</p>"
+    shown = verdicts.rename(columns={"ci_low": "95% CI low", "ci_high": "95% CI high"})
+    return _table_html(shown[["verdict", "claim", "ratio", "95% CI low", "95% CI high", "baseline", "rule"]])
+
+
+def build_report(run: str | os.PathLike) -> str:
     """The report page of a run directory (or run id) as one HTML string."""
     run_path = resolve_run(run)
     info = load_run_info(run_path)
@@ -179,8 +192,10 @@ def build_report(run: str | os.PathLike, verdicts: pd.DataFrame | None = None) -
     sections = [name for name in figures if figures[name] or name in notebooks]
     parts.append("<nav>" + "".join(f"<a href='#{esc(name)}'>{esc(name)}</a>" for name in sections) + "</nav>")
     parts.append("<h2 id='status'>Notebooks</h2>" + _table_html(_status_table(info)))
-    if verdicts is not None and not verdicts.empty:
-        parts.append("<h2 id='verdicts'>Seed verdicts</h2>" + _table_html(verdicts))
+    parts.append("<h2 id='verdicts'>Seed verdicts</h2>"
+                 "<p>Did this run reproduce each seed's claim? The ratio's 95% interval inside the claimed range "
+                 "reproduces it, wholly outside refutes it, anything else (one trial a side, too much noise) is "
+                 "inconclusive.</p>" + _verdict_section(run_path))
 
     for section in sections:
         entry = info.get("notebooks", {}).get(section, {})
@@ -218,9 +233,9 @@ def build_report(run: str | os.PathLike, verdicts: pd.DataFrame | None = None) -
     )
 
 
-def write_report(run: str | os.PathLike, verdicts: pd.DataFrame | None = None) -> Path:
+def write_report(run: str | os.PathLike) -> Path:
     """Write `<run>/report.html` (atomically) and return its path."""
     run_path = resolve_run(run)
     if not (run_path / RUN_INFO).is_file():
         raise FileNotFoundError(f"{run_path} has no run.json: a report needs the run's metadata")
-    return write_text_atomic(build_report(run_path, verdicts), run_path / REPORT)
+    return write_text_atomic(build_report(run_path), run_path / REPORT)
