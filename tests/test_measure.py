@@ -9,7 +9,7 @@ import pandas  # noqa: F401  (loaded before any timeline starts: importing it in
 import pytest
 import torch
 
-from benchlib.measure import (AllocationTracker, Allocations, AllocationTrackingUnavailable, Device,
+from benchlib.measure import (AllocationTracker, Allocations, AllocationTrackingUnavailable, Device, measure_steps,
                               DeviceError, GCMonitor, Measurement, MemoryTimeline,
                               count_allocations, mark, measure, resolve_device)
 from benchlib.measure import devices as devices_module
@@ -185,6 +185,51 @@ def test_measure_refuses_bad_arguments_before_calling(kwargs, message):
     with pytest.raises(ValueError, match=message):
         measure(lambda: calls.append(1), **kwargs)
     assert calls == []
+
+
+def test_measure_steps_attributes_each_collection_to_its_step():
+    seen = []
+
+    def step(index):
+        if index == 1:
+            gc.collect()
+            gc.collect(0)
+        return np.full(MB, index)
+
+    run = measure_steps(step, 3, after_step=lambda index, result: seen.append((index, float(result[0]))))
+    assert run.gc_count == (0, 2, 0) and run.gc_generations == ((), (2, 0), ())
+    assert run.gc_s[1] > 0 and run.gc_s[0] == run.gc_s[2] == 0 and run.gc_seconds == run.gc_s[1]
+    assert len(run.step_s) == 3 and all(t > 0 for t in run.step_s)
+    assert seen == [(0, 0.0), (1, 1.0), (2, 2.0)] and run.result[0] == 2
+    assert run.baseline_bytes > 0
+    if hwm_resettable():
+        assert run.peak_bytes >= MB * 8 * 0.9
+
+
+def test_measure_steps_without_peak_leaves_the_allocator_alone(monkeypatch):
+    resets = []
+    monkeypatch.setattr(Device, "reset_peak", lambda self: resets.append(1))
+    run = measure_steps(lambda index: index, 2, track_peak=False)
+    assert resets == [] and run.peak_bytes is None and run.baseline_bytes is None and run.result == 1
+
+
+@pytest.mark.parametrize("n", [0, -1, 1.5, True])
+def test_measure_steps_refuses_a_bad_count(n):
+    with pytest.raises(ValueError, match="n \\(steps\\) must be an integer >= 1"):
+        measure_steps(lambda index: None, n)
+
+
+def test_no_workload_module_reads_a_clock():
+    """Workloads time through benchlib.measure, so a fix to the loop is made once."""
+    import pathlib
+    import re
+
+    import benchlib.workloads
+
+    clock = re.compile(r"perf_counter|time\.time\(|monotonic|process_time|import time\b|from time import")
+    offenders = [path.name for path in pathlib.Path(benchlib.workloads.__file__).parent.rglob("*.py")
+                 if clock.search(path.read_text())]
+    assert offenders == []
 
 
 def test_measure_timeline_covers_timed_repeats():

@@ -5,7 +5,7 @@ measured, what it costs and its caveats.
 """
 from .allocations import (AllocationTracker, AllocationTrackingUnavailable, Allocations,
                           count_allocations)
-from .core import Measurement, measure, time_call
+from .core import Measurement, StepTimes, measure, measure_steps, time_call
 from .devices import Device, DeviceError, resolve_device, torch_threads
 from .gcmonitor import GCMonitor
 from .isolation import (DEFAULT_MALLOC_POLICY, MALLOC_POLICIES, Case, CaseFailed,
@@ -16,5 +16,5 @@ __all__ = [
     "AllocationTracker", "AllocationTrackingUnavailable", "Allocations", "Case", "CaseFailed",
     "DEFAULT_MALLOC_POLICY", "Device", "DeviceError", "GCMonitor", "IsolatedResult",
     "MALLOC_POLICIES", "Measurement", "MemoryRequirementError", "MemoryTimeline",
-    "count_allocations", "mark", "measure", "resolve_device", "run_isolated", "time_call", "torch_threads",
+    "StepTimes", "count_allocations", "mark", "measure", "measure_steps", "resolve_device", "run_isolated", "time_call", "torch_threads",
 ]

@@ -152,15 +152,89 @@ def _check_counts(warmup: int, repeats: int) -> None:
         raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
 
 
+@dataclass(frozen=True)
+class StepTimes:
+    """What `measure_steps` saw: per-step seconds, GC pauses per step, and memory.
+
+    `gc_generations[i]` holds the generations of the collections that began in step i.
+    `peak_bytes` is the highest level above `baseline_bytes` over all steps (None where the
+    platform cannot reset a peak, or when `track_peak=False`); `result` is the last step's value.
+    """
+
+    step_s: tuple
+    gc_count: tuple
+    gc_s: tuple
+    gc_generations: tuple
+    baseline_bytes: int | None
+    peak_bytes: int | None
+    timeline: Any = field(default=None, compare=False, repr=False)
+    result: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def gc_count_total(self) -> int:
+        return int(sum(self.gc_count))
+
+    @property
+    def gc_seconds(self) -> float:
+        return float(sum(self.gc_s))
+
+
+def measure_steps(step: Callable[[int], Any], n: int, *, device: str | Device = "cpu",
+                  track_peak: bool = True, timeline: bool = False, timeline_interval_s: float = 0.002,
+                  after_step: Callable[[int, Any], None] | None = None) -> StepTimes:
+    """The one measuring loop: `step(i)` for i in 0..n-1, each timed with the device synchronised
+    before both clock reads, with the GC pauses that began in it.
+
+    With `track_peak`, the peak is reset (on CPU glibc's freed heap is handed back first) and the
+    baseline read once before the first step; without it nothing touches the allocator, for
+    protocols that time single calls back to back. `after_step(i, result)` runs outside the timed
+    region (e.g. to read a loss). Each step's result is held until just before the next step, as
+    a caller would hold it; the last one is returned in `.result`.
+    """
+    if not callable(step):
+        raise TypeError(f"step must be callable with the step index, got {type(step).__name__}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n (steps) must be an integer >= 1, got {n!r}")
+    if timeline and not timeline_interval_s > 0:
+        raise ValueError(f"timeline_interval_s must be > 0, got {timeline_interval_s!r}")
+    dev = resolve_device(device)
+    dev.synchronize()
+    baseline = None
+    if track_peak:
+        dev.reset_peak()
+        baseline = dev.memory_in_use()
+    times, counts, seconds, generations = [], [], [], []
+    result = None
+    recorder = MemoryTimeline(dev, timeline_interval_s) if timeline else None
+    # The timeline's thread starts and stops outside the GC monitor: collections its set-up
+    # triggers are the instrument's, not the measured code's.
+    with recorder or nullcontext(), GCMonitor() as gc_monitor:
+        for index in range(n):
+            result = None
+            seen = len(gc_monitor.pauses)
+            dev.synchronize()
+            start = perf_counter()
+            result = step(index)
+            dev.synchronize()
+            times.append(perf_counter() - start)
+            pauses = gc_monitor.pauses[seen:]
+            counts.append(len(pauses))
+            seconds.append(sum(duration for _, duration, _ in pauses))
+            generations.append(tuple(generation for _, _, generation in pauses))
+            if after_step is not None:
+                after_step(index, result)
+    peak = dev.peak_memory() if track_peak else None
+    return StepTimes(step_s=tuple(times), gc_count=tuple(counts), gc_s=tuple(seconds),
+                     gc_generations=tuple(generations), baseline_bytes=baseline,
+                     peak_bytes=None if peak is None else max(0, peak - baseline),
+                     timeline=None if recorder is None else recorder.frame(), result=result)
+
+
 def measure_with_result(fn: Callable[[], Any], *, device: str | Device = "cpu", warmup: int = 1,
                         repeats: int = 5, track_allocations: bool = True, timeline: bool = False,
                         timeline_interval_s: float = 0.002,
                         name: str = "") -> tuple[Measurement, Any]:
-    """`measure`, also returning the last timed repeat's result (for a case's check).
-
-    Each call's result is kept until just before the next call, as any caller would hold it;
-    dropping it is outside the timed region.
-    """
+    """`measure`, also returning the last timed repeat's result (for a case's check)."""
     if not callable(fn):
         raise TypeError(f"fn must be callable with no arguments, got {type(fn).__name__}")
     _check_counts(warmup, repeats)
@@ -177,49 +251,27 @@ def measure_with_result(fn: Callable[[], Any], *, device: str | Device = "cpu", 
         result = None
         result = fn()
     result = None
-    dev.synchronize()
-    dev.reset_peak()
-    baseline = dev.memory_in_use()
-    times = []
-    recorder = MemoryTimeline(dev, timeline_interval_s) if timeline else None
-    # The timeline's thread starts and stops outside the GC monitor: collections its set-up
-    # triggers are the instrument's, not the measured code's.
-    with recorder or nullcontext(), GCMonitor() as gc_monitor:
-        for _ in range(repeats):
-            result = None
-            dev.synchronize()
-            start = perf_counter()
-            result = fn()
-            dev.synchronize()
-            times.append(perf_counter() - start)
-    peak = dev.peak_memory()
-    peak_bytes = None if peak is None else max(0, peak - baseline)
-
+    steps = measure_steps(lambda _: fn(), repeats, device=dev, timeline=timeline,
+                          timeline_interval_s=timeline_interval_s)
     allocations = count_allocations(fn, dev) if track_allocations else None
     measurement = Measurement(
-        name=name, device=dev.name, times_s=tuple(times), gc_count=gc_monitor.count,
-        gc_seconds=gc_monitor.seconds,
+        name=name, device=dev.name, times_s=steps.step_s, gc_count=steps.gc_count_total,
+        gc_seconds=steps.gc_seconds,
         alloc_count=None if allocations is None else allocations.count,
         alloc_bytes=None if allocations is None else allocations.bytes,
         alloc_source=None if allocations is None else allocations.source,
-        peak_bytes=peak_bytes, baseline_bytes=baseline,
-        timeline=None if recorder is None else recorder.frame())
-    return measurement, result
+        peak_bytes=steps.peak_bytes, baseline_bytes=steps.baseline_bytes, timeline=steps.timeline)
+    return measurement, steps.result
 
 
 def time_call(fn: Callable[[], Any], device: str | Device = "cpu") -> float:
-    """Seconds of one call of `fn`, CUDA synchronized before each clock read; nothing else.
+    """Seconds of one call of `fn` through `measure_steps` without touching the allocator.
 
     For protocols that time single calls one after another (cold vs warm), where `measure`'s
-    per-call set-up (peak reset, which trims the heap on CPU; the GC monitor) would touch the state
-    the next call runs in.
+    per-call set-up (peak reset, which trims the heap on CPU) would touch the state the next call
+    runs in.
     """
-    dev = resolve_device(device)
-    dev.synchronize()
-    start = perf_counter()
-    fn()
-    dev.synchronize()
-    return perf_counter() - start
+    return measure_steps(lambda _: fn(), 1, device=device, track_peak=False).step_s[0]
 
 
 def measure(fn: Callable[[], Any], *, device: str | Device = "cpu", warmup: int = 1,

@@ -17,14 +17,14 @@ from __future__ import annotations
 import json
 import random
 import statistics
-from time import perf_counter
 from typing import Callable
 
 import numpy as np
 import pandas as pd
 import torch
 
-from benchlib.measure import AllocationTracker, Device, measure, resolve_device, time_call, torch_threads
+from benchlib.measure import (AllocationTracker, Device, measure, measure_steps, resolve_device, time_call,
+                              torch_threads)
 from benchlib.results import make_record
 
 BENCHMARK = "calibration"
@@ -204,12 +204,8 @@ def _interleaved(variants: dict, rounds: int, seed: int = 0) -> dict:
 
 def _sample_time(device: Device, samples: int = 1000) -> float:
     """The sampler's own work per sample, without the thread switch that delivers it."""
-    times = []
-    for _ in range(samples):
-        start = perf_counter()
-        device.memory_in_use()
-        times.append(perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(measure_steps(lambda _: device.memory_in_use(), samples, device=device,
+                                           track_peak=False).step_s)
 
 
 def sampler_overhead(device="cpu", intervals_s=(0.001, 0.002, 0.01), rounds: int = 11,
@@ -296,10 +292,10 @@ def run_calibration(device="cpu", *, matmul_sizes_cpu=None, matmul_sizes_cuda=No
     ]
     records = []
     for label, step in steps:
-        start = perf_counter()
-        records += step()
+        timed = measure_steps(lambda _: step(), 1, device=device, track_peak=False)
+        records += timed.result
         if progress:
-            progress(f"{label}: {perf_counter() - start:.1f} s")
+            progress(f"{label}: {timed.step_s[0]:.1f} s")
     return records
 
 

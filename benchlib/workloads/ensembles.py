@@ -30,8 +30,8 @@ Every strategy starts from the same stacked initial parameters and sees the same
 (both from ``seed``), so their losses are comparable step by step; Adam is elementwise, so
 stacked and per-net Adam are the same update.
 
-Measurement scheme. Each timed step reads the clock after synchronising the device, and the GC
-pauses that began during it come from a `GCMonitor`. Allocation tracing (memray) slows every
+Measurement scheme. The steps run through `benchlib.measure.measure_steps`: each is timed with the
+device synchronised, with the GC pauses that began during it. Allocation tracing (memray) slows every
 ``malloc`` and would distort the very step times we study, so allocations are counted in a
 separate pass of ``alloc_steps`` further steps after the timed ones (`count_allocations`), and
 reported per step. Peak memory is the highest level during the cell's steps (warm-up included, so
@@ -47,7 +47,6 @@ import contextlib
 import gc
 import math
 import os
-import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -479,38 +478,31 @@ def train(
     ``device`` is a `benchlib.measure.Device`. The last ``alloc_steps`` rows of ``batches`` feed the
     allocation pass, so the timed steps see the same minibatches whatever ``alloc_steps`` is.
     """
-    from benchlib.measure import GCMonitor, count_allocations
+    from benchlib.measure import count_allocations, measure_steps
     from benchlib.measure.devices import heap_trim_available
 
     steps = len(batches) - alloc_steps
     if steps <= warmup:
         raise ValueError(f"need more steps than warm-up steps ({warmup}), got {steps} timed steps")
-    step_s, gc_count, gc_s, loss = (np.zeros(steps) for _ in range(4))
-    generations = [()] * steps
+    loss = np.zeros(steps)
     labels = dict(labels or {}) | {"loadavg_1m_before": load_average(), "torch_threads": torch.get_num_threads()}
-    with policy, GCMonitor() as monitor:
-        device.synchronize()
-        if device.kind == "cpu":
-            labels["peak_after_malloc_trim"] = heap_trim_available()
-        device.reset_peak()  # on CPU this first trims glibc's freed heap
-        baseline = device.memory_in_use()
-        for step in range(steps):
-            seen = len(monitor.pauses)
-            device.synchronize()
-            start = time.perf_counter()
-            idx = batches[step]
-            losses = strategy.step(x_all[idx], y_all[idx])
-            policy.after_step(step)
-            device.synchronize()
-            step_s[step] = time.perf_counter() - start
-            pauses = monitor.pauses[seen:]
-            if pauses:
-                gc_count[step] = len(pauses)
-                gc_s[step] = sum(p[1] for p in pauses)
-                generations[step] = tuple(p[2] for p in pauses)
-            loss[step] = float(losses.mean())
-    peak = device.peak_memory()
-    peak = math.nan if peak is None else peak - baseline
+    if device.kind == "cpu":
+        labels["peak_after_malloc_trim"] = heap_trim_available()
+
+    def one_step(step):
+        idx = batches[step]
+        losses = strategy.step(x_all[idx], y_all[idx])
+        policy.after_step(step)
+        return losses
+
+    def keep_loss(step, losses):
+        loss[step] = float(losses.mean())
+
+    with policy:
+        timed = measure_steps(one_step, steps, device=device, after_step=keep_loss)
+    peak = math.nan if timed.peak_bytes is None else timed.peak_bytes
+    step_s, gc_count, gc_s = (np.asarray(v, dtype=float) for v in (timed.step_s, timed.gc_count, timed.gc_s))
+    generations = list(timed.gc_generations)
     result = TrainResult(strategy.name, labels, step_s, gc_count, gc_s, generations, loss, warmup,
                          peak_bytes=float(peak))
     if alloc_steps:

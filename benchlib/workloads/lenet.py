@@ -7,7 +7,7 @@ epoch with ``@time``: seconds, allocations, bytes, GC share. Here the five model
 All modes start from the same five initial models, take the same untimed warm-up step, and read
 the same seeded minibatch order.
 
-Per epoch: wall time (device synchronised), GC pauses from a `GCMonitor`. Allocations come from a
+Per epoch (one step of `benchlib.measure.measure_steps`): wall time (device synchronised), GC pauses. Allocations come from a
 separate pass of ``alloc_steps`` steps under `count_allocations` (tracing would distort the
 epoch's time); the epoch's allocations are that per-step figure times the epoch's steps, an
 estimate the @time line marks with ``~``.
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -216,7 +215,7 @@ def run_lenet(
     ``progress`` is called with (mode, EpochResult) after each epoch (the notebook prints the
     @time line there, as the MWE does).
     """
-    from benchlib.measure import GCMonitor, count_allocations
+    from benchlib.measure import count_allocations, measure_steps
 
     unknown = [m for m in modes if m not in TRAINERS]
     if unknown:
@@ -242,18 +241,14 @@ def run_lenet(
         trainer = TRAINERS[mode](config, x_all, y_all, device.torch)
         if warmup_steps:
             trainer.run(warmup_batches)
-        epochs = []
-        for epoch in range(config.epochs):
-            batches = order[epoch * per_epoch: epoch * per_epoch + steps]
-            device.synchronize()
-            with GCMonitor() as monitor:
-                start = time.perf_counter()
-                loss = trainer.run(batches)
-                device.synchronize()
-                seconds = time.perf_counter() - start
-            epochs.append(EpochResult(mode, epoch, seconds, monitor.count, monitor.seconds, loss, steps))
-            if progress is not None and not alloc_steps:
-                progress(mode, epochs[-1])
+        losses = {}
+        timed = measure_steps(lambda epoch: trainer.run(order[epoch * per_epoch: epoch * per_epoch + steps]),
+                              config.epochs, device=device, after_step=losses.__setitem__)
+        epochs = [EpochResult(mode, epoch, timed.step_s[epoch], timed.gc_count[epoch], timed.gc_s[epoch],
+                              losses[epoch], steps) for epoch in range(config.epochs)]
+        if progress is not None and not alloc_steps:
+            for result in epochs:
+                progress(mode, result)
         if alloc_steps:
             allocs = count_allocations(lambda: (trainer.run(alloc_batches), device.synchronize()), device)
             labels["alloc_source"] = allocs.source
