@@ -75,7 +75,7 @@ def test_benchlib_steady_state_allocations_are_equal_for_both_setups():
     floors = {step: min(values) for step, values in counts.items()}
     assert floors[INITIAL] > 0  # the tracker sees the engine's NumPy buffers
     assert floors[INITIAL] == floors[NEW] == floors[RESETUP] == floors[RERUN]
-    verdicts = closures.verdict_table(records_frame(frame.drop(columns=["mwe", "order", "step"])))
+    verdicts = closures.verdict_table(records_frame(frame.drop(columns=["mwe", "order", "step", "engine"])))
     warm = verdicts[verdicts["phase"] == "warm"]
     assert set(warm["allocs verdict"]) == {"same"} and set(warm["bytes verdict"]) == {"same"}
     assert warm["grads identical"].all()
@@ -99,7 +99,7 @@ def test_records_cover_every_step_and_the_tables_and_figure_read_them():
                            orders=["seed", "reversed"], progress=None, **(TINY | {"alloc_samples": 1}))
     frame = records_frame(records)
     assert set(frame["device"]) == {"cpu"}
-    assert set(frame[frame["engine"] == "torch"]["dtype"]) == {"float64"}
+    assert set(frame[frame["variant"] == "torch"]["dtype"]) == {"float64"}
     table = closures.seed_table(frame)
     assert len(table) == 2 * len(STEPS)
     assert list(table[table["order"] == "seed"]["setup"]) == ["setup1", "setup1", "setup2", "setup1"]
@@ -131,7 +131,7 @@ def test_an_engine_that_cannot_run_on_the_device_is_recorded_as_not_applicable(m
 def _synthetic(step, metric, values, unit="count"):
     return [make_record(benchmark=closures.BENCHMARK, case=closures.case_name("dense", "seed", step), engine="e",
                         device="cpu", dtype="float32", metric=metric, value=v, unit=unit, repeat=i,
-                        params={"step": step})
+                        params={"mwe": "dense", "order": "seed", "step": step})
             for i, v in enumerate(values)]
 
 
@@ -180,8 +180,8 @@ def test_notebook_runs_with_quick_sizes_and_writes_its_records_and_figures(tmp_p
                  progress=False, stream=io.StringIO())
     assert result.ok, result.summary()
     records = pd.read_parquet(result.path / "records" / "identical_closures.parquet")
-    measured = records[records["engine"] != closures.TRACKER_ENGINE]
-    assert set(measured["engine"]) == set(engines)
+    measured = records[records["dimension"] != "tracker"]
+    assert set(measured["variant"]) == set(engines)
     assert set(records["device"]) == {"cpu"}
     assert {"warm_time", "cold_time", "warm_alloc_count", "cold_alloc_bytes", "grads_identical"} <= set(records["metric"])
     for phase in ("warm", "cold"):

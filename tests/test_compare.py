@@ -28,7 +28,7 @@ def _write_run(root, name, slow_factor=1.0):
 def test_the_same_run_twice_is_same_and_exits_zero(tmp_path, capsys):
     a, b = _write_run(tmp_path, "a"), _write_run(tmp_path, "b")
     table = compare_runs(a, b)
-    assert table.set_index(["engine", "metric"])["label"].to_dict() == {
+    assert table.set_index(["variant", "metric"])["label"].to_dict() == {
         ("ours", "time"): "same", ("ours", "peak_bytes"): "inconclusive",
         ("torch", "time"): "same", ("torch", "peak_bytes"): "inconclusive"}
     assert main(["compare", str(a), str(b)]) == 0
@@ -43,8 +43,8 @@ def test_a_slower_engine_exits_one_naming_engine_and_metric(tmp_path, capsys):
     # below the threshold the same change is not a failure; the other direction is better
     assert main(["compare", str(a), str(b), "--threshold", "0.6"]) == 0
     table = compare_runs(b, a, metrics=["time"])
-    assert table.set_index("engine")["label"].to_dict() == {"ours": "better", "torch": "same"}
-    row = compare_runs(a, b, metrics=["time"]).set_index("engine").loc["ours"]
+    assert table.set_index("variant")["label"].to_dict() == {"ours": "better", "torch": "same"}
+    row = compare_runs(a, b, metrics=["time"]).set_index("variant").loc["ours"]
     assert row.ci_low <= 1.5 <= row.ci_high and row.p_value < 0.01
 
 

@@ -104,10 +104,10 @@ def test_notebook_runs_with_quick_sizes_and_writes_every_engines_records(tmp_pat
     result = run(["dot_chain"], device="cpu", out=tmp_path, quick=True, progress=False, stream=io.StringIO())
     assert result.ok, result.summary()
     records = pd.read_parquet(result.path / "records" / "dot_chain.parquet")
-    assert set(records["engine"]) == set(ENGINE_NAMES)
+    assert set(records["variant"]) == set(ENGINE_NAMES)
     assert set(records["device"]) == {"cpu"} and set(records["dtype"]) == {"float64"}
     for engine in ENGINE_NAMES:
-        metrics = set(records[records["engine"] == engine]["metric"])
+        metrics = set(records[records["variant"] == engine]["metric"])
         assert {"time", "peak_bytes", "x_scale"} <= metrics
         assert ("grad_max_rel_err" in metrics) == (engine != "manual")
     assert set(records["case"]) == {"D=64,depth=8"}

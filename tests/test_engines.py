@@ -175,13 +175,13 @@ def test_the_parent_compares_each_saved_gradient_with_manuals_and_deletes_the_fi
         engines=["torch", "manual"], device="cpu", dtype="float64", progress=None)
     assert os.listdir(tmp_path) == []
     frame = comparison.frame()
-    assert list(dict.fromkeys(frame[frame["case"] == "off"]["engine"])) == ["manual", "torch"]  # manual first
+    assert list(dict.fromkeys(frame[frame["case"] == "off"]["variant"])) == ["manual", "torch"]  # manual first
     errors = frame[frame["metric"] == "grad_max_rel_err"]
-    assert list(errors["engine"]) == ["torch"] and errors["value"].iloc[0] == pytest.approx(1e-3)
+    assert list(errors["variant"]) == ["torch"] and errors["value"].iloc[0] == pytest.approx(1e-3)
     with pytest.raises(GradientMismatch, match="torch"):
         comparison.check_gradients()
     unchecked = frame[frame["metric"] == "grad_check_unavailable"]
-    assert list(zip(unchecked["case"], unchecked["engine"])) == [("manual fails", "torch")]
+    assert list(zip(unchecked["case"], unchecked["variant"])) == [("manual fails", "torch")]
     summary = comparison.summary().set_index(["case", "engine"])
     assert summary.loc[("manual fails", "torch"), "reason"] == (
         "gradient not checked: manual failed, so there is no gradient to compare with")
@@ -222,7 +222,7 @@ def test_bad_comparison_arguments_are_refused_with_what_is_valid(kwargs, message
 
 def _records(engine, peak, time, error=None, dtype="float64", case="c"):
     labels = dict(benchmark="b", case=case, engine=engine, device="cpu", dtype=dtype)
-    rows = [make_record(**labels, metric="peak_bytes", value=peak, unit="bytes"),
+    rows = [make_record(**labels, metric="peak_bytes", value=peak, unit="B"),
             make_record(**labels, metric="time", value=time, unit="s")]
     if error is not None:
         rows.append(make_record(**labels, metric="grad_max_rel_err", value=error, unit=""))
@@ -259,7 +259,7 @@ def test_an_engine_that_cannot_run_on_the_device_is_recorded_not_dropped(monkeyp
     comparison = dot_chain.run(D=3, depth=2, engines=(name for name in ["autograd"]), device="cuda",
                                dtype="float32", progress=None)
     (record,) = comparison.records
-    assert (record["engine"], record["metric"], record["device"]) == ("autograd", "not_applicable", "cuda:0")
+    assert (record["variant"], record["metric"], record["device"]) == ("autograd", "not_applicable", "cuda:0")
     assert json.loads(record["params"])["message"].startswith("HIPS autograd computes with NumPy")
     assert comparison.ok
 
@@ -352,7 +352,7 @@ def test_sweep_lines_read_the_swept_parameter_from_params():
     rows = []
     for T, peak in ((10, 1e6), (20, 2e6)):
         labels = dict(benchmark="b", case=f"T={T}", engine="manual", device="cpu", dtype="float32", params={"T": T})
-        rows += [make_record(**labels, metric="peak_bytes", value=peak, unit="bytes"),
+        rows += [make_record(**labels, metric="peak_bytes", value=peak, unit="B"),
                  make_record(**labels, metric="time", value=T / 10, unit="s")]
     figure = gradients.sweep_lines(records_frame(rows), parameter="T")
     peak_line, time_line = figure.data

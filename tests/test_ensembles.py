@@ -235,7 +235,7 @@ def test_full_collection_pauses_cover_each_heap_frozen_and_not(data):
     assert pauses[["heap_objects", "frozen"]].values.tolist() == [[0, False], [0, True], [50, False], [50, True]]
     assert gc.get_freeze_count() == 0
     rows = records_frame(E.collection_pause_records(pauses, CPU, {"data": data.source}))
-    assert len(rows) == 12 and set(rows["engine"]) == {"python-gc"}
+    assert len(rows) == 12 and set(rows["variant"]) == {"python-gc"} and set(rows["dimension"]) == {"collector"}
     # the heap adds 50 tuples and 50 tensors to what a collection walks; freezing hides them all
     walked = pauses.set_index(["heap_objects", "frozen"])["tracked_objects"]
     assert walked[(50, False)] - walked[(0, False)] >= 100 and walked[(50, True)] < walked[(0, False)]
@@ -269,7 +269,7 @@ def test_notebook_runs_through_the_runner_with_quick_sizes(tmp_path):
     records = pd.read_parquet(result.path / "records" / "mnist_ensembles.parquet")
     params = [json.loads(p) for p in records["params"]]
     assert {p["data"] for p in params} == {"synthetic"}
-    assert set(records["engine"]) >= set(E.STRATEGIES) | {"sequential", "threads", "vmap", "floor", "python-gc"}
+    assert set(records["variant"]) >= set(E.STRATEGIES) | {"sequential", "threads", "vmap", "flop_floor", "python-gc"}
     summary = records[records["metric"] == "throughput"]
     assert len(summary) == len(E.STRATEGIES) * len(E.GC_POLICIES) + 1  # + the thread sweep's one cell (QUICK: [1])
     assert summary["case"].is_unique

@@ -26,7 +26,7 @@ def test_matmul_flop_rate_is_flops_over_each_repeat_time():
         n = json.loads(rate_row["params"])["n"]
         assert rate_row["value"] == pytest.approx(2 * n**3 / time_row["value"], rel=1e-12)
         assert (rate_row["unit"], rate_row["dtype"], rate_row["device"]) == ("FLOP/s", "float64", "cpu")
-    assert {r["engine"] for r in rates} == {"numpy", "torch"}
+    assert {r["variant"] for r in rates} == {"numpy", "torch"}
     assert all(json.loads(r["params"])["flop_per_call"] == 2 * json.loads(r["params"])["n"] ** 3
                for r in rates)
 
@@ -57,7 +57,7 @@ def test_tracker_overhead_reports_allocations_per_call_and_restores_threads():
     threads = torch.get_num_threads()
     records = calibration.tracker_overhead("cpu", rounds=1)
     assert torch.get_num_threads() == threads
-    ratios = {r["engine"]: json.loads(r["params"]) for r in by_metric(records, "time_ratio")}
+    ratios = {r["variant"]: json.loads(r["params"]) for r in by_metric(records, "time_ratio")}
     # 100 steps x 3 temporaries (tanh, *0.5, +x), each 10,000 float64
     assert ratios["numpy"]["allocations_per_call"] == 300
     assert ratios["torch"]["allocations_per_call"] > 0

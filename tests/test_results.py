@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from benchlib.results import (
+    METRICS,
     RECORD_COLUMNS,
+    SCHEMA_VERSION,
     RecordError,
     Run,
     capture_environment,
@@ -24,9 +26,11 @@ from benchlib.results import (
     load_run_info,
     make_record,
     records_frame,
+    reference_records,
+    status_record,
     write_parquet_atomic,
 )
-from benchlib.results.store import new_run_dir
+from benchlib.results.store import RecordsUnreadable, new_run_dir
 
 
 def record(**overrides):
@@ -54,7 +58,7 @@ def test_make_record_normalises_labels_and_params():
         ({"value": "12"}, "value must be a real number"),
         ({"value": True}, "value must be a real number"),
         ({"repeat": -1}, "repeat must be a non-negative integer"),
-        ({"engine": ""}, "engine must be a non-empty string"),
+        ({"engine": ""}, "variant must be a non-empty string"),
         ({"params": {"f": object()}}, "params must hold JSON-able values"),
         ({"device": 3}, "device must be a string"),
     ],
@@ -62,6 +66,69 @@ def test_make_record_normalises_labels_and_params():
 def test_make_record_rejects_bad_fields(overrides, message):
     with pytest.raises(RecordError, match=message):
         record(**overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"metric": "peak_byte"}, "unknown metric 'peak_byte': register it"),
+        ({"unit": "s"}, "metric 'peak_bytes' is in 'B', got unit 's'"),
+        ({"strategy": "naive"}, "exactly one of engine=, library=, strategy="),
+    ],
+)
+def test_make_record_checks_metric_registry_and_one_varying_dimension(overrides, message):
+    with pytest.raises(RecordError, match=re.escape(message)):
+        record(**overrides)
+
+
+def test_the_varying_dimension_is_named_by_its_keyword_and_units_come_from_the_registry():
+    row = make_record(benchmark="mnist_ensembles", case="c", strategy="naive", device="cpu", dtype="float32",
+                      metric="step_time", value=0.1)
+    assert (row["dimension"], row["variant"], row["unit"]) == ("strategy", "naive", "s")
+    assert METRICS["step_time"].kind == "time"
+
+
+def test_status_record_is_the_one_way_to_say_how_a_case_ended():
+    row = status_record(status="failed", message="boom", benchmark="b", case="c", engine="torch", device="cpu",
+                        dtype="float32", params={"n": 1})
+    assert (row["metric"], row["value"], json.loads(row["params"])) == ("failed", 1.0, {"n": 1, "status": "failed",
+                                                                                          "message": "boom"})
+    with pytest.raises(RecordError, match="status must be one of ok, failed, not_applicable"):
+        status_record(status="broken", benchmark="b", case="c", engine="torch", device="cpu", dtype="float32")
+
+
+def test_runs_stamp_the_schema_version_in_run_json_and_parquet_metadata(tmp_path):
+    import pyarrow.parquet as pq
+
+    run = Run.open(tmp_path / "run-v", device="cpu")
+    run.save_records([record()], "dot_chain")
+    assert load_run_info(run.path)["schema_version"] == SCHEMA_VERSION
+    for path in (run.path / "records.parquet", run.path / "records" / "dot_chain.parquet"):
+        schema = pq.read_schema(path)
+        assert schema.metadata[b"benchlib.schema_version"] == str(SCHEMA_VERSION).encode()
+        assert schema.field("value").type == "double" and schema.field("repeat").type == "int64"
+
+
+def test_version_1_records_load_with_engine_as_their_dimension_and_unknown_versions_say_why(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    old = records_frame([record()]).rename(columns={"variant": "engine"}).drop(columns="dimension")
+    (tmp_path / "v1").mkdir()
+    old.to_parquet(tmp_path / "v1" / "records.parquet", index=False)
+    loaded = load_records(tmp_path / "v1")
+    assert list(loaded.columns) == list(RECORD_COLUMNS)
+    assert (loaded["dimension"].iloc[0], loaded["variant"].iloc[0]) == ("engine", "torch")
+    (tmp_path / "v9").mkdir()
+    table = pa.Table.from_pandas(records_frame([record()]), preserve_index=False)
+    pq.write_table(table.replace_schema_metadata({"benchlib.schema_version": "9"}), tmp_path / "v9" / "records.parquet")
+    with pytest.raises(RecordsUnreadable, match="schema version 9; this benchlib reads versions 1 to 2 \\(written by a newer"):
+        load_records(tmp_path / "v9")
+
+
+def test_committed_reference_run_still_loads():
+    loaded = reference_records("dot_chain")
+    assert loaded is not None and set(loaded[1]["dimension"]) == {"engine"} and "manual" in set(loaded[1]["variant"])
 
 
 def test_records_frame_names_missing_and_unknown_fields():

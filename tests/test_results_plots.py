@@ -11,7 +11,7 @@ from benchlib.results.plots.common import ENGINE_COLORS, PALETTE, SERIES_COLORS,
 def rows(engine, case, values, metric="peak_bytes"):
     return [
         make_record(benchmark="b", case=case, engine=engine, device="cpu", dtype="float64",
-                    metric=metric, value=value, unit="B", repeat=repeat)
+                    metric=metric, value=value, repeat=repeat)
         for repeat, value in enumerate(values)
     ]
 
@@ -29,7 +29,7 @@ def test_ratio_frame_divides_medians_by_the_baseline_in_each_case():
         rows("manual", "small", [2, 4, 6]) + rows("torch", "small", [8, 9, 7])
         + rows("manual", "large", [10]) + rows("torch", "large", [25]) + rows("torch", "large", [1], metric="time")
     )
-    ratios = ratio_frame(frame, metric="peak_bytes", baseline="manual").set_index(["case", "engine"])["ratio"]
+    ratios = ratio_frame(frame, metric="peak_bytes", baseline="manual").set_index(["case", "variant"])["ratio"]
     assert ratios[("small", "torch")] == 2.0 and ratios[("large", "torch")] == 2.5
     assert ratios[("small", "manual")] == 1.0
     fig = ratio_bars(frame, metric="peak_bytes", baseline="manual")
@@ -41,7 +41,7 @@ def test_ratio_frame_divides_medians_by_the_baseline_in_each_case():
 
 def test_ratio_is_nan_where_the_baseline_was_not_measured():
     frame = records_frame(rows("manual", "small", [2]) + rows("torch", "small", [4]) + rows("torch", "cuda-only", [4]))
-    ratios = ratio_frame(frame, metric="peak_bytes", baseline="manual").set_index(["case", "engine"])["ratio"]
+    ratios = ratio_frame(frame, metric="peak_bytes", baseline="manual").set_index(["case", "variant"])["ratio"]
     assert math.isnan(ratios[("cuda-only", "torch")])
 
 

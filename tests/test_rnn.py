@@ -144,11 +144,11 @@ def test_notebook_runs_with_quick_sizes_and_writes_every_engines_records_for_eve
     records = pd.read_parquet(result.path / "records" / "rnn_fanout.parquet")
     assert set(records["case"]) == {"T=2", "T=4"}
     assert set(records["dtype"]) == {"float32"}
-    for (case, engine), group in records.groupby(["case", "engine"]):
+    for (case, engine), group in records.groupby(["case", "variant"]):
         metrics = set(group["metric"])
         assert {"time", "peak_bytes"} <= metrics, (case, engine)
         assert ("grad_max_rel_err" in metrics) == (engine != "manual")
-    assert set(records["engine"]) == set(ENGINE_NAMES)
+    assert set(records["variant"]) == set(ENGINE_NAMES)
     for figure in ("rnn_fanout_memory_timeline", "rnn_fanout_peak", "rnn_fanout_sweep"):
         assert (result.path / "figures" / f"{figure}.html").is_file()
     timelines = pd.read_parquet(result.path / "tables" / "rnn_fanout_timelines.parquet")

@@ -42,7 +42,7 @@ def test_a_notebook_whose_cases_partly_failed_is_partial_and_the_run_exits_1(tmp
     assert entry["error"].startswith("1 case(s) failed: torch (c)")
     summary = capsys.readouterr().out
     assert "partial" in summary and "torch fails on purpose" in summary
-    assert set(load_records(run_dir)["engine"]) == {"manual", "torch"}  # manual's measurement is kept
+    assert set(load_records(run_dir)["variant"]) == {"manual", "torch"}  # manual's measurement is kept
     assert [row["state"] for _, row in list_runs(tmp_path).iterrows()] == ["finished"]
     assert list_runs(tmp_path)["failed"].tolist() == [1]
 
@@ -59,7 +59,7 @@ def test_a_notebook_whose_cases_all_failed_stops_with_the_first_cases_error(tmp_
 def test_case_outcomes_read_failures_and_data_sources_from_the_records_a_notebook_saved(tmp_path):
     run_ = Run.create(tmp_path, "cpu")
     since = time.time() - 1
-    common = dict(benchmark="b", device="cpu", dtype="float32", unit="")
+    common = dict(benchmark="b", device="cpu", dtype="float32")
     run_.save_records([make_record(case="c1", engine="e", metric="time", value=1.0, params={"data": "synthetic"}, **common),
                        make_record(case="c2", engine="f", metric="failed", value=1.0,
                                    params={"message": "boom\ntraceback..."}, **common)], "b")

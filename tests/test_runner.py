@@ -108,7 +108,7 @@ def test_cli_runs_notebooks_records_a_failure_and_keeps_the_rest(tmp_path, capsy
     assert (run_dir / "figures" / "probe_sizes.html").is_file()
 
     records = load_records(run_dir)
-    assert sorted(records["engine"]) == ["a", "b"] and set(records["run_id"]) == {run_dir.name}
+    assert sorted(records["variant"]) == ["a", "b"] and set(records["run_id"]) == {run_dir.name}
     assert records["value"].tolist() == [20.0, 20.0]  # QUICK size 10 times scale 2
     seen = json.loads(records["params"].iloc[0])
     assert seen["label"] == "hello" and seen["scale"] == 2.0

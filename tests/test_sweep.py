@@ -86,7 +86,7 @@ def test_a_failing_point_is_recorded_and_the_others_land(tmp_path):
     assert notebooks["cases@failing="]["status"] == "ok"
     assert notebooks["cases@failing=torch"]["status"] == "failed"
     assert "AllCasesFailed" in notebooks["cases@failing=torch"]["error"]
-    assert set(load_records(run_dir)["engine"]) == {"torch"}
+    assert set(load_records(run_dir)["variant"]) == {"torch"}
 
 
 @pytest.mark.slow

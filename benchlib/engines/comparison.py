@@ -37,7 +37,6 @@ DTYPES = tuple(GRADIENT_TOLERANCE)
 # sampler thread runs during the timed repeats (its cost is measured by the calibration notebook,
 # see docs/measuring.md); the interval is recorded with every row.
 TIMELINE_INTERVAL_S = 0.002
-STATUS_METRIC = {"failed": "failed", "not applicable": "not_applicable"}
 REFERENCE_ENGINE = "manual"
 
 
@@ -167,7 +166,8 @@ class EngineComparison:
         errors = frame[frame["metric"] == GRAD_ERROR_METRIC]
         tolerance = errors["dtype"].map(GRADIENT_TOLERANCE).astype("float64")
         bad = errors[~(errors["value"] <= tolerance)]
-        return bad.assign(tolerance=tolerance[bad.index])[["case", "engine", "dtype", "value", "tolerance"]]
+        return bad.assign(tolerance=tolerance[bad.index]).rename(columns={"variant": "engine"})[
+            ["case", "engine", "dtype", "value", "tolerance"]]
 
     def check_gradients(self) -> str:
         """Raise GradientMismatch, listing the offenders, when any gradient disagrees with `manual`.
@@ -186,7 +186,7 @@ class EngineComparison:
                  f"{GRADIENT_TOLERANCE[self.dtype]:g} ({GRAD_ERROR_METRIC} up to {checked['value'].max():.2e})"
                  if len(checked) else "no gradient was compared with manual"]
         for row in frame[frame["metric"] == GRAD_UNCHECKED_METRIC].itertuples():
-            lines.append(f"not checked: {row.engine} ({row.case}): {json.loads(row.params)['message']}")
+            lines.append(f"not checked: {row.variant} ({row.case}): {json.loads(row.params)['message']}")
         return "\n".join(lines)
 
     def timeline_frame(self) -> pd.DataFrame:
@@ -214,7 +214,7 @@ def summarize(frame: pd.DataFrame, problems: Iterable[Mapping] = ()) -> pd.DataF
     columns = ["case", "engine", "status", "peak_bytes", "peak_ratio", "time_s", "time_ratio",
                GRAD_ERROR_METRIC, "reason"]
     rows = []
-    for (case, engine), group in frame.groupby(["case", "engine"], sort=False):
+    for (case, engine), group in frame.groupby(["case", "variant"], sort=False):
         by_metric = group.groupby("metric")["value"]
         medians = by_metric.median()
         if "time" not in medians:
@@ -242,14 +242,6 @@ def summarize(frame: pd.DataFrame, problems: Iterable[Mapping] = ()) -> pd.DataF
             .drop(columns=["_case_order", "_engine_order"]).reset_index(drop=True))
 
 
-def _status_record(*, benchmark, case, engine, device, dtype, status, message, params):
-    from benchlib.results import make_record
-
-    return make_record(benchmark=benchmark, case=case, engine=engine, device=device, dtype=dtype,
-                       metric=STATUS_METRIC[status], value=1.0, unit="",
-                       params={**params, "status": status, "message": message})
-
-
 def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping], engines: Iterable[str],
                     device="auto", dtype: str, repeats: int = 1, warmup: int = 0,
                     memory_required: Callable[[str, Mapping], int | None] | None = None,
@@ -268,7 +260,7 @@ def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping]
     """
     from benchlib.measure import CaseFailed, resolve_device, run_isolated
     from benchlib.measure.isolation import malloc_environment
-    from benchlib.results import make_record
+    from benchlib.results import make_record, status_record
 
     engines = validate_common(dtype=dtype, engines=engines, repeats=repeats, warmup=warmup)
     if malloc is not None:
@@ -280,7 +272,7 @@ def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping]
     options = {} if malloc is None else {"malloc": malloc}
 
     def note(labels, status, message, params):
-        comparison.records.append(_status_record(**labels, status=status, message=message, params=params))
+        comparison.records.append(status_record(**labels, status=status.replace(" ", "_"), message=message, params=params))
         comparison.problems.append({"case": labels["case"], "engine": labels["engine"], "status": status,
                                     "message": message})
         if progress:
@@ -328,11 +320,11 @@ def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping]
                 comparison.records += measurement.records(benchmark=benchmark, case=case, engine=engine_name,
                                                           dtype=dtype, params=record_params)
                 comparison.records += [
-                    make_record(**labels, metric=metric, value=value, unit="", params=record_params)
+                    make_record(**labels, metric=metric, value=value, params=record_params)
                     for metric, value in checks.items()
                 ]
                 if not engine.hand_written and no_reference is not None:
-                    comparison.records.append(make_record(**labels, metric=GRAD_UNCHECKED_METRIC, value=1.0, unit="",
+                    comparison.records.append(make_record(**labels, metric=GRAD_UNCHECKED_METRIC, value=1.0,
                                                           params={**record_params, "message": no_reference}))
                 if measurement.timeline is not None:
                     timelines.append(measurement.timeline.assign(case=case, engine=engine_name))

@@ -1,7 +1,9 @@
 """Tidy records, run metadata, atomic storage and loading runs back (parquet and JSON; no pickle)."""
 
 from benchlib.results.environment import capture_environment
-from benchlib.results.records import RECORD_COLUMNS, RecordError, make_record, params_json, records_frame
+from benchlib.results.metrics import METRICS, Metric, MetricError
+from benchlib.results.records import (DIMENSIONS, RECORD_COLUMNS, SCHEMA_VERSION, STATUSES, RecordError, make_record,
+                                      params_json, records_frame, status_record)
 from benchlib.results.store import (
     Run,
     default_results_root,
@@ -14,7 +16,13 @@ from benchlib.results.store import (
 )
 
 __all__ = [
+    "DIMENSIONS",
+    "METRICS",
+    "Metric",
+    "MetricError",
     "RECORD_COLUMNS",
+    "SCHEMA_VERSION",
+    "STATUSES",
     "RecordError",
     "Run",
     "capture_environment",
@@ -26,6 +34,7 @@ __all__ = [
     "params_json",
     "records_frame",
     "reference_records",
+    "status_record",
     "write_json_atomic",
     "write_parquet_atomic",
 ]

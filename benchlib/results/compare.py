@@ -24,7 +24,7 @@ from benchlib.results.stats import (
 )
 from benchlib.results.store import load_records
 
-KEY_COLUMNS = ("benchmark", "case", "engine", "device", "dtype", "metric")
+KEY_COLUMNS = ("benchmark", "case", "dimension", "variant", "device", "dtype", "metric")
 VALUE_COLUMN = "value"
 UNIT_COLUMN = "unit"
 DEFAULT_THRESHOLD = 0.05

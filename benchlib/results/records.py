@@ -1,5 +1,9 @@
 """The tidy record schema: one row per measured value, validated where it is made.
 
+A record names its benchmark and case, what varies (`dimension`, e.g. engine or strategy) and
+its value (`variant`), the device and dtype, a registered metric (`benchlib.results.metrics`) with
+its unit, the value, a repeat index and typed parameters (a JSON object).
+
 Validation happens in `make_record` and `records_frame` so that a bad row fails in the
 workload that produced it, with the field named, rather than later as a confusing plot.
 """
@@ -14,11 +18,20 @@ from typing import Any
 
 import pandas as pd
 
+from benchlib.results.metrics import METRICS, Metric, MetricError  # noqa: F401  (re-exported)
+
+# Version 2: `dimension` + `variant` (what varies and its value) replace the overloaded `engine`;
+# metric names and units checked against METRICS. Version 1 (no version stamp) is read by
+# `upgrade_frame`.
+SCHEMA_VERSION = 2
+SCHEMA_VERSION_KEY = "benchlib.schema_version"  # key in the parquet file's metadata
+
 RECORD_COLUMNS: tuple[str, ...] = (
     "run_id",
     "benchmark",
     "case",
-    "engine",
+    "dimension",
+    "variant",
     "device",
     "dtype",
     "metric",
@@ -28,10 +41,35 @@ RECORD_COLUMNS: tuple[str, ...] = (
     "params",
 )
 
+# What a record's `variant` may name: pass it to make_record by this keyword (engine="torch",
+# strategy="naive", mode="vmap"...); the keyword becomes `dimension`, its value `variant`.
+DIMENSIONS: dict[str, str] = {
+    "engine": "a gradient engine of benchlib.engines (or one of a workload's own engine adapters)",
+    "library": "an array library timed on its own (numpy, torch)",
+    "strategy": "a way to train the same ensemble (mnist_ensembles)",
+    "mode": "a way to run the same models (LeNet5: sequential, threads, vmap)",
+    "collector": "Python's garbage collector measured on its own",
+    "bound": "a computed bound, not a run (the FLOP floor)",
+    "tracker": "the allocation tracker measured on itself",
+}
+
+# One constructor, `status_record`, writes these: a case that ran (ok), failed, or could not run here.
+STATUSES = ("ok", "failed", "not_applicable")
+
 # Labels that identify a value; each must be a non-empty string.
-_LABEL_FIELDS = ("benchmark", "case", "engine", "device", "dtype", "metric")
+_LABEL_FIELDS = ("benchmark", "case", "dimension", "variant", "device", "dtype", "metric")
 _REQUIRED_FIELDS = _LABEL_FIELDS + ("value", "unit")
 _COLUMN_DTYPES = {name: str for name in RECORD_COLUMNS} | {"value": "float64", "repeat": "int64"}
+
+
+def arrow_schema():
+    """The pyarrow schema records.parquet files are written with (schema_version in its metadata)."""
+    import pyarrow as pa
+
+    types = {"value": pa.float64(), "repeat": pa.int64()}
+    # value may be NaN ("not measured"), which pyarrow stores as null and reads back as NaN
+    return pa.schema([pa.field(name, types.get(name, pa.string()), nullable=name == "value") for name in RECORD_COLUMNS],
+                     metadata={SCHEMA_VERSION_KEY: str(SCHEMA_VERSION)})
 
 
 class RecordError(ValueError):
@@ -101,25 +139,56 @@ def _repeat(repeat: Any) -> int:
     return int(repeat)
 
 
+def _variant(variant: Mapping[str, Any]) -> tuple[str, str]:
+    """The one `dimension=name` keyword of make_record, as (dimension, variant)."""
+    if len(variant) != 1 or next(iter(variant)) not in DIMENSIONS:
+        given = ", ".join(f"{key}={value!r}" for key, value in variant.items()) or "none"
+        raise RecordError(f"a record names what varies with exactly one of {', '.join(f'{d}=' for d in DIMENSIONS)} "
+                          f"(got {given}); add a new dimension to DIMENSIONS in benchlib.results.records")
+    (dimension, value), = variant.items()
+    return dimension, value
+
+
 def make_record(
     *,
     benchmark: str,
     case: str,
-    engine: str,
     device: Any,
     dtype: Any,
     metric: str,
     value: float,
-    unit: str,
+    unit: str | None = None,
     repeat: int = 0,
     params: Mapping[str, Any] | None = None,
+    **variant: str,
 ) -> dict[str, Any]:
-    """One tidy row; `run_id` stays empty until `Run.save_records` fills it."""
+    """One tidy row; `run_id` stays empty until `Run.save_records` fills it.
+
+    What varies is one keyword, e.g. ``engine="torch"`` or ``strategy="naive"`` (see DIMENSIONS).
+    `metric` must be registered in METRICS; `unit` defaults to its unit and, if given, must match.
+    """
+    dimension, name = _variant(variant)
+    return _record(benchmark=benchmark, case=case, dimension=dimension, variant=name, device=device, dtype=dtype,
+                   metric=metric, value=value, unit=unit, repeat=repeat, params=params)
+
+
+def status_record(*, status: str, message: str = "", benchmark: str, case: str, device: Any, dtype: Any,
+                  params: Mapping[str, Any] | None = None, **variant: str) -> dict[str, Any]:
+    """The row that says how a case ended: `ok`, `failed` (message: the error) or `not_applicable`
+    (message: why it cannot run here). Its metric is the status, its value 1."""
+    if status not in STATUSES:
+        raise RecordError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
+    return make_record(benchmark=benchmark, case=case, device=device, dtype=dtype, metric=status, value=1.0,
+                       params={**(params or {}), "status": status, "message": message}, **variant)
+
+
+def _record(*, benchmark, case, dimension, variant, device, dtype, metric, value, unit, repeat, params) -> dict:
     record = {
         "run_id": "",
         "benchmark": benchmark,
         "case": case,
-        "engine": engine,
+        "dimension": dimension,
+        "variant": variant,
         "device": _device_name(device),
         "dtype": _dtype_name(dtype),
         "metric": metric,
@@ -131,8 +200,12 @@ def make_record(
     for field in _LABEL_FIELDS:
         if not isinstance(record[field], str) or not record[field]:
             raise RecordError(f"{field} must be a non-empty string, got {record[field]!r}")
-    if not isinstance(unit, str):
-        raise RecordError(f"unit must be a string such as 's', 'B' or '' (dimensionless), got {unit!r}")
+    if dimension not in DIMENSIONS:
+        raise RecordError(f"dimension must be one of {', '.join(DIMENSIONS)}, got {dimension!r}")
+    try:
+        record["unit"] = METRICS.unit_of(metric, unit)
+    except MetricError as error:
+        raise RecordError(str(error)) from None
     return record
 
 
@@ -152,7 +225,7 @@ def _validated_row(row: Mapping[str, Any], index: int) -> dict[str, Any]:
     params = row.get("params")
     fields = {name: row[name] for name in _REQUIRED_FIELDS}
     try:
-        record = make_record(
+        record = _record(
             **fields,
             repeat=row.get("repeat", 0),
             params=json.loads(params) if isinstance(params, str) else params,
@@ -187,6 +260,22 @@ def records_frame(records: Iterable[Mapping[str, Any]] | pd.DataFrame) -> pd.Dat
         return empty_records_frame()
     frame = pd.DataFrame(validated, columns=list(RECORD_COLUMNS))
     return frame.astype(_COLUMN_DTYPES)
+
+
+def upgrade_frame(frame: pd.DataFrame, version: int) -> pd.DataFrame:
+    """Records written under schema `version` in today's columns, or RecordError saying why not.
+
+    Version 1 had one `engine` column for whatever varied; its rows keep that name as their
+    dimension (`engine`), which is what version 1 said of them.
+    """
+    if version == SCHEMA_VERSION:
+        return frame
+    if version == 1:
+        if "engine" not in frame.columns:
+            raise RecordError("schema version 1 records need an `engine` column, and these have none")
+        return frame.rename(columns={"engine": "variant"}).assign(dimension="engine")
+    raise RecordError(f"records of schema version {version}; this benchlib reads versions 1 to {SCHEMA_VERSION}"
+                      + (" (written by a newer benchlib: update it)" if version > SCHEMA_VERSION else ""))
 
 
 def conform(frame: pd.DataFrame) -> pd.DataFrame:

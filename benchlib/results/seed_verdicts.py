@@ -17,7 +17,7 @@ from benchlib.results.compare import KEY_COLUMNS, VALUE_COLUMN
 from benchlib.results.stats import ratio_of_medians
 
 REPRODUCED, REFUTED, INCONCLUSIVE = "reproduced", "refuted", "inconclusive"
-BENCHMARK_COLUMN, ENGINE_COLUMN, METRIC_COLUMN, CASE_COLUMN = KEY_COLUMNS[0], KEY_COLUMNS[2], KEY_COLUMNS[5], KEY_COLUMNS[1]
+BENCHMARK_COLUMN, CASE_COLUMN, ENGINE_COLUMN, METRIC_COLUMN = "benchmark", "case", "variant", "metric"
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ from typing import Any
 import pandas as pd
 
 from benchlib.results.environment import capture_environment
-from benchlib.results.records import conform, empty_records_frame, records_frame
+from benchlib.results.records import (SCHEMA_VERSION, SCHEMA_VERSION_KEY, RecordError, arrow_schema, conform,
+                                      empty_records_frame, records_frame, upgrade_frame)
 
 RUN_INFO = "run.json"
 RECORDS = "records.parquet"
@@ -66,6 +67,15 @@ def _atomic_write(path: Path, write: Any) -> Path:
 def write_parquet_atomic(df: pd.DataFrame, path: str | os.PathLike) -> Path:
     """Write `df` to parquet at `path` via a temp file in the same directory and `os.replace`."""
     return _atomic_write(Path(path), lambda temp: df.to_parquet(temp, index=False))
+
+
+def write_records_atomic(frame: pd.DataFrame, path: str | os.PathLike) -> Path:
+    """Write tidy records with the records' pyarrow schema (schema_version in the file's metadata)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(conform(frame), schema=arrow_schema(), preserve_index=False)
+    return _atomic_write(Path(path), lambda temp: pq.write_table(table, temp))
 
 
 def write_text_atomic(text: str, path: str | os.PathLike) -> Path:
@@ -156,6 +166,7 @@ class Run:
             path,
             {
                 "run_id": run_id,
+                "schema_version": SCHEMA_VERSION,
                 "started_at": now_iso(),
                 "ended_at": None,
                 "device": getattr(device, "name", device),
@@ -214,7 +225,7 @@ class Run:
                 "save each benchmark's rows under its own name"
             )
         frame["run_id"] = self.run_id
-        write_parquet_atomic(frame, self.path / "records" / f"{benchmark}.parquet")
+        write_records_atomic(frame, self.path / "records" / f"{benchmark}.parquet")
         self.refresh_records()
         return frame
 
@@ -233,7 +244,7 @@ class Run:
                     raise
                 skipped.append(str(error))
         merged = pd.concat(parts, ignore_index=True) if parts else empty_records_frame()
-        write_parquet_atomic(merged, self.path / RECORDS)
+        write_records_atomic(merged, self.path / RECORDS)
         return skipped
 
     def save_figure(self, fig: Any, name: str) -> Path:
@@ -301,10 +312,21 @@ class RecordsUnreadable(ValueError):
     """A records or run.json file that exists but cannot be read; the message names the file."""
 
 
+def schema_version_of(path: Path) -> int:
+    """The records schema version a parquet file was written with (1: written before versions were stamped)."""
+    import pyarrow.parquet as pq
+
+    metadata = pq.read_schema(path).metadata or {}
+    return int(metadata.get(SCHEMA_VERSION_KEY.encode(), b"1"))
+
+
 def read_records_file(path: Path) -> pd.DataFrame:
-    """One parquet file of records, conformed to the schema; RecordsUnreadable names the file otherwise."""
+    """One parquet file of records (any readable schema version) in today's schema; RecordsUnreadable
+    names the file and why otherwise."""
     try:
-        return conform(pd.read_parquet(path))
+        return conform(upgrade_frame(pd.read_parquet(path), schema_version_of(path)))
+    except RecordError as error:
+        raise RecordsUnreadable(f"{path}: {error}") from None
     except Exception as error:  # pyarrow raises OSError, ArrowInvalid...; the caller needs the file's name
         raise RecordsUnreadable(f"{path}: cannot read records ({type(error).__name__}: {error}); "
                                 f"`benchlib merge-records {path.parent if path.name == RECORDS else path.parent.parent}` "

@@ -160,7 +160,7 @@ def _compare(arguments: argparse.Namespace) -> int:
         print(comparison.to_string(index=False) if len(comparison) else "no metric in both runs")
     if any_worse(comparison):
         worse = comparison[comparison["label"] == WORSE]
-        names = ", ".join(f"{row.benchmark}/{row.case}/{row.engine}/{row.metric}" for row in worse.itertuples())
+        names = ", ".join(f"{row.benchmark}/{row.case}/{row.variant}/{row.metric}" for row in worse.itertuples())
         print(f"benchlib: worse in B: {names}", file=sys.stderr)
         return 1
     return 0

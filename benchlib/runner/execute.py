@@ -32,8 +32,9 @@ from benchlib.results.store import (
     RUN_INFO,
     check_static_export,
     now_iso,
+    RecordsUnreadable,
     read_records_file,
-    write_parquet_atomic,
+    write_records_atomic,
 )
 from benchlib.runner.kernels import (
     ProgressLines,
@@ -159,14 +160,14 @@ def case_outcomes(run_path: Path, since: float) -> tuple[list[str], list[str]]:
         if fragment.stat().st_mtime < since:
             continue
         try:
-            frame = pd.read_parquet(fragment, columns=["case", "engine", "metric", "params"])
-        except Exception as error:  # an unreadable fragment is itself a failure to report
-            failures.append(f"{fragment.name}: unreadable records ({type(error).__name__}: {error})")
+            frame = read_records_file(fragment)
+        except RecordsUnreadable as error:  # an unreadable fragment is itself a failure to report
+            failures.append(f"{fragment.name}: unreadable records ({error})")
             continue
         params = frame["params"].map(lambda text: json.loads(text) if text else {})
         for row, row_params in zip(frame[frame["metric"] == FAILED_CASE_METRIC].itertuples(), params[frame["metric"] == FAILED_CASE_METRIC]):
             message = (row_params.get("message") or "").strip().splitlines()
-            failures.append(f"{row.engine} ({row.case}): {message[0][:200] if message else 'failed'}")
+            failures.append(f"{row.variant} ({row.case}): {message[0][:200] if message else 'failed'}")
         sources += [source for source in dict.fromkeys(params.map(lambda p: p.get("data"))) if isinstance(source, str)]
     return failures, list(dict.fromkeys(sources))
 
@@ -502,7 +503,7 @@ def _merge_point_records(results_run: Run, execution: Execution, point_dir: Path
     frame["params"] = [json.dumps({**(json.loads(text) if text else {}), "grid": execution.point}, sort_keys=True, default=str)
                        for text in frame["params"]]
     frame["run_id"] = results_run.run_id
-    write_parquet_atomic(frame, results_run.path / "records" / f"{execution.key}.parquet")
+    write_records_atomic(frame, results_run.path / "records" / f"{execution.key}.parquet")
     results_run.refresh_records(skip_unreadable=True)
 
 

@@ -88,7 +88,7 @@ def matmul_flops(device="cpu", sizes=None, dtypes=DTYPES, repeats: int = 5) -> l
                     params["tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
                 m = measure(fn, device=device, warmup=1, repeats=repeats,
                             track_allocations=False, name=f"matmul n={n}")
-                labels = dict(benchmark=BENCHMARK, case="matmul", engine=library,
+                labels = dict(benchmark=BENCHMARK, case="matmul", library=library,
                               device=device.name, dtype=dtype, params=params)
                 records += m.records(**labels)
                 records += [make_record(**labels, metric="flop_rate", value=2 * n**3 / t,
@@ -112,7 +112,7 @@ def copy_bandwidth(device="cpu", size_mib: int = 256, repeats: int = 5) -> list[
             fn = lambda: dst.copy_(src)  # noqa: E731
         m = measure(fn, device=device, warmup=1, repeats=repeats, track_allocations=False,
                     name=f"copy {size_mib} MiB")
-        labels = dict(benchmark=BENCHMARK, case="copy", engine=library, device=device.name,
+        labels = dict(benchmark=BENCHMARK, case="copy", library=library, device=device.name,
                       dtype="uint8", params={"bytes": nbytes, "bytes_moved_per_call": 2 * nbytes,
                                              "library": library,
                                              "torch_threads": torch.get_num_threads()})
@@ -235,7 +235,7 @@ def sampler_overhead(device="cpu", intervals_s=(0.001, 0.002, 0.01), rounds: int
     with torch_threads(1):  # the pool's scheduling noise would swamp the instrument's cost
         fn()  # warm-up outside the comparison
         times = _interleaved({"off": plain, **{i: sampled(i) for i in intervals}}, rounds)
-    labels = dict(benchmark=BENCHMARK, case="sampler_overhead", engine="torch",
+    labels = dict(benchmark=BENCHMARK, case="sampler_overhead", library="torch",
                   device=device.name, dtype="float32")
     records = [make_record(**labels, metric="sample_time", value=_sample_time(device), unit="s",
                            params={"what": "one memory_in_use() read, median of 1000"})]
@@ -265,7 +265,7 @@ def tracker_overhead(device="cpu", rounds: int = 11) -> list[dict]:
                                   "traced": lambda: _traced_time(fn, where)}, rounds)
             with AllocationTracker(where) as tracker:
                 fn()
-        labels = dict(benchmark=BENCHMARK, case="tracker_overhead", engine=engine,
+        labels = dict(benchmark=BENCHMARK, case="tracker_overhead", library=engine,
                       device=where.name, dtype=dtype)
         params = {"workload": workload, "tracker": tracker.allocations.source,
                   "allocations_per_call": tracker.allocations.count, "torch_threads": 1}
@@ -305,12 +305,12 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
                 "time_ratio": ("ratio", 1.0), "time_ratio_min": ("ratio", 1.0),
                 "sample_time": ("μs", 1e6)}
     rows = frame[frame["metric"].isin(list(headline))]
-    table = (rows.groupby(["case", "engine", "device", "dtype", "metric", "params"], sort=False)
+    table = (rows.groupby(["case", "variant", "device", "dtype", "metric", "params"], sort=False)
              ["value"].median().reset_index())
     table["unit"] = [headline[m][0] for m in table["metric"]]
     table["value"] = [v * headline[m][1] for v, m in zip(table["value"], table["metric"])]
     table["setting"] = [_setting(json.loads(p)) for p in table["params"]]
-    return pd.DataFrame(table[["case", "engine", "device", "dtype", "setting", "metric", "value",
+    return pd.DataFrame(table[["case", "variant", "device", "dtype", "setting", "metric", "value",
                                "unit"]])
 
 

@@ -35,7 +35,7 @@ import pandas as pd
 from benchlib.engines import Engine, get_engine
 from benchlib.engines.comparison import GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, max_relative_error
 from benchlib.measure import count_allocations, resolve_device, time_call
-from benchlib.results import make_record
+from benchlib.results import make_record, status_record
 from benchlib.results.stats import DEFAULT_ALPHA, DEFAULT_MIN_EFFECT, compare_counts, compare_times
 
 BENCHMARK = "identical_closures"
@@ -59,7 +59,7 @@ COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 N_SAMPLES, N_IN, N_OUT, BATCH_SIZE = 10, 8, 1, 2
 GRADS_IDENTICAL = "grads_identical"
 NOT_APPLICABLE = "not_applicable"
-TRACKER_ENGINE, TRACKER_CASE = "tracker", "no-op"
+TRACKER_CASE = "no-op"  # the tracker's own rows: dimension "tracker", variant the tracker's name
 
 DEFAULTS = dict(warmup=3, repeats=30, cold_passes=5, alloc_passes=2, alloc_samples=2,
                 backend="inductor", seed=0)
@@ -477,10 +477,9 @@ def run_protocol(mwe_name: str, engine_name: str, order: str, *, device="auto", 
                        n_samples=N_SAMPLES, batch_size=BATCH_SIZE)
     reason = not_applicable(engine_name, device)
     if reason is not None:
-        return [make_record(benchmark=BENCHMARK, case=case_name(mwe_name, order, step), engine=engine_name,
-                            device=device, dtype=dtype, metric=NOT_APPLICABLE, value=1.0, unit="",
-                            params={**base_params, "step": step, "status": "not applicable", "message": reason})
-                for step in STEPS]
+        return [status_record(status=NOT_APPLICABLE, message=reason, benchmark=BENCHMARK,
+                              case=case_name(mwe_name, order, step), engine=engine_name, device=device, dtype=dtype,
+                              params={**base_params, "step": step}) for step in STEPS]
     engine = make_engine(engine_name, device, backend)
     mwe = MWE(mwe_name, engine, seed)
     steps = {step: _Step() for step in STEPS}
@@ -540,7 +539,7 @@ def tracker_records(device="auto", samples: int = 5) -> list[dict]:
         allocations = count_allocations(lambda: None, device)
         for metric, value, unit in (("alloc_count", allocations.count, "count"),
                                     ("alloc_bytes", allocations.bytes, "B")):
-            records.append(make_record(benchmark=BENCHMARK, case=TRACKER_CASE, engine=TRACKER_ENGINE,
+            records.append(make_record(benchmark=BENCHMARK, case=TRACKER_CASE, tracker=allocations.source,
                                        device=device, dtype="none", metric=metric, value=value, unit=unit,
                                        repeat=i, params={"alloc_source": allocations.source}))
     return records
@@ -572,12 +571,11 @@ def run(*, device="auto", mwes: Iterable[str] = MWES, engines: Iterable[str] = E
 # --- tables -------------------------------------------------------------------------------------------
 
 def expand_cases(frame: pd.DataFrame) -> pd.DataFrame:
-    """The frame's rows of this benchmark with the case split into mwe, order and step."""
-    rows = frame[(frame["benchmark"] == BENCHMARK) & (frame["engine"] != TRACKER_ENGINE)]
-    parts = rows["case"].str.split("/", n=2, expand=True)
-    if parts.shape[1] != 3:
-        parts = pd.DataFrame(columns=[0, 1, 2], index=rows.index)
-    return rows.assign(mwe=parts[0], order=parts[1], step=parts[2])
+    """The frame's engine rows of this benchmark with mwe, order and step from their params."""
+    rows = frame[(frame["benchmark"] == BENCHMARK) & (frame["dimension"] == "engine")]
+    params = rows["params"].map(json.loads)
+    return rows.assign(engine=rows["variant"], **{name: params.map(lambda p, name=name: p[name])
+                                                  for name in ("mwe", "order", "step")})
 
 
 def _values(group: pd.DataFrame, metric: str) -> np.ndarray:
@@ -702,5 +700,5 @@ def differing_pairs(verdicts: pd.DataFrame) -> pd.DataFrame:
 
 def tracker_table(frame: pd.DataFrame) -> pd.DataFrame:
     """The tracker's count and bytes for an empty call: median and range over samples."""
-    rows = frame[(frame["benchmark"] == BENCHMARK) & (frame["engine"] == TRACKER_ENGINE)]
+    rows = frame[(frame["benchmark"] == BENCHMARK) & (frame["dimension"] == "tracker")]
     return (rows.groupby(["device", "metric"])["value"].agg(["median", "min", "max", "count"]).reset_index())

@@ -450,7 +450,7 @@ class TrainResult:
             "throughput": "model-samples/s", "gc_share": "", "gc_pauses": "count", "step_gc_time_max": "s",
             "alloc_count_per_step": "count", "alloc_bytes_per_step": "B", "peak_bytes": "B", "final_loss": "",
         }
-        common = dict(benchmark=BENCHMARK, case=self.case(), engine=self.strategy, device=device,
+        common = dict(benchmark=BENCHMARK, case=self.case(), strategy=self.strategy, device=device,
                       dtype="float32", params=self.labels)
         rows = [make_record(metric=m, value=v, unit=units[m], **common) for m, v in self.summary().items()]
         if per_step:
@@ -696,7 +696,7 @@ def calibration_flop_rate(records, device_name: str) -> float | None:
     if records is None or len(records) == 0:
         return None
     rows = records[(records["benchmark"] == "calibration") & (records["metric"] == "flop_rate")
-                   & (records["engine"] == "torch") & (records["dtype"] == "float32")
+                   & (records["variant"] == "torch") & (records["dtype"] == "float32")
                    & (records["device"] == device_name)]
     if rows.empty:
         return None
@@ -745,11 +745,11 @@ def full_collection_pauses(data, heap_sizes=(0, 60000), repeats: int = 5):
 
 
 def collection_pause_records(pauses, device, labels: dict) -> list[dict]:
-    """Tidy rows of `full_collection_pauses` (engine ``python-gc``)."""
+    """Tidy rows of `full_collection_pauses` (collector ``python-gc``)."""
     rows = []
     for row in pauses.itertuples():
         common = dict(benchmark=BENCHMARK, case=f"gc.collect|heap={row.heap_objects}|frozen={row.frozen}",
-                      engine="python-gc", device=device, dtype="float32",
+                      collector="python-gc", device=device, dtype="float32",
                       params=labels | {"heap_objects": row.heap_objects, "frozen": row.frozen, "repeats": row.repeats})
         rows.append(make_record(metric="full_gc_pause_median", value=row.pause_s, unit="s", **common))
         rows.append(make_record(metric="full_gc_pause_max", value=row.pause_max_s, unit="s", **common))
@@ -758,8 +758,8 @@ def collection_pause_records(pauses, device, labels: dict) -> list[dict]:
 
 
 def flop_floor_records(floor: dict, device, labels: dict) -> list[dict]:
-    """Tidy rows of `flop_floor` (case ``flop_floor``, engine ``floor``)."""
-    common = dict(benchmark=BENCHMARK, case="flop_floor", engine="floor", device=device, dtype="float32",
+    """Tidy rows of `flop_floor` (case and bound ``flop_floor``)."""
+    common = dict(benchmark=BENCHMARK, case="flop_floor", bound="flop_floor", device=device, dtype="float32",
                   params=labels | floor)
     return [make_record(metric=metric, value=floor[metric], unit=unit, **common)
             for metric, unit in (("flop_rate", "FLOP/s"), ("floor_step_s", "s"),

@@ -265,7 +265,7 @@ def lenet_records(results: list[EpochResult], labels: dict, device) -> list[dict
     """Tidy rows, one per epoch and metric (``repeat`` is the epoch)."""
     rows = []
     for r in results:
-        common = dict(benchmark=BENCHMARK, case=f"lenet5|{r.mode}", engine=r.mode, device=device,
+        common = dict(benchmark=BENCHMARK, case=f"lenet5|{r.mode}", mode=r.mode, device=device,
                       dtype="float32", repeat=r.epoch, params=labels | {"mode": r.mode})
         for metric, value, unit in (("epoch_time", r.seconds, "s"), ("epoch_gc_time", r.gc_seconds, "s"),
                                     ("epoch_gc_share", r.gc_share, ""), ("epoch_gc_pauses", r.gc_count, "count"),

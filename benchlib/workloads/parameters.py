@@ -10,14 +10,18 @@ get the runner's name and type checks only.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
+
+from benchlib.engines import ENGINE_NAMES
 
 # The memory a notebook may plan to use: sizes above this share of the available memory are refused.
 MEMORY_HEADROOM = 0.9
 MNIST_SAMPLES = 60_000  # the training split, when real digits are found
 MNIST_PIXELS = 28 * 28
+INJECTED = ("device", "results_dir")  # set by the runner, not part of a config
 
 
 class ParameterError(ValueError):
@@ -153,6 +157,134 @@ def _calibration(params: Mapping[str, Any], device: Any) -> None:
     _fits(max(3 * max(sizes) ** 2 * itemsize, 2 * copy_mib * 2**20), device, "the calibration sizes")
 
 
+def _tuple(*values: Any) -> Any:
+    return field(default_factory=lambda: tuple(values))
+
+
+@dataclass(frozen=True)
+class NotebookConfig:
+    """A notebook's parameters (those of its `parameters` cell the runner does not inject): the
+    one place their defaults live. Built once at the entry point, checked by the workload's rules
+    there (`ParameterError`), trusted below; `check(device)` adds the memory the sizes need."""
+
+    notebook = ""
+
+    def __post_init__(self):
+        self.check(None)
+
+    def check(self, device: Any) -> None:
+        try:
+            CHECKS[self.notebook](asdict(self), device)
+        except ValueError as error:
+            raise ParameterError(f"{self.notebook}: {error}") from None
+
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, Any]) -> "NotebookConfig":
+        """The config from a notebook's parameter values; names the runner injects are left out."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(params) - names - set(INJECTED))
+        if unknown:
+            raise ParameterError(f"{cls.notebook}: unknown parameter(s) {unknown}; valid: {', '.join(sorted(names))}")
+        return cls(**{name: value for name, value in params.items() if name in names})
+
+
+@dataclass(frozen=True)
+class DotChainConfig(NotebookConfig):
+    notebook = "dot_chain"
+    dtype: str = "float64"
+    D: int = 1000
+    depth: int = 100
+    engines: tuple = field(default_factory=lambda: ENGINE_NAMES)
+    repeats: int = 1
+    warmup: int = 0
+    malloc: str = "mmap-128k"
+
+
+@dataclass(frozen=True)
+class RnnFanoutConfig(NotebookConfig):
+    notebook = "rnn_fanout"
+    dtype: str = "float32"
+    batch: int = 16
+    hidden: int = 1024
+    T: int = 50
+    T_sweep: tuple = _tuple(25, 50, 100, 200)
+    engines: tuple = field(default_factory=lambda: ENGINE_NAMES)
+    repeats: int = 3
+    warmup: int = 1
+    malloc: str = "mmap-128k"
+
+
+@dataclass(frozen=True)
+class CheckpointingConfig(NotebookConfig):
+    notebook = "checkpointing"
+    dtype: str = "float64"
+    D: int = 500
+    depth: int = 100
+    budgets: tuple = _tuple(2, 3, 5, 10, 20, 50, 100)
+    repeats: int = 1
+    warmup: int = 0
+    malloc: str = "mmap-128k"
+
+
+@dataclass(frozen=True)
+class IdenticalClosuresConfig(NotebookConfig):
+    notebook = "identical_closures"
+    mwes: tuple = _tuple("dense", "reduced")
+    engines: tuple = _tuple("benchlib-inplace", "autograd", "torch", "torch.compile", "torch.func")
+    orders: tuple = _tuple("seed", "reversed")
+    warmup: int = 3
+    repeats: int = 30
+    cold_passes: int = 5
+    alloc_passes: int = 2
+    alloc_samples: int = 2
+    backend: str = "inductor"
+    alpha: float = 0.01
+    min_effect: float = 0.05
+
+
+@dataclass(frozen=True)
+class MnistEnsemblesConfig(NotebookConfig):
+    notebook = "mnist_ensembles"
+    data_dir: str = ""
+    download: bool = True
+    synthetic_n: int = 60000
+    n_nets: int = 200
+    hidden: int = 6
+    batch: int = 64
+    steps: int = 200
+    per_net_steps: int = 20
+    warmup: int = 5
+    alloc_steps: int = 1
+    strategies: tuple = _tuple("naive", "buffers_reused", "step_in_backward", "batched_vmap", "batched_hand")
+    gc_policies: tuple = _tuple("default", "freeze", "manual")
+    heap_sizes: tuple = _tuple(0, 60000)
+    manual_every: int = 10
+    manual_generation: int = 2
+    pause_repeats: int = 5
+    lenet_modes: tuple = _tuple("sequential", "threads", "vmap")
+    lenet_epochs: int = 2
+    lenet_step_limit: int = 20
+    torch_threads: int = 0
+    thread_counts: tuple = _tuple(1, 2)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class CalibrationConfig(NotebookConfig):
+    notebook = "calibration"
+    matmul_sizes_cpu: tuple = _tuple(128, 512, 1024)
+    matmul_sizes_cuda: tuple = _tuple(1024, 4096, 8192)
+    copy_mib: int = 256
+    sampler_intervals_s: tuple = _tuple(0.001, 0.002, 0.01)
+    rounds: int = 11
+    repeats: int = 5
+
+
+CONFIGS: dict[str, type[NotebookConfig]] = {cls.notebook: cls for cls in (
+    CalibrationConfig, CheckpointingConfig, DotChainConfig, RnnFanoutConfig, IdenticalClosuresConfig,
+    MnistEnsemblesConfig)}
+
+
 CHECKS: dict[str, Callable[[Mapping[str, Any], Any], None]] = {
     "calibration": _calibration,
     "checkpointing": _checkpointing,
@@ -163,18 +295,17 @@ CHECKS: dict[str, Callable[[Mapping[str, Any], Any], None]] = {
 }
 
 
-def validate_parameters(notebook: str, params: Mapping[str, Any], device: Any = None) -> None:
-    """Check a notebook's full parameter set (defaults with overrides) by its workload's rules.
-
-    `device` (a resolved `Device`) enables the memory checks. Raises ParameterError naming the
-    notebook, the parameter and what is valid; a notebook without rules here passes.
-    """
-    check = CHECKS.get(notebook)
-    if check is None:
-        return
+def validate_parameters(notebook: str, params: Mapping[str, Any], device: Any = None) -> NotebookConfig | None:
+    """Check a notebook's full parameter set (defaults with overrides) by its workload's rules: its
+    config built once (`CONFIGS`), then, with `device` (a resolved `Device`), the memory its sizes
+    need. Raises ParameterError naming the notebook, the parameter and what is valid; a notebook
+    without a config here (test fixtures, new notebooks) passes and gets None."""
+    config_class = CONFIGS.get(notebook)
+    if config_class is None:
+        return None
     try:
-        check(params, device)
-    except KeyError as missing:
-        raise ParameterError(f"{notebook}: its parameters cell has no {missing.args[0]!r}, which its checks need") from None
-    except ValueError as error:
+        config = config_class.from_parameters(params)
+    except TypeError as error:  # a parameter the config requires is missing
         raise ParameterError(f"{notebook}: {error}") from None
+    config.check(device)
+    return config

@@ -137,10 +137,10 @@ def growth_per_step(records: pd.DataFrame) -> pd.DataFrame:
     measured = records[records["metric"].isin(["peak_bytes", "time"])]
     params = measured["params"].map(json.loads)
     table = (measured.assign(T=params.map(lambda p: p["T"]), hidden=params.map(lambda p: p["hidden"]))
-             .groupby(["engine", "dtype", "hidden", "T", "metric"], sort=False)["value"].median()
+             .groupby(["variant", "dtype", "hidden", "T", "metric"], sort=False)["value"].median()
              .unstack("metric").reset_index())
     rows = []
-    for (engine, dtype, hidden), group in table.groupby(["engine", "dtype", "hidden"], sort=False):
+    for (engine, dtype, hidden), group in table.groupby(["variant", "dtype", "hidden"], sort=False):
         enough = group["T"].nunique() >= 2
         peak_slope = float(np.polyfit(group["T"], group["peak_bytes"], 1)[0]) if enough else math.nan
         time_slope = float(np.polyfit(group["T"], group["time"], 1)[0]) if enough else math.nan

@@ -35,9 +35,9 @@ def flop_rate_figure(records: pd.DataFrame) -> go.Figure:
     """GFLOP/s of the matrix product against n: one line per library and dtype, bars = quartiles."""
     rows = _rows(records, "matmul", "flop_rate")
     rows["n"] = [p["n"] for p in rows["params_dict"]]
-    stats = _quartiles(rows, ["engine", "dtype", "n"], 1e-9)
+    stats = _quartiles(rows, ["variant", "dtype", "n"], 1e-9)
     fig = go.Figure()
-    for (engine, dtype), group in stats.groupby(["engine", "dtype"], sort=True):
+    for (engine, dtype), group in stats.groupby(["variant", "dtype"], sort=True):
         fig.add_trace(go.Scatter(
             x=group["n"], y=group["median"], mode="lines+markers", name=f"{engine} {dtype}",
             line=dict(color=engine_color(engine), dash=_DASH.get(dtype, "dot")),
@@ -55,9 +55,9 @@ def bandwidth_figure(records: pd.DataFrame) -> go.Figure:
     """Copy bandwidth (bytes read + written per second) per library, bars = median, whiskers = quartiles."""
     rows = _rows(records, "copy", "bandwidth")
     rows["MiB"] = [p["bytes"] / 2**20 for p in rows["params_dict"]]
-    stats = _quartiles(rows, ["engine", "MiB"], 1e-9)
+    stats = _quartiles(rows, ["variant", "MiB"], 1e-9)
     fig = go.Figure()
-    for engine, group in stats.groupby("engine", sort=True):
+    for engine, group in stats.groupby("variant", sort=True):
         fig.add_trace(go.Bar(
             x=[f"{m:g} MiB" for m in group["MiB"]], y=group["median"], name=engine,
             marker_color=engine_color(engine),
@@ -83,7 +83,7 @@ def overhead_frame(records: pd.DataFrame) -> pd.DataFrame:
         else:
             setting = f"{params['tracker']}: {params['workload']} ({row['device']})"
         entry = table.setdefault((row["case"], setting), {
-            "instrument": row["case"], "setting": setting, "engine": row["engine"]})
+            "instrument": row["case"], "setting": setting, "variant": row["variant"]})
         entry["ratio" if row["metric"] == "time_ratio" else "ratio_min"] = row["value"]
     return pd.DataFrame(list(table.values()))
 

@@ -17,9 +17,9 @@ def budget_table(records: pd.DataFrame) -> pd.DataFrame:
     """One row per budget ("sqrt" last): medians of every metric of benchlib-checkpoint, and manual's
     peak and time in the same case, as columns."""
     rows = records.assign(budget=records["params"].map(lambda text: json.loads(text)["budget"]))
-    medians = rows.groupby(["budget", "engine", "metric"], sort=False)["value"].median().unstack("metric")
-    checkpoint = medians.xs("benchlib-checkpoint", level="engine")
-    manual = medians.xs("manual", level="engine")[["peak_bytes", "time"]].add_prefix("manual_")
+    medians = rows.groupby(["budget", "variant", "metric"], sort=False)["value"].median().unstack("metric")
+    checkpoint = medians.xs("benchlib-checkpoint", level="variant")
+    manual = medians.xs("manual", level="variant")[["peak_bytes", "time"]].add_prefix("manual_")
     table = checkpoint.join(manual).reset_index()
     table["order"] = table["budget"].map(lambda b: float("inf") if b == "sqrt" else float(b))
     table = table.sort_values("order").drop(columns="order").reset_index(drop=True)

@@ -99,7 +99,7 @@ def log_axis(fig: go.Figure, values: pd.Series, **selector) -> go.Figure:
 
 
 def ratio_frame(records: pd.DataFrame, *, metric: str, baseline: str, by: Sequence[str] = ("case",)) -> pd.DataFrame:
-    """Median over repeats of `metric` per (`by`, engine), divided by the `baseline` engine's median in the same group.
+    """Median over repeats of `metric` per (`by`, variant), divided by the `baseline` variant's median in the same group.
 
     Ratios are taken within one frame (one run), as the design asks: never against typed-in numbers.
     """
@@ -107,11 +107,11 @@ def ratio_frame(records: pd.DataFrame, *, metric: str, baseline: str, by: Sequen
     rows = records[records["metric"] == metric]
     if rows.empty:
         raise ValueError(f"no rows with metric {metric!r}; metrics present: {sorted(records['metric'].unique())}")
-    engines = sorted(rows["engine"].unique())
-    if baseline not in engines:
-        raise ValueError(f"baseline engine {baseline!r} has no {metric!r} rows; engines present: {engines}")
-    medians = rows.groupby(by + ["engine"], sort=False)["value"].median().rename("value").reset_index()
-    base = medians[medians["engine"] == baseline].drop(columns="engine").rename(columns={"value": "baseline_value"})
+    variants = sorted(rows["variant"].unique())
+    if baseline not in variants:
+        raise ValueError(f"baseline {baseline!r} has no {metric!r} rows; {rows['dimension'].iloc[0]}s present: {variants}")
+    medians = rows.groupby(by + ["variant"], sort=False)["value"].median().rename("value").reset_index()
+    base = medians[medians["variant"] == baseline].drop(columns="variant").rename(columns={"value": "baseline_value"})
     ratios = medians.merge(base, on=by, how="left")
     ratios["ratio"] = ratios["value"] / ratios["baseline_value"]
     return ratios
@@ -128,7 +128,7 @@ def ratio_bars(
     """Grouped bars of each engine's `metric` as a multiple of `baseline`'s, one group per `by` value, a line at 1x."""
     ratios = ratio_frame(records, metric=metric, baseline=baseline, by=[by])
     fig = go.Figure()
-    for engine, group in ratios.groupby("engine", sort=False):
+    for engine, group in ratios.groupby("variant", sort=False):
         fig.add_trace(
             go.Bar(
                 name=engine,

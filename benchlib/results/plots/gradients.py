@@ -39,7 +39,7 @@ def _status_notes(records: pd.DataFrame, case: str | None = None) -> list[str]:
     notes = []
     for row in rows.itertuples():
         message = json.loads(row.params).get("message", "")
-        notes.append(f"{row.engine}: {row.metric.replace('_', ' ')} ({message.splitlines()[0][:90] if message else ''})")
+        notes.append(f"{row.variant}: {row.metric.replace('_', ' ')} ({message.splitlines()[0][:90] if message else ''})")
     return notes
 
 
@@ -117,9 +117,9 @@ def peak_bars(records: pd.DataFrame, *, case: str | None = None, baseline: str =
     ratios = ratio_frame(records, metric="peak_bytes", baseline=baseline)
     fig = go.Figure()
     for row in ratios.itertuples():
-        fig.add_trace(go.Bar(x=[row.engine], y=[row.value / MB], name=row.engine, marker_color=engine_color(row.engine),
+        fig.add_trace(go.Bar(x=[row.variant], y=[row.value / MB], name=row.variant, marker_color=engine_color(row.variant),
                              text=[f"{row.value / MB:.0f} MB<br>{row.ratio:.3f}x"], textposition="outside",
-                             hovertemplate=f"{row.engine}: %{{y:.1f}} MB, {row.ratio:.3f}x {baseline}<extra></extra>"))
+                             hovertemplate=f"{row.variant}: %{{y:.1f}} MB, {row.ratio:.3f}x {baseline}<extra></extra>"))
     apply_layout(fig, title=f"{title} ({case})" if case else title, x_title="engine",
                  y_title="peak above baseline (MB)")
     fig.update_layout(showlegend=False)
@@ -137,11 +137,11 @@ def sweep_lines(records: pd.DataFrame, *, parameter: str = "T",
     if values.isna().any():
         raise ValueError(f"parameter {parameter!r} is missing from some records' params")
     table = (measured.assign(**{parameter: values})
-             .groupby(["engine", parameter, "metric"], sort=False)["value"].median().unstack("metric").reset_index()
+             .groupby(["variant", parameter, "metric"], sort=False)["value"].median().unstack("metric").reset_index()
              .sort_values(parameter))
     fig = make_subplots(rows=1, cols=2, subplot_titles=("peak memory above baseline (MB)", "median time (s)"))
-    for engine in dict.fromkeys(measured["engine"]):
-        rows = table[table["engine"] == engine]
+    for engine in dict.fromkeys(measured["variant"]):
+        rows = table[table["variant"] == engine]
         color = engine_color(engine)
         for col, metric, scale in ((1, "peak_bytes", MB), (2, "time", 1.0)):
             if metric in rows:

@@ -23,20 +23,20 @@ def grid_frame(records: pd.DataFrame, *, metric: str) -> pd.DataFrame:
     if not points.map(bool).any():
         raise ValueError("the records carry no grid point (params['grid']): were they made by a --grid run?")
     expanded = pd.DataFrame(list(points), index=rows.index)
-    frame = pd.concat([rows[["engine", "case", "value"]], expanded], axis=1)
-    keys = ["engine", *expanded.columns]
+    frame = pd.concat([rows[["variant", "case", "value"]], expanded], axis=1)
+    keys = ["variant", *expanded.columns]
     return frame.groupby(keys, sort=True, dropna=False)["value"].median().reset_index()
 
 
 def grid_figure(records: pd.DataFrame, *, metric: str, grid: Mapping[str, Sequence] | None = None) -> go.Figure:
     """`metric` against the first grid parameter, one line per engine and value of the other parameters."""
     frame = grid_frame(records, metric=metric)
-    axes = [name for name in (grid or {}) if name in frame] or [c for c in frame.columns if c not in ("engine", "value")]
+    axes = [name for name in (grid or {}) if name in frame] or [c for c in frame.columns if c not in ("variant", "value")]
     x_name, others = axes[0], axes[1:]
     label, scale = GRID_METRICS.get(metric, (metric, 1.0))
     fig = go.Figure()
     dashes = ["solid", "dash", "dot", "dashdot", "longdash"]
-    groups = frame.groupby(["engine", *others], sort=False) if others else frame.groupby(["engine"], sort=False)
+    groups = frame.groupby(["variant", *others], sort=False) if others else frame.groupby(["variant"], sort=False)
     for index, (key, group) in enumerate(groups):
         key = key if isinstance(key, tuple) else (key,)
         engine, rest = key[0], key[1:]

@@ -1,0 +1,139 @@
+"""The metric registry: every metric a record may carry, with its unit, kind and meaning.
+
+`make_record` checks each record's metric here, so a typo or a unit that disagrees fails in the
+workload that made it. A new metric is one `METRICS.register(...)` line (in this module for the
+workbench's own; a workload outside it may register its own at import). Store raw values: a
+median, a ratio or a share that can be computed from stored values is derived in `results`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KINDS = ("time", "memory", "count", "rate", "ratio", "loss", "check", "status", "setting")
+UNITS = ("s", "B", "count", "", "ratio", "B/s", "FLOP/s", "model-samples/s")
+
+
+class MetricError(ValueError):
+    """A metric that is not registered, or a unit that is not its registered unit."""
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    unit: str
+    kind: str
+    meaning: str
+
+
+class MetricRegistry:
+    """Metric name -> `Metric`; registering a name twice with different facts is refused."""
+
+    def __init__(self):
+        self._metrics: dict[str, Metric] = {}
+
+    def register(self, name: str, unit: str, kind: str, meaning: str) -> Metric:
+        if unit not in UNITS:
+            raise MetricError(f"unit of {name!r} must be one of {UNITS}, got {unit!r}")
+        if kind not in KINDS:
+            raise MetricError(f"kind of {name!r} must be one of {', '.join(KINDS)}, got {kind!r}")
+        metric = Metric(name, unit, kind, meaning)
+        known = self._metrics.get(name)
+        if known is not None and known != metric:
+            raise MetricError(f"metric {name!r} is already registered as {known}")
+        self._metrics[name] = metric
+        return metric
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._metrics
+
+    def __getitem__(self, name: str) -> Metric:
+        if name not in self._metrics:
+            raise MetricError(f"unknown metric {name!r}: register it in benchlib.results.metrics "
+                              f"(METRICS.register(name, unit, kind, meaning)); known: {', '.join(sorted(self._metrics))}")
+        return self._metrics[name]
+
+    def __iter__(self):
+        return iter(self._metrics.values())
+
+    def unit_of(self, name: str, unit: str | None = None) -> str:
+        """The registered unit of `name`; a `unit` given must be that one."""
+        metric = self[name]
+        if unit is not None and unit != metric.unit:
+            raise MetricError(f"metric {name!r} is in {metric.unit!r}, got unit {unit!r}")
+        return metric.unit
+
+
+METRICS = MetricRegistry()
+
+for _name, _unit, _kind, _meaning in (
+    # benchlib.measure.Measurement
+    ("time", "s", "time", "one timed call (repeat = which call)"),
+    ("gc_count", "count", "count", "GC collections that began in the timed calls"),
+    ("gc_time", "s", "time", "seconds of GC pauses in the timed calls"),
+    ("alloc_count", "count", "count", "allocations of one traced call (memray, or the CUDA caching allocator)"),
+    ("alloc_bytes", "B", "memory", "bytes allocated in one traced call"),
+    ("peak_bytes", "B", "memory", "peak memory above the baseline over the timed calls"),
+    ("baseline_bytes", "B", "memory", "memory in use just before the first timed call"),
+    # case outcomes and checks
+    ("ok", "", "status", "the case ran (value 1)"),
+    ("failed", "", "status", "the case failed; params.message holds the error (value 1)"),
+    ("not_applicable", "", "status", "the case cannot run here; params.message says why (value 1)"),
+    ("grad_max_rel_err", "", "check", "max |g - g_reference| / max |g_reference| of a gradient"),
+    ("grad_check_unavailable", "", "status", "no reference gradient to compare with; params.message says why"),
+    ("grads_identical", "", "check", "1 when two gradients are bit-identical, else 0"),
+    ("x_scale", "", "setting", "scale applied to the dot chain's input so its values stay finite"),
+    # checkpointing
+    ("recomputed_nodes", "count", "count", "tape nodes recomputed in one checkpointed backward pass"),
+    ("saved_bytes_peak", "B", "memory", "peak bytes of saved activations on the checkpointed tape"),
+    ("peak_total_bytes", "B", "memory", "peak bytes held by the checkpointed tape, snapshots included"),
+    ("revolve_recomputations", "count", "count", "recomputations Revolve predicts for the same chain and budget"),
+    # calibration
+    ("flop_rate", "FLOP/s", "rate", "matrix-product floating-point operations per second"),
+    ("bandwidth", "B/s", "rate", "bytes read plus written per second by a copy"),
+    ("time_plain", "s", "time", "one call without the instrument under calibration"),
+    ("time_instrumented", "s", "time", "one call with the instrument under calibration"),
+    ("time_ratio", "ratio", "ratio", "median instrumented time / median plain time"),
+    ("time_ratio_min", "ratio", "ratio", "fastest instrumented time / fastest plain time"),
+    ("sample_time", "s", "time", "one memory read of the timeline sampler"),
+    # mnist_ensembles: per step and per cell
+    ("step_time", "s", "time", "one training step (repeat = step index; warm-up steps included)"),
+    ("step_gc_pauses", "count", "count", "GC collections that began in one step"),
+    ("step_gc_time", "s", "time", "seconds of GC pauses in one step"),
+    ("step_loss", "", "loss", "mean loss over the nets in one step"),
+    ("step_time_median", "s", "time", "median step time after warm-up"),
+    ("step_time_p99", "s", "time", "99th percentile step time after warm-up"),
+    ("step_time_max", "s", "time", "slowest step after warm-up"),
+    ("throughput", "model-samples/s", "rate", "samples times nets trained per second after warm-up"),
+    ("gc_share", "", "ratio", "share of the timed seconds spent in GC pauses"),
+    ("gc_pauses", "count", "count", "GC collections after warm-up"),
+    ("step_gc_time_max", "s", "time", "longest GC time of one step after warm-up"),
+    ("alloc_count_per_step", "count", "count", "allocations per step (a separate traced pass)"),
+    ("alloc_bytes_per_step", "B", "memory", "bytes allocated per step (a separate traced pass)"),
+    ("final_loss", "", "loss", "mean loss over the nets at the last step"),
+    ("full_gc_pause_median", "s", "time", "median pause of gc.collect() over a long-lived heap"),
+    ("full_gc_pause_max", "s", "time", "longest pause of gc.collect() over a long-lived heap"),
+    ("tracked_objects", "count", "count", "objects a full collection walks"),
+    ("floor_step_s", "s", "time", "FLOP floor of one ensemble step at the measured FLOP rate"),
+    ("ceiling_model_samples_per_s", "model-samples/s", "rate", "throughput ceiling at the measured FLOP rate"),
+    # mnist_ensembles: LeNet5 epochs
+    ("epoch_time", "s", "time", "one epoch (repeat = epoch)"),
+    ("epoch_gc_time", "s", "time", "seconds of GC pauses in one epoch"),
+    ("epoch_gc_share", "", "ratio", "share of the epoch spent in GC pauses"),
+    ("epoch_gc_pauses", "count", "count", "GC collections in one epoch"),
+    ("epoch_loss", "", "loss", "mean loss of the models over the epoch's last step"),
+    ("epoch_alloc_count_est", "count", "count", "allocations per step (traced pass) times the epoch's steps"),
+    ("epoch_alloc_bytes_est", "B", "memory", "bytes per step (traced pass) times the epoch's steps"),
+    # identical_closures
+    ("cold_time", "s", "time", "the first call of a step"),
+    ("warm_time", "s", "time", "a later call of a step (after warm-up)"),
+    ("cold_alloc_count", "count", "count", "allocations of a step's first call"),
+    ("cold_alloc_bytes", "B", "memory", "bytes allocated by a step's first call"),
+    ("warm_alloc_count", "count", "count", "allocations of a later call of a step"),
+    ("warm_alloc_bytes", "B", "memory", "bytes allocated by a later call of a step"),
+    ("cold_compiles", "count", "count", "graphs torch.compile compiled in a step's first call"),
+    ("warm_compiles", "count", "count", "graphs torch.compile compiled in later calls"),
+    ("recompiles", "count", "count", "compiles for a code object that already held a compiled entry"),
+    ("cache_entries", "count", "count", "compiled entries of the step's code object afterwards"),
+):
+    METRICS.register(_name, _unit, _kind, _meaning)
