@@ -10,7 +10,7 @@ get the runner's name and type checks only.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from typing import Any
 
 import numpy as np
@@ -157,10 +157,6 @@ def _calibration(params: Mapping[str, Any], device: Any) -> None:
     _fits(max(3 * max(sizes) ** 2 * itemsize, 2 * copy_mib * 2**20), device, "the calibration sizes")
 
 
-def _tuple(*values: Any) -> Any:
-    return field(default_factory=lambda: tuple(values))
-
-
 @dataclass(frozen=True)
 class NotebookConfig:
     """A notebook's parameters (those of its `parameters` cell the runner does not inject): the
@@ -188,96 +184,34 @@ class NotebookConfig:
         return cls(**{name: value for name, value in params.items() if name in names})
 
 
-@dataclass(frozen=True)
-class DotChainConfig(NotebookConfig):
-    notebook = "dot_chain"
-    dtype: str = "float64"
-    D: int = 1000
-    depth: int = 100
-    engines: tuple = field(default_factory=lambda: ENGINE_NAMES)
-    repeats: int = 1
-    warmup: int = 0
-    malloc: str = "mmap-128k"
+def _config(notebook: str, **defaults: Any) -> type[NotebookConfig]:
+    """A frozen config class for `notebook` whose fields and defaults are `defaults` (lists as tuples)."""
+    specs = [(name, tuple, field(default_factory=lambda value=tuple(value): value))
+             if isinstance(value, (list, tuple)) else (name, type(value), value) for name, value in defaults.items()]
+    name = "".join(part.title() for part in notebook.split("_")) + "Config"
+    return make_dataclass(name, specs, bases=(NotebookConfig,), frozen=True,
+                          namespace={"notebook": notebook, "__module__": __name__})
 
 
-@dataclass(frozen=True)
-class RnnFanoutConfig(NotebookConfig):
-    notebook = "rnn_fanout"
-    dtype: str = "float32"
-    batch: int = 16
-    hidden: int = 1024
-    T: int = 50
-    T_sweep: tuple = _tuple(25, 50, 100, 200)
-    engines: tuple = field(default_factory=lambda: ENGINE_NAMES)
-    repeats: int = 3
-    warmup: int = 1
-    malloc: str = "mmap-128k"
-
-
-@dataclass(frozen=True)
-class CheckpointingConfig(NotebookConfig):
-    notebook = "checkpointing"
-    dtype: str = "float64"
-    D: int = 500
-    depth: int = 100
-    budgets: tuple = _tuple(2, 3, 5, 10, 20, 50, 100)
-    repeats: int = 1
-    warmup: int = 0
-    malloc: str = "mmap-128k"
-
-
-@dataclass(frozen=True)
-class IdenticalClosuresConfig(NotebookConfig):
-    notebook = "identical_closures"
-    mwes: tuple = _tuple("dense", "reduced")
-    engines: tuple = _tuple("benchlib-inplace", "autograd", "torch", "torch.compile", "torch.func")
-    orders: tuple = _tuple("seed", "reversed")
-    warmup: int = 3
-    repeats: int = 30
-    cold_passes: int = 5
-    alloc_passes: int = 2
-    alloc_samples: int = 2
-    backend: str = "inductor"
-    alpha: float = 0.01
-    min_effect: float = 0.05
-
-
-@dataclass(frozen=True)
-class MnistEnsemblesConfig(NotebookConfig):
-    notebook = "mnist_ensembles"
-    data_dir: str = ""
-    download: bool = True
-    synthetic_n: int = 60000
-    n_nets: int = 200
-    hidden: int = 6
-    batch: int = 64
-    steps: int = 200
-    per_net_steps: int = 20
-    warmup: int = 5
-    alloc_steps: int = 1
-    strategies: tuple = _tuple("naive", "buffers_reused", "step_in_backward", "batched_vmap", "batched_hand")
-    gc_policies: tuple = _tuple("default", "freeze", "manual")
-    heap_sizes: tuple = _tuple(0, 60000)
-    manual_every: int = 10
-    manual_generation: int = 2
-    pause_repeats: int = 5
-    lenet_modes: tuple = _tuple("sequential", "threads", "vmap")
-    lenet_epochs: int = 2
-    lenet_step_limit: int = 20
-    torch_threads: int = 0
-    thread_counts: tuple = _tuple(1, 2)
-    seed: int = 0
-
-
-@dataclass(frozen=True)
-class CalibrationConfig(NotebookConfig):
-    notebook = "calibration"
-    matmul_sizes_cpu: tuple = _tuple(128, 512, 1024)
-    matmul_sizes_cuda: tuple = _tuple(1024, 4096, 8192)
-    copy_mib: int = 256
-    sampler_intervals_s: tuple = _tuple(0.001, 0.002, 0.01)
-    rounds: int = 11
-    repeats: int = 5
+_COMPARISON = dict(engines=ENGINE_NAMES, malloc="mmap-128k")  # the gradient-engine notebooks' shared settings
+DotChainConfig = _config("dot_chain", dtype="float64", D=1000, depth=100, repeats=1, warmup=0, **_COMPARISON)
+RnnFanoutConfig = _config("rnn_fanout", dtype="float32", batch=16, hidden=1024, T=50, T_sweep=[25, 50, 100, 200],
+                          repeats=3, warmup=1, **_COMPARISON)
+# checkpointing's engines are fixed (manual and benchlib-checkpoint), so they are no parameter there
+CheckpointingConfig = _config("checkpointing", dtype="float64", D=500, depth=100, budgets=[2, 3, 5, 10, 20, 50, 100],
+                              repeats=1, warmup=0, malloc="mmap-128k")
+IdenticalClosuresConfig = _config(
+    "identical_closures", mwes=["dense", "reduced"], orders=["seed", "reversed"], warmup=3, repeats=30,
+    engines=["benchlib-inplace", "autograd", "torch", "torch.compile", "torch.func"], cold_passes=5, alloc_passes=2,
+    alloc_samples=2, backend="inductor", alpha=0.01, min_effect=0.05)
+MnistEnsemblesConfig = _config(
+    "mnist_ensembles", data_dir="", download=True, synthetic_n=60000, n_nets=200, hidden=6, batch=64, steps=200,
+    per_net_steps=20, warmup=5, alloc_steps=1, manual_every=10, manual_generation=2, pause_repeats=5,
+    strategies=["naive", "buffers_reused", "step_in_backward", "batched_vmap", "batched_hand"],
+    gc_policies=["default", "freeze", "manual"], heap_sizes=[0, 60000], lenet_modes=["sequential", "threads", "vmap"],
+    lenet_epochs=2, lenet_step_limit=20, torch_threads=0, thread_counts=[1, 2], seed=0)
+CalibrationConfig = _config("calibration", matmul_sizes_cpu=[128, 512, 1024], matmul_sizes_cuda=[1024, 4096, 8192],
+                            copy_mib=256, sampler_intervals_s=[0.001, 0.002, 0.01], rounds=11, repeats=5)
 
 
 CONFIGS: dict[str, type[NotebookConfig]] = {cls.notebook: cls for cls in (
