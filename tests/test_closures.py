@@ -120,7 +120,7 @@ def test_records_cover_every_step_and_the_tables_and_figure_read_them():
 
 
 def test_an_engine_that_cannot_run_on_the_device_is_recorded_as_not_applicable(monkeypatch):
-    monkeypatch.setattr(closures, "not_applicable", lambda engine, device: "HIPS autograd runs on the CPU only")
+    monkeypatch.setattr(closures.protocol, "not_applicable", lambda engine, device: "HIPS autograd runs on the CPU only")
     frame = records_frame(closures.run_protocol("dense", "autograd", "seed", device="cpu", **TINY))
     assert set(frame["metric"]) == {closures.NOT_APPLICABLE} and len(frame) == len(STEPS)
     table = closures.seed_table(frame)

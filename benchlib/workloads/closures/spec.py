@@ -1,0 +1,32 @@
+"""identical_closures' names and settings: MWEs, orders, protocol steps, verdict pairs, engines."""
+
+from __future__ import annotations
+
+
+BENCHMARK = "identical_closures"
+MWES = ("dense", "reduced")
+DTYPES = {"dense": "float32", "reduced": "float64"}
+# Which setup builds state1 and which state2, per order.
+ORDERS = {"seed": ("setup1", "setup2"), "reversed": ("setup2", "setup1")}
+INITIAL, RERUN, NEW, RESETUP = "initial", "re-run", "structurally identical new", "re-setup initial"
+STEPS = (INITIAL, RERUN, NEW, RESETUP)
+PHASES = ("cold", "warm")
+# The pairs a verdict is given for. A re-run's first call is not cold, so cold has no control pair.
+PAIRS = {
+    "warm": ((INITIAL, NEW), (RESETUP, NEW), (INITIAL, RERUN)),
+    "cold": ((INITIAL, NEW), (RESETUP, NEW)),
+}
+SHARED_ENGINES = ("benchlib-inplace", "benchlib-deferred", "autograd", "torch")
+COMPILE_ENGINE, FUNC_ENGINE = "torch.compile", "torch.func"
+ENGINES = ("benchlib-inplace", "autograd", "torch", COMPILE_ENGINE, FUNC_ENGINE)
+VALID_ENGINES = SHARED_ENGINES + (COMPILE_ENGINE, FUNC_ENGINE)
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
+N_SAMPLES, N_IN, N_OUT, BATCH_SIZE = 10, 8, 1, 2
+GRADS_IDENTICAL = "grads_identical"
+NOT_APPLICABLE = "not_applicable"
+TRACKER_CASE = "no-op"  # the tracker's own rows: dimension "tracker", variant the tracker's name
+
+DEFAULTS = dict(warmup=3, repeats=30, cold_passes=5, alloc_passes=2, alloc_samples=2,
+                backend="inductor", seed=0)
+
+
