@@ -183,6 +183,11 @@ class NotebookConfig:
             raise ParameterError(f"{cls.notebook}: unknown parameter(s) {unknown}; valid: {', '.join(sorted(names))}")
         return cls(**{name: value for name, value in params.items() if name in names})
 
+    @classmethod
+    def from_namespace(cls, namespace: Mapping[str, Any]) -> "NotebookConfig":
+        """The config from a notebook's variables (``globals()`` after its parameters cell): its fields only."""
+        return cls.from_parameters({f.name: namespace[f.name] for f in fields(cls) if f.name in namespace})
+
 
 def _config(notebook: str, **defaults: Any) -> type[NotebookConfig]:
     """A frozen config class for `notebook` whose fields and defaults are `defaults` (lists as tuples)."""

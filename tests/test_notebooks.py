@@ -1,4 +1,5 @@
-"""Each notebook's parameters cell mirrors its workload config, and the config is where values are refused."""
+"""Every notebook is thin, committed without outputs, and mirrors its workload config's defaults."""
+import nbformat
 import pytest
 
 from benchlib.runner.notebooks import INJECTED, available_notebooks, find_project_notebooks, inspect
@@ -18,6 +19,15 @@ def test_every_notebook_has_a_config_whose_defaults_its_parameters_cell_mirrors(
     cell = {key: _plain(p.default) for key, p in spec.parameters.items() if key not in INJECTED}
     config = {key: _plain(value) for key, value in vars(CONFIGS[name]()).items()}
     assert cell == config
+
+
+@pytest.mark.parametrize("name", sorted(NOTEBOOKS))
+def test_notebook_is_thin_and_committed_without_outputs(name):
+    notebook = nbformat.read(NOTEBOOKS[name], as_version=4)
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert "parameters" in code[0].metadata["tags"] and "quick" in code[1].metadata["tags"]
+    assert all(not cell.outputs and cell.execution_count is None for cell in code)
+    assert sum(len([line for line in cell.source.splitlines() if line.strip()]) for cell in code) <= 60
 
 
 def test_a_config_refuses_a_bad_value_naming_it_and_what_is_valid():

@@ -1,0 +1,89 @@
+"""The ensemble's shape and optimiser settings, its seeded initial parameters and minibatch order."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+BENCHMARK = "mnist_ensembles"
+
+
+STRATEGIES = ("naive", "buffers_reused", "step_in_backward", "batched_vmap", "batched_hand")
+
+
+GC_POLICIES = ("default", "freeze", "manual")
+
+
+# Strategies that step the nets one by one: 20-30x slower per step, so the notebook gives them
+# fewer steps (`per_net_steps`).
+PER_NET_STRATEGIES = ("naive", "buffers_reused", "step_in_backward")
+
+
+PARAM_NAMES = ("0.weight", "0.bias", "2.weight", "2.bias")  # nn.Sequential(Linear, ReLU, Linear)
+
+
+@dataclass(frozen=True)
+class EnsembleConfig:
+    """The ensemble and its optimiser; identical across strategies so their results compare."""
+
+    n_nets: int = 200
+    inputs: int = 784
+    hidden: int = 6
+    classes: int = 10
+    batch: int = 64
+    lr: float = 1e-3
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("n_nets", "inputs", "hidden", "classes", "batch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
+            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+
+    @property
+    def params_per_net(self) -> int:
+        return self.inputs * self.hidden + self.hidden + self.hidden * self.classes + self.classes
+
+    @property
+    def flops_per_model_sample(self) -> int:
+        """Matmul FLOPs of one training sample through one net: the forward's two products, and
+        the backward's weight gradients of both layers plus the hidden-activation gradient (the
+        input needs none). Bias, ReLU, softmax and Adam are left out: a floor, not an estimate."""
+        forward = 2 * (self.inputs * self.hidden + self.hidden * self.classes)
+        backward = 2 * self.inputs * self.hidden + 2 * 2 * self.hidden * self.classes
+        return forward + backward
+
+
+def initial_parameters(config: EnsembleConfig) -> dict[str, torch.Tensor]:
+    """Stacked float32 initial parameters (n_nets leading), drawn like ``nn.Linear``'s default
+    (uniform in +-1/sqrt(fan_in)) from a generator seeded with ``config.seed``."""
+    gen = torch.Generator().manual_seed(config.seed)
+    n, i, h, c = config.n_nets, config.inputs, config.hidden, config.classes
+
+    def uniform(shape, fan_in):
+        bound = 1.0 / math.sqrt(fan_in)
+        return (torch.rand(shape, generator=gen) * 2 - 1) * bound
+
+    return {
+        "0.weight": uniform((n, h, i), i),
+        "0.bias": uniform((n, h), i),
+        "2.weight": uniform((n, c, h), h),
+        "2.bias": uniform((n, c), h),
+    }
+
+
+def minibatch_indices(n_samples: int, batch: int, steps: int, seed: int) -> torch.Tensor:
+    """(steps, batch) sample indices: epochs of seeded permutations, shared by every strategy."""
+    if n_samples < batch:
+        raise ValueError(f"the dataset has {n_samples} samples, fewer than one batch of {batch}")
+    rng = np.random.default_rng(seed)
+    per_epoch = n_samples // batch
+    epochs = -(-steps // per_epoch)
+    rows = [rng.permutation(n_samples)[: per_epoch * batch].reshape(per_epoch, batch) for _ in range(epochs)]
+    return torch.from_numpy(np.concatenate(rows)[:steps].astype(np.int64))

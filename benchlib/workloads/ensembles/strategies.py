@@ -1,0 +1,235 @@
+"""Five ways to train the ensemble, each starting from the same stacked parameters."""
+
+from __future__ import annotations
+
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from benchlib.workloads.ensembles.config import STRATEGIES, PARAM_NAMES, EnsembleConfig
+
+
+def _make_net(config: EnsembleConfig, device=None) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Linear(config.inputs, config.hidden), nn.ReLU(), nn.Linear(config.hidden, config.classes)
+    ).to(device)
+
+
+def _adam_kind(device: torch.device) -> dict:
+    """Fused Adam where this torch supports it on ``device``, else the foreach implementation."""
+    probe = torch.zeros(1, device=device, requires_grad=True)
+    try:
+        torch.optim.Adam([probe], fused=True)
+        return {"fused": True}
+    except (RuntimeError, ValueError):
+        return {"foreach": True}
+
+
+def _per_net_losses(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """(n_nets, batch, classes) logits -> each net's mean cross-entropy, shape (n_nets,)."""
+    n, b, c = logits.shape
+    return F.cross_entropy(logits.reshape(n * b, c), y.repeat(n), reduction="none").view(n, b).mean(1)
+
+
+class Strategy:
+    """One way to train the ensemble; ``step(x, y)`` trains every net on the shared minibatch
+    and returns the per-net losses (detached)."""
+
+    name = ""
+    optimizer = ""
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def stacked_parameters(self) -> dict[str, torch.Tensor]:
+        """Every net's parameters, stacked per layer (detached copies on the CPU)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release hooks; the default has none."""
+
+
+class _PerNetStrategy(Strategy):
+    def __init__(self, init: dict[str, torch.Tensor], config: EnsembleConfig, device: torch.device):
+        self.config = config
+        self.nets = []
+        for index in range(config.n_nets):
+            net = _make_net(config, device)
+            with torch.no_grad():
+                for name, param in net.named_parameters():
+                    param.copy_(init[name][index])
+            self.nets.append(net)
+
+    def stacked_parameters(self):
+        per_net = [dict(net.named_parameters()) for net in self.nets]
+        return {name: torch.stack([p[name].detach().cpu() for p in per_net]) for name in PARAM_NAMES}
+
+    def gradients(self, x, y) -> dict[str, torch.Tensor]:
+        """Stacked gradients of each net's mean loss on (x, y), without an optimiser step."""
+        grads = {name: [] for name in PARAM_NAMES}
+        for net in self.nets:
+            loss = F.cross_entropy(net(x), y)
+            names, params = zip(*net.named_parameters())
+            for name, g in zip(names, torch.autograd.grad(loss, params)):
+                grads[name].append(g.cpu())
+        return {name: torch.stack(gs) for name, gs in grads.items()}
+
+
+class Naive(_PerNetStrategy):
+    """One module and one for-loop Adam per net; ``zero_grad(set_to_none=True)`` recreates every
+    gradient each step: the textbook loop, run 200 times."""
+
+    name = "naive"
+    optimizer = "Adam(foreach=False) per net"
+
+    def __init__(self, init, config, device):
+        super().__init__(init, config, device)
+        self.opts = [torch.optim.Adam(net.parameters(), lr=config.lr, foreach=False) for net in self.nets]
+
+    def step(self, x, y):
+        losses = []
+        for net, opt in zip(self.nets, self.opts):
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(net(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        return torch.stack(losses)
+
+
+class BuffersReused(_PerNetStrategy):
+    """Per-net modules, but gradients zeroed in place (allocated once) and fused Adam; losses
+    written into one preallocated tensor."""
+
+    name = "buffers_reused"
+
+    def __init__(self, init, config, device):
+        super().__init__(init, config, device)
+        kind = _adam_kind(device)
+        self.optimizer = f"Adam({next(iter(kind))}=True) per net"
+        self.opts = [torch.optim.Adam(net.parameters(), lr=config.lr, **kind) for net in self.nets]
+        self.losses = torch.zeros(config.n_nets, device=device)
+
+    def step(self, x, y):
+        for index, (net, opt) in enumerate(zip(self.nets, self.opts)):
+            opt.zero_grad(set_to_none=False)
+            loss = F.cross_entropy(net(x), y)
+            loss.backward()
+            opt.step()
+            self.losses[index] = loss.detach()
+        return self.losses.clone()
+
+
+class StepInBackward(_PerNetStrategy):
+    """Each parameter has its own Adam, stepped by a post-accumulate-grad hook the moment its
+    gradient is ready; the gradient is then dropped, so no step ever holds all gradients."""
+
+    name = "step_in_backward"
+    optimizer = "Adam(foreach=False) per parameter, in a post-accumulate-grad hook"
+
+    def __init__(self, init, config, device):
+        super().__init__(init, config, device)
+        self.handles = []
+        for net in self.nets:
+            for param in net.parameters():
+                opt = torch.optim.Adam([param], lr=config.lr, foreach=False)
+                self.handles.append(param.register_post_accumulate_grad_hook(self._stepper(opt)))
+
+    @staticmethod
+    def _stepper(opt):
+        def hook(_param):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        return hook
+
+    def step(self, x, y):
+        losses = []
+        for net in self.nets:
+            loss = F.cross_entropy(net(x), y)
+            loss.backward()
+            losses.append(loss.detach())
+        return torch.stack(losses)
+
+    def close(self):
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+
+class _StackedStrategy(Strategy):
+    def __init__(self, init, config, device):
+        self.config = config
+        kind = _adam_kind(device)
+        self.optimizer = f"Adam({next(iter(kind))}=True) over stacked parameters"
+        self.params = {name: init[name].to(device).clone().requires_grad_(True) for name in PARAM_NAMES}
+        self.opt = torch.optim.Adam(self.params.values(), lr=config.lr, **kind)
+
+    def logits(self, x) -> torch.Tensor:
+        raise NotImplementedError
+
+    def step(self, x, y):
+        self.opt.zero_grad(set_to_none=False)
+        losses = _per_net_losses(self.logits(x), y)
+        losses.sum().backward()  # each net's gradient is that of its own mean loss
+        self.opt.step()
+        return losses.detach()
+
+    def stacked_parameters(self):
+        return {name: p.detach().cpu().clone() for name, p in self.params.items()}
+
+    def gradients(self, x, y):
+        loss = _per_net_losses(self.logits(x), y).sum()
+        grads = torch.autograd.grad(loss, list(self.params.values()))
+        return {name: g.cpu() for name, g in zip(self.params, grads)}
+
+
+class BatchedVmap(_StackedStrategy):
+    """``torch.func``: ``stack_module_state`` layout, ``vmap`` over ``functional_call`` of one
+    stateless copy of the net (on the meta device)."""
+
+    name = "batched_vmap"
+
+    def __init__(self, init, config, device):
+        super().__init__(init, config, device)
+        base = _make_net(config, "meta")
+
+        def one_net(params, x):
+            return torch.func.functional_call(base, params, (x,))
+
+        self._forward = torch.func.vmap(one_net, in_dims=(0, None))
+
+    def logits(self, x):
+        return self._forward(self.params, x)
+
+
+class BatchedHand(_StackedStrategy):
+    """Hand-batched: the shared minibatch meets all first layers in one ``addmm`` against the
+    (n_nets*hidden, inputs) weight block; the second layers are one ``baddbmm``."""
+
+    name = "batched_hand"
+
+    def logits(self, x):
+        n, h = self.config.n_nets, self.config.hidden
+        w1, b1, w2, b2 = (self.params[name] for name in PARAM_NAMES)
+        hidden = torch.addmm(b1.reshape(n * h), x, w1.reshape(n * h, -1).t()).relu_()  # (B, n*h)
+        hidden = hidden.view(x.shape[0], n, h).transpose(0, 1)  # (n, B, h)
+        return torch.baddbmm(b2.unsqueeze(1), hidden, w2.transpose(1, 2))  # (n, B, classes)
+
+
+def evaluate(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Each net's mean cross-entropy on (x, y) from stacked parameters (`stacked_parameters()`)."""
+    w1, b1, w2, b2 = (params[name] for name in PARAM_NAMES)
+    with torch.no_grad():
+        hidden = torch.einsum("bi,nhi->nbh", x, w1).add_(b1.unsqueeze(1)).relu_()
+        return _per_net_losses(torch.baddbmm(b2.unsqueeze(1), hidden, w2.transpose(1, 2)), y)
+
+
+STRATEGY_CLASSES = {cls.name: cls for cls in (Naive, BuffersReused, StepInBackward, BatchedVmap, BatchedHand)}
+
+
+def make_strategy(name: str, init: dict[str, torch.Tensor], config: EnsembleConfig, device) -> Strategy:
+    """A strategy by name, its nets set to ``init`` (stacked, from `initial_parameters`)."""
+    if name not in STRATEGY_CLASSES:
+        raise ValueError(f"unknown strategy {name!r}; valid: {', '.join(STRATEGIES)}")
+    return STRATEGY_CLASSES[name](init, config, getattr(device, "torch", device))

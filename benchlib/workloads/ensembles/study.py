@@ -1,0 +1,86 @@
+"""The mnist_ensembles notebook's whole measurement from its config: the grid, the FLOP floor, the
+full-collection pauses, LeNet5 and the thread sweep, as records and the frames its figures need."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pandas as pd
+
+from benchlib.workloads import lenet
+from benchlib.workloads.ensembles.config import PER_NET_STRATEGIES, EnsembleConfig
+from benchlib.workloads.ensembles.floor import calibration_flop_rate, flop_floor, flop_floor_records, matmul_flops
+from benchlib.workloads.ensembles.gc_policies import collection_pause_records, full_collection_pauses
+from benchlib.workloads.ensembles.training import run_grid, steps_frame, summary_frame, thread_sweep
+
+
+@dataclass
+class Study:
+    """What the notebook shows: every record, and the frames of its figures and tables."""
+
+    records: list = field(default_factory=list)
+    summary: pd.DataFrame | None = None
+    steps: pd.DataFrame | None = None
+    floor: dict = field(default_factory=dict)
+    flop_source: str = ""
+    pauses: pd.DataFrame | None = None
+    lenet: pd.DataFrame | None = None
+    threads: pd.DataFrame | None = None
+
+
+def progress_line(result) -> str:
+    """One finished cell: median / p99 / max step time, throughput and GC share."""
+    s = result.summary()
+    return (f"{result.case():45s} median {s['step_time_median'] * 1e3:8.2f} ms  p99 {s['step_time_p99'] * 1e3:8.2f} ms  "
+            f"max {s['step_time_max'] * 1e3:8.2f} ms  {s['throughput']:10.4g} model-samples/s  "
+            f"gc {100 * s['gc_share']:.2f}%  data={result.labels['data']}")
+
+
+def run_study(config: Any, data, *, device, calibration: pd.DataFrame | None = None,
+              save: Callable[[list], Any] | None = None, progress: Callable[[str], None] = print) -> Study:
+    """Everything the notebook measures, from its (already validated) `MnistEnsemblesConfig`.
+
+    `calibration` is the run's records so far: the FLOP floor uses their matmul rate when the
+    calibration notebook ran first, else one 1024x1024 product measured here. `save` gets the
+    records so far after each part, so a later failure loses nothing already measured.
+    """
+    ensemble = EnsembleConfig(n_nets=config.n_nets, hidden=config.hidden, batch=config.batch, seed=config.seed)
+    study, labels = Study(), {"data": data.source, "device": device.name}
+    shown = lambda result: progress(progress_line(result))  # noqa: E731
+    results = run_grid(
+        data, device=device, config=ensemble, strategies=config.strategies, gc_policies=config.gc_policies,
+        heap_sizes=config.heap_sizes, steps=config.steps, warmup=config.warmup, alloc_steps=config.alloc_steps,
+        manual_every=config.manual_every, manual_generation=config.manual_generation, progress=shown,
+        steps_per_strategy={s: config.per_net_steps for s in PER_NET_STRATEGIES if s in config.strategies})
+    study.summary, study.steps = summary_frame(results), steps_frame(results)
+    study.records += [row for result in results for row in result.records(device)]
+    if save is not None:
+        save(study.records)
+
+    flop_rate = calibration_flop_rate(calibration, device.name)
+    study.flop_source = "calibration records of this run" if flop_rate else "matmul 1024x1024 measured here"
+    study.floor = flop_floor(ensemble, flop_rate or matmul_flops(device))
+    study.records += flop_floor_records(study.floor, device, labels | {"flop_source": study.flop_source})
+
+    study.pauses = full_collection_pauses(data, heap_sizes=sorted({0, *config.heap_sizes}), repeats=config.pause_repeats)
+    study.records += collection_pause_records(study.pauses, device, labels)
+    if save is not None:
+        save(study.records)
+
+    epochs, lenet_labels = lenet.run_lenet(
+        data, device=device, config=lenet.LeNetConfig(epochs=config.lenet_epochs, step_limit=config.lenet_step_limit,
+                                                      seed=config.seed), modes=config.lenet_modes,
+        progress=lambda mode, r: progress(f"{mode:10s} epoch {r.epoch}: {r.at_time()}"))
+    study.records += lenet.lenet_records(epochs, lenet_labels, device)
+    if save is not None:
+        save(study.records)
+    study.lenet = lenet.lenet_frame(epochs, lenet_labels)
+
+    threaded = thread_sweep(data, device=device, config=ensemble, thread_counts=config.thread_counts,
+                            steps=config.steps, warmup=config.warmup, progress=shown)
+    study.records += [row for result in threaded for row in result.records(device)]
+    if save is not None:
+        save(study.records)
+    study.threads = summary_frame(threaded)
+    return study

@@ -1,0 +1,289 @@
+"""The training loop of one strategy x GC policy x heap cell (through `benchlib.measure.measure_steps`),
+the grid of cells and the thread sweep."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from benchlib.results import make_record
+from benchlib.workloads.ensembles.config import (
+    BENCHMARK, STRATEGIES, GC_POLICIES, EnsembleConfig, initial_parameters, minibatch_indices,
+)
+from benchlib.workloads.ensembles.strategies import Strategy, STRATEGY_CLASSES, make_strategy
+from benchlib.workloads.ensembles.gc_policies import GCPolicy, long_lived_heap
+
+
+@dataclass
+class TrainResult:
+    """Per-step arrays and run-level figures of one strategy x GC policy x heap cell."""
+
+    strategy: str
+    labels: dict  # everything that identifies the cell (config, policy, heap, data, device...)
+    step_s: np.ndarray
+    gc_count: np.ndarray
+    gc_s: np.ndarray
+    gc_generations: list  # per step: generations of the collections that began in it
+    loss: np.ndarray
+    warmup: int
+    alloc_count_per_step: float = math.nan
+    alloc_bytes_per_step: float = math.nan
+    alloc_source: str = ""
+    peak_bytes: float = math.nan
+
+    @property
+    def timed(self) -> slice:
+        return slice(self.warmup, None)
+
+    def summary(self) -> dict[str, float]:
+        """Step-time statistics over the timed steps; throughput counts every timed second."""
+        times = self.step_s[self.timed]
+        total = float(times.sum())
+        samples = self.labels["n_nets"] * self.labels["batch"] * len(times)
+        return {
+            "step_time_median": float(np.median(times)),
+            "step_time_p99": float(np.percentile(times, 99)),
+            "step_time_max": float(times.max()),
+            "throughput": samples / total,
+            "gc_share": float(self.gc_s[self.timed].sum()) / total,
+            "gc_pauses": float(self.gc_count[self.timed].sum()),
+            "step_gc_time_max": float(self.gc_s[self.timed].max()),
+            "alloc_count_per_step": self.alloc_count_per_step,
+            "alloc_bytes_per_step": self.alloc_bytes_per_step,
+            "peak_bytes": self.peak_bytes,
+            "final_loss": float(self.loss[-1]),
+        }
+
+    def case(self) -> str:
+        case = (f"{self.strategy}|gc={self.labels['gc_policy']}|heap={self.labels['heap_objects']}"
+                f"|threads={self.labels['torch_threads']}")
+        return f"{case}|sweep={self.labels['sweep']}" if self.labels.get("sweep") else case
+
+    def records(self, device, per_step: bool = True) -> list[dict]:
+        """Tidy rows: the summary metrics, and (if ``per_step``) one row per step and metric."""
+        units = {
+            "step_time_median": "s", "step_time_p99": "s", "step_time_max": "s",
+            "throughput": "model-samples/s", "gc_share": "", "gc_pauses": "count", "step_gc_time_max": "s",
+            "alloc_count_per_step": "count", "alloc_bytes_per_step": "B", "peak_bytes": "B", "final_loss": "",
+        }
+        common = dict(benchmark=BENCHMARK, case=self.case(), strategy=self.strategy, device=device,
+                      dtype="float32", params=self.labels)
+        rows = [make_record(metric=m, value=v, unit=units[m], **common) for m, v in self.summary().items()]
+        if per_step:
+            for metric, unit, values in (("step_time", "s", self.step_s), ("step_gc_pauses", "count", self.gc_count),
+                                         ("step_gc_time", "s", self.gc_s), ("step_loss", "", self.loss)):
+                rows += [make_record(metric=metric, value=float(v), unit=unit, repeat=i, **common)
+                         for i, v in enumerate(values)]
+        return rows
+
+
+def train(
+    strategy: Strategy,
+    x_all: torch.Tensor,
+    y_all: torch.Tensor,
+    batches: torch.Tensor,
+    *,
+    device,
+    policy: GCPolicy,
+    warmup: int = 5,
+    alloc_steps: int = 3,
+    labels: dict | None = None,
+) -> TrainResult:
+    """Run ``len(batches) - alloc_steps`` timed steps under ``policy``, then the allocation pass.
+
+    ``device`` is a `benchlib.measure.Device`. The last ``alloc_steps`` rows of ``batches`` feed the
+    allocation pass, so the timed steps see the same minibatches whatever ``alloc_steps`` is.
+    """
+    from benchlib.measure import count_allocations, measure_steps
+    from benchlib.measure.devices import heap_trim_available
+
+    steps = len(batches) - alloc_steps
+    if steps <= warmup:
+        raise ValueError(f"need more steps than warm-up steps ({warmup}), got {steps} timed steps")
+    loss = np.zeros(steps)
+    labels = dict(labels or {}) | {"loadavg_1m_before": load_average(), "torch_threads": torch.get_num_threads()}
+    if device.kind == "cpu":
+        labels["peak_after_malloc_trim"] = heap_trim_available()
+
+    def one_step(step):
+        idx = batches[step]
+        losses = strategy.step(x_all[idx], y_all[idx])
+        policy.after_step(step)
+        return losses
+
+    def keep_loss(step, losses):
+        loss[step] = float(losses.mean())
+
+    with policy:
+        timed = measure_steps(one_step, steps, device=device, after_step=keep_loss)
+    peak = math.nan if timed.peak_bytes is None else timed.peak_bytes
+    step_s, gc_count, gc_s = (np.asarray(v, dtype=float) for v in (timed.step_s, timed.gc_count, timed.gc_s))
+    generations = list(timed.gc_generations)
+    result = TrainResult(strategy.name, labels, step_s, gc_count, gc_s, generations, loss, warmup,
+                         peak_bytes=float(peak))
+    if alloc_steps:
+        extra = batches[steps:]
+
+        def allocation_pass():
+            for idx in extra:
+                strategy.step(x_all[idx], y_all[idx])
+            device.synchronize()
+
+        allocs = count_allocations(allocation_pass, device)
+        result.alloc_count_per_step = allocs.count / alloc_steps
+        result.alloc_bytes_per_step = allocs.bytes / alloc_steps
+        result.alloc_source = allocs.source
+        result.labels["alloc_source"] = allocs.source
+    return result
+
+
+def load_average() -> float:
+    """The 1-minute load average where the OS reports one (NaN elsewhere): on a shared machine
+    it says how much of a step-time spike may be other processes."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return math.nan
+
+
+def run_grid(
+    data,
+    *,
+    device,
+    config: EnsembleConfig = EnsembleConfig(),
+    strategies=STRATEGIES,
+    gc_policies=GC_POLICIES,
+    heap_sizes=(0,),
+    steps: int = 60,
+    warmup: int = 5,
+    alloc_steps: int = 3,
+    manual_every: int = 10,
+    manual_generation: int = 2,
+    steps_per_strategy: dict | None = None,
+    progress=None,
+    sweep: str | None = None,
+) -> list[TrainResult]:
+    """Every strategy x GC policy x heap size, each from the same initial parameters and batches.
+
+    ``sweep`` names a side experiment (e.g. "threads") in the labels and case names, so its cells
+    never share a case name with the main grid's.
+
+    ``steps_per_strategy`` overrides ``steps`` for named strategies (a per-net step trains
+    the nets one by one and is 20-30x slower; a shorter run of it still shows its distribution). ``progress`` is called
+    with each finished result.
+    """
+    unknown = [s for s in strategies if s not in STRATEGY_CLASSES]
+    if unknown:
+        raise ValueError(f"unknown strategies {unknown}; valid: {', '.join(STRATEGIES)}")
+    bad_policies = [p for p in gc_policies if p not in GC_POLICIES]
+    if bad_policies:
+        raise ValueError(f"unknown GC policies {bad_policies}; valid: {', '.join(GC_POLICIES)}")
+    bad_heaps = [h for h in heap_sizes if not isinstance(h, int) or not 0 <= h <= len(data)]
+    if bad_heaps:
+        raise ValueError(f"heap sizes must be integers in 0..{len(data)} (samples held as tuples), got {bad_heaps}")
+    steps_per_strategy = dict(steps_per_strategy or {})
+    if set(steps_per_strategy) - set(STRATEGIES):
+        raise ValueError(f"steps_per_strategy names unknown strategies; valid: {', '.join(STRATEGIES)}")
+    for name in strategies:
+        if steps_per_strategy.get(name, steps) <= warmup:
+            raise ValueError(f"{name}: steps must exceed warmup ({warmup})")
+    torch_device = device.torch
+    _use_vmap_once()
+    x_all, y_all = data.as_float_tensors(torch_device)
+    init = initial_parameters(config)
+    longest = max(steps_per_strategy.get(s, steps) for s in strategies)
+    all_batches = minibatch_indices(len(data), config.batch, longest + alloc_steps, config.seed).to(torch_device)
+    results = []
+    for heap_size in heap_sizes:
+        with long_lived_heap(data, heap_size):
+            for policy_name in gc_policies:
+                for name in strategies:
+                    n_steps = steps_per_strategy.get(name, steps)
+                    batches = torch.cat([all_batches[:n_steps], all_batches[longest:longest + alloc_steps]])
+                    strategy = make_strategy(name, init, config, device)
+                    policy = GCPolicy(name=policy_name, every=manual_every, generation=manual_generation,
+                                      cuda=device.kind == "cuda")
+                    labels = asdict(config) | data.describe() | policy.describe() | {
+                        "strategy": name, "optimizer": strategy.optimizer, "heap_objects": heap_size,
+                        "steps": n_steps, "warmup": warmup, "alloc_steps": alloc_steps,
+                        "params_per_net": config.params_per_net, "sweep": sweep,
+                        "device": device.name,
+                    }
+                    try:
+                        result = train(strategy, x_all, y_all, batches, device=device, policy=policy,
+                                       warmup=warmup, alloc_steps=alloc_steps, labels=labels)
+                    finally:
+                        strategy.close()
+                    results.append(result)
+                    if progress is not None:
+                        progress(result)
+    return results
+
+
+def thread_sweep(
+    data,
+    *,
+    device,
+    thread_counts,
+    config: EnsembleConfig = EnsembleConfig(),
+    strategy: str = "batched_hand",
+    gc_policy: str = "freeze",
+    steps: int = 200,
+    warmup: int = 5,
+    progress=None,
+) -> list[TrainResult]:
+    """One cell at several torch intra-op thread counts.
+
+    A step of a few milliseconds can wait on a thread pool's wake-up, which a busy or small
+    machine delays now and then: that moves p99, not the median, so the fastest strategy's
+    spread is worth measuring against the thread count. torch's setting is restored afterwards.
+    """
+    bad = [n for n in thread_counts if not isinstance(n, int) or n < 1]
+    if bad or not thread_counts:
+        raise ValueError(f"thread_counts must be a non-empty list of integers >= 1, got {list(thread_counts)}")
+    from benchlib.measure import torch_threads
+
+    results = []
+    for count in thread_counts:
+        with torch_threads(count):
+            results += run_grid(data, device=device, config=config, strategies=(strategy,), gc_policies=(gc_policy,),
+                                heap_sizes=(0,), steps=steps, warmup=warmup, alloc_steps=0, progress=progress,
+                                sweep="threads")
+    return results
+
+
+def _use_vmap_once() -> None:
+    """Call ``torch.func.vmap`` once before any cell. From its first use in a process on, torch
+    makes one more allocation per operator call (memray: about 10,000 more per naive step of
+    200 nets), so without this the cells before the first ``batched_vmap`` cell would count
+    fewer allocations than the same cells after it."""
+    torch.func.vmap(torch.neg)(torch.zeros(1, 1))
+
+
+def summary_frame(results: list[TrainResult]):
+    """One row per cell: strategy, policy, heap, data and the summary metrics (a table to show)."""
+    import pandas as pd
+
+    rows = [{"strategy": r.strategy, "gc_policy": r.labels["gc_policy"], "heap_objects": r.labels["heap_objects"],
+             "torch_threads": r.labels["torch_threads"], "data": r.labels["data"], **r.summary()} for r in results]
+    return pd.DataFrame(rows)
+
+
+def steps_frame(results: list[TrainResult]):
+    """One row per step of every cell (step, time, GC pauses and their generations, loss)."""
+    import pandas as pd
+
+    frames = []
+    for r in results:
+        frames.append(pd.DataFrame({
+            "strategy": r.strategy, "gc_policy": r.labels["gc_policy"], "heap_objects": r.labels["heap_objects"],
+            "data": r.labels["data"], "step": np.arange(len(r.step_s)), "step_s": r.step_s,
+            "gc_count": r.gc_count, "gc_s": r.gc_s,
+            "gc_generations": [",".join(map(str, g)) for g in r.gc_generations],
+            "loss": r.loss, "warmup": np.arange(len(r.step_s)) < r.warmup,
+        }))
+    return pd.concat(frames, ignore_index=True)
