@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -64,7 +65,7 @@ def notebook_question(run_path: Path, notebook: str, info: Mapping[str, Any]) ->
             if cell.cell_type == "markdown" and cell.source.strip():
                 paragraphs = [p.strip() for p in cell.source.split("\n\n") if p.strip()]
                 text = " ".join(p.lstrip("#").strip() for p in paragraphs[:2])
-                return text
+                return re.sub(r"[*`]", "", text)  # the page shows text: drop markdown emphasis and code marks
     return ""
 
 
