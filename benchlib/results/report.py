@@ -173,7 +173,9 @@ def _verdict_section(run_path: Path) -> str:
     if verdicts.empty:
         return "<p>No seed rule applies to what this run measured.</p>"
     shown = verdicts.rename(columns={"ci_low": "95% CI low", "ci_high": "95% CI high"})
-    return _table_html(shown[["verdict", "claim", "ratio", "95% CI low", "95% CI high", "baseline", "rule"]])
+    columns = ["verdict", "claim", *(["grid_point"] if verdicts["grid_point"].astype(bool).any() else []),
+               "ratio", "95% CI low", "95% CI high", "baseline", "rule"]
+    return _table_html(shown[columns])
 
 
 def build_report(run: str | os.PathLike) -> str:
