@@ -3,6 +3,7 @@
 import math
 
 import numpy as np
+import pytest
 import pandas as pd
 
 from benchlib.results import make_record
@@ -64,3 +65,18 @@ def test_ensemble_rules_read_throughput_up_and_peak_down():
                            + rows("naive", "peak_bytes", 16e6, "B") + rows("step_in_backward", "peak_bytes", 9e6, "B"))
     table = seed_verdicts(records).set_index("baseline")
     assert table["verdict"].tolist() == [REFUTED, REPRODUCED]  # 1.5x is short of the claimed 2x gain
+
+
+def test_grid_points_are_judged_apart_never_pooled():
+    from benchlib.results import make_record, records_frame
+
+    rows = []
+    for size, deferred in ((10, 2000.0), (20, 8000.0)):
+        for engine, value in (("manual", 1000.0 * size / 10), ("benchlib-deferred", deferred)):
+            for repeat in range(3):
+                rows.append(make_record(benchmark="dot_chain", case=f"D={size}", engine=engine, device="cpu",
+                                        dtype="float64", metric="peak_bytes", value=value + repeat, unit="B",
+                                        repeat=repeat, params={"grid": {"D": size}}))
+    table = seed_verdicts(records_frame(rows)).set_index("grid_point")
+    assert table.loc["D=10", "ratio"] == pytest.approx(2.0, rel=1e-3)
+    assert table.loc["D=20", "ratio"] == pytest.approx(4.0, rel=1e-3)

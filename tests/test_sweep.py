@@ -100,3 +100,14 @@ def test_a_point_comes_back_as_bytes_of_files_never_a_pickled_object(tmp_path):
     assert all(name.endswith((".json", ".parquet", ".ipynb", ".html", ".js")) for name in names)
     summary = unpack_point(packed, tmp_path / "point", tmp_path / "executed.ipynb")
     assert summary["status"] == "ok" and load_records(tmp_path / "point")["value"].tolist() == [3.0]
+
+
+@pytest.mark.slow
+def test_without_a_grid_a_dask_run_keeps_the_runners_run_json_and_merges_the_records(tmp_path):
+    pytest.importorskip("distributed", reason="the dask extra is not installed")
+    assert grid_run(tmp_path, "probe", "--quick", "--executor", "dask") == 0
+    (run_dir,) = tmp_path.iterdir()
+    info = load_run_info(run_dir)
+    assert info["runner"]["pid"] and info["notebooks"]["probe"]["status"] == "ok"
+    assert load_records(run_dir)["value"].tolist() == [10.0]
+    assert (run_dir / "points" / "probe" / "run.json").is_file()

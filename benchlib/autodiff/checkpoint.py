@@ -26,9 +26,6 @@ from __future__ import annotations
 import functools
 from math import comb
 
-CHECKPOINT_POLICIES = ("sqrt", "an int >= 1 (at most that many stored snapshots, binomial schedule)")
-
-
 def check_policy(checkpoint) -> None:
     """Refuse anything but None, "sqrt" or a positive int, saying what is valid."""
     if checkpoint is None or checkpoint == "sqrt":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -64,7 +65,7 @@ def notebook_question(run_path: Path, notebook: str, info: Mapping[str, Any]) ->
             if cell.cell_type == "markdown" and cell.source.strip():
                 paragraphs = [p.strip() for p in cell.source.split("\n\n") if p.strip()]
                 text = " ".join(p.lstrip("#").strip() for p in paragraphs[:2])
-                return text
+                return re.sub(r"[*`]", "", text)  # the page shows text: drop markdown emphasis and code marks
     return ""
 
 
@@ -172,7 +173,9 @@ def _verdict_section(run_path: Path) -> str:
     if verdicts.empty:
         return "<p>No seed rule applies to what this run measured.</p>"
     shown = verdicts.rename(columns={"ci_low": "95% CI low", "ci_high": "95% CI high"})
-    return _table_html(shown[["verdict", "claim", "ratio", "95% CI low", "95% CI high", "baseline", "rule"]])
+    columns = ["verdict", "claim", *(["grid_point"] if verdicts["grid_point"].astype(bool).any() else []),
+               "ratio", "95% CI low", "95% CI high", "baseline", "rule"]
+    return _table_html(shown[columns])
 
 
 def build_report(run: str | os.PathLike) -> str:

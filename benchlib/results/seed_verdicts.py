@@ -8,12 +8,13 @@ the ratio: `reproduced` when it lies inside the range, `refuted` when it lies wh
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass
 
 import pandas as pd
 
-from benchlib.results.compare import KEY_COLUMNS, VALUE_COLUMN
+from benchlib.results.compare import VALUE_COLUMN
 from benchlib.results.stats import ratio_of_medians
 
 REPRODUCED, REFUTED, INCONCLUSIVE = "reproduced", "refuted", "inconclusive"
@@ -91,10 +92,24 @@ def apply_rule(records: pd.DataFrame, rule: RatioRule) -> SeedVerdict | None:
                        verdict_of(low, high, rule.low, rule.high), rule.text, rule.baseline)
 
 
+def _grid_point(params: str) -> str:
+    """The grid point a record belongs to (`benchlib run --grid`), as text; "" outside a grid."""
+    point = json.loads(params).get("grid") if params else None
+    return ", ".join(f"{name}={value}" for name, value in point.items()) if point else ""
+
+
 def seed_verdicts(records: pd.DataFrame, rules: tuple[RatioRule, ...] = SEED_RULES) -> pd.DataFrame:
-    """The verdict table of a run: one row per rule whose benchmark and engines the run measured."""
-    rows = [verdict for rule in rules if (verdict := apply_rule(records, rule)) is not None]
-    return pd.DataFrame([asdict(row) for row in rows], columns=list(SeedVerdict.__dataclass_fields__))
+    """The verdict table of a run: one row per rule whose benchmark and engines the run measured, per
+    grid point (cases of different grid points, e.g. sizes, are never pooled)."""
+    points = records["params"].map(_grid_point) if not records.empty else pd.Series(dtype=str)
+    rows = []
+    for point in dict.fromkeys(points):
+        subset = records[points == point]
+        for rule in rules:
+            verdict = apply_rule(subset, rule)
+            if verdict is not None:
+                rows.append({**asdict(verdict), "grid_point": point})
+    return pd.DataFrame(rows, columns=[*SeedVerdict.__dataclass_fields__, "grid_point"])
 
 
 def verdict_text(records: pd.DataFrame) -> str:
@@ -105,5 +120,6 @@ def verdict_text(records: pd.DataFrame) -> str:
     lines = ["seed verdicts (ratio [95% interval] vs baseline):"]
     for row in table.itertuples():
         interval = "no interval (one trial)" if math.isnan(row.ci_low) else f"[{row.ci_low:.3g}, {row.ci_high:.3g}]"
-        lines.append(f"  {row.verdict:<12}  {row.ratio:.3g} {interval} vs {row.baseline}  {row.claim}")
+        point = f" [{row.grid_point}]" if row.grid_point else ""
+        lines.append(f"  {row.verdict:<12}  {row.ratio:.3g} {interval} vs {row.baseline}  {row.claim}{point}")
     return "\n".join(lines)

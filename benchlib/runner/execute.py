@@ -407,13 +407,16 @@ class _RunLoop:
         self.say(f"report (partial run): {self.result.report}")
 
     def _finished(self, index: int, execution: Execution, status: str, error: str | None, duration: float,
-                  since: float, orphans: Sequence[int] = ()) -> None:
+                  since: float, orphans: Sequence[int] = (), in_points: bool = False) -> None:
+        """Record one execution's outcome; `in_points`: its files are in `points/<key>/` (a grid point,
+        or anything a Dask worker ran), whose records are merged into the run's."""
+        in_points = in_points or bool(execution.point)
         point_dir = self.run_.path / "points" / execution.key
-        failures, sources = case_outcomes(point_dir if execution.point else self.run_.path, since)
+        failures, sources = case_outcomes(point_dir if in_points else self.run_.path, since)
         if failures and status == "ok":
             status = "partial"
             error = f"{len(failures)} case(s) failed: " + "; ".join(failures[:3]) + (" ..." if len(failures) > 3 else "")
-        if execution.point:
+        if in_points:
             _merge_point_records(self.run_, execution, point_dir)
         output = self.run_.path / "notebooks" / f"{execution.key}.ipynb"
         data_source = "+".join(sources) or None
@@ -474,14 +477,14 @@ class _RunLoop:
         try:
             for index, future in enumerate(as_completed(futures), start=1):
                 execution = futures[future]
-                point_dir = self.run_.path / "points" / execution.key if execution.point else self.run_.path
+                point_dir = self.run_.path / "points" / execution.key  # never over the runner's own run.json
                 output = self.run_.path / "notebooks" / f"{execution.key}.ipynb"
                 try:
                     summary = unpack_point(future.result(), point_dir, output)
                     status, error, duration = summary["status"], summary["error"], summary["duration_s"]
                 except Exception as lost:  # the worker died, or the point could not be run there
                     status, error, duration = "failed", f"{type(lost).__name__}: {lost}", 0.0
-                self._finished(index, execution, status, error, duration, since=0.0)
+                self._finished(index, execution, status, error, duration, since=0.0, in_points=True)
         except KeyboardInterrupt as interrupt:
             for future in futures:
                 future.cancel()
@@ -495,13 +498,15 @@ class _RunLoop:
 
 
 def _merge_point_records(results_run: Run, execution: Execution, point_dir: Path) -> None:
-    """A grid point's records into the run's: `records/<point>.parquet` with the point in params["grid"]."""
+    """An execution's records from `points/<key>/` into the run's `records/<key>.parquet`, a grid
+    point's values added to params["grid"]."""
     parts = [read_records_file(path) for path in sorted((point_dir / "records").glob("*.parquet"))]
     if not parts:
         return
     frame = pd.concat(parts, ignore_index=True)
-    frame["params"] = [json.dumps({**(json.loads(text) if text else {}), "grid": execution.point}, sort_keys=True, default=str)
-                       for text in frame["params"]]
+    if execution.point:
+        frame["params"] = [json.dumps({**(json.loads(text) if text else {}), "grid": execution.point}, sort_keys=True,
+                                      default=str) for text in frame["params"]]
     frame["run_id"] = results_run.run_id
     write_records_atomic(frame, results_run.path / "records" / f"{execution.key}.parquet")
     results_run.refresh_records(skip_unreadable=True)

@@ -37,11 +37,14 @@ def grid_figure(records: pd.DataFrame, *, metric: str, grid: Mapping[str, Sequen
     fig = go.Figure()
     dashes = ["solid", "dash", "dot", "dashdot", "longdash"]
     groups = frame.groupby(["variant", *others], sort=False) if others else frame.groupby(["variant"], sort=False)
-    for index, (key, group) in enumerate(groups):
+    # One dash per combination of the other parameters, the same for every engine (colour = engine).
+    combinations = sorted({tuple(key[1:]) if isinstance(key, tuple) else () for key, _ in groups}, key=str)
+    dash_of = {combination: dashes[i % len(dashes)] for i, combination in enumerate(combinations)}
+    for key, group in groups:
         key = key if isinstance(key, tuple) else (key,)
-        engine, rest = key[0], key[1:]
+        engine, rest = key[0], tuple(key[1:])
         name = engine + "".join(f", {n}={v}" for n, v in zip(others, rest))
-        dash = dashes[hash(rest) % len(dashes)] if rest else "solid"
+        dash = dash_of[rest]
         x = group[x_name].astype(str) if group[x_name].dtype == object else group[x_name]
         fig.add_trace(go.Scatter(x=x, y=group["value"] * scale, mode="lines+markers", name=name,
                                  line=dict(color=engine_color(engine), dash=dash)))
