@@ -30,7 +30,7 @@ def test_both_setups_give_bit_identical_gradients_that_match_the_hand_written_on
     assert closures.identical(grads1, grads2)
     reference = closures.gradients_numpy(closures.reference_gradients(mwe))
     error = max_relative_error(closures.gradients_numpy(grads1), reference)
-    assert error <= GRADIENT_TOLERANCE[closures.DTYPES[mwe]]
+    assert error <= GRADIENT_TOLERANCE[closures.MWE_DTYPES[mwe]]
     assert len(closures.gradients_numpy(grads1)) == (10 if mwe == "dense" else 1)  # 5 batches x (W, b)
     if mwe == "reduced":  # the seed's scalar stays a scalar under every engine
         assert closures.gradients_numpy(grads1)[0].shape == ()

@@ -32,7 +32,7 @@ GRAD_UNCHECKED_METRIC = "grad_check_unavailable"
 # contributions cost thousands of float32 rounding errors where they cancel (the RNN's bias
 # gradients at T=200 reach 7e-5); a wrong gradient is off by far more than either bound.
 GRADIENT_TOLERANCE = {"float32": 1e-3, "float64": 1e-10}
-DTYPES = tuple(GRADIENT_TOLERANCE)
+DTYPES = tuple(GRADIENT_TOLERANCE)  # the dtypes an engine comparison runs in (those with a gradient tolerance)
 # Time is measured in the same calls as the memory timeline (one fresh process per case), so the
 # sampler thread runs during the timed repeats (its cost is measured by the calibration notebook,
 # see docs/measuring.md); the interval is recorded with every row.

@@ -22,6 +22,20 @@ BENCHMARK_COLUMN, CASE_COLUMN, ENGINE_COLUMN, METRIC_COLUMN = "benchmark", "case
 
 
 @dataclass(frozen=True)
+class SeedVerdict:
+    """One verdict row: the claim, what this run measured, and the rule that decided."""
+
+    benchmark: str
+    claim: str
+    ratio: float
+    ci_low: float
+    ci_high: float
+    verdict: str
+    rule: str
+    baseline: str
+
+
+@dataclass(frozen=True)
 class RatioRule:
     """The claim that median(metric of engine) / median(metric of baseline) lies in [low, high]."""
 
@@ -35,22 +49,9 @@ class RatioRule:
 
     @property
     def text(self) -> str:
+        """The rule in one line, as the verdict table and `benchlib run` show it."""
         return (f"{self.metric} {self.engine}/{self.baseline}: 95% interval inside "
                 f"[{self.low:g}, {self.high:g}] reproduces, wholly outside refutes")
-
-
-@dataclass(frozen=True)
-class SeedVerdict:
-    """One verdict row: the claim, what this run measured, and the rule that decided."""
-
-    benchmark: str
-    claim: str
-    ratio: float
-    ci_low: float
-    ci_high: float
-    verdict: str
-    rule: str
-    baseline: str
 
 
 SEED_RULES: tuple[RatioRule, ...] = (

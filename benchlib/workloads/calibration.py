@@ -36,7 +36,7 @@ DEFAULTS = {
     "rounds": 11,
     "repeats": 5,
 }
-DTYPES = ("float32", "float64")
+MATMUL_DTYPES = ("float32", "float64")
 
 
 def _check_positive_ints(name: str, values) -> list[int]:
@@ -49,8 +49,8 @@ def _check_positive_ints(name: str, values) -> list[int]:
 
 def _check_dtypes(dtypes) -> list[str]:
     dtypes = list(dtypes)
-    if not dtypes or any(d not in DTYPES for d in dtypes):
-        raise ValueError(f"dtypes must be a non-empty subset of {list(DTYPES)}, got {dtypes!r}")
+    if not dtypes or any(d not in MATMUL_DTYPES for d in dtypes):
+        raise ValueError(f"dtypes must be a non-empty subset of {list(MATMUL_DTYPES)}, got {dtypes!r}")
     return dtypes
 
 
@@ -67,7 +67,7 @@ def _operands(library: str, device: Device, shape: tuple, dtype: str, count: int
     return [torch.from_numpy(a).to(device.torch) for a in arrays]
 
 
-def matmul_flops(device="cpu", sizes=None, dtypes=DTYPES, repeats: int = 5) -> list[dict]:
+def matmul_flops(device="cpu", sizes=None, dtypes=MATMUL_DTYPES, repeats: int = 5) -> list[dict]:
     """FLOP/s of an n×n by n×n product written into a preallocated output (one row per repeat)."""
     device = resolve_device(device)
     if sizes is None:

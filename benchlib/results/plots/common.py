@@ -115,36 +115,3 @@ def ratio_frame(records: pd.DataFrame, *, metric: str, baseline: str, by: Sequen
     ratios = medians.merge(base, on=by, how="left")
     ratios["ratio"] = ratios["value"] / ratios["baseline_value"]
     return ratios
-
-
-def ratio_bars(
-    records: pd.DataFrame,
-    *,
-    metric: str,
-    baseline: str,
-    by: str = "case",
-    title: str | None = None,
-) -> go.Figure:
-    """Grouped bars of each engine's `metric` as a multiple of `baseline`'s, one group per `by` value, a line at 1x."""
-    ratios = ratio_frame(records, metric=metric, baseline=baseline, by=[by])
-    fig = go.Figure()
-    for engine, group in ratios.groupby("variant", sort=False):
-        fig.add_trace(
-            go.Bar(
-                name=engine,
-                x=group[by].astype(str),
-                y=group["ratio"],
-                marker_color=engine_color(engine),
-                text=[f"{ratio:.2f}x" for ratio in group["ratio"]],
-                textposition="outside",
-                customdata=group[["value"]],
-                hovertemplate=f"{engine}: %{{y:.3f}}x {baseline} (%{{customdata[0]:.4g}})<extra></extra>",
-            )
-        )
-    fig.add_hline(y=1.0, line_dash="dash", line_color=engine_color(baseline), annotation_text=baseline)
-    return apply_layout(
-        fig,
-        title=title or f"{metric} relative to {baseline}",
-        x_title=by,
-        y_title=f"{metric} / {baseline}",
-    ).update_layout(barmode="group")

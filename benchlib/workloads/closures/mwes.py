@@ -10,7 +10,7 @@ from typing import Any, Callable
 import numpy as np
 
 from benchlib.engines import Engine
-from benchlib.workloads.closures.spec import DTYPES, N_SAMPLES, N_IN, N_OUT, BATCH_SIZE
+from benchlib.workloads.closures.spec import MWE_DTYPES, N_SAMPLES, N_IN, N_OUT, BATCH_SIZE
 from benchlib.workloads.closures.engines import ClosureEngine
 
 
@@ -51,7 +51,7 @@ def mse(xp, prediction, target):
 def dense_arrays(seed: int = 0) -> dict[str, np.ndarray]:
     """X, Y (uniform in [0, 1), as the seed's rand) and Flux's initial W (Glorot uniform) and b (zeros)."""
     rng = np.random.default_rng(seed)
-    dtype = DTYPES["dense"]
+    dtype = MWE_DTYPES["dense"]
     limit = math.sqrt(6.0 / (N_IN + N_OUT))
     return {
         "X": rng.random((N_IN, N_SAMPLES)).astype(dtype),
@@ -63,7 +63,7 @@ def dense_arrays(seed: int = 0) -> dict[str, np.ndarray]:
 
 def reduced_arrays(seed: int = 0) -> dict[str, np.ndarray]:
     """The seed's X = (1,): one scalar (an Int there, promoted to Float64 by exp), held 0-d."""
-    return {"x": np.array(1.0, dtype=DTYPES["reduced"])}
+    return {"x": np.array(1.0, dtype=MWE_DTYPES["reduced"])}
 
 
 def _batches(X: np.ndarray, Y: np.ndarray, engine: ClosureEngine) -> tuple:

@@ -9,7 +9,7 @@ from benchlib.engines.comparison import GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, m
 from benchlib.measure import count_allocations, resolve_device, time_call
 from benchlib.results import make_record, status_record
 from benchlib.workloads.closures.spec import (
-    BENCHMARK, MWES, DTYPES, ORDERS, INITIAL, RERUN, NEW, RESETUP, STEPS, PAIRS, ENGINES, VALID_ENGINES,
+    BENCHMARK, MWES, MWE_DTYPES, ORDERS, INITIAL, RERUN, NEW, RESETUP, STEPS, PAIRS, ENGINES, VALID_ENGINES,
     COMPILE_BACKENDS, N_SAMPLES, BATCH_SIZE, GRADS_IDENTICAL, NOT_APPLICABLE, TRACKER_CASE, DEFAULTS,
 )
 from benchlib.workloads.closures.engines import not_applicable, make_engine
@@ -138,7 +138,7 @@ def run_protocol(mwe_name: str, engine_name: str, order: str, *, device="auto", 
              cold_passes=cold_passes, alloc_passes=alloc_passes, alloc_samples=alloc_samples,
              backend=backend, seed=seed)
     device = resolve_device(device)
-    dtype = DTYPES[mwe_name]
+    dtype = MWE_DTYPES[mwe_name]
     base_params = dict(mwe=mwe_name, order=order, warmup=warmup, repeats=repeats, cold_passes=cold_passes,
                        alloc_passes=alloc_passes, alloc_samples=alloc_samples, seed=seed,
                        n_samples=N_SAMPLES, batch_size=BATCH_SIZE)

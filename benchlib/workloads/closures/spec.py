@@ -5,7 +5,7 @@ from __future__ import annotations
 
 BENCHMARK = "identical_closures"
 MWES = ("dense", "reduced")
-DTYPES = {"dense": "float32", "reduced": "float64"}
+MWE_DTYPES = {"dense": "float32", "reduced": "float64"}  # each MWE runs in the seed's dtype
 # Which setup builds state1 and which state2, per order.
 ORDERS = {"seed": ("setup1", "setup2"), "reversed": ("setup2", "setup1")}
 INITIAL, RERUN, NEW, RESETUP = "initial", "re-run", "structurally identical new", "re-setup initial"
