@@ -119,7 +119,6 @@ for _name, _unit, _kind, _meaning in (
     # mnist_ensembles: LeNet5 epochs
     ("epoch_time", "s", "time", "one epoch (repeat = epoch)"),
     ("epoch_gc_time", "s", "time", "seconds of GC pauses in one epoch"),
-    ("epoch_gc_share", "", "ratio", "share of the epoch spent in GC pauses"),
     ("epoch_gc_pauses", "count", "count", "GC collections in one epoch"),
     ("epoch_loss", "", "loss", "mean loss of the models over the epoch's last step"),
     ("epoch_alloc_count_est", "count", "count", "allocations per step (traced pass) times the epoch's steps"),

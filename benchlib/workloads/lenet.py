@@ -268,7 +268,7 @@ def lenet_records(results: list[EpochResult], labels: dict, device) -> list[dict
         common = dict(benchmark=BENCHMARK, case=f"lenet5|{r.mode}", mode=r.mode, device=device,
                       dtype="float32", repeat=r.epoch, params=labels | {"mode": r.mode})
         for metric, value, unit in (("epoch_time", r.seconds, "s"), ("epoch_gc_time", r.gc_seconds, "s"),
-                                    ("epoch_gc_share", r.gc_share, ""), ("epoch_gc_pauses", r.gc_count, "count"),
+                                    ("epoch_gc_pauses", r.gc_count, "count"),
                                     ("epoch_loss", r.loss, ""), ("epoch_alloc_count_est", r.alloc_count_est, "count"),
                                     ("epoch_alloc_bytes_est", r.alloc_bytes_est, "B")):
             rows.append(make_record(metric=metric, value=value, unit=unit, **common))
