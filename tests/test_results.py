@@ -126,9 +126,14 @@ def test_version_1_records_load_with_engine_as_their_dimension_and_unknown_versi
         load_records(tmp_path / "v9")
 
 
-def test_committed_reference_run_still_loads():
+def test_committed_reference_run_still_loads_with_todays_dimensions():
     loaded = reference_records("dot_chain")
     assert loaded is not None and set(loaded[1]["dimension"]) == {"engine"} and "manual" in set(loaded[1]["variant"])
+    ensembles = reference_records("mnist_ensembles")[1]
+    dimensions = dict(zip(ensembles["variant"], ensembles["dimension"]))
+    assert (dimensions["naive"], dimensions["vmap"], dimensions["python-gc"], dimensions["flop_floor"]) == (
+        "strategy", "mode", "collector", "bound")
+    assert set(reference_records("calibration")[1]["dimension"]) == {"library"}
 
 
 def test_records_frame_names_missing_and_unknown_fields():

@@ -262,18 +262,36 @@ def records_frame(records: Iterable[Mapping[str, Any]] | pd.DataFrame) -> pd.Dat
     return frame.astype(_COLUMN_DTYPES)
 
 
+# What version 1's overloaded `engine` column held, per benchmark, where it was not an engine:
+# (dimension of the benchmark's other rows, {v1 value: (dimension, today's variant)}).
+_V1_VARIANTS = {
+    "calibration": ("library", {}),
+    "mnist_ensembles": ("strategy", {"sequential": ("mode", "sequential"), "threads": ("mode", "threads"),
+                                     "vmap": ("mode", "vmap"), "python-gc": ("collector", "python-gc"),
+                                     "floor": ("bound", "flop_floor")}),
+    "identical_closures": ("engine", {"tracker": ("tracker", "memray")}),
+}
+
+
+def _v1_labels(benchmark: str, engine: str) -> tuple[str, str]:
+    dimension, special = _V1_VARIANTS.get(benchmark, ("engine", {}))
+    return special.get(engine, (dimension, engine))
+
+
 def upgrade_frame(frame: pd.DataFrame, version: int) -> pd.DataFrame:
     """Records written under schema `version` in today's columns, or RecordError saying why not.
 
-    Version 1 had one `engine` column for whatever varied; its rows keep that name as their
-    dimension (`engine`), which is what version 1 said of them.
+    Version 1 had one `engine` column for whatever varied: each row gets the dimension and variant
+    today's workloads give it (strategy, mode, library...; `engine` where it was an engine), so an
+    old run compares with a new one key by key.
     """
     if version == SCHEMA_VERSION:
         return frame
     if version == 1:
-        if "engine" not in frame.columns:
-            raise RecordError("schema version 1 records need an `engine` column, and these have none")
-        return frame.rename(columns={"engine": "variant"}).assign(dimension="engine")
+        if "engine" not in frame.columns or "benchmark" not in frame.columns:
+            raise RecordError("schema version 1 records need `benchmark` and `engine` columns, and these lack one")
+        labels = [_v1_labels(b, e) for b, e in zip(frame["benchmark"], frame["engine"])]
+        return frame.drop(columns="engine").assign(dimension=[d for d, _ in labels], variant=[v for _, v in labels])
     raise RecordError(f"records of schema version {version}; this benchlib reads versions 1 to {SCHEMA_VERSION}"
                       + (" (written by a newer benchlib: update it)" if version > SCHEMA_VERSION else ""))
 
