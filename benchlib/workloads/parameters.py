@@ -163,15 +163,24 @@ CHECKS: dict[str, Callable[[Mapping[str, Any], Any], None]] = {
 }
 
 
-def validate_parameters(notebook: str, params: Mapping[str, Any], device: Any = None) -> None:
+def validate_parameters(notebook: str, params: Mapping[str, Any]) -> None:
     """Check a notebook's full parameter set (defaults with overrides) by its workload's rules.
 
-    `device` (a resolved `Device`) enables the memory checks. Raises ParameterError naming the
+    The memory checks run against the device `params["device"]` names (the runner passes the
+    resolved one); without it they are skipped. Raises ParameterError naming the
     notebook, the parameter and what is valid; a notebook without rules here passes.
     """
     check = CHECKS.get(notebook)
     if check is None:
         return
+    device = None
+    if params.get("device"):
+        from benchlib.measure import DeviceError, resolve_device
+
+        try:
+            device = resolve_device(params["device"])
+        except DeviceError as error:
+            raise ParameterError(f"{notebook}: device {params['device']!r}: {error}") from None
     try:
         check(params, device)
     except KeyError as missing:
