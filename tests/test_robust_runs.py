@@ -223,3 +223,123 @@ def test_the_default_results_root_is_the_projects_from_any_directory(tmp_path, m
     monkeypatch.delenv("BENCHLIB_RESULTS")
     monkeypatch.chdir(tmp_path)
     assert default_results_root() == PROJECT / "results"
+
+
+def test_sighup_and_sigterm_raise_the_interrupt_that_finishes_a_run_and_handlers_are_restored():
+    from benchlib.runner.kernels import Terminated, terminate_as_interrupt
+
+    before = signal.getsignal(signal.SIGHUP)
+    for name in ("SIGHUP", "SIGTERM"):
+        with pytest.raises(Terminated) as caught, terminate_as_interrupt():
+            os.kill(os.getpid(), getattr(signal, name))
+            time.sleep(5)  # the handler raises at the next bytecode; this sleep is interrupted at once
+        assert caught.value.signal_name == name and isinstance(caught.value, KeyboardInterrupt)
+    assert signal.getsignal(signal.SIGHUP) == before
+
+
+def wait_for_descendant(parent: subprocess.Popen, marker: str, timeout_s: float = 60) -> psutil.Process:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = next((p for p in psutil.Process(parent.pid).children(recursive=True)
+                      if marker in " ".join(p.cmdline())), None)
+        if found is not None:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"no descendant running {marker!r} appeared")
+
+
+def gone(process: psutil.Process, timeout_s: float = 30) -> bool:
+    try:
+        process.wait(timeout=timeout_s)
+    except psutil.TimeoutExpired:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        pass
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_case_child_dies_with_the_process_that_started_it_even_when_that_is_killed_outright(tmp_path):
+    tests = str(Path(__file__).parent)
+    started = tmp_path / "grandchild.pid"  # written from inside the measured call: the case is running
+    parent = subprocess.Popen([sys.executable, "-c", (
+        f"import sys; sys.path.insert(0, {tests!r})\n"
+        "from benchlib.measure import run_isolated\n"
+        "run_isolated('isolation_targets:spawns_sleeper', {'seconds': 120}, name='sleeper', timeline=False)")],
+        env={**os.environ, "GRANDCHILD_PID_FILE": str(started)})
+    child = wait_for_descendant(parent, "benchlib.measure.isolation")
+    deadline = time.monotonic() + 60
+    while not (started.is_file() and started.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert started.is_file(), "the case never reached its measured call"
+    parent.kill()  # SIGKILL: no finally block, no handler; only the kernel's parent-death signal is left
+    parent.wait()
+    try:
+        assert gone(child), f"case child {child.pid} outlived its killed parent"
+    finally:
+        psutil.Process(int(started.read_text())).kill()  # the grandchild is the runner's to reap, not this test's
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="subreapers are Linux's")
+def test_the_runner_reaps_what_a_dead_kernel_left_behind(tmp_path):
+    script = (
+        "import subprocess, sys\n"
+        "from benchlib.runner.kernels import become_subreaper, reap_orphans\n"
+        "assert become_subreaper()\n"
+        # a 'kernel' that starts a long computation, then dies without stopping it
+        "kernel = subprocess.Popen([sys.executable, '-c', 'import subprocess, sys; "
+        "print(subprocess.Popen([sys.executable, \"-c\", \"import time; time.sleep(120)\"]).pid)'], "
+        "stdout=subprocess.PIPE, text=True)\n"
+        "orphan = int(kernel.stdout.readline())\n"
+        "kernel.wait()\n"
+        "reaped = reap_orphans()\n"
+        "print(orphan, orphan in reaped)\n")
+    output = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert output.returncode == 0, output.stderr
+    orphan, reaped = output.stdout.split()
+    assert reaped == "True"
+    assert not psutil.pid_exists(int(orphan)) or psutil.Process(int(orphan)).status() == psutil.STATUS_ZOMBIE
+
+
+def test_progress_lines_carry_the_notebook_elapsed_time_and_time_left():
+    import io
+
+    from benchlib.runner.kernels import ProgressLines
+
+    shown = io.StringIO()
+    lines = ProgressLines("dot_chain", shown, expected_s=3600)
+    lines.write("dot_chain D=64 manual: 1.0 ms\ndot_chain D=64 tor")
+    lines.write("ch: 2.0 ms\n\n")
+    printed = shown.getvalue().splitlines()
+    assert len(printed) == 2 and all(line.startswith("    dot_chain 0:0") for line in printed)
+    assert all("left |" in line for line in printed)
+    assert printed[1].endswith("| dot_chain D=64 torch: 2.0 ms")
+    unknown = io.StringIO()
+    ProgressLines("new", unknown, expected_s=None).write("step\n")
+    assert "left" not in unknown.getvalue() and unknown.getvalue().endswith("| step\n")
+
+
+@pytest.mark.skipif(subprocess.run(["which", "make"], capture_output=True).returncode != 0, reason="no make")
+def test_make_lab_opens_at_the_project_root_passes_args_and_allows_root():
+    stamp = ".venv/.benchlib-installed"
+    shown = subprocess.run(["make", "-n", "-o", stamp, "lab", "ARGS=--no-browser --port 8899"],
+                           cwd=PROJECT, capture_output=True, text=True, check=True).stdout
+    (command,) = [line for line in shown.splitlines() if "jupyter lab" in line]
+    assert f'--ServerApp.root_dir="{PROJECT}"' in command
+    assert command.rstrip().endswith("--no-browser --port 8899")
+    assert ("--allow-root" in command) == (os.getuid() == 0)
+
+
+def test_validate_parameters_checks_values_and_the_memory_the_named_device_has():
+    from benchlib.workloads import ParameterError, validate_parameters
+
+    dot_chain = {"dtype": "float64", "engines": ["manual", "torch"], "repeats": 1, "warmup": 0, "malloc": "mmap-128k",
+                 "D": 200_000, "depth": 100}
+    validate_parameters("dot_chain", dot_chain)  # no device named: sizes are not weighed against memory
+    with pytest.raises(ParameterError, match=r"dot_chain: the dot chain at D=200000, depth=100, float64 needs about "
+                                             r"\d+\.\d+ GB, but \d+\.\d+ GB are available on cpu"):
+        validate_parameters("dot_chain", {**dot_chain, "device": "cpu"})
+    with pytest.raises(ParameterError, match="dot_chain: depth must be an integer >= 1, got 0"):
+        validate_parameters("dot_chain", {**dot_chain, "depth": 0})
+    validate_parameters("a_notebook_without_rules", {"anything": object()})

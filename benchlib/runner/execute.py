@@ -142,12 +142,12 @@ def _check_out_dir(root: Path) -> None:
 
 def check_values(planned: Sequence[tuple[NotebookSpec, dict[str, Any]]], device: Any) -> None:
     """Each notebook's full parameter set (defaults, then the planned values) by its workload's rules."""
-    from benchlib.workloads.parameters import ParameterError, validate_parameters
+    from benchlib.workloads import ParameterError, validate_parameters
 
     for spec, values in planned:
         full = {name: parameter.default for name, parameter in spec.parameters.items()} | values
         try:
-            validate_parameters(spec.name, full, device)
+            validate_parameters(spec.name, full | {"device": device.name})
         except ParameterError as refused:
             raise RunnerError(str(refused)) from None
 

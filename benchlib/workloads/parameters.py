@@ -234,14 +234,25 @@ CHECKS: dict[str, Callable[[Mapping[str, Any], Any], None]] = {
 }
 
 
-def validate_parameters(notebook: str, params: Mapping[str, Any], device: Any = None) -> NotebookConfig | None:
+def validate_parameters(notebook: str, params: Mapping[str, Any]) -> NotebookConfig | None:
     """Check a notebook's full parameter set (defaults with overrides) by its workload's rules: its
-    config built once (`CONFIGS`), then, with `device` (a resolved `Device`), the memory its sizes
-    need. Raises ParameterError naming the notebook, the parameter and what is valid; a notebook
-    without a config here (test fixtures, new notebooks) passes and gets None."""
+    config built once (`CONFIGS`), then the memory its sizes need on the device `params["device"]`
+    names (the runner passes the resolved one; without it the memory checks are skipped).
+
+    Raises ParameterError naming the notebook, the parameter and what is valid; a notebook without
+    a config here (test fixtures, new notebooks) passes and gets None.
+    """
     config_class = CONFIGS.get(notebook)
     if config_class is None:
         return None
+    device = None
+    if params.get("device"):
+        from benchlib.measure import DeviceError, resolve_device
+
+        try:
+            device = resolve_device(params["device"])
+        except DeviceError as error:
+            raise ParameterError(f"{notebook}: device {params['device']!r}: {error}") from None
     try:
         config = config_class.from_parameters(params)
     except TypeError as error:  # a parameter the config requires is missing
