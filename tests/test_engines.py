@@ -23,6 +23,7 @@ from benchlib.engines.comparison import (
     save_gradient,
     saved_gradient_error,
     summarize,
+    trial_order,
     validate_common,
 )
 from benchlib.measure import Device
@@ -213,6 +214,7 @@ def test_engines_may_be_any_iterable_of_names_read_once():
     ({"engines": ["tf"]}, "unknown engine"),
     ({"repeats": 0}, "repeats must be"),
     ({"warmup": -1}, "warmup must be"),
+    ({"trials": 0}, "trials must be"),
 ])
 def test_bad_comparison_arguments_are_refused_with_what_is_valid(kwargs, message):
     arguments = {"dtype": "float64", "engines": ["manual"], "repeats": 1, "warmup": 0} | kwargs
@@ -241,6 +243,54 @@ def test_summary_gives_ratios_to_manual_and_gradient_mismatches_raise():
     assert not comparison.ok
     with pytest.raises(GradientMismatch, match="benchlib-deferred"):
         comparison.check_gradients()
+
+
+def test_trial_order_runs_every_engine_once_per_round_manual_first_and_is_reproducible_from_its_seed():
+    engines = ["torch", "autograd", "manual", "benchlib-inplace"]
+    order = trial_order(engines, 4, seed=7)
+    assert order == trial_order(engines, 4, seed=7)
+    assert order[0] == (0, "manual")
+    rounds = [[name for trial, name in order if trial == t] for t in range(4)]
+    assert all(sorted(names) == sorted(engines) for names in rounds)
+    assert len({tuple(names) for names in rounds[1:]}) > 1  # shuffled, not one fixed order
+    assert [name for _, name in trial_order(["torch", "manual"], 2, seed=None)] == ["manual", "torch", "torch", "manual"]
+
+
+def _trial_records(engine, peaks, times):
+    labels = dict(benchmark="b", case="c", engine=engine, device="cpu", dtype="float64")
+    return [make_record(**labels, metric=metric, value=value, unit=unit, repeat=repeat, params={"trial": trial})
+            for trial, (peak, trial_times) in enumerate(zip(peaks, times))
+            for metric, unit, values in (("peak_bytes", "B", [peak]), ("time", "s", trial_times))
+            for repeat, value in enumerate(values)]
+
+
+def test_summary_ratios_are_medians_over_trials_with_an_interval_only_from_two_trials_a_side():
+    comparison = EngineComparison("b", "cpu", "float64", records=(
+        _trial_records("manual", [100, 100, 100], [[1.0, 9.0, 1.0], [1.0], [1.0]])
+        + _trial_records("torch", [200, 200, 200], [[2.0], [2.0], [2.0]])))
+    summary = comparison.summary().set_index("engine")
+    assert summary.loc["torch", "trials"] == 3
+    assert summary.loc["torch", ["peak_ratio", "peak_ratio_low", "peak_ratio_high"]].tolist() == [2.0, 2.0, 2.0]
+    # the 9 s repeat sits inside trial 0, whose median stays 1 s: one slow repeat is not a trial
+    assert summary.loc["torch", ["time_ratio", "time_ratio_low", "time_ratio_high"]].tolist() == [2.0, 2.0, 2.0]
+    single = EngineComparison("b", "cpu", "float64", records=(
+        _trial_records("manual", [100], [[1.0]]) + _trial_records("torch", [150], [[1.0]]))).summary().set_index("engine")
+    assert single.loc["torch", "peak_ratio"] == 1.5 and math.isnan(single.loc["torch", "peak_ratio_low"])
+
+
+@pytest.mark.slow
+def test_trials_run_interleaved_in_fresh_processes_and_record_their_trial_and_place():
+    comparison = compare_engines(
+        benchmark="dot_chain", target="benchlib.workloads.dot_chain:case", cases={"c": {"D": 6, "depth": 3}},
+        engines=["benchlib-inplace", "manual"], device="cpu", dtype="float64", trials=2, order_seed=3, progress=None)
+    frame = comparison.frame()
+    params = frame[frame["metric"] == "peak_bytes"]["params"].map(json.loads)
+    placed = sorted((p["position"], p["trial"], name) for p, name in zip(params, frame.loc[params.index, "variant"]))
+    assert [(trial, name) for _, trial, name in placed] == trial_order(["benchlib-inplace", "manual"], 2, seed=3)
+    assert all(p["trials"] == 2 and p["order_seed"] == 3 for p in params)
+    errors = frame[frame["metric"] == "grad_max_rel_err"]
+    assert len(errors) == 2 and (errors["value"] < 1e-12).all()  # every trial's gradient checked
+    assert comparison.summary().set_index("engine").loc["benchlib-inplace", "trials"] == 2
 
 
 def test_summary_lists_cases_that_did_not_run():

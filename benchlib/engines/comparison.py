@@ -106,7 +106,7 @@ def max_relative_error(gradient, reference) -> float:
     return error / scale if scale > 0 else error
 
 
-def validate_common(*, dtype: str, engines: Iterable[str], repeats: int, warmup: int) -> list[str]:
+def validate_common(*, dtype: str, engines: Iterable[str], repeats: int, warmup: int, trials: int = 1) -> list[str]:
     """Refuse bad arguments before any child process starts, saying what is valid; the engines as a list
     (so a generator of names is read once)."""
     if dtype not in DTYPES:
@@ -124,7 +124,26 @@ def validate_common(*, dtype: str, engines: Iterable[str], repeats: int, warmup:
         raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+        raise ValueError(f"trials must be an integer >= 1 (fresh processes per engine), got {trials!r}")
     return engines
+
+
+def trial_order(engines: Iterable[str], trials: int, seed: int | None) -> list[tuple[int, str]]:
+    """(trial, engine) in the order the children run: every engine once per round, rounds shuffled by
+    `seed` (A B A B when None) so machine drift falls on all engines alike; `manual` opens the first
+    round, so every other engine's gradient has a reference to be checked against."""
+    from benchlib.results.stats import interleaved_order  # scipy stays out of the case children
+
+    names = list(engines)
+    if not names:
+        return []
+    order = interleaved_order(names, trials, seed=seed)
+    rounds = [order[i * len(names):(i + 1) * len(names)] for i in range(trials)]
+    if REFERENCE_ENGINE in names:
+        rounds[0].remove(REFERENCE_ENGINE)
+        rounds[0].insert(0, REFERENCE_ENGINE)
+    return [(trial, name) for trial, names_of_round in enumerate(rounds) for name in names_of_round]
 
 
 @dataclass
@@ -199,8 +218,9 @@ class EngineComparison:
         summary = self.summary()
         if summary.empty:
             return "no cases ran"
-        shown = summary.assign(peak_MB=summary["peak_bytes"] / 1e6)[
-            ["case", "engine", "status", "peak_MB", "peak_ratio", "time_s", "time_ratio", GRAD_ERROR_METRIC]]
+        shown = summary.assign(peak_MB=summary["peak_bytes"] / 1e6, peak_ratio=with_interval(summary, "peak_ratio"),
+                               time_ratio=with_interval(summary, "time_ratio"))[
+            ["case", "engine", "status", "trials", "peak_MB", "peak_ratio", "time_s", "time_ratio", GRAD_ERROR_METRIC]]
         text = shown.to_string(index=False, float_format=lambda v: f"{v:.4g}")
         for row in summary[(summary["status"] == "ok") & (summary["reason"] != "")].itertuples():
             text += f"\n{row.engine} ({row.case}): {row.reason}"
@@ -209,32 +229,64 @@ class EngineComparison:
         return text
 
 
+def with_interval(summary: pd.DataFrame, column: str) -> pd.Series:
+    """A ratio column as text, "1.02 [0.98, 1.07]" (its 95% interval), or the ratio alone without one."""
+    def text(row) -> str:
+        if math.isnan(row[column]):
+            return "—"
+        low, high = row[f"{column}_low"], row[f"{column}_high"]
+        return f"{row[column]:.3g}" if math.isnan(low) else f"{row[column]:.3g} [{low:.3g}, {high:.3g}]"
+
+    return summary.apply(text, axis=1) if not summary.empty else pd.Series(dtype=str)
+
+
 def summarize(frame: pd.DataFrame, problems: Iterable[Mapping] = ()) -> pd.DataFrame:
-    """Peak bytes, median time and gradient error per case and engine, with ratios to `manual`."""
-    columns = ["case", "engine", "status", "peak_bytes", "peak_ratio", "time_s", "time_ratio",
-               GRAD_ERROR_METRIC, "reason"]
-    rows = []
+    """Peak bytes, median time and gradient error per case and engine, with ratios to `manual`.
+
+    Each ratio is a ratio of medians over trials with its 95% bootstrap interval (`*_low`, `*_high`;
+    NaN with a single trial a side, which gives a point, not an interval).
+    """
+    from benchlib.results.compare import trial_values
+    from benchlib.results.stats import ratio_of_medians
+
+    columns = ["case", "engine", "status", "trials", "peak_bytes", "peak_ratio", "peak_ratio_low", "peak_ratio_high",
+               "time_s", "time_ratio", "time_ratio_low", "time_ratio_high", GRAD_ERROR_METRIC, "reason"]
+    rows, samples = [], {}
     for (case, engine), group in frame.groupby(["case", "variant"], sort=False):
-        by_metric = group.groupby("metric")["value"]
-        medians = by_metric.median()
-        if "time" not in medians:
+        by_metric = {metric: trial_values(rows_of_metric) for metric, rows_of_metric in group.groupby("metric")}
+        if "time" not in by_metric:
             continue
+        samples[case, engine] = by_metric
         unchecked = group[group["metric"] == GRAD_UNCHECKED_METRIC]["params"]
-        rows.append({"case": case, "engine": engine, "status": "ok",
-                     "peak_bytes": medians.get("peak_bytes", math.nan),
-                     "time_s": medians["time"],
-                     GRAD_ERROR_METRIC: medians.get(GRAD_ERROR_METRIC, math.nan),
-                     "reason": "".join(f"gradient not checked: {json.loads(p)['message']}" for p in unchecked)})
+        rows.append({"case": case, "engine": engine, "status": "ok", "trials": len(by_metric["time"]),
+                     "peak_bytes": float(np.median(by_metric["peak_bytes"])) if "peak_bytes" in by_metric else math.nan,
+                     "time_s": float(np.median(by_metric["time"])),
+                     GRAD_ERROR_METRIC: float(np.max(by_metric[GRAD_ERROR_METRIC])) if GRAD_ERROR_METRIC in by_metric
+                     else math.nan,
+                     "reason": "".join(f"gradient not checked: {json.loads(p)['message']}" for p in unchecked[:1])})
     for problem in problems:
-        rows.append({"case": problem["case"], "engine": problem["engine"], "status": problem["status"],
+        rows.append({"case": problem["case"], "engine": problem["engine"], "status": problem["status"], "trials": 0,
                      "peak_bytes": math.nan, "time_s": math.nan, GRAD_ERROR_METRIC: math.nan,
                      "reason": problem["message"]})
     table = pd.DataFrame(rows, columns=columns)
     if table.empty:
         return table
-    manual = table[table["engine"] == REFERENCE_ENGINE].set_index("case")
-    table["peak_ratio"] = table["peak_bytes"] / table["case"].map(manual["peak_bytes"])
-    table["time_ratio"] = table["time_s"] / table["case"].map(manual["time_s"])
+    for index, row in table.iterrows():
+        reference = samples.get((row["case"], REFERENCE_ENGINE))
+        own = samples.get((row["case"], row["engine"]))
+        if reference is None or own is None:
+            continue
+        if row["engine"] == REFERENCE_ENGINE:  # its own baseline: exactly 1, no interval to take
+            table.loc[index, ["peak_ratio", "time_ratio"]] = 1.0
+            continue
+        for metric, column in (("peak_bytes", "peak_ratio"), ("time", "time_ratio")):
+            a, b = reference.get(metric), own.get(metric)
+            if a is None or b is None or not np.all(a > 0):
+                continue
+            interval = ratio_of_medians(a, b)
+            single = min(a.size, b.size) < 2
+            table.loc[index, [column, f"{column}_low", f"{column}_high"]] = (
+                interval.ratio, math.nan if single else interval.ci_low, math.nan if single else interval.ci_high)
     order = {name: index for index, name in enumerate(ENGINE_NAMES)}
     table["_case_order"] = table["case"].map({case: i for i, case in enumerate(dict.fromkeys(table["case"]))})
     table["_engine_order"] = table["engine"].map(order)
@@ -243,31 +295,35 @@ def summarize(frame: pd.DataFrame, problems: Iterable[Mapping] = ()) -> pd.DataF
 
 
 def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping], engines: Iterable[str],
-                    device="auto", dtype: str, repeats: int = 1, warmup: int = 0,
+                    device="auto", dtype: str, repeats: int = 1, warmup: int = 0, trials: int = 1,
+                    order_seed: int | None = 0,
                     memory_required: Callable[[str, Mapping], int | None] | None = None,
                     malloc: str | None = None, timeout_s: float = 600,
                     describe: Mapping | None = None, progress: Callable[[str], None] | None = print) -> EngineComparison:
-    """Run `target` for every case (label -> params) and engine, each in a fresh process.
+    """Run `target` for every case (label -> params) and engine, each in a fresh process, `trials` times.
 
-    `manual` runs first in each case; every other engine's saved gradient is then compared with
-    manual's (`grad_max_rel_err`), or recorded as not checked (`grad_check_unavailable`, with the
-    reason) when there is no manual gradient. A case that fails (exception, crash, timeout, or
-    more memory than is available) becomes a `failed` record with its error; an engine that cannot
-    run on the device becomes a `not_applicable` record with the reason. Neither stops the other
-    cases. `describe` adds JSON-able facts to every record's params without passing them to the
-    child (e.g. how the data were scaled). The gradient files live in a temporary directory that
-    is deleted before this returns.
+    The trials of a case are interleaved (`trial_order`: rounds of every engine, shuffled by
+    `order_seed`), and each record's params carry `trial`, `trials`, `order_seed` and `position`
+    (its place in the case's order), so intervals can be taken over trials and the order rebuilt.
+    `manual` opens the first round; every other engine's saved gradient is compared with manual's
+    (`grad_max_rel_err`) in every trial, or recorded as not checked (`grad_check_unavailable`,
+    with the reason) when there is no manual gradient. A case that fails (exception, crash,
+    timeout, or more memory than is available) becomes a `failed` record with its error and its
+    later trials are skipped; an engine that cannot run on the device becomes a `not_applicable`
+    record with the reason. Neither stops the other cases. Only the first trial's memory timeline
+    is kept (later trials sample too, so every trial is timed under the same instrument).
+    `describe` adds JSON-able facts to every record's params without passing them to the child.
+    The gradient files live in a temporary directory that is deleted before this returns.
     """
     from benchlib.measure import CaseFailed, resolve_device, run_isolated
     from benchlib.measure.isolation import malloc_environment
     from benchlib.results import make_record, status_record
 
-    engines = validate_common(dtype=dtype, engines=engines, repeats=repeats, warmup=warmup)
+    engines = validate_common(dtype=dtype, engines=engines, repeats=repeats, warmup=warmup, trials=trials)
     if malloc is not None:
         malloc_environment(malloc)  # an unknown policy is refused here, naming the valid ones
     device = resolve_device(device)
     comparison = EngineComparison(benchmark=benchmark, device=device.name, dtype=dtype)
-    ordered = sorted(engines, key=lambda name: name != REFERENCE_ENGINE)  # manual first, others as given
     timelines = []
     options = {} if malloc is None else {"malloc": malloc}
 
@@ -281,20 +337,28 @@ def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping]
     with tempfile.TemporaryDirectory(prefix="benchlib-gradients-") as gradient_root:
         for index, (case, child_params) in enumerate(cases.items()):
             comparison.case_params[case] = dict(child_params)
-            case_params = {**child_params, **(describe or {})}
+            case_params = {**child_params, **(describe or {}), "trials": trials, "order_seed": order_seed}
             gradient_dir = os.path.join(gradient_root, f"case-{index}")
             os.mkdir(gradient_dir)
-            if REFERENCE_ENGINE in ordered:
+            if REFERENCE_ENGINE in engines:
                 no_reference = f"{REFERENCE_ENGINE} did not run, so there is no gradient to compare with"
             else:
                 no_reference = f"{REFERENCE_ENGINE} was not among the engines, so there is no gradient to compare with"
-            for engine_name in ordered:
-                engine = get_engine(engine_name)
-                labels = dict(benchmark=benchmark, case=case, engine=engine_name, device=device.name, dtype=dtype)
-                reason = engine.not_applicable(device)
-                if reason is not None:
-                    note(labels, "not applicable", reason, case_params)
+            labels_of = {name: dict(benchmark=benchmark, case=case, engine=name, device=device.name, dtype=dtype)
+                         for name in engines}
+            runnable = []
+            for engine_name in engines:
+                reason = get_engine(engine_name).not_applicable(device)
+                if reason is None:
+                    runnable.append(engine_name)
+                else:
+                    note(labels_of[engine_name], "not applicable", reason, case_params)
+            failed = set()
+            for position, (trial, engine_name) in enumerate(trial_order(runnable, trials, order_seed)):
+                if engine_name in failed:
                     continue
+                engine, labels = get_engine(engine_name), labels_of[engine_name]
+                trial_params = {**case_params, "trial": trial, "position": position}
                 params = {**child_params, "engine": engine_name, "dtype": dtype, "gradient_dir": gradient_dir}
                 required = memory_required(engine_name, child_params) if memory_required else None
                 try:
@@ -304,11 +368,13 @@ def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping]
                                           timeline_interval_s=TIMELINE_INTERVAL_S,
                                           memory_required_bytes=required, **options)
                 except CaseFailed as error:  # includes MemoryRequirementError: refused before it starts
-                    note(labels, "failed", str(error), case_params)
-                    if engine.hand_written:
+                    skipped = f" (its {trials - trial - 1} later trial(s) skipped)" if trial < trials - 1 else ""
+                    note(labels, "failed", f"trial {trial + 1} of {trials}: {error}{skipped}", trial_params)
+                    failed.add(engine_name)
+                    if engine.hand_written and no_reference is not None:
                         no_reference = f"{REFERENCE_ENGINE} failed, so there is no gradient to compare with"
                     continue
-                record_params = {**case_params, **_allocator_params(result.environment),
+                record_params = {**trial_params, **_allocator_params(result.environment),
                                  "timeline_interval_s": TIMELINE_INTERVAL_S}
                 measurement = result.measurement
                 checks = dict(result.checks)
@@ -326,10 +392,10 @@ def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping]
                 if not engine.hand_written and no_reference is not None:
                     comparison.records.append(make_record(**labels, metric=GRAD_UNCHECKED_METRIC, value=1.0,
                                                           params={**record_params, "message": no_reference}))
-                if measurement.timeline is not None:
+                if measurement.timeline is not None and trial == 0:
                     timelines.append(measurement.timeline.assign(case=case, engine=engine_name))
                 if progress:
-                    progress(f"{benchmark} {case} {engine_name}: {measurement}"
+                    progress(f"{benchmark} {case} {engine_name} trial {trial + 1}/{trials}: {measurement}"
                              + "".join(f", {k} {v:.3g}" for k, v in checks.items())
                              + (f", gradient not checked: {no_reference}"
                                 if not engine.hand_written and no_reference is not None else ""))

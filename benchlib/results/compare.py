@@ -6,6 +6,7 @@ grouped by are named once, in `KEY_COLUMNS`, `VALUE_COLUMN` and `UNIT_COLUMN`.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -45,6 +46,16 @@ COMPARE_COLUMNS = [*KEY_COLUMNS, UNIT_COLUMN, "n_a", "n_b", "median_a", "median_
                    "ci_high", "p_value", "label", "noise"]
 
 
+def trial_values(group: pd.DataFrame) -> np.ndarray:
+    """One value per independent trial: the median of each case's trial's rows (repeats, steps) when the
+    rows' params name their `trial`, else every row's value (rows of one process are then the sample)."""
+    values = group[VALUE_COLUMN].to_numpy(float)
+    trials = group["params"].map(lambda params: json.loads(params).get("trial") if params else None)
+    if group.empty or trials.isna().any():
+        return values
+    return group.groupby([group["case"].to_numpy(), trials.to_numpy()])[VALUE_COLUMN].median().to_numpy(float)
+
+
 def _mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float:
     """Two-sided p where both sides have trials (nan otherwise; 1 when every value ties)."""
     if a.size < 2 or b.size < 2:
@@ -68,6 +79,8 @@ def compare_records(records_a: pd.DataFrame, records_b: pd.DataFrame, *, thresho
                     metrics: list[str] | None = None, benchmarks: list[str] | None = None) -> pd.DataFrame:
     """One row per key present in both runs: ratio B/A of medians with its 95% interval, p and label.
 
+    The samples are the runs' trials (`trial_values`): repeats inside one process are not independent.
+
     A label is "worse"/"better" only with Mann-Whitney p < 0.01 *and* |ratio - 1| >= threshold;
     too few trials to test give "inconclusive", a noisy side "noisy"; units without a direction
     (ratios, flags) get "no direction" and never gate.
@@ -88,8 +101,7 @@ def compare_records(records_a: pd.DataFrame, records_b: pd.DataFrame, *, thresho
     for key, group_a in filtered[0].groupby(keys, sort=True):
         if key not in groups_b:
             continue
-        a = group_a[VALUE_COLUMN].to_numpy(float)
-        b = groups_b[key][VALUE_COLUMN].to_numpy(float)
+        a, b = trial_values(group_a), trial_values(groups_b[key])
         median_a, median_b = float(np.median(a)), float(np.median(b))
         unit = key[-1]
         if median_a > 0 and np.all(a > 0) and np.all(np.isfinite(b)):

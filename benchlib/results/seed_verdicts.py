@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import pandas as pd
 
-from benchlib.results.compare import VALUE_COLUMN
+from benchlib.results.compare import VALUE_COLUMN, trial_values
 from benchlib.results.stats import ratio_of_medians
 
 REPRODUCED, REFUTED, INCONCLUSIVE = "reproduced", "refuted", "inconclusive"
@@ -80,8 +80,9 @@ def verdict_of(interval_low: float, interval_high: float, low: float, high: floa
 def apply_rule(records: pd.DataFrame, rule: RatioRule) -> SeedVerdict | None:
     """The rule's verdict on a run's records, all cases of an engine pooled; None when the run lacks them."""
     selected = records[(records[BENCHMARK_COLUMN] == rule.benchmark) & (records[METRIC_COLUMN] == rule.metric)]
-    values = selected[selected[ENGINE_COLUMN] == rule.engine][VALUE_COLUMN].dropna().to_numpy(float)
-    baseline = selected[selected[ENGINE_COLUMN] == rule.baseline][VALUE_COLUMN].dropna().to_numpy(float)
+    selected = selected.dropna(subset=[VALUE_COLUMN])
+    values = trial_values(selected[selected[ENGINE_COLUMN] == rule.engine])
+    baseline = trial_values(selected[selected[ENGINE_COLUMN] == rule.baseline])
     if values.size == 0 or baseline.size == 0:
         return None
     interval = ratio_of_medians(baseline, values)

@@ -65,9 +65,10 @@ def check_budgets(budgets: Iterable, depth: int) -> list[int]:
 
 
 def run(*, device="auto", dtype: str = "float64", D: int = 500, depth: int = 100, budgets=(2, 5, 10, 20, 50, 100),
-        repeats: int = 1, warmup: int = 0, seed: int = 0, malloc: str | None = None, progress=print) -> EngineComparison:
+        repeats: int = 1, trials: int = 1, warmup: int = 0, seed: int = 0, malloc: str | None = None,
+        progress=print) -> EngineComparison:
     """manual and benchlib-checkpoint at every budget (and "sqrt"), each case in a fresh process."""
-    validate_common(dtype=dtype, engines=ENGINES, repeats=repeats, warmup=warmup)
+    validate_common(dtype=dtype, engines=ENGINES, repeats=repeats, warmup=warmup, trials=trials)
     budgets = check_budgets(budgets, depth)
     return compare_engines(
         benchmark=BENCHMARK,
@@ -78,6 +79,7 @@ def run(*, device="auto", dtype: str = "float64", D: int = 500, depth: int = 100
         device=device,
         dtype=dtype,
         repeats=repeats,
+        trials=trials,
         warmup=warmup,
         memory_required=lambda engine, _params: dot_chain.memory_required_bytes(engine, D, depth, dtype),
         malloc=malloc,

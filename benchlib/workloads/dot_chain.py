@@ -106,10 +106,11 @@ def case(*, device, engine: str, D: int, depth: int, dtype: str, gradient_dir: s
 
 
 def run(*, device="auto", dtype: str = "float64", D: int = SEED_SIZES["D"], depth: int = SEED_SIZES["depth"],
-        engines=ENGINE_NAMES, repeats: int = 1, warmup: int = 0, seed: int = 0, malloc: str | None = None,
+        engines=ENGINE_NAMES, repeats: int = 1, trials: int = 1, warmup: int = 0, seed: int = 0,
+        malloc: str | None = None,
         timeout_s: float = 600, progress=print) -> EngineComparison:
-    """Every engine's case in its own process; finished cases survive a failing one."""
-    engines = validate_common(dtype=dtype, engines=engines, repeats=repeats, warmup=warmup)
+    """Every engine's case in its own process, `trials` times interleaved; finished cases survive a failing one."""
+    engines = validate_common(dtype=dtype, engines=engines, repeats=repeats, warmup=warmup, trials=trials)
     for name, value in (("D", D), ("depth", depth), ("seed", seed)):
         if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "seed" else 1):
             raise ValueError(f"{name} must be a {'non-negative' if name == 'seed' else 'positive'} integer, "
@@ -123,6 +124,7 @@ def run(*, device="auto", dtype: str = "float64", D: int = SEED_SIZES["D"], dept
         device=device,
         dtype=dtype,
         repeats=repeats,
+        trials=trials,
         warmup=warmup,
         memory_required=lambda engine, _params: memory_required_bytes(engine, D, depth, dtype),
         malloc=malloc,
@@ -143,11 +145,12 @@ def main(argv=None) -> int:
                         help=f"any of: {', '.join(ENGINE_NAMES)}")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--trials", type=int, default=1, help="fresh processes per engine, interleaved")
     parser.add_argument("--malloc", default=None, choices=tuple(MALLOC_POLICIES),
                         help=f"allocator policy of the child processes (default {DEFAULT_MALLOC_POLICY})")
     args = parser.parse_args(argv)
     comparison = run(device=args.device, dtype=args.dtype, D=args.D, depth=args.depth, engines=args.engines,
-                     repeats=args.repeats, malloc=args.malloc, progress=lambda line: print(line, file=sys.stderr))
+                     repeats=args.repeats, trials=args.trials, malloc=args.malloc, progress=lambda line: print(line, file=sys.stderr))
     print(comparison.table_text())
     return 0 if comparison.ok else 1
 

@@ -68,7 +68,7 @@ def _engine_comparison(params: Mapping[str, Any]) -> list[str]:
     from benchlib.measure.isolation import malloc_environment
 
     engines = validate_common(dtype=params["dtype"], engines=params["engines"], repeats=params["repeats"],
-                              warmup=params["warmup"])
+                              warmup=params["warmup"], trials=params["trials"])
     malloc_environment(params["malloc"])
     return engines
 
@@ -199,12 +199,12 @@ def _config(notebook: str, **defaults: Any) -> type[NotebookConfig]:
 
 
 _COMPARISON = dict(engines=ENGINE_NAMES, malloc="mmap-128k")  # the gradient-engine notebooks' shared settings
-DotChainConfig = _config("dot_chain", dtype="float64", D=1000, depth=100, repeats=1, warmup=0, **_COMPARISON)
+DotChainConfig = _config("dot_chain", dtype="float64", D=1000, depth=100, repeats=1, trials=3, warmup=0, **_COMPARISON)
 RnnFanoutConfig = _config("rnn_fanout", dtype="float32", batch=16, hidden=1024, T=50, T_sweep=[25, 50, 100, 200],
-                          repeats=3, warmup=1, **_COMPARISON)
+                          repeats=3, trials=3, warmup=1, **_COMPARISON)
 # checkpointing's engines are fixed (manual and benchlib-checkpoint), so they are no parameter there
 CheckpointingConfig = _config("checkpointing", dtype="float64", D=500, depth=100, budgets=[2, 3, 5, 10, 20, 50, 100],
-                              repeats=1, warmup=0, malloc="mmap-128k")
+                              repeats=1, trials=3, warmup=0, malloc="mmap-128k")
 IdenticalClosuresConfig = _config(
     "identical_closures", mwes=["dense", "reduced"], orders=["seed", "reversed"], warmup=3, repeats=30,
     engines=["benchlib-inplace", "autograd", "torch", "torch.compile", "torch.func"], cold_passes=5, alloc_passes=2,

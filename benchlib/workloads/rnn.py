@@ -159,10 +159,10 @@ def _positive_int(name: str, value) -> int:
 
 def run(*, device="auto", dtype: str = "float32", batch: int = SEED_SIZES["batch"],
         hidden: int = SEED_SIZES["hidden"], T_values=(SEED_SIZES["T"],), engines=ENGINE_NAMES,
-        repeats: int = 1, warmup: int = 0, seed: int = 0, malloc: str | None = None,
+        repeats: int = 1, trials: int = 1, warmup: int = 0, seed: int = 0, malloc: str | None = None,
         timeout_s: float = 600, progress=print) -> EngineComparison:
     """Every engine at every T in its own process; cases are labelled "T=<steps>"."""
-    engines = validate_common(dtype=dtype, engines=engines, repeats=repeats, warmup=warmup)
+    engines = validate_common(dtype=dtype, engines=engines, repeats=repeats, warmup=warmup, trials=trials)
     _positive_int("batch", batch)
     _positive_int("hidden", hidden)
     if isinstance(T_values, (str, int)) or not list(T_values):
@@ -178,6 +178,7 @@ def run(*, device="auto", dtype: str = "float32", batch: int = SEED_SIZES["batch
         device=device,
         dtype=dtype,
         repeats=repeats,
+        trials=trials,
         warmup=warmup,
         memory_required=lambda engine, params: memory_required_bytes(engine, batch, hidden, params["T"], dtype),
         malloc=malloc,
