@@ -58,7 +58,8 @@ def test_the_printed_table_names_verdict_ratio_and_claim():
 def test_ensemble_rules_read_throughput_up_and_peak_down():
     def rows(engine, metric, value, unit):
         return [make_record(benchmark="mnist_ensembles", case=f"{engine}|gc=default", engine=engine, device="cpu",
-                            dtype="float32", metric=metric, value=value * f, unit=unit, repeat=i)
+                            dtype="float32", metric=metric, value=value * f, unit=unit, repeat=i,
+                            params={"gc_policy": "default", "heap_objects": 0, "trial": i})
                 for i, f in enumerate(np.linspace(0.98, 1.02, 6))]
     records = pd.DataFrame(rows("naive", "throughput", 1e5, "model-samples/s")
                            + rows("batched_hand", "throughput", 1.5e5, "model-samples/s")
@@ -80,3 +81,44 @@ def test_grid_points_are_judged_apart_never_pooled():
     table = seed_verdicts(records_frame(rows)).set_index("grid_point")
     assert table.loc["D=10", "ratio"] == pytest.approx(2.0, rel=1e-3)
     assert table.loc["D=20", "ratio"] == pytest.approx(4.0, rel=1e-3)
+
+
+def _rnn(growth_in_w, trials=3, hidden=4):
+    weight = hidden * hidden * 4
+    return pd.DataFrame([
+        make_record(benchmark="rnn_fanout", case=f"T={T}", engine=engine, device="cpu", dtype="float32",
+                    metric="peak_bytes", value=1000 + growth * weight * T + trial, unit="B",
+                    params={"T": T, "hidden": hidden, "trial": trial})
+        for engine, growth in growth_in_w.items() for T in (2, 4, 8) for trial in range(trials)])
+
+
+def test_rnn_growth_is_judged_by_the_slope_per_trial_in_weight_sized_buffers():
+    table = seed_verdicts(_rnn({"benchlib-deferred": 1.0, "benchlib-inplace": 0.0}))
+    assert table["verdict"].tolist() == [REPRODUCED, REPRODUCED]
+    assert table["ratio"].tolist() == pytest.approx([1.0, 0.0], abs=1e-9)
+    assert seed_verdicts(_rnn({"benchlib-deferred": 0.0}))["verdict"].tolist() == [REFUTED]
+    assert seed_verdicts(_rnn({"benchlib-deferred": 1.0}, trials=1))["verdict"].tolist() == [INCONCLUSIVE]
+
+
+def test_closure_rules_compare_two_cases_of_one_engine_per_mwe_and_order():
+    def rows(step, counts):
+        return [make_record(benchmark="identical_closures", case=f"{mwe}/seed/{step}", engine="torch", device="cpu",
+                            dtype="float32", metric="warm_alloc_count", value=count, unit="count", repeat=i,
+                            params={"mwe": mwe, "order": "seed"})
+                for mwe, count_of in (("dense", counts), ("reduced", counts)) for i, count in enumerate(count_of)]
+    same = seed_verdicts(pd.DataFrame(rows("initial", [419, 419]) + rows("structurally identical new", [419, 419])))
+    assert same["verdict"].tolist() == [REPRODUCED, REPRODUCED]
+    assert same["group"].tolist() == ["mwe=dense, order=seed", "mwe=reduced, order=seed"]
+    fewer = seed_verdicts(pd.DataFrame(rows("initial", [419, 419]) + rows("structurally identical new", [329, 329])))
+    assert fewer["verdict"].tolist() == [REFUTED, REFUTED]  # the seed's Zygote numbers: 419 then 329
+
+
+def test_a_derived_ratio_metric_is_taken_per_trial_before_the_rule_compares():
+    def rows(strategy, median, p99):
+        return [make_record(benchmark="mnist_ensembles", case=f"{strategy}|gc=default", strategy=strategy, device="cpu",
+                            dtype="float32", metric=metric, value=value * (1 + 0.01 * trial), unit="s",
+                            params={"gc_policy": "default", "heap_objects": 0, "trial": trial})
+                for trial in range(4) for metric, value in (("step_time_median", median), ("step_time_p99", p99))]
+    table = seed_verdicts(pd.DataFrame(rows("naive", 0.1, 0.3) + rows("batched_hand", 0.01, 0.011)))
+    assert table["verdict"].tolist() == [REPRODUCED]
+    assert table["ratio"].iloc[0] == pytest.approx(1.1 / 3)

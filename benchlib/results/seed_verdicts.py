@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass
+from typing import Callable
 
+import numpy as np
 import pandas as pd
 
 from benchlib.results.compare import VALUE_COLUMN, trial_values
-from benchlib.results.stats import ratio_of_medians
+from benchlib.results.stats import median_interval, ratio_of_medians
 
 REPRODUCED, REFUTED, INCONCLUSIVE = "reproduced", "refuted", "inconclusive"
 BENCHMARK_COLUMN, CASE_COLUMN, ENGINE_COLUMN, METRIC_COLUMN = "benchmark", "case", "variant", "metric"
@@ -33,11 +35,31 @@ class SeedVerdict:
     verdict: str
     rule: str
     baseline: str
+    group: str = ""
+
+
+def _matches(params: dict, where: tuple[tuple[str, object], ...]) -> bool:
+    return all(params.get(name) == value for name, value in where)
+
+
+def _groups(records: pd.DataFrame, params: pd.Series, per: tuple[str, ...]):
+    """(label, rows) per combination of the `per` params ("" and all rows when `per` is empty)."""
+    if not per:
+        yield "", records
+        return
+    keys = params.map(lambda p: tuple(p.get(name) for name in per))
+    for key in dict.fromkeys(keys):
+        yield ", ".join(f"{name}={value}" for name, value in zip(per, key)), records[keys == key]
 
 
 @dataclass(frozen=True)
 class RatioRule:
-    """The claim that median(metric of engine) / median(metric of baseline) lies in [low, high]."""
+    """The claim that median(metric of engine) / median(metric of baseline) lies in [low, high].
+
+    `where` keeps rows whose params hold these values (e.g. one GC policy); `case`/`baseline_case`
+    keep rows whose case ends so (to compare two cases of one engine); `per` names params that
+    split the verdict (one row per value, never pooled). Samples are trials (`trial_values`).
+    """
 
     benchmark: str
     claim: str
@@ -46,23 +68,111 @@ class RatioRule:
     baseline: str
     low: float
     high: float
+    where: tuple[tuple[str, object], ...] = ()
+    case: str = ""
+    baseline_case: str = ""
+    per: tuple[str, ...] = ()
 
     @property
     def text(self) -> str:
         """The rule in one line, as the verdict table and `benchlib run` show it."""
-        return (f"{self.metric} {self.engine}/{self.baseline}: 95% interval inside "
+        own = f"{self.engine} {self.case}".strip()
+        base = f"{self.baseline} {self.baseline_case}".strip()
+        where = "".join(f", {name}={value}" for name, value in self.where)
+        return (f"{self.metric} {own} / {base}{where}: 95% interval inside "
                 f"[{self.low:g}, {self.high:g}] reproduces, wholly outside refutes")
 
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The record metrics the rule reads: one, or two for a derived "a/b" (a ratio per trial)."""
+        return tuple(self.metric.split("/"))
 
-SEED_RULES: tuple[RatioRule, ...] = (
+    def samples(self, records: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        """Per-trial values of the engine side and of the baseline side."""
+        def side(variant: str, case: str) -> np.ndarray:
+            rows = records[(records[ENGINE_COLUMN] == variant)]
+            if case:
+                rows = rows[rows[CASE_COLUMN].str.endswith(case)]
+            if "/" not in self.metric:
+                return trial_values(rows)
+            numerator, denominator = (trial_values(rows[rows[METRIC_COLUMN] == name]) for name in self.metrics)
+            return numerator / denominator if numerator.size == denominator.size else np.array([])
+
+        return side(self.engine, self.case), side(self.baseline, self.baseline_case)
+
+
+@dataclass(frozen=True)
+class SlopeRule:
+    """The claim that the per-trial least-squares slope of `metric` against the param `against`,
+    in units of `scale(params)` (e.g. one weight-sized buffer), has a median in [low, high]."""
+
+    benchmark: str
+    claim: str
+    metric: str
+    engine: str
+    against: str
+    unit: str
+    scale: Callable[[dict], float]
+    low: float
+    high: float
+    where: tuple[tuple[str, object], ...] = ()
+    per: tuple[str, ...] = ()
+    baseline = ""
+
+    @property
+    def text(self) -> str:
+        return (f"slope of {self.metric} of {self.engine} against {self.against}, in {self.unit}: median over "
+                f"trials, 95% interval inside [{self.low:g}, {self.high:g}] reproduces, wholly outside refutes")
+
+    def slopes(self, records: pd.DataFrame, params: pd.Series) -> np.ndarray:
+        """One slope per trial (all rows one trial when no row names its trial)."""
+        rows = records[records[ENGINE_COLUMN] == self.engine]
+        if rows.empty:
+            return np.array([])
+        rows_params = params[rows.index]
+        x = rows_params.map(lambda p: p.get(self.against)).astype(float)
+        trial = rows_params.map(lambda p: p.get("trial", 0))
+        scale = self.scale(rows_params.iloc[0] | {"dtype": rows["dtype"].iloc[0]})
+        slopes = []
+        for _, group in rows.assign(_x=x, _trial=trial).groupby("_trial"):
+            points = group.groupby("_x")[VALUE_COLUMN].median()
+            if len(points) >= 2:
+                slopes.append(float(np.polyfit(points.index.to_numpy(float), points.to_numpy(float), 1)[0]) / scale)
+        return np.array(slopes)
+
+
+def _weight_bytes(params: dict) -> float:
+    return float(params["hidden"]) ** 2 * np.dtype(params["dtype"]).itemsize
+
+
+_ENSEMBLE_DEFAULT_CELL = (("gc_policy", "default"), ("sweep", None))
+_CLOSURE_ENGINES = ("benchlib-inplace", "autograd", "torch", "torch.compile", "torch.func")
+_ZYGOTE = "Zygote #1206: a structurally identical new closure costs the same"
+
+SEED_RULES: tuple = (
     RatioRule("dot_chain", "autograd #219: deferred accumulation peaks at about 2x the manual floor",
               "peak_bytes", "benchlib-deferred", "manual", 1.5, 2.5),
     RatioRule("dot_chain", "autograd #219: in-place accumulation peaks at the manual floor",
               "peak_bytes", "benchlib-inplace", "manual", 0.9, 1.1),
+    SlopeRule("rnn_fanout", "autograd #219 (RNN): keeping every contribution grows the peak by about one weight per step",
+              "peak_bytes", "benchlib-deferred", "T", "W-sized buffers", _weight_bytes, 0.7, 1.5),
+    SlopeRule("rnn_fanout", "autograd #219 (RNN): in-place accumulation keeps the peak nearly flat in the step count",
+              "peak_bytes", "benchlib-inplace", "T", "W-sized buffers", _weight_bytes, -0.25, 0.25),
     RatioRule("mnist_ensembles", "Flux GC thread: one batched step for the ensemble raises throughput over the per-model loop",
-              "throughput", "batched_hand", "naive", 2.0, math.inf),
+              "throughput", "batched_hand", "naive", 2.0, math.inf, where=_ENSEMBLE_DEFAULT_CELL, per=("heap_objects",)),
+    RatioRule("mnist_ensembles", "Flux GC thread: the batched step removes the step-time spikes (p99/median) of the per-model loop",
+              "step_time_p99/step_time_median", "batched_hand", "naive", 0.0, 0.9, where=_ENSEMBLE_DEFAULT_CELL, per=("heap_objects",)),
+    RatioRule("mnist_ensembles", "Flux GC thread: collecting every few steps (manual GC) costs throughput against the default",
+              "throughput", "naive", "naive", 0.0, 0.95, where=(("sweep", None),), case="gc=manual",
+              baseline_case="gc=default", per=("heap_objects",)),
     RatioRule("mnist_ensembles", "NaiveGAflux: the optimiser step inside backward lowers peak gradient memory",
-              "peak_bytes", "step_in_backward", "naive", 0.0, 0.95),
+              "peak_bytes", "step_in_backward", "naive", 0.0, 0.95, where=_ENSEMBLE_DEFAULT_CELL, per=("heap_objects",)),
+    *(RatioRule("identical_closures", f"{_ZYGOTE} ({what}, {engine})", metric, engine, engine,
+                low, high, case="structurally identical new", baseline_case="initial", per=("mwe", "order"))
+      for engine in _CLOSURE_ENGINES
+      for metric, what, low, high in (("warm_alloc_count", "warm allocations", 0.99, 1.01),
+                                      ("warm_time", "warm time", 0.9, 1.1),
+                                      ("cold_time", "first-call time", 0.8, 1.25))),
 )
 
 
@@ -77,21 +187,40 @@ def verdict_of(interval_low: float, interval_high: float, low: float, high: floa
     return INCONCLUSIVE
 
 
-def apply_rule(records: pd.DataFrame, rule: RatioRule) -> SeedVerdict | None:
-    """The rule's verdict on a run's records, all cases of an engine pooled; None when the run lacks them."""
-    selected = records[(records[BENCHMARK_COLUMN] == rule.benchmark) & (records[METRIC_COLUMN] == rule.metric)]
-    selected = selected.dropna(subset=[VALUE_COLUMN])
-    values = trial_values(selected[selected[ENGINE_COLUMN] == rule.engine])
-    baseline = trial_values(selected[selected[ENGINE_COLUMN] == rule.baseline])
-    if values.size == 0 or baseline.size == 0:
-        return None
-    interval = ratio_of_medians(baseline, values)
-    if min(values.size, baseline.size) < 2:  # one trial a side: a point, not an interval
-        low = high = math.nan
-    else:
-        low, high = interval.ci_low, interval.ci_high
-    return SeedVerdict(rule.benchmark, rule.claim, interval.ratio, low, high,
-                       verdict_of(low, high, rule.low, rule.high), rule.text, rule.baseline)
+def _verdict(rule, ratio: float, low: float, high: float, group: str) -> SeedVerdict:
+    return SeedVerdict(rule.benchmark, rule.claim, ratio, low, high, verdict_of(low, high, rule.low, rule.high),
+                       rule.text, rule.baseline, group)
+
+
+def apply_rule(records: pd.DataFrame, rule, params: pd.Series | None = None) -> list[SeedVerdict]:
+    """The rule's verdicts on a run's records, one per group of its `per` params (none when the run
+    lacks what the rule compares). One trial a side gives a point, not an interval: inconclusive."""
+    if params is None:
+        params = records["params"].map(lambda text: json.loads(text) if text else {})
+    metrics = rule.metrics if isinstance(rule, RatioRule) else (rule.metric,)
+    keep = (records[BENCHMARK_COLUMN] == rule.benchmark) & records[METRIC_COLUMN].isin(metrics)
+    keep &= records[VALUE_COLUMN].notna() & params.map(lambda p: _matches(p, rule.where))
+    verdicts = []
+    for group, rows in _groups(records[keep], params[keep], rule.per):
+        if isinstance(rule, SlopeRule):
+            slopes = rule.slopes(rows, params)
+            if slopes.size == 0:
+                continue
+            if slopes.size < 2:
+                verdicts.append(_verdict(rule, float(slopes[0]), math.nan, math.nan, group))
+                continue
+            interval = median_interval(slopes)
+            verdicts.append(_verdict(rule, interval.ratio, interval.ci_low, interval.ci_high, group))
+            continue
+        values, baseline = rule.samples(rows)
+        if values.size == 0 or baseline.size == 0 or not np.all(baseline > 0):
+            continue
+        interval = ratio_of_medians(baseline, values)
+        if min(values.size, baseline.size) < 2:
+            verdicts.append(_verdict(rule, interval.ratio, math.nan, math.nan, group))
+        else:
+            verdicts.append(_verdict(rule, interval.ratio, interval.ci_low, interval.ci_high, group))
+    return verdicts
 
 
 def _grid_point(params: str) -> str:
@@ -100,28 +229,38 @@ def _grid_point(params: str) -> str:
     return ", ".join(f"{name}={value}" for name, value in point.items()) if point else ""
 
 
-def seed_verdicts(records: pd.DataFrame, rules: tuple[RatioRule, ...] = SEED_RULES) -> pd.DataFrame:
-    """The verdict table of a run: one row per rule whose benchmark and engines the run measured, per
-    grid point (cases of different grid points, e.g. sizes, are never pooled)."""
+def seed_verdicts(records: pd.DataFrame, rules: tuple = SEED_RULES) -> pd.DataFrame:
+    """The verdict table of a run: one row per rule, group and grid point the run measured (cases of
+    different grid points, e.g. sizes, are never pooled)."""
+    params = records["params"].map(lambda text: json.loads(text) if text else {}) if not records.empty \
+        else pd.Series(dtype=object)
     points = records["params"].map(_grid_point) if not records.empty else pd.Series(dtype=str)
     rows = []
     for point in dict.fromkeys(points):
-        subset = records[points == point]
+        inside = points == point
         for rule in rules:
-            verdict = apply_rule(subset, rule)
-            if verdict is not None:
+            for verdict in apply_rule(records[inside], rule, params[inside]):
                 rows.append({**asdict(verdict), "grid_point": point})
     return pd.DataFrame(rows, columns=[*SeedVerdict.__dataclass_fields__, "grid_point"])
 
 
 def verdict_text(records: pd.DataFrame) -> str:
-    """The verdict table as printed at the end of `benchlib run` (one line when no rule applies)."""
+    """The verdict table as printed at the end of `benchlib run`: one line per claim and verdict, its
+    groups (e.g. MWE and order) folded into a count and the range of their ratios; the report and
+    `seed_verdicts` keep every row."""
     table = seed_verdicts(records)
     if table.empty:
         return "seed verdicts: none (no benchmark with a seed rule was measured)"
     lines = ["seed verdicts (ratio [95% interval] vs baseline):"]
-    for row in table.itertuples():
-        interval = "no interval (one trial)" if math.isnan(row.ci_low) else f"[{row.ci_low:.3g}, {row.ci_high:.3g}]"
-        point = f" [{row.grid_point}]" if row.grid_point else ""
-        lines.append(f"  {row.verdict:<12}  {row.ratio:.3g} {interval} vs {row.baseline}  {row.claim}{point}")
+    for (claim, verdict, point), rows in table.groupby(["claim", "verdict", "grid_point"], sort=False):
+        first = rows.iloc[0]
+        versus = f" vs {first.baseline}" if first.baseline else ""
+        if len(rows) == 1:
+            interval = ("no interval (one trial)" if math.isnan(first.ci_low)
+                        else f"[{first.ci_low:.3g}, {first.ci_high:.3g}]")
+            shown, where = f"{first.ratio:.3g} {interval}", ", ".join(p for p in (first.group, point) if p)
+        else:
+            shown = f"{rows.ratio.min():.3g} to {rows.ratio.max():.3g} in {len(rows)} groups"
+            where = point
+        lines.append(f"  {verdict:<12}  {shown}{versus}  {claim}" + (f" [{where}]" if where else ""))
     return "\n".join(lines)

@@ -238,3 +238,14 @@ def interleaved_order(alternatives: Sequence[str], trials: int, *, seed: int | N
         return names * trials
     rng = np.random.default_rng(seed)
     return [names[i] for _ in range(trials) for i in rng.permutation(len(names))]
+
+
+def median_interval(values: Sequence[float], *, confidence: float = DEFAULT_CONFIDENCE,
+                    resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED) -> RatioInterval:
+    """The median of `values` (e.g. one slope per trial) with its percentile-bootstrap interval."""
+    sample = _sample(values, "values")
+    rng = np.random.default_rng(seed)
+    medians = np.median(rng.choice(sample, size=(resamples, sample.size)), axis=1)
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(medians, [tail, 100 - tail])
+    return RatioInterval(float(np.median(sample)), float(low), float(high), confidence)
