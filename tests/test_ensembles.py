@@ -271,8 +271,12 @@ def test_notebook_runs_through_the_runner_with_quick_sizes(tmp_path):
     assert {p["data"] for p in params} == {"synthetic"}
     assert set(records["variant"]) >= set(E.STRATEGIES) | {"sequential", "threads", "vmap", "flop_floor", "python-gc"}
     summary = records[records["metric"] == "throughput"]
-    assert len(summary) == len(E.STRATEGIES) * len(E.GC_POLICIES) + 1  # + the thread sweep's one cell (QUICK: [1])
-    assert summary["case"].is_unique
+    # QUICK runs 2 trials of every cell, + the thread sweep's one cell (QUICK: [1])
+    assert len(summary) == 2 * len(E.STRATEGIES) * len(E.GC_POLICIES) + 1
+    trial_of = summary["params"].map(lambda p: json.loads(p)["trial"])
+    assert (trial_of.groupby(summary["case"]).nunique().drop(summary["case"].iloc[-1]) == 2).all()
+    positions = summary["params"].map(lambda p: json.loads(p)["position"])
+    assert sorted(positions[~summary["case"].str.contains("sweep")].unique()) == list(range(2 * len(E.STRATEGIES)))
     assert summary["case"].str.endswith("|threads=1|sweep=threads").sum() == 1
     for figure in ("trace_default", "trace_freeze", "trace_manual", "step_time_distribution", "throughput", "loss",
                    "gc_pauses", "lenet"):

@@ -119,7 +119,7 @@ def _mnist_ensembles(params: Mapping[str, Any], device: Any) -> None:
     from benchlib.workloads.lenet import MODES
 
     for name in ("synthetic_n", "n_nets", "hidden", "batch", "steps", "per_net_steps", "manual_every",
-                 "pause_repeats", "lenet_epochs"):
+                 "pause_repeats", "lenet_epochs", "trials"):
         _positive_int(name, params[name])
     for name in ("warmup", "alloc_steps", "lenet_step_limit", "torch_threads", "seed"):
         _positive_int(name, params[name], least=0)
@@ -214,7 +214,7 @@ MnistEnsemblesConfig = _config(
     per_net_steps=20, warmup=5, alloc_steps=1, manual_every=10, manual_generation=2, pause_repeats=5,
     strategies=["naive", "buffers_reused", "step_in_backward", "batched_vmap", "batched_hand"],
     gc_policies=["default", "freeze", "manual"], heap_sizes=[0, 60000], lenet_modes=["sequential", "threads", "vmap"],
-    lenet_epochs=2, lenet_step_limit=20, torch_threads=0, thread_counts=[1, 2], seed=0)
+    lenet_epochs=2, lenet_step_limit=20, torch_threads=0, thread_counts=[1, 2], trials=3, seed=0)
 CalibrationConfig = _config("calibration", matmul_sizes_cpu=[128, 512, 1024], matmul_sizes_cuda=[1024, 4096, 8192],
                             copy_mib=256, sampler_intervals_s=[0.001, 0.002, 0.01], rounds=11, repeats=5)
 

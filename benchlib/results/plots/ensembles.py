@@ -15,6 +15,11 @@ def _data_label(frame: pd.DataFrame) -> str:
     return "data=" + "+".join(sorted(frame["data"].astype(str).unique()))
 
 
+def _first_trial(steps: pd.DataFrame) -> pd.DataFrame:
+    """The steps of each cell's first trial: a per-step trace shows one run, not trials overlaid."""
+    return steps[steps["trial"] == 0] if "trial" in steps else steps
+
+
 def step_time_trace(steps: pd.DataFrame, *, gc_policy: str = "default", heap_objects: int | None = None,
                     device: str = "") -> go.Figure:
     """Per-step time of each strategy (log scale) under one GC policy: the thread's picture.
@@ -22,7 +27,9 @@ def step_time_trace(steps: pd.DataFrame, *, gc_policy: str = "default", heap_obj
     Per-net strategies run fewer, slower steps than the batched ones, so strategies are grouped
     into panels by their number of steps, each panel on its own step axis. A step that held a GC
     pause is marked with an x in its strategy's colour (hover: pause count, seconds, generations).
+    The first trial of each cell is shown.
     """
+    steps = _first_trial(steps)
     rows = steps[steps["gc_policy"] == gc_policy]
     if heap_objects is None:
         heap_objects = int(rows["heap_objects"].max())
@@ -77,30 +84,50 @@ def step_time_distribution(summary: pd.DataFrame, *, device: str = "") -> go.Fig
     return legend_right(fig)
 
 
-def throughput_vs_floor(summary: pd.DataFrame, *, ceiling: float, ceiling_source: str,
+def throughput_vs_floor(per_trial: pd.DataFrame, *, ceiling: float, ceiling_source: str,
                         gc_policy: str = "default", heap_objects: int = 0, device: str = "") -> go.Figure:
     """Throughput (model-samples/s) per strategy against the FLOP-floor ceiling: the matmul
-    FLOP/s divided by the matmul FLOPs one model-sample needs. A linear axis, so a 20x gap looks like one."""
-    rows = summary[(summary["gc_policy"] == gc_policy) & (summary["heap_objects"] == heap_objects)]
-    if rows.empty:
+    FLOP/s divided by the matmul FLOPs one model-sample needs. A linear axis, so a 20x gap looks like one.
+
+    `per_trial` is `summary_frame` (one row per cell and trial): bars are medians over trials, error
+    bars their min and max, labels the gain over naive with its 95% interval."""
+    from benchlib.results.stats import ratio_of_medians
+
+    cells = per_trial[(per_trial["gc_policy"] == gc_policy) & (per_trial["heap_objects"] == heap_objects)]
+    if cells.empty:
         raise ValueError(f"no summary rows for gc_policy={gc_policy!r}, heap_objects={heap_objects}")
-    rows = rows.sort_values("throughput")
-    naive = rows.loc[rows["strategy"] == "naive", "throughput"]
-    text = [f"{t:.3g}" + (f" ({t / naive.iloc[0]:.1f}x naive)" if len(naive) else "") for t in rows["throughput"]]
-    fig = go.Figure(go.Bar(x=rows["strategy"], y=rows["throughput"], text=text, textposition="outside",
-                           marker_color=[engine_colors(rows["strategy"])[s] for s in rows["strategy"]]))
+    rows = (cells.groupby("strategy", sort=False)["throughput"].agg(["median", "min", "max", "size"])
+            .sort_values("median").reset_index())
+    naive = cells.loc[cells["strategy"] == "naive", "throughput"].to_numpy(float)
+
+    def label(strategy: str, median: float) -> str:
+        if naive.size == 0 or strategy == "naive":
+            return f"{median:.3g}"
+        own = cells.loc[cells["strategy"] == strategy, "throughput"].to_numpy(float)
+        gain = ratio_of_medians(naive, own)
+        interval = f" [{gain.ci_low:.1f}, {gain.ci_high:.1f}]" if min(naive.size, own.size) >= 2 else ""
+        return f"{median:.3g} ({gain.ratio:.1f}x naive{interval})"
+
+    text = [label(s, m) for s, m in zip(rows["strategy"], rows["median"])]
+    fig = go.Figure(go.Bar(
+        x=rows["strategy"], y=rows["median"], text=text, textposition="outside",
+        name=f"median of {int(rows['size'].max())} trial(s); bars: min to max",
+        error_y=dict(type="data", symmetric=False, array=rows["max"] - rows["median"],
+                     arrayminus=rows["median"] - rows["min"], color="#444444"),
+        marker_color=[engine_colors(rows["strategy"])[s] for s in rows["strategy"]]))
     fig.add_hline(y=ceiling, line_dash="dash", line_color="#222222",
                   annotation_text=f"FLOP floor: {ceiling:.3g} model-samples/s ({ceiling_source})",
                   annotation_position="top left")
-    fig.update_yaxes(range=[0, max(ceiling, float(rows["throughput"].max())) * 1.12])
+    fig.update_yaxes(range=[0, max(ceiling, float(rows["max"].max())) * 1.12])
     title = (f"Throughput vs the FLOP floor, gc={gc_policy}, heap={heap_objects} "
-             f"({_data_label(rows)}{', ' + device if device else ''})")
+             f"({_data_label(cells)}{', ' + device if device else ''})")
     return apply_layout(fig, title=title, x_title="strategy", y_title="model-samples / s")
 
 
 def loss_curves(steps: pd.DataFrame, *, gc_policy: str = "default", heap_objects: int = 0, device: str = "") -> go.Figure:
     """Mean loss over the nets per step, one line per strategy: every strategy trains, and the
-    per-net and batched strategies follow the same curve (same start, same batches)."""
+    per-net and batched strategies follow the same curve (same start, same batches); first trial."""
+    steps = _first_trial(steps)
     rows = steps[(steps["gc_policy"] == gc_policy) & (steps["heap_objects"] == heap_objects)]
     # Strategies that train alike overlap exactly: a dash per strategy keeps each line visible.
     fig = px.line(rows, x="step", y="loss", color="strategy", line_dash="strategy",

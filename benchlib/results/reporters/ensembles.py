@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-CELL_COLUMNS = ["data", "heap_objects", "gc_policy", "strategy", "median_ms", "p99_ms", "max_ms", "p99_over_median",
+CELL_COLUMNS = ["data", "heap_objects", "gc_policy", "strategy", "trials", "median_ms", "p99_ms", "max_ms", "p99_over_median",
                 "throughput", "gc_pct", "gc_pauses", "alloc_count_per_step", "alloc_MB_per_step", "peak_MB",
                 "final_loss"]
 
@@ -29,11 +29,26 @@ def threads_table(threads: pd.DataFrame) -> pd.DataFrame:
                                         "p99_over_median", "throughput"]].round(3)
 
 
-def batched_gain(summary: pd.DataFrame) -> pd.DataFrame:
-    """Throughput of each batched strategy over naive's, per data x GC policy x heap cell."""
-    by_cell = summary.pivot_table(index=["data", "gc_policy", "heap_objects"], columns="strategy", values="throughput")
-    return pd.DataFrame({f"{s} / naive": by_cell[s] / by_cell["naive"]
-                         for s in ("batched_vmap", "batched_hand") if s in by_cell and "naive" in by_cell}).round(1)
+def batched_gain(per_trial: pd.DataFrame) -> pd.DataFrame:
+    """Throughput of each batched strategy over naive's, per data x GC policy x heap cell: the ratio
+    of medians over trials with its 95% bootstrap interval (`summary_frame`, one row per trial)."""
+    from benchlib.results.stats import ratio_of_medians
+
+    rows = []
+    for (data, policy, heap), cell in per_trial.groupby(["data", "gc_policy", "heap_objects"], sort=False):
+        naive = cell.loc[cell["strategy"] == "naive", "throughput"].to_numpy(float)
+        for strategy in ("batched_vmap", "batched_hand"):
+            own = cell.loc[cell["strategy"] == strategy, "throughput"].to_numpy(float)
+            if naive.size == 0 or own.size == 0:
+                continue
+            gain = ratio_of_medians(naive, own)
+            single = min(naive.size, own.size) < 2
+            rows.append({"data": data, "gc_policy": policy, "heap_objects": heap, "strategy": strategy,
+                         "trials": min(naive.size, own.size), "gain_over_naive": gain.ratio,
+                         "ci_low": float("nan") if single else gain.ci_low,
+                         "ci_high": float("nan") if single else gain.ci_high})
+    return pd.DataFrame(rows, columns=["data", "gc_policy", "heap_objects", "strategy", "trials", "gain_over_naive",
+                                       "ci_low", "ci_high"]).round(2)
 
 
 def closing_text(summary: pd.DataFrame, threads: pd.DataFrame, *, floor_step_s: float, device: str) -> str:

@@ -12,7 +12,7 @@ from benchlib.workloads import lenet
 from benchlib.workloads.ensembles.config import PER_NET_STRATEGIES, EnsembleConfig
 from benchlib.workloads.ensembles.floor import calibration_flop_rate, flop_floor, flop_floor_records, matmul_flops
 from benchlib.workloads.ensembles.gc_policies import collection_pause_records, full_collection_pauses
-from benchlib.workloads.ensembles.training import run_grid, steps_frame, summary_frame, thread_sweep
+from benchlib.workloads.ensembles.training import cell_medians, run_grid, steps_frame, summary_frame, thread_sweep
 
 
 @dataclass
@@ -20,7 +20,8 @@ class Study:
     """What the notebook shows: every record, and the frames of its figures and tables."""
 
     records: list = field(default_factory=list)
-    summary: pd.DataFrame | None = None
+    summary: pd.DataFrame | None = None  # one row per cell: medians over trials
+    trials: pd.DataFrame | None = None  # one row per cell and trial
     steps: pd.DataFrame | None = None
     floor: dict = field(default_factory=dict)
     flop_source: str = ""
@@ -52,8 +53,10 @@ def run_study(config: Any, data, *, device, calibration: pd.DataFrame | None = N
         data, device=device, config=ensemble, strategies=config.strategies, gc_policies=config.gc_policies,
         heap_sizes=config.heap_sizes, steps=config.steps, warmup=config.warmup, alloc_steps=config.alloc_steps,
         manual_every=config.manual_every, manual_generation=config.manual_generation, progress=shown,
+        trials=config.trials, order_seed=config.seed,
         steps_per_strategy={s: config.per_net_steps for s in PER_NET_STRATEGIES if s in config.strategies})
-    study.summary, study.steps = summary_frame(results), steps_frame(results)
+    study.trials, study.steps = summary_frame(results), steps_frame(results)
+    study.summary = cell_medians(study.trials)
     study.records += [row for result in results for row in result.records(device)]
     if save is not None:
         save(study.records)

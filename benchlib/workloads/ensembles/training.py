@@ -166,8 +166,14 @@ def run_grid(
     steps_per_strategy: dict | None = None,
     progress=None,
     sweep: str | None = None,
+    trials: int = 1,
+    order_seed: int | None = 0,
 ) -> list[TrainResult]:
-    """Every strategy x GC policy x heap size, each from the same initial parameters and batches.
+    """Every strategy x GC policy x heap size, each from the same initial parameters and batches,
+    `trials` times: within a policy and heap the strategies run in rounds shuffled by `order_seed`
+    (`interleaved_order`), so drift falls on all of them alike; the labels carry `trial`, `trials`,
+    `order_seed` and `position`. The allocation pass runs in the first trial only (its counts do not
+    drift).
 
     ``sweep`` names a side experiment (e.g. "threads") in the labels and case names, so its cells
     never share a case name with the main grid's.
@@ -197,25 +203,31 @@ def run_grid(
     init = initial_parameters(config)
     longest = max(steps_per_strategy.get(s, steps) for s in strategies)
     all_batches = minibatch_indices(len(data), config.batch, longest + alloc_steps, config.seed).to(torch_device)
+    from benchlib.results.stats import interleaved_order
+
+    order = interleaved_order(list(strategies), trials, seed=order_seed)
     results = []
     for heap_size in heap_sizes:
         with long_lived_heap(data, heap_size):
             for policy_name in gc_policies:
-                for name in strategies:
+                for position, name in enumerate(order):
+                    trial = position // len(strategies)
                     n_steps = steps_per_strategy.get(name, steps)
-                    batches = torch.cat([all_batches[:n_steps], all_batches[longest:longest + alloc_steps]])
+                    cell_alloc_steps = alloc_steps if trial == 0 else 0
+                    batches = torch.cat([all_batches[:n_steps], all_batches[longest:longest + cell_alloc_steps]])
                     strategy = make_strategy(name, init, config, device)
                     policy = GCPolicy(name=policy_name, every=manual_every, generation=manual_generation,
                                       cuda=device.kind == "cuda")
                     labels = asdict(config) | data.describe() | policy.describe() | {
                         "strategy": name, "optimizer": strategy.optimizer, "heap_objects": heap_size,
-                        "steps": n_steps, "warmup": warmup, "alloc_steps": alloc_steps,
+                        "steps": n_steps, "warmup": warmup, "alloc_steps": cell_alloc_steps,
                         "params_per_net": config.params_per_net, "sweep": sweep,
-                        "device": device.name,
+                        "device": device.name, "trial": trial, "trials": trials, "order_seed": order_seed,
+                        "position": position,
                     }
                     try:
                         result = train(strategy, x_all, y_all, batches, device=device, policy=policy,
-                                       warmup=warmup, alloc_steps=alloc_steps, labels=labels)
+                                       warmup=warmup, alloc_steps=cell_alloc_steps, labels=labels)
                     finally:
                         strategy.close()
                     results.append(result)
@@ -269,8 +281,20 @@ def summary_frame(results: list[TrainResult]):
     import pandas as pd
 
     rows = [{"strategy": r.strategy, "gc_policy": r.labels["gc_policy"], "heap_objects": r.labels["heap_objects"],
-             "torch_threads": r.labels["torch_threads"], "data": r.labels["data"], **r.summary()} for r in results]
+             "torch_threads": r.labels["torch_threads"], "data": r.labels["data"], "trial": r.labels.get("trial", 0),
+             **r.summary()} for r in results]
     return pd.DataFrame(rows)
+
+
+CELL_KEYS = ["strategy", "gc_policy", "heap_objects", "torch_threads", "data"]
+
+
+def cell_medians(per_trial) -> "pd.DataFrame":
+    """`summary_frame` rows folded over trials: each cell's median of every metric (the allocation
+    pass, run in the first trial only, keeps its one value) and `trials`, in the cells' order."""
+    grouped = per_trial.groupby(CELL_KEYS, sort=False)
+    medians = grouped.median(numeric_only=True).drop(columns=["trial"])
+    return medians.assign(trials=grouped.size()).reset_index()
 
 
 def steps_frame(results: list[TrainResult]):
@@ -281,7 +305,8 @@ def steps_frame(results: list[TrainResult]):
     for r in results:
         frames.append(pd.DataFrame({
             "strategy": r.strategy, "gc_policy": r.labels["gc_policy"], "heap_objects": r.labels["heap_objects"],
-            "data": r.labels["data"], "step": np.arange(len(r.step_s)), "step_s": r.step_s,
+            "data": r.labels["data"], "trial": r.labels.get("trial", 0), "step": np.arange(len(r.step_s)),
+            "step_s": r.step_s,
             "gc_count": r.gc_count, "gc_s": r.gc_s,
             "gc_generations": [",".join(map(str, g)) for g in r.gc_generations],
             "loss": r.loss, "warmup": np.arange(len(r.step_s)) < r.warmup,
