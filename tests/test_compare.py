@@ -58,3 +58,32 @@ def test_higher_throughput_is_better_and_bad_input_is_refused(tmp_path, capsys):
         compare_records(frame_a, frame_b, threshold=5)
     assert main(["compare", str(tmp_path / "missing"), str(tmp_path / "missing")]) == 2
     assert "no run" in capsys.readouterr().err
+
+
+def _timed(values_by_trial, engine="torch"):
+    return pd.DataFrame([
+        make_record(benchmark="b", case="c", engine=engine, device="cpu", dtype="float64", metric="time", value=value,
+                    unit="s", repeat=repeat, params={"trial": trial})
+        for trial, values in enumerate(values_by_trial) for repeat, value in enumerate(values)])
+
+
+def test_trial_values_take_one_median_per_trial_and_every_row_without_trials():
+    from benchlib.results.compare import trial_values
+
+    assert trial_values(_timed([[1.0, 9.0, 1.0], [2.0], [3.0, 3.0]])).tolist() == [1.0, 2.0, 3.0]
+    plain = pd.DataFrame([make_record(benchmark="b", case="c", engine="torch", device="cpu", dtype="float64",
+                                      metric="time", value=v, unit="s", repeat=i) for i, v in enumerate([1.0, 2.0])])
+    assert trial_values(plain).tolist() == [1.0, 2.0]
+
+
+def test_noise_table_flags_a_planted_outlier_and_a_loaded_start_but_not_steady_trials():
+    from benchlib.results.compare import noise_table, noise_text
+
+    steady = [[1.0], [1.01], [0.99], [1.0], [1.02]]
+    assert noise_table(_timed(steady)).empty
+    planted = noise_table(_timed([[1.0], [1.01], [0.99], [1.0], [0.019]]))  # a 50x stall, like the 0.26 GFLOP/s sample
+    (row,) = planted.itertuples()
+    assert row.variant == "torch" and row.metric == "time" and "outliers 0.019" in row.flags
+    loaded = noise_table(_timed(steady), load_average=3.5, cores=2)
+    assert "load average 3.50 at start > 2 cores" in loaded["flags"].iloc[0]
+    assert noise_text(planted).startswith("noise: 1 timed measurement(s) flagged")

@@ -118,6 +118,35 @@ def compare_records(records_a: pd.DataFrame, records_b: pd.DataFrame, *, thresho
     return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
 
 
+NOISE_COLUMNS = [*KEY_COLUMNS, UNIT_COLUMN, "trials", "median", "flags"]
+
+
+def noise_table(records: pd.DataFrame, *, load_average: float | None = None, cores: int | None = None) -> pd.DataFrame:
+    """Measurements not to trust, pyperf style: one row per key whose trials (`trial_values`, at least
+    two) spread too much or hold a robust outlier (`noise_flags`), plus every timed key when the load
+    average at the run's start exceeded the cores. Timed keys only: counts and bytes do not drift."""
+    rows = []
+    timed = records[records[UNIT_COLUMN].isin(["s", "model-samples/s", "B/s", "FLOP/s"])].dropna(subset=[VALUE_COLUMN])
+    for key, group in timed.groupby([*KEY_COLUMNS, UNIT_COLUMN], sort=False):
+        values = trial_values(group)
+        if values.size < 2 or not np.all(np.isfinite(values)):
+            continue
+        flags = noise_flags(values, load_average=load_average, cores=cores)
+        if flags:
+            rows.append([*key, values.size, float(np.median(values)), "; ".join(flags)])
+    return pd.DataFrame(rows, columns=NOISE_COLUMNS)
+
+
+def noise_text(table: pd.DataFrame, shown: int = 5) -> str:
+    """The run summary's noise lines: how many measurements are flagged, and the first few."""
+    if table.empty:
+        return "noise: no timed measurement flagged (spread, outliers, load at start)"
+    lines = [f"noise: {len(table)} timed measurement(s) flagged (tables/noise.parquet); first {min(shown, len(table))}:"]
+    for row in table.head(shown).itertuples():
+        lines.append(f"  {row.benchmark} {row.case} {row.variant} {row.metric}: {row.flags}")
+    return "\n".join(lines)
+
+
 def compare_runs(run_a: str | Path, run_b: str | Path, *, root: Path | None = None, **options) -> pd.DataFrame:
     """`compare_records` on two runs given by run id (under `root`) or directory."""
     return compare_records(load_records(run_a, root), load_records(run_b, root), **options)

@@ -59,6 +59,8 @@ def _cpu() -> dict[str, Any]:
         "physical_cores": psutil.cpu_count(logical=False),
         "usable_cores": usable,
         "memory_total_bytes": psutil.virtual_memory().total,
+        # pyperf-style: a load above the usable cores when a run starts makes its times suspect
+        "load_average_1m_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
 
 

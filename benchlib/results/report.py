@@ -173,7 +173,8 @@ def _verdict_section(run_path: Path) -> str:
     if verdicts.empty:
         return "<p>No seed rule applies to what this run measured.</p>"
     shown = verdicts.rename(columns={"ci_low": "95% CI low", "ci_high": "95% CI high"})
-    columns = ["verdict", "claim", *(["grid_point"] if verdicts["grid_point"].astype(bool).any() else []),
+    columns = ["verdict", "claim", *(["group"] if verdicts["group"].astype(bool).any() else []),
+               *(["grid_point"] if verdicts["grid_point"].astype(bool).any() else []),
                "ratio", "95% CI low", "95% CI high", "baseline", "rule"]
     return _table_html(shown[columns])
 
@@ -199,6 +200,14 @@ def build_report(run: str | os.PathLike) -> str:
                  "<p>Did this run reproduce each seed's claim? The ratio's 95% interval inside the claimed range "
                  "reproduces it, wholly outside refutes it, anything else (one trial a side, too much noise) is "
                  "inconclusive.</p>" + _verdict_section(run_path))
+    noise_path = run_path / "tables" / "noise.parquet"
+    if noise_path.is_file():
+        noise = pd.read_parquet(noise_path)
+        parts.append("<h2 id='noise'>Noise warnings</h2><p>Timed measurements whose trials spread too much "
+                     "(coefficient of variation above 10%, max/min above 1.5), hold a robust outlier, or began with "
+                     "the load average above the cores: read their ratios with care.</p>"
+                     + (_table_html(noise.drop(columns=["dimension", "device", "unit"])) if not noise.empty
+                        else "<p>None flagged.</p>"))
 
     for section in sections:
         entry = info.get("notebooks", {}).get(section, {})

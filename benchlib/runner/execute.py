@@ -26,6 +26,7 @@ import papermill
 
 from benchlib.results import Run, default_results_root, load_records
 from benchlib.results.report import write_report
+from benchlib.results.compare import noise_table, noise_text
 from benchlib.results.seed_verdicts import verdict_text
 from benchlib.results.store import (
     FIGURE_PNG_ENV,
@@ -350,7 +351,12 @@ def run(
         _save_grid_figures(results_run)
     results_run.finish(interrupted=False, data_sources={r.name: r.data_source for r in result.notebooks if r.data_source})
     print(result.summary(), file=stream, flush=True)
-    print(verdict_text(load_records(results_run.path)), file=stream, flush=True)
+    records = load_records(results_run.path)
+    print(verdict_text(records), file=stream, flush=True)
+    cpu = results_run.info.get("environment", {}).get("cpu", {})
+    noise = noise_table(records, load_average=cpu.get("load_average_1m_at_start"), cores=cpu.get("usable_cores"))
+    results_run.save_table(noise, "noise")
+    print(noise_text(noise), file=stream, flush=True)
     result.report = write_report(results_run.path)
     print(f"report: {result.report}", file=stream, flush=True)
     return result
