@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from benchlib.engines.comparison import save_gradient
+from benchlib.engines.gradients import save_gradient
 from benchlib.measure import Case
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from benchlib.engines.comparison import GRADIENT_TOLERANCE, max_relative_error
+from benchlib.engines.gradients import GRADIENT_TOLERANCE, max_relative_error
 from benchlib.results import make_record, records_frame
 from benchlib.results.plots.closures import steps_figure
 from benchlib.results.plots.common import engine_color

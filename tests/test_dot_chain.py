@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from benchlib.engines import ENGINE_NAMES, get_engine
-from benchlib.engines.comparison import GRADIENT_TOLERANCE, load_gradient, max_relative_error, saved_gradient_error
+from benchlib.engines.gradients import GRADIENT_TOLERANCE, load_gradient, max_relative_error, saved_gradient_error
 from benchlib.measure import Device
 from benchlib.workloads import dot_chain
 

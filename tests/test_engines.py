@@ -14,17 +14,19 @@ import benchlib.measure
 from benchlib.engines import ENGINE_NAMES, ENGINES, NotApplicableError, get_engine
 from benchlib.engines import namespaces
 from benchlib.engines.comparison import (
-    GRADIENT_TOLERANCE,
     EngineComparison,
     GradientMismatch,
     compare_engines,
+    summarize,
+    trial_order,
+    validate_common,
+)
+from benchlib.engines.gradients import (
+    GRADIENT_TOLERANCE,
     load_gradient,
     max_relative_error,
     save_gradient,
     saved_gradient_error,
-    summarize,
-    trial_order,
-    validate_common,
 )
 from benchlib.measure import Device
 from benchlib.results import make_record, records_frame
@@ -305,7 +307,7 @@ def test_an_engine_that_cannot_run_on_the_device_is_recorded_not_dropped(monkeyp
     monkeypatch.setattr(benchlib.measure, "resolve_device", lambda spec: CUDA)
     from benchlib.workloads import dot_chain
 
-    # engines as a generator: validated by run() and again by compare_engines, read once
+    # engines as a generator: validated once, by compare_engines, and read once
     comparison = dot_chain.run(D=3, depth=2, engines=(name for name in ["autograd"]), device="cuda",
                                dtype="float32", progress=None)
     (record,) = comparison.records

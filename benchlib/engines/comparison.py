@@ -22,21 +22,18 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from benchlib.engines import ENGINE_NAMES, Engine, get_engine
+from benchlib.engines import ENGINE_NAMES, get_engine
+from benchlib.engines.gradients import (GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, gradient_file,
+                                        saved_gradient_error)
 
-GRAD_ERROR_METRIC = "grad_max_rel_err"
-# Recorded (value 1, the reason in params["message"]) for an engine that ran but whose gradient
-# could not be compared: no manual gradient to compare it with.
-GRAD_UNCHECKED_METRIC = "grad_check_unavailable"
-# max|g - g_manual| / max|g_manual| an engine's gradient may reach. Reordered sums of hundreds of
-# contributions cost thousands of float32 rounding errors where they cancel (the RNN's bias
-# gradients at T=200 reach 7e-5); a wrong gradient is off by far more than either bound.
-GRADIENT_TOLERANCE = {"float32": 1e-3, "float64": 1e-10}
-DTYPES = tuple(GRADIENT_TOLERANCE)  # the dtypes an engine comparison runs in (those with a gradient tolerance)
 # Time is measured in the same calls as the memory timeline (one fresh process per case), so the
 # sampler thread runs during the timed repeats (its cost is measured by the calibration notebook,
 # see docs/measuring.md); the interval is recorded with every row.
 TIMELINE_INTERVAL_S = 0.002
+# Recorded (value 1, the reason in params["message"]) for an engine that ran but whose gradient
+# could not be compared: no manual gradient to compare it with.
+GRAD_UNCHECKED_METRIC = "grad_check_unavailable"
+DTYPES = tuple(GRADIENT_TOLERANCE)  # the dtypes an engine comparison runs in (those with a gradient tolerance)
 REFERENCE_ENGINE = "manual"
 
 
@@ -47,63 +44,6 @@ class GradientMismatch(AssertionError):
 class AllCasesFailed(RuntimeError):
     """Not one case of a comparison could be measured: the notebook stops here, with the first
     case's error, instead of failing later in a table or figure with nothing to show."""
-
-
-def _leaves(gradient) -> list:
-    return list(gradient) if isinstance(gradient, (tuple, list)) else [gradient]
-
-
-def _as_float64(array) -> np.ndarray:
-    return np.asarray(Engine.to_numpy(array), dtype=np.float64)
-
-
-def gradient_file(directory: str | os.PathLike, engine: str) -> Path:
-    """Where `engine`'s gradient is saved in `directory`."""
-    return Path(directory) / f"{engine}.npz"
-
-
-def save_gradient(gradient, directory: str | os.PathLike, engine: str) -> None:
-    """Save a gradient (one array or a tuple of them, NumPy or torch) as `<engine>.npz`, no pickle.
-
-    Called by a case's check in the isolation child, after the measurement.
-    """
-    arrays = {f"g{index}": Engine.to_numpy(leaf) for index, leaf in enumerate(_leaves(gradient))}
-    np.savez(gradient_file(directory, engine), **arrays)
-
-
-def load_gradient(directory: str | os.PathLike, engine: str) -> list[np.ndarray]:
-    """The arrays `save_gradient` saved for `engine`, in order."""
-    path = gradient_file(directory, engine)
-    if not path.is_file():
-        raise FileNotFoundError(f"no gradient saved for {engine!r} ({path}): the case's check must call "
-                                "benchlib.engines.comparison.save_gradient(result, gradient_dir, engine)")
-    with np.load(path, allow_pickle=False) as saved:
-        return [saved[f"g{index}"] for index in range(len(saved.files))]
-
-
-def saved_gradient_error(directory: str | os.PathLike, engine: str, reference: str = "manual") -> float:
-    """`max_relative_error` of `engine`'s saved gradient against `reference`'s."""
-    return max_relative_error(load_gradient(directory, engine), load_gradient(directory, reference))
-
-
-def max_relative_error(gradient, reference) -> float:
-    """max |g - ref| / max |ref| over all arrays of a gradient (one array or a tuple of them).
-
-    Relative to the largest entry, not entry by entry: entries near zero would otherwise turn
-    rounding noise into huge ratios. NaN anywhere gives NaN (a failed check, never a pass).
-    """
-    got, want = _leaves(gradient), _leaves(reference)
-    if len(got) != len(want):
-        raise ValueError(f"gradient has {len(got)} arrays, the reference {len(want)}")
-    got, want = [_as_float64(g) for g in got], [_as_float64(w) for w in want]
-    for index, (g, w) in enumerate(zip(got, want)):
-        if g.shape != w.shape:
-            raise ValueError(f"gradient array {index} has shape {g.shape}, the reference {w.shape}")
-    scale = max(float(np.max(np.abs(w))) if w.size else 0.0 for w in want)
-    error = max(float(np.max(np.abs(g - w))) if w.size else 0.0 for g, w in zip(got, want))
-    if not (math.isfinite(scale) and math.isfinite(error)):
-        return math.nan
-    return error / scale if scale > 0 else error
 
 
 def validate_common(*, dtype: str, engines: Iterable[str], repeats: int, warmup: int, trials: int = 1) -> list[str]:

@@ -15,7 +15,8 @@ from benchlib import autodiff
 from benchlib.autodiff import ops
 from benchlib.autodiff.checkpoint import revolve_cost
 from benchlib.engines import get_engine
-from benchlib.engines.comparison import EngineComparison, compare_engines, save_gradient, validate_common
+from benchlib.engines.comparison import EngineComparison, compare_engines
+from benchlib.engines.gradients import save_gradient
 from benchlib.measure import Case
 from benchlib.workloads import dot_chain
 
@@ -68,7 +69,6 @@ def run(*, device="auto", dtype: str = "float64", D: int = 500, depth: int = 100
         repeats: int = 1, trials: int = 1, warmup: int = 0, seed: int = 0, malloc: str | None = None,
         progress=print) -> EngineComparison:
     """manual and benchlib-checkpoint at every budget (and "sqrt"), each case in a fresh process."""
-    validate_common(dtype=dtype, engines=ENGINES, repeats=repeats, warmup=warmup, trials=trials)
     budgets = check_budgets(budgets, depth)
     return compare_engines(
         benchmark=BENCHMARK,

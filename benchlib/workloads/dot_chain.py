@@ -21,7 +21,8 @@ import sys
 import numpy as np
 
 from benchlib.engines import ENGINE_NAMES, get_engine
-from benchlib.engines.comparison import EngineComparison, compare_engines, save_gradient, validate_common
+from benchlib.engines.comparison import EngineComparison, compare_engines
+from benchlib.engines.gradients import save_gradient
 from benchlib.measure import DEFAULT_MALLOC_POLICY, MALLOC_POLICIES, Case, mark
 
 BENCHMARK = "dot_chain"
@@ -110,7 +111,6 @@ def run(*, device="auto", dtype: str = "float64", D: int = SEED_SIZES["D"], dept
         malloc: str | None = None,
         timeout_s: float = 600, progress=print) -> EngineComparison:
     """Every engine's case in its own process, `trials` times interleaved; finished cases survive a failing one."""
-    engines = validate_common(dtype=dtype, engines=engines, repeats=repeats, warmup=warmup, trials=trials)
     for name, value in (("D", D), ("depth", depth), ("seed", seed)):
         if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "seed" else 1):
             raise ValueError(f"{name} must be a {'non-negative' if name == 'seed' else 'positive'} integer, "

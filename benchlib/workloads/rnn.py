@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 
 from benchlib.engines import ENGINE_NAMES, get_engine
-from benchlib.engines.comparison import EngineComparison, compare_engines, save_gradient, validate_common
+from benchlib.engines.comparison import EngineComparison, compare_engines
+from benchlib.engines.gradients import save_gradient
 from benchlib.measure import Case, mark
 
 BENCHMARK = "rnn_fanout"
@@ -162,7 +163,6 @@ def run(*, device="auto", dtype: str = "float32", batch: int = SEED_SIZES["batch
         repeats: int = 1, trials: int = 1, warmup: int = 0, seed: int = 0, malloc: str | None = None,
         timeout_s: float = 600, progress=print) -> EngineComparison:
     """Every engine at every T in its own process; cases are labelled "T=<steps>"."""
-    engines = validate_common(dtype=dtype, engines=engines, repeats=repeats, warmup=warmup, trials=trials)
     _positive_int("batch", batch)
     _positive_int("hidden", hidden)
     if isinstance(T_values, (str, int)) or not list(T_values):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-from benchlib.engines.comparison import GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, max_relative_error
+from benchlib.engines.gradients import GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, max_relative_error
 from benchlib.measure import count_allocations, resolve_device, time_call
 from benchlib.results import make_record, status_record
 from benchlib.workloads.closures.spec import (

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from benchlib.engines.comparison import GRAD_ERROR_METRIC
+from benchlib.engines.gradients import GRAD_ERROR_METRIC
 from benchlib.results.stats import DEFAULT_ALPHA, DEFAULT_MIN_EFFECT, compare_counts, compare_times
 from benchlib.workloads.closures.spec import (
     BENCHMARK, ORDERS, STEPS, PHASES, PAIRS, VALID_ENGINES, GRADS_IDENTICAL, NOT_APPLICABLE,

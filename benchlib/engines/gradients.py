@@ -1,0 +1,75 @@
+"""An engine's gradient against the hand-written one: saved by the case's child without pickle,
+compared in the parent relative to the largest entry, within a tolerance per dtype."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+
+from benchlib.engines import Engine
+
+GRAD_ERROR_METRIC = "grad_max_rel_err"
+# max|g - g_manual| / max|g_manual| an engine's gradient may reach. Reordered sums of hundreds of
+# contributions cost thousands of float32 rounding errors where they cancel (the RNN's bias
+# gradients at T=200 reach 7e-5); a wrong gradient is off by far more than either bound.
+GRADIENT_TOLERANCE = {"float32": 1e-3, "float64": 1e-10}
+
+
+def _leaves(gradient) -> list:
+    return list(gradient) if isinstance(gradient, (tuple, list)) else [gradient]
+
+
+def _as_float64(array) -> np.ndarray:
+    return np.asarray(Engine.to_numpy(array), dtype=np.float64)
+
+
+def gradient_file(directory: str | os.PathLike, engine: str) -> Path:
+    """Where `engine`'s gradient is saved in `directory`."""
+    return Path(directory) / f"{engine}.npz"
+
+
+def save_gradient(gradient, directory: str | os.PathLike, engine: str) -> None:
+    """Save a gradient (one array or a tuple of them, NumPy or torch) as `<engine>.npz`, no pickle.
+
+    Called by a case's check in the isolation child, after the measurement.
+    """
+    arrays = {f"g{index}": Engine.to_numpy(leaf) for index, leaf in enumerate(_leaves(gradient))}
+    np.savez(gradient_file(directory, engine), **arrays)
+
+
+def load_gradient(directory: str | os.PathLike, engine: str) -> list[np.ndarray]:
+    """The arrays `save_gradient` saved for `engine`, in order."""
+    path = gradient_file(directory, engine)
+    if not path.is_file():
+        raise FileNotFoundError(f"no gradient saved for {engine!r} ({path}): the case's check must call "
+                                "benchlib.engines.gradients.save_gradient(result, gradient_dir, engine)")
+    with np.load(path, allow_pickle=False) as saved:
+        return [saved[f"g{index}"] for index in range(len(saved.files))]
+
+
+def saved_gradient_error(directory: str | os.PathLike, engine: str, reference: str = "manual") -> float:
+    """`max_relative_error` of `engine`'s saved gradient against `reference`'s."""
+    return max_relative_error(load_gradient(directory, engine), load_gradient(directory, reference))
+
+
+def max_relative_error(gradient, reference) -> float:
+    """max |g - ref| / max |ref| over all arrays of a gradient (one array or a tuple of them).
+
+    Relative to the largest entry, not entry by entry: entries near zero would otherwise turn
+    rounding noise into huge ratios. NaN anywhere gives NaN (a failed check, never a pass).
+    """
+    got, want = _leaves(gradient), _leaves(reference)
+    if len(got) != len(want):
+        raise ValueError(f"gradient has {len(got)} arrays, the reference {len(want)}")
+    got, want = [_as_float64(g) for g in got], [_as_float64(w) for w in want]
+    for index, (g, w) in enumerate(zip(got, want)):
+        if g.shape != w.shape:
+            raise ValueError(f"gradient array {index} has shape {g.shape}, the reference {w.shape}")
+    scale = max(float(np.max(np.abs(w))) if w.size else 0.0 for w in want)
+    error = max(float(np.max(np.abs(g - w))) if w.size else 0.0 for g, w in zip(got, want))
+    if not (math.isfinite(scale) and math.isfinite(error)):
+        return math.nan
+    return error / scale if scale > 0 else error
