@@ -87,3 +87,14 @@ def test_noise_table_flags_a_planted_outlier_and_a_loaded_start_but_not_steady_t
     loaded = noise_table(_timed(steady), load_average=3.5, cores=2)
     assert "load average 3.50 at start > 2 cores" in loaded["flags"].iloc[0]
     assert noise_text(planted).startswith("noise: 1 timed measurement(s) flagged")
+
+
+def test_few_trials_are_same_only_when_the_whole_interval_is_within_the_threshold_and_never_worse():
+    def trials(metric, unit, values):
+        return pd.DataFrame([make_record(benchmark="b", case="c", engine="e", device="cpu", dtype="float64",
+                                         metric=metric, value=v, unit=unit, params={"trial": i})
+                             for i, v in enumerate(values)])
+    peaks = compare_records(trials("peak_bytes", "B", [1000, 1001, 999]), trials("peak_bytes", "B", [1000, 1002, 1000]))
+    assert peaks["label"].tolist() == ["same"]
+    drifted = compare_records(trials("time", "s", [1.0, 1.02, 0.98]), trials("time", "s", [1.2, 1.22, 1.18]))
+    assert drifted["label"].tolist() == ["inconclusive"]  # 3 trials a side: no rank test can call it worse

@@ -65,11 +65,17 @@ def _mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float:
     return float(mannwhitneyu(a, b, alternative="two-sided").pvalue)
 
 
-def _label(a: np.ndarray, b: np.ndarray, unit: str, threshold: float, noise: list[str]) -> str:
+def _label(a: np.ndarray, b: np.ndarray, unit: str, threshold: float, noise: list[str], ci_low: float,
+           ci_high: float) -> str:
+    """`worse`/`better` only from the rank test (significance and effect), so a gate never fails on
+    a few trials; `same` also when the test cannot decide but, with two or more trials a side, the
+    ratio's whole 95% interval lies within the threshold (equivalence shown, e.g. peak bytes)."""
     lower_is_better = LOWER_IS_BETTER_BY_UNIT.get(unit)
     if lower_is_better is None:
         return NO_DIRECTION
     label = judge(a, b, lower_is_better=lower_is_better, alpha=DEFAULT_ALPHA, min_effect=threshold)
+    if label == INCONCLUSIVE and min(a.size, b.size) >= 2 and 1 - threshold <= ci_low and ci_high <= 1 + threshold:
+        return SAME
     if label in (SAME, INCONCLUSIVE) and noise:
         return NOISY
     return label
@@ -108,7 +114,7 @@ def compare_records(records_a: pd.DataFrame, records_b: pd.DataFrame, *, thresho
             interval = ratio_of_medians(a, b)
             ratio, ci_low, ci_high = interval.ratio, interval.ci_low, interval.ci_high
             noise = [f"A: {flag}" for flag in noise_flags(a)] + [f"B: {flag}" for flag in noise_flags(b)]
-            label = _label(a, b, unit, threshold, noise)
+            label = _label(a, b, unit, threshold, noise, ci_low, ci_high)
         else:  # zero or negative values (e.g. zero allocations): no ratio to take
             ratio = ci_low = ci_high = math.nan
             noise = []
