@@ -27,6 +27,7 @@ from benchlib.results.store import load_records
 
 KEY_COLUMNS = ("benchmark", "case", "dimension", "variant", "device", "dtype", "metric")
 VALUE_COLUMN = "value"
+METRIC_NAME = "metric"
 UNIT_COLUMN = "unit"
 DEFAULT_THRESHOLD = 0.05
 NOISY = "noisy"
@@ -42,7 +43,24 @@ LOWER_IS_BETTER_BY_UNIT = {
     "model-samples/s": False,
 }
 
-COMPARE_COLUMNS = [*KEY_COLUMNS, UNIT_COLUMN, "n_a", "n_b", "median_a", "median_b", "ratio", "ci_low",
+# Params that describe one measurement rather than the configuration measured: the trial's place in
+# its order, the load before it, what the allocation pass used, samples a sampler managed to take.
+MEASUREMENT_PARAMS = frozenset({"trial", "position", "loadavg_1m_before", "alloc_source", "alloc_steps",
+                                "samples_per_call"})
+CONFIG_COLUMN = "config"  # the params that name what was measured (sizes, policies...), as JSON
+
+
+def with_config(records: pd.DataFrame) -> pd.DataFrame:
+    """`records` with the `config` column: values measured under different params (calibration's matrix
+    sizes) are never pooled into one sample, and two runs match only on the same configuration."""
+    def config(params: str) -> str:
+        values = json.loads(params) if params else {}
+        return json.dumps({k: v for k, v in values.items() if k not in MEASUREMENT_PARAMS}, sort_keys=True)
+
+    return records.assign(**{CONFIG_COLUMN: records["params"].map(config)})
+
+
+COMPARE_COLUMNS = [*KEY_COLUMNS, UNIT_COLUMN, CONFIG_COLUMN, "n_a", "n_b", "median_a", "median_b", "ratio", "ci_low",
                    "ci_high", "p_value", "label", "noise"]
 
 
@@ -93,7 +111,7 @@ def compare_records(records_a: pd.DataFrame, records_b: pd.DataFrame, *, thresho
     """
     if not 0 <= threshold < 1:
         raise ValueError(f"threshold must lie in [0, 1) (a relative change, 0.05 = 5%), got {threshold!r}")
-    keys = [*KEY_COLUMNS, UNIT_COLUMN]
+    keys = [*KEY_COLUMNS, UNIT_COLUMN, CONFIG_COLUMN]
     filtered = []
     for records in (records_a, records_b):
         selected = records
@@ -101,7 +119,7 @@ def compare_records(records_a: pd.DataFrame, records_b: pd.DataFrame, *, thresho
             selected = selected[selected["metric"].isin(metrics)]
         if benchmarks:
             selected = selected[selected["benchmark"].isin(benchmarks)]
-        filtered.append(selected.dropna(subset=[VALUE_COLUMN]))
+        filtered.append(with_config(selected.dropna(subset=[VALUE_COLUMN])))
     groups_b = dict(iter(filtered[1].groupby(keys, sort=True)))
     rows = []
     for key, group_a in filtered[0].groupby(keys, sort=True):
@@ -109,7 +127,7 @@ def compare_records(records_a: pd.DataFrame, records_b: pd.DataFrame, *, thresho
             continue
         a, b = trial_values(group_a), trial_values(groups_b[key])
         median_a, median_b = float(np.median(a)), float(np.median(b))
-        unit = key[-1]
+        unit = key[-2]
         if median_a > 0 and np.all(a > 0) and np.all(np.isfinite(b)):
             interval = ratio_of_medians(a, b)
             ratio, ci_low, ci_high = interval.ratio, interval.ci_low, interval.ci_high
@@ -124,30 +142,35 @@ def compare_records(records_a: pd.DataFrame, records_b: pd.DataFrame, *, thresho
     return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
 
 
-NOISE_COLUMNS = [*KEY_COLUMNS, UNIT_COLUMN, "trials", "median", "flags"]
+NOISE_COLUMNS = [*KEY_COLUMNS, UNIT_COLUMN, CONFIG_COLUMN, "trials", "median", "max_over_min", "flags"]
 
 
 def noise_table(records: pd.DataFrame, *, load_average: float | None = None, cores: int | None = None) -> pd.DataFrame:
     """Measurements not to trust, pyperf style: one row per key whose trials (`trial_values`, at least
     two) spread too much or hold a robust outlier (`noise_flags`), plus every timed key when the load
-    average at the run's start exceeded the cores. Timed keys only: counts and bytes do not drift."""
+    average at the run's start exceeded the cores. Timed keys only (counts and bytes do not drift), and
+    not GC pause times (mostly zero, a pause is an event, not noise)."""
     rows = []
-    timed = records[records[UNIT_COLUMN].isin(["s", "model-samples/s", "B/s", "FLOP/s"])].dropna(subset=[VALUE_COLUMN])
-    for key, group in timed.groupby([*KEY_COLUMNS, UNIT_COLUMN], sort=False):
+    timed = records[records[UNIT_COLUMN].isin(["s", "model-samples/s", "B/s", "FLOP/s"])
+                    & ~records[METRIC_NAME].str.contains("gc_")].dropna(subset=[VALUE_COLUMN])
+    for key, group in with_config(timed).groupby([*KEY_COLUMNS, UNIT_COLUMN, CONFIG_COLUMN], sort=False):
         values = trial_values(group)
-        if values.size < 2 or not np.all(np.isfinite(values)):
+        if values.size < 2 or not np.all(np.isfinite(values)) or not np.all(values > 0):
             continue
         flags = noise_flags(values, load_average=load_average, cores=cores)
         if flags:
-            rows.append([*key, values.size, float(np.median(values)), "; ".join(flags)])
-    return pd.DataFrame(rows, columns=NOISE_COLUMNS)
+            rows.append([*key, values.size, float(np.median(values)), float(values.max() / values.min()),
+                         "; ".join(flags)])
+    table = pd.DataFrame(rows, columns=NOISE_COLUMNS)
+    return table.sort_values("max_over_min", ascending=False, kind="stable").reset_index(drop=True)
 
 
 def noise_text(table: pd.DataFrame, shown: int = 5) -> str:
     """The run summary's noise lines: how many measurements are flagged, and the first few."""
     if table.empty:
         return "noise: no timed measurement flagged (spread, outliers, load at start)"
-    lines = [f"noise: {len(table)} timed measurement(s) flagged (tables/noise.parquet); first {min(shown, len(table))}:"]
+    lines = [f"noise: {len(table)} timed measurement(s) flagged (tables/noise.parquet); "
+             f"the {min(shown, len(table))} widest (max/min over trials):"]
     for row in table.head(shown).itertuples():
         lines.append(f"  {row.benchmark} {row.case} {row.variant} {row.metric}: {row.flags}")
     return "\n".join(lines)

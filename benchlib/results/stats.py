@@ -129,6 +129,9 @@ MAX_CV = 0.10  # pyperf warns above a 10% standard deviation relative to the mea
 MAX_SPREAD = 1.5  # max/min of repeated timings beyond which a sample is too noisy to trust
 BETTER, WORSE, INCONCLUSIVE = "better", "worse", "inconclusive"
 MAD_OUTLIER_Z = 5.0  # robust z (median/MAD scaled to a normal sigma) beyond which a value is an outlier
+# ...and it must also lie this far from the median, relative to it: with a tiny MAD (steady trials)
+# a value 3% off would otherwise count as an outlier
+MIN_OUTLIER_DEVIATION = 0.2
 
 
 @dataclass(frozen=True)
@@ -202,7 +205,7 @@ def noise_flags(values: Sequence[float], *, load_average: float | None = None, c
     """Reasons, pyperf style, not to trust repeated values of one measurement (empty when none).
 
     Spread: coefficient of variation above `max_cv` or max/min above `max_spread`; a robust
-    outlier; a load average at start above the core count, when both were recorded.
+    outlier at least `MIN_OUTLIER_DEVIATION` from the median; a load average at start above the core count, when both were recorded.
     """
     sample = _sample(values, "values")
     flags = []
@@ -215,7 +218,9 @@ def noise_flags(values: Sequence[float], *, load_average: float | None = None, c
         if low > 0 and high / low > max_spread:
             flags.append(f"max/min {high / low:.3g} > {max_spread:g}")
     if sample.size >= 3:
-        outliers = sample[robust_outliers(sample)]
+        median = np.median(sample)
+        far = np.abs(sample - median) > MIN_OUTLIER_DEVIATION * abs(median)
+        outliers = sample[robust_outliers(sample) & far]
         if outliers.size:
             flags.append(f"outliers {', '.join(f'{v:.3g}' for v in outliers)} (median {np.median(sample):.3g})")
     if load_average is not None and cores is not None and load_average > cores:

@@ -157,7 +157,11 @@ def _compare(arguments: argparse.Namespace) -> int:
     elif arguments.format == "json":
         print(comparison.to_json(orient="records", indent=1))
     else:
-        print(comparison.to_string(index=False) if len(comparison) else "no metric in both runs")
+        # the table leaves out the config JSON (csv and json keep it); the last line counts the labels
+        shown = comparison.drop(columns=["config"])
+        print(shown.to_string(index=False) if len(shown) else "no metric in both runs")
+        counts = comparison["label"].value_counts()
+        print(f"{len(comparison)} metric(s): " + ", ".join(f"{count} {label}" for label, count in counts.items()))
     if any_worse(comparison):
         worse = comparison[comparison["label"] == WORSE]
         names = ", ".join(f"{row.benchmark}/{row.case}/{row.variant}/{row.metric}" for row in worse.itertuples())
