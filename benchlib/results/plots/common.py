@@ -99,10 +99,15 @@ def log_axis(fig: go.Figure, values: pd.Series, **selector) -> go.Figure:
 
 
 def ratio_frame(records: pd.DataFrame, *, metric: str, baseline: str, by: Sequence[str] = ("case",)) -> pd.DataFrame:
-    """Median over repeats of `metric` per (`by`, variant), divided by the `baseline` variant's median in the same group.
+    """Median over trials of `metric` per (`by`, variant), divided by the `baseline` variant's median in
+    the same group, with the ratio's 95% bootstrap interval over trials (`ci_low`, `ci_high`: NaN with
+    one trial a side) and the trials' `low`/`high` values.
 
     Ratios are taken within one frame (one run), as the design asks: never against typed-in numbers.
     """
+    from benchlib.results.compare import trial_values
+    from benchlib.results.stats import ratio_of_medians
+
     by = list(by)
     rows = records[records["metric"] == metric]
     if rows.empty:
@@ -114,4 +119,14 @@ def ratio_frame(records: pd.DataFrame, *, metric: str, baseline: str, by: Sequen
     base = medians[medians["variant"] == baseline].drop(columns="variant").rename(columns={"value": "baseline_value"})
     ratios = medians.merge(base, on=by, how="left")
     ratios["ratio"] = ratios["value"] / ratios["baseline_value"]
+    samples = {key: trial_values(group) for key, group in rows.groupby(by + ["variant"], sort=False)}
+    intervals = []
+    for row in ratios.itertuples(index=False):
+        key = tuple(getattr(row, name) for name in by)
+        own, base = samples[(*key, row.variant)], samples.get((*key, baseline))
+        single = base is None or min(own.size, base.size) < 2 or not (base > 0).all()
+        interval = None if single else ratio_of_medians(base, own)
+        intervals.append((own.min(), own.max(), math.nan if single else interval.ci_low,
+                          math.nan if single else interval.ci_high))
+    ratios[["low", "high", "ci_low", "ci_high"]] = pd.DataFrame(intervals, index=ratios.index)
     return ratios

@@ -7,6 +7,7 @@ Each builder takes tidy frames (records as `records_frame` gives them, timelines
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 
 import pandas as pd
@@ -112,13 +113,17 @@ def memory_timelines(timelines: pd.DataFrame, *, case: str | None = None, record
 
 def peak_bars(records: pd.DataFrame, *, case: str | None = None, baseline: str = "manual",
               title: str = "Peak memory above baseline") -> go.Figure:
-    """Peak memory per engine in MB, each bar labelled with its ratio to `baseline`."""
+    """Peak memory per engine in MB (median over trials, error bars the trials' min and max), each bar
+    labelled with its ratio to `baseline` and, with two or more trials a side, the ratio's 95% interval."""
     records = _one_case(records, case, "the records")
     ratios = ratio_frame(records, metric="peak_bytes", baseline=baseline)
     fig = go.Figure()
     for row in ratios.itertuples():
+        interval = "" if math.isnan(row.ci_low) else f"<br>[{row.ci_low:.3f}, {row.ci_high:.3f}]"
         fig.add_trace(go.Bar(x=[row.variant], y=[row.value / MB], name=row.variant, marker_color=engine_color(row.variant),
-                             text=[f"{row.value / MB:.0f} MB<br>{row.ratio:.3f}x"], textposition="outside",
+                             error_y=dict(type="data", symmetric=False, array=[(row.high - row.value) / MB],
+                                          arrayminus=[(row.value - row.low) / MB], color="#444444"),
+                             text=[f"{row.value / MB:.0f} MB<br>{row.ratio:.3f}x{interval}"], textposition="outside",
                              hovertemplate=f"{row.variant}: %{{y:.1f}} MB, {row.ratio:.3f}x {baseline}<extra></extra>"))
     apply_layout(fig, title=f"{title} ({case})" if case else title, x_title="engine",
                  y_title="peak above baseline (MB)")
