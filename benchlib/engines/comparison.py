@@ -16,7 +16,6 @@ import math
 import os
 import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 import numpy as np
