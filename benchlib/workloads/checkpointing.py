@@ -71,18 +71,9 @@ def run(*, device="auto", dtype: str = "float64", D: int = 500, depth: int = 100
     """manual and benchlib-checkpoint at every budget (and "sqrt"), each case in a fresh process."""
     budgets = check_budgets(budgets, depth)
     return compare_engines(
-        benchmark=BENCHMARK,
-        target=TARGET,
+        benchmark=BENCHMARK, target=TARGET,
         cases={f"budget={budget}": {"D": D, "depth": depth, "budget": budget, "seed": seed}
                for budget in [*budgets, SQRT]},
-        engines=ENGINES,
-        device=device,
-        dtype=dtype,
-        repeats=repeats,
-        trials=trials,
-        warmup=warmup,
+        engines=ENGINES, device=device, dtype=dtype, repeats=repeats, trials=trials, warmup=warmup,
         memory_required=lambda engine, _params: dot_chain.memory_required_bytes(engine, D, depth, dtype),
-        malloc=malloc,
-        describe={"x_scaling": dot_chain.X_SCALING},
-        progress=progress,
-    )
+        malloc=malloc, describe={"x_scaling": dot_chain.X_SCALING}, progress=progress)

@@ -116,21 +116,12 @@ def run(*, device="auto", dtype: str = "float64", D: int = SEED_SIZES["D"], dept
             raise ValueError(f"{name} must be a {'non-negative' if name == 'seed' else 'positive'} integer, "
                              f"got {value!r}")
     return compare_engines(
-        benchmark=BENCHMARK,
-        target=TARGET,
+        benchmark=BENCHMARK, target=TARGET,
         cases={f"D={D},depth={depth}": {"D": D, "depth": depth, "seed": seed}},
-        describe={"x_scaling": X_SCALING},
-        engines=engines,
-        device=device,
-        dtype=dtype,
-        repeats=repeats,
-        trials=trials,
-        warmup=warmup,
-        memory_required=lambda engine, _params: memory_required_bytes(engine, D, depth, dtype),
-        malloc=malloc,
-        timeout_s=timeout_s,
-        progress=progress,
-    )
+        describe={"x_scaling": X_SCALING}, engines=engines, device=device, dtype=dtype, repeats=repeats,
+        trials=trials, warmup=warmup,
+        memory_required=lambda engine, _params: memory_required_bytes(engine, D, depth, dtype), malloc=malloc,
+        timeout_s=timeout_s, progress=progress)
 
 
 def main(argv=None) -> int:

@@ -171,18 +171,10 @@ def run(*, device="auto", dtype: str = "float32", batch: int = SEED_SIZES["batch
     if len(set(T_values)) != len(T_values):
         raise ValueError(f"T_values lists a value twice: {T_values}")
     return compare_engines(
-        benchmark=BENCHMARK,
-        target=TARGET,
+        benchmark=BENCHMARK, target=TARGET,
         cases={f"T={T}": {"batch": batch, "hidden": hidden, "T": T, "seed": seed} for T in T_values},
-        engines=engines,
-        device=device,
-        dtype=dtype,
-        repeats=repeats,
-        trials=trials,
-        warmup=warmup,
+        engines=engines, device=device, dtype=dtype, repeats=repeats, trials=trials, warmup=warmup,
         memory_required=lambda engine, params: memory_required_bytes(engine, batch, hidden, params["T"], dtype),
-        malloc=malloc,
-        timeout_s=timeout_s,
+        malloc=malloc, timeout_s=timeout_s,
         describe={"model": "h_t = tanh(h_{t-1} W + b), logistic output per step, loss summed over steps"},
-        progress=progress,
-    )
+        progress=progress)
