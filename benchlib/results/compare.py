@@ -44,9 +44,10 @@ LOWER_IS_BETTER_BY_UNIT = {
 }
 
 # Params that describe one measurement rather than the configuration measured: the trial's place in
-# its order, the load before it, what the allocation pass used, samples a sampler managed to take.
-MEASUREMENT_PARAMS = frozenset({"trial", "position", "loadavg_1m_before", "alloc_source", "alloc_steps",
-                                "samples_per_call"})
+# its order (and how many trials there were, so runs with different trial counts still match), the
+# load before it, what the allocation pass used, samples a sampler managed to take.
+MEASUREMENT_PARAMS = frozenset({"trial", "trials", "order_seed", "position", "loadavg_1m_before", "alloc_source",
+                                "alloc_steps", "samples_per_call"})
 CONFIG_COLUMN = "config"  # the params that name what was measured (sizes, policies...), as JSON
 
 

@@ -142,6 +142,9 @@ def _runs(root: Path | None) -> int:
     return 0
 
 
+WORSE_NAMED = 20  # worse metrics named on stderr; the table lists them all
+
+
 def _compare(arguments: argparse.Namespace) -> int:
     """Print the comparison; exit 1 when any metric is significantly worse beyond the threshold."""
     from benchlib.results.compare import WORSE, any_worse, compare_runs
@@ -164,8 +167,9 @@ def _compare(arguments: argparse.Namespace) -> int:
         print(f"{len(comparison)} metric(s): " + ", ".join(f"{count} {label}" for label, count in counts.items()))
     if any_worse(comparison):
         worse = comparison[comparison["label"] == WORSE]
-        names = ", ".join(f"{row.benchmark}/{row.case}/{row.variant}/{row.metric}" for row in worse.itertuples())
-        print(f"benchlib: worse in B: {names}", file=sys.stderr)
+        names = [f"{row.benchmark}/{row.case}/{row.variant}/{row.metric}" for row in worse.itertuples()]
+        more = f", and {len(names) - WORSE_NAMED} more (see the table)" if len(names) > WORSE_NAMED else ""
+        print(f"benchlib: {len(names)} worse in B: {', '.join(names[:WORSE_NAMED])}{more}", file=sys.stderr)
         return 1
     return 0
 
