@@ -308,7 +308,8 @@ def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping]
                                           memory_required_bytes=required, **options)
                 except CaseFailed as error:  # includes MemoryRequirementError: refused before it starts
                     skipped = f" (its {trials - trial - 1} later trial(s) skipped)" if trial < trials - 1 else ""
-                    note(labels, "failed", f"trial {trial + 1} of {trials}: {error}{skipped}", trial_params)
+                    which = f"trial {trial + 1} of {trials}: " if trials > 1 else ""
+                    note(labels, "failed", f"{which}{error}{skipped}", trial_params)
                     failed.add(engine_name)
                     if engine.hand_written and no_reference is not None:
                         no_reference = f"{REFERENCE_ENGINE} failed, so there is no gradient to compare with"

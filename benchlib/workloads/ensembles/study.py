@@ -3,11 +3,13 @@ full-collection pauses, LeNet5 and the thread sweep, as records and the frames i
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import pandas as pd
 
+from benchlib.measure import torch_threads
 from benchlib.workloads import lenet
 from benchlib.workloads.ensembles.config import PER_NET_STRATEGIES, EnsembleConfig
 from benchlib.workloads.ensembles.floor import calibration_flop_rate, flop_floor, flop_floor_records, matmul_flops
@@ -45,7 +47,13 @@ def run_study(config: Any, data, *, device, calibration: pd.DataFrame | None = N
     `calibration` is the run's records so far: the FLOP floor uses their matmul rate when the
     calibration notebook ran first, else one 1024x1024 product measured here. `save` gets the
     records so far after each part, so a later failure loses nothing already measured.
+    A non-zero `config.torch_threads` fixes torch's intra-op thread count for the study.
     """
+    with torch_threads(config.torch_threads) if config.torch_threads else nullcontext():
+        return _measure_study(config, data, device=device, calibration=calibration, save=save, progress=progress)
+
+
+def _measure_study(config: Any, data, *, device, calibration, save, progress) -> Study:
     ensemble = EnsembleConfig(n_nets=config.n_nets, hidden=config.hidden, batch=config.batch, seed=config.seed)
     study, labels = Study(), {"data": data.source, "device": device.name}
     shown = lambda result: progress(progress_line(result))  # noqa: E731
