@@ -12,15 +12,15 @@ TIMES = np.linspace(1.0, 1.1, 12)
 
 
 def _write_run(root, name, slow_factor=1.0):
+    """Twelve trials of each engine's time, and its peak (exact) in each."""
     run = Run.create(root / name, "cpu")
     records = []
     for engine, factor in (("ours", slow_factor), ("torch", 1.0)):
-        for repeat, seconds in enumerate(TIMES):
-            records.append(make_record(benchmark="dot_chain", case="n=4", engine=engine, device="cpu",
-                                       dtype="float64", metric="time", value=seconds * factor, unit="s",
-                                       repeat=repeat))
-        records.append(make_record(benchmark="dot_chain", case="n=4", engine=engine, device="cpu",
-                                   dtype="float64", metric="peak_bytes", value=1000.0, unit="B"))
+        for trial, seconds in enumerate(TIMES):
+            for metric, value, unit in (("time", seconds * factor, "s"), ("peak_bytes", 1000.0, "B")):
+                records.append(make_record(benchmark="dot_chain", case="n=4", engine=engine, device="cpu",
+                                           dtype="float64", metric=metric, value=value, unit=unit,
+                                           params={"trial": trial}))
     run.save_records(records, "dot_chain")
     return run.path
 
@@ -29,8 +29,8 @@ def test_the_same_run_twice_is_same_and_exits_zero(tmp_path, capsys):
     a, b = _write_run(tmp_path, "a"), _write_run(tmp_path, "b")
     table = compare_runs(a, b)
     assert table.set_index(["variant", "metric"])["label"].to_dict() == {
-        ("ours", "time"): "same", ("ours", "peak_bytes"): "inconclusive",
-        ("torch", "time"): "same", ("torch", "peak_bytes"): "inconclusive"}
+        ("ours", "time"): "same", ("ours", "peak_bytes"): "same",
+        ("torch", "time"): "same", ("torch", "peak_bytes"): "same"}
     assert main(["compare", str(a), str(b)]) == 0
 
 
@@ -51,7 +51,7 @@ def test_a_slower_engine_exits_one_naming_engine_and_metric(tmp_path, capsys):
 def test_higher_throughput_is_better_and_bad_input_is_refused(tmp_path, capsys):
     a = make_record(benchmark="b", case="c", engine="e", device="cpu", dtype="float32", metric="throughput",
                     value=1.0, unit="model-samples/s")
-    frame_a = pd.DataFrame([{**a, "value": v, "repeat": i} for i, v in enumerate(TIMES)])
+    frame_a = pd.DataFrame([{**a, "value": v, "params": '{"trial": %d}' % i} for i, v in enumerate(TIMES)])
     frame_b = frame_a.assign(value=frame_a["value"] * 2)
     assert compare_records(frame_a, frame_b)["label"].tolist() == ["better"]
     with pytest.raises(ValueError, match="threshold"):
@@ -98,3 +98,46 @@ def test_few_trials_are_same_only_when_the_whole_interval_is_within_the_threshol
     assert peaks["label"].tolist() == ["same"]
     drifted = compare_records(trials("time", "s", [1.0, 1.02, 0.98]), trials("time", "s", [1.2, 1.22, 1.18]))
     assert drifted["label"].tolist() == ["inconclusive"]  # 3 trials a side: no rank test can call it worse
+
+
+def _trials(metric, unit, values, *, with_trials=True):
+    return pd.DataFrame([make_record(benchmark="b", case="c", engine="e", device="cpu", dtype="float64", metric=metric,
+                                     value=v, unit=unit, repeat=i, params={"trial": i} if with_trials else {})
+                         for i, v in enumerate(values)])
+
+
+def test_timings_from_one_process_without_trials_never_gate_however_far_they_moved():
+    # the repeats of one sitting: their scatter says nothing of the drift between two sittings
+    a, b = _trials("time", "s", TIMES, with_trials=False), _trials("time", "s", TIMES * 1.7, with_trials=False)
+    (row,) = compare_records(a, b).itertuples()
+    assert row.label == "inconclusive" and np.isnan(row.p_value) and row.ratio == pytest.approx(1.7)
+    with_trials = compare_records(_trials("time", "s", TIMES), _trials("time", "s", TIMES * 1.7))
+    assert with_trials["label"].tolist() == ["worse"]
+
+
+def test_tight_sizes_gate_on_their_ranges_and_loose_ones_or_context_do_not():
+    tight_a, tight_b = [16_000_000, 16_010_000, 16_005_000], [17_600_000, 17_610_000, 17_605_000]
+    assert compare_records(_trials("peak_bytes", "B", tight_a), _trials("peak_bytes", "B", tight_b))["label"].tolist() == ["worse"]
+    assert compare_records(_trials("peak_bytes", "B", tight_b), _trials("peak_bytes", "B", tight_a))["label"].tolist() == ["better"]
+    # an in-kernel peak whose trials spread 4%: three trials 10% apart are not evidence
+    loose_a, loose_b = [26.2e6, 25.6e6, 25.1e6], [29.5e6, 28.9e6, 29.9e6]
+    assert compare_records(_trials("peak_bytes", "B", loose_a), _trials("peak_bytes", "B", loose_b))["label"].tolist() == ["inconclusive"]
+    # deterministic allocation counts repeated in one process decide exactly, trials or not
+    counts = compare_records(_trials("warm_alloc_count", "count", [419, 419], with_trials=False),
+                             _trials("warm_alloc_count", "count", [500, 500], with_trials=False))
+    assert counts["label"].tolist() == ["worse"]
+    context = compare_records(_trials("baseline_bytes", "B", tight_a), _trials("baseline_bytes", "B", tight_b))
+    assert context["label"].tolist() == ["no direction"]
+
+
+def test_machine_drift_reads_the_calibration_timings_of_both_runs():
+    from benchlib.results.compare import machine_drift
+
+    def calibration(seconds, rate):
+        rows = _trials("time", "s", seconds)
+        rows = pd.concat([rows, _trials("flop_rate", "FLOP/s", rate)])
+        return rows.assign(benchmark="calibration")
+
+    table = compare_records(calibration(TIMES, TIMES), calibration(TIMES * 1.3, TIMES / 1.3))
+    assert machine_drift(table).startswith("machine drift: calibration took 1.30x as long in B as in A (median of 2")
+    assert machine_drift(compare_records(_trials("time", "s", TIMES), _trials("time", "s", TIMES))) is None

@@ -15,6 +15,7 @@ import pandas as pd
 from scipy.stats import mannwhitneyu
 
 from benchlib.results.stats import (
+    BETTER,
     DEFAULT_ALPHA,
     INCONCLUSIVE,
     SAME,
@@ -43,6 +44,15 @@ LOWER_IS_BETTER_BY_UNIT = {
     "model-samples/s": False,
 }
 
+# Units of timed measurements: they drift with the machine's state between sittings.
+TIMED_UNITS = frozenset({"s", "B/s", "FLOP/s", "model-samples/s"})
+
+TIGHT_SPREAD_OF_THRESHOLD = 0.25  # sizes whose trials agree within this share of the threshold decide by range
+
+# What shaped a number rather than a result (the memory a process held before the measured work):
+# shown, never judged.
+CONTEXT_METRICS = frozenset({"baseline_bytes"})
+
 # Params that describe one measurement rather than the configuration measured: the trial's place in
 # its order (and how many trials there were, so runs with different trial counts still match), the
 # load before it, what the allocation pass used, samples a sampler managed to take.
@@ -69,10 +79,16 @@ def trial_values(group: pd.DataFrame) -> np.ndarray:
     """One value per independent trial: the median of each case's trial's rows (repeats, steps) when the
     rows' params name their `trial`, else every row's value (rows of one process are then the sample)."""
     values = group[VALUE_COLUMN].to_numpy(float)
-    trials = group["params"].map(lambda params: json.loads(params).get("trial") if params else None)
-    if group.empty or trials.isna().any():
+    if not has_trials(group):
         return values
+    trials = group["params"].map(lambda params: json.loads(params).get("trial"))
     return group.groupby([group["case"].to_numpy(), trials.to_numpy()])[VALUE_COLUMN].median().to_numpy(float)
+
+
+def has_trials(group: pd.DataFrame) -> bool:
+    """Whether every row names its `trial`: then the trials, not the rows, are independent samples."""
+    trials = group["params"].map(lambda params: json.loads(params).get("trial") if params else None)
+    return not group.empty and not trials.isna().any()
 
 
 def _mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float:
@@ -84,16 +100,36 @@ def _mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float:
     return float(mannwhitneyu(a, b, alternative="two-sided").pvalue)
 
 
-def _label(a: np.ndarray, b: np.ndarray, unit: str, threshold: float, noise: list[str], ci_low: float,
-           ci_high: float) -> str:
-    """`worse`/`better` only from the rank test (significance and effect), so a gate never fails on
-    a few trials; `same` also when the test cannot decide but, with two or more trials a side, the
-    ratio's whole 95% interval lies within the threshold (equivalence shown, e.g. peak bytes)."""
+def _label(a: np.ndarray, b: np.ndarray, metric: str, unit: str, threshold: float, noise: list[str], ci_low: float,
+           ci_high: float, *, independent: bool) -> str:
+    """The label of one metric, B against A.
+
+    Timings: `worse`/`better` only from the rank test over trials (p < 0.01 and the threshold: five
+    trials a side at least). Rows of one process without trials (`independent` false) share a
+    sitting, and their scatter says nothing of the drift between two sittings (timings of one
+    commit moved 1.3-1.7x between two runs on the shared 2-core VM), so they are not tested.
+    Sizes and counts measured tightly (two values a side, each side's max/min within a quarter of
+    the threshold, as fresh-process peaks are) decide by their ranges lying apart by more than the
+    threshold; loose ones (an in-kernel peak moves 4-50% between trials) would gate on chance
+    across hundreds of metrics. `same` when the test cannot decide but, with two values a side, the
+    ratio's whole 95% interval lies within the threshold (equivalence shown, e.g. peak bytes).
+    """
     lower_is_better = LOWER_IS_BETTER_BY_UNIT.get(unit)
-    if lower_is_better is None:
+    if lower_is_better is None or metric in CONTEXT_METRICS:
         return NO_DIRECTION
-    label = judge(a, b, lower_is_better=lower_is_better, alpha=DEFAULT_ALPHA, min_effect=threshold)
-    if label == INCONCLUSIVE and min(a.size, b.size) >= 2 and 1 - threshold <= ci_low and ci_high <= 1 + threshold:
+    timed, enough = unit in TIMED_UNITS, min(a.size, b.size) >= 2
+    spread = threshold * TIGHT_SPREAD_OF_THRESHOLD
+    tight = enough and a.max() <= a.min() * (1 + spread) and b.max() <= b.min() * (1 + spread)
+    if not timed and tight:
+        if b.min() > a.max() * (1 + threshold):
+            return WORSE if lower_is_better else BETTER
+        if b.max() < a.min() * (1 - threshold):
+            return BETTER if lower_is_better else WORSE
+    if timed and not independent:
+        return NOISY if noise else INCONCLUSIVE
+    label = judge(a, b, lower_is_better=lower_is_better, alpha=DEFAULT_ALPHA, min_effect=threshold) \
+        if independent else INCONCLUSIVE
+    if label == INCONCLUSIVE and enough and 1 - threshold <= ci_low and ci_high <= 1 + threshold:
         return SAME
     if label in (SAME, INCONCLUSIVE) and noise:
         return NOISY
@@ -104,10 +140,12 @@ def compare_records(records_a: pd.DataFrame, records_b: pd.DataFrame, *, thresho
                     metrics: list[str] | None = None, benchmarks: list[str] | None = None) -> pd.DataFrame:
     """One row per key present in both runs: ratio B/A of medians with its 95% interval, p and label.
 
-    The samples are the runs' trials (`trial_values`): repeats inside one process are not independent.
+    The samples are the runs' trials (`trial_values`): repeats inside one process are not independent,
+    so without trials on both sides p is not computed and a timing is at most "noisy" (`_label`).
 
-    A label is "worse"/"better" only with Mann-Whitney p < 0.01 *and* |ratio - 1| >= threshold;
-    too few trials to test give "inconclusive", a noisy side "noisy"; units without a direction
+    A label is "worse"/"better" with Mann-Whitney p < 0.01 *and* |ratio - 1| >= threshold, or for
+    sizes and counts when the two sides' ranges lie apart by the threshold (`_label`); too few
+    trials to decide give "inconclusive", a noisy side "noisy"; units without a direction
     (ratios, flags) get "no direction" and never gate.
     """
     if not 0 <= threshold < 1:
@@ -126,20 +164,23 @@ def compare_records(records_a: pd.DataFrame, records_b: pd.DataFrame, *, thresho
     for key, group_a in filtered[0].groupby(keys, sort=True):
         if key not in groups_b:
             continue
-        a, b = trial_values(group_a), trial_values(groups_b[key])
+        group_b = groups_b[key]
+        a, b = trial_values(group_a), trial_values(group_b)
+        independent = has_trials(group_a) and has_trials(group_b)
         median_a, median_b = float(np.median(a)), float(np.median(b))
         unit = key[-2]
         if median_a > 0 and np.all(a > 0) and np.all(np.isfinite(b)):
             interval = ratio_of_medians(a, b)
             ratio, ci_low, ci_high = interval.ratio, interval.ci_low, interval.ci_high
             noise = [f"A: {flag}" for flag in noise_flags(a)] + [f"B: {flag}" for flag in noise_flags(b)]
-            label = _label(a, b, unit, threshold, noise, ci_low, ci_high)
+            label = _label(a, b, key[KEY_COLUMNS.index(METRIC_NAME)], unit, threshold, noise, ci_low, ci_high, independent=independent)
         else:  # zero or negative values (e.g. zero allocations): no ratio to take
             ratio = ci_low = ci_high = math.nan
             noise = []
             label = SAME if np.array_equal(np.sort(a), np.sort(b)) else NO_DIRECTION
-        rows.append([*key, a.size, b.size, median_a, median_b, ratio, ci_low, ci_high,
-                     _mann_whitney_p(a, b), label, "; ".join(noise)])
+        p_value = _mann_whitney_p(a, b) if independent else math.nan
+        rows.append([*key, a.size, b.size, median_a, median_b, ratio, ci_low, ci_high, p_value, label,
+                     "; ".join(noise)])
     return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
 
 
@@ -152,7 +193,7 @@ def noise_table(records: pd.DataFrame, *, load_average: float | None = None, cor
     average at the run's start exceeded the cores. Timed keys only (counts and bytes do not drift), and
     not GC pause times (mostly zero, a pause is an event, not noise)."""
     rows = []
-    timed = records[records[UNIT_COLUMN].isin(["s", "model-samples/s", "B/s", "FLOP/s"])
+    timed = records[records[UNIT_COLUMN].isin(TIMED_UNITS)
                     & ~records[METRIC_NAME].str.contains("gc_")].dropna(subset=[VALUE_COLUMN])
     for key, group in with_config(timed).groupby([*KEY_COLUMNS, UNIT_COLUMN, CONFIG_COLUMN], sort=False):
         values = trial_values(group)
@@ -180,6 +221,23 @@ def noise_text(table: pd.DataFrame, shown: int = 5) -> str:
 def compare_runs(run_a: str | Path, run_b: str | Path, *, root: Path | None = None, **options) -> pd.DataFrame:
     """`compare_records` on two runs given by run id (under `root`) or directory."""
     return compare_records(load_records(run_a, root), load_records(run_b, root), **options)
+
+
+YARDSTICK_BENCHMARK = "calibration"  # measures the machine, not the code: its drift is the sitting's
+
+
+def machine_drift(comparison: pd.DataFrame) -> str | None:
+    """One line on how much the machine itself moved between the runs: the median and range of the
+    calibration timings' B/A (rates inverted, so above 1 means B's machine was slower), or None
+    when either run lacks calibration."""
+    rows = comparison[(comparison["benchmark"] == YARDSTICK_BENCHMARK) & comparison[UNIT_COLUMN].isin(TIMED_UNITS)
+                      & ~comparison[METRIC_NAME].str.contains("gc_") & comparison["ratio"].notna()]
+    if rows.empty:
+        return None
+    slowdown = np.where(rows[UNIT_COLUMN] == "s", rows["ratio"], 1 / rows["ratio"])
+    return (f"machine drift: calibration took {np.median(slowdown):.2f}x as long in B as in A (median of "
+            f"{len(rows)}, range {slowdown.min():.2f}-{slowdown.max():.2f}x); timing ratios within that "
+            f"range are the machine's sitting, not the code")
 
 
 def any_worse(comparison: pd.DataFrame) -> bool:

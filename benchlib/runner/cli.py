@@ -147,7 +147,7 @@ WORSE_NAMED = 20  # worse metrics named on stderr; the table lists them all
 
 def _compare(arguments: argparse.Namespace) -> int:
     """Print the comparison; exit 1 when any metric is significantly worse beyond the threshold."""
-    from benchlib.results.compare import WORSE, any_worse, compare_runs
+    from benchlib.results.compare import WORSE, any_worse, compare_runs, machine_drift
 
     try:
         comparison = compare_runs(arguments.run_a, arguments.run_b, root=arguments.out, threshold=arguments.threshold,
@@ -165,6 +165,8 @@ def _compare(arguments: argparse.Namespace) -> int:
         print(shown.to_string(index=False) if len(shown) else "no metric in both runs")
         counts = comparison["label"].value_counts()
         print(f"{len(comparison)} metric(s): " + ", ".join(f"{count} {label}" for label, count in counts.items()))
+        drift = machine_drift(comparison)
+        print(drift or "machine drift: unknown (calibration is not in both runs)")
     if any_worse(comparison):
         worse = comparison[comparison["label"] == WORSE]
         names = [f"{row.benchmark}/{row.case}/{row.variant}/{row.metric}" for row in worse.itertuples()]
