@@ -12,6 +12,7 @@ import torch
 from benchlib.measure import Device, resolve_device
 from benchlib.measure.devices import heap_trim_available
 from benchlib.results import make_record, records_frame
+from benchlib.results.derived import STEP_SUMMARIES, with_step_summaries
 from benchlib.workloads import ensembles as E
 from benchlib.workloads.mnist_data import synthetic_mnist
 
@@ -153,9 +154,20 @@ def test_train_counts_allocations_in_a_separate_pass_and_records_tidy_rows(tenso
     frame = records_frame(rows)
     per_step = frame[frame["metric"] == "step_time"]
     assert per_step["repeat"].tolist() == list(range(5))
-    assert set(frame["metric"]) >= {"step_time_median", "step_time_p99", "step_time_max", "throughput", "gc_share",
-                                    "alloc_bytes_per_step", "peak_bytes", "step_loss", "step_gc_pauses"}
-    assert len(frame) == len(result.summary()) + 4 * 5
+    # what was measured is stored; the summaries are derived from the steps, equal to the in-memory ones
+    assert set(frame["metric"]) == {"alloc_count_per_step", "alloc_bytes_per_step", "peak_bytes", "step_time",
+                                    "step_gc_pauses", "step_gc_time", "step_loss"}
+    assert len(frame) == 3 + 4 * 5
+    derived = with_step_summaries(frame).set_index("metric")["value"]
+    summary = result.summary()
+    assert {metric: derived[metric] for metric in STEP_SUMMARIES} == pytest.approx(
+        {metric: summary[metric] for metric in STEP_SUMMARIES})
+    # an older run's stored summary of the same cell is replaced, never doubled
+    stored = records_frame(rows + [make_record(metric="throughput", value=1.0, unit="model-samples/s", benchmark=E.BENCHMARK,
+                                               case=rows[0]["case"], strategy="batched_hand", device=CPU, dtype="float32",
+                                               params=json.loads(rows[0]["params"]))])
+    throughput = with_step_summaries(stored).query("metric == 'throughput'")["value"]
+    assert throughput.tolist() == pytest.approx([summary["throughput"]])
     assert {json.loads(p)["data"] for p in frame["params"]} == {"synthetic"}
     assert frame["case"].unique().tolist() == [f"batched_hand|gc=default|heap=0|threads={torch.get_num_threads()}"]
 
@@ -270,7 +282,9 @@ def test_notebook_runs_through_the_runner_with_quick_sizes(tmp_path):
     params = [json.loads(p) for p in records["params"]]
     assert {p["data"] for p in params} == {"synthetic"}
     assert set(records["variant"]) >= set(E.STRATEGIES) | {"sequential", "threads", "vmap", "flop_floor", "python-gc"}
-    summary = records[records["metric"] == "throughput"]
+    assert not records["metric"].isin(STEP_SUMMARIES).any()  # derived when read, never stored
+    derived = with_step_summaries(records)
+    summary = derived[derived["metric"] == "throughput"]
     # QUICK runs 2 trials of every cell, + the thread sweep's one cell (QUICK: [1])
     assert len(summary) == 2 * len(E.STRATEGIES) * len(E.GC_POLICIES) + 1
     trial_of = summary["params"].map(lambda p: json.loads(p)["trial"])

@@ -122,3 +122,14 @@ def test_a_derived_ratio_metric_is_taken_per_trial_before_the_rule_compares():
     table = seed_verdicts(pd.DataFrame(rows("naive", 0.1, 0.3) + rows("batched_hand", 0.01, 0.011)))
     assert table["verdict"].tolist() == [REPRODUCED]
     assert table["ratio"].iloc[0] == pytest.approx(1.1 / 3)
+
+
+def test_the_manual_gc_rule_finds_its_cases_by_their_gc_field():
+    def rows(policy, value):
+        return [make_record(benchmark="mnist_ensembles", case=f"naive|gc={policy}|heap=0|threads=2", engine="naive",
+                            device="cpu", dtype="float32", metric="throughput", value=value * f, unit="model-samples/s",
+                            params={"gc_policy": policy, "heap_objects": 0, "trial": i})
+                for i, f in enumerate(np.linspace(0.98, 1.02, 6))]
+    table = seed_verdicts(pd.DataFrame(rows("default", 1e5) + rows("manual", 0.8e5)))
+    (row,) = table[table["claim"].str.contains("manual GC")].itertuples()
+    assert row.verdict == REPRODUCED and row.ratio == pytest.approx(0.8, rel=0.01) and row.group == "heap_objects=0"

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import mannwhitneyu
 
+from benchlib.results.derived import with_step_summaries
 from benchlib.results.stats import (
     BETTER,
     DEFAULT_ALPHA,
@@ -153,7 +154,7 @@ def compare_records(records_a: pd.DataFrame, records_b: pd.DataFrame, *, thresho
     keys = [*KEY_COLUMNS, UNIT_COLUMN, CONFIG_COLUMN]
     filtered = []
     for records in (records_a, records_b):
-        selected = records
+        selected = with_step_summaries(records)
         if metrics:
             selected = selected[selected["metric"].isin(metrics)]
         if benchmarks:

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from benchlib.results.compare import VALUE_COLUMN, trial_values
+from benchlib.results.derived import with_step_summaries
 from benchlib.results.stats import median_interval, ratio_of_medians
 
 REPRODUCED, REFUTED, INCONCLUSIVE = "reproduced", "refuted", "inconclusive"
@@ -91,8 +92,9 @@ class RatioRule:
         """Per-trial values of the engine side and of the baseline side."""
         def side(variant: str, case: str) -> np.ndarray:
             rows = records[(records[ENGINE_COLUMN] == variant)]
-            if case:
-                rows = rows[rows[CASE_COLUMN].str.endswith(case)]
+            if case:  # the case's last part ("dense/seed/initial") or one of its "|" fields ("gc=manual")
+                names = rows[CASE_COLUMN]
+                rows = rows[names.str.endswith(case) | names.str.split("|").map(lambda fields: case in fields)]
             if "/" not in self.metric:
                 return trial_values(rows)
             numerator, denominator = (trial_values(rows[rows[METRIC_COLUMN] == name]) for name in self.metrics)
@@ -232,6 +234,7 @@ def _grid_point(params: str) -> str:
 def seed_verdicts(records: pd.DataFrame, rules: tuple = SEED_RULES) -> pd.DataFrame:
     """The verdict table of a run: one row per rule, group and grid point the run measured (cases of
     different grid points, e.g. sizes, are never pooled)."""
+    records = with_step_summaries(records)
     params = records["params"].map(lambda text: json.loads(text) if text else {}) if not records.empty \
         else pd.Series(dtype=object)
     points = records["params"].map(_grid_point) if not records.empty else pd.Series(dtype=str)

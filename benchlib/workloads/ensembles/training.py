@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from benchlib.results import make_record
+from benchlib.results.derived import step_summaries
 from benchlib.workloads.ensembles.config import (
     BENCHMARK, STRATEGIES, GC_POLICIES, EnsembleConfig, initial_parameters, minibatch_indices,
 )
@@ -35,49 +36,34 @@ class TrainResult:
     alloc_source: str = ""
     peak_bytes: float = math.nan
 
-    @property
-    def timed(self) -> slice:
-        return slice(self.warmup, None)
-
     def summary(self) -> dict[str, float]:
-        """Step-time statistics over the timed steps; throughput counts every timed second."""
-        times = self.step_s[self.timed]
-        total = float(times.sum())
-        samples = self.labels["n_nets"] * self.labels["batch"] * len(times)
-        return {
-            "step_time_median": float(np.median(times)),
-            "step_time_p99": float(np.percentile(times, 99)),
-            "step_time_max": float(times.max()),
-            "throughput": samples / total,
-            "gc_share": float(self.gc_s[self.timed].sum()) / total,
-            "gc_pauses": float(self.gc_count[self.timed].sum()),
-            "step_gc_time_max": float(self.gc_s[self.timed].max()),
-            "alloc_count_per_step": self.alloc_count_per_step,
-            "alloc_bytes_per_step": self.alloc_bytes_per_step,
-            "peak_bytes": self.peak_bytes,
-            "final_loss": float(self.loss[-1]),
-        }
+        """Step-time statistics over the timed steps (`step_summaries`, as results derive them from
+        the stored steps) and the measured allocations and peak."""
+        steps = {"step_time": self.step_s, "step_gc_time": self.gc_s, "step_gc_pauses": self.gc_count,
+                 "step_loss": self.loss}
+        samples_per_step = self.labels["n_nets"] * self.labels["batch"]
+        return step_summaries(steps, warmup=self.warmup, samples_per_step=samples_per_step) | {
+            "alloc_count_per_step": self.alloc_count_per_step, "alloc_bytes_per_step": self.alloc_bytes_per_step,
+            "peak_bytes": self.peak_bytes}
 
     def case(self) -> str:
         case = (f"{self.strategy}|gc={self.labels['gc_policy']}|heap={self.labels['heap_objects']}"
                 f"|threads={self.labels['torch_threads']}")
         return f"{case}|sweep={self.labels['sweep']}" if self.labels.get("sweep") else case
 
-    def records(self, device, per_step: bool = True) -> list[dict]:
-        """Tidy rows: the summary metrics, and (if ``per_step``) one row per step and metric."""
-        units = {
-            "step_time_median": "s", "step_time_p99": "s", "step_time_max": "s",
-            "throughput": "model-samples/s", "gc_share": "", "gc_pauses": "count", "step_gc_time_max": "s",
-            "alloc_count_per_step": "count", "alloc_bytes_per_step": "B", "peak_bytes": "B", "final_loss": "",
-        }
+    def records(self, device) -> list[dict]:
+        """Tidy rows of what was measured: one per step and metric (repeat = step index), and the
+        allocation pass and peak. Summaries (median, p99, throughput...) are derived from the steps
+        by `benchlib.results.derived`, not stored."""
         common = dict(benchmark=BENCHMARK, case=self.case(), strategy=self.strategy, device=device,
                       dtype="float32", params=self.labels)
-        rows = [make_record(metric=m, value=v, unit=units[m], **common) for m, v in self.summary().items()]
-        if per_step:
-            for metric, unit, values in (("step_time", "s", self.step_s), ("step_gc_pauses", "count", self.gc_count),
-                                         ("step_gc_time", "s", self.gc_s), ("step_loss", "", self.loss)):
-                rows += [make_record(metric=metric, value=float(v), unit=unit, repeat=i, **common)
-                         for i, v in enumerate(values)]
+        rows = [make_record(metric=metric, value=value, unit=unit, **common) for metric, value, unit in (
+            ("alloc_count_per_step", self.alloc_count_per_step, "count"),
+            ("alloc_bytes_per_step", self.alloc_bytes_per_step, "B"), ("peak_bytes", self.peak_bytes, "B"))]
+        for metric, unit, values in (("step_time", "s", self.step_s), ("step_gc_pauses", "count", self.gc_count),
+                                     ("step_gc_time", "s", self.gc_s), ("step_loss", "", self.loss)):
+            rows += [make_record(metric=metric, value=float(v), unit=unit, repeat=i, **common)
+                     for i, v in enumerate(values)]
         return rows
 
 
@@ -105,7 +91,8 @@ def train(
     if steps <= warmup:
         raise ValueError(f"need more steps than warm-up steps ({warmup}), got {steps} timed steps")
     loss = np.zeros(steps)
-    labels = dict(labels or {}) | {"loadavg_1m_before": load_average(), "torch_threads": torch.get_num_threads()}
+    labels = dict(labels or {}) | {"warmup": warmup, "loadavg_1m_before": load_average(),
+                                   "torch_threads": torch.get_num_threads()}
     if device.kind == "cpu":
         labels["peak_after_malloc_trim"] = heap_trim_available()
 
