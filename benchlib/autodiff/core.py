@@ -188,7 +188,8 @@ class BackwardStats:
     outputs of recorded operations that a VJP will read, from the moment they are saved (or, under
     checkpointing, kept or recomputed) until the VJPs that read them have run. The differentiated
     arguments and constants belong to the caller and are not counted. `peak_total_bytes` is the
-    largest sum of both at one instant; `recomputed_nodes` counts operations re-run under checkpointing.
+    largest sum of both at one instant (`saved_bytes_at_peak_total` and `live_bytes_at_peak_total` its
+    two parts then); `recomputed_nodes` counts operations re-run under checkpointing.
     """
 
     accumulate: str
@@ -201,6 +202,8 @@ class BackwardStats:
     saved_bytes: int = 0
     saved_bytes_peak: int = 0
     peak_total_bytes: int = 0
+    saved_bytes_at_peak_total: int = 0  # the two roles of peak_total_bytes, at its instant
+    live_bytes_at_peak_total: int = 0
     recomputed_nodes: int = 0
     nodes_run: int = 0  # operations whose VJPs ran
     vjp_calls: int = 0  # one per (operation, traced argument)
@@ -232,6 +235,7 @@ class _Ledger:
         total = stats.live_bytes + stats.saved_bytes
         if total > stats.peak_total_bytes:
             stats.peak_total_bytes = total
+            stats.saved_bytes_at_peak_total, stats.live_bytes_at_peak_total = stats.saved_bytes, stats.live_bytes
 
     def acquire(self, value) -> None:
         key, nbytes = self.xp.storage(value)

@@ -84,6 +84,9 @@ for _name, _unit, _kind, _meaning in (
     ("grads_identical", "", "check", "1 when two gradients are bit-identical, else 0"),
     ("x_scale", "", "setting", "scale applied to the dot chain's input so its values stay finite"),
     # checkpointing
+    ("role_saved_bytes", "B", "memory", "forward values held for the backward pass: at the tape's peak (benchlib), "
+                                        "or packed by torch's saved-tensor hooks in one call (torch)"),
+    ("role_gradient_bytes", "B", "memory", "gradient buffers at the tape's peak (benchlib engines)"),
     ("recomputed_nodes", "count", "count", "tape nodes recomputed in one checkpointed backward pass"),
     ("saved_bytes_peak", "B", "memory", "peak bytes of saved activations on the checkpointed tape"),
     ("peak_total_bytes", "B", "memory", "peak bytes held by the checkpointed tape, snapshots included"),

@@ -23,6 +23,7 @@ import numpy as np
 from benchlib.engines import ENGINE_NAMES, get_engine
 from benchlib.engines.comparison import EngineComparison, compare_engines
 from benchlib.engines.gradients import save_gradient
+from benchlib.engines.roles import memory_roles
 from benchlib.measure import DEFAULT_MALLOC_POLICY, MALLOC_POLICIES, Case, mark
 
 BENCHMARK = "dot_chain"
@@ -101,7 +102,7 @@ def case(*, device, engine: str, D: int, depth: int, dtype: str, gradient_dir: s
 
     def check(result) -> dict[str, float]:
         save_gradient(result, gradient_dir, engine)
-        return {"x_scale": scale}
+        return {"x_scale": scale, **memory_roles(chosen, gradient, lambda: gradient(x, z), inputs=(x, z))}
 
     return Case(lambda: gradient(x, z), check)
 

@@ -19,6 +19,7 @@ import pandas as pd
 from benchlib.engines import ENGINE_NAMES, get_engine
 from benchlib.engines.comparison import EngineComparison, compare_engines
 from benchlib.engines.gradients import save_gradient
+from benchlib.engines.roles import memory_roles
 from benchlib.measure import Case, mark
 
 BENCHMARK = "rnn_fanout"
@@ -125,7 +126,7 @@ def case(*, device, engine: str, batch: int, hidden: int, T: int, dtype: str, gr
 
     def check(result) -> dict[str, float]:
         save_gradient(result, gradient_dir, engine)
-        return {}
+        return memory_roles(chosen, gradient, lambda: gradient(*args), inputs=args)
 
     return Case(lambda: gradient(*args), check)
 

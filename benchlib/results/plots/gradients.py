@@ -10,6 +10,7 @@ import json
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -129,6 +130,52 @@ def peak_bars(records: pd.DataFrame, *, case: str | None = None, baseline: str =
                  y_title="peak above baseline (MB)")
     fig.update_layout(showlegend=False)
     fig.update_yaxes(rangemode="tozero")
+    return _annotate(fig, _status_notes(records, case))
+
+
+ROLES = (  # (column, legend, colour): the stack of `peak_by_role`, bottom to top
+    ("saved", "forward values saved for backward", "#4c78a8"),
+    ("gradients", "gradient buffers", "#f58518"),
+    ("other", "other: temporaries, allocator, unexposed", "#bab0ac"),
+)
+ROLE_SOURCES = {"benchlib": "exact, from the tape at its peak", "torch": "saved tensors packed by autograd (hooks)"}
+
+
+def role_frame(records: pd.DataFrame, *, case: str | None = None) -> pd.DataFrame:
+    """Per engine, medians over trials of the measured peak and of its known roles (`role_saved_bytes`,
+    `role_gradient_bytes`, 0 where the engine exposes none), and `other`: the peak minus both, never
+    below 0; `source` says where the roles come from."""
+    records = _one_case(records, case, "the records")
+    metrics = ["peak_bytes", "role_saved_bytes", "role_gradient_bytes"]
+    medians = (records[records["metric"].isin(metrics)].groupby(["variant", "metric"], sort=False)["value"]
+               .median().unstack("metric").reindex(columns=metrics))
+    table = pd.DataFrame({"peak": medians["peak_bytes"], "saved": medians["role_saved_bytes"].fillna(0.0),
+                          "gradients": medians["role_gradient_bytes"].fillna(0.0)})
+    table["other"] = (table["peak"] - table["saved"] - table["gradients"]).clip(lower=0.0)
+    table["source"] = np.where(medians["role_gradient_bytes"].notna(), ROLE_SOURCES["benchlib"],
+                               np.where(medians["role_saved_bytes"].notna(), ROLE_SOURCES["torch"], "none exposed"))
+    return table.rename_axis("engine").reset_index()
+
+
+def peak_by_role(records: pd.DataFrame, *, case: str | None = None,
+                 title: str = "Peak memory by role") -> go.Figure:
+    """Each engine's peak (median over trials) stacked by role: what it saved from the forward pass,
+    its gradient buffers (both exact for benchlib's engines; saved tensors for torch's) and the
+    rest of the measured peak; a diamond marks the measured peak where the known roles exceed it."""
+    table = role_frame(records, case=case)
+    fig = go.Figure()
+    for column, legend, color in ROLES:
+        fig.add_trace(go.Bar(x=table["engine"], y=table[column] / MB, name=legend, marker_color=color,
+                             customdata=table["source"],
+                             hovertemplate=f"%{{x}}: {legend} %{{y:.1f}} MB<br>%{{customdata}}<extra></extra>"))
+    over = table[table["saved"] + table["gradients"] > table["peak"]]
+    if not over.empty:
+        fig.add_trace(go.Scatter(x=over["engine"], y=over["peak"] / MB, mode="markers", name="measured peak",
+                                 marker=dict(symbol="diamond", size=11, color="#222222")))
+    apply_layout(fig, title=f"{title} ({case})" if case else title, x_title="engine",
+                 y_title="peak above baseline (MB)")
+    fig.update_layout(barmode="stack")
+    legend_right(fig)
     return _annotate(fig, _status_notes(records, case))
 
 

@@ -1,0 +1,70 @@
+"""Memory by role: exact tape roles for benchlib's engines, saved tensors for torch's, nothing for
+engines that expose neither; and the stacked figure's 'other' is the measured peak minus both."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from benchlib.engines import get_engine
+from benchlib.engines.roles import GRADIENT_METRIC, SAVED_METRIC, memory_roles
+from benchlib.measure import resolve_device
+from benchlib.results import make_record
+from benchlib.results.plots.gradients import peak_by_role, role_frame
+from benchlib.workloads import dot_chain
+
+D, DEPTH = 4, 9
+BLOCK = D * D * 8  # one float64 D x D value
+
+
+def _roles(engine_name):
+    engine, device = get_engine(engine_name), resolve_device("cpu")
+    x_np, z_np, _ = dot_chain.make_data(D, "float64", 0)
+    x, z = engine.asarray(x_np, device), engine.asarray(z_np, device)
+    xp = engine.namespace(device)
+    gradient = engine.gradient(dot_chain.chain_loss(xp, DEPTH), 0, manual=dot_chain.manual_gradient(xp, DEPTH))
+    gradient(x, z)
+    return memory_roles(engine, gradient, lambda: gradient(x, z), inputs=(x, z)), gradient
+
+
+def test_benchlib_roles_are_the_two_parts_of_the_tapes_peak():
+    inplace, gradient = _roles("benchlib-inplace")
+    # the d-1 outputs z_1..z_(d-1) saved, and 3 gradient blocks (passed back, x's and z's contributions)
+    assert inplace == {SAVED_METRIC: (DEPTH - 1) * BLOCK, GRADIENT_METRIC: 3 * BLOCK}
+    assert inplace[SAVED_METRIC] + inplace[GRADIENT_METRIC] == gradient.stats.peak_total_bytes
+    deferred, _ = _roles("benchlib-deferred")  # every contribution kept: its peak is all gradients
+    assert deferred[SAVED_METRIC] == 0 and deferred[GRADIENT_METRIC] > 2 * (DEPTH - 1) * BLOCK
+    checkpointed, _ = _roles("benchlib-checkpoint")
+    assert checkpointed[SAVED_METRIC] < inplace[SAVED_METRIC]
+
+
+@pytest.mark.parametrize("engine", ["manual", "autograd"])
+def test_engines_that_expose_no_roles_report_none(engine):
+    assert _roles(engine)[0] == {}
+
+
+def test_torch_saved_tensors_are_counted_once_per_storage_without_the_inputs():
+    pytest.importorskip("torch")
+    torch_roles, _ = _roles("torch")
+    assert torch_roles == {SAVED_METRIC: (DEPTH - 1) * BLOCK}  # the same outputs benchlib's tape saves
+    checkpointed, _ = _roles("torch-checkpoint")
+    assert 0 < checkpointed[SAVED_METRIC] < torch_roles[SAVED_METRIC]
+
+
+def test_role_frame_stacks_to_the_measured_peak_and_never_below_zero():
+    def rows(engine, **values):
+        return [make_record(benchmark="dot_chain", case="c", engine=engine, device="cpu", dtype="float64",
+                            metric=metric, value=value, unit="B", params={"trial": 0})
+                for metric, value in values.items()]
+    records = pd.DataFrame(rows("benchlib-inplace", peak_bytes=1000.0, role_saved_bytes=600.0, role_gradient_bytes=300.0)
+                           + rows("torch", peak_bytes=1000.0, role_saved_bytes=1200.0)
+                           + rows("manual", peak_bytes=900.0))
+    table = role_frame(records).set_index("engine")
+    assert table.loc["benchlib-inplace", ["saved", "gradients", "other"]].tolist() == [600.0, 300.0, 100.0]
+    assert table.loc["torch", "other"] == 0.0 and table.loc["manual", "other"] == 900.0
+    assert table["source"].tolist() == ["exact, from the tape at its peak", "saved tensors packed by autograd (hooks)",
+                                        "none exposed"]
+    figure = peak_by_role(records)
+    names = [trace.name for trace in figure.data]
+    assert names[:3] == ["forward values saved for backward", "gradient buffers", "other: temporaries, allocator, unexposed"]
+    assert names[3] == "measured peak" and list(figure.data[3].x) == ["torch"]  # roles above the peak are marked
+    np.testing.assert_allclose(figure.data[2].y, [100 / 1e6, 0.0, 900 / 1e6])
