@@ -86,6 +86,7 @@ def test_a_quick_run_ends_with_a_report_that_renders_every_figure_in_chromium(tm
     assert f'data-figures-rendered="{saved}"' in body, body
     assert 'data-script-errors="[]"' in body, body
     assert len(re.findall(r'class="main-svg"', dom)) >= saved
+    assert "Quick sizes: these verdicts judge" in report.read_text()  # a smoke test says what its verdicts are worth
 
     # The executed notebook shows its figure outside Jupyter too (nbconvert's HTML, no plotly JSON renderer).
     subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "html", "--output-dir", str(tmp_path / "html"),

@@ -53,6 +53,8 @@ def test_the_printed_table_names_verdict_ratio_and_claim():
     text = verdict_text(_dot_chain({"manual": 1000, "benchlib-deferred": 2000, "benchlib-inplace": 1000}))
     assert "reproduced" in text and "2 [" in text and "deferred accumulation" in text
     assert verdict_text(_dot_chain({"manual": 1000})).startswith("seed verdicts: none")
+    quick = verdict_text(_dot_chain({"manual": 1000, "benchlib-deferred": 2000}), quick=True).splitlines()
+    assert quick[1].startswith("  (quick sizes:") and "deferred accumulation" in quick[2]
 
 
 def test_ensemble_rules_read_throughput_up_and_peak_down():

@@ -21,7 +21,7 @@ from typing import Any
 import nbformat
 import pandas as pd
 
-from benchlib.results.seed_verdicts import seed_verdicts
+from benchlib.results.seed_verdicts import QUICK_CAVEAT, seed_verdicts
 from benchlib.results.store import RUN_INFO, RecordsUnreadable, load_records, load_run_info, resolve_run, write_text_atomic
 
 REPORT = "report.html"
@@ -132,6 +132,7 @@ body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 24
 h1 { font-size: 1.6em; margin-bottom: 4px; } h2 { border-bottom: 1px solid #ccc; padding-bottom: 4px; margin-top: 36px; }
 .env { color: #444; font-size: 0.92em; margin: 2px 0; }
 .question { font-style: italic; color: #333; }
+.warning { background: #fff4e0; border-left: 4px solid #e08a00; padding: 6px 10px; }
 table.table { border-collapse: collapse; font-size: 0.9em; margin: 8px 0 16px; }
 table.table th, table.table td { padding: 3px 10px; border-bottom: 1px solid #e3e3e3; text-align: left; }
 table.table th { background: #f4f4f4; }
@@ -199,7 +200,9 @@ def build_report(run: str | os.PathLike) -> str:
     parts.append("<h2 id='verdicts'>Seed verdicts</h2>"
                  "<p>Did this run reproduce each seed's claim? The ratio's 95% interval inside the claimed range "
                  "reproduces it, wholly outside refutes it, anything else (one trial a side, too much noise) is "
-                 "inconclusive.</p>" + _verdict_section(run_path))
+                 "inconclusive.</p>"
+                 + (f"<p class='warning'>{esc(QUICK_CAVEAT[0].upper() + QUICK_CAVEAT[1:])}.</p>" if info.get("quick") else "")
+                 + _verdict_section(run_path))
     noise_path = run_path / "tables" / "noise.parquet"
     if noise_path.is_file():
         noise = pd.read_parquet(noise_path)

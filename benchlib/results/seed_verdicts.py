@@ -247,14 +247,18 @@ def seed_verdicts(records: pd.DataFrame, rules: tuple = SEED_RULES) -> pd.DataFr
     return pd.DataFrame(rows, columns=[*SeedVerdict.__dataclass_fields__, "grid_point"])
 
 
-def verdict_text(records: pd.DataFrame) -> str:
+QUICK_CAVEAT = ("quick sizes: these verdicts judge the seeds' claims at smoke-test sizes (tiny chains, "
+                "few nets, two trials), where fixed per-process costs dominate; only a full run speaks for the seeds")
+
+
+def verdict_text(records: pd.DataFrame, *, quick: bool = False) -> str:
     """The verdict table as printed at the end of `benchlib run`: one line per claim and verdict, its
     groups (e.g. MWE and order) folded into a count and the range of their ratios; the report and
-    `seed_verdicts` keep every row."""
+    `seed_verdicts` keep every row. `quick` (a `--quick` run) heads it with `QUICK_CAVEAT`."""
     table = seed_verdicts(records)
     if table.empty:
         return "seed verdicts: none (no benchmark with a seed rule was measured)"
-    lines = ["seed verdicts (ratio [95% interval] vs baseline):"]
+    lines = ["seed verdicts (ratio [95% interval] vs baseline):", *([f"  ({QUICK_CAVEAT})"] if quick else [])]
     for (claim, verdict, point), rows in table.groupby(["claim", "verdict", "grid_point"], sort=False):
         first = rows.iloc[0]
         versus = f" vs {first.baseline}" if first.baseline else ""

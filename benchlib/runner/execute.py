@@ -352,7 +352,7 @@ def run(
     results_run.finish(interrupted=False, data_sources={r.name: r.data_source for r in result.notebooks if r.data_source})
     print(result.summary(), file=stream, flush=True)
     records = load_records(results_run.path)
-    print(verdict_text(records), file=stream, flush=True)
+    print(verdict_text(records, quick=bool(results_run.info.get("quick"))), file=stream, flush=True)
     cpu = results_run.info.get("environment", {}).get("cpu", {})
     noise = noise_table(records, load_average=cpu.get("load_average_1m_at_start"), cores=cpu.get("usable_cores"))
     results_run.save_table(noise, "noise")
