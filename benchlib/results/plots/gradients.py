@@ -47,9 +47,10 @@ def _status_notes(records: pd.DataFrame, case: str | None = None) -> list[str]:
 
 def _annotate(fig: go.Figure, notes: Sequence[str]) -> go.Figure:
     if notes:
-        fig.add_annotation(text="<br>".join(notes), xref="paper", yref="paper", x=0, y=-0.22,
-                           showarrow=False, align="left", font=dict(size=11))
-        fig.update_layout(margin=dict(b=60 + 18 * len(notes)))
+        # below the x axis title at any figure height: pixels, not a share of the plot
+        fig.add_annotation(text="<br>".join(notes), xref="paper", yref="paper", x=0, y=0, yanchor="top",
+                           yshift=-58, showarrow=False, align="left", font=dict(size=11))
+        fig.update_layout(margin=dict(b=76 + 16 * len(notes)))
     return fig
 
 
