@@ -94,8 +94,14 @@ def log_axis(fig: go.Figure, values: pd.Series, **selector) -> go.Figure:
     positive = values[values > 0]
     if positive.empty:
         return fig.update_yaxes(type="log", **selector)
-    ticks = log_ticks(float(positive.min()), float(positive.max()))
-    return fig.update_yaxes(type="log", tickmode="array", tickvals=ticks, ticktext=[f"{t:g}" for t in ticks], **selector)
+    low, high = float(positive.min()), float(positive.max())
+    ticks = log_ticks(low, high)
+    # the range reaches the outer ticks (both ends carry a label) with a margin, so no marker is clipped
+    bottom, top = math.log10(min(ticks[0], low)), math.log10(max(ticks[-1], high))
+    margin = 0.05 * max(top - bottom, 0.2)
+    span = [bottom - margin, top + margin]
+    return fig.update_yaxes(type="log", tickmode="array", tickvals=ticks, ticktext=[f"{t:g}" for t in ticks],
+                            range=span, **selector)
 
 
 def ratio_frame(records: pd.DataFrame, *, metric: str, baseline: str, by: Sequence[str] = ("case",)) -> pd.DataFrame:
