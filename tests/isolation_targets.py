@@ -1,4 +1,5 @@
 """Targets for tests/test_isolation.py: each is a `module:function` a child process imports."""
+import contextlib
 import os
 import time
 
@@ -23,6 +24,21 @@ def allocate(device, n=4_000_000):
         return {"sum": float(result.sum()), "kept": float(kept.size)}
 
     return Case(fn, check)
+
+
+def with_roles(device, n=1_000_000):
+    """A case with a role gauge: the measured call holds one array, which the gauge reports while
+    the call runs (0 before and after)."""
+    held = {"array": 0}
+
+    def fn():
+        out = np.ones(n)
+        held["array"] = out.nbytes
+        time.sleep(0.05)  # long enough for the sampler to see it
+        held["array"] = 0
+        return out
+
+    return Case(fn, roles=lambda: contextlib.nullcontext(lambda: dict(held)))
 
 
 def raises(device):

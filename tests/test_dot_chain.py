@@ -120,6 +120,11 @@ def test_notebook_runs_with_quick_sizes_and_writes_every_engines_records(tmp_pat
     assert list(timelines.columns) == ["benchmark", "case", "engine", "device", "dtype", "t_s", "bytes", "phase"]
     assert set(timelines["engine"]) == set(ENGINE_NAMES)
     assert {"forward", "backward"} <= set(timelines["phase"])
+    roles = pd.read_parquet(result.path / "tables" / "dot_chain_role_timelines.parquet")
+    assert set(roles["engine"]) == {e for e in ENGINE_NAMES if e.startswith(("benchlib-", "torch"))}
+    assert roles.loc[roles["engine"].str.startswith("torch"), "gradients"].isna().all()
+    assert roles.loc[roles["engine"].str.startswith("benchlib-"), "gradients"].notna().all()
+    assert (result.path / "figures" / "dot_chain_role_timeline.html").is_file()
 
 
 @cuda_only

@@ -33,6 +33,18 @@ def test_child_returns_measurement_checks_and_environment():
     assert env["device"]["device"] == "cpu" and "torch_threads" in env
 
 
+def test_a_role_timeline_is_one_more_call_read_with_the_cases_gauge_only_when_asked():
+    n = 1_000_000
+    result = run_isolated("isolation_targets:with_roles", {"n": n}, name="roles", role_timeline=True,
+                          timeline_interval_s=0.005)
+    roles = result.role_timeline
+    assert list(roles.columns) == ["t_s", "bytes", "phase", "array"]
+    assert roles["array"].iloc[0] == 0 and roles["array"].iloc[-1] == 0 and roles["array"].max() == 8 * n
+    assert result.measurement.timeline is not None and "array" not in result.measurement.timeline
+    assert run_isolated("isolation_targets:with_roles", {"n": n}, name="roles").role_timeline is None
+    assert run_isolated("isolation_targets:allocate", {"n": 10}, name="no gauge", role_timeline=True).role_timeline is None
+
+
 @pytest.mark.parametrize("policy, expected", [("mmap-128k", 131072.0), ("glibc-default", -1.0)])
 def test_malloc_policy_reaches_the_child(policy, expected, monkeypatch):
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)

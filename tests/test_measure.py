@@ -5,7 +5,7 @@ import json
 import time
 
 import numpy as np
-import pandas  # noqa: F401  (loaded before any timeline starts: importing it inside one moves RSS)
+import pandas as pd  # loaded before any timeline starts: importing it inside one moves RSS
 import pytest
 import torch
 
@@ -14,6 +14,7 @@ from benchlib.measure import (AllocationTracker, Allocations, AllocationTracking
                               count_allocations, mark, measure, resolve_device)
 from benchlib.measure import devices as devices_module
 from benchlib.measure.devices import hwm_resettable
+from benchlib.measure.timeline import timeline_from_json, timeline_to_json
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA device on this machine")
@@ -364,6 +365,31 @@ def test_timeline_samples_leave_nothing_for_the_collector():
 def test_timeline_refuses_bad_interval():
     with pytest.raises(ValueError, match="positive"):
         MemoryTimeline("cpu", interval_s=0)
+
+
+def test_a_gauge_is_read_at_every_sample_and_crosses_json_with_its_roles():
+    held = {"saved": 100}
+
+    def gauge():
+        return dict(held)
+
+    with MemoryTimeline("cpu", interval_s=60, gauge=gauge) as tl:
+        tl.mark("forward")
+        held.update(saved=300, gradients=40)  # a role first reported later was 0 before
+        tl.mark("backward")
+    frame = tl.frame()
+    assert list(frame.columns) == ["t_s", "bytes", "phase", "saved", "gradients"]
+    assert frame["saved"].tolist() == [100, 100, 300, 300] and frame["gradients"].tolist() == [0, 0, 40, 40]
+    back = timeline_from_json(json.loads(json.dumps(timeline_to_json(frame))))
+    pd.testing.assert_frame_equal(back, frame)
+
+
+def test_a_gauge_may_not_shadow_the_timelines_own_columns():
+    with pytest.raises(ValueError, match="cannot be named 'bytes'"):
+        with MemoryTimeline("cpu", interval_s=60, gauge=lambda: {"bytes": 1}):
+            pass
+    with pytest.raises(TypeError, match="gauge must be a callable"):
+        MemoryTimeline("cpu", gauge={"saved": 1})
 
 
 # ---------------------------------------------------------------- CUDA

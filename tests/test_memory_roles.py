@@ -6,10 +6,10 @@ import pandas as pd
 import pytest
 
 from benchlib.engines import get_engine
-from benchlib.engines.roles import GRADIENT_METRIC, SAVED_METRIC, memory_roles
+from benchlib.engines.roles import GRADIENT_METRIC, SAVED_METRIC, SavedTensors, memory_roles, role_gauge
 from benchlib.measure import resolve_device
 from benchlib.results import make_record
-from benchlib.results.plots.gradients import peak_by_role, role_frame
+from benchlib.results.plots.gradients import peak_by_role, role_frame, role_timelines
 from benchlib.workloads import dot_chain
 
 D, DEPTH = 4, 9
@@ -48,6 +48,73 @@ def test_torch_saved_tensors_are_counted_once_per_storage_without_the_inputs():
     assert torch_roles == {SAVED_METRIC: (DEPTH - 1) * BLOCK}  # the same outputs benchlib's tape saves
     checkpointed, _ = _roles("torch-checkpoint")
     assert 0 < checkpointed[SAVED_METRIC] < torch_roles[SAVED_METRIC]
+
+
+def _gauge_at_end_of_forward(engine_name):
+    """The engine's role gauge read inside the loss, once the forward pass has recorded every product."""
+    engine, device = get_engine(engine_name), resolve_device("cpu")
+    x_np, z_np, _ = dot_chain.make_data(D, "float64", 0)
+    x, z = engine.asarray(x_np, device), engine.asarray(z_np, device)
+    xp = engine.namespace(device)
+    chain, seen = dot_chain.chain_loss(xp, DEPTH), []
+    gauge = None
+
+    def loss(x, z):
+        out = chain(x, z)
+        seen.append(gauge())
+        return out
+
+    gradient = engine.gradient(loss, 0, manual=None)
+    gauge_factory = role_gauge(engine, gradient, inputs=(x, z))
+    with gauge_factory() as gauge:
+        gradient(x, z)
+        after = gauge()
+    return seen[0], after
+
+
+@pytest.mark.parametrize("engine", ["benchlib-inplace", "torch"])
+def test_role_gauges_read_what_is_saved_while_the_call_runs_and_nothing_after_it(engine):
+    pytest.importorskip("torch")
+    during, after = _gauge_at_end_of_forward(engine)
+    # every product's output but the last is saved (z_1..z_(d-1)), the inputs are the caller's
+    assert during["saved"] == (DEPTH - 1) * BLOCK
+    assert during.get("gradients", 0) == 0  # the backward pass has not begun
+    assert after["saved"] == 0 and after.get("gradients", 0) == 0
+
+
+def test_engines_that_expose_no_roles_have_no_gauge():
+    engine = get_engine("manual")
+    assert role_gauge(engine, lambda x: x) is None
+
+
+def test_saved_tensors_uncounts_each_storage_when_autograd_releases_it():
+    torch = pytest.importorskip("torch")
+    x = torch.ones(10, 10, dtype=torch.float64, requires_grad=True)
+    saved = SavedTensors(inputs=(x,))
+    with saved as gauge:
+        y = x * 2
+        h = y.sin()  # saves y
+        h2 = y.cos()  # saves y again: one storage, counted once
+        assert gauge() == {"saved": 800}
+        (h.sum() + h2.sum()).backward()
+        assert gauge() == {"saved": 0}
+    assert saved.peak_bytes == 800
+
+
+def test_role_timelines_draw_one_panel_per_engine_in_the_given_order_with_the_allocator_over_the_stack():
+    def samples(engine, gradients):
+        return pd.DataFrame({"case": "c", "engine": engine, "device": "cpu", "t_s": [0.0, 0.1, 0.2],
+                             "bytes": [0, 900, 0], "phase": "", "saved": [0, 600, 0], "gradients": gradients})
+    frame = pd.concat([samples("torch", [np.nan] * 3), samples("benchlib-inplace", [0, 200, 0])])
+    figure = role_timelines(frame, order=["manual", "benchlib-inplace", "torch"])
+    assert [a.text for a in figure.layout.annotations][:2] == ["benchlib-inplace", "torch"]
+    names = [(trace.name, trace.yaxis) for trace in figure.data]
+    assert names == [("forward values saved for backward", "y"), ("gradient buffers", "y"),
+                     ("process RSS above baseline", "y"), ("forward values saved for backward", "y2"),
+                     ("process RSS above baseline", "y2")]
+    assert [trace.showlegend for trace in figure.data] == [True, True, True, False, False]
+    with pytest.raises(ValueError, match="no engine that exposes roles ran"):
+        role_timelines(frame.iloc[:0])
 
 
 def test_role_frame_stacks_to_the_measured_peak_and_never_below_zero():

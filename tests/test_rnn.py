@@ -150,7 +150,7 @@ def test_notebook_runs_with_quick_sizes_and_writes_every_engines_records_for_eve
         assert {"time", "peak_bytes"} <= metrics, (case, engine)
         assert ("grad_max_rel_err" in metrics) == (engine != "manual")
     assert set(records["variant"]) == set(ENGINE_NAMES)
-    for figure in ("rnn_fanout_memory_timeline", "rnn_fanout_peak", "rnn_fanout_sweep"):
+    for figure in ("rnn_fanout_memory_timeline", "rnn_fanout_peak", "rnn_fanout_sweep", "rnn_fanout_role_timeline"):
         assert (result.path / "figures" / f"{figure}.html").is_file()
     timelines = pd.read_parquet(result.path / "tables" / "rnn_fanout_timelines.parquet")
     assert set(zip(timelines["case"], timelines["engine"])) == {(f"T={T}", e) for T in (2, 4) for e in ENGINE_NAMES}

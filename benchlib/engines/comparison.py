@@ -6,7 +6,8 @@ gradient of the last measured call with `save_gradient(result, gradient_dir, eng
 `compare_engines` runs `manual` first, then every other engine, and compares each saved gradient
 with manual's (`grad_max_rel_err`), so the check costs a file write instead of a second gradient.
 It records every outcome (measured, failed with its error, or not applicable with the reason) and
-keeps the memory timelines apart from the records (they are samples, not measured values).
+keeps the memory timelines apart from the records (they are samples, not measured values), and
+so the role timelines: one more call per engine that exposes roles, in its first trial.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ import pandas as pd
 from benchlib.engines import ENGINE_NAMES, get_engine
 from benchlib.engines.gradients import (GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, gradient_file,
                                         saved_gradient_error)
+from benchlib.engines.roles import GRADIENT_ROLE, SAVED_ROLE
 
 # Time is measured in the same calls as the memory timeline (one fresh process per case), so the
 # sampler thread runs during the timed repeats (its cost is measured by the calibration notebook,
 # see docs/measuring.md); the interval is recorded with every row.
 TIMELINE_INTERVAL_S = 0.002
+ROLE_TIMELINE_COLUMNS = ["case", "engine", "t_s", "bytes", "phase", SAVED_ROLE, GRADIENT_ROLE]
 # Recorded (value 1, the reason in params["message"]) for an engine that ran but whose gradient
 # could not be compared: no manual gradient to compare it with.
 GRAD_UNCHECKED_METRIC = "grad_check_unavailable"
@@ -95,6 +98,7 @@ class EngineComparison:
     records: list[dict] = field(default_factory=list)
     timelines: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(
         columns=["case", "engine", "t_s", "bytes", "phase"]))
+    role_timelines: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=ROLE_TIMELINE_COLUMNS))
     problems: list[dict] = field(default_factory=list)
     case_params: dict[str, dict] = field(default_factory=dict)
 
@@ -151,6 +155,19 @@ class EngineComparison:
         """The memory timelines labelled with benchmark, device and dtype: the table a run saves."""
         return self.timelines.assign(benchmark=self.benchmark, device=self.device, dtype=self.dtype)[
             ["benchmark", "case", "engine", "device", "dtype", "t_s", "bytes", "phase"]]
+
+    def role_timeline_frame(self) -> pd.DataFrame:
+        """The role timelines (one extra call per engine that exposes roles, first trial), labelled
+        like `timeline_frame`; a role an engine does not expose is NaN."""
+        return self.role_timelines.assign(benchmark=self.benchmark, device=self.device, dtype=self.dtype)[
+            ["benchmark", "device", "dtype", *ROLE_TIMELINE_COLUMNS]]
+
+    def save(self, run) -> None:
+        """Save into `run` (a `benchlib.results.Run`) the records and, as tables, both kinds of
+        timeline: `<benchmark>_timelines` and `<benchmark>_role_timelines`."""
+        run.save_records(self.records, self.benchmark)
+        run.save_table(self.timeline_frame(), f"{self.benchmark}_timelines")
+        run.save_table(self.role_timeline_frame(), f"{self.benchmark}_role_timelines")
 
     def table_text(self) -> str:
         """The summary as a plain-text table (MB, ratio to manual, seconds, gradient error)."""
@@ -263,7 +280,7 @@ def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping]
         malloc_environment(malloc)  # an unknown policy is refused here, naming the valid ones
     device = resolve_device(device)
     comparison = EngineComparison(benchmark=benchmark, device=device.name, dtype=dtype)
-    timelines = []
+    timelines, role_timelines = [], []
     options = {} if malloc is None else {"malloc": malloc}
 
     def note(labels, status, message, params):
@@ -304,7 +321,7 @@ def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping]
                     result = run_isolated(target, params, name=f"{benchmark}/{case}/{engine_name}",
                                           device=device.name, warmup=warmup, repeats=repeats,
                                           track_allocations=False, timeline=True, timeout_s=timeout_s,
-                                          timeline_interval_s=TIMELINE_INTERVAL_S,
+                                          timeline_interval_s=TIMELINE_INTERVAL_S, role_timeline=trial == 0,
                                           memory_required_bytes=required, **options)
                 except CaseFailed as error:  # includes MemoryRequirementError: refused before it starts
                     skipped = f" (its {trials - trial - 1} later trial(s) skipped)" if trial < trials - 1 else ""
@@ -334,6 +351,8 @@ def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping]
                                                           params={**record_params, "message": no_reference}))
                 if measurement.timeline is not None and trial == 0:
                     timelines.append(measurement.timeline.assign(case=case, engine=engine_name))
+                if result.role_timeline is not None:
+                    role_timelines.append(result.role_timeline.assign(case=case, engine=engine_name))
                 if progress:
                     progress(f"{benchmark} {case} {engine_name} trial {trial + 1}/{trials}: {measurement}"
                              + "".join(f", {k} {v:.3g}" for k, v in checks.items())
@@ -341,6 +360,8 @@ def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping]
                                 if not engine.hand_written and no_reference is not None else ""))
     if timelines:
         comparison.timelines = pd.concat(timelines, ignore_index=True)[["case", "engine", "t_s", "bytes", "phase"]]
+    if role_timelines:
+        comparison.role_timelines = pd.concat(role_timelines, ignore_index=True).reindex(columns=ROLE_TIMELINE_COLUMNS)
     failed = [problem for problem in comparison.problems if problem["status"] == "failed"]
     if failed and not any(record["metric"] == "time" for record in comparison.records):
         first = failed[0]

@@ -1,19 +1,22 @@
-"""Where an engine's peak goes, by role: forward values saved for the backward pass, gradient
-buffers, and the rest (the measured peak minus both).
+"""Where an engine's memory goes, by role: forward values saved for the backward pass, gradient
+buffers, and the rest (what the allocator holds beyond both).
 
-benchlib's engines know both roles exactly from their tape, at the instant of their largest sum.
-torch engines show their saved tensors through `torch.autograd.graph.saved_tensors_hooks`: the
-bytes of the distinct storages autograd packed during one call, inputs excluded (the caller's),
-which is what they hold when the forward pass ends; their gradient buffers stay in "other".
-Hand-written gradients and HIPS autograd expose neither, so their whole peak is "other".
+benchlib's engines know both roles exactly from their tape: at the instant of their largest sum
+(the peak metrics) and live while a call runs (the gauge a role timeline reads). torch engines
+show their saved tensors through `torch.autograd.graph.saved_tensors_hooks`: the distinct
+storages autograd packs, inputs excluded (the caller's), each counted from its packing until
+autograd releases it; their gradient buffers stay in "other". Hand-written gradients and HIPS
+autograd expose neither, so all their memory is "other".
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any, Callable
 
 SAVED_METRIC = "role_saved_bytes"
 GRADIENT_METRIC = "role_gradient_bytes"
+SAVED_ROLE, GRADIENT_ROLE = "saved", "gradients"  # the gauges' role names: columns of a role timeline
 
 
 def memory_roles(engine, gradient: Callable, call: Callable[[], Any], inputs: tuple = ()) -> dict[str, float]:
@@ -24,26 +27,90 @@ def memory_roles(engine, gradient: Callable, call: Callable[[], Any], inputs: tu
         return {SAVED_METRIC: float(stats.saved_bytes_at_peak_total),
                 GRADIENT_METRIC: float(stats.live_bytes_at_peak_total)}
     if engine.name.startswith("torch"):
-        return {SAVED_METRIC: float(torch_saved_bytes(call, inputs))}
+        saved = SavedTensors(inputs)
+        with saved:
+            call()
+        return {SAVED_METRIC: float(saved.peak_bytes)}
     return {}
 
 
-def torch_saved_bytes(call: Callable[[], Any], inputs: tuple = ()) -> int:
-    """Bytes of the distinct storages torch autograd saves for backward during `call()`, not
-    counting the storages of `inputs` (views of one storage count once)."""
-    import torch
+def role_gauge(engine, gradient: Callable, inputs: tuple = ()):
+    """A `Case.roles` for `engine`'s gradient function: a factory of a context manager whose value
+    reads the bytes held by role now; None for engines that expose no roles."""
+    if hasattr(gradient, "stats"):
+        def tape() -> dict[str, int]:
+            stats = gradient.stats  # a new object per call: always the running call's counters
+            if stats is None:
+                return {SAVED_ROLE: 0, GRADIENT_ROLE: 0}
+            return {SAVED_ROLE: stats.saved_bytes, GRADIENT_ROLE: stats.live_bytes}
 
-    seen = {tensor.untyped_storage().data_ptr() for tensor in inputs}
-    total = 0
+        return lambda: nullcontext(tape)
+    if engine.name.startswith("torch"):
+        return lambda: SavedTensors(inputs)
+    return None
 
-    def pack(tensor):
-        nonlocal total
+
+class SavedTensors:
+    """Context manager: counts the bytes of the storages torch autograd holds for backward,
+    exactly, while it is active (views of one storage count once; `inputs`' storages not at all).
+
+    Each packed tensor is wrapped in a small holder; autograd drops the holder when it releases
+    the saved tensor (after the node's backward ran, or with its graph), and the holder's
+    finalizer uncounts it. Its value, a gauge, gives {"saved": bytes now}; `peak_bytes` the most
+    held at once. Tensors saved inside a region with its own hooks (torch.utils.checkpoint's) are
+    that region's, not seen here.
+    """
+
+    def __init__(self, inputs: tuple = ()):
+        self.excluded = {tensor.untyped_storage().data_ptr() for tensor in inputs}
+        self.blocks: dict[int, list[int]] = {}  # data_ptr -> [holders, nbytes]
+        self.bytes = 0
+        self.peak_bytes = 0
+        self._hooks = None
+
+    def _pack(self, tensor):
         storage = tensor.untyped_storage()
-        if storage.data_ptr() not in seen:
-            seen.add(storage.data_ptr())
-            total += storage.nbytes()
-        return tensor
+        key = storage.data_ptr()
+        if key in self.excluded:
+            return tensor
+        entry = self.blocks.get(key)
+        if entry is None:
+            self.blocks[key] = [1, storage.nbytes()]
+            self.bytes += storage.nbytes()
+            self.peak_bytes = max(self.peak_bytes, self.bytes)
+        else:
+            entry[0] += 1
+        return _Held(tensor, self, key)
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        call()
-    return total
+    def _release(self, key: int) -> None:
+        entry = self.blocks[key]
+        entry[0] -= 1
+        if entry[0] == 0:
+            del self.blocks[key]
+            self.bytes -= entry[1]
+
+    def read(self) -> dict[str, int]:
+        return {SAVED_ROLE: self.bytes}
+
+    def __enter__(self) -> Callable[[], dict[str, int]]:
+        import torch
+
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(
+            self._pack, lambda packed: packed.tensor if isinstance(packed, _Held) else packed)
+        self._hooks.__enter__()
+        return self.read
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
+
+
+class _Held:
+    """A saved tensor as autograd holds it while SavedTensors counts it."""
+
+    __slots__ = ("tensor", "counter", "key")
+
+    def __init__(self, tensor, counter: SavedTensors, key: int):
+        self.tensor, self.counter, self.key = tensor, counter, key
+
+    def __del__(self):
+        self.counter._release(self.key)

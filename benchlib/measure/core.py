@@ -11,7 +11,7 @@ import numpy as np
 from .allocations import AllocationTrackingUnavailable, count_allocations, memray_available
 from .devices import Device, resolve_device
 from .gcmonitor import GCMonitor
-from .timeline import MemoryTimeline
+from .timeline import MemoryTimeline, timeline_from_json, timeline_to_json
 
 _FIELDS = ("name", "device", "times_s", "gc_count", "gc_seconds", "alloc_count", "alloc_bytes",
            "alloc_source", "peak_bytes", "baseline_bytes", "timeline")
@@ -97,12 +97,7 @@ class Measurement:
         """JSON-able dict; the timeline becomes column lists."""
         out = {name: getattr(self, name) for name in _FIELDS if name != "timeline"}
         out["times_s"] = list(self.times_s)
-        tl = self.timeline
-        out["timeline"] = None if tl is None else {
-            "t_s": [float(v) for v in tl["t_s"]],
-            "bytes": [int(v) for v in tl["bytes"]],
-            "phase": [str(v) for v in tl["phase"]],
-        }
+        out["timeline"] = None if self.timeline is None else timeline_to_json(self.timeline)
         return out
 
     @classmethod
@@ -115,14 +110,7 @@ class Measurement:
         values = dict(data)
         values["times_s"] = tuple(float(t) for t in data["times_s"])
         if data["timeline"] is not None:
-            import pandas as pd
-
-            tl = data["timeline"]
-            values["timeline"] = pd.DataFrame({
-                "t_s": pd.Series(tl["t_s"], dtype="float64"),
-                "bytes": pd.Series(tl["bytes"], dtype="int64"),
-                "phase": pd.Series(tl["phase"], dtype="object"),
-            })
+            values["timeline"] = timeline_from_json(data["timeline"])
         return cls(**values)
 
     def records(self, **labels) -> list[dict]:

@@ -3,7 +3,9 @@
 The parent writes a JSON spec, runs `python -m benchlib.measure.isolation SPEC RESULT` and reads
 the JSON result back (never pickle). The child resolves the device, imports the target
 "module:function", calls it with `device=` and the params to set the case up, takes the baseline
-after that set-up, measures, then runs the case's check on the last result.
+after that set-up, measures, then runs the case's check on the last result. When asked, and when
+the case offers a role gauge, it then makes one more call under a memory timeline that reads the
+gauge at every sample: memory by role on the allocator's clock, outside the measured calls.
 """
 from __future__ import annotations
 
@@ -17,13 +19,14 @@ import tempfile
 import traceback
 from dataclasses import dataclass
 from importlib import import_module
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager, Mapping
 
 from benchlib.results.environment import allocator_env
 from benchlib.results.store import write_json_atomic
 
 from .core import Measurement, _check_counts, measure_with_result
 from .devices import Device, resolve_device
+from .timeline import MemoryTimeline, timeline_from_json, timeline_to_json
 
 MALLOC_POLICIES: dict[str, dict[str, str]] = {
     # Fixed mmap threshold: every buffer >= 128 KiB is its own mapping, returned to the OS when
@@ -41,10 +44,13 @@ _RUNPY_WARNING = "ignore:'benchlib.measure.isolation' found in sys.modules:Runti
 
 @dataclass(frozen=True)
 class Case:
-    """What a target returns: `fn()` is measured; `check(result_of_last_call)` -> {name: float}."""
+    """What a target returns: `fn()` is measured; `check(result_of_last_call)` -> {name: float};
+    `roles()`, if given, a context manager whose value is a gauge, a callable giving the bytes
+    the engine holds now by role (e.g. {"saved": ..., "gradients": ...}), for the role timeline."""
 
     fn: Callable[[], Any]
     check: Callable[[Any], dict] | None = None
+    roles: Callable[[], ContextManager[Callable[[], Mapping[str, int]]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,7 @@ class IsolatedResult:
     measurement: Measurement
     checks: dict
     environment: dict
+    role_timeline: Any = None  # DataFrame of the role call (t_s, bytes, phase, one column per role) or None
 
 
 class CaseFailed(RuntimeError):
@@ -123,8 +130,11 @@ def run_isolated(target: str, params: dict | None = None, *, name: str,
                  track_allocations: bool = False, timeline: bool = True,
                  timeout_s: float = 600, malloc: str = DEFAULT_MALLOC_POLICY,
                  memory_required_bytes: int | None = None,
-                 timeline_interval_s: float = 0.002) -> IsolatedResult:
-    """Measure one case in a fresh `python` subprocess; failures raise CaseFailed(name)."""
+                 timeline_interval_s: float = 0.002, role_timeline: bool = False) -> IsolatedResult:
+    """Measure one case in a fresh `python` subprocess; failures raise CaseFailed(name).
+
+    With `role_timeline`, a case that offers a role gauge makes one more call after the measured
+    ones, sampled at `timeline_interval_s` with its gauge (`IsolatedResult.role_timeline`)."""
     params = {} if params is None else params
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string naming the case, got {name!r}")
@@ -141,7 +151,7 @@ def run_isolated(target: str, params: dict | None = None, *, name: str,
     _check_counts(warmup, repeats)
     if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
-    if timeline and not (isinstance(timeline_interval_s, (int, float))
+    if (timeline or role_timeline) and not (isinstance(timeline_interval_s, (int, float))
                          and timeline_interval_s > 0):
         raise ValueError(f"timeline_interval_s must be a positive number of seconds, "
                          f"got {timeline_interval_s!r}")
@@ -158,7 +168,7 @@ def run_isolated(target: str, params: dict | None = None, *, name: str,
 
     spec = {"target": target, "params": params, "name": name, "device": dev.name,
             "warmup": warmup, "repeats": repeats, "track_allocations": track_allocations,
-            "timeline": timeline, "timeline_interval_s": timeline_interval_s,
+            "timeline": timeline, "timeline_interval_s": timeline_interval_s, "role_timeline": bool(role_timeline),
             "malloc_policy": malloc, "malloc_env": policy_env, "parent_pid": os.getpid(),
             "sys_path": [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p)]}
     env = {**os.environ, **policy_env}
@@ -195,8 +205,10 @@ def run_isolated(target: str, params: dict | None = None, *, name: str,
     if not result["ok"]:
         raise CaseFailed(name, f"the child raised {result['error']}",
                          child_traceback=result["traceback"], output=output)
+    roles = result["role_timeline"]
     return IsolatedResult(name=name, measurement=Measurement.from_dict(result["measurement"]),
-                          checks=result["checks"], environment=result["environment"])
+                          checks=result["checks"], environment=result["environment"],
+                          role_timeline=None if roles is None else timeline_from_json(roles))
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -232,6 +244,14 @@ def _checks(case: Case, result: Any) -> dict[str, float]:
         raise TypeError(f"a case's check must return a dict of name -> float, "
                         f"got {type(checks).__name__}")
     return {str(k): float(v) for k, v in checks.items()}
+
+
+def _role_timeline(case: Case, device: Device, interval_s: float):
+    """One more call of the case, its memory sampled with the case's role gauge read alongside."""
+    with case.roles() as gauge, MemoryTimeline(device, interval_s, gauge=gauge) as timeline:
+        case.fn()
+        device.synchronize()
+    return timeline.frame()
 
 
 def _environment(spec: dict, device: Device) -> dict:
@@ -277,8 +297,11 @@ def child_main(spec_path: str, result_path: str) -> int:
             timeline_interval_s=spec["timeline_interval_s"], name=spec["name"])
         checks = _checks(case, last)
         del last
+        roles = None
+        if spec["role_timeline"] and case.roles is not None:
+            roles = timeline_to_json(_role_timeline(case, device, spec["timeline_interval_s"]))
         outcome = {"ok": True, "measurement": measurement.to_dict(), "checks": checks,
-                   "environment": _environment(spec, device)}
+                   "environment": _environment(spec, device), "role_timeline": roles}
     except Exception as err:
         outcome = {"ok": False, "error": f"{type(err).__name__}: {err}",
                    "traceback": traceback.format_exc()}

@@ -23,7 +23,7 @@ import numpy as np
 from benchlib.engines import ENGINE_NAMES, get_engine
 from benchlib.engines.comparison import EngineComparison, compare_engines
 from benchlib.engines.gradients import save_gradient
-from benchlib.engines.roles import memory_roles
+from benchlib.engines.roles import memory_roles, role_gauge
 from benchlib.measure import DEFAULT_MALLOC_POLICY, MALLOC_POLICIES, Case, mark
 
 BENCHMARK = "dot_chain"
@@ -81,6 +81,11 @@ def manual_gradient(xp, depth: int):
     return gradient
 
 
+def z_stack_bytes(D: int, depth: int, dtype: str) -> int:
+    """The floor: the `depth` intermediate z's every engine's forward pass stores (depth·D²·itemsize)."""
+    return depth * D * D * np.dtype(dtype).itemsize
+
+
 def memory_required_bytes(engine: str, D: int, depth: int, dtype: str) -> int:
     """What a case needs: the stored z stack (twice over when contributions are kept) and a few buffers."""
     stored = 2.2 if engine == "benchlib-deferred" else 1.2  # checkpointing engines need less: an upper bound
@@ -104,7 +109,7 @@ def case(*, device, engine: str, D: int, depth: int, dtype: str, gradient_dir: s
         save_gradient(result, gradient_dir, engine)
         return {"x_scale": scale, **memory_roles(chosen, gradient, lambda: gradient(x, z), inputs=(x, z))}
 
-    return Case(lambda: gradient(x, z), check)
+    return Case(lambda: gradient(x, z), check, roles=role_gauge(chosen, gradient, inputs=(x, z)))
 
 
 def run(*, device="auto", dtype: str = "float64", D: int = SEED_SIZES["D"], depth: int = SEED_SIZES["depth"],

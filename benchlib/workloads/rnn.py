@@ -19,8 +19,8 @@ import pandas as pd
 from benchlib.engines import ENGINE_NAMES, get_engine
 from benchlib.engines.comparison import EngineComparison, compare_engines
 from benchlib.engines.gradients import save_gradient
-from benchlib.engines.roles import memory_roles
-from benchlib.measure import Case, mark
+from benchlib.engines.roles import memory_roles, role_gauge
+from benchlib.measure import MALLOC_POLICIES, Case, mark
 
 BENCHMARK = "rnn_fanout"
 SEED_SIZES = {"batch": 16, "hidden": 1024, "T": 50}
@@ -101,6 +101,21 @@ def manual_gradient(xp, T: int):
     return gradient
 
 
+def buffer_sizes(batch: int, hidden: int, dtype: str, device, malloc: str) -> str:
+    """The two buffer sizes the RNN's memory moves in, and on CPU which side of the malloc policy's
+    mmap threshold each falls (below it, freed buffers can stay in the process's RSS)."""
+    itemsize = np.dtype(dtype).itemsize
+    threshold = MALLOC_POLICIES[malloc].get("MALLOC_MMAP_THRESHOLD_")  # None: glibc's dynamic threshold
+    lines = []
+    for what, size in (("one W-sized buffer (hidden²·itemsize)", hidden * hidden * itemsize),
+                       ("one hidden state (batch·hidden·itemsize)", batch * hidden * itemsize)):
+        where = ("" if device.kind != "cpu" or threshold is None else
+                 f", {'at or above' if size >= int(threshold) else 'below'} the {malloc} mmap threshold "
+                 f"({int(threshold) // 1024} KiB)")
+        lines.append(f"{what}: {size / 1024:.1f} KiB{where}")
+    return "\n".join(lines)
+
+
 def memory_required_bytes(engine: str, batch: int, hidden: int, T: int, dtype: str) -> int:
     """What a case needs: the hidden states, and T copies of W and its kind when contributions are kept."""
     itemsize = np.dtype(dtype).itemsize
@@ -128,7 +143,7 @@ def case(*, device, engine: str, batch: int, hidden: int, T: int, dtype: str, gr
         save_gradient(result, gradient_dir, engine)
         return memory_roles(chosen, gradient, lambda: gradient(*args), inputs=args)
 
-    return Case(lambda: gradient(*args), check)
+    return Case(lambda: gradient(*args), check, roles=role_gauge(chosen, gradient, inputs=args))
 
 
 def growth_per_step(records: pd.DataFrame) -> pd.DataFrame:

@@ -180,6 +180,45 @@ def peak_by_role(records: pd.DataFrame, *, case: str | None = None,
     return _annotate(fig, _status_notes(records, case))
 
 
+def role_timelines(frame: pd.DataFrame, *, case: str | None = None, order: Sequence[str] = (),
+                   title: str = "Memory by role during one gradient call") -> go.Figure:
+    """One panel per engine that exposes roles: what it holds by role over one call (stacked
+    areas; the tape's live counters, or torch's saved tensors) and, drawn over them, what the
+    allocator holds above the level before the call (process RSS on CPU, CUDA's allocated bytes),
+    sampled at the same instants. The gap between the line and the stack is everything else.
+    Panels follow `order` (e.g. the notebook's engine list), then the other engines by name."""
+    if frame.empty:
+        raise ValueError("no role timelines to plot: no engine that exposes roles ran")
+    frame = _one_case(frame, case, "the role timelines")
+    present = set(frame["engine"])
+    engines = [e for e in order if e in present] + sorted(present - set(order))
+    cuda = "device" in frame and frame["device"].astype(str).str.startswith("cuda").any()
+    allocator = "CUDA allocated" if cuda else "process RSS"
+    fig = make_subplots(rows=len(engines), cols=1, subplot_titles=engines, vertical_spacing=0.3 / len(engines))
+    in_legend = set()
+    for row, engine in enumerate(engines, start=1):
+        samples = frame[frame["engine"] == engine]
+        for column, legend, color in ROLES[:2]:
+            if samples[column].notna().any():
+                fig.add_trace(go.Scatter(x=samples["t_s"], y=samples[column] / MB, mode="lines", name=legend,
+                                         stackgroup=f"roles{row}", line=dict(color=color, width=0.5), fillcolor=color,
+                                         legendgroup=column, showlegend=column not in in_legend,
+                                         hovertemplate=f"{engine}: {legend} %{{y:.1f}} MB at %{{x:.3f}} s<extra></extra>"),
+                              row=row, col=1)
+                in_legend.add(column)
+        fig.add_trace(go.Scatter(x=samples["t_s"], y=samples["bytes"] / MB, mode="lines", name=f"{allocator} above baseline",
+                                 line=dict(color="#222222", width=2), legendgroup="allocator", showlegend=row == 1,
+                                 hovertemplate=f"{engine}: {allocator} %{{y:.1f}} MB at %{{x:.3f}} s<extra></extra>"),
+                      row=row, col=1)
+        fig.update_yaxes(title_text="MB", rangemode="tozero", row=row, col=1)
+    apply_layout(fig, title=f"{title} ({case})" if case else title, height=150 + 190 * len(engines))
+    fig.update_xaxes(title_text="time since the call began (s)", row=len(engines), col=1)
+    legend_right(fig)
+    return _annotate(fig, ["one more call after the measured ones, first trial; engines that expose no roles "
+                           "(manual, HIPS autograd) are not drawn", f"gap between the {allocator} line and the "
+                           "stack: temporaries, allocator slack, and what an engine does not expose"])
+
+
 def sweep_lines(records: pd.DataFrame, *, parameter: str = "T",
                 title: str = "Peak memory and time against the number of steps") -> go.Figure:
     """Peak memory and median time against a swept case parameter (read from params), one line per engine."""
