@@ -7,6 +7,7 @@ import torch
 
 from benchlib.measure import resolve_device
 from benchlib.results import records_frame
+from benchlib.results.plots.ensembles import lenet_epochs
 from benchlib.workloads import lenet as L
 from benchlib.workloads.mnist_data import synthetic_mnist
 
@@ -60,6 +61,12 @@ def test_run_lenet_reports_each_epoch_and_labels_the_data(data):
     assert {json.loads(p)["data"] for p in frame["params"]} == {"synthetic"}
     table = L.lenet_frame(results, labels)
     assert set(table["mode"]) == set(L.MODES) and set(table["data"]) == {"synthetic"}
+    # what an "epoch" is: TINY's step_limit cuts the full pass over the data
+    assert set(table["steps"]) == {2} and set(table["batch"]) == {TINY.batch}
+    assert set(table["steps_per_full_pass"]) == {len(data) // TINY.batch} and len(data) // TINY.batch > 2
+    figure = lenet_epochs(table, data="synthetic")
+    assert figure.layout.xaxis.title.text == (f"epoch: 2 steps of {TINY.batch} samples "
+                                              f"(of a full pass's {len(data) // TINY.batch}, cut by lenet_step_limit)")
 
 
 def test_at_time_line_matches_the_thread_format():

@@ -231,7 +231,8 @@ def run_lenet(
     order = minibatch_indices(len(data), config.batch, trained + alloc_steps + warmup_steps, config.seed)
     order = order.to(device.torch)
     alloc_batches, warmup_batches = order[trained:trained + alloc_steps], order[trained + alloc_steps:]
-    labels = asdict(config) | data.describe() | {"steps_per_epoch": steps, "alloc_steps": alloc_steps,
+    labels = asdict(config) | data.describe() | {"steps_per_epoch": steps, "steps_per_full_pass": per_epoch,
+                                                "alloc_steps": alloc_steps,
                                                 "warmup_steps": warmup_steps,
                                                 "torch_threads": torch.get_num_threads(), "device": device.name,
                                                 "params_per_model": sum(p.numel() for p in lenet5().parameters())}
@@ -276,10 +277,13 @@ def lenet_records(results: list[EpochResult], labels: dict, device) -> list[dict
 
 
 def lenet_frame(results: list[EpochResult], labels: dict):
-    """One row per mode and epoch, with the @time line and the data source, for a table."""
+    """One row per mode and epoch, with the @time line, the data source, and what an "epoch" is
+    here: `steps` minibatches of `batch` (`step_limit` may cut a full pass of `steps_per_full_pass`)."""
     import pandas as pd
 
-    return pd.DataFrame([{"data": labels["data"], "mode": r.mode, "epoch": r.epoch, "seconds": r.seconds,
+    return pd.DataFrame([{"data": labels["data"], "mode": r.mode, "epoch": r.epoch, "steps": r.steps,
+                          "batch": labels["batch"], "steps_per_full_pass": labels["steps_per_full_pass"],
+                          "seconds": r.seconds,
                           "gc_share": r.gc_share, "gc_pauses": r.gc_count, "alloc_count_est": r.alloc_count_est,
                           "alloc_bytes_est": r.alloc_bytes_est, "loss": r.loss, "@time": r.at_time()}
                          for r in results])

@@ -143,7 +143,10 @@ def lenet_epochs(epochs: pd.DataFrame, *, data: str, device: str = "") -> go.Fig
                  color_discrete_map=engine_colors(frame["mode"].unique()),
                  hover_data={"gc_share": ":.2%", "alloc_bytes_est": ":.3s", "alloc_count_est": ":.3s", "loss": ":.4f"})
     title = f"5 LeNet5: epoch time per mode (data={data}{', ' + device if device else ''})"
-    return apply_layout(fig, title=title, x_title="epoch", y_title="seconds per epoch")
+    steps, batch, full = (int(epochs[c].iloc[0]) for c in ("steps", "batch", "steps_per_full_pass"))
+    cut = f" (of a full pass's {full}, cut by lenet_step_limit)" if steps < full else " (one full pass)"
+    return apply_layout(fig, title=title, x_title=f"epoch: {steps} steps of {batch} samples{cut}",
+                        y_title="seconds per epoch")
 
 
 def collection_pauses(pauses: pd.DataFrame, *, data: str) -> go.Figure:
