@@ -212,7 +212,7 @@ def test_run_grid_labels_every_record_with_the_synthetic_data_source(data):
 @pytest.mark.parametrize("kwargs, message", [
     ({"strategies": ("fast",)}, "valid: naive"),
     ({"gc_policies": ("never",)}, "valid: default, freeze, manual"),
-    ({"heap_sizes": (10**6,)}, "heap sizes must be integers in 0..512"),
+    ({"heap_sizes": (-1,)}, "heap sizes must be integers >= 0"),
     ({"steps": 3, "warmup": 3}, "steps must exceed warmup"),
     ({"steps_per_strategy": {"slow": 3}}, "unknown strategies"),
 ])

