@@ -78,6 +78,7 @@ def test_benchlib_steady_state_allocations_are_equal_for_both_setups():
     verdicts = closures.verdict_table(records_frame(frame.drop(columns=["mwe", "order", "step", "engine"])))
     warm = verdicts[verdicts["phase"] == "warm"]
     assert set(warm["allocs verdict"]) == {"same"} and set(warm["bytes verdict"]) == {"same"}
+    assert set(warm["python allocs verdict"]) == {"same"}
     assert warm["grads identical"].all()
 
 
@@ -110,7 +111,9 @@ def test_records_cover_every_step_and_the_tables_and_figure_read_them():
     cold = verdicts[verdicts["phase"] == "cold"]
     assert set(cold["time verdict"]) == {"too few samples"}  # one cold pass cannot reach p < 0.01
     tracker = closures.tracker_table(frame)
-    assert set(tracker["metric"]) == {"alloc_count", "alloc_bytes"}
+    assert set(tracker["metric"]) == {"alloc_count", "alloc_bytes", "alloc_count_python"}
+    # Python's allocator serves the tensor wrappers and tape nodes malloc never sees
+    assert (table["warm python allocs"] > 0).all() and "python allocs verdict" in verdicts
     figure = steps_figure(table, mwe="reduced", phase="cold")
     assert len(figure.data) == 2 * 2  # allocations and time, per order
     # the figure tells engines apart by colour alone (torch.compile and torch.func once shared one)

@@ -150,14 +150,16 @@ def test_train_counts_allocations_in_a_separate_pass_and_records_tidy_rows(tenso
     result = run_train(tensors, E.GCPolicy("default"), steps=5, alloc_steps=2)
     assert len(result.step_s) == 5 and (result.step_s > 0).all()
     assert result.alloc_source == "memray" and result.alloc_count_per_step > 0 and result.alloc_bytes_per_step > 0
+    assert result.alloc_count_python_per_step > 0 and result.alloc_bytes_python_per_step > 0
     rows = result.records(CPU)
     frame = records_frame(rows)
     per_step = frame[frame["metric"] == "step_time"]
     assert per_step["repeat"].tolist() == list(range(5))
     # what was measured is stored; the summaries are derived from the steps, equal to the in-memory ones
-    assert set(frame["metric"]) == {"alloc_count_per_step", "alloc_bytes_per_step", "peak_bytes", "step_time",
+    assert set(frame["metric"]) == {"alloc_count_per_step", "alloc_bytes_per_step", "alloc_count_python_per_step",
+                                    "alloc_bytes_python_per_step", "peak_bytes", "step_time",
                                     "step_gc_pauses", "step_gc_time", "step_loss"}
-    assert len(frame) == 3 + 4 * 5
+    assert len(frame) == 5 + 4 * 5
     derived = with_step_summaries(frame).set_index("metric")["value"]
     summary = result.summary()
     assert {metric: derived[metric] for metric in STEP_SUMMARIES} == pytest.approx(

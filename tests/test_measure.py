@@ -132,7 +132,20 @@ def test_gc_monitor_refuses_reentry_of_same_instance():
 # ---------------------------------------------------------------- allocations
 
 def test_count_allocations_sees_one_numpy_buffer():
-    assert count_allocations(lambda: np.empty(10 * MB), "cpu") == Allocations(1, 80 * MB, "memray")
+    allocs = count_allocations(lambda: np.empty(10 * MB), "cpu")
+    assert (allocs.count, allocs.bytes, allocs.source) == (1, 80 * MB, "memray")
+    assert allocs.python_count < 20  # the array object and the call's own small objects
+    assert count_allocations(lambda: np.empty(10 * MB), "cpu", python_allocators=False) == Allocations(1, 80 * MB, "memray")
+
+
+def test_python_allocator_tracing_counts_the_small_objects_malloc_never_sees():
+    def make(n):
+        return lambda: [object() for _ in range(n)]
+
+    few, many = count_allocations(make(100)), count_allocations(make(1100))
+    assert many.python_count - few.python_count >= 1000  # one per object, plus the list's growth
+    assert many.count - few.count < 50  # pymalloc serves them from arenas it already holds
+    assert count_allocations(make(100), python_allocators=False).python_count is None
 
 
 def test_count_allocations_counts_each_buffer():
@@ -155,6 +168,7 @@ def test_measure_sees_known_allocation_and_forced_gc():
 
     m = measure(fn, warmup=1, repeats=3, name="ones")
     assert (m.alloc_count, m.alloc_bytes, m.alloc_source) == (1, 40 * MB, "memray")
+    assert m.alloc_count_python > 0 and "Python allocation" in str(m)
     assert len(m.times_s) == 3 and all(t > 0 for t in m.times_s)
     assert m.gc_count >= 3 and 0 < m.gc_seconds <= sum(m.times_s)
     assert 0 < m.gc_fraction <= 1

@@ -57,11 +57,16 @@ def test_tracker_overhead_reports_allocations_per_call_and_restores_threads():
     threads = torch.get_num_threads()
     records = calibration.tracker_overhead("cpu", rounds=1)
     assert torch.get_num_threads() == threads
-    ratios = {r["variant"]: json.loads(r["params"]) for r in by_metric(records, "time_ratio")}
+    ratios = {(r["case"], r["variant"]): json.loads(r["params"]) for r in by_metric(records, "time_ratio")}
     # 100 steps x 3 temporaries (tanh, *0.5, +x), each 10,000 float64
-    assert ratios["numpy"]["allocations_per_call"] == 300
-    assert ratios["torch"]["allocations_per_call"] > 0
-    assert {p["tracker"] for p in ratios.values()} == {"memray"}
+    assert ratios["tracker_overhead", "numpy"]["allocations_per_call"] == 300
+    assert ratios["tracker_overhead", "torch"]["allocations_per_call"] > 0
+    assert {p["tracker"] for (case, _), p in ratios.items() if case == "tracker_overhead"} == {"memray"}
+    # the same workloads with Python's allocator traced too: each tensor wrapper is one more allocation
+    python = ratios["tracker_overhead_python", "torch"]
+    assert python["tracker"] == "memray + Python allocators" and python["python_allocations_per_call"] > 0
+    assert set(ratios) == {(case, library) for case in ("tracker_overhead", "tracker_overhead_python")
+                           for library in ("numpy", "torch")}
 
 
 @pytest.mark.parametrize("call, message", [

@@ -1,9 +1,13 @@
 """Allocation counts and bytes: memray on CPU, the CUDA caching allocator's stats on CUDA.
 
 On CPU memray intercepts the system allocator (malloc, calloc, realloc, the aligned variants
-and mmap) without Python-allocator tracing, so it sees NumPy and torch CPU buffers and
-CPython's own large objects and arenas, but not small objects served by pymalloc. Tracing slows
-the traced code, so `measure` runs it in a pass of its own, apart from the timed repeats.
+and mmap): NumPy and torch CPU buffers, CPython's large objects and arenas. With Python-allocator
+tracing (the default) it also sees every object CPython's allocator hands out, including the
+small ones pymalloc serves from its arenas without calling malloc (tape nodes, closures, tuples,
+tensor wrappers), which Julia's `@time` would count; those are the `python_*` counts. The two
+overlap (a Python object over 512 bytes is also a malloc call), so they are reported side by
+side, never summed. Tracing slows the traced code, so `measure` runs it in a pass of its own,
+apart from the timed repeats.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ SOURCE_MEMRAY = "memray"
 SOURCE_CUDA = "cuda-caching-allocator"
 _ALLOCATING = ("MALLOC", "CALLOC", "REALLOC", "POSIX_MEMALIGN", "ALIGNED_ALLOC", "MEMALIGN",
                "VALLOC", "PVALLOC", "MMAP")
+_PYTHON_ALLOCATING = ("PYMALLOC_MALLOC", "PYMALLOC_CALLOC", "PYMALLOC_REALLOC")
 
 
 class AllocationTrackingUnavailable(RuntimeError):
@@ -26,9 +31,13 @@ class AllocationTrackingUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class Allocations:
+    """System-allocator calls and bytes; Python-allocator allocations and bytes when traced (CPU)."""
+
     count: int
     bytes: int
     source: str
+    python_count: int | None = None
+    python_bytes: int | None = None
 
 
 def memray_available() -> bool:
@@ -40,10 +49,12 @@ def memray_available() -> bool:
 
 
 class AllocationTracker:
-    """Context manager counting allocations made inside it; the result is in `.allocations`."""
+    """Context manager counting allocations made inside it; the result is in `.allocations`.
+    `python_allocators=False` skips the Python-allocator tracing (faster; no `python_*` counts)."""
 
-    def __init__(self, device: str | Device = "cpu"):
+    def __init__(self, device: str | Device = "cpu", python_allocators: bool = True):
         self.device = resolve_device(device)
+        self.python_allocators = bool(python_allocators)
         self.allocations: Allocations | None = None
         self._tracker = None
         self._tmpdir = None
@@ -64,7 +75,7 @@ class AllocationTracker:
         self._tmpdir = tempfile.TemporaryDirectory(prefix="benchlib-memray-")
         self._path = os.path.join(self._tmpdir.name, "allocations.bin")
         self._tracker = memray.Tracker(self._path, native_traces=False,
-                                       trace_python_allocators=False)
+                                       trace_python_allocators=self.python_allocators)
         try:
             self._tracker.__enter__()
         except RuntimeError as err:
@@ -86,7 +97,7 @@ class AllocationTracker:
         try:
             self._tracker.__exit__(*exc)
             if exc[0] is None:
-                self.allocations = _read_memray(self._path)
+                self.allocations = _read_memray(self._path, self.python_allocators)
         finally:
             self._tmpdir.cleanup()
 
@@ -98,32 +109,42 @@ def _cuda_counters(device: Device) -> tuple[int, int]:
             cuda_stat(device.index, "allocated_bytes", "allocated"))
 
 
-def _read_memray(path: str) -> Allocations:
-    """Sum the allocating records, leaving out those memray makes while it starts and stops
-    (their innermost Python frame is AllocationTracker.__enter__ or __exit__)."""
+def _read_memray(path: str, python_allocators: bool) -> Allocations:
+    """Sum the allocating records, system and Python apart, leaving out those memray makes while
+    it starts and stops (their innermost Python frame is AllocationTracker.__enter__ or __exit__)."""
     import memray
 
     allocating = {getattr(memray.AllocatorType, name) for name in _ALLOCATING}
+    python = {getattr(memray.AllocatorType, name) for name in _PYTHON_ALLOCATING}
     tracker_code = {AllocationTracker.__enter__.__code__, AllocationTracker.__exit__.__code__}
     tracker_frames = {(code.co_name, code.co_filename) for code in tracker_code}
     own_by_stack: dict[int, bool] = {}
-    count = nbytes = 0
+    count = nbytes = python_count = python_bytes = 0
     for record in memray.FileReader(path).get_allocation_records():
-        if record.allocator not in allocating:
+        is_python = record.allocator in python
+        if not is_python and record.allocator not in allocating:
             continue
         own = own_by_stack.get(record.stack_id)
         if own is None:
             frames = record.stack_trace(max_stacks=1)
             own = bool(frames) and frames[0][:2] in tracker_frames
             own_by_stack[record.stack_id] = own
-        if not own:
+        if own:
+            continue
+        if is_python:
+            python_count += record.n_allocations
+            python_bytes += record.size * record.n_allocations
+        else:
             count += record.n_allocations
             nbytes += record.size * record.n_allocations
-    return Allocations(count, nbytes, SOURCE_MEMRAY)
+    if not python_allocators:
+        return Allocations(count, nbytes, SOURCE_MEMRAY)
+    return Allocations(count, nbytes, SOURCE_MEMRAY, python_count, python_bytes)
 
 
-def count_allocations(fn: Callable[[], object], device: str | Device = "cpu") -> Allocations:
+def count_allocations(fn: Callable[[], object], device: str | Device = "cpu",
+                      python_allocators: bool = True) -> Allocations:
     """Call `fn` once under the device's allocation tracker; its result is discarded."""
-    with AllocationTracker(device) as tracker:
+    with AllocationTracker(device, python_allocators) as tracker:
         fn()
     return tracker.allocations

@@ -14,7 +14,7 @@ from .gcmonitor import GCMonitor
 from .timeline import MemoryTimeline, timeline_from_json, timeline_to_json
 
 _FIELDS = ("name", "device", "times_s", "gc_count", "gc_seconds", "alloc_count", "alloc_bytes",
-           "alloc_source", "peak_bytes", "baseline_bytes", "timeline")
+           "alloc_source", "alloc_count_python", "alloc_bytes_python", "peak_bytes", "baseline_bytes", "timeline")
 
 
 def _sig4(value: float) -> str:
@@ -62,6 +62,8 @@ class Measurement:
     alloc_count: int | None = None
     alloc_bytes: int | None = None
     alloc_source: str | None = None
+    alloc_count_python: int | None = None  # Python-allocator allocations (CPU; overlaps alloc_count)
+    alloc_bytes_python: int | None = None
     peak_bytes: int | None = None
     baseline_bytes: int | None = None
     timeline: Any = field(default=None, compare=False, repr=False)
@@ -87,6 +89,10 @@ class Measurement:
             noun = "allocation" if self.alloc_count == 1 else "allocations"
             parts.append(f"{format_count(self.alloc_count)} {noun}: "
                          f"{format_bytes(self.alloc_bytes)}")
+        if self.alloc_count_python is not None:
+            parts.append(f"{format_count(self.alloc_count_python)} Python "
+                         f"{'allocation' if self.alloc_count_python == 1 else 'allocations'}: "
+                         f"{format_bytes(self.alloc_bytes_python)}")
         parts.append(f"{100 * self.gc_fraction:.2f}% gc time")
         if self.peak_bytes is not None:
             parts.append(f"peak +{format_bytes(self.peak_bytes)}")
@@ -126,6 +132,8 @@ class Measurement:
         quantities = [("gc_count", self.gc_count, "count"), ("gc_time", self.gc_seconds, "s"),
                       ("alloc_count", self.alloc_count, "count"),
                       ("alloc_bytes", self.alloc_bytes, "B"),
+                      ("alloc_count_python", self.alloc_count_python, "count"),
+                      ("alloc_bytes_python", self.alloc_bytes_python, "B"),
                       ("peak_bytes", self.peak_bytes, "B"),
                       ("baseline_bytes", self.baseline_bytes, "B")]
         rows += [make_record(**labels, metric=metric, value=float(value), unit=unit)
@@ -248,6 +256,8 @@ def measure_with_result(fn: Callable[[], Any], *, device: str | Device = "cpu", 
         alloc_count=None if allocations is None else allocations.count,
         alloc_bytes=None if allocations is None else allocations.bytes,
         alloc_source=None if allocations is None else allocations.source,
+        alloc_count_python=None if allocations is None else allocations.python_count,
+        alloc_bytes_python=None if allocations is None else allocations.python_bytes,
         peak_bytes=steps.peak_bytes, baseline_bytes=steps.baseline_bytes, timeline=steps.timeline)
     return measurement, steps.result
 

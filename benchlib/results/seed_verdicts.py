@@ -173,6 +173,7 @@ SEED_RULES: tuple = (
                 low, high, case="structurally identical new", baseline_case="initial", per=("mwe", "order"))
       for engine in _CLOSURE_ENGINES
       for metric, what, low, high in (("warm_alloc_count", "warm allocations", 0.99, 1.01),
+                                      ("warm_alloc_count_python", "warm Python allocations", 0.99, 1.01),
                                       ("warm_time", "warm time", 0.9, 1.1),
                                       ("cold_time", "first-call time", 0.8, 1.25))),
 )

@@ -5,8 +5,9 @@
 - `copy_bandwidth`: bytes read plus bytes written per second by a buffer-to-buffer copy.
 - `sampler_overhead`: how much the MemoryTimeline's sampler thread slows a fixed workload of
   small torch operations (GIL-bound, the worst case), as a time ratio per sampling interval.
-- `tracker_overhead`: how much memray's allocation tracing slows NumPy and torch workloads
-  (and, on CUDA, the cost of the caching allocator's counters), as time ratios.
+- `tracker_overhead`: how much memray's allocation tracing slows NumPy and torch workloads, with
+  and without Python-allocator tracing (cases `tracker_overhead` and `tracker_overhead_python`;
+  and, on CUDA, the cost of the caching allocator's counters), as time ratios.
 
 Overhead ratios interleave plain and instrumented calls round by round, in a shuffled order,
 so drift in the machine's speed affects both sides alike. Every function returns tidy records
@@ -169,8 +170,8 @@ def torch_autograd_workload(device, steps: int = 20, width: int = 128) -> Callab
     return fn
 
 
-def _traced_time(fn: Callable[[], object], device: Device) -> float:
-    with AllocationTracker(device):
+def _traced_time(fn: Callable[[], object], device: Device, python_allocators: bool = False) -> float:
+    with AllocationTracker(device, python_allocators):
         return time_call(fn, device)
 
 
@@ -247,8 +248,10 @@ def sampler_overhead(device="cpu", intervals_s=(0.001, 0.002, 0.01), rounds: int
 
 
 def tracker_overhead(device="cpu", rounds: int = 11) -> list[dict]:
-    """Time of NumPy and torch workloads inside memray's tracker divided by their plain time;
-    on CUDA also the torch workload on the GPU under the caching-allocator counters."""
+    """Time of NumPy and torch workloads inside memray's tracker divided by their plain time, with
+    the system allocator traced (case `tracker_overhead`) and with Python's allocator traced too
+    (`tracker_overhead_python`, CPU), all three interleaved; on CUDA also the torch workload on
+    the GPU under the caching-allocator counters."""
     device = resolve_device(device)
     rounds = _check_positive_ints("rounds", [rounds])[0]
     cpu = resolve_device("cpu")
@@ -261,15 +264,22 @@ def tracker_overhead(device="cpu", rounds: int = 11) -> list[dict]:
     for engine, dtype, workload, where, fn in workloads:
         with torch_threads(1):  # the pool's scheduling noise would swamp the instrument's cost
             fn()  # warm-up outside the comparison
-            times = _interleaved({"plain": lambda: time_call(fn, where),
-                                  "traced": lambda: _traced_time(fn, where)}, rounds)
+            variants = {"plain": lambda: time_call(fn, where), "traced": lambda: _traced_time(fn, where)}
+            if not where.is_cuda:
+                variants["traced_python"] = lambda: _traced_time(fn, where, python_allocators=True)
+            times = _interleaved(variants, rounds)
             with AllocationTracker(where) as tracker:
                 fn()
-        labels = dict(benchmark=BENCHMARK, case="tracker_overhead", library=engine,
-                      device=where.name, dtype=dtype)
-        params = {"workload": workload, "tracker": tracker.allocations.source,
-                  "allocations_per_call": tracker.allocations.count, "torch_threads": 1}
-        records += _ratio_records(labels, times["plain"], times["traced"], params)
+        allocations = tracker.allocations
+        params = {"workload": workload, "tracker": allocations.source,
+                  "allocations_per_call": allocations.count, "torch_threads": 1}
+        labels = dict(benchmark=BENCHMARK, library=engine, device=where.name, dtype=dtype)
+        records += _ratio_records(labels | {"case": "tracker_overhead"}, times["plain"], times["traced"], params)
+        if "traced_python" in times:
+            params = params | {"tracker": f"{allocations.source} + Python allocators",
+                               "python_allocations_per_call": allocations.python_count}
+            records += _ratio_records(labels | {"case": "tracker_overhead_python"}, times["plain"],
+                                      times["traced_python"], params)
     return records
 
 

@@ -178,6 +178,7 @@ class EpochResult:
     steps: int
     alloc_count_est: float = math.nan
     alloc_bytes_est: float = math.nan
+    alloc_count_python_est: float = math.nan
 
     @property
     def gc_share(self) -> float:
@@ -256,6 +257,8 @@ def run_lenet(
             for result in epochs:
                 result.alloc_count_est = allocs.count / alloc_steps * result.steps
                 result.alloc_bytes_est = allocs.bytes / alloc_steps * result.steps
+                if allocs.python_count is not None:
+                    result.alloc_count_python_est = allocs.python_count / alloc_steps * result.steps
                 if progress is not None:
                     progress(mode, result)
         results += epochs
@@ -271,7 +274,8 @@ def lenet_records(results: list[EpochResult], labels: dict, device) -> list[dict
         for metric, value, unit in (("epoch_time", r.seconds, "s"), ("epoch_gc_time", r.gc_seconds, "s"),
                                     ("epoch_gc_pauses", r.gc_count, "count"),
                                     ("epoch_loss", r.loss, ""), ("epoch_alloc_count_est", r.alloc_count_est, "count"),
-                                    ("epoch_alloc_bytes_est", r.alloc_bytes_est, "B")):
+                                    ("epoch_alloc_bytes_est", r.alloc_bytes_est, "B"),
+                                    ("epoch_alloc_count_python_est", r.alloc_count_python_est, "count")):
             rows.append(make_record(metric=metric, value=value, unit=unit, **common))
     return rows
 
@@ -285,5 +289,6 @@ def lenet_frame(results: list[EpochResult], labels: dict):
                           "batch": labels["batch"], "steps_per_full_pass": labels["steps_per_full_pass"],
                           "seconds": r.seconds,
                           "gc_share": r.gc_share, "gc_pauses": r.gc_count, "alloc_count_est": r.alloc_count_est,
+                          "alloc_count_python_est": r.alloc_count_python_est,
                           "alloc_bytes_est": r.alloc_bytes_est, "loss": r.loss, "@time": r.at_time()}
                          for r in results])

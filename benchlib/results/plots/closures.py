@@ -23,7 +23,11 @@ def verdict_lines(verdicts: pd.DataFrame, *, mwe: str, phase: str, order: str) -
         allocs_same = int((pairs["allocs verdict"] == "same").sum())
         time_same = int((pairs["time verdict"] == "same").sum())
         untested = int((pairs["time verdict"] == "too few samples").sum())
-        text = f"{engine}: allocations same in {allocs_same}/{len(pairs)} pairs, time same in {time_same}/{len(pairs)}"
+        python = ""
+        if "python allocs verdict" in pairs and pairs["python allocs verdict"].notna().any():
+            python = f" (Python allocations {int((pairs['python allocs verdict'] == 'same').sum())}/{len(pairs)})"
+        text = (f"{engine}: allocations same in {allocs_same}/{len(pairs)} pairs{python}, "
+                f"time same in {time_same}/{len(pairs)}")
         if untested:
             text += f" ({untested} too few samples)"
         lines.append(text)

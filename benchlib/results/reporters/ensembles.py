@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 CELL_COLUMNS = ["data", "heap_objects", "gc_policy", "strategy", "trials", "median_ms", "p99_ms", "max_ms", "p99_over_median",
-                "throughput", "gc_pct", "gc_pauses", "alloc_count_per_step", "alloc_MB_per_step", "peak_MB",
+                "throughput", "gc_pct", "gc_pauses", "alloc_count_per_step", "alloc_count_python_per_step", "alloc_MB_per_step", "peak_MB",
                 "final_loss"]
 
 

@@ -183,6 +183,8 @@ def _records(mwe: str, engine: str, order: str, device, dtype: str, steps: dict,
             for i, a in enumerate(allocations):
                 add(step, f"{phase}_alloc_count", a.count, "count", i, **labels)
                 add(step, f"{phase}_alloc_bytes", a.bytes, "B", i, **labels)
+                if a.python_count is not None:  # CPU: memray also traced Python's allocator
+                    add(step, f"{phase}_alloc_count_python", a.python_count, "count", i, **labels)
         for i, compiles in enumerate(data.compiles):
             add(step, "cold_compiles", compiles.cold, "count", i, **labels)
             add(step, "warm_compiles", compiles.warm, "count", i, **labels)
@@ -205,7 +207,10 @@ def tracker_records(device="auto", samples: int = 5) -> list[dict]:
     for i in range(samples):
         allocations = count_allocations(lambda: None, device)
         for metric, value, unit in (("alloc_count", allocations.count, "count"),
-                                    ("alloc_bytes", allocations.bytes, "B")):
+                                    ("alloc_bytes", allocations.bytes, "B"),
+                                    ("alloc_count_python", allocations.python_count, "count")):
+            if value is None:
+                continue
             records.append(make_record(benchmark=BENCHMARK, case=TRACKER_CASE, tracker=allocations.source,
                                        device=device, dtype="none", metric=metric, value=value, unit=unit,
                                        repeat=i, params={"alloc_source": allocations.source}))

@@ -46,8 +46,10 @@ def _percentile(values: np.ndarray, q: float) -> float:
 def _phase_columns(group: pd.DataFrame, phase: str, unit: str, scale: float, low: tuple, high: tuple) -> dict:
     """One phase's columns: allocation floor and range, bytes floor, median time with a low and high percentile."""
     counts, times = _values(group, f"{phase}_alloc_count"), _values(group, f"{phase}_time")
+    python = _values(group, f"{phase}_alloc_count_python")
     return {f"{phase} allocs": _floor(counts), f"{phase} allocs range": _spread(counts),
             f"{phase} bytes": _floor(_values(group, f"{phase}_alloc_bytes")),
+            f"{phase} python allocs": _floor(python), f"{phase} python allocs range": _spread(python),
             f"{phase} time ({unit})": scale * _median(times),
             **{f"{phase} time {name} ({unit})": scale * _percentile(times, q) for name, q in (low, high)}}
 
@@ -90,8 +92,8 @@ def seed_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 def verdict_table(frame: pd.DataFrame, *, alpha: float = DEFAULT_ALPHA,
                   min_effect: float = DEFAULT_MIN_EFFECT) -> pd.DataFrame:
-    """A verdict per pair of steps (PAIRS), phase, engine, order and MWE: allocation counts and
-    bytes against the tracker's jitter, times by Mann-Whitney U (p < alpha and a min_effect change),
+    """A verdict per pair of steps (PAIRS), phase, engine, order and MWE: allocation counts (system
+    and, where traced, Python-allocator) and bytes against the tracker's jitter, times by Mann-Whitney U (p < alpha and a min_effect change),
     and whether the two states' gradients are bit-identical."""
     rows = []
     expanded = expand_cases(frame)
@@ -104,7 +106,7 @@ def verdict_table(frame: pd.DataFrame, *, alpha: float = DEFAULT_ALPHA,
                 if a not in by_step or b not in by_step:
                     continue
                 row = {"mwe": mwe, "order": order, "engine": engine, "phase": phase, "pair": f"{a} vs {b}"}
-                for quantity in ("count", "bytes"):
+                for quantity, label in (("count", "allocs"), ("bytes", "bytes"), ("count_python", "python allocs")):
                     metric = f"{phase}_alloc_{quantity}"
                     sample_a, sample_b = _values(by_step[a], metric), _values(by_step[b], metric)
                     if not (sample_a.size and sample_b.size):
@@ -114,7 +116,6 @@ def verdict_table(frame: pd.DataFrame, *, alpha: float = DEFAULT_ALPHA,
                         warm = [_values(by_step[s], f"warm_alloc_{quantity}") for s in (a, b)]
                         jitter = max([np.ptp(v) for v in warm if v.size] + [np.ptp(sample_a), np.ptp(sample_b)])
                     verdict = compare_counts(sample_a, sample_b, jitter=jitter)
-                    label = "allocs" if quantity == "count" else "bytes"
                     row |= {f"{label} a": verdict.floor_a, f"{label} b": verdict.floor_b,
                             f"{label} jitter": verdict.jitter, f"{label} verdict": verdict.verdict}
                 times_a, times_b = _values(by_step[a], f"{phase}_time"), _values(by_step[b], f"{phase}_time")
@@ -133,13 +134,13 @@ def verdict_table(frame: pd.DataFrame, *, alpha: float = DEFAULT_ALPHA,
 
 def differing_pairs(verdicts: pd.DataFrame) -> pd.DataFrame:
     """The rows of `verdict_table` where allocations, bytes or time differ."""
-    columns = [c for c in ("allocs verdict", "bytes verdict", "time verdict") if c in verdicts]
+    columns = [c for c in ("allocs verdict", "bytes verdict", "python allocs verdict", "time verdict") if c in verdicts]
     if not columns:
         return verdicts.iloc[0:0]
     return verdicts[(verdicts[columns] == "differ").any(axis=1)]
 
 
 def tracker_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """The tracker's count and bytes for an empty call: median and range over samples."""
+    """The tracker's counts (system, Python) and bytes for an empty call: median and range over samples."""
     rows = frame[(frame["benchmark"] == BENCHMARK) & (frame["dimension"] == "tracker")]
     return (rows.groupby(["device", "metric"])["value"].agg(["median", "min", "max", "count"]).reset_index())

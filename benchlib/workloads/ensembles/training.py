@@ -33,6 +33,8 @@ class TrainResult:
     warmup: int
     alloc_count_per_step: float = math.nan
     alloc_bytes_per_step: float = math.nan
+    alloc_count_python_per_step: float = math.nan  # Python-allocator allocations (CPU)
+    alloc_bytes_python_per_step: float = math.nan
     alloc_source: str = ""
     peak_bytes: float = math.nan
 
@@ -44,7 +46,8 @@ class TrainResult:
         samples_per_step = self.labels["n_nets"] * self.labels["batch"]
         return step_summaries(steps, warmup=self.warmup, samples_per_step=samples_per_step) | {
             "alloc_count_per_step": self.alloc_count_per_step, "alloc_bytes_per_step": self.alloc_bytes_per_step,
-            "peak_bytes": self.peak_bytes}
+            "alloc_count_python_per_step": self.alloc_count_python_per_step,
+            "alloc_bytes_python_per_step": self.alloc_bytes_python_per_step, "peak_bytes": self.peak_bytes}
 
     def case(self) -> str:
         case = (f"{self.strategy}|gc={self.labels['gc_policy']}|heap={self.labels['heap_objects']}"
@@ -59,7 +62,9 @@ class TrainResult:
                       dtype="float32", params=self.labels)
         rows = [make_record(metric=metric, value=value, unit=unit, **common) for metric, value, unit in (
             ("alloc_count_per_step", self.alloc_count_per_step, "count"),
-            ("alloc_bytes_per_step", self.alloc_bytes_per_step, "B"), ("peak_bytes", self.peak_bytes, "B"))]
+            ("alloc_bytes_per_step", self.alloc_bytes_per_step, "B"),
+            ("alloc_count_python_per_step", self.alloc_count_python_per_step, "count"),
+            ("alloc_bytes_python_per_step", self.alloc_bytes_python_per_step, "B"), ("peak_bytes", self.peak_bytes, "B"))]
         for metric, unit, values in (("step_time", "s", self.step_s), ("step_gc_pauses", "count", self.gc_count),
                                      ("step_gc_time", "s", self.gc_s), ("step_loss", "", self.loss)):
             rows += [make_record(metric=metric, value=float(v), unit=unit, repeat=i, **common)
@@ -123,6 +128,9 @@ def train(
         allocs = count_allocations(allocation_pass, device)
         result.alloc_count_per_step = allocs.count / alloc_steps
         result.alloc_bytes_per_step = allocs.bytes / alloc_steps
+        if allocs.python_count is not None:
+            result.alloc_count_python_per_step = allocs.python_count / alloc_steps
+            result.alloc_bytes_python_per_step = allocs.python_bytes / alloc_steps
         result.alloc_source = allocs.source
         result.labels["alloc_source"] = allocs.source
     return result
