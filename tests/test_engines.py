@@ -37,11 +37,11 @@ AUTOMATIC = [name for name in ENGINE_NAMES if not get_engine(name).hand_written]
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 
 
-def test_registry_holds_the_seven_engines_and_refuses_unknown_names():
-    assert ENGINE_NAMES == ("manual", "benchlib-inplace", "benchlib-deferred", "benchlib-checkpoint", "autograd", "torch",
-                            "torch-checkpoint")
+def test_registry_holds_the_eight_engines_and_refuses_unknown_names():
+    assert ENGINE_NAMES == ("manual", "manual-seed", "benchlib-inplace", "benchlib-deferred", "benchlib-checkpoint",
+                            "autograd", "torch", "torch-checkpoint")
     assert all(ENGINES[name].name == name for name in ENGINE_NAMES)
-    with pytest.raises(ValueError, match="valid engines: manual, benchlib-inplace"):
+    with pytest.raises(ValueError, match="valid engines: manual, manual-seed, benchlib-inplace"):
         get_engine("jax")
 
 
@@ -57,10 +57,10 @@ def test_autograd_is_not_applicable_on_cuda_and_says_why():
 
 def test_array_library_per_engine_and_device():
     assert {name: get_engine(name).array_library(CPU) for name in ENGINE_NAMES} == {
-        "manual": "numpy", "benchlib-inplace": "numpy", "benchlib-deferred": "numpy", "benchlib-checkpoint": "numpy",
-        "autograd": "numpy", "torch": "torch", "torch-checkpoint": "torch"}
+        "manual": "numpy", "manual-seed": "numpy", "benchlib-inplace": "numpy", "benchlib-deferred": "numpy",
+        "benchlib-checkpoint": "numpy", "autograd": "numpy", "torch": "torch", "torch-checkpoint": "torch"}
     assert {name: get_engine(name).array_library(CUDA) for name in ENGINE_NAMES if name != "autograd"} == {
-        "manual": "torch", "benchlib-inplace": "torch", "benchlib-deferred": "torch", "benchlib-checkpoint": "torch",
+        "manual": "torch", "manual-seed": "torch", "benchlib-inplace": "torch", "benchlib-deferred": "torch", "benchlib-checkpoint": "torch",
         "torch": "torch", "torch-checkpoint": "torch"}
 
 
@@ -118,7 +118,15 @@ def test_manual_engine_returns_the_workloads_gradient_and_requires_one():
     def hand_written(x):
         return 2 * x
 
+    def seed_written(x):
+        return x + x
+
     assert get_engine("manual").gradient(None, 0, manual=hand_written) is hand_written
+    both = {"manual": hand_written, "manual-seed": seed_written}
+    assert get_engine("manual").gradient(None, 0, manual=both) is hand_written
+    assert get_engine("manual-seed").gradient(None, 0, manual=both) is seed_written
+    with pytest.raises(NotApplicableError, match="'manual-seed': this workload has no such hand-written gradient"):
+        get_engine("manual-seed").gradient(None, 0, manual=hand_written)
     with pytest.raises(ValueError, match="pass manual="):
         get_engine("manual").gradient(None, 0)
     with pytest.raises(ValueError, match="argnum must be an int or a non-empty tuple"):

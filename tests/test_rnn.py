@@ -30,11 +30,16 @@ def test_data_follows_bench_rnn():
     assert data["W"].std() == pytest.approx(0.01, rel=0.01)
 
 
-def test_manual_bptt_matches_central_differences_for_every_weight():
+@pytest.mark.parametrize("loss_of, gradient_of", [
+    (rnn.rnn_loss, rnn.manual_gradient),  # per-step-loss
+    (rnn.bench_rnn_loss, rnn.bench_rnn_manual_gradient),  # bench_rnn, the lean floor
+    (rnn.bench_rnn_loss, rnn.bench_rnn_seed_gradient),  # bench_rnn as its own benchmark writes it
+])
+def test_hand_written_bptt_matches_central_differences_for_every_weight(loss_of, gradient_of):
     args = [a * 50 for a in _arguments(batch=3, hidden=4)[:5]] + _arguments(batch=3, hidden=4)[5:]
     T, step = 5, 1e-6
-    loss = rnn.rnn_loss(get_engine("manual").namespace(CPU), T)
-    gradients = rnn.manual_gradient(get_engine("manual").namespace(CPU), T)(*args)
+    loss = loss_of(get_engine("manual").namespace(CPU), T)
+    gradients = gradient_of(get_engine("manual").namespace(CPU), T)(*args)
     assert len(gradients) == 4
     for position, gradient in enumerate(gradients):
         assert gradient.shape == args[position].shape
@@ -48,24 +53,36 @@ def test_manual_bptt_matches_central_differences_for_every_weight():
         assert max_relative_error(gradient, numeric) < 1e-7, rnn.WEIGHTS[position]
 
 
-def _run_case(engine, gradient_dir, device=CPU, dtype="float64", hidden=16, wrong_bout_by=0.0):
+def _run_case(engine, gradient_dir, device=CPU, dtype="float64", hidden=16, wrong_bout_by=0.0, model="per-step-loss"):
     """One case as the isolation child runs it: the call, then the check (which saves the gradients)."""
     case = rnn.case(device=device, engine=engine, batch=4, hidden=hidden, T=6, dtype=dtype,
-                    gradient_dir=str(gradient_dir))
+                    gradient_dir=str(gradient_dir), model=model)
     dW, db, dWout, dbout = result = case.fn()
     checks = case.check((dW, db, dWout, dbout * (1 + wrong_bout_by)) if wrong_bout_by else result)
     assert set(checks) <= {"role_saved_bytes", "role_gradient_bytes"}  # where the peak goes, nothing else
     return result
 
 
+@pytest.mark.parametrize("model", list(rnn.MODELS))
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("engine", [name for name in ENGINE_NAMES if name != "manual"])
-def test_every_engine_agrees_with_manual_through_the_case_and_its_saved_gradients(engine, dtype, tmp_path):
-    _run_case("manual", tmp_path, dtype=dtype)
-    result = _run_case(engine, tmp_path, dtype=dtype)
+def test_every_engine_agrees_with_manual_through_the_case_and_its_saved_gradients(engine, dtype, model, tmp_path):
+    if engine == "manual-seed" and model not in rnn.SEED_GRADIENT_MODELS:
+        pytest.skip("no seed-written gradient for this model (recorded as not applicable: tested below)")
+    _run_case("manual", tmp_path, dtype=dtype, model=model)
+    result = _run_case(engine, tmp_path, dtype=dtype, model=model)
     assert [get_engine(engine).to_numpy(g).dtype for g in result] == [np.dtype(dtype)] * 4
     assert [g.shape for g in load_gradient(tmp_path, engine)] == [(16, 16), (16,), (16, 1), (1,)]
     assert saved_gradient_error(tmp_path, engine) <= GRADIENT_TOLERANCE[dtype]
+
+
+def test_manual_seed_is_not_applicable_to_a_model_without_a_seed_gradient_and_unknown_models_are_refused():
+    comparison = rnn.run(device="cpu", model="per-step-loss", batch=2, hidden=8, T_values=[3],
+                         engines=["manual", "manual-seed"], progress=None)
+    assert [(p["engine"], p["status"]) for p in comparison.problems] == [("manual-seed", "not applicable")]
+    assert "has no seed-written gradient (only bench_rnn does)" in comparison.problems[0]["message"]
+    with pytest.raises(ValueError, match="model must be one of bench_rnn, per-step-loss"):
+        rnn.run(device="cpu", model="lstm", progress=None)
 
 
 def test_the_check_would_catch_a_wrong_gradient_of_one_weight(tmp_path):

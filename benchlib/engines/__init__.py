@@ -17,7 +17,7 @@ Adding an engine means adding one entry to `ENGINES`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -27,7 +27,8 @@ __all__ = ["Engine", "ENGINES", "ENGINE_NAMES", "get_engine", "NotApplicableErro
 
 
 class NotApplicableError(RuntimeError):
-    """Raised when an engine is asked to run on a device it does not support."""
+    """Raised when an engine is asked to run where it cannot: a device it does not support, or a
+    workload that has no hand-written gradient of its kind."""
 
 
 def _device(device):
@@ -116,7 +117,7 @@ class Engine:
 
     @property
     def hand_written(self) -> bool:
-        """True for `manual`: its gradient is the workload's own backward pass."""
+        """True for `manual` and `manual-seed`: the gradient is a backward pass the workload wrote."""
         return self._make_gradient is None
 
     def not_applicable(self, device) -> str | None:
@@ -158,18 +159,24 @@ class Engine:
             return array.detach().cpu().numpy()
         return np.asarray(array)
 
-    def gradient(self, fun: Callable, argnum=0, *, manual: Callable | None = None) -> Callable:
+    def gradient(self, fun: Callable, argnum=0, *, manual: Callable | Mapping[str, Callable] | None = None) -> Callable:
         """The gradient function of `fun` with respect to `argnum` (an int or a tuple of ints).
 
-        `manual` is the workload's hand-written gradient (same arguments, same return convention);
-        the `manual` engine returns it, every other engine ignores it.
+        `manual` is the workload's hand-written gradient (same arguments, same return convention),
+        or a mapping from hand-written engine name (`manual`, `manual-seed`) to one; the
+        hand-written engines return theirs, every other engine ignores it.
         """
         if not _valid_argnum(argnum):
             raise ValueError(f"argnum must be an int or a non-empty tuple of ints, got {argnum!r}")
         if self.hand_written:
             if manual is None:
                 raise ValueError(f"engine {self.name!r} needs the workload's hand-written gradient: pass manual=...")
-            return manual
+            written = manual.get(self.name) if isinstance(manual, Mapping) else (
+                manual if self.name == "manual" else None)
+            if written is None:
+                raise NotApplicableError(f"engine {self.name!r}: this workload has no such hand-written gradient "
+                                         f"(pass manual={{{self.name!r}: ...}})")
+            return written
         return self._make_gradient(fun, argnum)
 
 
@@ -183,6 +190,13 @@ ENGINES: dict[str, Engine] = {
         Engine(
             "manual",
             "hand-written backward pass supplied by each workload (NumPy on CPU, torch on CUDA)",
+            "numpy",
+            None,
+            _manual_namespace,
+        ),
+        Engine(
+            "manual-seed",
+            "the seed's own hand-written gradient, with its buffer lifetimes (where a workload has one)",
             "numpy",
             None,
             _manual_namespace,

@@ -37,6 +37,7 @@ ROLE_TIMELINE_COLUMNS = ["case", "engine", "t_s", "bytes", "phase", SAVED_ROLE, 
 GRAD_UNCHECKED_METRIC = "grad_check_unavailable"
 DTYPES = tuple(GRADIENT_TOLERANCE)  # the dtypes an engine comparison runs in (those with a gradient tolerance)
 REFERENCE_ENGINE = "manual"
+SEED_ENGINE = "manual-seed"  # the seed's own hand-written gradient, the second baseline where a workload has one
 
 
 class GradientMismatch(AssertionError):
@@ -170,13 +171,17 @@ class EngineComparison:
         run.save_table(self.role_timeline_frame(), f"{self.benchmark}_role_timelines")
 
     def table_text(self) -> str:
-        """The summary as a plain-text table (MB, ratio to manual, seconds, gradient error)."""
+        """The summary as a plain-text table (MB, ratios to manual and, where it ran, to manual-seed,
+        seconds, gradient error)."""
         summary = self.summary()
         if summary.empty:
             return "no cases ran"
         shown = summary.assign(peak_MB=summary["peak_bytes"] / 1e6, peak_ratio=with_interval(summary, "peak_ratio"),
-                               time_ratio=with_interval(summary, "time_ratio"))[
-            ["case", "engine", "status", "trials", "peak_MB", "peak_ratio", "time_s", "time_ratio", GRAD_ERROR_METRIC]]
+                               time_ratio=with_interval(summary, "time_ratio"),
+                               peak_ratio_seed=with_interval(summary, "peak_ratio_seed"))
+        columns = ["case", "engine", "status", "trials", "peak_MB", "peak_ratio", "time_s", "time_ratio",
+                   *(["peak_ratio_seed"] if summary["peak_ratio_seed"].notna().any() else []), GRAD_ERROR_METRIC]
+        shown = shown[columns]
         text = shown.to_string(index=False, float_format=lambda v: f"{v:.4g}")
         for row in summary[(summary["status"] == "ok") & (summary["reason"] != "")].itertuples():
             text += f"\n{row.engine} ({row.case}): {row.reason}"
@@ -197,16 +202,18 @@ def with_interval(summary: pd.DataFrame, column: str) -> pd.Series:
 
 
 def summarize(frame: pd.DataFrame, problems: Iterable[Mapping] = ()) -> pd.DataFrame:
-    """Peak bytes, median time and gradient error per case and engine, with ratios to `manual`.
+    """Peak bytes, median time and gradient error per case and engine, with ratios to `manual`
+    (the lean floor: `peak_ratio`, `time_ratio`) and, where it ran, to `manual-seed` (the seed's own
+    hand-written gradient: `peak_ratio_seed`).
 
     Each ratio is a ratio of medians over trials with its 95% bootstrap interval (`*_low`, `*_high`;
     NaN with a single trial a side, which gives a point, not an interval).
     """
     from benchlib.results.compare import trial_values
-    from benchlib.results.stats import ratio_of_medians
 
     columns = ["case", "engine", "status", "trials", "peak_bytes", "peak_ratio", "peak_ratio_low", "peak_ratio_high",
-               "time_s", "time_ratio", "time_ratio_low", "time_ratio_high", GRAD_ERROR_METRIC, "reason"]
+               "time_s", "time_ratio", "time_ratio_low", "time_ratio_high", "peak_ratio_seed", "peak_ratio_seed_low",
+               "peak_ratio_seed_high", GRAD_ERROR_METRIC, "reason"]
     rows, samples = [], {}
     for (case, engine), group in frame.groupby(["case", "variant"], sort=False):
         by_metric = {metric: trial_values(rows_of_metric) for metric, rows_of_metric in group.groupby("metric")}
@@ -228,21 +235,11 @@ def summarize(frame: pd.DataFrame, problems: Iterable[Mapping] = ()) -> pd.DataF
     if table.empty:
         return table
     for index, row in table.iterrows():
-        reference = samples.get((row["case"], REFERENCE_ENGINE))
         own = samples.get((row["case"], row["engine"]))
-        if reference is None or own is None:
-            continue
-        if row["engine"] == REFERENCE_ENGINE:  # its own baseline: exactly 1, no interval to take
-            table.loc[index, ["peak_ratio", "time_ratio"]] = 1.0
-            continue
-        for metric, column in (("peak_bytes", "peak_ratio"), ("time", "time_ratio")):
-            a, b = reference.get(metric), own.get(metric)
-            if a is None or b is None or not np.all(a > 0):
-                continue
-            interval = ratio_of_medians(a, b)
-            single = min(a.size, b.size) < 2
-            table.loc[index, [column, f"{column}_low", f"{column}_high"]] = (
-                interval.ratio, math.nan if single else interval.ci_low, math.nan if single else interval.ci_high)
+        for baseline, ratios in ((REFERENCE_ENGINE, (("peak_bytes", "peak_ratio"), ("time", "time_ratio"))),
+                                 (SEED_ENGINE, (("peak_bytes", "peak_ratio_seed"),))):
+            _fill_ratios(table, index, samples.get((row["case"], baseline)), own, ratios,
+                         itself=row["engine"] == baseline)
     order = {name: index for index, name in enumerate(ENGINE_NAMES)}
     table["_case_order"] = table["case"].map({case: i for i, case in enumerate(dict.fromkeys(table["case"]))})
     table["_engine_order"] = table["engine"].map(order)
@@ -250,12 +247,32 @@ def summarize(frame: pd.DataFrame, problems: Iterable[Mapping] = ()) -> pd.DataF
             .drop(columns=["_case_order", "_engine_order"]).reset_index(drop=True))
 
 
+def _fill_ratios(table: pd.DataFrame, index, reference: dict | None, own: dict | None, ratios, *, itself: bool) -> None:
+    """Each (metric, column) of `ratios`: own over reference, a ratio of medians with its interval."""
+    from benchlib.results.stats import ratio_of_medians
+
+    if reference is None or own is None:
+        return
+    if itself:  # its own baseline: exactly 1, no interval to take
+        table.loc[index, [column for _, column in ratios]] = 1.0
+        return
+    for metric, column in ratios:
+        a, b = reference.get(metric), own.get(metric)
+        if a is None or b is None or not np.all(a > 0):
+            continue
+        interval = ratio_of_medians(a, b)
+        single = min(a.size, b.size) < 2
+        table.loc[index, [column, f"{column}_low", f"{column}_high"]] = (
+            interval.ratio, math.nan if single else interval.ci_low, math.nan if single else interval.ci_high)
+
+
 def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping], engines: Iterable[str],
                     device="auto", dtype: str, repeats: int = 1, warmup: int = 0, trials: int = 1,
                     order_seed: int | None = 0,
                     memory_required: Callable[[str, Mapping], int | None] | None = None,
                     malloc: str | None = None, timeout_s: float = 600,
-                    describe: Mapping | None = None, progress: Callable[[str], None] | None = print) -> EngineComparison:
+                    describe: Mapping | None = None, progress: Callable[[str], None] | None = print,
+                    not_applicable: Callable[[str], str | None] | None = None) -> EngineComparison:
     """Run `target` for every case (label -> params) and engine, each in a fresh process, `trials` times.
 
     The trials of a case are interleaved (`trial_order`: rounds of every engine, shuffled by
@@ -266,7 +283,8 @@ def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping]
     with the reason) when there is no manual gradient. A case that fails (exception, crash,
     timeout, or more memory than is available) becomes a `failed` record with its error and its
     later trials are skipped; an engine that cannot run on the device becomes a `not_applicable`
-    record with the reason. Neither stops the other cases. Only the first trial's memory timeline
+    record with the reason (so does one the workload's `not_applicable(engine)` gives a reason
+    for, e.g. `manual-seed` where the workload has no seed gradient). Neither stops the other cases. Only the first trial's memory timeline
     is kept (later trials sample too, so every trial is timed under the same instrument).
     `describe` adds JSON-able facts to every record's params without passing them to the child.
     The gradient files live in a temporary directory that is deleted before this returns.
@@ -305,6 +323,8 @@ def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping]
             runnable = []
             for engine_name in engines:
                 reason = get_engine(engine_name).not_applicable(device)
+                if reason is None and not_applicable is not None:
+                    reason = not_applicable(engine_name)
                 if reason is None:
                     runnable.append(engine_name)
                 else:
@@ -313,7 +333,7 @@ def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping]
             for position, (trial, engine_name) in enumerate(trial_order(runnable, trials, order_seed)):
                 if engine_name in failed:
                     continue
-                engine, labels = get_engine(engine_name), labels_of[engine_name]
+                labels = labels_of[engine_name]
                 trial_params = {**case_params, "trial": trial, "position": position}
                 params = {**child_params, "engine": engine_name, "dtype": dtype, "gradient_dir": gradient_dir}
                 required = memory_required(engine_name, child_params) if memory_required else None
@@ -328,14 +348,14 @@ def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping]
                     which = f"trial {trial + 1} of {trials}: " if trials > 1 else ""
                     note(labels, "failed", f"{which}{error}{skipped}", trial_params)
                     failed.add(engine_name)
-                    if engine.hand_written and no_reference is not None:
+                    if engine_name == REFERENCE_ENGINE and no_reference is not None:
                         no_reference = f"{REFERENCE_ENGINE} failed, so there is no gradient to compare with"
                     continue
                 record_params = {**trial_params, **_allocator_params(result.environment),
                                  "timeline_interval_s": TIMELINE_INTERVAL_S}
                 measurement = result.measurement
                 checks = dict(result.checks)
-                if engine.hand_written:
+                if engine_name == REFERENCE_ENGINE:
                     no_reference = None
                 elif no_reference is None:
                     checks[GRAD_ERROR_METRIC] = saved_gradient_error(gradient_dir, engine_name, REFERENCE_ENGINE)
@@ -346,7 +366,7 @@ def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping]
                     make_record(**labels, metric=metric, value=value, params=record_params)
                     for metric, value in checks.items()
                 ]
-                if not engine.hand_written and no_reference is not None:
+                if engine_name != REFERENCE_ENGINE and no_reference is not None:
                     comparison.records.append(make_record(**labels, metric=GRAD_UNCHECKED_METRIC, value=1.0,
                                                           params={**record_params, "message": no_reference}))
                 if measurement.timeline is not None and trial == 0:
@@ -357,7 +377,7 @@ def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping]
                     progress(f"{benchmark} {case} {engine_name} trial {trial + 1}/{trials}: {measurement}"
                              + "".join(f", {k} {v:.3g}" for k, v in checks.items())
                              + (f", gradient not checked: {no_reference}"
-                                if not engine.hand_written and no_reference is not None else ""))
+                                if engine_name != REFERENCE_ENGINE and no_reference is not None else ""))
     if timelines:
         comparison.timelines = pd.concat(timelines, ignore_index=True)[["case", "engine", "t_s", "bytes", "phase"]]
     if role_timelines:

@@ -59,9 +59,11 @@ def _numpy_like(module, name: str) -> SimpleNamespace:
 
 
 def numpy_namespace() -> SimpleNamespace:
-    """Plain NumPy: what hand-written gradients use on CPU (with `ones_like` for seeding them)."""
+    """Plain NumPy: what hand-written gradients use on CPU (with `ones_like` for seeding them and
+    `cosh`, which the seeds' own tanh gradient uses)."""
     namespace = _numpy_like(np, "numpy")
     namespace.ones_like = np.ones_like
+    namespace.cosh = np.cosh
     return namespace
 
 
@@ -75,7 +77,7 @@ def autograd_namespace() -> SimpleNamespace:
 def torch_namespace() -> SimpleNamespace:
     """torch ops under NumPy's names and semantics (`axis`/`keepdims`, `dot` of matrices is matmul).
 
-    Also what hand-written gradients use on CUDA, hence `ones_like`.
+    Also what hand-written gradients use on CUDA, hence `ones_like` and `cosh`.
     """
     import torch
 
@@ -121,6 +123,7 @@ def torch_namespace() -> SimpleNamespace:
         mse=mse,
         softmax_cross_entropy=softmax_cross_entropy,
         ones_like=torch.ones_like,
+        cosh=torch.cosh,
         chain=_loop,
     )
 

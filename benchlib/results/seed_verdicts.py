@@ -156,6 +156,12 @@ SEED_RULES: tuple = (
               "peak_bytes", "benchlib-deferred", "manual", 1.5, 2.5),
     RatioRule("dot_chain", "autograd #219: in-place accumulation peaks at the manual floor",
               "peak_bytes", "benchlib-inplace", "manual", 0.9, 1.1),
+    RatioRule("dot_chain", "autograd #219: deferred accumulation peaks at about 2x the seed's own hand-written gradient",
+              "peak_bytes", "benchlib-deferred", "manual-seed", 1.5, 2.5),
+    RatioRule("dot_chain", "autograd #219: in-place accumulation peaks at the seed's own hand-written gradient",
+              "peak_bytes", "benchlib-inplace", "manual-seed", 0.9, 1.1),
+    RatioRule("rnn_fanout", "autograd #219 (RNN): with in-place accumulation autograd's peak is the same order of "
+              "magnitude as torch's", "peak_bytes", "autograd", "torch", 0.1, 10.0, per=("T",)),
     SlopeRule("rnn_fanout", "autograd #219 (RNN): keeping every contribution grows the peak by about one weight per step",
               "peak_bytes", "benchlib-deferred", "T", "W-sized buffers", _weight_bytes, 0.7, 1.5),
     SlopeRule("rnn_fanout", "autograd #219 (RNN): in-place accumulation keeps the peak nearly flat in the step count",

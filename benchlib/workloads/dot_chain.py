@@ -56,15 +56,22 @@ def chain_loss(xp, depth: int):
     return loss
 
 
+def _stored_forward(xp, x, z, depth: int):
+    """The forward pass both hand-written gradients share: z ← x·z, `depth` times, every input kept."""
+    mark("forward")
+    z_stack = []
+    for _ in range(depth):
+        z_stack.append(z)
+        z = xp.dot(x, z)
+    return z_stack, z
+
+
 def manual_gradient(xp, depth: int):
-    """The seed's hand-written gradient: store the z stack, pop it on the way back."""
+    """The lean hand-written gradient (engine `manual`, the floor): store the z stack, pop it on
+    the way back, accumulate g_x in place, keep nothing else."""
 
     def gradient(x, z):
-        mark("forward")
-        z_stack = []
-        for _ in range(depth):
-            z_stack.append(z)
-            z = xp.dot(x, z)
+        z_stack, z = _stored_forward(xp, x, z, depth)
         mark("backward")
         g_z = xp.ones_like(z)
         g_x = None
@@ -76,6 +83,30 @@ def manual_gradient(xp, depth: int):
             else:
                 g_x += contribution
             g_z = xp.dot(x.T, g_z)
+        return g_x
+
+    return gradient
+
+
+def manual_seed_gradient(xp, depth: int):
+    """The seed's own hand-written gradient (engine `manual-seed`), as its author wrote it in
+    autograd #219, with its buffer lifetimes: unlike `manual` it keeps both VJP results (tmp_g0,
+    tmp_g1) alive until the next step overwrites them, rebuilds g_z as 0 + tmp_g1 (a copy) at
+    every step, and starts g_x from 0 (its first contribution is copied)."""
+
+    def gradient(x, z):
+        z_stack, z = _stored_forward(xp, x, z, depth)
+        retval = xp.sum(z)
+        mark("backward")
+        g_x = 0
+        g_z = xp.ones_like(z) * 1  # repeat_to_match_shape(g_retval, z): ones of z's shape times g_retval
+        for _ in range(depth):
+            z = z_stack.pop()
+            tmp_g0 = xp.dot(g_z, z.T)  # grad_dot_A(g_z, x, z)
+            tmp_g1 = xp.dot(x.T, g_z)  # grad_dot_B(g_z, x, z)
+            g_z = 0
+            g_x += tmp_g0
+            g_z += tmp_g1
         return g_x
 
     return gradient
@@ -103,7 +134,8 @@ def case(*, device, engine: str, D: int, depth: int, dtype: str, gradient_dir: s
     x, z = chosen.asarray(x_np, device), chosen.asarray(z_np, device)
     del x_np, z_np
     xp = chosen.namespace(device)
-    gradient = chosen.gradient(chain_loss(xp, depth), 0, manual=manual_gradient(xp, depth))
+    gradient = chosen.gradient(chain_loss(xp, depth), 0, manual={"manual": manual_gradient(xp, depth),
+                                                                 "manual-seed": manual_seed_gradient(xp, depth)})
 
     def check(result) -> dict[str, float]:
         save_gradient(result, gradient_dir, engine)

@@ -83,8 +83,10 @@ def _dot_chain(params: Mapping[str, Any], device: Any) -> None:
 
 
 def _rnn_fanout(params: Mapping[str, Any], device: Any) -> None:
-    from benchlib.workloads.rnn import memory_required_bytes
+    from benchlib.workloads.rnn import MODELS, memory_required_bytes
 
+    if params["model"] not in MODELS:
+        raise ValueError(f"model must be one of {', '.join(MODELS)}, got {params['model']!r}")
     engines = _engine_comparison(params)
     batch, hidden = _positive_int("batch", params["batch"]), _positive_int("hidden", params["hidden"])
     steps = [_positive_int("T", params["T"]), *_int_list("T_sweep", params["T_sweep"])]
@@ -198,8 +200,8 @@ def _config(notebook: str, **defaults: Any) -> type[NotebookConfig]:
 
 _COMPARISON = dict(engines=ENGINE_NAMES, malloc="mmap-128k")  # the gradient-engine notebooks' shared settings
 DotChainConfig = _config("dot_chain", dtype="float64", D=1000, depth=100, repeats=1, trials=3, warmup=0, **_COMPARISON)
-RnnFanoutConfig = _config("rnn_fanout", dtype="float32", batch=16, hidden=1024, T=50, T_sweep=[25, 50, 100, 200],
-                          repeats=3, trials=3, warmup=1, **_COMPARISON)
+RnnFanoutConfig = _config("rnn_fanout", dtype="float32", model="bench_rnn", batch=16, hidden=1024, T=50,
+                          T_sweep=[25, 50, 100, 200], repeats=3, trials=3, warmup=1, **_COMPARISON)
 # checkpointing's engines are fixed (manual and benchlib-checkpoint), so they are no parameter there
 CheckpointingConfig = _config("checkpointing", dtype="float64", D=500, depth=100, budgets=[2, 3, 5, 10, 20, 50, 100],
                               repeats=1, trials=3, warmup=0, malloc="mmap-128k")

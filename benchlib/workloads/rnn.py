@@ -1,11 +1,21 @@
 """A tanh RNN with shared weights over T steps: the fan-out benchmark of HIPS autograd #219.
 
-The model and sizes are autograd's own `bench_rnn` (batch 16, hidden 1024, 50 steps, float32,
-weights 0.01·N(0, 1)): h₀ = x, hₜ = tanh(hₜ₋₁·W + b), one logistic output per step,
-logitₜ = hₜ·Wout + bout, and the loss is summed over all T outputs. The gradient is taken with
-respect to all weights (W, b, Wout, bout), each of which is used T times: keeping every
-contribution until the end costs T weight-sized buffers, accumulating in place costs one.
-`manual` is hand-written backpropagation through time that stores the hidden states and pops them.
+Sizes and data are autograd's own `benchmarks/bench_rnn.py` (batch 16, hidden 1024, 50 steps,
+float32, weights 0.01·N(0, 1)): h₀ = x, hₜ = tanh(hₜ₋₁·W + b). Two models (`MODELS`):
+
+- `bench_rnn`, autograd's benchmark as it is: one logistic output after the last step,
+  logit = h_T·Wout + bout. Its hand-written gradient is the engine `manual-seed` (written from
+  the benchmark's description: three stacks of forward values, a 1/cosh² tanh gradient, each
+  accumulator started from 0 so its first contribution is copied, VJP results kept until the
+  next step overwrites them).
+- `per-step-loss`, this project's variant: one logistic output per step, the loss summed over
+  all T outputs, so Wout and bout fan out T times as well. No seed gradient exists for it, so
+  `manual-seed` is recorded as not applicable.
+
+The gradient is taken with respect to all weights (W, b, Wout, bout); W and b are used T times:
+keeping every contribution until the end costs T weight-sized buffers, accumulating in place
+costs one. `manual` (both models) is lean backpropagation through time that stores the hidden
+states and pops them: the floor.
 """
 
 from __future__ import annotations
@@ -27,6 +37,11 @@ SEED_SIZES = {"batch": 16, "hidden": 1024, "T": 50}
 TARGET = "benchlib.workloads.rnn:case"
 WEIGHTS = ("W", "b", "Wout", "bout")
 WEIGHT_ARGNUMS = (0, 1, 2, 3)
+MODELS = {
+    "bench_rnn": "autograd's bench_rnn: h_t = tanh(h_{t-1} W + b), one logistic output after the last step",
+    "per-step-loss": "h_t = tanh(h_{t-1} W + b), a logistic output per step, the loss summed over steps",
+}
+SEED_GRADIENT_MODELS = ("bench_rnn",)  # the models manual-seed exists for
 
 
 def make_data(batch: int, hidden: int, dtype: str, seed: int = 0) -> dict[str, np.ndarray]:
@@ -44,6 +59,24 @@ def make_data(batch: int, hidden: int, dtype: str, seed: int = 0) -> dict[str, n
     return {name: array.astype(dtype) for name, array in arrays.items()}
 
 
+def _logistic(xp, logit, label):
+    """bench_rnn's loss of one output: -sum(label·logit - (logit + log(1 + exp(-logit))))."""
+    return xp.sum(logit * (1 - label) + xp.log(1 + xp.exp(-logit)))
+
+
+def bench_rnn_loss(xp, T: int):
+    """autograd's bench_rnn: the logistic loss of one output after the last step."""
+
+    def loss(W, b, Wout, bout, x, label):
+        mark("forward")
+        h = xp.chain(lambda h: xp.tanh(xp.dot(h, W) + b), x, T)
+        total = _logistic(xp, xp.dot(h, Wout) + bout, label)
+        mark("backward")
+        return total
+
+    return loss
+
+
 def rnn_loss(xp, T: int):
     """Summed logistic loss of the T outputs, written once against `xp`; marks where backward begins."""
 
@@ -51,8 +84,7 @@ def rnn_loss(xp, T: int):
         def step(state):
             h, total = state
             h = xp.tanh(xp.dot(h, W) + b)
-            logit = xp.dot(h, Wout) + bout
-            loss_t = xp.sum(logit * (1 - label) + xp.log(1 + xp.exp(-logit)))
+            loss_t = _logistic(xp, xp.dot(h, Wout) + bout, label)
             return h, loss_t if total is None else total + loss_t
 
         mark("forward")
@@ -101,6 +133,111 @@ def manual_gradient(xp, T: int):
     return gradient
 
 
+def bench_rnn_manual_gradient(xp, T: int):
+    """Lean backpropagation through time for bench_rnn (engine `manual`, the floor)."""
+
+    def gradient(W, b, Wout, bout, x, label):
+        mark("forward")
+        hidden_states = [x]
+        h = x
+        for _ in range(T):
+            h = xp.tanh(xp.dot(h, W) + b)
+            hidden_states.append(h)
+        logit = xp.dot(h, Wout) + bout
+        mark("backward")
+        dlogit = 1 / (1 + xp.exp(-logit)) - label
+        dWout, dbout = xp.dot(h.T, dlogit), xp.sum(dlogit, axis=0)
+        dh = xp.dot(dlogit, Wout.T)
+        dW = db = None
+        for _ in range(T):
+            h = hidden_states.pop()
+            da = dh * (1 - h * h)
+            contribution = xp.dot(hidden_states[-1].T, da)
+            if dW is None:
+                dW, db = contribution, xp.sum(da, axis=0)
+            else:
+                dW += contribution
+                db += xp.sum(da, axis=0)
+            dh = xp.dot(da, W.T)
+        return dW, db, dWout, dbout
+
+    return gradient
+
+
+def bench_rnn_seed_gradient(xp, T: int):
+    """bench_rnn's own hand-written gradient (engine `manual-seed`), written from the benchmark's
+    description with its buffer lifetimes: the forward pass keeps three stacks (the products
+    h·W, the pre-activations, the inputs of each step), the loss is unrolled into its temporaries,
+    tanh's gradient is g / cosh(a)², every accumulator starts at 0 (so its first contribution is
+    copied), and each step's VJP results stay alive until the next step overwrites them."""
+
+    def sum_to_match(value, like):
+        value = xp.sum(value, axis=tuple(range(value.ndim - like.ndim))) if value.ndim > like.ndim else value
+        for axis, size in enumerate(like.shape):
+            if size == 1:
+                value = xp.sum(value, axis=axis, keepdims=True)
+        return value
+
+    def gradient(W, b, Wout, bout, x, label):
+        mark("forward")
+        products_stack, product = [], None
+        pre_stack, pre = [], None
+        inputs_stack = []
+        h = x
+        for _ in range(T):
+            products_stack.append(product)
+            product = xp.dot(h, W)
+            pre_stack.append(pre)
+            pre = product + b
+            inputs_stack.append(h)
+            h = xp.tanh(pre)
+        out_0 = xp.dot(h, Wout)
+        out = out_0 + bout
+        loss_2 = label * out
+        loss_7 = -out
+        loss_6 = xp.exp(loss_7)
+        loss_5 = 1 + loss_6
+        loss_4 = xp.log(loss_5)
+        loss_3 = out + loss_4
+        loss_1 = loss_2 - loss_3
+        mark("backward")
+        g_pre = g_product = g_b = g_W = 0
+        g_loss_1 = xp.ones_like(loss_1) * -1  # reverse of loss = -sum(loss_1)
+        g_loss_2 = sum_to_match(g_loss_1, loss_2)
+        g_loss_3 = sum_to_match(-g_loss_1, loss_3)
+        g_out = sum_to_match(g_loss_3, out)
+        g_loss_4 = sum_to_match(g_loss_3, loss_4)
+        g_loss_5 = g_loss_4 / loss_5
+        g_loss_6 = sum_to_match(g_loss_5, loss_6)
+        g_loss_7 = g_loss_6 * xp.exp(loss_7)
+        g_out += -g_loss_7
+        g_out += sum_to_match(g_loss_2 * label, out)
+        g_out_0 = sum_to_match(g_out, out_0)
+        g_bout = sum_to_match(g_out, bout)
+        g_h = xp.dot(g_out_0, Wout.T)
+        g_Wout = xp.dot(h.T, g_out_0)
+        for _ in range(T):
+            h = inputs_stack.pop()
+            tmp_g0 = g_h / xp.cosh(pre) ** 2.0
+            g_h = 0
+            g_pre += tmp_g0
+            pre = pre_stack.pop()
+            tmp_g1 = sum_to_match(g_pre, product)
+            tmp_g2 = sum_to_match(g_pre, b)
+            g_pre = 0
+            g_product += tmp_g1
+            g_b += tmp_g2
+            product = products_stack.pop()
+            tmp_g3 = xp.dot(g_product, W.T)
+            tmp_g4 = xp.dot(h.T, g_product)
+            g_product = 0
+            g_h += tmp_g3
+            g_W += tmp_g4
+        return g_W, g_b, g_Wout, g_bout
+
+    return gradient
+
+
 def buffer_sizes(batch: int, hidden: int, dtype: str, device, malloc: str) -> str:
     """The two buffer sizes the RNN's memory moves in, and on CPU which side of the malloc policy's
     mmap threshold each falls (below it, freed buffers can stay in the process's RSS)."""
@@ -126,7 +263,7 @@ def memory_required_bytes(engine: str, batch: int, hidden: int, T: int, dtype: s
 
 
 def case(*, device, engine: str, batch: int, hidden: int, T: int, dtype: str, gradient_dir: str,
-         seed: int = 0) -> Case:
+         seed: int = 0, model: str = "per-step-loss") -> Case:
     """One engine's gradient call, set up in the isolation child.
 
     The check saves the last call's gradients of (W, b, Wout, bout) to `gradient_dir`; the parent
@@ -137,7 +274,12 @@ def case(*, device, engine: str, batch: int, hidden: int, T: int, dtype: str, gr
     args = tuple(arrays[name] for name in (*WEIGHTS, "x", "label"))
     del arrays
     xp = chosen.namespace(device)
-    gradient = chosen.gradient(rnn_loss(xp, T), WEIGHT_ARGNUMS, manual=manual_gradient(xp, T))
+    if model == "bench_rnn":
+        loss, hand_written = bench_rnn_loss(xp, T), {"manual": bench_rnn_manual_gradient(xp, T),
+                                                     "manual-seed": bench_rnn_seed_gradient(xp, T)}
+    else:
+        loss, hand_written = rnn_loss(xp, T), {"manual": manual_gradient(xp, T)}
+    gradient = chosen.gradient(loss, WEIGHT_ARGNUMS, manual=hand_written)
 
     def check(result) -> dict[str, float]:
         save_gradient(result, gradient_dir, engine)
@@ -177,8 +319,10 @@ def _positive_int(name: str, value) -> int:
 def run(*, device="auto", dtype: str = "float32", batch: int = SEED_SIZES["batch"],
         hidden: int = SEED_SIZES["hidden"], T_values=(SEED_SIZES["T"],), engines=ENGINE_NAMES,
         repeats: int = 1, trials: int = 1, warmup: int = 0, seed: int = 0, malloc: str | None = None,
-        timeout_s: float = 600, progress=print) -> EngineComparison:
+        timeout_s: float = 600, progress=print, model: str = "per-step-loss") -> EngineComparison:
     """Every engine at every T in its own process; cases are labelled "T=<steps>"."""
+    if model not in MODELS:
+        raise ValueError(f"model must be one of {', '.join(MODELS)}, got {model!r}")
     _positive_int("batch", batch)
     _positive_int("hidden", hidden)
     if isinstance(T_values, (str, int)) or not list(T_values):
@@ -188,9 +332,11 @@ def run(*, device="auto", dtype: str = "float32", batch: int = SEED_SIZES["batch
         raise ValueError(f"T_values lists a value twice: {T_values}")
     return compare_engines(
         benchmark=BENCHMARK, target=TARGET,
-        cases={f"T={T}": {"batch": batch, "hidden": hidden, "T": T, "seed": seed} for T in T_values},
+        cases={f"T={T}": {"batch": batch, "hidden": hidden, "T": T, "seed": seed, "model": model} for T in T_values},
         engines=engines, device=device, dtype=dtype, repeats=repeats, trials=trials, warmup=warmup,
         memory_required=lambda engine, params: memory_required_bytes(engine, batch, hidden, params["T"], dtype),
         malloc=malloc, timeout_s=timeout_s,
-        describe={"model": "h_t = tanh(h_{t-1} W + b), logistic output per step, loss summed over steps"},
-        progress=progress)
+        describe={"model_description": MODELS[model]}, progress=progress,
+        not_applicable=lambda engine: (None if engine != "manual-seed" or model in SEED_GRADIENT_MODELS else
+                                       f"model {model!r} has no seed-written gradient (only "
+                                       f"{', '.join(SEED_GRADIENT_MODELS)} does)"))
