@@ -115,7 +115,10 @@ def test_records_cover_every_step_and_the_tables_and_figure_read_them():
     # Python's allocator serves the tensor wrappers and tape nodes malloc never sees
     assert (table["warm python allocs"] > 0).all() and "python allocs verdict" in verdicts
     figure = steps_figure(table, mwe="reduced", phase="cold")
-    assert len(figure.data) == 2 * 2  # allocations and time, per order
+    assert len(figure.data) == 3 * 2  # system allocations, Python allocations and time, per order
+    assert [figure.layout[f"yaxis{n}"].title.text for n in (1, 3, 5)] == [
+        "cold allocations per train()", "cold Python allocations per train()",
+        "cold time per train() (ms; bars: range over passes)"]
     # the figure tells engines apart by colour alone (torch.compile and torch.func once shared one)
     assert len({engine_color(engine) for engine in closures.VALID_ENGINES}) == len(closures.VALID_ENGINES)
     with pytest.raises(ValueError, match="mwes present"):

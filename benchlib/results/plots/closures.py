@@ -35,7 +35,8 @@ def verdict_lines(verdicts: pd.DataFrame, *, mwe: str, phase: str, order: str) -
 
 
 def steps_figure(table: pd.DataFrame, *, mwe: str, phase: str = "warm", verdicts: pd.DataFrame | None = None) -> go.Figure:
-    """Allocations (top) and time (bottom) per step, one column per order, one colour per engine.
+    """Allocations (top: system-allocator calls, then Python-allocator allocations where traced)
+    and time (bottom) per step, one column per order, one colour per engine.
 
     `table` is `benchlib.workloads.closures.seed_table(...)`. A closure "cursed" as in the seed
     shows as a step that stands out from the others of its engine. Log axes, because engines
@@ -53,33 +54,40 @@ def steps_figure(table: pd.DataFrame, *, mwe: str, phase: str = "warm", verdicts
     if rows.empty:
         raise ValueError(f"no measured rows for mwe {mwe!r}; mwes present: {sorted(table['mwe'].unique())}")
     orders = list(dict.fromkeys(rows["order"]))
-    fig = make_subplots(rows=2, cols=len(orders), shared_xaxes=True, shared_yaxes="rows",
-                        column_titles=[f"order: {order}" for order in orders], vertical_spacing=0.08)
+    python = f"{phase} python allocs"
+    # system allocations, Python allocations (CPU, where traced), time: one row each
+    panels = [(allocs, "allocations"), *([(python, "Python allocations")] if python in rows and rows[python].notna().any()
+                                         else []), (time, None)]
+    fig = make_subplots(rows=len(panels), cols=len(orders), shared_xaxes=True, shared_yaxes="rows",
+                        column_titles=[f"order: {order}" for order in orders], vertical_spacing=0.06)
     for column, order in enumerate(orders, start=1):
         for engine, group in rows[rows["order"] == order].groupby("engine", sort=False):
             steps = group["step"].astype(str)
             common = dict(name=engine, legendgroup=engine, marker_color=engine_color(engine),
                           mode="lines+markers", showlegend=column == 1)
-            fig.add_trace(go.Scatter(x=steps, y=group[allocs], customdata=group[["setup"]],
-                                     hovertemplate="%{x} (%{customdata[0]}): %{y:.0f} allocations<extra>"
-                                                   f"{engine}</extra>", **common), row=1, col=column)
+            for row, (count, what) in enumerate(panels[:-1], start=1):
+                fig.add_trace(go.Scatter(x=steps, y=group[count], customdata=group[["setup"]],
+                                         hovertemplate=f"%{{x}} (%{{customdata[0]}}): %{{y:.0f}} {what}<extra>"
+                                                       f"{engine}</extra>", **(common | {"showlegend": common["showlegend"] and row == 1})),
+                              row=row, col=column)
             fig.add_trace(go.Scatter(x=steps, y=group[time], error_y=dict(type="data", array=group[high] - group[time],
                                                                  arrayminus=group[time] - group[low]),
                                      customdata=group[["setup"]],
                                      hovertemplate=f"%{{x}} (%{{customdata[0]}}): %{{y:.4g}} {unit}<extra>"
                                                    f"{engine}</extra>",
-                                     **(common | {"showlegend": False})), row=2, col=column)
-    for row, column_name in ((1, allocs), (2, time)):
+                                     **(common | {"showlegend": False})), row=len(panels), col=column)
+    for row, (column_name, what) in enumerate(panels, start=1):
         log_axis(fig, rows[column_name], row=row)
-    fig.update_yaxes(title_text=f"{phase} allocations per train()", row=1, col=1)
-    fig.update_yaxes(title_text=f"{phase} time per train() ({unit}; bars: {bar})", row=2, col=1)
-    apply_layout(fig, title=f"identical_closures, {mwe} MWE, {phase}: allocations and time per step", height=640)
+        fig.update_yaxes(title_text=f"{phase} {what} per train()" if what else
+                         f"{phase} time per train() ({unit}; bars: {bar})", row=row, col=1)
+    height = 320 * len(panels)
+    apply_layout(fig, title=f"identical_closures, {mwe} MWE, {phase}: allocations and time per step", height=height)
     legend_right(fig)
     if verdicts is not None:
         notes = [verdict_lines(verdicts, mwe=mwe, phase=phase, order=order) for order in orders]
         for column, lines in enumerate(notes):
             fig.add_annotation(text="<br>".join(lines) or "no verdicts", xref="paper", yref="paper", showarrow=False,
-                               x=column / len(orders), y=-0.1, xanchor="left", yanchor="top", align="left",
+                               x=column / len(orders), y=0, yshift=-36, xanchor="left", yanchor="top", align="left",
                                font=dict(size=11))
-        fig.update_layout(height=640 + 16 * max(len(lines) for lines in notes), margin=dict(b=60 + 16 * max(len(n) for n in notes)))
+        fig.update_layout(height=height + 16 * max(len(lines) for lines in notes), margin=dict(b=56 + 16 * max(len(n) for n in notes)))
     return fig

@@ -187,8 +187,11 @@ def role_timelines(frame: pd.DataFrame, *, case: str | None = None, order: Seque
     allocator holds above the level before the call (process RSS on CPU, CUDA's allocated bytes),
     sampled at the same instants. The gap between the line and the stack is everything else.
     Panels follow `order` (e.g. the notebook's engine list), then the other engines by name."""
-    if frame.empty:
-        raise ValueError("no role timelines to plot: no engine that exposes roles ran")
+    if frame.empty:  # e.g. only manual and autograd ran: say so in the figure, do not stop the notebook
+        fig = apply_layout(go.Figure(), title=title)
+        fig.add_annotation(text="no engine that exposes roles ran (manual, manual-seed and HIPS autograd expose none)",
+                           xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False)
+        return fig
     frame = _one_case(frame, case, "the role timelines")
     present = set(frame["engine"])
     engines = [e for e in order if e in present] + sorted(present - set(order))
