@@ -183,13 +183,7 @@ def test_sigterm_finishes_run_json_as_interrupted_and_leaves_no_case_child(tmp_p
         [sys.executable, "-m", "benchlib.runner.cli", "run", "cases", "-p", "sleep_s=120", "--device", "cpu",
          "--notebooks-dir", str(NOTEBOOKS), "--out", str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    case_child = None
-    deadline = time.monotonic() + 90
-    while case_child is None and time.monotonic() < deadline:
-        time.sleep(0.5)
-        case_child = next((p for p in psutil.Process(runner.pid).children(recursive=True)
-                           if "benchlib.measure.isolation" in " ".join(p.cmdline())), None)
-    assert case_child is not None, "the long case never started"
+    case_child = wait_for_descendant(runner, "benchlib.measure.isolation", timeout_s=90)  # the long case started
     runner.send_signal(signal.SIGTERM)
     output, _ = runner.communicate(timeout=60)
     assert runner.returncode == 130, output
@@ -237,11 +231,20 @@ def test_sighup_and_sigterm_raise_the_interrupt_that_finishes_a_run_and_handlers
     assert signal.getsignal(signal.SIGHUP) == before
 
 
+def _command_line(process: psutil.Process) -> str:
+    """The process's command line, or "" for one that has just exited (a zombie not yet reaped,
+    or already gone): a short-lived helper of the kernel must not fail the search."""
+    try:
+        return " ".join(process.cmdline())
+    except (psutil.ZombieProcess, psutil.NoSuchProcess, psutil.AccessDenied):
+        return ""
+
+
 def wait_for_descendant(parent: subprocess.Popen, marker: str, timeout_s: float = 60) -> psutil.Process:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         found = next((p for p in psutil.Process(parent.pid).children(recursive=True)
-                      if marker in " ".join(p.cmdline())), None)
+                      if marker in _command_line(p)), None)
         if found is not None:
             return found
         time.sleep(0.2)
