@@ -263,7 +263,7 @@ def memory_required_bytes(engine: str, batch: int, hidden: int, T: int, dtype: s
 
 
 def case(*, device, engine: str, batch: int, hidden: int, T: int, dtype: str, gradient_dir: str,
-         seed: int = 0, model: str = "per-step-loss") -> Case:
+         seed: int = 0, model: str = "bench_rnn") -> Case:
     """One engine's gradient call, set up in the isolation child.
 
     The check saves the last call's gradients of (W, b, Wout, bout) to `gradient_dir`; the parent
@@ -319,7 +319,7 @@ def _positive_int(name: str, value) -> int:
 def run(*, device="auto", dtype: str = "float32", batch: int = SEED_SIZES["batch"],
         hidden: int = SEED_SIZES["hidden"], T_values=(SEED_SIZES["T"],), engines=ENGINE_NAMES,
         repeats: int = 1, trials: int = 1, warmup: int = 0, seed: int = 0, malloc: str | None = None,
-        timeout_s: float = 600, progress=print, model: str = "per-step-loss") -> EngineComparison:
+        timeout_s: float = 600, progress=print, model: str = "bench_rnn") -> EngineComparison:
     """Every engine at every T in its own process; cases are labelled "T=<steps>"."""
     if model not in MODELS:
         raise ValueError(f"model must be one of {', '.join(MODELS)}, got {model!r}")
