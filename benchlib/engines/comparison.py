@@ -284,8 +284,9 @@ def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping]
     timeout, or more memory than is available) becomes a `failed` record with its error and its
     later trials are skipped; an engine that cannot run on the device becomes a `not_applicable`
     record with the reason (so does one the workload's `not_applicable(engine)` gives a reason
-    for, e.g. `manual-seed` where the workload has no seed gradient). Neither stops the other cases. Only the first trial's memory timeline
-    is kept (later trials sample too, so every trial is timed under the same instrument).
+    for, e.g. `manual-seed` where the workload has no seed gradient). Neither stops the other
+    cases. Only the first trial's memory timeline is kept (later trials sample too, so every
+    trial is timed under the same instrument).
     `describe` adds JSON-able facts to every record's params without passing them to the child.
     The gradient files live in a temporary directory that is deleted before this returns.
     """

@@ -247,7 +247,10 @@ def _checks(case: Case, result: Any) -> dict[str, float]:
 
 
 def _role_timeline(case: Case, device: Device, interval_s: float):
-    """One more call of the case, its memory sampled with the case's role gauge read alongside."""
+    """One more call of the case, its memory sampled with the case's role gauge read alongside;
+    the heap is handed back first, as before a measured call (`Device.reset_peak`), so the two
+    timelines start from the same kind of baseline."""
+    device.reset_peak()
     with case.roles() as gauge, MemoryTimeline(device, interval_s, gauge=gauge) as timeline:
         case.fn()
         device.synchronize()
