@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from benchlib.measure import (AllocationTracker, Allocations, AllocationTrackingUnavailable, Device, measure_steps,
-                              DeviceError, GCMonitor, Measurement, MemoryTimeline,
+                              DeviceError, GCMonitor, Measurement, tracked_objects, MemoryTimeline,
                               count_allocations, mark, measure, resolve_device)
 from benchlib.measure import devices as devices_module
 from benchlib.measure.devices import hwm_resettable
@@ -108,10 +108,42 @@ def test_gc_monitor_sees_forced_collection_and_unregisters():
             gc.collect()
         gc.collect(0)
     assert gc.callbacks == before
-    assert [g for _, _, g in inner.pauses].count(2) >= 1
+    assert [p.generation for p in inner.pauses].count(2) >= 1
     assert outer.count >= inner.count + 1
-    assert 0 in [g for _, _, g in outer.pauses]
-    assert outer.seconds > 0 and all(d >= 0 for _, d, _ in outer.pauses)
+    assert 0 in [p.generation for p in outer.pauses]
+    assert outer.seconds > 0 and all(p.duration_s >= 0 for p in outer.pauses)
+    assert all(p.tracked_before == -1 and p.count_s == 0 for p in outer.pauses)  # not counted unless asked
+
+
+class _Cycle:
+    def __init__(self):
+        self.me = self
+
+
+def test_gc_monitor_records_collected_uncollectable_and_tracked_objects():
+    gc.collect()
+    for _ in range(50):
+        _Cycle()  # 50 unreachable cycles of one object each
+    with GCMonitor(count_tracked=True) as monitor:
+        gc.collect(2)
+    (pause,) = [p for p in monitor.pauses if p.generation == 2]
+    assert pause.collected >= 50 and pause.uncollectable == 0
+    # it walked every object the collector tracks, the 50 garbage objects among them
+    assert pause.tracked_before >= len(gc.get_objects()) + 50 - 10
+    assert pause.count_s > 0
+
+
+def test_tracked_objects_counts_the_generations_a_collection_walks():
+    gc.collect()
+    gc.disable()  # no collection moves the new lists out of generation 0
+    try:
+        young = tracked_objects(0)
+        keep = [[i] for i in range(1000)]  # 1000 new tracked lists (and the list holding them)
+        assert tracked_objects(0) == young + 1001
+        assert abs(tracked_objects(2) - len(gc.get_objects())) <= 3  # the lists the counts build themselves
+    finally:
+        gc.enable()
+    del keep
 
 
 def test_gc_monitor_unregisters_on_exception():
@@ -202,6 +234,36 @@ def test_measure_refuses_bad_arguments_before_calling(kwargs, message):
     assert calls == []
 
 
+def test_measure_steps_takes_the_tracked_count_out_of_the_step_and_the_pause(monkeypatch):
+    """A fake clock that only moves while the tracked objects are counted (5 s) or collected (1 s):
+    the step's time is the collection alone, and the count is reported beside it."""
+    from benchlib.measure import core, gcmonitor
+
+    clock = [0.0]
+    monkeypatch.setattr(core, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(gcmonitor, "perf_counter", lambda: clock[0])
+
+    def counting(generation):
+        clock[0] += 5.0
+        return 1234
+
+    def step(index):
+        def advance(phase, info):
+            if phase == "start":
+                clock[0] += 1.0
+        gc.callbacks.append(advance)  # registered after the monitor's: runs between its start and stop
+        try:
+            gc.collect()
+        finally:
+            gc.callbacks.remove(advance)
+
+    monkeypatch.setattr(gcmonitor, "tracked_objects", counting)
+    run = measure_steps(step, 1, track_peak=False, count_tracked=True)
+    (pause,) = run.gc_pauses[0]
+    assert (pause.tracked_before, pause.count_s, pause.duration_s) == (1234, 5.0, 1.0)
+    assert run.step_s == (1.0,)
+
+
 def test_measure_steps_attributes_each_collection_to_its_step():
     seen = []
 
@@ -213,6 +275,7 @@ def test_measure_steps_attributes_each_collection_to_its_step():
 
     run = measure_steps(step, 3, after_step=lambda index, result: seen.append((index, float(result[0]))))
     assert run.gc_count == (0, 2, 0) and run.gc_generations == ((), (2, 0), ())
+    assert [p.generation for p in run.gc_pauses[1]] == [2, 0]
     assert run.gc_s[1] > 0 and run.gc_s[0] == run.gc_s[2] == 0 and run.gc_seconds == run.gc_s[1]
     assert len(run.step_s) == 3 and all(t > 0 for t in run.step_s)
     assert seen == [(0, 0.0), (1, 1.0), (2, 2.0)] and run.result[0] == 2

@@ -150,21 +150,32 @@ def _check_counts(warmup: int, repeats: int) -> None:
 
 @dataclass(frozen=True)
 class StepTimes:
-    """What `measure_steps` saw: per-step seconds, GC pauses per step, and memory.
+    """What `measure_steps` saw: per-step seconds, the GC pauses that began in each step, and memory.
 
-    `gc_generations[i]` holds the generations of the collections that began in step i.
-    `peak_bytes` is the highest level above `baseline_bytes` over all steps (None where the
-    platform cannot reset a peak, or when `track_peak=False`); `result` is the last step's value.
+    `gc_pauses[i]` holds the `GCPause`s that began in step i; `gc_count`, `gc_s` and
+    `gc_generations` are per-step views of them. `peak_bytes` is the highest level above
+    `baseline_bytes` over all steps (None where the platform cannot reset a peak, or when
+    `track_peak=False`); `result` is the last step's value.
     """
 
     step_s: tuple
-    gc_count: tuple
-    gc_s: tuple
-    gc_generations: tuple
+    gc_pauses: tuple
     baseline_bytes: int | None
     peak_bytes: int | None
     timeline: Any = field(default=None, compare=False, repr=False)
     result: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def gc_count(self) -> tuple:
+        return tuple(len(pauses) for pauses in self.gc_pauses)
+
+    @property
+    def gc_s(self) -> tuple:
+        return tuple(sum(pause.duration_s for pause in pauses) for pauses in self.gc_pauses)
+
+    @property
+    def gc_generations(self) -> tuple:
+        return tuple(tuple(pause.generation for pause in pauses) for pauses in self.gc_pauses)
 
     @property
     def gc_count_total(self) -> int:
@@ -177,7 +188,8 @@ class StepTimes:
 
 def measure_steps(step: Callable[[int], Any], n: int, *, device: str | Device = "cpu",
                   track_peak: bool = True, timeline: bool = False, timeline_interval_s: float = 0.002,
-                  after_step: Callable[[int, Any], None] | None = None) -> StepTimes:
+                  after_step: Callable[[int, Any], None] | None = None,
+                  count_tracked: bool = False) -> StepTimes:
     """The one measuring loop: `step(i)` for i in 0..n-1, each timed with the device synchronised
     before both clock reads, with the GC pauses that began in it.
 
@@ -185,7 +197,9 @@ def measure_steps(step: Callable[[int], Any], n: int, *, device: str | Device = 
     baseline read once before the first step; without it nothing touches the allocator, for
     protocols that time single calls back to back. `after_step(i, result)` runs outside the timed
     region (e.g. to read a loss). Each step's result is held until just before the next step, as
-    a caller would hold it; the last one is returned in `.result`.
+    a caller would hold it; the last one is returned in `.result`. With `count_tracked` every
+    pause carries the tracked objects it walked (`GCMonitor`); the time spent counting is taken
+    out of the step's time.
     """
     if not callable(step):
         raise TypeError(f"step must be callable with the step index, got {type(step).__name__}")
@@ -199,12 +213,12 @@ def measure_steps(step: Callable[[int], Any], n: int, *, device: str | Device = 
     if track_peak:
         dev.reset_peak()
         baseline = dev.memory_in_use()
-    times, counts, seconds, generations = [], [], [], []
+    times, step_pauses = [], []
     result = None
     recorder = MemoryTimeline(dev, timeline_interval_s) if timeline else None
     # The timeline's thread starts and stops outside the GC monitor: collections its set-up
     # triggers are the instrument's, not the measured code's.
-    with recorder or nullcontext(), GCMonitor() as gc_monitor:
+    with recorder or nullcontext(), GCMonitor(count_tracked=count_tracked) as gc_monitor:
         for index in range(n):
             result = None
             seen = len(gc_monitor.pauses)
@@ -212,16 +226,14 @@ def measure_steps(step: Callable[[int], Any], n: int, *, device: str | Device = 
             start = perf_counter()
             result = step(index)
             dev.synchronize()
-            times.append(perf_counter() - start)
-            pauses = gc_monitor.pauses[seen:]
-            counts.append(len(pauses))
-            seconds.append(sum(duration for _, duration, _ in pauses))
-            generations.append(tuple(generation for _, _, generation in pauses))
+            elapsed = perf_counter() - start
+            pauses = tuple(gc_monitor.pauses[seen:])
+            times.append(elapsed - sum(pause.count_s for pause in pauses))
+            step_pauses.append(pauses)
             if after_step is not None:
                 after_step(index, result)
     peak = dev.peak_memory() if track_peak else None
-    return StepTimes(step_s=tuple(times), gc_count=tuple(counts), gc_s=tuple(seconds),
-                     gc_generations=tuple(generations), baseline_bytes=baseline,
+    return StepTimes(step_s=tuple(times), gc_pauses=tuple(step_pauses), baseline_bytes=baseline,
                      peak_bytes=None if peak is None else max(0, peak - baseline),
                      timeline=None if recorder is None else recorder.frame(), result=result)
 
