@@ -168,3 +168,19 @@ def test_interleaving_alternates_without_a_seed_and_is_reproducible_from_one():
     assert any(interleaved_order(["A", "B", "C"], 4, seed=s) != order for s in range(8, 12))
     with pytest.raises(ValueError, match="distinct"):
         interleaved_order(["A", "A"], 2)
+
+
+def test_a_line_fit_recovers_an_exact_slope_and_its_interval_covers_a_noisy_one():
+    from benchlib.results.stats import linear_fit
+
+    exact = linear_fit([0, 1, 2, 3], [1.0, 3.0, 5.0, 7.0])
+    assert (exact.slope, exact.intercept, exact.n, exact.x_low, exact.x_high) == pytest.approx((2.0, 1.0, 4, 0, 3))
+    assert exact.ci_low == pytest.approx(2.0) and exact.ci_high == pytest.approx(2.0)
+    rng = np.random.default_rng(0)
+    x = np.repeat([1e5, 2e5, 4e5], 10)
+    noisy = linear_fit(x, 0.01 + 3e-7 * x + rng.normal(0, 1e-3, x.size))
+    assert noisy.ci_low < 3e-7 < noisy.ci_high and noisy.ci_high - noisy.ci_low < 1e-7
+    with pytest.raises(ValueError, match="two x values"):
+        linear_fit([1, 1, 1], [1, 2, 3])
+    with pytest.raises(ValueError, match="same length"):
+        linear_fit([1, 2, 3], [1, 2])

@@ -254,3 +254,37 @@ def median_interval(values: Sequence[float], *, confidence: float = DEFAULT_CONF
     tail = (1 - confidence) / 2 * 100
     low, high = np.percentile(medians, [tail, 100 - tail])
     return RatioInterval(float(np.median(sample)), float(low), float(high), confidence)
+
+
+@dataclass(frozen=True)
+class LinearFit:
+    """Least squares `y = intercept + slope * x`, with the slope's confidence interval (Student's t
+    on its standard error): how much each extra unit of x costs, and how sure that is. `x_low` and
+    `x_high` bound the x it was fitted over, where the line holds."""
+
+    slope: float
+    intercept: float
+    ci_low: float
+    ci_high: float
+    confidence: float
+    n: int
+    x_low: float
+    x_high: float
+
+
+def linear_fit(x: Sequence[float], y: Sequence[float], *, confidence: float = DEFAULT_CONFIDENCE) -> LinearFit:
+    """Fit `y` against `x`; needs three points or more and two distinct x values."""
+    from scipy.stats import linregress, t
+
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
+    xs, ys = _sample(x, "x"), _sample(y, "y")
+    if xs.size != ys.size:
+        raise ValueError(f"x and y must have the same length, got {xs.size} and {ys.size}")
+    if xs.size < 3 or np.unique(xs).size < 2:
+        raise ValueError(f"a line needs three points or more at two x values at least, got {xs.size} points "
+                         f"at {np.unique(xs).size} x value(s)")
+    fit = linregress(xs, ys)
+    half = float(t.ppf(0.5 + confidence / 2, xs.size - 2) * fit.stderr)
+    return LinearFit(float(fit.slope), float(fit.intercept), float(fit.slope) - half, float(fit.slope) + half,
+                     confidence, int(xs.size), float(xs.min()), float(xs.max()))
