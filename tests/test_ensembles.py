@@ -1,6 +1,7 @@
 """Workload A: strategies agree (start, gradients, trajectory), all train, GC accounting, records."""
 
 import gc
+import math
 import io
 import json
 
@@ -116,14 +117,14 @@ def test_every_strategy_lowers_the_loss(tensors, strategy):
     assert (after < 0.8 * before).all(), (before, after)
 
 
-def run_train(tensors, policy, steps=6, alloc_steps=1, strategy="batched_hand", config=SMALL):
+def run_train(tensors, policy, steps=6, alloc_steps=1, strategy="batched_hand", config=SMALL, cycles=0):
     x_all, y_all = tensors
     batches = E.minibatch_indices(len(y_all), config.batch, steps + alloc_steps, config.seed)
     trainer = E.make_strategy(strategy, E.initial_parameters(config), config, CPU)
     labels = {"n_nets": config.n_nets, "batch": config.batch, "gc_policy": policy.name, "heap_objects": 0,
               "data": "synthetic"}
     return E.train(trainer, x_all, y_all, batches, device=CPU, policy=policy, warmup=1, alloc_steps=alloc_steps,
-                   labels=labels)
+                   labels=labels, cycles=cycles)
 
 
 def test_gc_accounting_sees_the_forced_collections(tensors):
@@ -144,6 +145,82 @@ def test_policies_restore_the_collector():
     with E.GCPolicy("manual", every=3):
         assert not gc.isenabled()
     assert gc.isenabled() == was
+    thresholds = gc.get_threshold()
+    with E.GCPolicy("thresholds") as policy:
+        assert gc.get_threshold() == E.RAISED_THRESHOLDS
+        assert policy.describe() == {"gc_policy": "thresholds", "gc_thresholds": list(E.RAISED_THRESHOLDS)}
+    assert gc.get_threshold() == thresholds
+
+
+def test_a_kept_exception_is_a_cycle_only_the_collector_frees():
+    import weakref
+
+    gc.collect()
+    gc.disable()
+    try:
+        error = E.check_step(torch.zeros(4, 3), torch.zeros(2))
+        frame = error.__traceback__.tb_frame
+        assert frame.f_locals["error"] is error  # frame -> error -> traceback -> frame
+        alive = weakref.ref(error)
+        del error, frame
+        assert alive() is not None  # reference counting alone leaves it
+        gc.collect()
+        assert alive() is None
+    finally:
+        gc.enable()
+
+
+def test_step_cycles_hold_exactly_their_tensors_until_a_collection():
+    batch, losses = torch.zeros(16, 784), torch.zeros(4)
+    gc.collect()
+    gc.disable()
+    try:
+        cycles = E.StepCycles(3)
+        cycles.leave(batch, losses)
+        assert (cycles.held_cycles, cycles.held_bytes) == (3, 3 * 16 * 784 * 4)
+        cycles.leave(batch, losses)  # the first step's failures are dropped: garbage, still held
+        assert (cycles.held_cycles, cycles.held_bytes) == (6, 6 * 16 * 784 * 4)
+        cycles.close()
+        assert cycles.held_cycles == 6
+        assert gc.collect() >= 6 * 4  # each cycle: exception, traceback, frame, tensor at least
+        assert (cycles.held_cycles, cycles.held_bytes) == (0, 0)
+    finally:
+        gc.enable()
+    quiet = E.StepCycles(0)
+    quiet.leave(batch, losses)
+    assert quiet.held_cycles == 0
+    with pytest.raises(ValueError, match="integer >= 0"):
+        E.StepCycles(-1)
+
+
+def test_train_records_every_collection_and_what_the_cycles_hold(tensors):
+    # manual: the collector is off but for the explicit full collection every 2nd step, so the
+    # held bytes and the pauses are exact: 3 cycles of a 16x784 float32 batch copy each step,
+    # the previous step's become garbage, and a collection frees those
+    result = run_train(tensors, E.GCPolicy("manual", every=2), steps=6, alloc_steps=0, cycles=3)
+    per_cycle = SMALL.batch * 784 * 4
+    assert (result.cycle_bytes / per_cycle).tolist() == [3, 3, 6, 3, 6, 3]
+    pauses = result.pauses
+    assert pauses["step"].tolist() == [1, 3, 5] and set(pauses["generation"]) == {2}
+    assert (pauses["collected"] >= 3 * 4).all() and (pauses["uncollectable"] == 0).all()
+    assert (pauses["tracked_before"] > pauses["collected"]).all()
+    frame = records_frame(result.records(CPU))
+    for metric, column in (("gc_pause_step", "step"), ("gc_pause_tracked", "tracked_before"),
+                           ("gc_pause_collected", "collected"), ("gc_pause_generation", "generation")):
+        rows = frame[frame["metric"] == metric].sort_values("repeat")
+        assert rows["value"].tolist() == pauses[column].astype(float).tolist() and rows["repeat"].tolist() == [0, 1, 2]
+    assert frame.loc[frame["metric"] == "step_cycle_bytes", "value"].tolist() == result.cycle_bytes.tolist()
+    assert len(frame[frame["metric"] == "step_memory"]) == 6
+    assert result.case().endswith("|cycles=3") and result.labels["cycles"] == 3
+    summary = result.summary()
+    assert summary["cycle_bytes_max"] == 6 * per_cycle  # after warm-up (step 0)
+    assert gc.isenabled()
+
+
+def test_the_long_lived_heap_stays_tracked(data):
+    with E.long_lived_heap(data, 40) as heap:
+        gc.collect()
+        assert len(heap) == 40 and all(gc.is_tracked(sample) for sample in heap)
 
 
 def test_train_counts_allocations_in_a_separate_pass_and_records_tidy_rows(tensors):
@@ -156,14 +233,16 @@ def test_train_counts_allocations_in_a_separate_pass_and_records_tidy_rows(tenso
     per_step = frame[frame["metric"] == "step_time"]
     assert per_step["repeat"].tolist() == list(range(5))
     # what was measured is stored; the summaries are derived from the steps, equal to the in-memory ones
+    frame = frame[~frame["metric"].str.startswith("gc_pause_")]  # one row per collection, if any ran
     assert set(frame["metric"]) == {"alloc_count_per_step", "alloc_bytes_per_step", "alloc_count_python_per_step",
                                     "alloc_bytes_python_per_step", "peak_bytes", "step_time",
-                                    "step_gc_pauses", "step_gc_time", "step_loss"}
-    assert len(frame) == 5 + 4 * 5
+                                    "step_gc_pauses", "step_gc_time", "step_loss", "step_memory"}
+    assert len(frame) == 5 + 5 * 5
     derived = with_step_summaries(frame).set_index("metric")["value"]
     summary = result.summary()
-    assert {metric: derived[metric] for metric in STEP_SUMMARIES} == pytest.approx(
-        {metric: summary[metric] for metric in STEP_SUMMARIES})
+    shared = set(STEP_SUMMARIES) & set(summary)
+    assert shared == set(STEP_SUMMARIES) - {"cycle_bytes_max"}  # no cycles left, none held
+    assert {metric: derived[metric] for metric in shared} == pytest.approx({metric: summary[metric] for metric in shared})
     # an older run's stored summary of the same cell is replaced, never doubled
     stored = records_frame(rows + [make_record(metric="throughput", value=1.0, unit="model-samples/s", benchmark=E.BENCHMARK,
                                                case=rows[0]["case"], strategy="batched_hand", device=CPU, dtype="float32",
@@ -213,7 +292,7 @@ def test_run_grid_labels_every_record_with_the_synthetic_data_source(data):
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"strategies": ("fast",)}, "valid: naive"),
-    ({"gc_policies": ("never",)}, "valid: default, freeze, manual"),
+    ({"gc_policies": ("never",)}, "valid: default, freeze, thresholds, manual"),
     ({"heap_sizes": (-1,)}, "heap sizes must be integers >= 0"),
     ({"steps": 3, "warmup": 3}, "steps must exceed warmup"),
     ({"steps_per_strategy": {"slow": 3}}, "unknown strategies"),
@@ -226,7 +305,7 @@ def test_run_grid_refuses_bad_arguments_before_work(data, kwargs, message):
 def test_bad_config_and_policy_are_refused():
     with pytest.raises(ValueError, match="n_nets must be a positive integer"):
         E.EnsembleConfig(n_nets=0)
-    with pytest.raises(ValueError, match="valid: default, freeze, manual"):
+    with pytest.raises(ValueError, match="valid: default, freeze, thresholds, manual"):
         E.GCPolicy("sometimes")
     with pytest.raises(ValueError, match="generation must be 0, 1 or 2"):
         E.GCPolicy("manual", generation=3)
@@ -245,13 +324,16 @@ def test_flop_rate_is_read_from_calibration_records_of_the_same_device():
 
 
 def test_full_collection_pauses_cover_each_heap_frozen_and_not(data):
-    pauses = E.full_collection_pauses(data, heap_sizes=(0, 50), repeats=1)
-    assert pauses[["heap_objects", "frozen"]].values.tolist() == [[0, False], [0, True], [50, False], [50, True]]
-    assert gc.get_freeze_count() == 0
+    pauses = E.full_collection_pauses(data, heap_sizes=(0, 50), repeats=2)
+    assert pauses[["heap_objects", "frozen", "repeat"]].values.tolist() == [
+        [h, f, r] for h in (0, 50) for f in (False, True) for r in (0, 1)]
+    assert set(pauses["generation"]) == {2} and gc.get_freeze_count() == 0
     rows = records_frame(E.collection_pause_records(pauses, CPU, {"data": data.source}))
-    assert len(rows) == 12 and set(rows["variant"]) == {"python-gc"} and set(rows["dimension"]) == {"collector"}
+    # one row per pause and quantity (time, generation, collected, uncollectable, tracked), one case per heap and state
+    assert len(rows) == 8 * 5 and set(rows["variant"]) == {"python-gc"} and set(rows["dimension"]) == {"collector"}
+    assert rows["case"].nunique() == 4 and sorted(rows["repeat"].unique()) == [0, 1]
     # the heap adds 50 tuples and 50 tensors to what a collection walks; freezing hides them all
-    walked = pauses.set_index(["heap_objects", "frozen"])["tracked_objects"]
+    walked = pauses.groupby(["heap_objects", "frozen"])["tracked_before"].min()
     assert walked[(50, False)] - walked[(0, False)] >= 100 and walked[(50, True)] < walked[(0, False)]
 
 
@@ -287,15 +369,20 @@ def test_notebook_runs_through_the_runner_with_quick_sizes(tmp_path):
     assert not records["metric"].isin(STEP_SUMMARIES).any()  # derived when read, never stored
     derived = with_step_summaries(records)
     summary = derived[derived["metric"] == "throughput"]
-    # QUICK runs 2 trials of every cell, + the thread sweep's one cell (QUICK: [1])
-    assert len(summary) == 2 * len(E.STRATEGIES) * len(E.GC_POLICIES) + 1
+    # QUICK runs 2 trials of every cell, + the thread sweep's one cell (QUICK: [1]), + the GC experiment's
+    # 2 trials of 2 strategies x every policy x 2 cycle counts (QUICK: [0, 5])
+    assert len(summary) == 2 * len(E.STRATEGIES) * len(E.GC_POLICIES) + 1 + 2 * 2 * len(E.GC_POLICIES) * 2
+    assert summary["case"].str.contains("cycles=5\\|sweep=cycles").sum() == 2 * 2 * len(E.GC_POLICIES)
     trial_of = summary["params"].map(lambda p: json.loads(p)["trial"])
-    assert (trial_of.groupby(summary["case"]).nunique().drop(summary["case"].iloc[-1]) == 2).all()
+    threads_case = summary["case"].str.endswith("sweep=threads")
+    assert (trial_of[~threads_case].groupby(summary["case"]).nunique() == 2).all()
+    pauses = records[records["metric"] == "gc_pause_tracked"]
+    assert len(pauses) and (pauses["value"] > 0).all()  # every collection with the objects it walked
     positions = summary["params"].map(lambda p: json.loads(p)["position"])
     assert sorted(positions[~summary["case"].str.contains("sweep")].unique()) == list(range(2 * len(E.STRATEGIES)))
     assert summary["case"].str.endswith("|threads=1|sweep=threads").sum() == 1
-    for figure in ("trace_default", "trace_freeze", "trace_manual", "step_time_distribution", "throughput", "loss",
-                   "gc_pauses", "lenet"):
+    for figure in ("trace_default", "trace_freeze", "trace_thresholds", "trace_manual", "step_time_distribution",
+                   "throughput", "loss", "cycles_naive", "cycles_batched_hand", "gc_pauses", "lenet"):
         html = (result.path / "figures" / f"mnist_ensembles_{figure}.html").read_text()
         assert "data=synthetic" in html
     executed = json.loads((result.path / "notebooks" / "mnist_ensembles.ipynb").read_text())
@@ -311,3 +398,85 @@ def test_thread_sweep_runs_the_cell_at_each_thread_count_and_restores_torch(data
     assert torch.get_num_threads() == before
     with pytest.raises(ValueError, match="thread_counts"):
         E.thread_sweep(data, device=CPU, config=SMALL, thread_counts=[0], steps=4, warmup=1)
+
+
+def test_cycle_sweep_runs_each_policy_at_each_cycle_count(data):
+    results = E.cycle_sweep(data, device=CPU, config=SMALL, cycle_counts=[0, 2], strategies=("batched_hand",),
+                            gc_policies=("default", "manual"), heap_size=10, steps=4, warmup=1, manual_every=2)
+    assert [(r.labels["cycles"], r.labels["gc_policy"]) for r in results] == [
+        (c, p) for c in (0, 2) for p in ("default", "manual")]
+    assert {r.labels["sweep"] for r in results} == {"cycles"} and {r.labels["heap_objects"] for r in results} == {10}
+    assert len({r.case() for r in results}) == 4
+    assert all(r.alloc_count_per_step != r.alloc_count_per_step for r in results)  # no allocation pass (NaN)
+    pauses = E.pauses_frame(results)
+    assert set(pauses.loc[pauses["gc_policy"] == "manual", "generation"]) == {2}
+    assert (E.summary_frame(results)["cycles"] == [0, 0, 2, 2]).all()
+    with pytest.raises(ValueError, match="cycle_counts"):
+        E.cycle_sweep(data, device=CPU, config=SMALL, cycle_counts=[-1])
+
+
+def _synthetic_gc_experiment():
+    """Summary and pause frames as `cycle_sweep` makes them: batched_hand under two policies, 0 or 4
+    cycles, two trials; p99 doubles with cycles under manual, the pauses lie on 3e-7 s per object."""
+    rows, pauses = [], []
+    for policy in ("default", "manual"):
+        for cycles in (0, 4):
+            for trial in (0, 1):
+                p99 = 0.004 * (2 if policy == "manual" and cycles else 1) * (1 + 0.01 * trial)
+                rows.append({"strategy": "batched_hand", "gc_policy": policy, "heap_objects": 60, "torch_threads": 1,
+                             "cycles": cycles, "data": "synthetic", "trial": trial, "step_time_median": 0.002,
+                             "step_time_p99": p99, "step_time_max": 2 * p99, "gc_share": 0.1, "throughput": 1.0,
+                             "alloc_bytes_per_step": float("nan"), "peak_bytes": 1e6, "step_memory_max": 2e6,
+                             "cycle_bytes_max": 1e6 * cycles})
+                if policy == "manual":
+                    for tracked in (4e5, 5e5):
+                        pauses.append({"step": 9, "generation": 2, "pause_s": 3e-7 * tracked, "collected": 7 * cycles,
+                                       "uncollectable": 0, "tracked_before": tracked, "strategy": "batched_hand",
+                                       "gc_policy": policy, "heap_objects": 60, "cycles": cycles, "trial": trial,
+                                       "data": "synthetic"})
+                pauses.append({"step": 3, "generation": 0, "pause_s": 1e-4, "collected": 5, "uncollectable": 0,
+                               "tracked_before": 700, "strategy": "batched_hand", "gc_policy": policy,
+                               "heap_objects": 60, "cycles": cycles, "trial": trial, "data": "synthetic"})
+    return pd.DataFrame(rows), pd.DataFrame(pauses)
+
+
+def test_cycles_table_counts_collections_per_generation_and_rates_p99_against_no_cycles():
+    from benchlib.results.reporters.ensembles import cycles_table
+
+    summary, pauses = _synthetic_gc_experiment()
+    table = cycles_table(summary, pauses).set_index(["gc_policy", "cycles"])
+    assert table.loc[("manual", 4), "gen2"] == 4 and table.loc[("manual", 4), "gen0"] == 2
+    assert table.loc[("default", 4), "gen2"] == 0 and table.loc[("default", 0), "trials"] == 2
+    assert table.loc[("manual", 4), "p99_vs_no_cycles"] == pytest.approx(2.0)
+    assert table.loc[("default", 4), "p99_vs_no_cycles"] == pytest.approx(1.0)
+    assert math.isnan(table.loc[("manual", 0), "p99_vs_no_cycles"])
+    assert table.loc[("manual", 4), "held_MB"] == 4 and table.loc[("manual", 4), "longest_pause_ms"] == pytest.approx(150)
+
+
+def test_the_full_collection_fit_leaves_out_young_and_frozen_pauses_and_the_figure_draws_it():
+    from benchlib.results.plots.ensembles import cycle_traces, pauses_vs_tracked
+    from benchlib.results.reporters.ensembles import full_collection_fit, pause_slope_text
+
+    _, pauses = _synthetic_gc_experiment()
+    experiment = pd.DataFrame({"repeat": [0, 0, 0], "generation": 2, "collected": 0, "uncollectable": 0,
+                               "tracked_before": [3e5, 6, 6e5], "pause_s": [0.09, 5.0, 0.18],
+                               "heap_objects": [0, 0, 60], "frozen": [False, True, False], "data": "synthetic"})
+    fit = full_collection_fit(pauses, experiment)  # 5.0 s over 6 frozen objects and the young pauses left out
+    assert fit.slope == pytest.approx(3e-7) and fit.intercept == pytest.approx(0, abs=1e-12)
+    assert (fit.n, fit.x_low, fit.x_high) == (8 + 2, 3e5, 6e5)
+    assert "30.00 ms per 100,000 tracked objects [30.00, 30.00]" in pause_slope_text(fit)
+    assert full_collection_fit(pauses[pauses["generation"] == 0], experiment.iloc[:0]) is None
+    figure = pauses_vs_tracked(pauses, experiment, fit=fit, device="cpu")
+    names = [trace.name for trace in figure.data]
+    assert "training step, generation 2" in names and "gc.collect() after gc.freeze()" in names
+    assert any(name.startswith("fit through full collections: 30.00 ms per 100k objects") for name in names)
+    assert "data=synthetic" in figure.layout.title.text
+    steps = pd.DataFrame({"strategy": "batched_hand", "gc_policy": "manual", "heap_objects": 60, "trial": 0,
+                          "cycles": 4, "data": "synthetic", "step": range(4), "step_s": [0.002, 0.1, 0.002, 0.002],
+                          "gc_count": [0, 1, 0, 0], "gc_s": [0, 0.098, 0, 0], "gc_generations": ["", "2", "", ""],
+                          "cycle_bytes": [4e6, 4e6, 8e6, 4e6]})
+    traces = cycle_traces(steps, strategy="batched_hand", device="cpu")
+    assert "4 reference cycles per step" in traces.layout.title.text
+    assert list(traces.data[2].y) == [4, 4, 8, 4]  # MB held, per step
+    with pytest.raises(ValueError, match="no GC-experiment steps for strategy 'naive'"):
+        cycle_traces(steps, strategy="naive")

@@ -52,7 +52,8 @@ TIGHT_SPREAD_OF_THRESHOLD = 0.25  # sizes whose trials agree within this share o
 
 # What shaped a number rather than a result (the memory a process held before the measured work):
 # shown, never judged.
-CONTEXT_METRICS = frozenset({"baseline_bytes"})
+CONTEXT_METRICS = frozenset({"baseline_bytes", "gc_pause_generation", "gc_pause_collected", "gc_pause_uncollectable",
+                             "gc_pause_tracked", "gc_pause_step"})
 
 # Params that describe one measurement rather than the configuration measured: the trial's place in
 # its order (and how many trials there were, so runs with different trial counts still match), the

@@ -132,12 +132,17 @@ def _mnist_ensembles(params: Mapping[str, Any], device: Any) -> None:
         raise ValueError(f"manual_generation must be 0, 1 or 2, got {params['manual_generation']!r}")
     _choices("strategies", params["strategies"], STRATEGIES)
     _choices("gc_policies", params["gc_policies"], GC_POLICIES)
+    _choices("cycle_strategies", params["cycle_strategies"], STRATEGIES)
     _choices("lenet_modes", params["lenet_modes"], MODES)
     heap_sizes = _int_list("heap_sizes", params["heap_sizes"], least=0)
+    pause_heap_sizes = _int_list("pause_heap_sizes", params["pause_heap_sizes"], least=0)
+    cycles = _int_list("cycles", params["cycles"], least=0)
     _int_list("thread_counts", params["thread_counts"])
     samples = max(params["synthetic_n"], MNIST_SAMPLES)  # real digits or the synthetic set, whichever loads
+    # Uncollected cycles may hold every step's standardised batches at once (raised thresholds).
+    held_by_cycles = max(cycles) * params["batch"] * MNIST_PIXELS * 4 * max(params["steps"], params["per_net_steps"])
     # The images as float32 tensors (plus a uint8 copy while loading), the long-lived heap's tuples.
-    _fits(samples * (MNIST_PIXELS * 5 + 16) + max(heap_sizes) * 200, device,
+    _fits(samples * (MNIST_PIXELS * 5 + 16) + max(heap_sizes + pause_heap_sizes) * 200 + held_by_cycles, device,
           f"mnist_ensembles with {samples} samples")
 
 
@@ -213,8 +218,10 @@ MnistEnsemblesConfig = _config(
     "mnist_ensembles", data_dir="", download=True, synthetic_n=60000, n_nets=200, hidden=6, batch=64, steps=200,
     per_net_steps=20, warmup=5, alloc_steps=1, manual_every=10, manual_generation=2, pause_repeats=5,
     strategies=["naive", "buffers_reused", "step_in_backward", "batched_vmap", "batched_hand"],
-    gc_policies=["default", "freeze", "manual"], heap_sizes=[0, 60000], lenet_modes=["sequential", "threads", "vmap"],
-    lenet_epochs=2, lenet_step_limit=20, torch_threads=0, thread_counts=[1, 2], trials=3, seed=0)
+    gc_policies=["default", "freeze", "thresholds", "manual"], heap_sizes=[0, 60000],
+    pause_heap_sizes=[0, 30000, 60000, 120000], cycles=[0, 20], cycle_strategies=["naive", "batched_hand"],
+    lenet_modes=["sequential", "threads", "vmap"], lenet_epochs=2, lenet_step_limit=20, torch_threads=0,
+    thread_counts=[1, 2], trials=3, seed=0)
 CalibrationConfig = _config("calibration", matmul_sizes_cpu=[128, 512, 1024], matmul_sizes_cuda=[1024, 4096, 8192],
                             copy_mib=256, sampler_intervals_s=[0.001, 0.002, 0.01], rounds=11, repeats=5)
 

@@ -4,6 +4,7 @@ names the data source (``data=mnist`` or ``data=synthetic``)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
@@ -149,14 +150,81 @@ def lenet_epochs(epochs: pd.DataFrame, *, data: str, device: str = "") -> go.Fig
                         y_title="seconds per epoch")
 
 
-def collection_pauses(pauses: pd.DataFrame, *, data: str) -> go.Figure:
-    """Full-collection pause against the objects the collector tracks (what it walks), with and
-    without ``gc.freeze()``; the long-lived heap parameter is on hover."""
-    frame = pauses.assign(state=pauses["frozen"].map({True: "after gc.freeze()", False: "not frozen"}))
-    fig = px.line(frame.sort_values("tracked_objects"), x="tracked_objects", y="pause_s", color="state", markers=True,
-                  hover_data={"heap_objects": ":,", "tracked_objects": ":,"})
-    fig.update_traces(marker=dict(size=9))
-    log_axis(fig, frame["pause_s"])
-    title = f"gc.collect() pause vs objects tracked by the collector, frozen or not (data={data})"
-    return apply_layout(fig, title=title, x_title="objects tracked by the collector before the collection",
-                        y_title="pause (s, log)")
+GC_POLICY_COLORS = {"default": "#1f77b4", "freeze": "#2ca02c", "thresholds": "#ff7f0e", "manual": "#d62728"}
+GC_POLICY_DASHES = {"default": "solid", "freeze": "dash", "thresholds": "dot", "manual": "dashdot"}  # lines that coincide stay visible
+GENERATION_COLORS = {0: "#9ecae1", 1: "#3182bd", 2: "#08306b"}
+
+
+def cycle_traces(steps: pd.DataFrame, *, strategy: str, device: str = "") -> go.Figure:
+    """The GC experiment for one strategy at its most cycles per step, first trial: step time (log,
+    a cross where a collection began) and the MB the uncollected cycles hold after each step, one
+    line per GC policy. What each collector's schedule does to time and to memory, on one step axis."""
+    steps = _first_trial(steps)
+    rows = steps[steps["strategy"] == strategy]
+    if rows.empty:
+        raise ValueError(f"no GC-experiment steps for strategy {strategy!r}; present: {sorted(steps['strategy'].unique())}")
+    cycles = int(rows["cycles"].max())
+    rows = rows[rows["cycles"] == cycles]
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, row_heights=[0.55, 0.45])
+    for policy, group in rows.groupby("gc_policy", sort=False):
+        color = GC_POLICY_COLORS.get(policy, "#7f7f7f")
+        line = dict(color=color, width=2, dash=GC_POLICY_DASHES.get(policy, "solid"))
+        fig.add_trace(go.Scatter(x=group["step"], y=group["step_s"], mode="lines", name=policy, legendgroup=policy,
+                                 line=line), row=1, col=1)
+        paused = group[group["gc_count"] > 0]
+        fig.add_trace(go.Scatter(
+            x=paused["step"], y=paused["step_s"], mode="markers", legendgroup=policy, showlegend=False,
+            marker=dict(symbol="x", size=9, color=color), customdata=paused[["gc_count", "gc_s", "gc_generations"]],
+            hovertemplate=(f"{policy} step %{{x}}: %{{y:.4g}} s<br>%{{customdata[0]}} collection(s), %{{customdata[1]:.3g}} s, "
+                           "generation(s) %{customdata[2]}<extra></extra>")), row=1, col=1)
+        fig.add_trace(go.Scatter(x=group["step"], y=group["cycle_bytes"] / 1e6, mode="lines", legendgroup=policy,
+                                 showlegend=False, line=line,
+                                 hovertemplate=f"{policy} step %{{x}}: %{{y:.1f}} MB held<extra></extra>"), row=2, col=1)
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="× = a collection began",
+                             marker=dict(symbol="x", size=9, color="#444444")))
+    log_axis(fig, rows["step_s"], row=1, col=1)
+    fig.update_yaxes(title_text="step time (s, log)", row=1, col=1)
+    fig.update_yaxes(title_text="held by cycles (MB)", rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(title_text="step", row=2, col=1)
+    heap = int(rows["heap_objects"].iloc[0])
+    title = (f"{strategy}, {cycles} reference cycles per step, heap={heap}: step time and memory per GC policy "
+             f"({_data_label(rows)}{', ' + device if device else ''})")
+    apply_layout(fig, title=title, height=560)
+    return legend_right(fig)
+
+
+def pauses_vs_tracked(training_pauses: pd.DataFrame, experiment_pauses: pd.DataFrame, *, fit=None,
+                      device: str = "") -> go.Figure:
+    """Every collection's pause against the tracked objects it walked (both axes log): the training
+    steps' collections by generation (circles), the `gc.collect()` experiment's full collections over
+    each heap (diamonds, frozen or not), and `fit` (a `LinearFit` through the full collections) as
+    a line. Long pauses follow the objects walked, not the heap parameter."""
+    fig = go.Figure()
+    for generation, group in training_pauses.groupby("generation") if len(training_pauses) else ():
+        fig.add_trace(go.Scatter(
+            x=group["tracked_before"], y=group["pause_s"], mode="markers", name=f"training step, generation {generation}",
+            marker=dict(size=7, color=GENERATION_COLORS.get(generation, "#7f7f7f"), opacity=0.7),
+            customdata=group[["strategy", "gc_policy", "heap_objects", "cycles", "collected"]],
+            hovertemplate=("%{x:,} objects: %{y:.3g} s<br>%{customdata[0]}, gc=%{customdata[1]}, heap=%{customdata[2]}, "
+                           "cycles=%{customdata[3]}<br>%{customdata[4]} collected<extra></extra>")))
+    for frozen, group in experiment_pauses.groupby("frozen"):
+        fig.add_trace(go.Scatter(
+            x=group["tracked_before"], y=group["pause_s"], mode="markers",
+            name="gc.collect() " + ("after gc.freeze()" if frozen else "over the heap"),
+            marker=dict(size=10, symbol="diamond-open" if frozen else "diamond", color="#e6550d", line=dict(width=1.5)),
+            customdata=group[["heap_objects"]],
+            hovertemplate="%{x:,} objects: %{y:.3g} s<br>heap=%{customdata[0]:,}<extra></extra>"))
+    every = pd.concat([training_pauses, experiment_pauses], ignore_index=True)
+    every = every[every["tracked_before"] > 0]
+    if fit is not None:
+        xs = pd.Series(np.linspace(fit.x_low, fit.x_high, 30))
+        fig.add_trace(go.Scatter(
+            x=xs, y=fit.intercept + fit.slope * xs, mode="lines", line=dict(color="#222222", dash="dash"),
+            name=(f"fit through full collections: {fit.slope * 1e8:.2f} ms per 100k objects "
+                  f"[{fit.ci_low * 1e8:.2f}, {fit.ci_high * 1e8:.2f}]")))
+    fig.update_xaxes(type="log", tickformat="~s")
+    log_axis(fig, every["pause_s"])
+    title = f"GC pause against the objects the collection walked ({_data_label(every)}{', ' + device if device else ''})"
+    apply_layout(fig, title=title, x_title="tracked objects walked (generations collected), log", y_title="pause (s, log)",
+                 height=520)
+    return legend_right(fig)

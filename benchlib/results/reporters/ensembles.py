@@ -63,3 +63,64 @@ def closing_text(summary: pd.DataFrame, threads: pd.DataFrame, *, floor_step_s: 
         lines.append(f"{row.strategy} gc={row.gc_policy} at {row.torch_threads} torch thread(s): median "
                      f"{row.median_ms:.2f} ms, p99/median {row.p99_over_median:.2f}")
     return "\n".join(lines)
+
+
+def cycles_table(per_trial: pd.DataFrame, pauses: pd.DataFrame) -> pd.DataFrame:
+    """The GC experiment, one row per strategy x GC policy x cycles per step: step-time median, p99
+    and max, GC share and memory (medians over trials); collections per generation and the longest
+    pause (over all trials); and the p99's ratio to the same policy without cycles, with its 95%
+    interval over trials. `per_trial` is `summary_frame` of the experiment, `pauses` its
+    `pauses_frame`."""
+    from benchlib.results.stats import ratio_of_medians
+
+    cells = with_display_units(per_trial).assign(held_MB=per_trial.get("cycle_bytes_max", 0.0) / 1e6,
+                                                 memory_MB=per_trial["step_memory_max"] / 1e6)
+    keys = ["data", "heap_objects", "strategy", "gc_policy", "cycles"]
+    table = cells.groupby(keys, sort=False)[["median_ms", "p99_ms", "max_ms", "gc_pct", "held_MB", "memory_MB"]].median()
+    table.insert(0, "trials", cells.groupby(keys, sort=False).size())
+    table = table.reset_index()
+    generations = (pauses.groupby(["strategy", "gc_policy", "cycles", "generation"]).size().unstack(fill_value=0)
+                   if len(pauses) else pd.DataFrame())
+    longest = pauses.groupby(["strategy", "gc_policy", "cycles"])["pause_s"].max() if len(pauses) else pd.Series(dtype=float)
+    ratios = []
+    for row in table.itertuples():
+        cell = (row.strategy, row.gc_policy, row.cycles)
+        for generation in (0, 1, 2):
+            table.loc[row.Index, f"gen{generation}"] = (
+                generations.loc[cell, generation] if cell in generations.index and generation in generations else 0)
+        table.loc[row.Index, "longest_pause_ms"] = 1e3 * longest.get(cell, 0.0)
+        own = cells[(cells["strategy"] == row.strategy) & (cells["gc_policy"] == row.gc_policy)]
+        base, with_cycles = (own.loc[own["cycles"] == n, "p99_ms"].to_numpy(float) for n in (0, row.cycles))
+        ratio = ratio_of_medians(base, with_cycles) if base.size and row.cycles else None
+        enough = ratio is not None and min(base.size, with_cycles.size) >= 2
+        ratios.append({"p99_vs_no_cycles": ratio.ratio if ratio else float("nan"),
+                       "ci_low": ratio.ci_low if enough else float("nan"),
+                       "ci_high": ratio.ci_high if enough else float("nan")})
+    return pd.concat([table, pd.DataFrame(ratios)], axis=1).round(3)
+
+
+def full_collection_fit(training_pauses: pd.DataFrame, experiment_pauses: pd.DataFrame):
+    """The pause of a full collection against the tracked objects it walked: a least-squares line
+    through the generation-2 pauses of the training steps and of the `gc.collect()` experiment over
+    each heap, not frozen (`benchlib.results.stats.LinearFit`, slope in seconds per object), or None
+    with fewer than three such pauses at two object counts. Frozen collections walk a handful of
+    objects; left in, those few points alone would set the line's intercept."""
+    from benchlib.results.stats import linear_fit
+
+    frames = [training_pauses, experiment_pauses[~experiment_pauses["frozen"].astype(bool)]
+              if len(experiment_pauses) else experiment_pauses]
+    parts = [frame.loc[frame["generation"] == 2, ["tracked_before", "pause_s"]] for frame in frames if len(frame)]
+    full = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["tracked_before", "pause_s"])
+    if len(full) < 3 or full["tracked_before"].nunique() < 2:
+        return None
+    return linear_fit(full["tracked_before"], full["pause_s"])
+
+
+def pause_slope_text(fit) -> str:
+    """One line: what 100,000 more tracked objects add to a full collection, with the interval."""
+    if fit is None:
+        return "full-collection pause against tracked objects: too few full collections to fit a line"
+    per = 1e5 * 1e3  # ms per 100,000 objects
+    return (f"full collection: {fit.slope * per:.2f} ms per 100,000 tracked objects "
+            f"[{fit.ci_low * per:.2f}, {fit.ci_high * per:.2f}] ({fit.confidence:.0%}, {fit.n} pauses), "
+            f"{fit.intercept * 1e3:.2f} ms at none")

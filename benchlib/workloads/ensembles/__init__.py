@@ -16,8 +16,9 @@ strategies
                           nets is one matrix product, the second one batched matmul; fused Adam
 
 GC policies
-    ``default``  Python's automatic collector as configured
-    ``freeze``   ``gc.freeze()`` after set-up: everything alive then is never traversed again
+    ``default``     Python's automatic collector as configured
+    ``freeze``      ``gc.freeze()`` after set-up: everything alive then is never traversed again
+    ``thresholds``  raised collection thresholds (``RAISED_THRESHOLDS``): fewer, larger collections
     ``manual``   automatic GC disabled in the loop, ``gc.collect(generation)`` every K steps (a full
                  collection by default, as ``gc.collect()`` in a training loop does), and
                  ``torch.cuda.empty_cache()`` with it on CUDA (NaiveGAflux's GpuGcIterator)
@@ -25,6 +26,10 @@ GC policies
 The long-lived heap (``heap_sizes``): the training set held as a list of ``(tensor, label)``
 tuples, as many scripts hold a dataset. Young collections never walk it; full collections do,
 unless ``gc.freeze()`` moved it to the permanent generation first.
+
+Reference cycles (``cycles``, the GC experiment `cycle_sweep`): each step leaves that many cycles
+holding a copy of its batch, the way a kept exception does (`cycles`); only the cyclic collector
+frees them, so each policy's schedule shows in step times and in the memory they hold.
 
 Every strategy starts from the same stacked initial parameters and sees the same minibatch order
 (both from ``seed``), so their losses are comparable step by step; Adam is elementwise, so
@@ -41,22 +46,25 @@ instead of reusing what glibc kept. The first ``warmup`` steps (Adam state creat
 allocations) are recorded per step but left out of the summaries.
 
 Modules: `config` (shape, initial parameters, minibatch order), `strategies`, `gc_policies`
-(policies, long-lived heap, full-collection pauses), `training` (the loop, grid, thread sweep), `floor`, `study` (the notebook's whole
-measurement from its config).
+(policies, long-lived heap, full-collection pauses, pause records), `cycles` (the kept-exception cycles),
+`training` (the loop, grid, thread sweep, GC experiment), `floor`, `study` (the notebook's whole measurement
+from its config).
 """
 from benchlib.workloads.ensembles.config import (
-    BENCHMARK, STRATEGIES, GC_POLICIES, PER_NET_STRATEGIES, PARAM_NAMES, EnsembleConfig, initial_parameters,
+    BENCHMARK, STRATEGIES, GC_POLICIES, RAISED_THRESHOLDS, PER_NET_STRATEGIES, PARAM_NAMES, EnsembleConfig,
+    initial_parameters,
     minibatch_indices,
 )
 from benchlib.workloads.ensembles.strategies import (
     Strategy, Naive, BuffersReused, StepInBackward, BatchedVmap, BatchedHand, evaluate, STRATEGY_CLASSES,
     make_strategy,
 )
+from benchlib.workloads.ensembles.cycles import StepCycles, check_step
 from benchlib.workloads.ensembles.gc_policies import (
-    GCPolicy, long_lived_heap, full_collection_pauses, collection_pause_records,
+    GCPolicy, long_lived_heap, full_collection_pauses, collection_pause_records, pause_frame, pause_records,
 )
 from benchlib.workloads.ensembles.training import (
-    TrainResult, train, load_average, run_grid, thread_sweep, summary_frame, steps_frame,
+    TrainResult, train, load_average, run_grid, thread_sweep, cycle_sweep, summary_frame, steps_frame, pauses_frame,
 )
 from benchlib.workloads.ensembles.floor import (
     matmul_flops, calibration_flop_rate, flop_floor, flop_floor_records,

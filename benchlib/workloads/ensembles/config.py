@@ -15,7 +15,12 @@ BENCHMARK = "mnist_ensembles"
 STRATEGIES = ("naive", "buffers_reused", "step_in_backward", "batched_vmap", "batched_hand")
 
 
-GC_POLICIES = ("default", "freeze", "manual")
+GC_POLICIES = ("default", "freeze", "thresholds", "manual")
+
+
+# The `thresholds` policy: generation 0 collected after 100,000 net new container objects instead of
+# 700, the others after 50 and 100 younger collections instead of 10 and 10.
+RAISED_THRESHOLDS = (100_000, 50, 100)
 
 
 # Strategies that step the nets one by one: 20-30x slower per step, so the notebook gives them

@@ -6,16 +6,15 @@ from __future__ import annotations
 import contextlib
 import gc
 
-import numpy as np
 import torch
 
 from benchlib.results import make_record
-from benchlib.workloads.ensembles.config import BENCHMARK, GC_POLICIES
+from benchlib.workloads.ensembles.config import BENCHMARK, GC_POLICIES, RAISED_THRESHOLDS
 
 
 class GCPolicy:
     """What the loop does about Python's collector. All policies start from a full collection,
-    so each run begins with the same heap state."""
+    so each run begins with the same heap state, and leave the collector as they found it."""
 
     def __init__(self, name: str, *, every: int = 10, generation: int = 2, cuda: bool = False):
         if name not in GC_POLICIES:
@@ -26,18 +25,23 @@ class GCPolicy:
             raise ValueError(f"manual GC generation must be 0, 1 or 2, got {generation!r}")
         self.name, self.every, self.generation, self.cuda = name, every, generation, cuda
         self._was_enabled = True
+        self._thresholds = gc.get_threshold()
 
     def describe(self) -> dict:
         labels = {"gc_policy": self.name}
         if self.name == "manual":
             labels |= {"gc_every": self.every, "gc_generation": self.generation}
+        if self.name == "thresholds":
+            labels |= {"gc_thresholds": list(RAISED_THRESHOLDS)}
         return labels
 
     def __enter__(self):
-        self._was_enabled = gc.isenabled()
+        self._was_enabled, self._thresholds = gc.isenabled(), gc.get_threshold()
         gc.collect()
         if self.name == "freeze":
             gc.freeze()
+        elif self.name == "thresholds":
+            gc.set_threshold(*RAISED_THRESHOLDS)
         elif self.name == "manual":
             gc.disable()
         return self
@@ -52,6 +56,7 @@ class GCPolicy:
     def __exit__(self, *exc):
         if self.name == "freeze":
             gc.unfreeze()
+        gc.set_threshold(*self._thresholds)
         if self._was_enabled:
             gc.enable()
         return False
@@ -69,46 +74,68 @@ def long_lived_heap(data, count: int):
 
 
 def full_collection_pauses(data, heap_sizes=(0, 60000), repeats: int = 5):
-    """Median pause of ``gc.collect()`` with ``heap_sizes`` samples held as tuples, with and
-    without ``gc.freeze()``: what a full collection costs when it walks the long-lived heap.
-    ``tracked_objects`` is how many objects that collection walks (``gc.get_objects()``, which
-    leaves out the frozen ones)."""
+    """Every pause of ``repeats`` calls of ``gc.collect()`` with ``heap_sizes`` samples held as
+    tuples, with and without ``gc.freeze()``: what a full collection costs against the objects it
+    walks (``tracked_before``, counted by `GCMonitor` before each collection, frozen ones left
+    out). One row per pause."""
     import pandas as pd
 
     from benchlib.measure import GCMonitor
 
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
-    rows = []
+    frames = []
     for heap_size in heap_sizes:
         with long_lived_heap(data, heap_size):
             for frozen in (False, True):
                 gc.collect()
                 if frozen:
                     gc.freeze()
-                tracked = len(gc.get_objects())
                 try:
-                    with GCMonitor() as monitor:
+                    with GCMonitor(count_tracked=True) as monitor:
                         for _ in range(repeats):
                             gc.collect()
                 finally:
                     if frozen:
                         gc.unfreeze()
-                full = [duration for _, duration, generation in monitor.pauses if generation == 2]
-                rows.append({"heap_objects": heap_size, "frozen": frozen, "tracked_objects": tracked,
-                             "pause_s": float(np.median(full)),
-                             "pause_max_s": float(np.max(full)), "repeats": repeats, "data": data.source})
-    return pd.DataFrame(rows)
+                frames.append(pause_frame([p for p in monitor.pauses if p.generation == 2]).assign(
+                    heap_objects=heap_size, frozen=frozen, data=data.source))
+    return pd.concat(frames, ignore_index=True)
+
+
+def pause_frame(pauses, steps=None):
+    """One row per `GCPause` (`repeat` is its index; `step`, where given, the step it began in)."""
+    import pandas as pd
+
+    frame = pd.DataFrame([p._asdict() for p in pauses],
+                         columns=["start_s", "duration_s", "generation", "collected", "uncollectable",
+                                  "tracked_before", "count_s"]).rename(columns={"duration_s": "pause_s"})
+    frame.insert(0, "repeat", range(len(frame)))
+    if steps is not None:
+        frame.insert(1, "step", list(steps))
+    return frame.drop(columns=["start_s", "count_s"])
+
+
+PAUSE_METRICS = {  # pause_frame column -> (metric, unit)
+    "pause_s": ("gc_pause_time", "s"), "generation": ("gc_pause_generation", "count"),
+    "collected": ("gc_pause_collected", "count"), "uncollectable": ("gc_pause_uncollectable", "count"),
+    "tracked_before": ("gc_pause_tracked", "count"), "step": ("gc_pause_step", "count"),
+}
+
+
+def pause_records(pauses, **common) -> list[dict]:
+    """Tidy rows of a `pause_frame`: one per pause and quantity, tied by `repeat` (the pause index)."""
+    return [make_record(metric=metric, value=float(getattr(row, column)), unit=unit, repeat=int(row.repeat), **common)
+            for row in pauses.itertuples() for column, (metric, unit) in PAUSE_METRICS.items()
+            if column in pauses.columns]
 
 
 def collection_pause_records(pauses, device, labels: dict) -> list[dict]:
-    """Tidy rows of `full_collection_pauses` (collector ``python-gc``)."""
+    """Tidy rows of `full_collection_pauses` (collector ``python-gc``), one case per heap and freeze state."""
     rows = []
-    for row in pauses.itertuples():
-        common = dict(benchmark=BENCHMARK, case=f"gc.collect|heap={row.heap_objects}|frozen={row.frozen}",
-                      collector="python-gc", device=device, dtype="float32",
-                      params=labels | {"heap_objects": row.heap_objects, "frozen": row.frozen, "repeats": row.repeats})
-        rows.append(make_record(metric="full_gc_pause_median", value=row.pause_s, unit="s", **common))
-        rows.append(make_record(metric="full_gc_pause_max", value=row.pause_max_s, unit="s", **common))
-        rows.append(make_record(metric="tracked_objects", value=row.tracked_objects, unit="count", **common))
+    for (heap_size, frozen), group in pauses.groupby(["heap_objects", "frozen"], sort=False):
+        rows += pause_records(group, benchmark=BENCHMARK,
+                              case=f"gc.collect|heap={heap_size}|frozen={frozen}", collector="python-gc",
+                              device=device, dtype="float32",
+                              params=labels | {"heap_objects": int(heap_size), "frozen": bool(frozen)})
     return rows

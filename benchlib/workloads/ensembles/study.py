@@ -1,5 +1,6 @@
 """The mnist_ensembles notebook's whole measurement from its config: the grid, the FLOP floor, the
-full-collection pauses, LeNet5 and the thread sweep, as records and the frames its figures need."""
+full-collection pauses, LeNet5, the thread sweep and the GC experiment (reference cycles), as records
+and the frames its figures need."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from benchlib.workloads import lenet
 from benchlib.workloads.ensembles.config import PER_NET_STRATEGIES, EnsembleConfig
 from benchlib.workloads.ensembles.floor import calibration_flop_rate, flop_floor, flop_floor_records, matmul_flops
 from benchlib.workloads.ensembles.gc_policies import collection_pause_records, full_collection_pauses
-from benchlib.workloads.ensembles.training import cell_medians, run_grid, steps_frame, summary_frame, thread_sweep
+from benchlib.workloads.ensembles.training import (
+    cell_medians, cycle_sweep, pauses_frame, run_grid, steps_frame, summary_frame, thread_sweep,
+)
 
 
 @dataclass
@@ -27,9 +30,13 @@ class Study:
     steps: pd.DataFrame | None = None
     floor: dict = field(default_factory=dict)
     flop_source: str = ""
-    pauses: pd.DataFrame | None = None
+    pauses: pd.DataFrame | None = None  # gc.collect() over each long-lived heap: one row per pause
     lenet: pd.DataFrame | None = None
     threads: pd.DataFrame | None = None
+    cycles: pd.DataFrame | None = None  # the GC experiment: one row per cell and trial
+    cycle_steps: pd.DataFrame | None = None
+    cycle_pauses: pd.DataFrame | None = None  # the GC experiment's collections
+    training_pauses: pd.DataFrame | None = None  # every collection in the grid's and the GC experiment's steps
 
 
 def progress_line(result) -> str:
@@ -74,7 +81,7 @@ def _measure_study(config: Any, data, *, device, calibration, save, progress) ->
     study.floor = flop_floor(ensemble, flop_rate or matmul_flops(device))
     study.records += flop_floor_records(study.floor, device, labels | {"flop_source": study.flop_source})
 
-    study.pauses = full_collection_pauses(data, heap_sizes=sorted({0, *config.heap_sizes}), repeats=config.pause_repeats)
+    study.pauses = full_collection_pauses(data, heap_sizes=config.pause_heap_sizes, repeats=config.pause_repeats)
     study.records += collection_pause_records(study.pauses, device, labels)
     if save is not None:
         save(study.records)
@@ -94,4 +101,16 @@ def _measure_study(config: Any, data, *, device, calibration, save, progress) ->
     if save is not None:
         save(study.records)
     study.threads = summary_frame(threaded)
+
+    cycled = cycle_sweep(data, device=device, config=ensemble, cycle_counts=config.cycles,
+                         strategies=config.cycle_strategies, gc_policies=config.gc_policies,
+                         heap_size=max(config.heap_sizes), steps=config.steps, warmup=config.warmup,
+                         manual_every=config.manual_every, trials=config.trials, order_seed=config.seed, progress=shown,
+                         steps_per_strategy={s: config.per_net_steps for s in PER_NET_STRATEGIES
+                                             if s in config.cycle_strategies})
+    study.records += [row for result in cycled for row in result.records(device)]
+    if save is not None:
+        save(study.records)
+    study.cycles, study.cycle_steps, study.cycle_pauses = summary_frame(cycled), steps_frame(cycled), pauses_frame(cycled)
+    study.training_pauses = pd.concat([pauses_frame(results), study.cycle_pauses], ignore_index=True)
     return study

@@ -16,7 +16,8 @@ from benchlib.workloads.ensembles.config import (
     BENCHMARK, STRATEGIES, GC_POLICIES, EnsembleConfig, initial_parameters, minibatch_indices,
 )
 from benchlib.workloads.ensembles.strategies import Strategy, STRATEGY_CLASSES, make_strategy
-from benchlib.workloads.ensembles.gc_policies import GCPolicy, long_lived_heap
+from benchlib.workloads.ensembles.cycles import StepCycles
+from benchlib.workloads.ensembles.gc_policies import GCPolicy, long_lived_heap, pause_frame, pause_records
 
 
 @dataclass
@@ -24,13 +25,13 @@ class TrainResult:
     """Per-step arrays and run-level figures of one strategy x GC policy x heap cell."""
 
     strategy: str
-    labels: dict  # everything that identifies the cell (config, policy, heap, data, device...)
+    labels: dict  # everything that identifies the cell (config, policy, heap, cycles, data, device...)
     step_s: np.ndarray
-    gc_count: np.ndarray
-    gc_s: np.ndarray
-    gc_generations: list  # per step: generations of the collections that began in it
     loss: np.ndarray
     warmup: int
+    pauses: "pd.DataFrame"  # one row per collection (`pause_frame`: step, generation, counts, tracked objects)
+    memory_bytes: np.ndarray  # per step: memory in use after it, above the level before the first step
+    cycle_bytes: np.ndarray  # per step: bytes the uncollected reference cycles still hold after it
     alloc_count_per_step: float = math.nan
     alloc_bytes_per_step: float = math.nan
     alloc_count_python_per_step: float = math.nan  # Python-allocator allocations (CPU)
@@ -38,11 +39,30 @@ class TrainResult:
     alloc_source: str = ""
     peak_bytes: float = math.nan
 
+    @property
+    def gc_count(self) -> np.ndarray:
+        """Per step: the collections that began in it."""
+        return np.bincount(self.pauses["step"].to_numpy(int), minlength=len(self.step_s)).astype(float)
+
+    @property
+    def gc_s(self) -> np.ndarray:
+        """Per step: seconds of the collections that began in it."""
+        return np.bincount(self.pauses["step"].to_numpy(int), weights=self.pauses["pause_s"].to_numpy(float),
+                           minlength=len(self.step_s))
+
+    @property
+    def gc_generations(self) -> list[tuple]:
+        """Per step: the generations of the collections that began in it."""
+        by_step = self.pauses.groupby("step")["generation"].apply(tuple)
+        return [by_step.get(step, ()) for step in range(len(self.step_s))]
+
     def summary(self) -> dict[str, float]:
         """Step-time statistics over the timed steps (`step_summaries`, as results derive them from
         the stored steps) and the measured allocations and peak."""
         steps = {"step_time": self.step_s, "step_gc_time": self.gc_s, "step_gc_pauses": self.gc_count,
-                 "step_loss": self.loss}
+                 "step_loss": self.loss, "step_memory": self.memory_bytes}
+        if self.labels.get("cycles"):
+            steps["step_cycle_bytes"] = self.cycle_bytes
         samples_per_step = self.labels["n_nets"] * self.labels["batch"]
         return step_summaries(steps, warmup=self.warmup, samples_per_step=samples_per_step) | {
             "alloc_count_per_step": self.alloc_count_per_step, "alloc_bytes_per_step": self.alloc_bytes_per_step,
@@ -52,6 +72,8 @@ class TrainResult:
     def case(self) -> str:
         case = (f"{self.strategy}|gc={self.labels['gc_policy']}|heap={self.labels['heap_objects']}"
                 f"|threads={self.labels['torch_threads']}")
+        if self.labels.get("cycles"):
+            case += f"|cycles={self.labels['cycles']}"
         return f"{case}|sweep={self.labels['sweep']}" if self.labels.get("sweep") else case
 
     def records(self, device) -> list[dict]:
@@ -65,11 +87,14 @@ class TrainResult:
             ("alloc_bytes_per_step", self.alloc_bytes_per_step, "B"),
             ("alloc_count_python_per_step", self.alloc_count_python_per_step, "count"),
             ("alloc_bytes_python_per_step", self.alloc_bytes_python_per_step, "B"), ("peak_bytes", self.peak_bytes, "B"))]
-        for metric, unit, values in (("step_time", "s", self.step_s), ("step_gc_pauses", "count", self.gc_count),
-                                     ("step_gc_time", "s", self.gc_s), ("step_loss", "", self.loss)):
+        per_step = [("step_time", "s", self.step_s), ("step_gc_pauses", "count", self.gc_count),
+                    ("step_gc_time", "s", self.gc_s), ("step_loss", "", self.loss), ("step_memory", "B", self.memory_bytes)]
+        if self.labels.get("cycles"):
+            per_step.append(("step_cycle_bytes", "B", self.cycle_bytes))
+        for metric, unit, values in per_step:
             rows += [make_record(metric=metric, value=float(v), unit=unit, repeat=i, **common)
                      for i, v in enumerate(values)]
-        return rows
+        return rows + pause_records(self.pauses, **common)
 
 
 def train(
@@ -82,12 +107,16 @@ def train(
     policy: GCPolicy,
     warmup: int = 5,
     alloc_steps: int = 3,
+    cycles: int = 0,
     labels: dict | None = None,
 ) -> TrainResult:
     """Run ``len(batches) - alloc_steps`` timed steps under ``policy``, then the allocation pass.
 
     ``device`` is a `benchlib.measure.Device`. The last ``alloc_steps`` rows of ``batches`` feed the
     allocation pass, so the timed steps see the same minibatches whatever ``alloc_steps`` is.
+    Each timed step leaves ``cycles`` reference cycles holding its tensors (`StepCycles`). Every
+    collection is recorded with the tracked objects it walked; memory in use and the bytes the
+    uncollected cycles hold are read after each step, outside its time.
     """
     from benchlib.measure import count_allocations, measure_steps
     from benchlib.measure.devices import heap_trim_available
@@ -95,28 +124,35 @@ def train(
     steps = len(batches) - alloc_steps
     if steps <= warmup:
         raise ValueError(f"need more steps than warm-up steps ({warmup}), got {steps} timed steps")
-    loss = np.zeros(steps)
+    loss, memory, held = np.zeros(steps), np.zeros(steps), np.zeros(steps)
+    left = StepCycles(cycles)
     labels = dict(labels or {}) | {"warmup": warmup, "loadavg_1m_before": load_average(),
-                                   "torch_threads": torch.get_num_threads()}
+                                   "torch_threads": torch.get_num_threads(), "cycles": cycles}
     if device.kind == "cpu":
         labels["peak_after_malloc_trim"] = heap_trim_available()
 
     def one_step(step):
         idx = batches[step]
-        losses = strategy.step(x_all[idx], y_all[idx])
+        x = x_all[idx]
+        losses = strategy.step(x, y_all[idx])
+        left.leave(x, losses)
         policy.after_step(step)
         return losses
 
-    def keep_loss(step, losses):
+    def after_step(step, losses):
         loss[step] = float(losses.mean())
+        memory[step], held[step] = device.memory_in_use(), left.held_bytes
 
     with policy:
-        timed = measure_steps(one_step, steps, device=device, after_step=keep_loss)
+        try:
+            timed = measure_steps(one_step, steps, device=device, after_step=after_step, count_tracked=True)
+        finally:
+            left.close()
     peak = math.nan if timed.peak_bytes is None else timed.peak_bytes
-    step_s, gc_count, gc_s = (np.asarray(v, dtype=float) for v in (timed.step_s, timed.gc_count, timed.gc_s))
-    generations = list(timed.gc_generations)
-    result = TrainResult(strategy.name, labels, step_s, gc_count, gc_s, generations, loss, warmup,
-                         peak_bytes=float(peak))
+    pauses = pause_frame([p for step in timed.gc_pauses for p in step],
+                         steps=[i for i, step in enumerate(timed.gc_pauses) for _ in step])
+    result = TrainResult(strategy.name, labels, np.asarray(timed.step_s, dtype=float), loss, warmup, pauses,
+                         memory - timed.baseline_bytes, held, peak_bytes=float(peak))
     if alloc_steps:
         extra = batches[steps:]
 
@@ -163,6 +199,7 @@ def run_grid(
     sweep: str | None = None,
     trials: int = 1,
     order_seed: int | None = 0,
+    cycles: int = 0,
 ) -> list[TrainResult]:
     """Every strategy x GC policy x heap size, each from the same initial parameters and batches,
     `trials` times: within a policy and heap the strategies run in rounds shuffled by `order_seed`
@@ -175,7 +212,7 @@ def run_grid(
 
     ``steps_per_strategy`` overrides ``steps`` for named strategies (a per-net step trains
     the nets one by one and is 20-30x slower; a shorter run of it still shows its distribution). ``progress`` is called
-    with each finished result.
+    with each finished result. Every step of every cell leaves ``cycles`` reference cycles (`train`).
     """
     unknown = [s for s in strategies if s not in STRATEGY_CLASSES]
     if unknown:
@@ -222,7 +259,7 @@ def run_grid(
                     }
                     try:
                         result = train(strategy, x_all, y_all, batches, device=device, policy=policy,
-                                       warmup=warmup, alloc_steps=cell_alloc_steps, labels=labels)
+                                       warmup=warmup, alloc_steps=cell_alloc_steps, cycles=cycles, labels=labels)
                     finally:
                         strategy.close()
                     results.append(result)
@@ -263,6 +300,41 @@ def thread_sweep(
     return results
 
 
+def cycle_sweep(
+    data,
+    *,
+    device,
+    cycle_counts,
+    config: EnsembleConfig = EnsembleConfig(),
+    strategies=("naive", "batched_hand"),
+    gc_policies=GC_POLICIES,
+    heap_size: int = 0,
+    steps_per_strategy: dict | None = None,
+    steps: int = 200,
+    warmup: int = 5,
+    manual_every: int = 10,
+    trials: int = 1,
+    order_seed: int | None = 0,
+    progress=None,
+) -> list[TrainResult]:
+    """The GC experiment: `strategies` under every GC policy with each step leaving each of
+    `cycle_counts` reference cycles (`StepCycles`), over a long-lived heap of `heap_size` samples.
+
+    Training code that leaves cycles holding tensors depends on the cyclic collector to free them:
+    this shows what each policy then does to step times (pauses), to memory (what the uncollected
+    cycles hold between collections) and to the pauses' length against the objects they walk."""
+    bad = [n for n in cycle_counts if isinstance(n, bool) or not isinstance(n, int) or n < 0]
+    if bad or not cycle_counts:
+        raise ValueError(f"cycle_counts must be a non-empty list of integers >= 0, got {list(cycle_counts)}")
+    results = []
+    for count in cycle_counts:
+        results += run_grid(data, device=device, config=config, strategies=strategies, gc_policies=gc_policies,
+                            heap_sizes=(heap_size,), steps=steps, warmup=warmup, alloc_steps=0,
+                            manual_every=manual_every, steps_per_strategy=steps_per_strategy, progress=progress,
+                            sweep="cycles", trials=trials, order_seed=order_seed, cycles=count)
+    return results
+
+
 def _use_vmap_once() -> None:
     """Call ``torch.func.vmap`` once before any cell. From its first use in a process on, torch
     makes one more allocation per operator call (memray: about 10,000 more per naive step of
@@ -276,12 +348,12 @@ def summary_frame(results: list[TrainResult]):
     import pandas as pd
 
     rows = [{"strategy": r.strategy, "gc_policy": r.labels["gc_policy"], "heap_objects": r.labels["heap_objects"],
-             "torch_threads": r.labels["torch_threads"], "data": r.labels["data"], "trial": r.labels.get("trial", 0),
-             **r.summary()} for r in results]
+             "torch_threads": r.labels["torch_threads"], "cycles": r.labels.get("cycles", 0), "data": r.labels["data"],
+             "trial": r.labels.get("trial", 0), **r.summary()} for r in results]
     return pd.DataFrame(rows)
 
 
-CELL_KEYS = ["strategy", "gc_policy", "heap_objects", "torch_threads", "data"]
+CELL_KEYS = ["strategy", "gc_policy", "heap_objects", "torch_threads", "cycles", "data"]
 
 
 def cell_medians(per_trial) -> "pd.DataFrame":
@@ -305,5 +377,17 @@ def steps_frame(results: list[TrainResult]):
             "gc_count": r.gc_count, "gc_s": r.gc_s,
             "gc_generations": [",".join(map(str, g)) for g in r.gc_generations],
             "loss": r.loss, "warmup": np.arange(len(r.step_s)) < r.warmup,
+            "cycles": r.labels.get("cycles", 0), "memory_bytes": r.memory_bytes, "cycle_bytes": r.cycle_bytes,
         }))
     return pd.concat(frames, ignore_index=True)
+
+
+def pauses_frame(results: list[TrainResult]):
+    """Every collection of every cell, one row each, with the cell's labels: what the pause-against-
+    tracked-objects figure draws beside the `gc.collect()` experiment."""
+    import pandas as pd
+
+    frames = [r.pauses.assign(strategy=r.strategy, gc_policy=r.labels["gc_policy"], heap_objects=r.labels["heap_objects"],
+                              cycles=r.labels.get("cycles", 0), trial=r.labels.get("trial", 0), data=r.labels["data"])
+              for r in results if len(r.pauses)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
