@@ -27,7 +27,8 @@ def test_notebook_is_thin_and_committed_without_outputs(name):
     code = [cell for cell in notebook.cells if cell.cell_type == "code"]
     assert "parameters" in code[0].metadata["tags"] and "quick" in code[1].metadata["tags"]
     assert all(not cell.outputs and cell.execution_count is None for cell in code)
-    assert sum(len([line for line in cell.source.splitlines() if line.strip()]) for cell in code) <= 60
+    # thin: at most 50 lines of calls, tables and figures; the parameters and quick cells only declare values
+    assert sum(len([line for line in cell.source.splitlines() if line.strip()]) for cell in code[2:]) <= 50
 
 
 def test_a_config_refuses_a_bad_value_naming_it_and_what_is_valid():
