@@ -445,12 +445,12 @@ def test_cycles_table_counts_collections_per_generation_and_rates_p99_against_no
 
     summary, pauses = _synthetic_gc_experiment()
     table = cycles_table(summary, pauses).set_index(["gc_policy", "cycles"])
-    assert table.loc[("manual", 4), "gen2"] == 4 and table.loc[("manual", 4), "gen0"] == 2
+    assert table.loc[("manual", 4), "gen2"] == 2 and table.loc[("manual", 4), "gen0"] == 1  # per trial
     assert table.loc[("default", 4), "gen2"] == 0 and table.loc[("default", 0), "trials"] == 2
     assert table.loc[("manual", 4), "p99_vs_no_cycles"] == pytest.approx(2.0)
     assert table.loc[("default", 4), "p99_vs_no_cycles"] == pytest.approx(1.0)
     assert math.isnan(table.loc[("manual", 0), "p99_vs_no_cycles"])
-    assert table.loc[("manual", 4), "held_MB"] == 4 and table.loc[("manual", 4), "longest_pause_ms"] == pytest.approx(150)
+    assert table.loc[("manual", 0), "held_MB"] == 0 and table.loc[("manual", 4), "held_MB"] == 4 and table.loc[("manual", 4), "longest_pause_ms"] == pytest.approx(150)
 
 
 def test_the_full_collection_fit_leaves_out_young_and_frozen_pauses_and_the_figure_draws_it():

@@ -195,36 +195,51 @@ def cycle_traces(steps: pd.DataFrame, *, strategy: str, device: str = "") -> go.
 
 def pauses_vs_tracked(training_pauses: pd.DataFrame, experiment_pauses: pd.DataFrame, *, fit=None,
                       device: str = "") -> go.Figure:
-    """Every collection's pause against the tracked objects it walked (both axes log): the training
-    steps' collections by generation (circles), the `gc.collect()` experiment's full collections over
-    each heap (diamonds, frozen or not), and `fit` (a `LinearFit` through the full collections) as
-    a line. Long pauses follow the objects walked, not the heap parameter."""
-    fig = go.Figure()
-    for generation, group in training_pauses.groupby("generation") if len(training_pauses) else ():
-        fig.add_trace(go.Scatter(
-            x=group["tracked_before"], y=group["pause_s"], mode="markers", name=f"training step, generation {generation}",
-            marker=dict(size=7, color=GENERATION_COLORS.get(generation, "#7f7f7f"), opacity=0.7),
-            customdata=group[["strategy", "gc_policy", "heap_objects", "cycles", "collected"]],
-            hovertemplate=("%{x:,} objects: %{y:.3g} s<br>%{customdata[0]}, gc=%{customdata[1]}, heap=%{customdata[2]}, "
-                           "cycles=%{customdata[3]}<br>%{customdata[4]} collected<extra></extra>")))
-    for frozen, group in experiment_pauses.groupby("frozen"):
-        fig.add_trace(go.Scatter(
-            x=group["tracked_before"], y=group["pause_s"], mode="markers",
-            name="gc.collect() " + ("after gc.freeze()" if frozen else "over the heap"),
-            marker=dict(size=10, symbol="diamond-open" if frozen else "diamond", color="#e6550d", line=dict(width=1.5)),
-            customdata=group[["heap_objects"]],
-            hovertemplate="%{x:,} objects: %{y:.3g} s<br>heap=%{customdata[0]:,}<extra></extra>"))
-    every = pd.concat([training_pauses, experiment_pauses], ignore_index=True)
-    every = every[every["tracked_before"] > 0]
+    """Every collection's pause against the tracked objects it walked. Left, both axes log: the
+    training steps' collections by generation (circles) and the `gc.collect()` experiment's full
+    collections over each heap, frozen or not (diamonds). Right, linear: the full collections alone,
+    with `fit` (a `LinearFit` through them) as a line: what each extra object costs. Long pauses
+    follow the objects walked, not the heap parameter."""
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.1,
+                        subplot_titles=("every collection (log-log)", "full collections (linear) and the fit"))
+    experiment = experiment_pauses.assign(state=experiment_pauses["frozen"].map(
+        {True: "gc.collect() after gc.freeze()", False: "gc.collect() over the heap"}))
+    for column in (1, 2):
+        for state, group in experiment.groupby("state", sort=False):
+            if column == 2 and state.endswith("freeze()"):
+                continue  # a handful of objects: off the right panel's scale
+            fig.add_trace(go.Scatter(
+                x=group["tracked_before"], y=group["pause_s"] * (1 if column == 1 else 1e3), mode="markers", name=state,
+                legendgroup=state, showlegend=column == 1,
+                marker=dict(size=10, symbol="diamond-open" if state.endswith("freeze()") else "diamond", color="#e6550d",
+                            line=dict(width=1.5)),
+                customdata=group[["heap_objects"]],
+                hovertemplate="%{x:,} objects: %{y:.3g}<br>heap=%{customdata[0]:,}<extra></extra>"), row=1, col=column)
+        for generation, group in training_pauses.groupby("generation") if len(training_pauses) else ():
+            if column == 2 and generation != 2:
+                continue
+            name = f"training step, generation {generation}"
+            fig.add_trace(go.Scatter(
+                x=group["tracked_before"], y=group["pause_s"] * (1 if column == 1 else 1e3), mode="markers", name=name,
+                legendgroup=name, showlegend=column == 1,
+                marker=dict(size=7, color=GENERATION_COLORS.get(generation, "#7f7f7f"), opacity=0.8,
+                            line=dict(width=0.5, color="#ffffff")),
+                customdata=group[["strategy", "gc_policy", "heap_objects", "cycles", "collected"]],
+                hovertemplate=("%{x:,} objects: %{y:.3g}<br>%{customdata[0]}, gc=%{customdata[1]}, heap=%{customdata[2]}, "
+                               "cycles=%{customdata[3]}<br>%{customdata[4]} collected<extra></extra>")), row=1, col=column)
     if fit is not None:
         xs = pd.Series(np.linspace(fit.x_low, fit.x_high, 30))
         fig.add_trace(go.Scatter(
-            x=xs, y=fit.intercept + fit.slope * xs, mode="lines", line=dict(color="#222222", dash="dash"),
+            x=xs, y=1e3 * (fit.intercept + fit.slope * xs), mode="lines", line=dict(color="#222222", dash="dash"),
             name=(f"fit through full collections: {fit.slope * 1e8:.2f} ms per 100k objects "
-                  f"[{fit.ci_low * 1e8:.2f}, {fit.ci_high * 1e8:.2f}]")))
-    fig.update_xaxes(type="log", tickformat="~s")
-    log_axis(fig, every["pause_s"])
+                  f"[{fit.ci_low * 1e8:.2f}, {fit.ci_high * 1e8:.2f}]")), row=1, col=2)
+    every = pd.concat([training_pauses, experiment_pauses], ignore_index=True)
+    fig.update_xaxes(type="log", tickformat="~s", title_text="tracked objects walked (log)", row=1, col=1)
+    fig.update_xaxes(tickformat="~s", title_text="tracked objects walked", row=1, col=2)
+    log_axis(fig, every["pause_s"], row=1, col=1)
+    fig.update_yaxes(title_text="pause (s, log)", row=1, col=1)
+    fig.update_yaxes(title_text="pause (ms)", row=1, col=2)
     title = f"GC pause against the objects the collection walked ({_data_label(every)}{', ' + device if device else ''})"
-    apply_layout(fig, title=title, x_title="tracked objects walked (generations collected), log", y_title="pause (s, log)",
-                 height=520)
-    return legend_right(fig)
+    apply_layout(fig, title=title, height=560)
+    return fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0),
+                             margin=dict(b=150))

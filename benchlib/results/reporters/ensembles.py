@@ -67,28 +67,29 @@ def closing_text(summary: pd.DataFrame, threads: pd.DataFrame, *, floor_step_s: 
 
 def cycles_table(per_trial: pd.DataFrame, pauses: pd.DataFrame) -> pd.DataFrame:
     """The GC experiment, one row per strategy x GC policy x cycles per step: step-time median, p99
-    and max, GC share and memory (medians over trials); collections per generation and the longest
-    pause (over all trials); and the p99's ratio to the same policy without cycles, with its 95%
-    interval over trials. `per_trial` is `summary_frame` of the experiment, `pauses` its
-    `pauses_frame`."""
+    and max, GC share, memory, collections per generation (medians over trials), the longest pause
+    of any trial, and the p99's ratio to the same policy without cycles with its 95% interval over
+    trials. `per_trial` is `summary_frame` of the experiment, `pauses` its `pauses_frame`."""
     from benchlib.results.stats import ratio_of_medians
 
-    cells = with_display_units(per_trial).assign(held_MB=per_trial.get("cycle_bytes_max", 0.0) / 1e6,
+    held = per_trial["cycle_bytes_max"] if "cycle_bytes_max" in per_trial else pd.Series(float("nan"), per_trial.index)
+    cells = with_display_units(per_trial).assign(held_MB=held.where(per_trial["cycles"] > 0, 0.0) / 1e6,
                                                  memory_MB=per_trial["step_memory_max"] / 1e6)
-    keys = ["data", "heap_objects", "strategy", "gc_policy", "cycles"]
-    table = cells.groupby(keys, sort=False)[["median_ms", "p99_ms", "max_ms", "gc_pct", "held_MB", "memory_MB"]].median()
-    table.insert(0, "trials", cells.groupby(keys, sort=False).size())
+    keys = ["strategy", "gc_policy", "cycles"]
+    counted = ["gen0", "gen1", "gen2"]
+    if len(pauses):
+        per_generation = (pauses.groupby([*keys, "trial", "generation"]).size().unstack(fill_value=0)
+                          .reindex(columns=[0, 1, 2], fill_value=0).set_axis(counted, axis=1).reset_index())
+        cells = cells.merge(per_generation, on=[*keys, "trial"], how="left")
+    cells[counted] = cells.reindex(columns=counted).fillna(0)
+    by_cell = cells.groupby(["data", "heap_objects", *keys], sort=False)
+    table = by_cell[["median_ms", "p99_ms", "max_ms", "gc_pct", "held_MB", "memory_MB", *counted]].median()
+    table.insert(0, "trials", by_cell.size())
     table = table.reset_index()
-    generations = (pauses.groupby(["strategy", "gc_policy", "cycles", "generation"]).size().unstack(fill_value=0)
-                   if len(pauses) else pd.DataFrame())
-    longest = pauses.groupby(["strategy", "gc_policy", "cycles"])["pause_s"].max() if len(pauses) else pd.Series(dtype=float)
+    longest = pauses.groupby(keys)["pause_s"].max() if len(pauses) else pd.Series(dtype=float)
+    table["longest_pause_ms"] = [1e3 * longest.get(tuple(cell), 0.0) for cell in table[keys].itertuples(index=False)]
     ratios = []
     for row in table.itertuples():
-        cell = (row.strategy, row.gc_policy, row.cycles)
-        for generation in (0, 1, 2):
-            table.loc[row.Index, f"gen{generation}"] = (
-                generations.loc[cell, generation] if cell in generations.index and generation in generations else 0)
-        table.loc[row.Index, "longest_pause_ms"] = 1e3 * longest.get(cell, 0.0)
         own = cells[(cells["strategy"] == row.strategy) & (cells["gc_policy"] == row.gc_policy)]
         base, with_cycles = (own.loc[own["cycles"] == n, "p99_ms"].to_numpy(float) for n in (0, row.cycles))
         ratio = ratio_of_medians(base, with_cycles) if base.size and row.cycles else None
