@@ -91,6 +91,8 @@ def refuse_kernels(monkeypatch):
     ("identical_closures", ["-p", "backend=foo"], "backend must be one of"),
     ("mnist_ensembles", ["-p", "synthetic_n=100000000"], "mnist_ensembles with 100000000 samples needs about"),
     ("mnist_ensembles", ["-p", "gc_policies=['sometimes']"], "unknown gc_policies ['sometimes']"),
+    ("mnist_ensembles", ["-p", "cycles=[0, 1000000]"], "mnist_ensembles with 60000 samples needs about"),
+    ("mnist_ensembles", ["-p", "cycles=[-1]"], "each of cycles must be an integer >= 0"),
     ("calibration", ["-p", "copy_mib=-1"], "copy_mib must be an integer >= 1, got -1"),
     ("dot_chain", ["-p", "depth=1", "-p", "depth=2"], "-p depth is given twice ('1' and '2')"),
 ])
