@@ -117,14 +117,15 @@ def test_every_strategy_lowers_the_loss(tensors, strategy):
     assert (after < 0.8 * before).all(), (before, after)
 
 
-def run_train(tensors, policy, steps=6, alloc_steps=1, strategy="batched_hand", config=SMALL, cycles=0):
+def run_train(tensors, policy, steps=6, alloc_steps=1, strategy="batched_hand", config=SMALL, cycles=0,
+              count_tracked=False):
     x_all, y_all = tensors
     batches = E.minibatch_indices(len(y_all), config.batch, steps + alloc_steps, config.seed)
     trainer = E.make_strategy(strategy, E.initial_parameters(config), config, CPU)
     labels = {"n_nets": config.n_nets, "batch": config.batch, "gc_policy": policy.name, "heap_objects": 0,
               "data": "synthetic"}
     return E.train(trainer, x_all, y_all, batches, device=CPU, policy=policy, warmup=1, alloc_steps=alloc_steps,
-                   labels=labels, cycles=cycles)
+                   labels=labels, cycles=cycles, count_tracked=count_tracked)
 
 
 def test_gc_accounting_sees_the_forced_collections(tensors):
@@ -171,35 +172,37 @@ def test_a_kept_exception_is_a_cycle_only_the_collector_frees():
 
 
 def test_step_cycles_hold_exactly_their_tensors_until_a_collection():
-    batch, losses = torch.zeros(16, 784), torch.zeros(4)
+    size = 16 * 784 * 4
     gc.collect()
     gc.disable()
     try:
         cycles = E.StepCycles(3)
-        cycles.leave(batch, losses)
-        assert (cycles.held_cycles, cycles.held_bytes) == (3, 3 * 16 * 784 * 4)
-        cycles.leave(batch, losses)  # the first step's failures are dropped: garbage, still held
-        assert (cycles.held_cycles, cycles.held_bytes) == (6, 6 * 16 * 784 * 4)
+        cycles.leave(torch.zeros(16, 784), torch.zeros(4))  # a new batch each step, as a training loop has
+        # 3 standardised copies, and the batch itself: the check's frame keeps its callers' frames
+        assert (cycles.held_tensors, cycles.held_bytes) == (4, 4 * size)
+        cycles.leave(torch.zeros(16, 784), torch.zeros(4))  # the first step's failures are dropped: garbage, still held
+        assert (cycles.held_tensors, cycles.held_bytes) == (8, 8 * size)
         cycles.close()
-        assert cycles.held_cycles == 6
+        assert cycles.held_tensors == 8
         assert gc.collect() >= 6 * 4  # each cycle: exception, traceback, frame, tensor at least
-        assert (cycles.held_cycles, cycles.held_bytes) == (0, 0)
+        assert (cycles.held_tensors, cycles.held_bytes) == (0, 0)
     finally:
         gc.enable()
     quiet = E.StepCycles(0)
-    quiet.leave(batch, losses)
-    assert quiet.held_cycles == 0
+    quiet.leave(torch.zeros(16, 784), torch.zeros(4))
+    assert quiet.held_tensors == 0
     with pytest.raises(ValueError, match="integer >= 0"):
         E.StepCycles(-1)
 
 
 def test_train_records_every_collection_and_what_the_cycles_hold(tensors):
     # manual: the collector is off but for the explicit full collection every 2nd step, so the
-    # held bytes and the pauses are exact: 3 cycles of a 16x784 float32 batch copy each step,
-    # the previous step's become garbage, and a collection frees those
-    result = run_train(tensors, E.GCPolicy("manual", every=2), steps=6, alloc_steps=0, cycles=3)
+    # held bytes and the pauses are exact: 3 cycles of a 16x784 float32 batch copy each step, and
+    # the step's batch they keep through its frame; the previous step's become garbage, and a
+    # collection frees those
+    result = run_train(tensors, E.GCPolicy("manual", every=2), steps=6, alloc_steps=0, cycles=3, count_tracked=True)
     per_cycle = SMALL.batch * 784 * 4
-    assert (result.cycle_bytes / per_cycle).tolist() == [3, 3, 6, 3, 6, 3]
+    assert (result.cycle_bytes / per_cycle).tolist() == [4, 4, 8, 4, 8, 4]
     pauses = result.pauses
     assert pauses["step"].tolist() == [1, 3, 5] and set(pauses["generation"]) == {2}
     assert (pauses["collected"] >= 3 * 4).all() and (pauses["uncollectable"] == 0).all()
@@ -212,8 +215,13 @@ def test_train_records_every_collection_and_what_the_cycles_hold(tensors):
     assert frame.loc[frame["metric"] == "step_cycle_bytes", "value"].tolist() == result.cycle_bytes.tolist()
     assert len(frame[frame["metric"] == "step_memory"]) == 6
     assert result.case().endswith("|cycles=3") and result.labels["cycles"] == 3
+    # uncounted (the main grid's default): the pauses are there, the objects they walked are not recorded
+    uncounted = run_train(tensors, E.GCPolicy("manual", every=2), steps=4, alloc_steps=0)
+    assert uncounted.pauses["step"].tolist() == [1, 3] and (uncounted.pauses["tracked_before"] == -1).all()
+    metrics = set(records_frame(uncounted.records(CPU))["metric"])
+    assert "gc_pause_time" in metrics and "gc_pause_tracked" not in metrics
     summary = result.summary()
-    assert summary["cycle_bytes_max"] == 6 * per_cycle  # after warm-up (step 0)
+    assert summary["cycle_bytes_max"] == 8 * per_cycle  # after warm-up (step 0)
     assert gc.isenabled()
 
 
@@ -402,14 +410,19 @@ def test_thread_sweep_runs_the_cell_at_each_thread_count_and_restores_torch(data
 
 def test_cycle_sweep_runs_each_policy_at_each_cycle_count(data):
     results = E.cycle_sweep(data, device=CPU, config=SMALL, cycle_counts=[0, 2], strategies=("batched_hand",),
-                            gc_policies=("default", "manual"), heap_size=10, steps=4, warmup=1, manual_every=2)
-    assert [(r.labels["cycles"], r.labels["gc_policy"]) for r in results] == [
-        (c, p) for c in (0, 2) for p in ("default", "manual")]
+                            gc_policies=("default", "manual"), heap_size=10, steps=4, warmup=1, manual_every=2,
+                            trials=2)
+    # trials alternate the order of the cycle counts, so drift falls on both alike
+    assert [(r.labels["trial"], r.labels["cycles"], r.labels["gc_policy"]) for r in results] == [
+        (t, c, p) for t, counts in ((0, (0, 2)), (1, (2, 0))) for c in counts for p in ("default", "manual")]
+    assert {r.labels["trials"] for r in results} == {2}
+    results = [r for r in results if r.labels["trial"] == 0]
     assert {r.labels["sweep"] for r in results} == {"cycles"} and {r.labels["heap_objects"] for r in results} == {10}
     assert len({r.case() for r in results}) == 4
     assert all(r.alloc_count_per_step != r.alloc_count_per_step for r in results)  # no allocation pass (NaN)
     pauses = E.pauses_frame(results)
-    assert set(pauses.loc[pauses["gc_policy"] == "manual", "generation"]) == {2}
+    manual = pauses[pauses["gc_policy"] == "manual"]
+    assert set(manual["generation"]) == {2} and (manual["tracked_before"] > 0).all()  # the experiment counts them
     assert (E.summary_frame(results)["cycles"] == [0, 0, 2, 2]).all()
     with pytest.raises(ValueError, match="cycle_counts"):
         E.cycle_sweep(data, device=CPU, config=SMALL, cycle_counts=[-1])
@@ -433,10 +446,11 @@ def _synthetic_gc_experiment():
                         pauses.append({"step": 9, "generation": 2, "pause_s": 3e-7 * tracked, "collected": 7 * cycles,
                                        "uncollectable": 0, "tracked_before": tracked, "strategy": "batched_hand",
                                        "gc_policy": policy, "heap_objects": 60, "cycles": cycles, "trial": trial,
-                                       "data": "synthetic"})
+                                       "data": "synthetic", "warmup": 1})
                 pauses.append({"step": 3, "generation": 0, "pause_s": 1e-4, "collected": 5, "uncollectable": 0,
                                "tracked_before": 700, "strategy": "batched_hand", "gc_policy": policy,
-                               "heap_objects": 60, "cycles": cycles, "trial": trial, "data": "synthetic"})
+                               "heap_objects": 60, "cycles": cycles, "trial": trial, "data": "synthetic",
+                               "warmup": 1})
     return pd.DataFrame(rows), pd.DataFrame(pauses)
 
 
@@ -444,7 +458,9 @@ def test_cycles_table_counts_collections_per_generation_and_rates_p99_against_no
     from benchlib.results.reporters.ensembles import cycles_table
 
     summary, pauses = _synthetic_gc_experiment()
-    table = cycles_table(summary, pauses).set_index(["gc_policy", "cycles"])
+    in_warmup = pauses.iloc[:1].assign(step=0, generation=1)  # left out, as the step statistics leave warm-up out
+    table = cycles_table(summary, pd.concat([pauses, in_warmup])).set_index(["gc_policy", "cycles"])
+    assert (table["gen1"] == 0).all()
     assert table.loc[("manual", 4), "gen2"] == 2 and table.loc[("manual", 4), "gen0"] == 1  # per trial
     assert table.loc[("default", 4), "gen2"] == 0 and table.loc[("default", 0), "trials"] == 2
     assert table.loc[("manual", 4), "p99_vs_no_cycles"] == pytest.approx(2.0)
@@ -458,18 +474,21 @@ def test_the_full_collection_fit_leaves_out_young_and_frozen_pauses_and_the_figu
     from benchlib.results.reporters.ensembles import full_collection_fit, pause_slope_text
 
     _, pauses = _synthetic_gc_experiment()
-    experiment = pd.DataFrame({"repeat": [0, 0, 0], "generation": 2, "collected": 0, "uncollectable": 0,
-                               "tracked_before": [3e5, 6, 6e5], "pause_s": [0.09, 5.0, 0.18],
-                               "heap_objects": [0, 0, 60], "frozen": [False, True, False], "data": "synthetic"})
-    fit = full_collection_fit(pauses, experiment)  # 5.0 s over 6 frozen objects and the young pauses left out
-    assert fit.slope == pytest.approx(3e-7) and fit.intercept == pytest.approx(0, abs=1e-12)
-    assert (fit.n, fit.x_low, fit.x_high) == (8 + 2, 3e5, 6e5)
+    experiment = pd.DataFrame({"repeat": [0, 0, 0, 0, 0], "generation": [2, 2, 2, 2, 0], "collected": 0,
+                               "uncollectable": 0, "tracked_before": [3e5, 6, 4.5e5, 6e5, 500],
+                               "pause_s": [0.09, 5.0, 0.135, 0.18, 7.0], "heap_objects": [0, 0, 30, 60, 60],
+                               "frozen": [False, True, False, False, False], "data": "synthetic"})
+    fit = full_collection_fit(experiment)  # the frozen one (5 s over 6 objects) and the young one left out
+    assert fit.slope == pytest.approx(3e-7) and fit.intercept == pytest.approx(0, abs=1e-9)
+    assert (fit.n, fit.x_low, fit.x_high) == (3, 3e5, 6e5)
     assert "30.00 ms per 100,000 tracked objects [30.00, 30.00]" in pause_slope_text(fit)
-    assert full_collection_fit(pauses[pauses["generation"] == 0], experiment.iloc[:0]) is None
+    assert full_collection_fit(experiment.iloc[:2]) is None and "too few" in pause_slope_text(None)
+    pauses = pd.concat([pauses, pauses.iloc[:1].assign(tracked_before=-1, generation=1)])  # one not counted
     figure = pauses_vs_tracked(pauses, experiment, fit=fit, device="cpu")
     names = [trace.name for trace in figure.data]
     assert "training step, generation 2" in names and "gc.collect() after gc.freeze()" in names
-    assert any(name.startswith("fit through full collections: 30.00 ms per 100k objects") for name in names)
+    assert "training step, generation 1" not in names  # the uncounted pause is left out
+    assert any(name.startswith("fit through gc.collect() over the heaps: 30.00 ms per 100k objects") for name in names)
     assert "data=synthetic" in figure.layout.title.text
     steps = pd.DataFrame({"strategy": "batched_hand", "gc_policy": "manual", "heap_objects": 60, "trial": 0,
                           "cycles": 4, "data": "synthetic", "step": range(4), "step_s": [0.002, 0.1, 0.002, 0.002],

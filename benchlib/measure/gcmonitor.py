@@ -10,7 +10,8 @@ class GCPause(NamedTuple):
     """One collection. `collected` and `uncollectable` are the interpreter's own counts (the `stop`
     callback's info); `tracked_before` is how many objects the collection had to walk (the tracked
     objects of its generation and the younger ones), -1 when not counted; `count_s` is the time
-    that count took, spent just before `start_s` and part of neither the pause nor the step."""
+    that count took, spent just before `start_s`: not part of the pause (nor, in `measure_steps`,
+    of the step)."""
 
     start_s: float
     duration_s: float

@@ -50,10 +50,11 @@ TIMED_UNITS = frozenset({"s", "B/s", "FLOP/s", "model-samples/s"})
 
 TIGHT_SPREAD_OF_THRESHOLD = 0.25  # sizes whose trials agree within this share of the threshold decide by range
 
-# What shaped a number rather than a result (the memory a process held before the measured work):
-# shown, never judged.
-CONTEXT_METRICS = frozenset({"baseline_bytes", "gc_pause_generation", "gc_pause_collected", "gc_pause_uncollectable",
-                             "gc_pause_tracked", "gc_pause_step"})
+# What shaped a number rather than a result (the memory a process held before the measured work), and
+# the per-collection records, whose repeats are collections of all generations in whatever number a
+# run happened to make (their per-step sums, step_gc_time and step_gc_pauses, are judged): shown, never judged.
+CONTEXT_METRICS = frozenset({"baseline_bytes", "gc_pause_time", "gc_pause_generation", "gc_pause_collected",
+                             "gc_pause_uncollectable", "gc_pause_tracked", "gc_pause_step"})
 
 # Params that describe one measurement rather than the configuration measured: the trial's place in
 # its order (and how many trials there were, so runs with different trial counts still match), the

@@ -139,8 +139,9 @@ def _mnist_ensembles(params: Mapping[str, Any], device: Any) -> None:
     cycles = _int_list("cycles", params["cycles"], least=0)
     _int_list("thread_counts", params["thread_counts"])
     samples = max(params["synthetic_n"], MNIST_SAMPLES)  # real digits or the synthetic set, whichever loads
-    # Uncollected cycles may hold every step's standardised batches at once (raised thresholds).
-    held_by_cycles = max(cycles) * params["batch"] * MNIST_PIXELS * 4 * max(params["steps"], params["per_net_steps"])
+    # Uncollected cycles may hold every step's batch and its standardised copies at once (raised thresholds).
+    held_by_cycles = ((max(cycles) + 1) * params["batch"] * MNIST_PIXELS * 4
+                      * max(params["steps"], params["per_net_steps"]))
     # The images as float32 tensors (plus a uint8 copy while loading), the long-lived heap's tuples.
     _fits(samples * (MNIST_PIXELS * 5 + 16) + max(heap_sizes + pause_heap_sizes) * 200 + held_by_cycles, device,
           f"mnist_ensembles with {samples} samples")

@@ -198,8 +198,10 @@ def pauses_vs_tracked(training_pauses: pd.DataFrame, experiment_pauses: pd.DataF
     """Every collection's pause against the tracked objects it walked. Left, both axes log: the
     training steps' collections by generation (circles) and the `gc.collect()` experiment's full
     collections over each heap, frozen or not (diamonds). Right, linear: the full collections alone,
-    with `fit` (a `LinearFit` through them) as a line: what each extra object costs. Long pauses
-    follow the objects walked, not the heap parameter."""
+    with `fit` (`full_collection_fit`, through the experiment's) as a line: what each extra object
+    costs. Long pauses follow the objects walked, not the heap parameter. Collections whose objects
+    were not counted (`tracked_before` -1: the main grid's) are left out."""
+    training_pauses = training_pauses[training_pauses["tracked_before"] >= 0] if len(training_pauses) else training_pauses
     fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.1,
                         subplot_titles=("every collection (log-log)", "full collections (linear) and the fit"))
     experiment = experiment_pauses.assign(state=experiment_pauses["frozen"].map(
@@ -231,7 +233,7 @@ def pauses_vs_tracked(training_pauses: pd.DataFrame, experiment_pauses: pd.DataF
         xs = pd.Series(np.linspace(fit.x_low, fit.x_high, 30))
         fig.add_trace(go.Scatter(
             x=xs, y=1e3 * (fit.intercept + fit.slope * xs), mode="lines", line=dict(color="#222222", dash="dash"),
-            name=(f"fit through full collections: {fit.slope * 1e8:.2f} ms per 100k objects "
+            name=(f"fit through gc.collect() over the heaps: {fit.slope * 1e8:.2f} ms per 100k objects "
                   f"[{fit.ci_low * 1e8:.2f}, {fit.ci_high * 1e8:.2f}]")), row=1, col=2)
     every = pd.concat([training_pauses, experiment_pauses], ignore_index=True)
     fig.update_xaxes(type="log", tickformat="~s", title_text="tracked objects walked (log)", row=1, col=1)

@@ -68,8 +68,9 @@ def closing_text(summary: pd.DataFrame, threads: pd.DataFrame, *, floor_step_s: 
 def cycles_table(per_trial: pd.DataFrame, pauses: pd.DataFrame) -> pd.DataFrame:
     """The GC experiment, one row per strategy x GC policy x cycles per step: step-time median, p99
     and max, GC share, memory, collections per generation (medians over trials), the longest pause
-    of any trial, and the p99's ratio to the same policy without cycles with its 95% interval over
-    trials. `per_trial` is `summary_frame` of the experiment, `pauses` its `pauses_frame`."""
+    of any trial (all after warm-up), and the p99's ratio to the same policy without cycles with its
+    95% interval over trials. `per_trial` is `summary_frame` of the experiment, `pauses` its
+    `pauses_frame`."""
     from benchlib.results.stats import ratio_of_medians
 
     held = per_trial["cycle_bytes_max"] if "cycle_bytes_max" in per_trial else pd.Series(float("nan"), per_trial.index)
@@ -77,6 +78,8 @@ def cycles_table(per_trial: pd.DataFrame, pauses: pd.DataFrame) -> pd.DataFrame:
                                                  memory_MB=per_trial["step_memory_max"] / 1e6)
     keys = ["strategy", "gc_policy", "cycles"]
     counted = ["gen0", "gen1", "gen2"]
+    if len(pauses):
+        pauses = pauses[pauses["step"] >= pauses["warmup"]]  # as the step statistics, after warm-up
     if len(pauses):
         per_generation = (pauses.groupby([*keys, "trial", "generation"]).size().unstack(fill_value=0)
                           .reindex(columns=[0, 1, 2], fill_value=0).set_axis(counted, axis=1).reset_index())
@@ -100,21 +103,21 @@ def cycles_table(per_trial: pd.DataFrame, pauses: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([table, pd.DataFrame(ratios)], axis=1).round(3)
 
 
-def full_collection_fit(training_pauses: pd.DataFrame, experiment_pauses: pd.DataFrame):
+def full_collection_fit(experiment_pauses: pd.DataFrame):
     """The pause of a full collection against the tracked objects it walked: a least-squares line
-    through the generation-2 pauses of the training steps and of the `gc.collect()` experiment over
-    each heap, not frozen (`benchlib.results.stats.LinearFit`, slope in seconds per object), or None
-    with fewer than three such pauses at two object counts. Frozen collections walk a handful of
-    objects; left in, those few points alone would set the line's intercept."""
+    through the `gc.collect()` experiment's pauses over each long-lived heap, not frozen
+    (`benchlib.results.stats.LinearFit`, slope in seconds per object), or None with fewer than three
+    such pauses at two object counts. Those collections find no garbage, so the line is the cost of
+    walking; the training steps' full collections also free what they find, and frozen ones walk a
+    handful of objects. The interval reflects the scatter of one sitting's pauses, not drift
+    between sittings."""
     from benchlib.results.stats import linear_fit
 
-    frames = [training_pauses, experiment_pauses[~experiment_pauses["frozen"].astype(bool)]
-              if len(experiment_pauses) else experiment_pauses]
-    parts = [frame.loc[frame["generation"] == 2, ["tracked_before", "pause_s"]] for frame in frames if len(frame)]
-    full = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["tracked_before", "pause_s"])
-    if len(full) < 3 or full["tracked_before"].nunique() < 2:
+    walked = experiment_pauses[(experiment_pauses["generation"] == 2) & ~experiment_pauses["frozen"].astype(bool)] \
+        if len(experiment_pauses) else experiment_pauses
+    if len(walked) < 3 or walked["tracked_before"].nunique() < 2:
         return None
-    return linear_fit(full["tracked_before"], full["pause_s"])
+    return linear_fit(walked["tracked_before"], walked["pause_s"])
 
 
 def pause_slope_text(fit) -> str:
@@ -122,6 +125,6 @@ def pause_slope_text(fit) -> str:
     if fit is None:
         return "full-collection pause against tracked objects: too few full collections to fit a line"
     per = 1e5 * 1e3  # ms per 100,000 objects
-    return (f"full collection: {fit.slope * per:.2f} ms per 100,000 tracked objects "
-            f"[{fit.ci_low * per:.2f}, {fit.ci_high * per:.2f}] ({fit.confidence:.0%}, {fit.n} pauses), "
-            f"{fit.intercept * 1e3:.2f} ms at none")
+    return (f"full collection (gc.collect() over the heaps): {fit.slope * per:.2f} ms per 100,000 tracked objects "
+            f"[{fit.ci_low * per:.2f}, {fit.ci_high * per:.2f}] ({fit.confidence:.0%}, {fit.n} pauses "
+            f"from {fit.x_low:,.0f} to {fit.x_high:,.0f} objects)")

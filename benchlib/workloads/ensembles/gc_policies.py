@@ -24,8 +24,7 @@ class GCPolicy:
         if generation not in (0, 1, 2):
             raise ValueError(f"manual GC generation must be 0, 1 or 2, got {generation!r}")
         self.name, self.every, self.generation, self.cuda = name, every, generation, cuda
-        self._was_enabled = True
-        self._thresholds = gc.get_threshold()
+        self._was_enabled, self._thresholds = True, gc.get_threshold()  # what __enter__ finds, restored on exit
 
     def describe(self) -> dict:
         labels = {"gc_policy": self.name}
@@ -124,10 +123,11 @@ PAUSE_METRICS = {  # pause_frame column -> (metric, unit)
 
 
 def pause_records(pauses, **common) -> list[dict]:
-    """Tidy rows of a `pause_frame`: one per pause and quantity, tied by `repeat` (the pause index)."""
+    """Tidy rows of a `pause_frame`: one per pause and quantity, tied by `repeat` (the pause index);
+    no `gc_pause_tracked` row where the objects walked were not counted (-1)."""
     return [make_record(metric=metric, value=float(getattr(row, column)), unit=unit, repeat=int(row.repeat), **common)
             for row in pauses.itertuples() for column, (metric, unit) in PAUSE_METRICS.items()
-            if column in pauses.columns]
+            if column in pauses.columns and not (column == "tracked_before" and row.tracked_before < 0)]
 
 
 def collection_pause_records(pauses, device, labels: dict) -> list[dict]:

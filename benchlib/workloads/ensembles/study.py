@@ -35,8 +35,7 @@ class Study:
     threads: pd.DataFrame | None = None
     cycles: pd.DataFrame | None = None  # the GC experiment: one row per cell and trial
     cycle_steps: pd.DataFrame | None = None
-    cycle_pauses: pd.DataFrame | None = None  # the GC experiment's collections
-    training_pauses: pd.DataFrame | None = None  # every collection in the grid's and the GC experiment's steps
+    cycle_pauses: pd.DataFrame | None = None  # the GC experiment's collections, with the objects each walked
 
 
 def progress_line(result) -> str:
@@ -105,12 +104,12 @@ def _measure_study(config: Any, data, *, device, calibration, save, progress) ->
     cycled = cycle_sweep(data, device=device, config=ensemble, cycle_counts=config.cycles,
                          strategies=config.cycle_strategies, gc_policies=config.gc_policies,
                          heap_size=max(config.heap_sizes), steps=config.steps, warmup=config.warmup,
-                         manual_every=config.manual_every, trials=config.trials, order_seed=config.seed, progress=shown,
+                         manual_every=config.manual_every, manual_generation=config.manual_generation,
+                         trials=config.trials, order_seed=config.seed, progress=shown,
                          steps_per_strategy={s: config.per_net_steps for s in PER_NET_STRATEGIES
                                              if s in config.cycle_strategies})
     study.records += [row for result in cycled for row in result.records(device)]
     if save is not None:
         save(study.records)
     study.cycles, study.cycle_steps, study.cycle_pauses = summary_frame(cycled), steps_frame(cycled), pauses_frame(cycled)
-    study.training_pauses = pd.concat([pauses_frame(results), study.cycle_pauses], ignore_index=True)
     return study

@@ -108,6 +108,7 @@ def train(
     warmup: int = 5,
     alloc_steps: int = 3,
     cycles: int = 0,
+    count_tracked: bool = False,
     labels: dict | None = None,
 ) -> TrainResult:
     """Run ``len(batches) - alloc_steps`` timed steps under ``policy``, then the allocation pass.
@@ -115,8 +116,9 @@ def train(
     ``device`` is a `benchlib.measure.Device`. The last ``alloc_steps`` rows of ``batches`` feed the
     allocation pass, so the timed steps see the same minibatches whatever ``alloc_steps`` is.
     Each timed step leaves ``cycles`` reference cycles holding its tensors (`StepCycles`). Every
-    collection is recorded with the tracked objects it walked; memory in use and the bytes the
-    uncollected cycles hold are read after each step, outside its time.
+    collection that begins in a step is recorded; with ``count_tracked``, with the tracked objects it
+    walked (the count's list of every object briefly raises a CPU peak: about 8 B per object). Memory
+    in use and the bytes the uncollected cycles hold are read after each step, outside its time.
     """
     from benchlib.measure import count_allocations, measure_steps
     from benchlib.measure.devices import heap_trim_available
@@ -145,7 +147,7 @@ def train(
 
     with policy:
         try:
-            timed = measure_steps(one_step, steps, device=device, after_step=after_step, count_tracked=True)
+            timed = measure_steps(one_step, steps, device=device, after_step=after_step, count_tracked=count_tracked)
         finally:
             left.close()
     peak = math.nan if timed.peak_bytes is None else timed.peak_bytes
@@ -200,6 +202,7 @@ def run_grid(
     trials: int = 1,
     order_seed: int | None = 0,
     cycles: int = 0,
+    count_tracked: bool = False,
 ) -> list[TrainResult]:
     """Every strategy x GC policy x heap size, each from the same initial parameters and batches,
     `trials` times: within a policy and heap the strategies run in rounds shuffled by `order_seed`
@@ -212,7 +215,8 @@ def run_grid(
 
     ``steps_per_strategy`` overrides ``steps`` for named strategies (a per-net step trains
     the nets one by one and is 20-30x slower; a shorter run of it still shows its distribution). ``progress`` is called
-    with each finished result. Every step of every cell leaves ``cycles`` reference cycles (`train`).
+    with each finished result. Every step of every cell leaves ``cycles`` reference cycles, and with
+    ``count_tracked`` every collection carries the objects it walked (`train`).
     """
     unknown = [s for s in strategies if s not in STRATEGY_CLASSES]
     if unknown:
@@ -259,7 +263,8 @@ def run_grid(
                     }
                     try:
                         result = train(strategy, x_all, y_all, batches, device=device, policy=policy,
-                                       warmup=warmup, alloc_steps=cell_alloc_steps, cycles=cycles, labels=labels)
+                                       warmup=warmup, alloc_steps=cell_alloc_steps, cycles=cycles,
+                                       count_tracked=count_tracked, labels=labels)
                     finally:
                         strategy.close()
                     results.append(result)
@@ -313,25 +318,35 @@ def cycle_sweep(
     steps: int = 200,
     warmup: int = 5,
     manual_every: int = 10,
+    manual_generation: int = 2,
     trials: int = 1,
     order_seed: int | None = 0,
     progress=None,
 ) -> list[TrainResult]:
     """The GC experiment: `strategies` under every GC policy with each step leaving each of
-    `cycle_counts` reference cycles (`StepCycles`), over a long-lived heap of `heap_size` samples.
+    `cycle_counts` reference cycles (`StepCycles`), over a long-lived heap of `heap_size` samples,
+    every collection with the tracked objects it walked.
 
     Training code that leaves cycles holding tensors depends on the cyclic collector to free them:
     this shows what each policy then does to step times (pauses), to memory (what the uncollected
-    cycles hold between collections) and to the pauses' length against the objects they walk."""
+    cycles hold between collections) and to the pauses' length against the objects they walk.
+    Trials alternate the order of the cycle counts (0, 20 | 20, 0 | ...), so drift between the
+    blocks falls on every count alike."""
     bad = [n for n in cycle_counts if isinstance(n, bool) or not isinstance(n, int) or n < 0]
     if bad or not cycle_counts:
         raise ValueError(f"cycle_counts must be a non-empty list of integers >= 0, got {list(cycle_counts)}")
     results = []
-    for count in cycle_counts:
-        results += run_grid(data, device=device, config=config, strategies=strategies, gc_policies=gc_policies,
-                            heap_sizes=(heap_size,), steps=steps, warmup=warmup, alloc_steps=0,
-                            manual_every=manual_every, steps_per_strategy=steps_per_strategy, progress=progress,
-                            sweep="cycles", trials=trials, order_seed=order_seed, cycles=count)
+    for trial in range(trials):
+        for count in (cycle_counts if trial % 2 == 0 else cycle_counts[::-1]):
+            cells = run_grid(data, device=device, config=config, strategies=strategies, gc_policies=gc_policies,
+                             heap_sizes=(heap_size,), steps=steps, warmup=warmup, alloc_steps=0,
+                             manual_every=manual_every, manual_generation=manual_generation,
+                             steps_per_strategy=steps_per_strategy, progress=progress, sweep="cycles",
+                             order_seed=None if order_seed is None else order_seed + trial, cycles=count,
+                             count_tracked=True)
+            for cell in cells:
+                cell.labels |= {"trial": trial, "trials": trials}
+            results += cells
     return results
 
 
@@ -388,6 +403,7 @@ def pauses_frame(results: list[TrainResult]):
     import pandas as pd
 
     frames = [r.pauses.assign(strategy=r.strategy, gc_policy=r.labels["gc_policy"], heap_objects=r.labels["heap_objects"],
-                              cycles=r.labels.get("cycles", 0), trial=r.labels.get("trial", 0), data=r.labels["data"])
+                              cycles=r.labels.get("cycles", 0), trial=r.labels.get("trial", 0), data=r.labels["data"],
+                              warmup=r.warmup)
               for r in results if len(r.pauses)]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
