@@ -184,3 +184,14 @@ def test_a_line_fit_recovers_an_exact_slope_and_its_interval_covers_a_noisy_one(
         linear_fit([1, 1, 1], [1, 2, 3])
     with pytest.raises(ValueError, match="same length"):
         linear_fit([1, 2, 3], [1, 2])
+
+
+def test_a_robust_line_fit_ignores_one_burst_that_moves_least_squares():
+    from benchlib.results.stats import linear_fit
+
+    x = np.repeat([4e5, 4.6e5, 5.2e5, 6.4e5], 5)
+    y = 0.1 + 1e-7 * x
+    y[10] += 0.06  # one pause caught by another process
+    robust, least = linear_fit(x, y, robust=True), linear_fit(x, y)
+    assert robust.method == "Theil-Sen" and robust.slope == pytest.approx(1e-7) and robust.ci_low <= 1e-7 <= robust.ci_high
+    assert abs(least.slope - 1e-7) > 5e-9 and least.ci_high - least.ci_low > 1e-7 > 100 * (robust.ci_high - robust.ci_low)

@@ -258,9 +258,9 @@ def median_interval(values: Sequence[float], *, confidence: float = DEFAULT_CONF
 
 @dataclass(frozen=True)
 class LinearFit:
-    """Least squares `y = intercept + slope * x`, with the slope's confidence interval (Student's t
-    on its standard error): how much each extra unit of x costs, and how sure that is. `x_low` and
-    `x_high` bound the x it was fitted over, where the line holds."""
+    """A line `y = intercept + slope * x` with the slope's confidence interval: how much each extra
+    unit of x costs, and how sure that is. `method` says how it was fitted; `x_low` and `x_high`
+    bound the x it was fitted over, where the line holds."""
 
     slope: float
     intercept: float
@@ -270,11 +270,16 @@ class LinearFit:
     n: int
     x_low: float
     x_high: float
+    method: str = "least squares"
 
 
-def linear_fit(x: Sequence[float], y: Sequence[float], *, confidence: float = DEFAULT_CONFIDENCE) -> LinearFit:
-    """Fit `y` against `x`; needs three points or more and two distinct x values."""
-    from scipy.stats import linregress, t
+def linear_fit(x: Sequence[float], y: Sequence[float], *, confidence: float = DEFAULT_CONFIDENCE,
+               robust: bool = False) -> LinearFit:
+    """Fit `y` against `x`; needs three points or more and two distinct x values. Least squares with
+    Student's t on the slope's standard error, or with `robust` the Theil-Sen estimator (the median
+    of the pairwise slopes, with its interval): one timing caught by another process's burst on a
+    shared machine moves a least-squares slope, not a median."""
+    from scipy.stats import linregress, t, theilslopes
 
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
@@ -284,6 +289,10 @@ def linear_fit(x: Sequence[float], y: Sequence[float], *, confidence: float = DE
     if xs.size < 3 or np.unique(xs).size < 2:
         raise ValueError(f"a line needs three points or more at two x values at least, got {xs.size} points "
                          f"at {np.unique(xs).size} x value(s)")
+    if robust:
+        slope, intercept, low, high = theilslopes(ys, xs, alpha=confidence)
+        return LinearFit(float(slope), float(intercept), float(low), float(high), confidence, int(xs.size),
+                         float(xs.min()), float(xs.max()), "Theil-Sen")
     fit = linregress(xs, ys)
     half = float(t.ppf(0.5 + confidence / 2, xs.size - 2) * fit.stderr)
     return LinearFit(float(fit.slope), float(fit.intercept), float(fit.slope) - half, float(fit.slope) + half,

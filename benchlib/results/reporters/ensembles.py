@@ -104,8 +104,8 @@ def cycles_table(per_trial: pd.DataFrame, pauses: pd.DataFrame) -> pd.DataFrame:
 
 
 def full_collection_fit(experiment_pauses: pd.DataFrame):
-    """The pause of a full collection against the tracked objects it walked: a least-squares line
-    through the `gc.collect()` experiment's pauses over each long-lived heap, not frozen
+    """The pause of a full collection against the tracked objects it walked: a robust (Theil-Sen)
+    line through the `gc.collect()` experiment's pauses over each long-lived heap, not frozen
     (`benchlib.results.stats.LinearFit`, slope in seconds per object), or None with fewer than three
     such pauses at two object counts. Those collections find no garbage, so the line is the cost of
     walking; the training steps' full collections also free what they find, and frozen ones walk a
@@ -117,7 +117,7 @@ def full_collection_fit(experiment_pauses: pd.DataFrame):
         if len(experiment_pauses) else experiment_pauses
     if len(walked) < 3 or walked["tracked_before"].nunique() < 2:
         return None
-    return linear_fit(walked["tracked_before"], walked["pause_s"])
+    return linear_fit(walked["tracked_before"], walked["pause_s"], robust=True)
 
 
 def pause_slope_text(fit) -> str:
@@ -126,5 +126,5 @@ def pause_slope_text(fit) -> str:
         return "full-collection pause against tracked objects: too few full collections to fit a line"
     per = 1e5 * 1e3  # ms per 100,000 objects
     return (f"full collection (gc.collect() over the heaps): {fit.slope * per:.2f} ms per 100,000 tracked objects "
-            f"[{fit.ci_low * per:.2f}, {fit.ci_high * per:.2f}] ({fit.confidence:.0%}, {fit.n} pauses "
+            f"[{fit.ci_low * per:.2f}, {fit.ci_high * per:.2f}] ({fit.confidence:.0%}, {fit.method}, {fit.n} pauses "
             f"from {fit.x_low:,.0f} to {fit.x_high:,.0f} objects)")
