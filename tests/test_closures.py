@@ -135,7 +135,7 @@ def test_an_engine_that_cannot_run_on_the_device_is_recorded_as_not_applicable(m
 
 
 def _synthetic(step, metric, values, unit="count"):
-    return [make_record(benchmark=closures.BENCHMARK, case=closures.case_name("dense", "seed", step), engine="e",
+    return [make_record(benchmark=closures.NAME, case=closures.case_name("dense", "seed", step), engine="e",
                         device="cpu", dtype="float32", metric=metric, value=v, unit=unit, repeat=i,
                         params={"mwe": "dense", "order": "seed", "step": step})
             for i, v in enumerate(values)]

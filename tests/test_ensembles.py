@@ -252,7 +252,7 @@ def test_train_counts_allocations_in_a_separate_pass_and_records_tidy_rows(tenso
     assert shared == set(STEP_SUMMARIES) - {"cycle_bytes_max"}  # no cycles left, none held
     assert {metric: derived[metric] for metric in shared} == pytest.approx({metric: summary[metric] for metric in shared})
     # an older run's stored summary of the same cell is replaced, never doubled
-    stored = records_frame(rows + [make_record(metric="throughput", value=1.0, unit="model-samples/s", benchmark=E.BENCHMARK,
+    stored = records_frame(rows + [make_record(metric="throughput", value=1.0, unit="model-samples/s", benchmark=E.NAME,
                                                case=rows[0]["case"], strategy="batched_hand", device=CPU, dtype="float32",
                                                params=json.loads(rows[0]["params"]))])
     throughput = with_step_summaries(stored).query("metric == 'throughput'")["value"]

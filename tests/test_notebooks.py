@@ -1,40 +1,49 @@
-"""Every notebook is thin, committed without outputs, and mirrors its workload config's defaults."""
+"""Every notebook is thin, committed without outputs, and mirrors its benchmark declaration's defaults."""
 import nbformat
 import pytest
 
-from benchlib.runner.notebooks import INJECTED, available_notebooks, find_project_notebooks, inspect
-from benchlib.workloads.parameters import CONFIGS, DotChainConfig, ParameterError, validate_parameters
+from benchlib.benchmark import INJECTED, ParameterError
+from benchlib.registry import benchmarks, get
+from benchlib.runner.notebooks import available_notebooks, declared_notebook, find_project_notebooks, inspect
 
 NOTEBOOKS = available_notebooks(find_project_notebooks())
 
 
-def _plain(value):
-    return list(value) if isinstance(value, (list, tuple)) else value
-
-
 @pytest.mark.parametrize("name", sorted(NOTEBOOKS))
-def test_every_notebook_has_a_config_whose_defaults_its_parameters_cell_mirrors(name):
-    assert name in CONFIGS, f"{name}.ipynb has no config in benchlib.workloads.parameters.CONFIGS"
-    spec = inspect(name, NOTEBOOKS[name])
-    cell = {key: _plain(p.default) for key, p in spec.parameters.items() if key not in INJECTED}
-    config = {key: _plain(value) for key, value in vars(CONFIGS[name]()).items()}
-    assert cell == config
+def test_every_notebook_is_declared_and_its_parameters_cell_mirrors_the_declaration(name):
+    assert name in benchmarks(), f"{name}.ipynb has no Benchmark declaration in benchlib.registry.BUILTIN"
+    declaration = get(name)
+    assert declared_notebook(declaration).resolve() == NOTEBOOKS[name].resolve()
+    cell = inspect(name, NOTEBOOKS[name]).benchmark
+    assert {p.name: p.default for p in cell.parameters} == declaration.defaults()
+    assert {p.name: p.type_name for p in cell.parameters} == {p.name: p.type_name for p in declaration.parameters}
 
 
 @pytest.mark.parametrize("name", sorted(NOTEBOOKS))
 def test_notebook_is_thin_and_committed_without_outputs(name):
     notebook = nbformat.read(NOTEBOOKS[name], as_version=4)
     code = [cell for cell in notebook.cells if cell.cell_type == "code"]
-    assert "parameters" in code[0].metadata["tags"] and "quick" in code[1].metadata["tags"]
+    assert "parameters" in code[0].metadata["tags"]
+    assert not any("quick" in cell.metadata.get("tags", []) for cell in code), "quick values live in the declaration"
     assert all(not cell.outputs and cell.execution_count is None for cell in code)
-    # thin: at most 50 lines of calls, tables and figures; the parameters and quick cells only declare values
-    assert sum(len([line for line in cell.source.splitlines() if line.strip()]) for cell in code[2:]) <= 50
+    # thin: at most 50 lines of calls, tables and figures; the parameters cell only declares values
+    assert sum(len([line for line in cell.source.splitlines() if line.strip()]) for cell in code[1:]) <= 50
 
 
-def test_a_config_refuses_a_bad_value_naming_it_and_what_is_valid():
+def test_no_code_cell_is_repeated_across_notebooks():
+    seen: dict[str, str] = {}
+    for name, path in NOTEBOOKS.items():
+        for cell in nbformat.read(path, as_version=4).cells:
+            source = cell.source.strip()
+            if cell.cell_type == "code" and "parameters" not in cell.metadata.get("tags", []) and source:
+                assert source not in seen, f"{name} repeats a cell of {seen.get(source)}"
+                seen[source] = name
+
+
+def test_a_declaration_refuses_a_bad_value_naming_it_and_what_is_valid():
     with pytest.raises(ParameterError, match="dot_chain: dtype must be one of float32, float64, got 'float16'"):
-        DotChainConfig(dtype="float16")
+        get("dot_chain").config({"dtype": "float16"})
     with pytest.raises(ParameterError, match=r"unknown parameter\(s\) \['Depth'\]; valid: D, depth"):
-        validate_parameters("dot_chain", {"Depth": 3})
-    assert validate_parameters("dot_chain", {"device": "cpu", "results_dir": "", "depth": 3}).depth == 3
-    assert validate_parameters("not_a_workload_notebook", {"x": 1}) is None
+        get("dot_chain").config({"Depth": 3})
+    assert get("dot_chain").config({"device": "cpu", "results_dir": "", "depth": 3}).depth == 3
+    assert set(INJECTED) == {"device", "results_dir"}

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
@@ -128,6 +129,10 @@ def test_the_report_carries_the_seed_verdicts_of_the_runs_records(tmp_path):
                for engine, values in (("manual", (100, 101, 99)), ("benchlib-deferred", (200, 198, 202)))
                for repeat, value in enumerate(values)]
     run.save_records(records, "dot_chain")
-    page = build_report(run.path)
-    verdicts = page.split("id='verdicts'")[1].split("<h2")[0]
+    unjudged = build_report(run.path).split("id='verdicts'")[1].split("<h2")[0]
+    assert "No verdicts saved" in unjudged  # an unfinished run has none until `benchlib report` judges it
+    assert main(["report", str(run.path)]) == 0
+    saved = pd.read_parquet(run.path / "verdicts.parquet")
+    assert saved.loc[0, "verdict"] == "reproduced" and saved.loc[0, "samples"] == 3
+    verdicts = (run.path / "report.html").read_text().split("id='verdicts'")[1].split("<h2")[0]
     assert "reproduced" in verdicts and "deferred accumulation peaks at about 2x" in verdicts

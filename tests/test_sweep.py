@@ -31,7 +31,7 @@ def test_grid_values_parse_as_literals_or_comma_separated_text():
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["probe", "--grid", "size=a,b"], "parameter size takes an int"),
+    (["probe", "--grid", "size=a,b"], "probe: size must be an integer, got 'a'"),
     (["probe", "--grid", "nosuch=1,2"], "no selected notebook has a parameter 'nosuch'"),
     (["probe", "--grid", "size=1,2", "-p", "size=3"], "both a -p value and a --grid axis"),
     (["dot_chain", "--grid", "depth=0,10"], "depth must be an integer >= 1, got 0"),

@@ -16,12 +16,13 @@ import json
 import math
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping
 
 import numpy as np
 import pandas as pd
 
+from benchlib.benchmark import Config, Parameter, distinct
 from benchlib.engines import ENGINE_NAMES, get_engine
 from benchlib.engines.gradients import (GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, gradient_file,
                                         saved_gradient_error)
@@ -38,6 +39,32 @@ GRAD_UNCHECKED_METRIC = "grad_check_unavailable"
 DTYPES = tuple(GRADIENT_TOLERANCE)  # the dtypes an engine comparison runs in (those with a gradient tolerance)
 REFERENCE_ENGINE = "manual"
 SEED_ENGINE = "manual-seed"  # the seed's own hand-written gradient, the second baseline where a workload has one
+
+
+def comparison_parameters(*, dtype: str, engines: Iterable[str], repeats: int, trials: int, warmup: int,
+                          quick: Mapping[str, object] = (), valid_engines: Iterable[str] = ENGINE_NAMES) -> tuple[Parameter, ...]:
+    """The parameters every engine comparison declares (each engine in fresh processes, `trials` rounds
+    interleaved); `quick` gives their `--quick` values (trials default to 2 there: an interval, barely)."""
+    from benchlib.measure.isolation import DEFAULT_MALLOC_POLICY, MALLOC_POLICIES
+
+    quick = {"trials": 2, **dict(quick)}
+    parameters = (
+        Parameter("dtype", dtype, "floating-point type of the data and gradients", choices=DTYPES),
+        Parameter("engines", tuple(engines), "gradient engines to compare, each in fresh processes",
+                  choices=tuple(valid_engines)),
+        Parameter("repeats", repeats, "timed calls per process (their median is kept)", minimum=1),
+        Parameter("trials", trials, "fresh processes per engine, interleaved across engines", minimum=1),
+        Parameter("warmup", warmup, "untimed calls per process before the timed ones", minimum=0),
+        Parameter("malloc", DEFAULT_MALLOC_POLICY, "glibc allocator policy of the child processes",
+                  choices=tuple(MALLOC_POLICIES)),
+    )
+    return tuple(replace(p, quick=quick[p.name]) if p.name in quick else p for p in parameters)
+
+
+def comparison_rules(config: Config) -> None:
+    """What the comparison parameters' own bounds cannot say: an engine named twice."""
+    if "engines" in config:
+        distinct("engines", config.engines)
 
 
 class GradientMismatch(AssertionError):

@@ -21,8 +21,8 @@ from typing import Any
 import nbformat
 import pandas as pd
 
-from benchlib.results.seed_verdicts import QUICK_CAVEAT, seed_verdicts
-from benchlib.results.store import RUN_INFO, RecordsUnreadable, load_records, load_run_info, resolve_run, write_text_atomic
+from benchlib.results.seed_verdicts import QUICK_CAVEAT, load_verdicts
+from benchlib.results.store import RUN_INFO, load_run_info, resolve_run, write_text_atomic
 
 REPORT = "report.html"
 HEADLINE_SUFFIX = "_headline"  # tables/<notebook>_headline.parquet are shown in the notebook's section
@@ -50,7 +50,12 @@ def group_by_notebook(names: Sequence[str], notebooks: Sequence[str]) -> dict[st
 
 
 def notebook_question(run_path: Path, notebook: str, info: Mapping[str, Any]) -> str:
-    """The first markdown paragraph of the notebook (executed copy, else the source): what it asks."""
+    """What a section's benchmark asks: its declaration's question as run.json keeps it, else (older runs)
+    the first markdown paragraph of the notebook (executed copy, else the source)."""
+    declared = info.get("benchmarks", {}).get(notebook.split("@")[0], {})
+    if declared.get("question"):
+        seed = declared.get("seed") or {}
+        return declared["question"] + (f" Seed: {seed['title']}." if seed.get("title") else "")
     candidates = [run_path / "notebooks" / f"{notebook}.ipynb"]
     if info.get("notebooks_dir"):
         candidates.append(Path(info["notebooks_dir"]) / f"{notebook}.ipynb")
@@ -166,11 +171,14 @@ _RENDER_SCRIPT = """
 
 
 def _verdict_section(run_path: Path) -> str:
-    """The seed verdicts of the run's records (benchlib.results.seed_verdicts), or why there are none."""
+    """The run's saved seed verdicts (`verdicts.parquet`), or why there are none."""
     try:
-        verdicts = seed_verdicts(load_records(run_path))
-    except RecordsUnreadable as error:
-        return f"<p>No verdicts: {html.escape(str(error))}</p>"
+        verdicts = load_verdicts(run_path)
+    except Exception as error:  # a damaged table must not cost the rest of the page
+        return f"<p>No verdicts: {html.escape(f'{type(error).__name__}: {error}')}</p>"
+    if verdicts is None:
+        return "<p>No verdicts saved with this run (the run did not finish; <code>benchlib report RUN</code> " \
+               "judges its records and writes them).</p>"
     if verdicts.empty:
         return "<p>No seed rule applies to what this run measured.</p>"
     shown = verdicts.rename(columns={"ci_low": "95% CI low", "ci_high": "95% CI high"})

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -19,14 +21,17 @@ import pandas as pd
 from benchlib.results.compare import VALUE_COLUMN, trial_values
 from benchlib.results.derived import with_step_summaries
 from benchlib.results.stats import median_interval, ratio_of_medians
+from benchlib.results.store import resolve_run, write_parquet_atomic
 
 REPRODUCED, REFUTED, INCONCLUSIVE = "reproduced", "refuted", "inconclusive"
+VERDICTS = "verdicts.parquet"  # a run's verdict table, beside its records
 BENCHMARK_COLUMN, CASE_COLUMN, ENGINE_COLUMN, METRIC_COLUMN = "benchmark", "case", "variant", "metric"
 
 
 @dataclass(frozen=True)
 class SeedVerdict:
-    """One verdict row: the claim, what this run measured, and the rule that decided."""
+    """One verdict row: the claim, what this run measured (a ratio of medians, or a slope), and the
+    rule that decided; `samples` and `baseline_samples` count the per-trial values it used."""
 
     benchmark: str
     claim: str
@@ -37,6 +42,10 @@ class SeedVerdict:
     rule: str
     baseline: str
     group: str = ""
+    figure: str = "ratio"
+    metric: str = ""
+    samples: int = 0
+    baseline_samples: int = 0
 
 
 def _matches(params: dict, where: tuple[tuple[str, object], ...]) -> bool:
@@ -143,48 +152,6 @@ class SlopeRule:
         return np.array(slopes)
 
 
-def _weight_bytes(params: dict) -> float:
-    return float(params["hidden"]) ** 2 * np.dtype(params["dtype"]).itemsize
-
-
-_ENSEMBLE_DEFAULT_CELL = (("gc_policy", "default"), ("sweep", None))
-_CLOSURE_ENGINES = ("benchlib-inplace", "autograd", "torch", "torch.compile", "torch.func")
-_ZYGOTE = "Zygote #1206: a structurally identical new closure costs the same"
-
-SEED_RULES: tuple = (
-    RatioRule("dot_chain", "autograd #219: deferred accumulation peaks at about 2x the manual floor",
-              "peak_bytes", "benchlib-deferred", "manual", 1.5, 2.5),
-    RatioRule("dot_chain", "autograd #219: in-place accumulation peaks at the manual floor",
-              "peak_bytes", "benchlib-inplace", "manual", 0.9, 1.1),
-    RatioRule("dot_chain", "autograd #219: deferred accumulation peaks at about 2x the seed's own hand-written gradient",
-              "peak_bytes", "benchlib-deferred", "manual-seed", 1.5, 2.5),
-    RatioRule("dot_chain", "autograd #219: in-place accumulation peaks at the seed's own hand-written gradient",
-              "peak_bytes", "benchlib-inplace", "manual-seed", 0.9, 1.1),
-    RatioRule("rnn_fanout", "autograd #219 (RNN): with in-place accumulation autograd's peak is the same order of "
-              "magnitude as torch's", "peak_bytes", "autograd", "torch", 0.1, 10.0, per=("T",)),
-    SlopeRule("rnn_fanout", "autograd #219 (RNN): keeping every contribution grows the peak by about one weight per step",
-              "peak_bytes", "benchlib-deferred", "T", "W-sized buffers", _weight_bytes, 0.7, 1.5),
-    SlopeRule("rnn_fanout", "autograd #219 (RNN): in-place accumulation keeps the peak nearly flat in the step count",
-              "peak_bytes", "benchlib-inplace", "T", "W-sized buffers", _weight_bytes, -0.25, 0.25),
-    RatioRule("mnist_ensembles", "Flux GC thread: one batched step for the ensemble raises throughput over the per-model loop",
-              "throughput", "batched_hand", "naive", 2.0, math.inf, where=_ENSEMBLE_DEFAULT_CELL, per=("heap_objects",)),
-    RatioRule("mnist_ensembles", "Flux GC thread: the batched step removes the step-time spikes (p99/median) of the per-model loop",
-              "step_time_p99/step_time_median", "batched_hand", "naive", 0.0, 0.9, where=_ENSEMBLE_DEFAULT_CELL, per=("heap_objects",)),
-    RatioRule("mnist_ensembles", "Flux GC thread: collecting every few steps (manual GC) costs throughput against the default",
-              "throughput", "naive", "naive", 0.0, 0.95, where=(("sweep", None),), case="gc=manual",
-              baseline_case="gc=default", per=("heap_objects",)),
-    RatioRule("mnist_ensembles", "NaiveGAflux: the optimiser step inside backward lowers peak gradient memory",
-              "peak_bytes", "step_in_backward", "naive", 0.0, 0.95, where=_ENSEMBLE_DEFAULT_CELL, per=("heap_objects",)),
-    *(RatioRule("identical_closures", f"{_ZYGOTE} ({what}, {engine})", metric, engine, engine,
-                low, high, case="structurally identical new", baseline_case="initial", per=("mwe", "order"))
-      for engine in _CLOSURE_ENGINES
-      for metric, what, low, high in (("warm_alloc_count", "warm allocations", 0.99, 1.01),
-                                      ("warm_alloc_count_python", "warm Python allocations", 0.99, 1.01),
-                                      ("warm_time", "warm time", 0.9, 1.1),
-                                      ("cold_time", "first-call time", 0.8, 1.25))),
-)
-
-
 def verdict_of(interval_low: float, interval_high: float, low: float, high: float) -> str:
     """reproduced / refuted / inconclusive from an interval and the claimed range."""
     if not (math.isfinite(interval_low) and math.isfinite(interval_high)):
@@ -196,9 +163,11 @@ def verdict_of(interval_low: float, interval_high: float, low: float, high: floa
     return INCONCLUSIVE
 
 
-def _verdict(rule, ratio: float, low: float, high: float, group: str) -> SeedVerdict:
+def _verdict(rule, ratio: float, low: float, high: float, group: str, samples: int, baseline_samples: int = 0
+             ) -> SeedVerdict:
     return SeedVerdict(rule.benchmark, rule.claim, ratio, low, high, verdict_of(low, high, rule.low, rule.high),
-                       rule.text, rule.baseline, group)
+                       rule.text, rule.baseline, group, "slope" if isinstance(rule, SlopeRule) else "ratio",
+                       rule.metric, samples, baseline_samples)
 
 
 def apply_rule(records: pd.DataFrame, rule, params: pd.Series | None = None) -> list[SeedVerdict]:
@@ -216,19 +185,17 @@ def apply_rule(records: pd.DataFrame, rule, params: pd.Series | None = None) -> 
             if slopes.size == 0:
                 continue
             if slopes.size < 2:
-                verdicts.append(_verdict(rule, float(slopes[0]), math.nan, math.nan, group))
+                verdicts.append(_verdict(rule, float(slopes[0]), math.nan, math.nan, group, slopes.size))
                 continue
             interval = median_interval(slopes)
-            verdicts.append(_verdict(rule, interval.ratio, interval.ci_low, interval.ci_high, group))
+            verdicts.append(_verdict(rule, interval.ratio, interval.ci_low, interval.ci_high, group, slopes.size))
             continue
         values, baseline = rule.samples(rows)
         if values.size == 0 or baseline.size == 0 or not np.all(baseline > 0):
             continue
         interval = ratio_of_medians(baseline, values)
-        if min(values.size, baseline.size) < 2:
-            verdicts.append(_verdict(rule, interval.ratio, math.nan, math.nan, group))
-        else:
-            verdicts.append(_verdict(rule, interval.ratio, interval.ci_low, interval.ci_high, group))
+        low, high = (math.nan, math.nan) if min(values.size, baseline.size) < 2 else (interval.ci_low, interval.ci_high)
+        verdicts.append(_verdict(rule, interval.ratio, low, high, group, values.size, baseline.size))
     return verdicts
 
 
@@ -238,9 +205,9 @@ def _grid_point(params: str) -> str:
     return ", ".join(f"{name}={value}" for name, value in point.items()) if point else ""
 
 
-def seed_verdicts(records: pd.DataFrame, rules: tuple = SEED_RULES) -> pd.DataFrame:
-    """The verdict table of a run: one row per rule, group and grid point the run measured (cases of
-    different grid points, e.g. sizes, are never pooled)."""
+def seed_verdicts(records: pd.DataFrame, rules: tuple) -> pd.DataFrame:
+    """The verdict table of a run: one row per rule (the benchmarks' declared `verdicts`), group and
+    grid point the run measured (cases of different grid points, e.g. sizes, are never pooled)."""
     records = with_step_summaries(records)
     params = records["params"].map(lambda text: json.loads(text) if text else {}) if not records.empty \
         else pd.Series(dtype=object)
@@ -258,11 +225,10 @@ QUICK_CAVEAT = ("quick sizes: these verdicts judge the seeds' claims at smoke-te
                 "few nets, two trials), where fixed per-process costs dominate; only a full run speaks for the seeds")
 
 
-def verdict_text(records: pd.DataFrame, *, quick: bool = False) -> str:
-    """The verdict table as printed at the end of `benchlib run`: one line per claim and verdict, its
-    groups (e.g. MWE and order) folded into a count and the range of their ratios; the report and
-    `seed_verdicts` keep every row. `quick` (a `--quick` run) heads it with `QUICK_CAVEAT`."""
-    table = seed_verdicts(records)
+def verdict_text(table: pd.DataFrame, *, quick: bool = False) -> str:
+    """A verdict table (`seed_verdicts`) as printed at the end of `benchlib run`: one line per claim and
+    verdict, its groups (e.g. MWE and order) folded into a count and the range of their ratios; the
+    report and the saved table keep every row. `quick` (a `--quick` run) heads it with `QUICK_CAVEAT`."""
     if table.empty:
         return "seed verdicts: none (no benchmark with a seed rule was measured)"
     lines = ["seed verdicts (ratio [95% interval] vs baseline):", *([f"  ({QUICK_CAVEAT})"] if quick else [])]
@@ -278,3 +244,27 @@ def verdict_text(records: pd.DataFrame, *, quick: bool = False) -> str:
             where = point
         lines.append(f"  {verdict:<12}  {shown}{versus}  {claim}" + (f" [{where}]" if where else ""))
     return "\n".join(lines)
+
+
+def save_verdicts(table: pd.DataFrame, run: str | os.PathLike) -> Path:
+    """Write a run's verdict table (`seed_verdicts`) to `<run>/verdicts.parquet`, atomically."""
+    return write_parquet_atomic(table, resolve_run(run) / VERDICTS)
+
+
+def load_verdicts(run: str | os.PathLike, root: str | os.PathLike | None = None) -> pd.DataFrame | None:
+    """A run's saved verdict table; None when the run has none (older runs: `benchlib report` writes it)."""
+    path = resolve_run(run, root) / VERDICTS
+    return pd.read_parquet(path) if path.is_file() else None
+
+
+VERDICT_KEY = ["benchmark", "claim", "group", "grid_point"]
+
+
+def changed_verdicts(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
+    """The claims whose verdict differs between two runs' tables (a claim judged in one run only counts
+    as changed, its other side `not judged`): benchmark, claim, group, grid_point, both verdicts and ratios."""
+    merged = before[VERDICT_KEY + ["verdict", "ratio"]].merge(
+        after[VERDICT_KEY + ["verdict", "ratio"]], on=VERDICT_KEY, how="outer", suffixes=("_a", "_b"))
+    for side in ("verdict_a", "verdict_b"):
+        merged[side] = merged[side].fillna("not judged")
+    return merged[merged["verdict_a"] != merged["verdict_b"]].reset_index(drop=True)

@@ -9,13 +9,7 @@ from pathlib import Path
 
 from benchlib.runner.execute import EXIT_INTERRUPTED, run
 from benchlib.runner.sweep import parse_grid
-from benchlib.runner.notebooks import (
-    RunnerError,
-    find_project_notebooks,
-    inspect,
-    parse_assignment,
-    select_notebooks,
-)
+from benchlib.runner.notebooks import RunnerError, parse_assignment, select_notebooks
 
 EXIT_REFUSED = 2
 
@@ -31,14 +25,14 @@ def _parser() -> argparse.ArgumentParser:
         "run",
         help="execute notebooks into a new run directory",
         description=(
-            "Execute notebooks (all when none is named, calibration first) with device and results_dir "
-            "injected. Every name and value is checked against the notebook's parameters cell before "
-            "anything runs. Exit status: 0 all ok, 1 a notebook failed or partly failed, 2 refused, "
+            "Execute benchmarks (all declared ones when none is named, calibration first), each in a fresh "
+            "kernel, with device and results_dir injected. Every name and value is checked by the benchmark's "
+            "declaration before anything runs. Exit status: 0 all ok, 1 a notebook failed or partly failed, 2 refused, "
             "130 interrupted (Ctrl-C, SIGTERM, SIGHUP)."
         ),
     )
     run_parser.add_argument("notebooks", nargs="*", metavar="NOTEBOOK",
-                            help="notebook names (with or without .ipynb) from --notebooks-dir, or paths to .ipynb files")
+                            help="benchmark names (benchlib list shows them), or paths to .ipynb files")
     run_parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N (default: auto)")
     run_parser.add_argument(
         "-p", "--param", action="append", default=[], metavar="NAME=VALUE",
@@ -63,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
              "(needs kaleido, pip install -e '.[png]', and a Chrome/Chromium; refused otherwise)",
     )
 
-    list_parser = commands.add_parser("list", help="the notebooks with their parameters, defaults and QUICK values")
+    list_parser = commands.add_parser("list", help="the benchmarks: their questions, parameters, defaults, quick values and help")
     list_parser.add_argument("notebooks", nargs="*", metavar="NOTEBOOK")
     list_parser.add_argument("--notebooks-dir", type=Path, default=None, metavar="DIR")
 
@@ -96,26 +90,33 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _report(run_name: str, root: Path | None) -> int:
+    from benchlib.registry import verdict_rules
     from benchlib.results.report import write_report
-    from benchlib.results.store import resolve_run
+    from benchlib.results.seed_verdicts import load_verdicts, save_verdicts, seed_verdicts
+    from benchlib.results.store import RecordsUnreadable, load_records, resolve_run
 
     try:
         path = resolve_run(run_name, root)
     except FileNotFoundError as missing:
         raise RunnerError(str(missing)) from None
+    if load_verdicts(path) is None:  # an older or unfinished run: judge its records now, as a finished run does
+        try:
+            save_verdicts(seed_verdicts(load_records(path), verdict_rules()), path)
+        except (RecordsUnreadable, FileNotFoundError) as error:
+            print(f"benchlib: no verdicts: {error}", file=sys.stderr)
     print(write_report(path))
     return 0
 
 
 def _list(names: Sequence[str], notebooks_dir: Path | None) -> int:
-    notebooks_dir = notebooks_dir or find_project_notebooks()
-    for name, path in select_notebooks(names, notebooks_dir).items():
-        spec = inspect(name, path)
-        print(f"{name}  ({path})")
-        for parameter in spec.parameters.values():
-            quick = f"  (quick: {spec.quick[parameter.name]!r})" if spec.quick and parameter.name in spec.quick else ""
-            print(f"  {parameter.describe()}{quick}")
-        if spec.quick is None:
+    for spec in select_notebooks(names, notebooks_dir):
+        benchmark = spec.benchmark
+        print(f"{benchmark.name}  ({spec.path})")
+        print(f"  {benchmark.question}")
+        if benchmark.seed is not None:
+            print(f"  seed: {benchmark.seed.title}" + (f" <{benchmark.seed.link}>" if benchmark.seed.link else ""))
+        print(benchmark.describe_parameters() or "  (no parameters)")
+        if not spec.has_quick:
             print("  (no QUICK sizes: --quick will refuse this notebook)")
     return 0
 
@@ -167,6 +168,7 @@ def _compare(arguments: argparse.Namespace) -> int:
         print(f"{len(comparison)} metric(s): " + ", ".join(f"{count} {label}" for label, count in counts.items()))
         drift = machine_drift(comparison)
         print(drift or "machine drift: unknown (calibration is not in both runs)")
+        print(_verdict_changes(arguments))
     if any_worse(comparison):
         worse = comparison[comparison["label"] == WORSE]
         names = [f"{row.benchmark}/{row.case}/{row.variant}/{row.metric}" for row in worse.itertuples()]
@@ -174,6 +176,25 @@ def _compare(arguments: argparse.Namespace) -> int:
         print(f"benchlib: {len(names)} worse in B: {', '.join(names[:WORSE_NAMED])}{more}", file=sys.stderr)
         return 1
     return 0
+
+
+def _verdict_changes(arguments: argparse.Namespace) -> str:
+    """The seed verdicts that differ between the two runs, one line each (or why none can be told)."""
+    from benchlib.results.seed_verdicts import changed_verdicts, load_verdicts
+
+    tables = [load_verdicts(run, arguments.out) for run in (arguments.run_a, arguments.run_b)]
+    if any(table is None for table in tables):
+        return "verdicts: not compared (a run has no verdicts.parquet; `benchlib report RUN` writes it)"
+    if arguments.benchmark:
+        tables = [table[table["benchmark"].isin(arguments.benchmark)] for table in tables]
+    changed = changed_verdicts(*tables)
+    if changed.empty:
+        return "verdicts: none changed"
+    lines = [f"verdicts: {len(changed)} changed"]
+    for row in changed.itertuples():
+        where = ", ".join(part for part in (row.group, row.grid_point) if isinstance(part, str) and part)
+        lines.append(f"  {row.verdict_a} -> {row.verdict_b}  {row.benchmark}: {row.claim}" + (f" [{where}]" if where else ""))
+    return "\n".join(lines)
 
 
 def _merge_records(run_name: str, root: Path | None) -> int:

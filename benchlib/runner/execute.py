@@ -27,7 +27,7 @@ import papermill
 from benchlib.results import Run, default_results_root, load_records
 from benchlib.results.report import write_report
 from benchlib.results.compare import noise_table, noise_text
-from benchlib.results.seed_verdicts import verdict_text
+from benchlib.results.seed_verdicts import save_verdicts, seed_verdicts, verdict_text
 from benchlib.results.store import (
     FIGURE_PNG_ENV,
     RUN_INFO,
@@ -55,14 +55,13 @@ from benchlib.runner.sweep import (
     expand,
     unpack_point,
 )
+from benchlib.benchmark import INJECTED, ParameterError
+from benchlib.registry import verdict_rules
 from benchlib.runner.notebooks import (
-    INJECTED,
     NotebookSpec,
     RunnerError,
     check_value,
     coerce_text,
-    find_project_notebooks,
-    inspect,
     select_notebooks,
 )
 
@@ -142,13 +141,11 @@ def _check_out_dir(root: Path) -> None:
 
 
 def check_values(planned: Sequence[tuple[NotebookSpec, dict[str, Any]]], device: Any) -> None:
-    """Each notebook's full parameter set (defaults, then the planned values) by its workload's rules."""
-    from benchlib.workloads import ParameterError, validate_parameters
-
+    """Each benchmark's full parameter set (defaults, then the planned values) by its declaration:
+    every value, the rules between them, and the memory the sizes need on `device`."""
     for spec, values in planned:
-        full = {name: parameter.default for name, parameter in spec.parameters.items()} | values
         try:
-            validate_parameters(spec.name, full | {"device": device.name})
+            spec.benchmark.config(values, device=device)
         except ParameterError as refused:
             raise RunnerError(str(refused)) from None
 
@@ -228,27 +225,28 @@ def plan(
     *,
     params: Mapping[str, Any],
     quick: bool,
-    notebooks_dir: Path,
+    notebooks_dir: Path | None = None,
 ) -> list[tuple[NotebookSpec, dict[str, Any]]]:
-    """Each selected notebook with the parameters it will get (QUICK, then `params`), all checked.
+    """Each selected benchmark with the values it will get beyond its defaults (QUICK, then
+    `params`), all checked by its declaration.
 
-    A name in `params` goes to every selected notebook that declares it and must be declared by
+    A name in `params` goes to every selected benchmark that declares it and must be declared by
     at least one; a str value is read as on the command line (a literal where it parses as one).
     """
-    specs = [inspect(name, path) for name, path in select_notebooks(notebooks, notebooks_dir).items()]
+    specs = select_notebooks(notebooks, notebooks_dir)
     for name in params:
         if name in INJECTED:
             raise RunnerError(f"{name} is set by the runner: use --device for device and --out for results_dir")
         if not any(name in spec.parameters for spec in specs):
             listing = "\n".join(f"{spec.name}:\n{spec.describe_parameters()}" for spec in specs)
-            raise RunnerError(f"unknown parameter {name!r}; the selected notebooks take:\n{listing}")
+            raise RunnerError(f"unknown parameter {name!r}; the selected benchmarks take:\n{listing}")
     planned = []
     for spec in specs:
         values: dict[str, Any] = {}
         if quick:
-            if spec.quick is None:
+            if not spec.has_quick:
                 raise RunnerError(f"--quick: {spec.path.name} has no cell tagged 'quick' holding QUICK = {{...}}")
-            values.update({key: check_value(spec, key, value) for key, value in spec.quick.items()})
+            values.update(spec.benchmark.quick)
         for name, value in params.items():
             if name in spec.parameters:
                 values[name] = coerce_text(spec, name, value) if isinstance(value, str) else check_value(spec, name, value)
@@ -291,7 +289,7 @@ def run(
     the notebooks' own output lines as they come, with elapsed time and an ETA.
     """
     stream = stream or sys.stdout
-    notebooks_dir = Path(notebooks_dir) if notebooks_dir is not None else find_project_notebooks()
+    notebooks_dir = Path(notebooks_dir) if notebooks_dir is not None else None
     root = Path(out) if out is not None else default_results_root()
     if executor not in EXECUTORS:
         raise RunnerError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
@@ -320,7 +318,8 @@ def run(
         params=typed_params,
         grid={name: list(values) for name, values in (grid or {}).items()},
         executor=executor if executor == "local" else f"dask ({scheduler or 'local cluster'})",
-        notebooks_dir=str(notebooks_dir.resolve()),
+        notebooks_dir=str(notebooks_dir.resolve()) if notebooks_dir else None,
+        benchmarks={spec.name: spec.benchmark.summary() for spec, _ in planned},
         command=list(command) if command is not None else None,
         runner={"pid": os.getpid(), "host": socket.gethostname()},
     )
@@ -328,7 +327,7 @@ def run(
     injected = {"device": resolved.name, "results_dir": str(results_run.path.resolve())}
     for execution in executions:
         results_run.info["notebooks"][execution.key] = {
-            "status": "not run", "parameters": {**execution.values, **_injected(results_run, execution, injected)},
+            "status": "not run", "parameters": _parameters(results_run, execution, injected),
             "path": str(execution.spec.path.resolve()), **({"grid": execution.point} if execution.point else {})}
     results_run.write_info()
     what = f"{len(executions)} grid point(s) of {len(planned)} notebook(s)" if grid else f"{len(planned)} notebook(s)"
@@ -352,7 +351,9 @@ def run(
     results_run.finish(interrupted=False, data_sources={r.name: r.data_source for r in result.notebooks if r.data_source})
     print(result.summary(), file=stream, flush=True)
     records = load_records(results_run.path)
-    print(verdict_text(records, quick=bool(results_run.info.get("quick"))), file=stream, flush=True)
+    verdicts = seed_verdicts(records, verdict_rules())
+    save_verdicts(verdicts, results_run.path)
+    print(verdict_text(verdicts, quick=bool(results_run.info.get("quick"))), file=stream, flush=True)
     cpu = results_run.info.get("environment", {}).get("cpu", {})
     noise = noise_table(records, load_average=cpu.get("load_average_1m_at_start"), cores=cpu.get("usable_cores"))
     results_run.save_table(noise, "noise")
@@ -362,11 +363,12 @@ def run(
     return result
 
 
-def _injected(results_run: Run, execution: Execution, injected: Mapping[str, str]) -> dict[str, str]:
-    """device and results_dir for one execution: a grid point writes into its own `points/<key>/`."""
-    if not execution.point:
-        return dict(injected)
-    return {**injected, "results_dir": str((results_run.path / "points" / execution.key).resolve())}
+def _parameters(results_run: Run, execution: Execution, injected: Mapping[str, str]) -> dict[str, Any]:
+    """What papermill injects into one execution: its benchmark's values, device, and results_dir
+    (a grid point writes into its own `points/<key>/`)."""
+    if execution.point:
+        injected = {**injected, "results_dir": str((results_run.path / "points" / execution.key).resolve())}
+    return execution.spec.notebook_parameters(execution.values, injected)
 
 
 class _RunLoop:
@@ -400,10 +402,10 @@ class _RunLoop:
         reap_orphans()
         self.run_.record_notebook(execution.key, status="interrupted", duration_s=round(duration, 3), ended_at=now_iso(),
                                   error=reason)
-        parameters = {**execution.values, **_injected(self.run_, execution, self.injected)}
+        parameters = _parameters(self.run_, execution, self.injected)
         self.result.notebooks.append(NotebookResult(execution.key, "interrupted", duration, parameters, reason))
         self.result.notebooks.extend(
-            NotebookResult(e.key, "not run", 0.0, {**e.values, **_injected(self.run_, e, self.injected)})
+            NotebookResult(e.key, "not run", 0.0, _parameters(self.run_, e, self.injected))
             for e in self.executions[index:])
         self.result.interrupted = True
         self.run_.finish(interrupted=True, interrupted_by=reason)
@@ -430,7 +432,7 @@ class _RunLoop:
             execution.key, status=status, duration_s=round(duration, 3), ended_at=now_iso(), error=error,
             failed_cases=failures, data_source=data_source, orphans_killed=list(orphans),
             output=str(output.relative_to(self.run_.path)) if output.exists() else None)
-        parameters = {**execution.values, **_injected(self.run_, execution, self.injected)}
+        parameters = _parameters(self.run_, execution, self.injected)
         self.result.notebooks.append(NotebookResult(execution.key, status, duration, parameters, error,
                                                     output if output.exists() else None, data_source))
         self.durations.append(duration)
@@ -441,7 +443,7 @@ class _RunLoop:
         with tempfile.TemporaryDirectory(prefix="benchlib-kernels-") as socket_dir:
             kernel_manager = ipc_kernel_manager(socket_dir)
             for index, execution in enumerate(self.executions, start=1):
-                parameters = {**execution.values, **_injected(self.run_, execution, self.injected)}
+                parameters = _parameters(self.run_, execution, self.injected)
                 output = self.run_.path / "notebooks" / f"{execution.key}.ipynb"
                 output.parent.mkdir(exist_ok=True)
                 shown = ", ".join(f"{key}={value!r}" for key, value in execution.values.items())
@@ -473,7 +475,7 @@ class _RunLoop:
 
         futures = {}
         for execution in self.executions:
-            parameters = {**execution.values, **_injected(self.run_, execution, self.injected)}
+            parameters = _parameters(self.run_, execution, self.injected)
             future = client.submit(execute_remote, execution.spec.path.read_text(encoding="utf-8"), execution.spec.name,
                                    parameters, str(execution.spec.path.parent), dict(self.figures_env),
                                    resources={BENCHMARK_SLOT: 1}, pure=False, key=f"benchlib-{self.run_.run_id}-{execution.key}")

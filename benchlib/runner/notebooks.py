@@ -1,27 +1,32 @@
-"""Finding notebooks and reading their parameters, so bad input is refused before a kernel starts.
+"""What the runner executes: each benchmark's declaration and the notebook that runs it.
 
-papermill injects any name it is given, silently: a typo like `-p repeat=3` would run with the
-default and look like a result. Here every name and type is checked against the notebook's
-`parameters` cell, and `--quick` sizes come from the notebook's own `quick` cell.
+A name is looked up in the registry (`benchlib.registry`: the built-ins and entry points); a
+notebook that no declaration names (a test fixture, a user's notebook) becomes one from its
+`parameters` cell, typed by its defaults, and its `quick` cell. Every name and value is checked
+by the declaration before a kernel starts: papermill would inject a typo like `-p repeat=3`
+silently and run with the default.
 """
 
 from __future__ import annotations
 
 import ast
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import nbformat
 import papermill
 
+from benchlib import registry
+from benchlib.benchmark import INJECTED, Benchmark, DeclarationError, Parameter, ParameterError
 from benchlib.results.store import find_project_root
 
 FIRST_NOTEBOOK = "calibration"  # the ceilings the others compare against: run it first
-INJECTED = ("device", "results_dir")  # set by the runner from --device and the run directory
-_TYPE_NAMES = {bool: "bool", int: "int", float: "float", str: "str", list: "list", dict: "dict", type(None): "None"}
+# Runs a benchmark declared with `measure` (no notebook of its own) in a kernel like any other.
+DECLARED_NOTEBOOK = Path(__file__).with_name("declared.ipynb")
 
 
 class RunnerError(ValueError):
@@ -29,36 +34,31 @@ class RunnerError(ValueError):
 
 
 @dataclass(frozen=True)
-class Parameter:
-    """One name of a notebook's `parameters` cell: its default's source text and its value when literal."""
+class NotebookSpec:
+    """A benchmark and the notebook file that executes it."""
 
-    name: str
-    source: str
-    default: Any
-    literal: bool
+    benchmark: Benchmark
+    path: Path
+    has_quick: bool = True  # False: an undeclared notebook without a `quick` cell (--quick refuses it)
 
     @property
-    def type_name(self) -> str:
-        """The type a value must have; 'any' when the default is None or not a literal."""
-        if not self.literal or self.default is None:
-            return "any"
-        return _TYPE_NAMES.get(type(self.default), type(self.default).__name__)
+    def name(self) -> str:
+        return self.benchmark.name
 
-    def describe(self) -> str:
-        return f"{self.name}: {self.type_name} = {self.source}"
-
-
-@dataclass(frozen=True)
-class NotebookSpec:
-    """A notebook with the parameters it declares and its QUICK sizes (None when it has no `quick` cell)."""
-
-    name: str
-    path: Path
-    parameters: dict[str, Parameter] = field(default_factory=dict)
-    quick: dict[str, Any] | None = None
+    @property
+    def parameters(self) -> tuple[str, ...]:
+        return self.benchmark.names
 
     def describe_parameters(self) -> str:
-        return "\n".join(f"  {parameter.describe()}" for parameter in self.parameters.values())
+        return self.benchmark.describe_parameters()
+
+    def notebook_parameters(self, values: Mapping[str, Any], injected: Mapping[str, str]) -> dict[str, Any]:
+        """What papermill injects: every declared value (so the notebook runs the declaration's values,
+        not its cell's) and device/results_dir; a `measure` benchmark gets its name and values as one dict."""
+        config = self.benchmark.config(values).plain()
+        if self.path == DECLARED_NOTEBOOK:
+            return {"benchmark": self.benchmark.name, "parameters": config, **injected}
+        return {**config, **injected}
 
 
 def find_project_notebooks() -> Path:
@@ -75,41 +75,76 @@ def available_notebooks(notebooks_dir: Path) -> dict[str, Path]:
     return dict(sorted(paths.items(), key=lambda item: (item[0] != FIRST_NOTEBOOK, item[0])))
 
 
-def select_notebooks(names: Sequence[str], notebooks_dir: Path) -> dict[str, Path]:
-    """The notebooks asked for, or all of them in `notebooks_dir`.
+def declared() -> dict[str, Benchmark]:
+    """The registry's benchmarks; a broken declaration is refused with its module named (exit 2)."""
+    try:
+        return registry.benchmarks()
+    except DeclarationError as error:
+        raise RunnerError(str(error)) from None
 
-    A name with a path separator is a file: that very file runs (its folder is its working
-    directory), or it is refused when missing; it is never swapped for the project's notebook of
-    the same name. A bare name (with or without .ipynb) is looked up in `notebooks_dir`.
+
+def declared_notebook(benchmark: Benchmark) -> Path:
+    """Where a declared benchmark's notebook is: its own (relative names are in the project's
+    notebooks/), or the generic notebook for a `measure` benchmark."""
+    if benchmark.notebook is None:
+        return DECLARED_NOTEBOOK
+    path = Path(benchmark.notebook)
+    return path if path.is_absolute() else find_project_notebooks() / path
+
+
+def _spec(name: str, path: Path) -> NotebookSpec:
+    known = declared().get(name)
+    return NotebookSpec(known, path.resolve()) if known is not None else inspect(name, path)
+
+
+def select_notebooks(names: Sequence[str], notebooks_dir: Path | None = None) -> list[NotebookSpec]:
+    """The benchmarks asked for, or all: every declared benchmark and every undeclared notebook in
+    the project's notebooks/ (or, given `notebooks_dir`, the notebooks there).
+
+    A name with a path separator, or ending in .ipynb and naming a file, is that very notebook (its
+    folder is its working directory; a declared name keeps its declaration); it is never swapped for
+    the project's notebook of the same name. A bare name is a declared benchmark, else a notebook
+    in `notebooks_dir`.
     """
+    folder = notebooks_dir or find_project_notebooks()
     if not names:
-        available = available_notebooks(notebooks_dir)
-        if not available:
-            raise RunnerError(f"no notebooks (*.ipynb) in {str(notebooks_dir)!r}")
-        return available
-    selected: dict[str, Path] = {}
+        if notebooks_dir:
+            return [_spec(name, path) for name, path in available_notebooks(notebooks_dir).items()]
+        specs = {name: NotebookSpec(benchmark, declared_notebook(benchmark)) for name, benchmark in declared().items()}
+        for name, path in (available_notebooks(folder) if folder.is_dir() else {}).items():
+            if name not in specs:
+                specs[name] = inspect(name, path)
+        if not specs:
+            raise RunnerError(f"no benchmarks: nothing declared and no notebooks (*.ipynb) in {str(folder)!r}")
+        return list(specs.values())
+    selected: dict[str, NotebookSpec] = {}
     unknown = []
     for name in names:
-        if os.sep in name or (os.altsep and os.altsep in name):
-            path = Path(name)
+        path = Path(name)
+        if os.sep in name or (os.altsep and os.altsep in name) or (name.endswith(".ipynb") and path.is_file()):
             if path.suffix != ".ipynb" or not path.is_file():
                 raise RunnerError(f"notebook file {name!r} does not exist (a path must name an existing .ipynb file)")
-            stem = path.stem
-            if stem in selected and selected[stem] != path.resolve():
-                raise RunnerError(f"two notebooks named {stem!r} ({selected[stem]} and {path}); run them separately")
-            selected[stem] = path.resolve()
+            spec = _spec(path.stem, path)
+            if spec.name in selected and selected[spec.name].path != spec.path:
+                raise RunnerError(f"two notebooks named {spec.name!r} ({selected[spec.name].path} and {path}); "
+                                  "run them separately")
+            selected[spec.name] = spec
             continue
-        available = available_notebooks(notebooks_dir)
         stem = name.removesuffix(".ipynb")
-        if stem not in available:
-            unknown.append(stem)
+        local = folder / f"{stem}.ipynb"
+        if notebooks_dir and local.is_file():
+            selected[stem] = _spec(stem, local)
+        elif stem in declared():
+            selected[stem] = NotebookSpec(declared()[stem], declared_notebook(declared()[stem]))
+        elif local.is_file():
+            selected[stem] = _spec(stem, local)
         else:
-            selected[stem] = available[stem]
+            unknown.append(stem)
     if unknown:
-        listing = ", ".join(available_notebooks(notebooks_dir)) or "none"
-        raise RunnerError(f"unknown notebook(s): {', '.join(unknown)}; notebooks in {notebooks_dir}: {listing} "
+        listing = ", ".join(dict.fromkeys([*declared(), *(available_notebooks(folder) if folder.is_dir() else {})]))
+        raise RunnerError(f"unknown benchmark(s): {', '.join(unknown)}; known: {listing or 'none'} "
                           "(or give a path to a .ipynb file)")
-    return selected
+    return list(selected.values())
 
 
 def _literal(source: str) -> tuple[Any, bool]:
@@ -142,32 +177,45 @@ def _quick_sizes(path: Path) -> dict[str, Any] | None:
     return quick
 
 
+def _first_paragraph(path: Path) -> str:
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type == "markdown" and cell.source.strip():
+            return re.sub(r"[*`#]", "", cell.source.strip().split("\n\n")[0]).strip()
+    return ""
+
+
 def inspect(name: str, path: Path) -> NotebookSpec:
-    """Read a notebook's parameters (papermill's inspection) and QUICK sizes; refuse it if the runner cannot drive it."""
-    declared = papermill.inspect_notebook(str(path))
-    if not declared:
+    """An undeclared notebook as a benchmark: its parameters cell's literal defaults typed by their
+    values, its `quick` cell's sizes; refused, saying why, when the runner cannot drive it."""
+    declared_cell = papermill.inspect_notebook(str(path))
+    if not declared_cell:
         raise RunnerError(f"{path.name} has no cell tagged 'parameters' (it needs at least {' and '.join(INJECTED)})")
-    parameters = {}
-    for parameter_name, info in declared.items():
-        value, literal = _literal(info["default"])
-        parameters[parameter_name] = Parameter(parameter_name, info["default"], value, literal)
-    missing = [name for name in INJECTED if name not in parameters]
+    missing = [injected for injected in INJECTED if injected not in declared_cell]
     if missing:
         raise RunnerError(f"{path.name}: its parameters cell must define {', '.join(missing)} (the runner injects them)")
-    spec = NotebookSpec(name, path, parameters, _quick_sizes(path))
-    if spec.quick is not None:
-        for key, value in spec.quick.items():
-            try:
-                check_value(spec, key, value)
-            except RunnerError as error:
-                raise RunnerError(f"{path.name}: its QUICK sizes are wrong: {error}") from None
-    return spec
-
-
-def parse_value(text: str) -> Any:
-    """A `-p` value: a Python literal where it is one (10, 1e-3, True, None, [1, 2], {'a': 1}), else the text."""
-    value, literal = _literal(text)
-    return value if literal else text
+    quick_cell = _quick_sizes(path)
+    quick = quick_cell or {}
+    parameters = []
+    for parameter_name, info in declared_cell.items():
+        if parameter_name in INJECTED:
+            continue
+        default, literal = _literal(info["default"])
+        try:
+            parameters.append(Parameter(parameter_name, default, "(from the notebook's parameters cell)",
+                                        **({"quick": quick[parameter_name]} if parameter_name in quick else {})))
+        except (DeclarationError, ParameterError) as error:
+            what = "is not a literal" if not literal else f"cannot be typed ({error})"
+            raise RunnerError(f"{path.name}: parameter {parameter_name} = {info['default']} {what}; give it an int, "
+                              "float, bool, str or non-empty list default (or declare the benchmark)") from None
+    unknown = sorted(set(quick) - {p.name for p in parameters})
+    if unknown:
+        raise RunnerError(f"{path.name}: its QUICK sizes are wrong: no parameter(s) {unknown}")
+    try:
+        benchmark = Benchmark(name=name, question=_first_paragraph(path) or f"(the notebook {path.name})",
+                              parameters=tuple(parameters), notebook=str(path.resolve()))
+    except DeclarationError as error:
+        raise RunnerError(f"{path.name}: {error}") from None
+    return NotebookSpec(benchmark, path.resolve(), has_quick=quick_cell is not None)
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:
@@ -179,30 +227,16 @@ def parse_assignment(text: str) -> tuple[str, Any]:
 
 
 def check_value(spec: NotebookSpec, name: str, value: Any) -> Any:
-    """`value` converted for parameter `name` of `spec` (int -> float, tuple -> list), or a RunnerError."""
-    if name not in spec.parameters:
-        raise RunnerError(f"{spec.name} has no parameter {name!r}; its parameters are:\n{spec.describe_parameters()}")
-    parameter = spec.parameters[name]
-    expected = parameter.type_name
-    if expected == "any":
-        return value
-    if expected == "float" and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if expected == "list" and isinstance(value, tuple):
-        return list(value)
-    if type(value).__name__ != expected and not (expected == "None" and value is None):
-        raise RunnerError(
-            f"{spec.name}: parameter {name} takes {'an' if expected[0] in 'aeiou' else 'a'} {expected} "
-            f"(default {parameter.source}), "
-            f"got {type(value).__name__} {value!r}"
-        )
-    return value
+    """`value` as parameter `name` of `spec` holds it, or a RunnerError saying what is valid."""
+    try:
+        return spec.benchmark.parameter(name).check(value)
+    except ParameterError as error:
+        raise RunnerError(f"{spec.name}: {error}") from None
 
 
 def coerce_text(spec: NotebookSpec, name: str, text: str) -> Any:
-    """A command-line value for `name`: a str parameter takes the text as typed; others parse it as a literal."""
-    parameter = spec.parameters.get(name)
-    value = parse_value(text)
-    if parameter is not None and parameter.type_name == "str" and not isinstance(value, str):
-        value = text
-    return check_value(spec, name, value)
+    """A command-line value for `name`: parsed by its parameter (a str parameter takes the text as typed)."""
+    try:
+        return spec.benchmark.parameter(name).parse(text)
+    except ParameterError as error:
+        raise RunnerError(f"{spec.name}: {error}") from None

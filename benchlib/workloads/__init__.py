@@ -1,9 +1,2 @@
-"""One module per benchmark: the workload for each engine, its cases and its checks.
-
-`validate_parameters(notebook, params)` is what the runner calls while planning: each notebook's
-values checked by its workload's own rules before any kernel starts.
-"""
-
-from benchlib.workloads.parameters import ParameterError, validate_parameters
-
-__all__ = ["ParameterError", "validate_parameters"]
+"""One module (or package) per benchmark: its declaration (`BENCHMARK`, a `benchlib.Benchmark`), the
+workload for each engine, its cases and its checks. `benchlib.registry` lists the built-ins."""

@@ -24,19 +24,11 @@ import numpy as np
 import pandas as pd
 import torch
 
+from benchlib.benchmark import Benchmark, Parameter
 from benchlib.measure import (AllocationTracker, Device, measure, measure_steps, resolve_device, time_call,
                               torch_threads)
 from benchlib.results import make_record
 
-BENCHMARK = "calibration"
-DEFAULTS = {
-    "matmul_sizes_cpu": [128, 512, 1024],
-    "matmul_sizes_cuda": [1024, 4096, 8192],
-    "copy_mib": 256,
-    "sampler_intervals_s": [0.001, 0.002, 0.01],
-    "rounds": 11,
-    "repeats": 5,
-}
 MATMUL_DTYPES = ("float32", "float64")
 
 
@@ -72,7 +64,7 @@ def matmul_flops(device="cpu", sizes=None, dtypes=MATMUL_DTYPES, repeats: int = 
     """FLOP/s of an n×n by n×n product written into a preallocated output (one row per repeat)."""
     device = resolve_device(device)
     if sizes is None:
-        sizes = DEFAULTS["matmul_sizes_cuda" if device.is_cuda else "matmul_sizes_cpu"]
+        sizes = BENCHMARK.defaults()["matmul_sizes_cuda" if device.is_cuda else "matmul_sizes_cpu"]
     sizes, dtypes = _check_positive_ints("sizes", sizes), _check_dtypes(dtypes)
     records = []
     for library in _libraries(device):
@@ -89,7 +81,7 @@ def matmul_flops(device="cpu", sizes=None, dtypes=MATMUL_DTYPES, repeats: int = 
                     params["tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
                 m = measure(fn, device=device, warmup=1, repeats=repeats,
                             track_allocations=False, name=f"matmul n={n}")
-                labels = dict(benchmark=BENCHMARK, case="matmul", library=library,
+                labels = dict(benchmark=BENCHMARK.name, case="matmul", library=library,
                               device=device.name, dtype=dtype, params=params)
                 records += m.records(**labels)
                 records += [make_record(**labels, metric="flop_rate", value=2 * n**3 / t,
@@ -113,7 +105,7 @@ def copy_bandwidth(device="cpu", size_mib: int = 256, repeats: int = 5) -> list[
             fn = lambda: dst.copy_(src)  # noqa: E731
         m = measure(fn, device=device, warmup=1, repeats=repeats, track_allocations=False,
                     name=f"copy {size_mib} MiB")
-        labels = dict(benchmark=BENCHMARK, case="copy", library=library, device=device.name,
+        labels = dict(benchmark=BENCHMARK.name, case="copy", library=library, device=device.name,
                       dtype="uint8", params={"bytes": nbytes, "bytes_moved_per_call": 2 * nbytes,
                                              "library": library,
                                              "torch_threads": torch.get_num_threads()})
@@ -236,7 +228,7 @@ def sampler_overhead(device="cpu", intervals_s=(0.001, 0.002, 0.01), rounds: int
     with torch_threads(1):  # the pool's scheduling noise would swamp the instrument's cost
         fn()  # warm-up outside the comparison
         times = _interleaved({"off": plain, **{i: sampled(i) for i in intervals}}, rounds)
-    labels = dict(benchmark=BENCHMARK, case="sampler_overhead", library="torch",
+    labels = dict(benchmark=BENCHMARK.name, case="sampler_overhead", library="torch",
                   device=device.name, dtype="float32")
     records = [make_record(**labels, metric="sample_time", value=_sample_time(device), unit="s",
                            params={"what": "one memory_in_use() read, median of 1000"})]
@@ -273,7 +265,7 @@ def tracker_overhead(device="cpu", rounds: int = 11) -> list[dict]:
         allocations = tracker.allocations
         params = {"workload": workload, "tracker": allocations.source,
                   "allocations_per_call": allocations.count, "torch_threads": 1}
-        labels = dict(benchmark=BENCHMARK, library=engine, device=where.name, dtype=dtype)
+        labels = dict(benchmark=BENCHMARK.name, library=engine, device=where.name, dtype=dtype)
         records += _ratio_records(labels | {"case": "tracker_overhead"}, times["plain"], times["traced"], params)
         if "traced_python" in times:
             params = params | {"tracker": f"{allocations.source} + Python allocators",
@@ -286,12 +278,12 @@ def tracker_overhead(device="cpu", rounds: int = 11) -> list[dict]:
 def run_calibration(device="cpu", *, matmul_sizes_cpu=None, matmul_sizes_cuda=None,
                     copy_mib=None, sampler_intervals_s=None, rounds=None, repeats=None,
                     progress: Callable[[str], None] | None = print) -> list[dict]:
-    """Every calibration on `device`; unset sizes take DEFAULTS (a few seconds each on 2 cores)."""
+    """Every calibration on `device`; unset sizes take the declaration's defaults (a few seconds each on 2 cores)."""
     device = resolve_device(device)
     given = dict(matmul_sizes_cpu=matmul_sizes_cpu, matmul_sizes_cuda=matmul_sizes_cuda,
                  copy_mib=copy_mib, sampler_intervals_s=sampler_intervals_s, rounds=rounds,
                  repeats=repeats)
-    cfg = {**DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
+    cfg = {**BENCHMARK.defaults(), **{k: v for k, v in given.items() if v is not None}}
     sizes = cfg["matmul_sizes_cuda" if device.is_cuda else "matmul_sizes_cpu"]
     steps = [
         ("matrix-product FLOP/s", lambda: matmul_flops(device, sizes, repeats=cfg["repeats"])),
@@ -330,3 +322,27 @@ def _setting(params: dict) -> str:
         if key in params:
             return fmt.format(params[key])
     return ""
+
+
+def _memory(config, device) -> int:
+    sizes = config.matmul_sizes_cuda if device.is_cuda else config.matmul_sizes_cpu
+    return max(3 * max(sizes) ** 2 * np.dtype("float64").itemsize, 2 * config.copy_mib * 2**20)
+
+
+BENCHMARK = Benchmark(
+    name="calibration",
+    question="What are this device's ceilings (matmul FLOP/s, copy bandwidth), and what do our instruments cost?",
+    notebook="calibration.ipynb",
+    parameters=(
+        Parameter("matmul_sizes_cpu", (128, 512, 1024), "square matrix sizes of the FLOP/s measurement on CPU",
+                  quick=(64, 256), minimum=1),
+        Parameter("matmul_sizes_cuda", (1024, 4096, 8192), "the same on CUDA", quick=(256, 1024), minimum=1),
+        Parameter("copy_mib", 256, "MiB copied to measure bandwidth", quick=16, minimum=1),
+        Parameter("sampler_intervals_s", (0.001, 0.002, 0.01), "timeline sampler intervals whose cost is measured",
+                  quick=(0.002,), minimum=1e-6),
+        Parameter("rounds", 11, "interleaved rounds of each overhead measurement", quick=3, minimum=1),
+        Parameter("repeats", 5, "timed calls per size", quick=3, minimum=1),
+    ),
+    memory=_memory,
+    headline=("flop_rate", "bandwidth", "time_ratio"),
+)

@@ -15,12 +15,12 @@ from benchlib import autodiff
 from benchlib.autodiff import ops
 from benchlib.autodiff.checkpoint import revolve_cost
 from benchlib.engines import get_engine
-from benchlib.engines.comparison import EngineComparison, compare_engines
+from benchlib.benchmark import Benchmark, Parameter, Seed
+from benchlib.engines.comparison import EngineComparison, compare_engines, comparison_parameters
 from benchlib.engines.gradients import save_gradient
 from benchlib.measure import Case
 from benchlib.workloads import dot_chain
 
-BENCHMARK = "checkpointing"
 TARGET = "benchlib.workloads.checkpointing:case"
 ENGINES = ("manual", "benchlib-checkpoint")
 SQRT = "sqrt"
@@ -71,9 +71,30 @@ def run(*, device="auto", dtype: str = "float64", D: int = 500, depth: int = 100
     """manual and benchlib-checkpoint at every budget (and "sqrt"), each case in a fresh process."""
     budgets = check_budgets(budgets, depth)
     return compare_engines(
-        benchmark=BENCHMARK, target=TARGET,
+        benchmark=BENCHMARK.name, target=TARGET,
         cases={f"budget={budget}": {"D": D, "depth": depth, "budget": budget, "seed": seed}
                for budget in [*budgets, SQRT]},
         engines=ENGINES, device=device, dtype=dtype, repeats=repeats, trials=trials, warmup=warmup,
         memory_required=lambda engine, _params: dot_chain.memory_required_bytes(engine, D, depth, dtype),
         malloc=malloc, describe={"x_scaling": dot_chain.X_SCALING}, progress=progress)
+
+
+BENCHMARK = Benchmark(
+    name="checkpointing",
+    question="How far below the hand-written floor does the dot chain's gradient go under a snapshot budget "
+             "(Revolve) or √n snapshots, at what cost in time and recomputation?",
+    seed=Seed("HIPS autograd #219's dot chain", "https://github.com/HIPS/autograd/issues/219"),
+    notebook="checkpointing.ipynb",
+    parameters=(
+        Parameter("D", 500, "side of the square matrices x and z", quick=64, minimum=1),
+        Parameter("depth", 100, "chained dot products", quick=12, minimum=1),
+        Parameter("budgets", (2, 3, 5, 10, 20, 50, 100), "snapshot budgets (each in 1..depth; \"sqrt\" always runs too)",
+                  quick=(2, 4, 12), minimum=1),
+        # the engines are fixed (manual and benchlib-checkpoint): no parameter here
+        *(p for p in comparison_parameters(dtype="float64", engines=ENGINES, repeats=1, trials=3, warmup=0)
+          if p.name != "engines"),
+    ),
+    rules=lambda config: check_budgets(config.budgets, config.depth),
+    memory=lambda config, device: dot_chain.memory_required_bytes("manual", config.D, config.depth, config.dtype),
+    headline=("peak_bytes", "time", "recomputed_nodes"),
+)

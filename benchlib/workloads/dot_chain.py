@@ -20,13 +20,14 @@ import sys
 
 import numpy as np
 
+from benchlib.benchmark import Benchmark, Parameter, Seed
 from benchlib.engines import ENGINE_NAMES, get_engine
-from benchlib.engines.comparison import EngineComparison, compare_engines
+from benchlib.engines.comparison import EngineComparison, comparison_parameters, comparison_rules, compare_engines
 from benchlib.engines.gradients import save_gradient
 from benchlib.engines.roles import memory_roles, role_gauge
 from benchlib.measure import DEFAULT_MALLOC_POLICY, MALLOC_POLICIES, Case, mark
+from benchlib.results.seed_verdicts import RatioRule
 
-BENCHMARK = "dot_chain"
 SEED_SIZES = {"D": 1000, "depth": 100}
 X_SCALING = "x = A·Aᵀ / λmax(A·Aᵀ), A standard normal (spectral norm 1); z standard normal"
 TARGET = "benchlib.workloads.dot_chain:case"
@@ -154,12 +155,44 @@ def run(*, device="auto", dtype: str = "float64", D: int = SEED_SIZES["D"], dept
             raise ValueError(f"{name} must be a {'non-negative' if name == 'seed' else 'positive'} integer, "
                              f"got {value!r}")
     return compare_engines(
-        benchmark=BENCHMARK, target=TARGET,
+        benchmark=BENCHMARK.name, target=TARGET,
         cases={f"D={D},depth={depth}": {"D": D, "depth": depth, "seed": seed}},
         describe={"x_scaling": X_SCALING}, engines=engines, device=device, dtype=dtype, repeats=repeats,
         trials=trials, warmup=warmup,
         memory_required=lambda engine, _params: memory_required_bytes(engine, D, depth, dtype), malloc=malloc,
         timeout_s=timeout_s, progress=progress)
+
+
+def _memory(config, device) -> int:
+    return max(memory_required_bytes(engine, config.D, config.depth, config.dtype) for engine in config.engines)
+
+
+BENCHMARK = Benchmark(
+    name="dot_chain",
+    question="How much memory does a gradient of 100 chained dot products need, against a hand-written "
+             "gradient? What does in-place accumulation save?",
+    seed=Seed("HIPS/autograd #219, \"Decreasing autograd memory usage\"", "https://github.com/HIPS/autograd/issues/219"),
+    notebook="dot_chain.ipynb",
+    parameters=(
+        Parameter("D", SEED_SIZES["D"], "side of the square matrices x and z", quick=64, minimum=1),
+        Parameter("depth", SEED_SIZES["depth"], "chained dot products (x's gradient receives this many contributions)",
+                  quick=8, minimum=1),
+        *comparison_parameters(dtype="float64", engines=ENGINE_NAMES, repeats=1, trials=3, warmup=0),
+    ),
+    rules=comparison_rules,
+    memory=_memory,
+    headline=("peak_bytes", "time"),
+    verdicts=(
+        RatioRule("dot_chain", "autograd #219: deferred accumulation peaks at about 2x the manual floor",
+                  "peak_bytes", "benchlib-deferred", "manual", 1.5, 2.5),
+        RatioRule("dot_chain", "autograd #219: in-place accumulation peaks at the manual floor",
+                  "peak_bytes", "benchlib-inplace", "manual", 0.9, 1.1),
+        RatioRule("dot_chain", "autograd #219: deferred accumulation peaks at about 2x the seed's own hand-written "
+                  "gradient", "peak_bytes", "benchlib-deferred", "manual-seed", 1.5, 2.5),
+        RatioRule("dot_chain", "autograd #219: in-place accumulation peaks at the seed's own hand-written gradient",
+                  "peak_bytes", "benchlib-inplace", "manual-seed", 0.9, 1.1),
+    ),
+)
 
 
 def main(argv=None) -> int:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchlib.results import make_record
-from benchlib.workloads.ensembles import BENCHMARK, load_average, minibatch_indices
+from benchlib.workloads.ensembles import NAME, load_average, minibatch_indices
 
 MODES = ("sequential", "threads", "vmap")
 
@@ -269,7 +269,7 @@ def lenet_records(results: list[EpochResult], labels: dict, device) -> list[dict
     """Tidy rows, one per epoch and metric (``repeat`` is the epoch)."""
     rows = []
     for r in results:
-        common = dict(benchmark=BENCHMARK, case=f"lenet5|{r.mode}", mode=r.mode, device=device,
+        common = dict(benchmark=NAME, case=f"lenet5|{r.mode}", mode=r.mode, device=device,
                       dtype="float32", repeat=r.epoch, params=labels | {"mode": r.mode})
         for metric, value, unit in (("epoch_time", r.seconds, "s"), ("epoch_gc_time", r.gc_seconds, "s"),
                                     ("epoch_gc_pauses", r.gc_count, "count"),

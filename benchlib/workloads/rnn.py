@@ -27,12 +27,13 @@ import numpy as np
 import pandas as pd
 
 from benchlib.engines import ENGINE_NAMES, get_engine
-from benchlib.engines.comparison import EngineComparison, compare_engines
+from benchlib.benchmark import Benchmark, Parameter, Seed
+from benchlib.engines.comparison import EngineComparison, comparison_parameters, comparison_rules, compare_engines
 from benchlib.engines.gradients import save_gradient
 from benchlib.engines.roles import memory_roles, role_gauge
 from benchlib.measure import MALLOC_POLICIES, Case, mark
+from benchlib.results.seed_verdicts import RatioRule, SlopeRule
 
-BENCHMARK = "rnn_fanout"
 SEED_SIZES = {"batch": 16, "hidden": 1024, "T": 50}
 TARGET = "benchlib.workloads.rnn:case"
 WEIGHTS = ("W", "b", "Wout", "bout")
@@ -331,7 +332,7 @@ def run(*, device="auto", dtype: str = "float32", batch: int = SEED_SIZES["batch
     if len(set(T_values)) != len(T_values):
         raise ValueError(f"T_values lists a value twice: {T_values}")
     return compare_engines(
-        benchmark=BENCHMARK, target=TARGET,
+        benchmark=BENCHMARK.name, target=TARGET,
         cases={f"T={T}": {"batch": batch, "hidden": hidden, "T": T, "seed": seed, "model": model} for T in T_values},
         engines=engines, device=device, dtype=dtype, repeats=repeats, trials=trials, warmup=warmup,
         memory_required=lambda engine, params: memory_required_bytes(engine, batch, hidden, params["T"], dtype),
@@ -340,3 +341,42 @@ def run(*, device="auto", dtype: str = "float32", batch: int = SEED_SIZES["batch
         not_applicable=lambda engine: (None if engine != "manual-seed" or model in SEED_GRADIENT_MODELS else
                                        f"model {model!r} has no seed-written gradient (only "
                                        f"{', '.join(SEED_GRADIENT_MODELS)} does)"))
+
+
+def _weight_bytes(params: dict) -> float:
+    """One W-sized buffer of a record's params: the unit the per-step slopes are judged in."""
+    return float(params["hidden"]) ** 2 * np.dtype(params["dtype"]).itemsize
+
+
+def _memory(config, device) -> int:
+    steps = max(config.T, *config.T_sweep)
+    return max(memory_required_bytes(engine, config.batch, config.hidden, steps, config.dtype) for engine in config.engines)
+
+
+BENCHMARK = Benchmark(
+    name="rnn_fanout",
+    question="How does peak memory grow with sequence length (fan-out of shared weights)?",
+    seed=Seed("HIPS/autograd #219 and autograd's benchmarks/bench_rnn.py", "https://github.com/HIPS/autograd/issues/219"),
+    notebook="rnn_fanout.ipynb",
+    parameters=(
+        Parameter("model", "bench_rnn", "the RNN: " + "; ".join(f"{name}: {what}" for name, what in MODELS.items()),
+                  choices=tuple(MODELS)),
+        Parameter("batch", SEED_SIZES["batch"], "sequences per batch", quick=2, minimum=1),
+        Parameter("hidden", SEED_SIZES["hidden"], "hidden units (W is hidden x hidden)", quick=32, minimum=1),
+        Parameter("T", SEED_SIZES["T"], "steps of the headline case", quick=4, minimum=1),
+        Parameter("T_sweep", (25, 50, 100, 200), "step counts of the growth sweep (T is added)", quick=(2, 4), minimum=1),
+        *comparison_parameters(dtype="float32", engines=ENGINE_NAMES, repeats=3, trials=3, warmup=1,
+                               quick={"repeats": 1}),
+    ),
+    rules=comparison_rules,
+    memory=_memory,
+    headline=("peak_bytes", "time"),
+    verdicts=(
+        RatioRule("rnn_fanout", "autograd #219 (RNN): with in-place accumulation autograd's peak is the same order of "
+                  "magnitude as torch's", "peak_bytes", "autograd", "torch", 0.1, 10.0, per=("T",)),
+        SlopeRule("rnn_fanout", "autograd #219 (RNN): keeping every contribution grows the peak by about one weight "
+                  "per step", "peak_bytes", "benchlib-deferred", "T", "W-sized buffers", _weight_bytes, 0.7, 1.5),
+        SlopeRule("rnn_fanout", "autograd #219 (RNN): in-place accumulation keeps the peak nearly flat in the step "
+                  "count", "peak_bytes", "benchlib-inplace", "T", "W-sized buffers", _weight_bytes, -0.25, 0.25),
+    ),
+)

@@ -24,7 +24,7 @@ Modules: `spec` (names and settings), `engines`, `mwes`, `protocol` (passes and 
 """
 
 from benchlib.workloads.closures.spec import (
-    BENCHMARK, MWES, MWE_DTYPES, ORDERS, INITIAL, RERUN, NEW, RESETUP, STEPS, PHASES, PAIRS, SHARED_ENGINES,
+    NAME, MWES, MWE_DTYPES, ORDERS, INITIAL, RERUN, NEW, RESETUP, STEPS, PHASES, PAIRS, SHARED_ENGINES,
     COMPILE_ENGINE, FUNC_ENGINE, ENGINES, VALID_ENGINES, COMPILE_BACKENDS, N_SAMPLES, N_IN, N_OUT, BATCH_SIZE,
     GRADS_IDENTICAL, NOT_APPLICABLE, TRACKER_CASE, DEFAULTS,
 )
@@ -40,4 +40,52 @@ from benchlib.workloads.closures.protocol import (
 )
 from benchlib.workloads.closures.tables import (
     expand_cases, seed_table, verdict_table, differing_pairs, tracker_table,
+)
+
+from benchlib.benchmark import Benchmark, Parameter, Seed, distinct
+from benchlib.results.seed_verdicts import RatioRule
+
+
+def _rules(config) -> None:
+    for name in ("mwes", "engines", "orders"):
+        distinct(name, config[name])
+    if not 0 < config.alpha < 1:
+        raise ValueError(f"alpha must be between 0 and 1, got {config.alpha!r}")
+
+
+_ZYGOTE = "Zygote #1206: a structurally identical new closure costs the same"
+BENCHMARK = Benchmark(
+    name=NAME,
+    question="Do structurally identical loss closures cost different allocations or time per gradient call?",
+    seed=Seed("FluxML/Zygote.jl #1206, \"Difference in allocations of gradient() over structurally identical "
+              "functions\"", "https://github.com/FluxML/Zygote.jl/issues/1206"),
+    notebook="identical_closures.ipynb",
+    parameters=(
+        Parameter("mwes", MWES, "minimal working examples: dense (the seed's Dense MWE), reduced (its reduction)",
+                  quick=("reduced",), choices=MWES),
+        Parameter("engines", ENGINES, "gradient engines to run the protocol under", choices=VALID_ENGINES),
+        Parameter("orders", tuple(ORDERS), "which setup builds the initial closure: seed (setup1) or reversed",
+                  quick=("seed",), choices=tuple(ORDERS)),
+        Parameter("warmup", DEFAULTS["warmup"], "warm-up calls after each step's cold call", quick=1, minimum=0),
+        Parameter("repeats", DEFAULTS["repeats"], "timed warm calls per step", quick=5, minimum=1),
+        Parameter("cold_passes", DEFAULTS["cold_passes"], "timing passes from fresh set-ups (cold samples)", quick=1,
+                  minimum=1),
+        Parameter("alloc_passes", DEFAULTS["alloc_passes"], "allocation-tracing passes from fresh set-ups", quick=1,
+                  minimum=1),
+        Parameter("alloc_samples", DEFAULTS["alloc_samples"], "traced warm calls per step and pass", quick=1,
+                  minimum=1),
+        Parameter("backend", DEFAULTS["backend"], "torch.compile backend", quick="eager", choices=COMPILE_BACKENDS),
+        Parameter("alpha", 0.01, "significance level of the rank tests (exclusive of 0 and 1)", minimum=0, maximum=1),
+        Parameter("min_effect", 0.05, "smallest relative difference in time a verdict calls a difference", minimum=0),
+    ),
+    rules=_rules,
+    headline=("warm_alloc_count", "warm_alloc_count_python", "warm_time", "cold_time"),
+    verdicts=tuple(
+        RatioRule(NAME, f"{_ZYGOTE} ({what}, {engine})", metric, engine, engine, low, high,
+                  case="structurally identical new", baseline_case="initial", per=("mwe", "order"))
+        for engine in ENGINES
+        for metric, what, low, high in (("warm_alloc_count", "warm allocations", 0.99, 1.01),
+                                        ("warm_alloc_count_python", "warm Python allocations", 0.99, 1.01),
+                                        ("warm_time", "warm time", 0.9, 1.1),
+                                        ("cold_time", "first-call time", 0.8, 1.25))),
 )

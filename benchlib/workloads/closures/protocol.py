@@ -9,7 +9,7 @@ from benchlib.engines.gradients import GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, ma
 from benchlib.measure import count_allocations, resolve_device, time_call
 from benchlib.results import make_record, status_record
 from benchlib.workloads.closures.spec import (
-    BENCHMARK, MWES, MWE_DTYPES, ORDERS, INITIAL, RERUN, NEW, RESETUP, STEPS, PAIRS, ENGINES, VALID_ENGINES,
+    NAME, MWES, MWE_DTYPES, ORDERS, INITIAL, RERUN, NEW, RESETUP, STEPS, PAIRS, ENGINES, VALID_ENGINES,
     COMPILE_BACKENDS, N_SAMPLES, BATCH_SIZE, GRADS_IDENTICAL, NOT_APPLICABLE, TRACKER_CASE, DEFAULTS,
 )
 from benchlib.workloads.closures.engines import not_applicable, make_engine
@@ -144,7 +144,7 @@ def run_protocol(mwe_name: str, engine_name: str, order: str, *, device="auto", 
                        n_samples=N_SAMPLES, batch_size=BATCH_SIZE)
     reason = not_applicable(engine_name, device)
     if reason is not None:
-        return [status_record(status=NOT_APPLICABLE, message=reason, benchmark=BENCHMARK,
+        return [status_record(status=NOT_APPLICABLE, message=reason, benchmark=NAME,
                               case=case_name(mwe_name, order, step), engine=engine_name, device=device, dtype=dtype,
                               params={**base_params, "step": step}) for step in STEPS]
     engine = make_engine(engine_name, device, backend)
@@ -167,7 +167,7 @@ def _records(mwe: str, engine: str, order: str, device, dtype: str, steps: dict,
     setups = {INITIAL: first, RERUN: first, NEW: second, RESETUP: first}
 
     def add(step_label: str, metric: str, value, unit: str, repeat: int = 0, **extra):
-        records.append(make_record(benchmark=BENCHMARK, case=case_name(mwe, order, step_label), engine=engine,
+        records.append(make_record(benchmark=NAME, case=case_name(mwe, order, step_label), engine=engine,
                                    device=device, dtype=dtype, metric=metric, value=value, unit=unit,
                                    repeat=repeat, params={**base_params, **extra}))
 
@@ -211,7 +211,7 @@ def tracker_records(device="auto", samples: int = 5) -> list[dict]:
                                     ("alloc_count_python", allocations.python_count, "count")):
             if value is None:
                 continue
-            records.append(make_record(benchmark=BENCHMARK, case=TRACKER_CASE, tracker=allocations.source,
+            records.append(make_record(benchmark=NAME, case=TRACKER_CASE, tracker=allocations.source,
                                        device=device, dtype="none", metric=metric, value=value, unit=unit,
                                        repeat=i, params={"alloc_source": allocations.source}))
     return records
@@ -236,7 +236,7 @@ def run(*, device="auto", mwes: Iterable[str] = MWES, engines: Iterable[str] = E
                 new = run_protocol(mwe, engine, order, device=device, **options)
                 records += new
                 if progress:
-                    progress(f"{BENCHMARK} {mwe} {engine} {order}: {len(new)} records")
+                    progress(f"{NAME} {mwe} {engine} {order}: {len(new)} records")
     return records
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-BENCHMARK = "identical_closures"
+NAME = "identical_closures"
 MWES = ("dense", "reduced")
 MWE_DTYPES = {"dense": "float32", "reduced": "float64"}  # each MWE runs in the seed's dtype
 # Which setup builds state1 and which state2, per order.

@@ -11,13 +11,13 @@ import pandas as pd
 from benchlib.engines.gradients import GRAD_ERROR_METRIC
 from benchlib.results.stats import DEFAULT_ALPHA, DEFAULT_MIN_EFFECT, compare_counts, compare_times
 from benchlib.workloads.closures.spec import (
-    BENCHMARK, ORDERS, STEPS, PHASES, PAIRS, VALID_ENGINES, GRADS_IDENTICAL, NOT_APPLICABLE,
+    NAME, ORDERS, STEPS, PHASES, PAIRS, VALID_ENGINES, GRADS_IDENTICAL, NOT_APPLICABLE,
 )
 
 
 def expand_cases(frame: pd.DataFrame) -> pd.DataFrame:
     """The frame's engine rows of this benchmark with mwe, order and step from their params."""
-    rows = frame[(frame["benchmark"] == BENCHMARK) & (frame["dimension"] == "engine")]
+    rows = frame[(frame["benchmark"] == NAME) & (frame["dimension"] == "engine")]
     params = rows["params"].map(json.loads)
     return rows.assign(engine=rows["variant"], **{name: params.map(lambda p, name=name: p[name])
                                                   for name in ("mwe", "order", "step")})
@@ -142,5 +142,5 @@ def differing_pairs(verdicts: pd.DataFrame) -> pd.DataFrame:
 
 def tracker_table(frame: pd.DataFrame) -> pd.DataFrame:
     """The tracker's counts (system, Python) and bytes for an empty call: median and range over samples."""
-    rows = frame[(frame["benchmark"] == BENCHMARK) & (frame["dimension"] == "tracker")]
+    rows = frame[(frame["benchmark"] == NAME) & (frame["dimension"] == "tracker")]
     return (rows.groupby(["device", "metric"])["value"].agg(["median", "min", "max", "count"]).reset_index())

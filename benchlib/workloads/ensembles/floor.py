@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from benchlib.results import make_record
-from benchlib.workloads.ensembles.config import BENCHMARK, EnsembleConfig
+from benchlib.workloads.ensembles.config import NAME, EnsembleConfig
 
 
 def matmul_flops(device, n: int = 1024, repeats: int = 5) -> float:
@@ -42,7 +42,7 @@ def flop_floor(config: EnsembleConfig, flop_rate: float) -> dict:
 
 def flop_floor_records(floor: dict, device, labels: dict) -> list[dict]:
     """Tidy rows of `flop_floor` (case and bound ``flop_floor``)."""
-    common = dict(benchmark=BENCHMARK, case="flop_floor", bound="flop_floor", device=device, dtype="float32",
+    common = dict(benchmark=NAME, case="flop_floor", bound="flop_floor", device=device, dtype="float32",
                   params=labels | floor)
     return [make_record(metric=metric, value=floor[metric], unit=unit, **common)
             for metric, unit in (("flop_rate", "FLOP/s"), ("floor_step_s", "s"),

@@ -9,7 +9,7 @@ import gc
 import torch
 
 from benchlib.results import make_record
-from benchlib.workloads.ensembles.config import BENCHMARK, GC_POLICIES, RAISED_THRESHOLDS
+from benchlib.workloads.ensembles.config import NAME, GC_POLICIES, RAISED_THRESHOLDS
 
 
 class GCPolicy:
@@ -134,7 +134,7 @@ def collection_pause_records(pauses, device, labels: dict) -> list[dict]:
     """Tidy rows of `full_collection_pauses` (collector ``python-gc``), one case per heap and freeze state."""
     rows = []
     for (heap_size, frozen), group in pauses.groupby(["heap_objects", "frozen"], sort=False):
-        rows += pause_records(group, benchmark=BENCHMARK,
+        rows += pause_records(group, benchmark=NAME,
                               case=f"gc.collect|heap={heap_size}|frozen={frozen}", collector="python-gc",
                               device=device, dtype="float32",
                               params=labels | {"heap_objects": int(heap_size), "frozen": bool(frozen)})

@@ -13,7 +13,7 @@ import torch
 from benchlib.results import make_record
 from benchlib.results.derived import step_summaries
 from benchlib.workloads.ensembles.config import (
-    BENCHMARK, STRATEGIES, GC_POLICIES, EnsembleConfig, initial_parameters, minibatch_indices,
+    NAME, STRATEGIES, GC_POLICIES, EnsembleConfig, initial_parameters, minibatch_indices,
 )
 from benchlib.workloads.ensembles.strategies import Strategy, STRATEGY_CLASSES, make_strategy
 from benchlib.workloads.ensembles.cycles import StepCycles
@@ -80,7 +80,7 @@ class TrainResult:
         """Tidy rows of what was measured: one per step and metric (repeat = step index), and the
         allocation pass and peak. Summaries (median, p99, throughput...) are derived from the steps
         by `benchlib.results.derived`, not stored."""
-        common = dict(benchmark=BENCHMARK, case=self.case(), strategy=self.strategy, device=device,
+        common = dict(benchmark=NAME, case=self.case(), strategy=self.strategy, device=device,
                       dtype="float32", params=self.labels)
         rows = [make_record(metric=metric, value=value, unit=unit, **common) for metric, value, unit in (
             ("alloc_count_per_step", self.alloc_count_per_step, "count"),

@@ -1,0 +1,350 @@
+"""A benchmark's one declaration: what it asks, its typed parameters, how it runs, how it is judged.
+
+Everything that needs to know about a benchmark reads its `Benchmark`: `benchlib list`, the
+runner's planning and refusals (exit 2 before any kernel starts), the values a notebook receives,
+run.json (question and seed, for the report), the seed verdicts and `compare`. A benchmark either
+has a notebook (`notebook`, a file name in the project's `notebooks/` or a path) or a `measure`
+function that returns records; the runner executes the latter in a generic notebook, so both run
+in a fresh kernel with the same progress, timeouts and failure handling.
+
+    BENCHMARK = Benchmark(
+        name="my_bench", question="Does X cost more memory than Y?",
+        parameters=(Parameter("n", 1000, "problem size", quick=10, minimum=1),),
+        measure=my_measure)                     # my_measure(config, device) -> records
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# The memory a plan may use: sizes above this share of the device's available memory are refused.
+MEMORY_HEADROOM = 0.9
+INJECTED = ("device", "results_dir")  # set by the runner from --device and the run directory, never declared
+_NO_QUICK = object()
+_SCALARS = (bool, int, float, str)
+
+
+class ParameterError(ValueError):
+    """A parameter value a benchmark refuses; the message names the benchmark, the parameter and what is valid."""
+
+
+class DeclarationError(ValueError):
+    """A `Benchmark` that cannot be run as declared (missing fields, defaults its own checks refuse)."""
+
+
+def _type_name(value: Any) -> str:
+    return {bool: "bool", int: "int", float: "float", str: "str"}.get(type(value), type(value).__name__)
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One typed parameter. Its type is its default's (`int`, `float`, `bool`, `str`, or a non-empty
+    list of one of those); `choices`, `minimum` and `maximum` bound a value or each item of a list."""
+
+    name: str
+    default: Any
+    help: str
+    quick: Any = _NO_QUICK
+    choices: tuple = ()
+    minimum: float | None = None
+    maximum: float | None = None
+
+    def __post_init__(self):
+        if not self.name.isidentifier() or self.name in INJECTED:
+            raise DeclarationError(f"parameter name {self.name!r} must be an identifier other than {', '.join(INJECTED)}")
+        default = self.default
+        if isinstance(default, (list, tuple)):
+            if not default or not all(type(v) is type(default[0]) and isinstance(v, _SCALARS) for v in default):
+                raise DeclarationError(f"parameter {self.name}: a list default must be non-empty and of one type "
+                                       f"(int, float, bool or str), got {default!r}")
+            object.__setattr__(self, "default", tuple(default))
+        elif not isinstance(default, _SCALARS):
+            raise DeclarationError(f"parameter {self.name}: the default must be an int, float, bool, str or a list "
+                                   f"of one of those, got {default!r}")
+        object.__setattr__(self, "choices", tuple(self.choices))
+        self.check(self.default)  # a default its own rules refuse is a broken declaration, not a user error
+        if self.has_quick:
+            self.check(self.quick)
+
+    @property
+    def is_list(self) -> bool:
+        return isinstance(self.default, tuple)
+
+    @property
+    def item_type(self) -> type:
+        return type(self.default[0]) if self.is_list else type(self.default)
+
+    @property
+    def type_name(self) -> str:
+        item = self.item_type.__name__
+        return f"list[{item}]" if self.is_list else item
+
+    @property
+    def has_quick(self) -> bool:
+        return self.quick is not _NO_QUICK
+
+    def valid(self) -> str:
+        """What a value must be, in words: the second half of every refusal."""
+        if self.choices:
+            what = f"one of {', '.join(map(str, self.choices))}"
+        else:
+            low = "" if self.minimum is None else f">= {self.minimum:g}"
+            high = "" if self.maximum is None else f"<= {self.maximum:g}"
+            what = f"{'an integer' if self.item_type is int else 'a number' if self.item_type is float else 'a ' + self.item_type.__name__}" + (
+                f" {' and '.join(p for p in (low, high) if p)}" if low or high else "")
+        return f"a non-empty list, each {what}" if self.is_list else what
+
+    def _item(self, value: Any) -> Any:
+        expected = self.item_type
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if type(value) is not expected:
+            raise ValueError
+        if self.choices and value not in self.choices:
+            raise ValueError
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if (isinstance(value, float) and not math.isfinite(value)) or \
+                    (self.minimum is not None and value < self.minimum) or \
+                    (self.maximum is not None and value > self.maximum):
+                raise ValueError
+        return value
+
+    def check(self, value: Any) -> Any:
+        """`value` as this parameter holds it (int -> float, list -> tuple), or ParameterError saying what is valid."""
+        refused = f"{self.name} must be {self.valid()}, got {value!r}"
+        if not self.is_list:
+            try:
+                return self._item(value)
+            except ValueError:
+                raise ParameterError(refused) from None
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value:
+            raise ParameterError(refused)
+        checked = []
+        for item in value:
+            try:
+                checked.append(self._item(item))
+            except ValueError:
+                raise ParameterError(f"{refused} ({item!r} is not valid)") from None
+        return tuple(checked)
+
+    def parse(self, text: str) -> Any:
+        """A command-line value: a Python literal where it is one; a str parameter takes the text as typed."""
+        import ast
+
+        if self.item_type is str and not self.is_list:
+            return self.check(text)
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text.split(",") if self.is_list and self.item_type is str else text
+        return self.check(value)
+
+    def describe(self) -> str:
+        default = list(self.default) if self.is_list else self.default
+        quick = f"  (quick: {list(self.quick) if isinstance(self.quick, tuple) else self.quick!r})" if self.has_quick else ""
+        return f"{self.name}: {self.type_name} = {default!r}{quick}  {self.help}"
+
+
+@dataclass(frozen=True)
+class Seed:
+    """The public discussion a benchmark reproduces."""
+
+    title: str
+    link: str = ""
+
+
+class Config(Mapping):
+    """A benchmark's checked parameter values, read as attributes (`config.depth`) or as a mapping
+    (`**config`); frozen. Only `Benchmark.config` makes one, so holding one means it was checked."""
+
+    __slots__ = ("benchmark", "_values")
+
+    def __init__(self, benchmark: str, values: Mapping[str, Any]):
+        object.__setattr__(self, "benchmark", benchmark)
+        object.__setattr__(self, "_values", dict(values))
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"{self.benchmark} has no parameter {name!r}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("a Config is frozen: build another with Benchmark.config(...)")
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"Config({self.benchmark}: " + ", ".join(f"{k}={v!r}" for k, v in self._values.items()) + ")"
+
+    def plain(self) -> dict[str, Any]:
+        """The values with lists as lists: what a notebook cell or JSON holds."""
+        return {name: list(value) if isinstance(value, tuple) else value for name, value in self._values.items()}
+
+
+Rules = Callable[[Config], None]
+MemoryEstimate = Callable[[Config, Any], int]
+Measure = Callable[[Config, Any], Any]
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One benchmark, declared once.
+
+    `rules(config)` raises ValueError for combinations the parameters' own bounds cannot express
+    (steps > warmup, budgets <= depth, engines valid for a dtype); `memory(config, device)` is the
+    bytes the sizes need on `device`, refused above `MEMORY_HEADROOM` of what is available.
+    `headline` names the metrics its summary leads with; `verdicts` are its seed rules
+    (`benchlib.results.seed_verdicts.RatioRule` / `SlopeRule`); `figures` maps a figure's name to a
+    builder of the run's records frame (drawn by the generic notebook; a notebook draws its own).
+    `metrics` ((name, unit, kind, meaning), ...) and `dimensions` ({name: meaning}) are the metrics
+    and kinds of variant its records use that benchlib does not know yet: declaring the benchmark
+    registers them, so a new benchmark needs no edit to `benchlib.results`.
+    """
+
+    name: str
+    question: str
+    parameters: tuple[Parameter, ...]
+    seed: Seed | None = None
+    notebook: str | None = None
+    measure: Measure | None = None
+    rules: Rules | None = None
+    memory: MemoryEstimate | None = None
+    headline: tuple[str, ...] = ()
+    verdicts: tuple = ()
+    figures: Mapping[str, Callable] = field(default_factory=dict)
+    metrics: tuple[tuple[str, str, str, str], ...] = ()
+    dimensions: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        object.__setattr__(self, "parameters", tuple(self.parameters))
+        object.__setattr__(self, "headline", tuple(self.headline))
+        object.__setattr__(self, "verdicts", tuple(self.verdicts))
+        problems = []
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            problems.append(f"name must be an identifier, got {self.name!r}")
+        if not isinstance(self.question, str) or not self.question.strip():
+            problems.append("question must say, in one sentence, what the benchmark answers")
+        if not all(isinstance(p, Parameter) for p in self.parameters):
+            problems.append("parameters must be Parameter objects")
+        names = [p.name for p in self.parameters if isinstance(p, Parameter)]
+        if len(set(names)) != len(names):
+            problems.append(f"a parameter is declared twice: {sorted(n for n in names if names.count(n) > 1)}")
+        if (self.notebook is None) == (self.measure is None):
+            problems.append("give exactly one of notebook (a notebook file) or measure (a function returning records)")
+        other = [rule for rule in self.verdicts if getattr(rule, "benchmark", self.name) != self.name]
+        if other:
+            problems.append(f"verdict rules name another benchmark: {sorted({r.benchmark for r in other})}")
+        if problems:
+            raise DeclarationError(f"benchmark {self.name!r}: " + "; ".join(problems))
+        self._register()
+
+    def _register(self) -> None:
+        """Its new metrics and dimensions into the records' registries (the same meaning twice is fine)."""
+        from benchlib.results.metrics import METRICS, MetricError
+        from benchlib.results.records import DIMENSIONS
+
+        try:
+            for metric in self.metrics:
+                METRICS.register(*metric)
+        except (MetricError, TypeError) as error:
+            raise DeclarationError(f"benchmark {self.name!r}: metrics: {error}") from None
+        for dimension, meaning in self.dimensions.items():
+            if DIMENSIONS.setdefault(dimension, meaning) != meaning:
+                raise DeclarationError(f"benchmark {self.name!r}: dimension {dimension!r} is already declared as "
+                                       f"{DIMENSIONS[dimension]!r}")
+
+    def __repr__(self) -> str:
+        return f"Benchmark({self.name!r})"
+
+    def parameter(self, name: str) -> Parameter:
+        for parameter in self.parameters:
+            if parameter.name == name:
+                return parameter
+        raise ParameterError(f"{self.name} has no parameter {name!r}; its parameters are:\n{self.describe_parameters()}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.parameters)
+
+    @property
+    def quick(self) -> dict[str, Any]:
+        """The values `--quick` sets: smaller sizes for a first look."""
+        return {p.name: p.quick for p in self.parameters if p.has_quick}
+
+    def defaults(self) -> dict[str, Any]:
+        return {p.name: p.default for p in self.parameters}
+
+    def describe_parameters(self) -> str:
+        return "\n".join(f"  {p.describe()}" for p in self.parameters)
+
+    def config(self, values: Mapping[str, Any] | None = None, *, device: Any = None) -> Config:
+        """The checked Config: defaults overridden by `values`, each value by its parameter, then
+        `rules`, then (when a `device` is given) `memory` against what that device has available.
+        Names the runner injects (device, results_dir) are ignored; unknown names are refused."""
+        values = {k: v for k, v in (values or {}).items() if k not in INJECTED}
+        unknown = sorted(set(values) - set(self.names))
+        if unknown:
+            raise ParameterError(f"{self.name}: unknown parameter(s) {unknown}; valid: {', '.join(self.names)}")
+        checked = self.defaults()
+        for name, value in values.items():
+            try:
+                checked[name] = self.parameter(name).check(value)
+            except ParameterError as error:
+                raise ParameterError(f"{self.name}: {error}") from None
+        config = Config(self.name, checked)
+        try:
+            if self.rules is not None:
+                self.rules(config)
+            if device is not None and self.memory is not None:
+                self._fits(int(self.memory(config, device)), device)
+        except ValueError as error:
+            raise ParameterError(f"{self.name}: {error}") from None
+        return config
+
+    def config_from(self, namespace: Mapping[str, Any]) -> Config:
+        """The Config from a notebook's variables (`globals()` after its parameters cell)."""
+        return self.config({name: namespace[name] for name in self.names if name in namespace})
+
+    def _fits(self, required: int, device: Any) -> None:
+        from benchlib.measure.isolation import available_memory
+
+        available = available_memory(device)
+        if required > MEMORY_HEADROOM * available:
+            raise ValueError(
+                f"these sizes need about {required / 1e9:.2f} GB, but {available / 1e9:.2f} GB are available on "
+                f"{device.name} ({MEMORY_HEADROOM:.0%} may be planned); choose smaller sizes")
+
+    def summary(self) -> dict[str, Any]:
+        """What run.json keeps of the declaration: enough for the report to introduce the section."""
+        return {"question": self.question, "seed": None if self.seed is None else {"title": self.seed.title,
+                                                                                  "link": self.seed.link},
+                "headline": list(self.headline)}
+
+
+def positive(name: str, value: int, least: int = 1) -> None:
+    """A rule's check that an int is at least `least` (for bounds that depend on other parameters)."""
+    if value < least:
+        raise ValueError(f"{name} must be >= {least}, got {value!r}")
+
+
+def exceeds(name: str, value: Any, other_name: str, other: Any) -> None:
+    """A rule's check that one parameter is larger than another."""
+    if not value > other:
+        raise ValueError(f"{name} ({value}) must exceed {other_name} ({other})")
+
+
+def distinct(name: str, values: Sequence[Any]) -> None:
+    """A rule's check that a list names each value once."""
+    if len(set(values)) != len(values):
+        raise ValueError(f"{name} lists a value twice: {list(values)}")

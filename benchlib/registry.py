@@ -1,0 +1,78 @@
+"""Where benchmarks are found: the built-ins, and those other packages declare through entry points.
+
+A package declares a benchmark by naming a `Benchmark` (or a function returning one) in the
+entry-point group `benchlib.benchmarks`:
+
+    [project.entry-points."benchlib.benchmarks"]
+    my_bench = "my_package.bench:BENCHMARK"
+
+Discovery refuses, naming the module, an entry that does not load, is not a `Benchmark`, or
+reuses a name already taken: a benchmark name means one thing in every run.
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import lru_cache
+from importlib.metadata import entry_points
+
+from benchlib.benchmark import Benchmark, DeclarationError
+
+ENTRY_POINT_GROUP = "benchlib.benchmarks"
+# The built-ins, in the order a full run takes them: calibration measures the machine the others are read against.
+BUILTIN = (
+    "benchlib.workloads.calibration:BENCHMARK",
+    "benchlib.workloads.checkpointing:BENCHMARK",
+    "benchlib.workloads.dot_chain:BENCHMARK",
+    "benchlib.workloads.closures:BENCHMARK",
+    "benchlib.workloads.ensembles:BENCHMARK",
+    "benchlib.workloads.rnn:BENCHMARK",
+)
+
+
+class RegistryError(DeclarationError):
+    """A declaration discovery refuses; the message names the module that declared it."""
+
+
+def _load(target: str, where: str) -> Benchmark:
+    module_name, _, attribute = target.partition(":")
+    try:
+        found = getattr(importlib.import_module(module_name), attribute) if attribute else importlib.import_module(module_name)
+        if callable(found) and not isinstance(found, Benchmark):
+            found = found()
+    except DeclarationError as error:
+        raise RegistryError(f"{where} ({target}): {error}") from None
+    except Exception as error:  # an entry point that does not even import must say which one
+        raise RegistryError(f"{where} ({target}) failed to load: {type(error).__name__}: {error}") from None
+    if not isinstance(found, Benchmark):
+        raise RegistryError(f"{where} ({target}) is a {type(found).__name__}, not a benchlib.Benchmark")
+    return found
+
+
+@lru_cache(maxsize=1)
+def benchmarks() -> dict[str, Benchmark]:
+    """Every declared benchmark by name: the built-ins first, then entry points in name order."""
+    found: dict[str, tuple[Benchmark, str]] = {}
+    sources = [(target, "built-in") for target in BUILTIN]
+    sources += [(entry.value, f"entry point {entry.name!r} of group {ENTRY_POINT_GROUP}")
+                for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)]
+    for target, where in sources:
+        benchmark = _load(target, where)
+        if benchmark.name in found:
+            raise RegistryError(f"{where} ({target}) declares benchmark {benchmark.name!r}, which "
+                                f"{found[benchmark.name][1]} already declares; names must be unique")
+        found[benchmark.name] = (benchmark, f"{where} ({target})")
+    return {name: benchmark for name, (benchmark, _) in found.items()}
+
+
+def get(name: str) -> Benchmark:
+    """The benchmark called `name`; KeyError listing the valid names otherwise."""
+    known = benchmarks()
+    if name not in known:
+        raise KeyError(f"unknown benchmark {name!r}; declared: {', '.join(known)}")
+    return known[name]
+
+
+def verdict_rules() -> tuple:
+    """The seed rules of every declared benchmark."""
+    return tuple(rule for benchmark in benchmarks().values() for rule in benchmark.verdicts)

@@ -1,0 +1,64 @@
+"""A benchmark declared with `measure` (no notebook of its own), run inside the runner's generic notebook.
+
+The kernel looks the benchmark up in the registry as the runner did, builds its config from the
+injected values (checked again: a kernel trusts nothing it was handed), measures, and saves what
+every notebook saves: records, a headline table of the declared headline metrics, and figures.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from benchlib import registry
+from benchlib.results import Run
+from benchlib.results.report import HEADLINE_SUFFIX
+from benchlib.results.stats import median_interval
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one run of a declared benchmark saved: its records, headline table and figures."""
+
+    records: pd.DataFrame
+    headline: pd.DataFrame
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+def headline_table(records: pd.DataFrame, metrics: tuple[str, ...]) -> pd.DataFrame:
+    """Per case, variant and headline metric: the median over its values with a 95% interval (a point
+    when there is one value) and how many values it has; all metrics when none are declared."""
+    rows = records[records["metric"].isin(metrics)] if metrics else records[records["value"].notna()]
+    table = []
+    for (case, variant, metric, unit), group in rows.groupby(["case", "variant", "metric", "unit"], sort=False):
+        values = group["value"].dropna().to_numpy(float)
+        if values.size == 0:
+            continue
+        interval = median_interval(values) if values.size > 1 else None
+        table.append({"case": case, "variant": variant, "metric": metric, "median": float(pd.Series(values).median()),
+                      "ci_low": interval.ci_low if interval else math.nan,
+                      "ci_high": interval.ci_high if interval else math.nan, "unit": unit, "n": int(values.size)})
+    return pd.DataFrame(table, columns=["case", "variant", "metric", "median", "ci_low", "ci_high", "unit", "n"])
+
+
+def run_declared(name: str, parameters: Mapping[str, Any], *, device: str = "auto", results_dir: str = "") -> Outcome:
+    """Measure benchmark `name` with `parameters` on `device` and save its results into `results_dir`."""
+    from benchlib.measure import resolve_device
+
+    benchmark = registry.get(name)
+    config = benchmark.config(parameters)
+    resolved = resolve_device(device)
+    run = Run.open(results_dir, device=resolved)
+    frame = run.save_records(benchmark.measure(config, resolved), benchmark.name)
+    headline = headline_table(frame, benchmark.headline)
+    run.save_table(headline, f"{benchmark.name}{HEADLINE_SUFFIX}")
+    figures = {}
+    for figure_name, build in benchmark.figures.items():
+        figures[figure_name] = build(frame)
+        run.save_figure(figures[figure_name], f"{benchmark.name}_{figure_name}")
+    print(f"{benchmark.name}: {len(frame)} records in {run.path}")
+    return Outcome(frame, headline, figures)
