@@ -23,6 +23,7 @@ import numpy as np
 from benchlib.engines import ENGINE_NAMES, get_engine
 from benchlib.engines.comparison import EngineComparison, compare_engines
 from benchlib.engines.gradients import save_gradient
+from benchlib.engines.names import BENCHLIB_DEFERRED, MANUAL, MANUAL_SEED
 from benchlib.engines.roles import memory_roles, role_gauge
 from benchlib.measure import DEFAULT_MALLOC_POLICY, MALLOC_POLICIES, Case, mark
 
@@ -112,6 +113,12 @@ def manual_seed_gradient(xp, depth: int):
     return gradient
 
 
+def hand_written_gradients(xp, depth: int) -> dict:
+    """The hand-written engines' gradients, by engine name: `manual` the lean floor, `manual-seed`
+    the seed's own code (pass as `Engine.gradient(..., manual=...)`)."""
+    return {MANUAL: manual_gradient(xp, depth), MANUAL_SEED: manual_seed_gradient(xp, depth)}
+
+
 def z_stack_bytes(D: int, depth: int, dtype: str) -> int:
     """The floor: the `depth` intermediate z's every engine's forward pass stores (depth·D²·itemsize)."""
     return depth * D * D * np.dtype(dtype).itemsize
@@ -119,7 +126,7 @@ def z_stack_bytes(D: int, depth: int, dtype: str) -> int:
 
 def memory_required_bytes(engine: str, D: int, depth: int, dtype: str) -> int:
     """What a case needs: the stored z stack (twice over when contributions are kept) and a few buffers."""
-    stored = 2.2 if engine == "benchlib-deferred" else 1.2  # checkpointing engines need less: an upper bound
+    stored = 2.2 if engine == BENCHLIB_DEFERRED else 1.2  # checkpointing engines need less: an upper bound
     return int(D * D * np.dtype(dtype).itemsize * (stored * depth + 8))
 
 
@@ -134,8 +141,7 @@ def case(*, device, engine: str, D: int, depth: int, dtype: str, gradient_dir: s
     x, z = chosen.asarray(x_np, device), chosen.asarray(z_np, device)
     del x_np, z_np
     xp = chosen.namespace(device)
-    gradient = chosen.gradient(chain_loss(xp, depth), 0, manual={"manual": manual_gradient(xp, depth),
-                                                                 "manual-seed": manual_seed_gradient(xp, depth)})
+    gradient = chosen.gradient(chain_loss(xp, depth), 0, manual=hand_written_gradients(xp, depth))
 
     def check(result) -> dict[str, float]:
         save_gradient(result, gradient_dir, engine)

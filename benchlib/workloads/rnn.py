@@ -29,6 +29,7 @@ import pandas as pd
 from benchlib.engines import ENGINE_NAMES, get_engine
 from benchlib.engines.comparison import EngineComparison, compare_engines
 from benchlib.engines.gradients import save_gradient
+from benchlib.engines.names import BENCHLIB_DEFERRED, MANUAL, MANUAL_SEED
 from benchlib.engines.roles import memory_roles, role_gauge
 from benchlib.measure import MALLOC_POLICIES, Case, mark
 
@@ -258,7 +259,7 @@ def memory_required_bytes(engine: str, batch: int, hidden: int, T: int, dtype: s
     itemsize = np.dtype(dtype).itemsize
     weight = hidden * hidden * itemsize
     states = T * batch * hidden * itemsize * 8
-    kept = T * weight if engine == "benchlib-deferred" else 0
+    kept = T * weight if engine == BENCHLIB_DEFERRED else 0
     return int(6 * weight + states + kept)
 
 
@@ -275,10 +276,10 @@ def case(*, device, engine: str, batch: int, hidden: int, T: int, dtype: str, gr
     del arrays
     xp = chosen.namespace(device)
     if model == "bench_rnn":
-        loss, hand_written = bench_rnn_loss(xp, T), {"manual": bench_rnn_manual_gradient(xp, T),
-                                                     "manual-seed": bench_rnn_seed_gradient(xp, T)}
+        loss, hand_written = bench_rnn_loss(xp, T), {MANUAL: bench_rnn_manual_gradient(xp, T),
+                                                     MANUAL_SEED: bench_rnn_seed_gradient(xp, T)}
     else:
-        loss, hand_written = rnn_loss(xp, T), {"manual": manual_gradient(xp, T)}
+        loss, hand_written = rnn_loss(xp, T), {MANUAL: manual_gradient(xp, T)}
     gradient = chosen.gradient(loss, WEIGHT_ARGNUMS, manual=hand_written)
 
     def check(result) -> dict[str, float]:
@@ -337,6 +338,6 @@ def run(*, device="auto", dtype: str = "float32", batch: int = SEED_SIZES["batch
         memory_required=lambda engine, params: memory_required_bytes(engine, batch, hidden, params["T"], dtype),
         malloc=malloc, timeout_s=timeout_s,
         describe={"model_description": MODELS[model]}, progress=progress,
-        not_applicable=lambda engine: (None if engine != "manual-seed" or model in SEED_GRADIENT_MODELS else
+        not_applicable=lambda engine: (None if engine != MANUAL_SEED or model in SEED_GRADIENT_MODELS else
                                        f"model {model!r} has no seed-written gradient (only "
                                        f"{', '.join(SEED_GRADIENT_MODELS)} does)"))
