@@ -4,9 +4,10 @@ An engine turns a loss written against an array namespace `xp` (see `Engine.name
 gradient function with `benchlib.autodiff.grad`'s calling convention: `argnum` an int gives one
 gradient, a tuple gives a tuple. `manual` is the hand-written backward pass each workload supplies
 (`Engine.gradient(..., manual=...)`); it is the reference the others are checked against.
-Adding an engine means adding one entry to `ENGINES`.
+Adding an engine means adding its name to `benchlib.engines.names` (each name is written only
+there; this package re-exports them) and one entry to `ENGINES`.
 
-    engine = get_engine("torch")
+    engine = get_engine(TORCH)
     reason = engine.not_applicable(device)      # e.g. HIPS autograd on CUDA: record it, don't drop it
     xp = engine.namespace(device)
     x = engine.asarray(x_numpy, device)          # NumPy, or a torch tensor on the device
@@ -21,9 +22,10 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from benchlib.engines import namespaces
+from benchlib.engines import names, namespaces
+from benchlib.engines.names import *  # noqa: F403 (every engine's name, re-exported: names.__all__)
 
-__all__ = ["Engine", "ENGINES", "ENGINE_NAMES", "get_engine", "NotApplicableError"]
+__all__ = ["Engine", "ENGINES", "ENGINE_NAMES", "get_engine", "NotApplicableError", *names.__all__]
 
 
 class NotApplicableError(RuntimeError):
@@ -172,7 +174,7 @@ class Engine:
             if manual is None:
                 raise ValueError(f"engine {self.name!r} needs the workload's hand-written gradient: pass manual=...")
             written = manual.get(self.name) if isinstance(manual, Mapping) else (
-                manual if self.name == "manual" else None)
+                manual if self.name == MANUAL else None)
             if written is None:
                 raise NotApplicableError(f"engine {self.name!r}: this workload has no such hand-written gradient "
                                          f"(pass manual={{{self.name!r}: ...}})")
@@ -188,42 +190,42 @@ ENGINES: dict[str, Engine] = {
     engine.name: engine
     for engine in (
         Engine(
-            "manual",
+            MANUAL,
             "hand-written backward pass supplied by each workload (NumPy on CPU, torch on CUDA)",
             "numpy",
             None,
             _manual_namespace,
         ),
         Engine(
-            "manual-seed",
+            MANUAL_SEED,
             "the seed's own hand-written gradient, with its buffer lifetimes (where a workload has one)",
             "numpy",
             None,
             _manual_namespace,
         ),
         Engine(
-            "benchlib-inplace",
+            BENCHLIB_INPLACE,
             "benchlib.autodiff, gradients accumulated in place and released once used",
             "numpy",
             _benchlib_gradient("inplace"),
             _benchlib_namespace,
         ),
         Engine(
-            "benchlib-deferred",
+            BENCHLIB_DEFERRED,
             "benchlib.autodiff, every contribution kept until the end then summed (autograd before #219)",
             "numpy",
             _benchlib_gradient("deferred"),
             _benchlib_namespace,
         ),
         Engine(
-            "benchlib-checkpoint",
+            BENCHLIB_CHECKPOINT,
             "benchlib.autodiff in place, with about √n forward snapshots; the rest recomputed in the backward pass",
             "numpy",
             _benchlib_gradient("inplace", checkpoint="sqrt"),
             _benchlib_namespace,
         ),
         Engine(
-            "autograd",
+            AUTOGRAD,
             "HIPS autograd on NumPy",
             "numpy",
             _autograd_gradient,
@@ -231,14 +233,14 @@ ENGINES: dict[str, Engine] = {
             _cpu_only("HIPS autograd"),
         ),
         Engine(
-            "torch",
+            TORCH,
             "torch.autograd on torch tensors",
             "torch",
             _torch_gradient,
             lambda device: namespaces.torch_namespace(),
         ),
         Engine(
-            "torch-checkpoint",
+            TORCH_CHECKPOINT,
             "torch.autograd with the workload's chain cut into ~√n segments under torch.utils.checkpoint (non-reentrant)",
             "torch",
             _torch_gradient,

@@ -26,6 +26,7 @@ from benchlib.benchmark import Config, Parameter, distinct
 from benchlib.engines import ENGINE_NAMES, get_engine
 from benchlib.engines.gradients import (GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, gradient_file,
                                         saved_gradient_error)
+from benchlib.engines.names import MANUAL, MANUAL_SEED
 from benchlib.engines.roles import GRADIENT_ROLE, SAVED_ROLE
 
 # Time is measured in the same calls as the memory timeline (one fresh process per case), so the
@@ -37,8 +38,8 @@ ROLE_TIMELINE_COLUMNS = ["case", "engine", "t_s", "bytes", "phase", SAVED_ROLE, 
 # could not be compared: no manual gradient to compare it with.
 GRAD_UNCHECKED_METRIC = "grad_check_unavailable"
 DTYPES = tuple(GRADIENT_TOLERANCE)  # the dtypes an engine comparison runs in (those with a gradient tolerance)
-REFERENCE_ENGINE = "manual"
-SEED_ENGINE = "manual-seed"  # the seed's own hand-written gradient, the second baseline where a workload has one
+REFERENCE_ENGINE = MANUAL  # the lean hand-written gradient: every engine's gradient is checked against it, ratios are to it
+SEED_ENGINE = MANUAL_SEED  # the seed's own hand-written gradient, the second baseline where a workload has one
 
 
 def comparison_parameters(*, dtype: str, engines: Iterable[str], repeats: int, trials: int, warmup: int,

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from benchlib.engines import Engine
+from benchlib.engines.names import MANUAL
 
 GRAD_ERROR_METRIC = "grad_max_rel_err"
 # max|g - g_manual| / max|g_manual| an engine's gradient may reach. Reordered sums of hundreds of
@@ -50,7 +51,7 @@ def load_gradient(directory: str | os.PathLike, engine: str) -> list[np.ndarray]
         return [saved[f"g{index}"] for index in range(len(saved.files))]
 
 
-def saved_gradient_error(directory: str | os.PathLike, engine: str, reference: str = "manual") -> float:
+def saved_gradient_error(directory: str | os.PathLike, engine: str, reference: str = MANUAL) -> float:
     """`max_relative_error` of `engine`'s saved gradient against `reference`'s."""
     return max_relative_error(load_gradient(directory, engine), load_gradient(directory, reference))
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Any, Callable
 
+from benchlib.engines.names import TORCH_AUTOGRAD
+
 SAVED_METRIC = "role_saved_bytes"
 GRADIENT_METRIC = "role_gradient_bytes"
 SAVED_ROLE, GRADIENT_ROLE = "saved", "gradients"  # the gauges' role names: columns of a role timeline
@@ -26,7 +28,7 @@ def memory_roles(engine, gradient: Callable, call: Callable[[], Any], inputs: tu
     if stats is not None:
         return {SAVED_METRIC: float(stats.saved_bytes_at_peak_total),
                 GRADIENT_METRIC: float(stats.live_bytes_at_peak_total)}
-    if engine.name.startswith("torch"):
+    if engine.name in TORCH_AUTOGRAD:
         saved = SavedTensors(inputs)
         with saved:
             call()
@@ -45,7 +47,7 @@ def role_gauge(engine, gradient: Callable, inputs: tuple = ()):
             return {SAVED_ROLE: stats.saved_bytes, GRADIENT_ROLE: stats.live_bytes}
 
         return lambda: nullcontext(tape)
-    if engine.name.startswith("torch"):
+    if engine.name in TORCH_AUTOGRAD:
         return lambda: SavedTensors(inputs)
     return None
 

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import pandas as pd
-import papermill
 
 from benchlib.results import Run, default_results_root, load_records
 from benchlib.results.report import write_report
@@ -42,10 +41,10 @@ from benchlib.runner.kernels import (
     Terminated,
     become_subreaper,
     ipc_kernel_manager,
-    kernel_environment,
     reap_orphans,
     terminate_as_interrupt,
 )
+from benchlib.runner.papermill_exec import KERNEL_NAME, execute_notebook
 from benchlib.runner.sweep import (
     BENCHMARK_SLOT,
     EXECUTORS,
@@ -65,7 +64,6 @@ from benchlib.runner.notebooks import (
     select_notebooks,
 )
 
-KERNEL_NAME = "python3"
 EXIT_INTERRUPTED = 130
 FAILED_CASE_METRIC = "failed"  # the status records a workload saves for a case that failed
 # Kernels save each figure as plotly JSON *and* HTML (plotly.js once per notebook), so executed
@@ -252,14 +250,6 @@ def plan(
                 values[name] = coerce_text(spec, name, value) if isinstance(value, str) else check_value(spec, name, value)
         planned.append((spec, values))
     return planned
-
-
-def error_text(error: BaseException) -> str:
-    """papermill's execution error as 'ename: evalue' (the notebook's own exception); others by type."""
-    ename = getattr(error, "ename", None)
-    if ename:
-        return f"{ename}: {getattr(error, 'evalue', '')}"
-    return f"{type(error).__name__}: {error}"
 
 
 def run(
@@ -452,20 +442,16 @@ class _RunLoop:
                 self.say(f"[{index}/{len(self.executions)}] {execution.key}: started{f' ({shown})' if shown else ''}{eta}")
                 self.run_.record_notebook(execution.key, status="running", started_at=now_iso())
                 started, wall_start = time.perf_counter(), time.time()
-                status, error = "ok", None
                 lines = ProgressLines(execution.spec.name, self.stream, expected) if self.progress else None
-                try:
-                    with kernel_environment(self.figures_env):
-                        papermill.execute_notebook(
-                            str(execution.spec.path), str(output), parameters=parameters, kernel_name=KERNEL_NAME,
-                            progress_bar=False, stdout_file=lines, stderr_file=lines, cwd=str(execution.spec.path.parent),
-                            kernel_manager_class=kernel_manager)
+                try:  # a notebook's failure is a result to record; the others still run
+                    error = execute_notebook(execution.spec.path, output, parameters, cwd=execution.spec.path.parent,
+                                             kernel_manager_class=kernel_manager, figures_env=self.figures_env,
+                                             stdout_file=lines, stderr_file=lines)
                 except KeyboardInterrupt as interrupt:
                     reason = interrupt.signal_name if isinstance(interrupt, Terminated) else "KeyboardInterrupt"
                     self._interrupted(index, execution, time.perf_counter() - started, reason)
                     raise
-                except Exception as failure:  # a notebook's failure is a result to record; the others still run
-                    status, error = "failed", error_text(failure)
+                status = "ok" if error is None else "failed"
                 duration = time.perf_counter() - started
                 self._finished(index, execution, status, error, duration, wall_start, reap_orphans())
 

@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchlib.runner.kernels import ipc_kernel_manager, reap_orphans
 from benchlib.runner.notebooks import NotebookSpec, RunnerError, check_value, coerce_text
+from benchlib.runner.papermill_exec import execute_notebook
 
 BENCHMARK_SLOT = "benchmark"  # the Dask worker resource a timed point needs; one per machine (per GPU)
 POINT_SUMMARY = "point.json"  # inside a point's archive: status, error, duration
@@ -135,11 +137,6 @@ def execute_remote(notebook_text: str, notebook_name: str, parameters: dict[str,
                    figures_env: dict[str, str]) -> bytes:
     """Run one point on a Dask worker: the notebook from its text, into a private temporary run
     directory; return the packed point (bytes of a zip). Runs in the worker's process."""
-    from benchlib.runner.execute import KERNEL_NAME, error_text
-    from benchlib.runner.kernels import ipc_kernel_manager, kernel_environment, reap_orphans
-
-    import papermill
-
     with tempfile.TemporaryDirectory(prefix="benchlib-point-") as tmp:
         tmp_path = Path(tmp)
         source, executed, results_dir = tmp_path / f"{notebook_name}.ipynb", tmp_path / "executed.ipynb", tmp_path / "run"
@@ -147,15 +144,10 @@ def execute_remote(notebook_text: str, notebook_name: str, parameters: dict[str,
         results_dir.mkdir()
         working = cwd if Path(cwd).is_dir() else tmp
         started = time.perf_counter()
-        status, error = "ok", None
-        try:
-            with kernel_environment(figures_env):
-                papermill.execute_notebook(
-                    str(source), str(executed), parameters={**parameters, "results_dir": str(results_dir)},
-                    kernel_name=KERNEL_NAME, progress_bar=False, cwd=working,
-                    kernel_manager_class=ipc_kernel_manager(tmp))
-        except Exception as failure:  # the point's failure travels back as data
-            status, error = "failed", error_text(failure)
+        # the point's failure travels back as data
+        error = execute_notebook(source, executed, {**parameters, "results_dir": str(results_dir)}, cwd=working,
+                                 kernel_manager_class=ipc_kernel_manager(tmp), figures_env=figures_env)
+        status = "ok" if error is None else "failed"
         reap_orphans()
         summary = {"status": status, "error": error, "duration_s": round(time.perf_counter() - started, 3)}
         return pack_point(results_dir, executed, summary)

@@ -18,11 +18,12 @@ from benchlib.engines import get_engine
 from benchlib.benchmark import Benchmark, Parameter, Seed
 from benchlib.engines.comparison import EngineComparison, compare_engines, comparison_parameters
 from benchlib.engines.gradients import save_gradient
+from benchlib.engines.names import BENCHLIB_CHECKPOINT, MANUAL
 from benchlib.measure import Case
 from benchlib.workloads import dot_chain
 
 TARGET = "benchlib.workloads.checkpointing:case"
-ENGINES = ("manual", "benchlib-checkpoint")
+ENGINES = (MANUAL, BENCHLIB_CHECKPOINT)
 SQRT = "sqrt"
 
 
@@ -33,8 +34,9 @@ def case(*, device, engine: str, D: int, depth: int, dtype: str, gradient_dir: s
     x_np, z_np, _ = dot_chain.make_data(D, dtype, seed)
     x, z = chosen.asarray(x_np, device), chosen.asarray(z_np, device)
     del x_np, z_np
-    if chosen.hand_written:
-        gradient = dot_chain.manual_gradient(chosen.namespace(device), depth)
+    if chosen.hand_written:  # each under its own name: `manual` the lean floor, `manual-seed` the seed's code
+        xp = chosen.namespace(device)
+        gradient = chosen.gradient(dot_chain.chain_loss(xp, depth), 0, manual=dot_chain.hand_written_gradients(xp, depth))
     else:
         gradient = autodiff.grad(dot_chain.chain_loss(ops, depth), 0, checkpoint=budget)
 
@@ -95,6 +97,6 @@ BENCHMARK = Benchmark(
           if p.name != "engines"),
     ),
     rules=lambda config: check_budgets(config.budgets, config.depth),
-    memory=lambda config, device: dot_chain.memory_required_bytes("manual", config.D, config.depth, config.dtype),
+    memory=lambda config, device: dot_chain.memory_required_bytes(MANUAL, config.D, config.depth, config.dtype),
     headline=("peak_bytes", "time", "recomputed_nodes"),
 )

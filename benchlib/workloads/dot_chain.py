@@ -24,6 +24,7 @@ from benchlib.benchmark import Benchmark, Parameter, Seed
 from benchlib.engines import ENGINE_NAMES, get_engine
 from benchlib.engines.comparison import EngineComparison, comparison_parameters, comparison_rules, compare_engines
 from benchlib.engines.gradients import save_gradient
+from benchlib.engines.names import BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, MANUAL_SEED
 from benchlib.engines.roles import memory_roles, role_gauge
 from benchlib.measure import DEFAULT_MALLOC_POLICY, MALLOC_POLICIES, Case, mark
 from benchlib.results.seed_verdicts import RatioRule
@@ -113,6 +114,12 @@ def manual_seed_gradient(xp, depth: int):
     return gradient
 
 
+def hand_written_gradients(xp, depth: int) -> dict:
+    """The hand-written engines' gradients, by engine name: `manual` the lean floor, `manual-seed`
+    the seed's own code (pass as `Engine.gradient(..., manual=...)`)."""
+    return {MANUAL: manual_gradient(xp, depth), MANUAL_SEED: manual_seed_gradient(xp, depth)}
+
+
 def z_stack_bytes(D: int, depth: int, dtype: str) -> int:
     """The floor: the `depth` intermediate z's every engine's forward pass stores (depth·D²·itemsize)."""
     return depth * D * D * np.dtype(dtype).itemsize
@@ -120,7 +127,7 @@ def z_stack_bytes(D: int, depth: int, dtype: str) -> int:
 
 def memory_required_bytes(engine: str, D: int, depth: int, dtype: str) -> int:
     """What a case needs: the stored z stack (twice over when contributions are kept) and a few buffers."""
-    stored = 2.2 if engine == "benchlib-deferred" else 1.2  # checkpointing engines need less: an upper bound
+    stored = 2.2 if engine == BENCHLIB_DEFERRED else 1.2  # checkpointing engines need less: an upper bound
     return int(D * D * np.dtype(dtype).itemsize * (stored * depth + 8))
 
 
@@ -135,8 +142,7 @@ def case(*, device, engine: str, D: int, depth: int, dtype: str, gradient_dir: s
     x, z = chosen.asarray(x_np, device), chosen.asarray(z_np, device)
     del x_np, z_np
     xp = chosen.namespace(device)
-    gradient = chosen.gradient(chain_loss(xp, depth), 0, manual={"manual": manual_gradient(xp, depth),
-                                                                 "manual-seed": manual_seed_gradient(xp, depth)})
+    gradient = chosen.gradient(chain_loss(xp, depth), 0, manual=hand_written_gradients(xp, depth))
 
     def check(result) -> dict[str, float]:
         save_gradient(result, gradient_dir, engine)
@@ -184,13 +190,13 @@ BENCHMARK = Benchmark(
     headline=("peak_bytes", "time"),
     verdicts=(
         RatioRule("dot_chain", "autograd #219: deferred accumulation peaks at about 2x the manual floor",
-                  "peak_bytes", "benchlib-deferred", "manual", 1.5, 2.5),
+                  "peak_bytes", BENCHLIB_DEFERRED, MANUAL, 1.5, 2.5),
         RatioRule("dot_chain", "autograd #219: in-place accumulation peaks at the manual floor",
-                  "peak_bytes", "benchlib-inplace", "manual", 0.9, 1.1),
+                  "peak_bytes", BENCHLIB_INPLACE, MANUAL, 0.9, 1.1),
         RatioRule("dot_chain", "autograd #219: deferred accumulation peaks at about 2x the seed's own hand-written "
-                  "gradient", "peak_bytes", "benchlib-deferred", "manual-seed", 1.5, 2.5),
+                  "gradient", "peak_bytes", BENCHLIB_DEFERRED, MANUAL_SEED, 1.5, 2.5),
         RatioRule("dot_chain", "autograd #219: in-place accumulation peaks at the seed's own hand-written gradient",
-                  "peak_bytes", "benchlib-inplace", "manual-seed", 0.9, 1.1),
+                  "peak_bytes", BENCHLIB_INPLACE, MANUAL_SEED, 0.9, 1.1),
     ),
 )
 

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchlib.results import make_record
-from benchlib.workloads.ensembles import NAME, load_average, minibatch_indices
+from benchlib.workloads.mnist_training import NAME, load_average, minibatch_indices
 
 MODES = ("sequential", "threads", "vmap")
 

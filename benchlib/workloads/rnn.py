@@ -30,6 +30,7 @@ from benchlib.engines import ENGINE_NAMES, get_engine
 from benchlib.benchmark import Benchmark, Parameter, Seed
 from benchlib.engines.comparison import EngineComparison, comparison_parameters, comparison_rules, compare_engines
 from benchlib.engines.gradients import save_gradient
+from benchlib.engines.names import AUTOGRAD, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, MANUAL_SEED, TORCH
 from benchlib.engines.roles import memory_roles, role_gauge
 from benchlib.measure import MALLOC_POLICIES, Case, mark
 from benchlib.results.seed_verdicts import RatioRule, SlopeRule
@@ -259,7 +260,7 @@ def memory_required_bytes(engine: str, batch: int, hidden: int, T: int, dtype: s
     itemsize = np.dtype(dtype).itemsize
     weight = hidden * hidden * itemsize
     states = T * batch * hidden * itemsize * 8
-    kept = T * weight if engine == "benchlib-deferred" else 0
+    kept = T * weight if engine == BENCHLIB_DEFERRED else 0
     return int(6 * weight + states + kept)
 
 
@@ -276,10 +277,10 @@ def case(*, device, engine: str, batch: int, hidden: int, T: int, dtype: str, gr
     del arrays
     xp = chosen.namespace(device)
     if model == "bench_rnn":
-        loss, hand_written = bench_rnn_loss(xp, T), {"manual": bench_rnn_manual_gradient(xp, T),
-                                                     "manual-seed": bench_rnn_seed_gradient(xp, T)}
+        loss, hand_written = bench_rnn_loss(xp, T), {MANUAL: bench_rnn_manual_gradient(xp, T),
+                                                     MANUAL_SEED: bench_rnn_seed_gradient(xp, T)}
     else:
-        loss, hand_written = rnn_loss(xp, T), {"manual": manual_gradient(xp, T)}
+        loss, hand_written = rnn_loss(xp, T), {MANUAL: manual_gradient(xp, T)}
     gradient = chosen.gradient(loss, WEIGHT_ARGNUMS, manual=hand_written)
 
     def check(result) -> dict[str, float]:
@@ -338,7 +339,7 @@ def run(*, device="auto", dtype: str = "float32", batch: int = SEED_SIZES["batch
         memory_required=lambda engine, params: memory_required_bytes(engine, batch, hidden, params["T"], dtype),
         malloc=malloc, timeout_s=timeout_s,
         describe={"model_description": MODELS[model]}, progress=progress,
-        not_applicable=lambda engine: (None if engine != "manual-seed" or model in SEED_GRADIENT_MODELS else
+        not_applicable=lambda engine: (None if engine != MANUAL_SEED or model in SEED_GRADIENT_MODELS else
                                        f"model {model!r} has no seed-written gradient (only "
                                        f"{', '.join(SEED_GRADIENT_MODELS)} does)"))
 
@@ -373,10 +374,10 @@ BENCHMARK = Benchmark(
     headline=("peak_bytes", "time"),
     verdicts=(
         RatioRule("rnn_fanout", "autograd #219 (RNN): with in-place accumulation autograd's peak is the same order of "
-                  "magnitude as torch's", "peak_bytes", "autograd", "torch", 0.1, 10.0, per=("T",)),
+                  "magnitude as torch's", "peak_bytes", AUTOGRAD, TORCH, 0.1, 10.0, per=("T",)),
         SlopeRule("rnn_fanout", "autograd #219 (RNN): keeping every contribution grows the peak by about one weight "
-                  "per step", "peak_bytes", "benchlib-deferred", "T", "W-sized buffers", _weight_bytes, 0.7, 1.5),
+                  "per step", "peak_bytes", BENCHLIB_DEFERRED, "T", "W-sized buffers", _weight_bytes, 0.7, 1.5),
         SlopeRule("rnn_fanout", "autograd #219 (RNN): in-place accumulation keeps the peak nearly flat in the step "
-                  "count", "peak_bytes", "benchlib-inplace", "T", "W-sized buffers", _weight_bytes, -0.25, 0.25),
+                  "count", "peak_bytes", BENCHLIB_INPLACE, "T", "W-sized buffers", _weight_bytes, -0.25, 0.25),
     ),
 )

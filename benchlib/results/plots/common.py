@@ -9,23 +9,26 @@ from collections.abc import Iterable, Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
+from benchlib.engines.names import (AUTOGRAD, BENCHLIB_CHECKPOINT, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL,
+                                     MANUAL_SEED, TORCH, TORCH_CHECKPOINT, TORCH_COMPILE, TORCH_FUNC)
+
 # One palette for every series the notebooks draw, by the groups of names that share a figure:
 # within a group every name has a colour of its own, dark enough to read on white; names of
 # different groups never meet in one figure, so hues repeat across groups. Any other name gets
 # a stable colour from PALETTE, which shares none of these.
 SERIES_COLORS = {
     "engines": {  # dot_chain, rnn_fanout, identical_closures (with its torch variants), calibration
-        "manual": "#222222",
-        "manual-seed": "#8c8c8c",
-        "benchlib-inplace": "#1f77b4",
-        "benchlib-deferred": "#6a3d9a",
-        "benchlib-checkpoint": "#0f8b8d",
-        "autograd": "#2ca02c",
-        "torch": "#d62728",
-        "torch-checkpoint": "#e377c2",
-        "torch.compile": "#ff7f0e",
-        "torch.func": "#8c564b",
-        "numpy": "#b8860b",
+        MANUAL: "#222222",
+        MANUAL_SEED: "#8c8c8c",
+        BENCHLIB_INPLACE: "#1f77b4",
+        BENCHLIB_DEFERRED: "#6a3d9a",
+        BENCHLIB_CHECKPOINT: "#0f8b8d",
+        AUTOGRAD: "#2ca02c",
+        TORCH: "#d62728",
+        TORCH_CHECKPOINT: "#e377c2",
+        TORCH_COMPILE: "#ff7f0e",
+        TORCH_FUNC: "#8c564b",
+        "numpy": "#b8860b",  # calibration's library variant, not an engine
     },
     "strategies": {  # mnist_ensembles
         "naive": "#d62728",

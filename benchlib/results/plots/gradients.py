@@ -15,6 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from benchlib.engines.names import MANUAL, MANUAL_SEED
 from benchlib.results.plots.common import apply_layout, engine_color, legend_right, ratio_frame
 
 MB = 1e6
@@ -113,7 +114,7 @@ def memory_timelines(timelines: pd.DataFrame, *, case: str | None = None, record
     return _annotate(fig, notes)
 
 
-def peak_bars(records: pd.DataFrame, *, case: str | None = None, baseline: str = "manual",
+def peak_bars(records: pd.DataFrame, *, case: str | None = None, baseline: str = MANUAL,
               title: str = "Peak memory above baseline") -> go.Figure:
     """Peak memory per engine in MB (median over trials, error bars the trials' min and max), each bar
     labelled with its ratio to `baseline` and, with two or more trials a side, the ratio's 95% interval."""
@@ -189,7 +190,7 @@ def role_timelines(frame: pd.DataFrame, *, case: str | None = None, order: Seque
     Panels follow `order` (e.g. the notebook's engine list), then the other engines by name."""
     if frame.empty:  # e.g. only manual and autograd ran: say so in the figure, do not stop the notebook
         fig = apply_layout(go.Figure(), title=title)
-        fig.add_annotation(text="no engine that exposes roles ran (manual, manual-seed and HIPS autograd expose none)",
+        fig.add_annotation(text=f"no engine that exposes roles ran ({MANUAL}, {MANUAL_SEED} and HIPS autograd expose none)",
                            xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False)
         return fig
     frame = _one_case(frame, case, "the role timelines")
@@ -218,7 +219,7 @@ def role_timelines(frame: pd.DataFrame, *, case: str | None = None, order: Seque
     fig.update_xaxes(title_text="time since the call began (s)", row=len(engines), col=1)
     legend_right(fig)
     return _annotate(fig, ["one more call after the measured ones, first trial; engines that expose no roles "
-                           "(manual, HIPS autograd) are not drawn", f"gap between the {allocator} line and the "
+                           f"({MANUAL}, {MANUAL_SEED}, HIPS autograd) are not drawn", f"gap between the {allocator} line and the "
                            "stack: temporaries, allocator slack, and what an engine does not expose"])
 
 

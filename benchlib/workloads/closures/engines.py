@@ -9,6 +9,7 @@ from typing import Any, Callable
 import numpy as np
 
 from benchlib.engines import Engine, get_engine
+from benchlib.engines.names import TORCH
 from benchlib.measure import resolve_device
 from benchlib.workloads.closures.spec import (
     COMPILE_ENGINE, FUNC_ENGINE, VALID_ENGINES, COMPILE_BACKENDS, DEFAULTS,
@@ -100,7 +101,7 @@ class ClosureEngine:
 
 def not_applicable(engine: str, device) -> str | None:
     """Why `engine` cannot run on `device`, or None."""
-    base = get_engine("torch" if engine in (COMPILE_ENGINE, FUNC_ENGINE) else engine)
+    base = get_engine(TORCH if engine in (COMPILE_ENGINE, FUNC_ENGINE) else engine)
     return base.not_applicable(resolve_device(device))
 
 
@@ -113,10 +114,10 @@ def make_engine(name: str, device, backend: str = DEFAULTS["backend"]) -> Closur
     device = resolve_device(device)
     if name == COMPILE_ENGINE:
         compiler = CompileCounter(backend)
-        torch_engine = get_engine("torch")
+        torch_engine = get_engine(TORCH)
         return ClosureEngine(name, torch_engine, device, torch_engine.gradient, compiler.wrap, compiler)
     if name == FUNC_ENGINE:
-        return ClosureEngine(name, get_engine("torch"), device, _torch_func_gradient)
+        return ClosureEngine(name, get_engine(TORCH), device, _torch_func_gradient)
     engine = get_engine(name)
     return ClosureEngine(name, engine, device, engine.gradient)
 

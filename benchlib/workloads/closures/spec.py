@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from benchlib.engines.names import AUTOGRAD, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, TORCH, TORCH_COMPILE, TORCH_FUNC
 
 NAME = "identical_closures"
 MWES = ("dense", "reduced")
@@ -16,9 +17,9 @@ PAIRS = {
     "warm": ((INITIAL, NEW), (RESETUP, NEW), (INITIAL, RERUN)),
     "cold": ((INITIAL, NEW), (RESETUP, NEW)),
 }
-SHARED_ENGINES = ("benchlib-inplace", "benchlib-deferred", "autograd", "torch")
-COMPILE_ENGINE, FUNC_ENGINE = "torch.compile", "torch.func"
-ENGINES = ("benchlib-inplace", "autograd", "torch", COMPILE_ENGINE, FUNC_ENGINE)
+SHARED_ENGINES = (BENCHLIB_INPLACE, BENCHLIB_DEFERRED, AUTOGRAD, TORCH)
+COMPILE_ENGINE, FUNC_ENGINE = TORCH_COMPILE, TORCH_FUNC  # this workload's own engines, torch's adapters
+ENGINES = (BENCHLIB_INPLACE, AUTOGRAD, TORCH, COMPILE_ENGINE, FUNC_ENGINE)
 VALID_ENGINES = SHARED_ENGINES + (COMPILE_ENGINE, FUNC_ENGINE)
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 N_SAMPLES, N_IN, N_OUT, BATCH_SIZE = 10, 8, 1, 2

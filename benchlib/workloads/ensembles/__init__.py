@@ -48,12 +48,13 @@ allocations) are recorded per step but left out of the summaries.
 Modules: `config` (shape, initial parameters, minibatch order), `strategies`, `gc_policies`
 (policies, long-lived heap, full-collection pauses, pause records), `cycles` (the kept-exception cycles),
 `training` (the loop, grid, thread sweep, GC experiment), `floor`, `study` (the notebook's whole measurement
-from its config).
+from its config). The benchmark name, the minibatch order and the load average, shared with `lenet`, are
+`benchlib.workloads.mnist_training`'s (outside this package, so `lenet` imports them without this __init__).
 """
+from benchlib.workloads.mnist_training import NAME, load_average, minibatch_indices
 from benchlib.workloads.ensembles.config import (
-    NAME, STRATEGIES, GC_POLICIES, RAISED_THRESHOLDS, PER_NET_STRATEGIES, PARAM_NAMES, EnsembleConfig,
+    STRATEGIES, GC_POLICIES, RAISED_THRESHOLDS, PER_NET_STRATEGIES, PARAM_NAMES, EnsembleConfig,
     initial_parameters,
-    minibatch_indices,
 )
 from benchlib.workloads.ensembles.strategies import (
     Strategy, Naive, BuffersReused, StepInBackward, BatchedVmap, BatchedHand, evaluate, STRATEGY_CLASSES,
@@ -64,7 +65,7 @@ from benchlib.workloads.ensembles.gc_policies import (
     GCPolicy, long_lived_heap, full_collection_pauses, collection_pause_records, pause_frame, pause_records,
 )
 from benchlib.workloads.ensembles.training import (
-    TrainResult, train, load_average, run_grid, thread_sweep, cycle_sweep, summary_frame, steps_frame, pauses_frame,
+    TrainResult, train, run_grid, thread_sweep, cycle_sweep, summary_frame, steps_frame, pauses_frame,
 )
 from benchlib.workloads.ensembles.floor import (
     matmul_flops, calibration_flop_rate, flop_floor, flop_floor_records,

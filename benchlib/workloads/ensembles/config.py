@@ -1,15 +1,12 @@
-"""The ensemble's shape and optimiser settings, its seeded initial parameters and minibatch order."""
+"""The ensemble's shape and optimiser settings and its seeded initial parameters (the minibatch
+order, shared with `lenet`, is `benchlib.workloads.mnist_training`'s)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
-
-
-NAME = "mnist_ensembles"
 
 
 STRATEGIES = ("naive", "buffers_reused", "step_in_backward", "batched_vmap", "batched_hand")
@@ -81,14 +78,3 @@ def initial_parameters(config: EnsembleConfig) -> dict[str, torch.Tensor]:
         "2.weight": uniform((n, c, h), h),
         "2.bias": uniform((n, c), h),
     }
-
-
-def minibatch_indices(n_samples: int, batch: int, steps: int, seed: int) -> torch.Tensor:
-    """(steps, batch) sample indices: epochs of seeded permutations, shared by every strategy."""
-    if n_samples < batch:
-        raise ValueError(f"the dataset has {n_samples} samples, fewer than one batch of {batch}")
-    rng = np.random.default_rng(seed)
-    per_epoch = n_samples // batch
-    epochs = -(-steps // per_epoch)
-    rows = [rng.permutation(n_samples)[: per_epoch * batch].reshape(per_epoch, batch) for _ in range(epochs)]
-    return torch.from_numpy(np.concatenate(rows)[:steps].astype(np.int64))

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from benchlib.results import make_record
-from benchlib.workloads.ensembles.config import NAME, EnsembleConfig
+from benchlib.workloads.ensembles.config import EnsembleConfig
+from benchlib.workloads.mnist_training import NAME
 
 
 def matmul_flops(device, n: int = 1024, repeats: int = 5) -> float:

@@ -9,7 +9,8 @@ import gc
 import torch
 
 from benchlib.results import make_record
-from benchlib.workloads.ensembles.config import NAME, GC_POLICIES, RAISED_THRESHOLDS
+from benchlib.workloads.ensembles.config import GC_POLICIES, RAISED_THRESHOLDS
+from benchlib.workloads.mnist_training import NAME
 
 
 class GCPolicy:

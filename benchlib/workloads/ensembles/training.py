@@ -4,7 +4,6 @@ the grid of cells and the thread sweep."""
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -12,12 +11,11 @@ import torch
 
 from benchlib.results import make_record
 from benchlib.results.derived import step_summaries
-from benchlib.workloads.ensembles.config import (
-    NAME, STRATEGIES, GC_POLICIES, EnsembleConfig, initial_parameters, minibatch_indices,
-)
+from benchlib.workloads.ensembles.config import STRATEGIES, GC_POLICIES, EnsembleConfig, initial_parameters
 from benchlib.workloads.ensembles.strategies import Strategy, STRATEGY_CLASSES, make_strategy
 from benchlib.workloads.ensembles.cycles import StepCycles
 from benchlib.workloads.ensembles.gc_policies import GCPolicy, long_lived_heap, pause_frame, pause_records
+from benchlib.workloads.mnist_training import NAME, load_average, minibatch_indices
 
 
 @dataclass
@@ -172,15 +170,6 @@ def train(
         result.alloc_source = allocs.source
         result.labels["alloc_source"] = allocs.source
     return result
-
-
-def load_average() -> float:
-    """The 1-minute load average where the OS reports one (NaN elsewhere): on a shared machine
-    it says how much of a step-time spike may be other processes."""
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return math.nan
 
 
 def run_grid(

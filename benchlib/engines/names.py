@@ -1,0 +1,22 @@
+"""Every engine's name, written once: records on disk carry these strings, so they never change.
+
+This module imports nothing, from benchlib or elsewhere, so any layer may import it, `benchlib.results`
+(the lowest) included. The registry, `benchlib.engines.ENGINES`, builds its engines under these names.
+"""
+
+MANUAL = "manual"  # the lean hand-written gradient each workload supplies: the floor every engine is checked against
+MANUAL_SEED = "manual-seed"  # the seed's own hand-written code, with its buffer lifetimes, where a workload has one
+BENCHLIB_INPLACE = "benchlib-inplace"  # benchlib.autodiff, gradients accumulated in place
+BENCHLIB_DEFERRED = "benchlib-deferred"  # benchlib.autodiff, every contribution kept until the end (autograd before #219)
+BENCHLIB_CHECKPOINT = "benchlib-checkpoint"  # benchlib.autodiff in place with about √n forward snapshots
+AUTOGRAD = "autograd"  # HIPS autograd on NumPy
+TORCH = "torch"  # torch.autograd
+TORCH_CHECKPOINT = "torch-checkpoint"  # torch.autograd under torch.utils.checkpoint
+# Not in the registry: identical_closures' own engines, torch with torch.compile or with torch.func.grad
+TORCH_COMPILE = "torch.compile"
+TORCH_FUNC = "torch.func"
+
+TORCH_AUTOGRAD = (TORCH, TORCH_CHECKPOINT)  # the registry's engines that differentiate with torch.autograd
+
+__all__ = ["MANUAL", "MANUAL_SEED", "BENCHLIB_INPLACE", "BENCHLIB_DEFERRED", "BENCHLIB_CHECKPOINT", "AUTOGRAD",
+           "TORCH", "TORCH_CHECKPOINT", "TORCH_COMPILE", "TORCH_FUNC", "TORCH_AUTOGRAD"]

@@ -1,0 +1,36 @@
+"""What the mnist_ensembles notebook's two workloads share: the ensembles package and `lenet`.
+
+The benchmark name their records carry, the seeded minibatch order, and the machine's load
+average at a cell's start. It sits below both and outside the ensembles package, so `lenet`
+imports it without running `benchlib.workloads.ensembles`' __init__ (whose `study` imports `lenet`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import torch
+
+NAME = "mnist_ensembles"
+
+
+def minibatch_indices(n_samples: int, batch: int, steps: int, seed: int) -> torch.Tensor:
+    """(steps, batch) sample indices: epochs of seeded permutations, shared by every strategy."""
+    if n_samples < batch:
+        raise ValueError(f"the dataset has {n_samples} samples, fewer than one batch of {batch}")
+    rng = np.random.default_rng(seed)
+    per_epoch = n_samples // batch
+    epochs = -(-steps // per_epoch)
+    rows = [rng.permutation(n_samples)[: per_epoch * batch].reshape(per_epoch, batch) for _ in range(epochs)]
+    return torch.from_numpy(np.concatenate(rows)[:steps].astype(np.int64))
+
+
+def load_average() -> float:
+    """The 1-minute load average where the OS reports one (NaN elsewhere): on a shared machine
+    it says how much of a step-time spike may be other processes."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return math.nan
