@@ -143,9 +143,11 @@ class Parameter:
         return self.check(value)
 
     def describe(self) -> str:
+        """Two lines: name, type, default and quick value; then the help and, where bounded, what is valid."""
         default = list(self.default) if self.is_list else self.default
         quick = f"  (quick: {list(self.quick) if isinstance(self.quick, tuple) else self.quick!r})" if self.has_quick else ""
-        return f"{self.name}: {self.type_name} = {default!r}{quick}  {self.help}"
+        bounded = self.choices or self.minimum is not None or self.maximum is not None
+        return f"{self.name}: {self.type_name} = {default!r}{quick}\n    {self.help}" + (f"; {self.valid()}" if bounded else "")
 
 
 @dataclass(frozen=True)
@@ -286,7 +288,7 @@ class Benchmark:
         return {p.name: p.default for p in self.parameters}
 
     def describe_parameters(self) -> str:
-        return "\n".join(f"  {p.describe()}" for p in self.parameters)
+        return "\n".join("  " + p.describe().replace("\n", "\n  ") for p in self.parameters)
 
     def config(self, values: Mapping[str, Any] | None = None, *, device: Any = None) -> Config:
         """The checked Config: defaults overridden by `values`, each value by its parameter, then

@@ -13,21 +13,14 @@ reuses a name already taken: a benchmark name means one thing in every run.
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from functools import lru_cache
 from importlib.metadata import entry_points
 
 from benchlib.benchmark import Benchmark, DeclarationError
 
 ENTRY_POINT_GROUP = "benchlib.benchmarks"
-# The built-ins, in the order a full run takes them: calibration measures the machine the others are read against.
-BUILTIN = (
-    "benchlib.workloads.calibration:BENCHMARK",
-    "benchlib.workloads.checkpointing:BENCHMARK",
-    "benchlib.workloads.dot_chain:BENCHMARK",
-    "benchlib.workloads.closures:BENCHMARK",
-    "benchlib.workloads.ensembles:BENCHMARK",
-    "benchlib.workloads.rnn:BENCHMARK",
-)
+FIRST = "calibration"  # measures the machine the others are read against: a full run takes it first
 
 
 class RegistryError(DeclarationError):
@@ -49,15 +42,30 @@ def _load(target: str, where: str) -> Benchmark:
     return found
 
 
+def _builtin_targets() -> list[str]:
+    """"module:BENCHMARK" of every module or package of `benchlib.workloads` that declares one: a new
+    built-in is found by being there, with no list to edit."""
+    import benchlib.workloads as workloads
+
+    targets = []
+    for module in pkgutil.iter_modules(workloads.__path__, f"{workloads.__name__}."):
+        if isinstance(getattr(importlib.import_module(module.name), "BENCHMARK", None), Benchmark):
+            targets.append(f"{module.name}:BENCHMARK")
+    return targets
+
+
 @lru_cache(maxsize=1)
 def benchmarks() -> dict[str, Benchmark]:
-    """Every declared benchmark by name: the built-ins first, then entry points in name order."""
+    """Every declared benchmark by name: the built-ins (calibration first, then by name), then the
+    entry points in name order."""
     found: dict[str, tuple[Benchmark, str]] = {}
-    sources = [(target, "built-in") for target in BUILTIN]
-    sources += [(entry.value, f"entry point {entry.name!r} of group {ENTRY_POINT_GROUP}")
-                for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)]
-    for target, where in sources:
-        benchmark = _load(target, where)
+    builtin = sorted(((_load(target, "built-in"), "built-in", target) for target in _builtin_targets()),
+                     key=lambda source: (source[0].name != FIRST, source[0].name))
+    sources = list(builtin)
+    for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        where = f"entry point {entry.name!r} of group {ENTRY_POINT_GROUP}"
+        sources.append((_load(entry.value, where), where, entry.value))
+    for benchmark, where, target in sources:
         if benchmark.name in found:
             raise RegistryError(f"{where} ({target}) declares benchmark {benchmark.name!r}, which "
                                 f"{found[benchmark.name][1]} already declares; names must be unique")

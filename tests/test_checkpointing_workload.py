@@ -11,16 +11,17 @@ from benchlib.results.plots.checkpointing import budget_table, tradeoff_figure
 from benchlib.workloads import checkpointing
 
 
-def test_budgets_are_checked_before_any_process_starts():
-    for bad, message in (([], "non-empty list"), ([0, 2], r"integers in 1..depth \(8\)"), ([2, 2], "twice"),
-                         ("2", "non-empty list")):
+def test_budgets_are_checked_by_the_declaration_before_any_process_starts():
+    for bad, message in (([], "non-empty list"), ([0, 2], r"0 is not valid"), ([2, 9], r"integers in 1..depth \(8\)"),
+                         ([2, 2], "twice"), ("2", "non-empty list")):
         with pytest.raises(ValueError, match=message):
-            checkpointing.run(D=8, depth=8, budgets=bad, progress=None)
+            checkpointing.BENCHMARK.config({"D": 8, "depth": 8, "budgets": bad})
 
 
 @pytest.mark.slow
 def test_each_budget_matches_manual_and_recomputes_what_revolve_predicts():
-    comparison = checkpointing.run(D=16, depth=10, budgets=[1, 3, 10], progress=None)
+    config = checkpointing.BENCHMARK.config({"D": 16, "depth": 10, "budgets": [1, 3, 10], "trials": 1})
+    comparison = checkpointing.run(config, "cpu", progress=None)
     comparison.check_gradients()
     frame = comparison.frame()
     table = budget_table(frame)

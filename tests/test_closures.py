@@ -14,7 +14,7 @@ from benchlib.results.plots.common import engine_color
 from benchlib.workloads import closures
 from benchlib.workloads.closures import INITIAL, NEW, RERUN, RESETUP, STEPS
 
-TINY = dict(warmup=1, repeats=2, cold_passes=1, alloc_passes=1, alloc_samples=2, backend="eager")
+TINY = closures.Protocol(warmup=1, repeats=2, cold_passes=1, alloc_passes=1, alloc_samples=2, backend="eager")
 
 
 def _engine(name):
@@ -69,9 +69,9 @@ def _warm_counts(frame, step):
 
 
 def test_benchlib_steady_state_allocations_are_equal_for_both_setups():
-    frame = _frame(closures.run_protocol("dense", "benchlib-inplace", "seed", device="cpu", **TINY))
+    frame = _frame(closures.run_protocol("dense", "benchlib-inplace", "seed", device="cpu", protocol=TINY))
     counts = {step: _warm_counts(frame, step) for step in STEPS}
-    assert all(len(values) == TINY["alloc_samples"] for values in counts.values())
+    assert all(len(values) == TINY.alloc_samples for values in counts.values())
     floors = {step: min(values) for step, values in counts.items()}
     assert floors[INITIAL] > 0  # the tracker sees the engine's NumPy buffers
     assert floors[INITIAL] == floors[NEW] == floors[RESETUP] == floors[RERUN]
@@ -83,7 +83,7 @@ def test_benchlib_steady_state_allocations_are_equal_for_both_setups():
 
 
 def test_torch_compile_compiles_once_per_code_object_and_reuses_it_when_setup1_runs_again():
-    frame = _frame(closures.run_protocol("reduced", "torch.compile", "reversed", device="cpu", **TINY))
+    frame = _frame(closures.run_protocol("reduced", "torch.compile", "reversed", device="cpu", protocol=TINY))
     compiles = frame[frame["metric"] == "cold_compiles"].set_index("step")["value"]
     recompiles = frame[frame["metric"] == "recompiles"].set_index("step")["value"]
     # reversed: setup2 builds state1, setup1 the structurally identical new one
@@ -95,9 +95,9 @@ def test_torch_compile_compiles_once_per_code_object_and_reuses_it_when_setup1_r
 
 
 def test_records_cover_every_step_and_the_tables_and_figure_read_them():
-    # a generator of MWEs: validating must not use it up (it once did, and nothing ran)
-    records = closures.run(device="cpu", mwes=(mwe for mwe in ["reduced"]), engines=["torch"],
-                           orders=["seed", "reversed"], progress=None, **(TINY | {"alloc_samples": 1}))
+    sizes = {"warmup": 1, "repeats": 2, "cold_passes": 1, "alloc_passes": 1, "alloc_samples": 1, "backend": "eager"}
+    config = closures.BENCHMARK.config({"mwes": ["reduced"], "engines": ["torch"], "orders": ["seed", "reversed"], **sizes})
+    records = closures.run(config, "cpu", progress=None)
     frame = records_frame(records)
     assert set(frame["device"]) == {"cpu"}
     assert set(frame[frame["variant"] == "torch"]["dtype"]) == {"float64"}
@@ -127,7 +127,7 @@ def test_records_cover_every_step_and_the_tables_and_figure_read_them():
 
 def test_an_engine_that_cannot_run_on_the_device_is_recorded_as_not_applicable(monkeypatch):
     monkeypatch.setattr(closures.protocol, "not_applicable", lambda engine, device: "HIPS autograd runs on the CPU only")
-    frame = records_frame(closures.run_protocol("dense", "autograd", "seed", device="cpu", **TINY))
+    frame = records_frame(closures.run_protocol("dense", "autograd", "seed", device="cpu", protocol=TINY))
     assert set(frame["metric"]) == {closures.NOT_APPLICABLE} and len(frame) == len(STEPS)
     table = closures.seed_table(frame)
     assert set(table["not applicable"]) == {"HIPS autograd runs on the CPU only"}
@@ -162,19 +162,20 @@ def test_verdict_table_flags_a_cursed_first_closure_and_spares_a_jittery_one():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"engines": ["jax"]}, "valid: benchlib-inplace"),
+        ({"engines": ["jax"]}, "each one of benchlib-inplace"),
         ({"engines": "torch"}, "non-empty list"),
-        ({"mwes": ["mnist"]}, "valid: dense, reduced"),
-        ({"orders": ["backwards"]}, "valid: seed, reversed"),
+        ({"mwes": ["mnist"]}, "each one of dense, reduced"),
+        ({"orders": ["backwards"]}, "each one of seed, reversed"),
         ({"repeats": 0}, "repeats must be an integer >= 1"),
         ({"alloc_passes": 0}, "alloc_passes must be an integer >= 1"),
         ({"backend": "xla"}, "backend must be one of inductor"),
-        ({"repeat": 3}, "unknown option"),
+        ({"repeat": 3}, "unknown parameter"),
+        ({"alpha": 1.0}, "alpha must be between 0 and 1"),
     ],
 )
-def test_bad_arguments_are_refused_before_anything_runs(kwargs, message):
+def test_bad_arguments_are_refused_by_the_declaration(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        closures.run(device="cpu", progress=None, **kwargs)
+        closures.BENCHMARK.config(kwargs)
 
 
 @pytest.mark.slow

@@ -81,15 +81,22 @@ def test_memory_requirement_counts_the_z_stack_and_the_kept_contributions_of_def
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"D": 0}, "D must be a positive integer"),
-    ({"depth": 2.5}, "depth must be a positive integer"),
+    ({"D": 0}, "D must be an integer >= 1"),
+    ({"depth": 2.5}, "depth must be an integer >= 1"),
     ({"dtype": "int32"}, "dtype must be one of float32, float64"),
-    ({"engines": ["manual", "jax"]}, "valid engines"),
-    ({"malloc": "jemalloc"}, "valid policies: 'mmap-128k', 'glibc-default'"),
+    ({"engines": ["manual", "jax"]}, "'jax' is not valid"),
+    ({"engines": ["manual", "manual"]}, "engines lists a value twice"),
+    ({"malloc": "jemalloc"}, "malloc must be one of mmap-128k, glibc-default"),
 ])
-def test_bad_arguments_are_refused_before_any_process_starts(kwargs, message):
+def test_bad_arguments_are_refused_by_the_declaration(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        dot_chain.run(device="cpu", **kwargs)
+        dot_chain.BENCHMARK.config(kwargs)
+
+
+def test_the_command_line_takes_every_declared_parameter_and_refuses_bad_values(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        dot_chain.main(["--D", "0"])
+    assert exit_.value.code == 2 and "D must be an integer >= 1, got 0" in capsys.readouterr().err
 
 
 @pytest.mark.slow

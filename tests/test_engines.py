@@ -14,6 +14,7 @@ import benchlib.measure
 from benchlib.engines import ENGINE_NAMES, ENGINES, NotApplicableError, get_engine
 from benchlib.engines import namespaces
 from benchlib.engines.comparison import (
+    Cases,
     EngineComparison,
     GradientMismatch,
     compare_engines,
@@ -181,9 +182,8 @@ def test_saved_gradients_round_trip_without_pickle_and_compare_with_the_referenc
 def test_the_parent_compares_each_saved_gradient_with_manuals_and_deletes_the_files(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     comparison = compare_engines(
-        benchmark="b", target="engine_targets:case",
-        cases={"off": {"off_by": 1e-3}, "manual fails": {"failing": "manual"}},
-        engines=["torch", "manual"], device="cpu", dtype="float64", progress=None)
+        Cases("b", "engine_targets:case", {"off": {"off_by": 1e-3}, "manual fails": {"failing": "manual"}}),
+        {"engines": ["torch", "manual"], "dtype": "float64"}, device="cpu", progress=None)
     assert os.listdir(tmp_path) == []
     frame = comparison.frame()
     assert list(dict.fromkeys(frame[frame["case"] == "off"]["variant"])) == ["manual", "torch"]  # manual first
@@ -291,8 +291,9 @@ def test_summary_ratios_are_medians_over_trials_with_an_interval_only_from_two_t
 @pytest.mark.slow
 def test_trials_run_interleaved_in_fresh_processes_and_record_their_trial_and_place():
     comparison = compare_engines(
-        benchmark="dot_chain", target="benchlib.workloads.dot_chain:case", cases={"c": {"D": 6, "depth": 3}},
-        engines=["benchlib-inplace", "manual"], device="cpu", dtype="float64", trials=2, order_seed=3, progress=None)
+        Cases("dot_chain", "benchlib.workloads.dot_chain:case", {"c": {"D": 6, "depth": 3}}),
+        {"engines": ["benchlib-inplace", "manual"], "dtype": "float64", "trials": 2}, device="cpu", order_seed=3,
+        progress=None)
     frame = comparison.frame()
     params = frame[frame["metric"] == "peak_bytes"]["params"].map(json.loads)
     placed = sorted((p["position"], p["trial"], name) for p, name in zip(params, frame.loc[params.index, "variant"]))
@@ -316,8 +317,9 @@ def test_an_engine_that_cannot_run_on_the_device_is_recorded_not_dropped(monkeyp
     from benchlib.workloads import dot_chain
 
     # engines as a generator: validated once, by compare_engines, and read once
-    comparison = dot_chain.run(D=3, depth=2, engines=(name for name in ["autograd"]), device="cuda",
-                               dtype="float32", progress=None)
+    comparison = compare_engines(
+        Cases("dot_chain", dot_chain.TARGET, {"c": {"D": 3, "depth": 2}}),
+        {"engines": (name for name in ["autograd"]), "dtype": "float32"}, device="cuda", progress=None)
     (record,) = comparison.records
     assert (record["variant"], record["metric"], record["device"]) == ("autograd", "not_applicable", "cuda:0")
     assert json.loads(record["params"])["message"].startswith("HIPS autograd computes with NumPy")
@@ -327,9 +329,9 @@ def test_an_engine_that_cannot_run_on_the_device_is_recorded_not_dropped(monkeyp
 @pytest.mark.slow
 def test_a_failing_case_becomes_a_failed_record_and_the_others_survive():
     comparison = compare_engines(
-        benchmark="dot_chain", target="benchlib.workloads.dot_chain:case",
-        cases={"good": {"D": 6, "depth": 3}, "bad": {"D": 6, "depth": 3, "bogus": 1}},
-        engines=["manual"], device="cpu", dtype="float64", progress=None)
+        Cases("dot_chain", "benchlib.workloads.dot_chain:case",
+              {"good": {"D": 6, "depth": 3}, "bad": {"D": 6, "depth": 3, "bogus": 1}}),
+        {"engines": ["manual"], "dtype": "float64"}, device="cpu", progress=None)
     frame = comparison.frame()
     assert set(frame[frame["case"] == "good"]["metric"]) >= {"time", "peak_bytes", "x_scale"}
     (failed,) = comparison.problems

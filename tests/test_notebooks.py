@@ -1,22 +1,27 @@
-"""Every notebook is thin, committed without outputs, and mirrors its benchmark declaration's defaults."""
+"""Every notebook is declared, thin, committed without outputs, and runs its declaration's values."""
 import nbformat
+import papermill
 import pytest
 
 from benchlib.benchmark import INJECTED, ParameterError
 from benchlib.registry import benchmarks, get
-from benchlib.runner.notebooks import available_notebooks, declared_notebook, find_project_notebooks, inspect
+from benchlib.runner.notebooks import NotebookSpec, available_notebooks, declared_notebook, find_project_notebooks
 
 NOTEBOOKS = available_notebooks(find_project_notebooks())
 
 
 @pytest.mark.parametrize("name", sorted(NOTEBOOKS))
-def test_every_notebook_is_declared_and_its_parameters_cell_mirrors_the_declaration(name):
-    assert name in benchmarks(), f"{name}.ipynb has no Benchmark declaration in benchlib.registry.BUILTIN"
+def test_every_notebook_is_declared_and_runs_the_declarations_values(name):
+    assert name in benchmarks(), f"{name}.ipynb: no module of benchlib/workloads declares a BENCHMARK of that name"
     declaration = get(name)
     assert declared_notebook(declaration).resolve() == NOTEBOOKS[name].resolve()
-    cell = inspect(name, NOTEBOOKS[name]).benchmark
-    assert {p.name: p.default for p in cell.parameters} == declaration.defaults()
-    assert {p.name: p.type_name for p in cell.parameters} == {p.name: p.type_name for p in declaration.parameters}
+    # the committed cell holds only what the runner injects: every default lives in the declaration
+    assert set(papermill.inspect_notebook(str(NOTEBOOKS[name]))) == set(INJECTED)
+    spec = NotebookSpec(declaration, NOTEBOOKS[name])
+    injected = spec.notebook_parameters({}, {"device": "cpu", "results_dir": "/r"})
+    assert injected == {**declaration.config().plain(), "device": "cpu", "results_dir": "/r"}
+    source = "\n".join(cell.source for cell in nbformat.read(NOTEBOOKS[name], as_version=4).cells)
+    assert ".BENCHMARK.config_from(globals())" in source
 
 
 @pytest.mark.parametrize("name", sorted(NOTEBOOKS))
@@ -26,8 +31,8 @@ def test_notebook_is_thin_and_committed_without_outputs(name):
     assert "parameters" in code[0].metadata["tags"]
     assert not any("quick" in cell.metadata.get("tags", []) for cell in code), "quick values live in the declaration"
     assert all(not cell.outputs and cell.execution_count is None for cell in code)
-    # thin: at most 50 lines of calls, tables and figures; the parameters cell only declares values
-    assert sum(len([line for line in cell.source.splitlines() if line.strip()]) for cell in code[1:]) <= 50
+    # thin: at most 50 lines of code, every cell counted
+    assert sum(len([line for line in cell.source.splitlines() if line.strip()]) for cell in code) <= 50
 
 
 def test_no_code_cell_is_repeated_across_notebooks():

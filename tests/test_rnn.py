@@ -77,12 +77,13 @@ def test_every_engine_agrees_with_manual_through_the_case_and_its_saved_gradient
 
 
 def test_manual_seed_is_not_applicable_to_a_model_without_a_seed_gradient_and_unknown_models_are_refused():
-    comparison = rnn.run(device="cpu", model="per-step-loss", batch=2, hidden=8, T_values=[3],
-                         engines=["manual", "manual-seed"], progress=None)
+    config = rnn.BENCHMARK.config({"model": "per-step-loss", "batch": 2, "hidden": 8, "T": 3, "T_sweep": [3],
+                                   "engines": ["manual", "manual-seed"], "trials": 1, "repeats": 1})
+    comparison = rnn.run(config, "cpu", progress=None)
     assert [(p["engine"], p["status"]) for p in comparison.problems] == [("manual-seed", "not applicable")]
     assert "has no seed-written gradient (only bench_rnn does)" in comparison.problems[0]["message"]
     with pytest.raises(ValueError, match="model must be one of bench_rnn, per-step-loss"):
-        rnn.run(device="cpu", model="lstm", progress=None)
+        rnn.BENCHMARK.config({"model": "lstm"})
 
 
 def test_the_check_would_catch_a_wrong_gradient_of_one_weight(tmp_path):
@@ -141,16 +142,16 @@ def test_growth_per_step_is_the_slope_of_the_measured_peak_against_T_in_W_buffer
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"T_values": []}, "non-empty list"),
-    ({"T_values": 50}, "non-empty list"),
-    ({"T_values": [10, 0]}, "each T must be a positive integer"),
-    ({"T_values": [10, 10]}, "twice"),
-    ({"hidden": -1}, "hidden must be a positive integer"),
+    ({"T_sweep": []}, "non-empty list"),
+    ({"T_sweep": 50}, "non-empty list"),
+    ({"T_sweep": [10, 0]}, "0 is not valid"),
+    ({"T_sweep": [10, 10]}, "twice"),
+    ({"hidden": -1}, "hidden must be an integer >= 1"),
     ({"repeats": 0}, "repeats must be"),
 ])
-def test_bad_arguments_are_refused_before_any_process_starts(kwargs, message):
+def test_bad_arguments_are_refused_by_the_declaration(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        rnn.run(device="cpu", **kwargs)
+        rnn.BENCHMARK.config(kwargs)
 
 
 @pytest.mark.slow

@@ -294,14 +294,27 @@ def _fill_ratios(table: pd.DataFrame, index, reference: dict | None, own: dict |
             interval.ratio, math.nan if single else interval.ci_low, math.nan if single else interval.ci_high)
 
 
-def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping], engines: Iterable[str],
-                    device="auto", dtype: str, repeats: int = 1, warmup: int = 0, trials: int = 1,
-                    order_seed: int | None = 0,
-                    memory_required: Callable[[str, Mapping], int | None] | None = None,
-                    malloc: str | None = None, timeout_s: float = 600,
-                    describe: Mapping | None = None, progress: Callable[[str], None] | None = print,
-                    not_applicable: Callable[[str], str | None] | None = None) -> EngineComparison:
-    """Run `target` for every case (label -> params) and engine, each in a fresh process, `trials` times.
+@dataclass(frozen=True)
+class Cases:
+    """What a workload compares engines on: the child's target ("module:function"), each case's label
+    and the params its child gets, and what only the parent needs (memory each engine needs, facts to
+    record, engines that do not apply to this workload, engines fixed by the workload)."""
+
+    benchmark: str
+    target: str
+    params: Mapping[str, Mapping]
+    memory_required: Callable[[str, Mapping], int | None] | None = None
+    describe: Mapping | None = None
+    not_applicable: Callable[[str], str | None] | None = None
+    engines: tuple[str, ...] | None = None
+
+
+def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_seed: int | None = 0,
+                    timeout_s: float = 600, progress: Callable[[str], None] | None = print) -> EngineComparison:
+    """Run `cases.target` for every case and engine, each in a fresh process, `trials` times.
+
+    `settings` holds dtype, engines (unless `cases.engines` fixes them), repeats, trials, warmup and
+    malloc: the values of `comparison_parameters`, i.e. a benchmark's Config, or a plain mapping.
 
     The trials of a case are interleaved (`trial_order`: rounds of every engine, shuffled by
     `order_seed`), and each record's params carry `trial`, `trials`, `order_seed` and `position`
@@ -311,18 +324,22 @@ def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping]
     with the reason) when there is no manual gradient. A case that fails (exception, crash,
     timeout, or more memory than is available) becomes a `failed` record with its error and its
     later trials are skipped; an engine that cannot run on the device becomes a `not_applicable`
-    record with the reason (so does one the workload's `not_applicable(engine)` gives a reason
+    record with the reason (so does one `cases.not_applicable(engine)` gives a reason
     for, e.g. `manual-seed` where the workload has no seed gradient). Neither stops the other
     cases. Only the first trial's memory timeline is kept (later trials sample too, so every
     trial is timed under the same instrument).
-    `describe` adds JSON-able facts to every record's params without passing them to the child.
+    `cases.describe` adds JSON-able facts to every record's params without passing them to the child.
     The gradient files live in a temporary directory that is deleted before this returns.
     """
     from benchlib.measure import CaseFailed, resolve_device, run_isolated
     from benchlib.measure.isolation import malloc_environment
     from benchlib.results import make_record, status_record
 
-    engines = validate_common(dtype=dtype, engines=engines, repeats=repeats, warmup=warmup, trials=trials)
+    benchmark, target, describe = cases.benchmark, cases.target, cases.describe
+    dtype, malloc = settings["dtype"], settings.get("malloc")
+    repeats, warmup, trials = settings.get("repeats", 1), settings.get("warmup", 0), settings.get("trials", 1)
+    engines = validate_common(dtype=dtype, engines=cases.engines or settings["engines"], repeats=repeats,
+                              warmup=warmup, trials=trials)
     if malloc is not None:
         malloc_environment(malloc)  # an unknown policy is refused here, naming the valid ones
     device = resolve_device(device)
@@ -338,7 +355,7 @@ def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping]
             progress(f"{benchmark} {labels['case']} {labels['engine']}: {status}: {message.splitlines()[0]}")
 
     with tempfile.TemporaryDirectory(prefix="benchlib-gradients-") as gradient_root:
-        for index, (case, child_params) in enumerate(cases.items()):
+        for index, (case, child_params) in enumerate(cases.params.items()):
             comparison.case_params[case] = dict(child_params)
             case_params = {**child_params, **(describe or {}), "trials": trials, "order_seed": order_seed}
             gradient_dir = os.path.join(gradient_root, f"case-{index}")
@@ -352,8 +369,8 @@ def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping]
             runnable = []
             for engine_name in engines:
                 reason = get_engine(engine_name).not_applicable(device)
-                if reason is None and not_applicable is not None:
-                    reason = not_applicable(engine_name)
+                if reason is None and cases.not_applicable is not None:
+                    reason = cases.not_applicable(engine_name)
                 if reason is None:
                     runnable.append(engine_name)
                 else:
@@ -365,7 +382,7 @@ def compare_engines(*, benchmark: str, target: str, cases: Mapping[str, Mapping]
                 labels = labels_of[engine_name]
                 trial_params = {**case_params, "trial": trial, "position": position}
                 params = {**child_params, "engine": engine_name, "dtype": dtype, "gradient_dir": gradient_dir}
-                required = memory_required(engine_name, child_params) if memory_required else None
+                required = cases.memory_required(engine_name, child_params) if cases.memory_required else None
                 try:
                     result = run_isolated(target, params, name=f"{benchmark}/{case}/{engine_name}",
                                           device=device.name, warmup=warmup, repeats=repeats,

@@ -436,7 +436,7 @@ class _RunLoop:
                 parameters = _parameters(self.run_, execution, self.injected)
                 output = self.run_.path / "notebooks" / f"{execution.key}.ipynb"
                 output.parent.mkdir(exist_ok=True)
-                shown = ", ".join(f"{key}={value!r}" for key, value in execution.values.items())
+                shown = ", ".join(f"{key}={list(value) if isinstance(value, tuple) else value!r}" for key, value in execution.values.items())
                 expected = last_duration(self.root, execution.key, self.quick)
                 eta = f", last time {expected:.0f} s" if expected else ""
                 self.say(f"[{index}/{len(self.executions)}] {execution.key}: started{f' ({shown})' if shown else ''}{eta}")

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from benchlib.benchmark import Benchmark, Parameter
+from benchlib.benchmark import Benchmark, Config, Parameter
 from benchlib.measure import (AllocationTracker, Device, measure, measure_steps, resolve_device, time_call,
                               torch_threads)
 from benchlib.results import make_record
@@ -275,15 +275,12 @@ def tracker_overhead(device="cpu", rounds: int = 11) -> list[dict]:
     return records
 
 
-def run_calibration(device="cpu", *, matmul_sizes_cpu=None, matmul_sizes_cuda=None,
-                    copy_mib=None, sampler_intervals_s=None, rounds=None, repeats=None,
+def run_calibration(device="cpu", config: Config | None = None,
                     progress: Callable[[str], None] | None = print) -> list[dict]:
-    """Every calibration on `device`; unset sizes take the declaration's defaults (a few seconds each on 2 cores)."""
+    """Every calibration on `device` at `config`'s sizes (this benchmark's Config; its defaults when
+    None): a few seconds each on 2 cores."""
     device = resolve_device(device)
-    given = dict(matmul_sizes_cpu=matmul_sizes_cpu, matmul_sizes_cuda=matmul_sizes_cuda,
-                 copy_mib=copy_mib, sampler_intervals_s=sampler_intervals_s, rounds=rounds,
-                 repeats=repeats)
-    cfg = {**BENCHMARK.defaults(), **{k: v for k, v in given.items() if v is not None}}
+    cfg = config if config is not None else BENCHMARK.config()
     sizes = cfg["matmul_sizes_cuda" if device.is_cuda else "matmul_sizes_cpu"]
     steps = [
         ("matrix-product FLOP/s", lambda: matmul_flops(device, sizes, repeats=cfg["repeats"])),

@@ -15,8 +15,8 @@ from benchlib import autodiff
 from benchlib.autodiff import ops
 from benchlib.autodiff.checkpoint import revolve_cost
 from benchlib.engines import get_engine
-from benchlib.benchmark import Benchmark, Parameter, Seed
-from benchlib.engines.comparison import EngineComparison, compare_engines, comparison_parameters
+from benchlib.benchmark import Benchmark, Config, Parameter, Seed
+from benchlib.engines.comparison import Cases, EngineComparison, compare_engines, comparison_parameters
 from benchlib.engines.gradients import save_gradient
 from benchlib.engines.names import BENCHLIB_CHECKPOINT, MANUAL
 from benchlib.measure import Case
@@ -67,18 +67,16 @@ def check_budgets(budgets: Iterable, depth: int) -> list[int]:
     return budgets
 
 
-def run(*, device="auto", dtype: str = "float64", D: int = 500, depth: int = 100, budgets=(2, 5, 10, 20, 50, 100),
-        repeats: int = 1, trials: int = 1, warmup: int = 0, seed: int = 0, malloc: str | None = None,
-        progress=print) -> EngineComparison:
-    """manual and benchlib-checkpoint at every budget (and "sqrt"), each case in a fresh process."""
-    budgets = check_budgets(budgets, depth)
-    return compare_engines(
-        benchmark=BENCHMARK.name, target=TARGET,
-        cases={f"budget={budget}": {"D": D, "depth": depth, "budget": budget, "seed": seed}
-               for budget in [*budgets, SQRT]},
-        engines=ENGINES, device=device, dtype=dtype, repeats=repeats, trials=trials, warmup=warmup,
-        memory_required=lambda engine, _params: dot_chain.memory_required_bytes(engine, D, depth, dtype),
-        malloc=malloc, describe={"x_scaling": dot_chain.X_SCALING}, progress=progress)
+def run(config: Config, device="auto", *, progress=print) -> EngineComparison:
+    """manual and benchlib-checkpoint at every budget (and "sqrt"), each case in a fresh process;
+    `config` is this benchmark's (`BENCHMARK.config(...)`)."""
+    D, depth, dtype = config.D, config.depth, config.dtype
+    cases = Cases(BENCHMARK.name, TARGET,
+                  {f"budget={budget}": {"D": D, "depth": depth, "budget": budget, "seed": dot_chain.DATA_SEED}
+                   for budget in [*config.budgets, SQRT]},
+                  memory_required=lambda engine, _params: dot_chain.memory_required_bytes(engine, D, depth, dtype),
+                  describe={"x_scaling": dot_chain.X_SCALING}, engines=ENGINES)
+    return compare_engines(cases, config, device=device, progress=progress)
 
 
 BENCHMARK = Benchmark(

@@ -8,9 +8,9 @@ forward pass stores, accumulating them in place costs one buffer. The hand-writt
 The seed's raw data (x = A·Aᵀ, A standard normal) overflows to inf/NaN after a few dozen
 products, so x is scaled to spectral norm 1; the scale is recorded with every result.
 
-Run every engine in a fresh process and print a table (the benchmark of issue 3):
+Run every engine in a fresh process and print a table (every declared parameter is an option):
 
-    python -m benchlib.workloads.dot_chain [--D 1000 --depth 100 --dtype float64 --engines ...]
+    python -m benchlib.workloads.dot_chain [--D 1000 --depth 100 --dtype float64 --engines manual,torch ...]
 """
 
 from __future__ import annotations
@@ -20,16 +20,17 @@ import sys
 
 import numpy as np
 
-from benchlib.benchmark import Benchmark, Parameter, Seed
+from benchlib.benchmark import Benchmark, Config, Parameter, ParameterError, Seed
 from benchlib.engines import ENGINE_NAMES, get_engine
-from benchlib.engines.comparison import EngineComparison, comparison_parameters, comparison_rules, compare_engines
+from benchlib.engines.comparison import Cases, EngineComparison, comparison_parameters, comparison_rules, compare_engines
 from benchlib.engines.gradients import save_gradient
 from benchlib.engines.names import BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, MANUAL_SEED
 from benchlib.engines.roles import memory_roles, role_gauge
-from benchlib.measure import DEFAULT_MALLOC_POLICY, MALLOC_POLICIES, Case, mark
+from benchlib.measure import Case, mark
 from benchlib.results.seed_verdicts import RatioRule
 
 SEED_SIZES = {"D": 1000, "depth": 100}
+DATA_SEED = 0  # the seed of x and z: every engine differentiates the same data
 X_SCALING = "x = A·Aᵀ / λmax(A·Aᵀ), A standard normal (spectral norm 1); z standard normal"
 TARGET = "benchlib.workloads.dot_chain:case"
 
@@ -151,22 +152,14 @@ def case(*, device, engine: str, D: int, depth: int, dtype: str, gradient_dir: s
     return Case(lambda: gradient(x, z), check, roles=role_gauge(chosen, gradient, inputs=(x, z)))
 
 
-def run(*, device="auto", dtype: str = "float64", D: int = SEED_SIZES["D"], depth: int = SEED_SIZES["depth"],
-        engines=ENGINE_NAMES, repeats: int = 1, trials: int = 1, warmup: int = 0, seed: int = 0,
-        malloc: str | None = None,
-        timeout_s: float = 600, progress=print) -> EngineComparison:
-    """Every engine's case in its own process, `trials` times interleaved; finished cases survive a failing one."""
-    for name, value in (("D", D), ("depth", depth), ("seed", seed)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "seed" else 1):
-            raise ValueError(f"{name} must be a {'non-negative' if name == 'seed' else 'positive'} integer, "
-                             f"got {value!r}")
-    return compare_engines(
-        benchmark=BENCHMARK.name, target=TARGET,
-        cases={f"D={D},depth={depth}": {"D": D, "depth": depth, "seed": seed}},
-        describe={"x_scaling": X_SCALING}, engines=engines, device=device, dtype=dtype, repeats=repeats,
-        trials=trials, warmup=warmup,
-        memory_required=lambda engine, _params: memory_required_bytes(engine, D, depth, dtype), malloc=malloc,
-        timeout_s=timeout_s, progress=progress)
+def run(config: Config, device="auto", *, timeout_s: float = 600, progress=print) -> EngineComparison:
+    """Every engine's case in its own process, `trials` times interleaved; finished cases survive a failing one.
+    `config` is this benchmark's (`BENCHMARK.config(...)`), checked where it was built."""
+    D, depth, dtype = config.D, config.depth, config.dtype
+    cases = Cases(BENCHMARK.name, TARGET, {f"D={D},depth={depth}": {"D": D, "depth": depth, "seed": DATA_SEED}},
+                  memory_required=lambda engine, _params: memory_required_bytes(engine, D, depth, dtype),
+                  describe={"x_scaling": X_SCALING})
+    return compare_engines(cases, config, device=device, timeout_s=timeout_s, progress=progress)
 
 
 def _memory(config, device) -> int:
@@ -201,24 +194,31 @@ BENCHMARK = Benchmark(
 )
 
 
+def _typed(parameter: Parameter):
+    """argparse's `type` for a declared parameter: its own parsing and its own refusal message."""
+    def parse(text: str):
+        try:
+            return parameter.parse(text)
+        except ParameterError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+    return parse
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchlib.workloads.dot_chain",
-        description="Gradient of 100 chained dot products: each engine in a fresh process, "
-                    "peak memory and time against the hand-written gradient.")
-    parser.add_argument("--D", type=int, default=SEED_SIZES["D"])
-    parser.add_argument("--depth", type=int, default=SEED_SIZES["depth"])
-    parser.add_argument("--dtype", default="float64", choices=("float32", "float64"))
-    parser.add_argument("--engines", nargs="+", default=list(ENGINE_NAMES), metavar="ENGINE",
-                        help=f"any of: {', '.join(ENGINE_NAMES)}")
+        description=f"{BENCHMARK.question} Each engine in a fresh process; prints the peaks and times "
+                    "(benchlib run dot_chain also draws the figures).")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--trials", type=int, default=1, help="fresh processes per engine, interleaved")
-    parser.add_argument("--malloc", default=None, choices=tuple(MALLOC_POLICIES),
-                        help=f"allocator policy of the child processes (default {DEFAULT_MALLOC_POLICY})")
-    args = parser.parse_args(argv)
-    comparison = run(device=args.device, dtype=args.dtype, D=args.D, depth=args.depth, engines=args.engines,
-                     repeats=args.repeats, trials=args.trials, malloc=args.malloc, progress=lambda line: print(line, file=sys.stderr))
+    for parameter in BENCHMARK.parameters:
+        parser.add_argument(f"--{parameter.name}", type=_typed(parameter), default=None, help=parameter.help)
+    values = vars(parser.parse_args(argv))
+    device = values.pop("device")
+    try:
+        config = BENCHMARK.config({name: value for name, value in values.items() if value is not None})
+    except ParameterError as error:
+        parser.error(str(error))
+    comparison = run(config, device, progress=lambda line: print(line, file=sys.stderr))
     print(comparison.table_text())
     return 0 if comparison.ok else 1
 

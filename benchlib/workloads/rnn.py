@@ -27,8 +27,8 @@ import numpy as np
 import pandas as pd
 
 from benchlib.engines import ENGINE_NAMES, get_engine
-from benchlib.benchmark import Benchmark, Parameter, Seed
-from benchlib.engines.comparison import EngineComparison, comparison_parameters, comparison_rules, compare_engines
+from benchlib.benchmark import Benchmark, Config, Parameter, Seed, distinct
+from benchlib.engines.comparison import Cases, EngineComparison, comparison_parameters, comparison_rules, compare_engines
 from benchlib.engines.gradients import save_gradient
 from benchlib.engines.names import AUTOGRAD, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, MANUAL_SEED, TORCH
 from benchlib.engines.roles import memory_roles, role_gauge
@@ -36,6 +36,7 @@ from benchlib.measure import MALLOC_POLICIES, Case, mark
 from benchlib.results.seed_verdicts import RatioRule, SlopeRule
 
 SEED_SIZES = {"batch": 16, "hidden": 1024, "T": 50}
+DATA_SEED = 0  # the seed of the weights and inputs: every engine differentiates the same data
 TARGET = "benchlib.workloads.rnn:case"
 WEIGHTS = ("W", "b", "Wout", "bout")
 WEIGHT_ARGNUMS = (0, 1, 2, 3)
@@ -312,41 +313,29 @@ def growth_per_step(records: pd.DataFrame) -> pd.DataFrame:
                                        "time_s_per_step"])
 
 
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-def run(*, device="auto", dtype: str = "float32", batch: int = SEED_SIZES["batch"],
-        hidden: int = SEED_SIZES["hidden"], T_values=(SEED_SIZES["T"],), engines=ENGINE_NAMES,
-        repeats: int = 1, trials: int = 1, warmup: int = 0, seed: int = 0, malloc: str | None = None,
-        timeout_s: float = 600, progress=print, model: str = "bench_rnn") -> EngineComparison:
-    """Every engine at every T in its own process; cases are labelled "T=<steps>"."""
-    if model not in MODELS:
-        raise ValueError(f"model must be one of {', '.join(MODELS)}, got {model!r}")
-    _positive_int("batch", batch)
-    _positive_int("hidden", hidden)
-    if isinstance(T_values, (str, int)) or not list(T_values):
-        raise ValueError(f"T_values must be a non-empty list of positive integers, got {T_values!r}")
-    T_values = [_positive_int("each T", T) for T in T_values]
-    if len(set(T_values)) != len(T_values):
-        raise ValueError(f"T_values lists a value twice: {T_values}")
-    return compare_engines(
-        benchmark=BENCHMARK.name, target=TARGET,
-        cases={f"T={T}": {"batch": batch, "hidden": hidden, "T": T, "seed": seed, "model": model} for T in T_values},
-        engines=engines, device=device, dtype=dtype, repeats=repeats, trials=trials, warmup=warmup,
+def run(config: Config, device="auto", *, timeout_s: float = 600, progress=print) -> EngineComparison:
+    """Every engine at every T (`T` and `T_sweep`) in its own process; cases are labelled "T=<steps>".
+    `config` is this benchmark's (`BENCHMARK.config(...)`)."""
+    batch, hidden, model, dtype = config.batch, config.hidden, config.model, config.dtype
+    cases = Cases(
+        BENCHMARK.name, TARGET,
+        {f"T={T}": {"batch": batch, "hidden": hidden, "T": T, "model": model} for T in sorted({*config.T_sweep, config.T})},
         memory_required=lambda engine, params: memory_required_bytes(engine, batch, hidden, params["T"], dtype),
-        malloc=malloc, timeout_s=timeout_s,
-        describe={"model_description": MODELS[model]}, progress=progress,
+        describe={"model_description": MODELS[model], "seed": DATA_SEED},
         not_applicable=lambda engine: (None if engine != MANUAL_SEED or model in SEED_GRADIENT_MODELS else
                                        f"model {model!r} has no seed-written gradient (only "
                                        f"{', '.join(SEED_GRADIENT_MODELS)} does)"))
+    return compare_engines(cases, config, device=device, timeout_s=timeout_s, progress=progress)
 
 
 def _weight_bytes(params: dict) -> float:
     """One W-sized buffer of a record's params: the unit the per-step slopes are judged in."""
     return float(params["hidden"]) ** 2 * np.dtype(params["dtype"]).itemsize
+
+
+def _rules(config) -> None:
+    comparison_rules(config)
+    distinct("T_sweep", config.T_sweep)
 
 
 def _memory(config, device) -> int:
@@ -369,7 +358,7 @@ BENCHMARK = Benchmark(
         *comparison_parameters(dtype="float32", engines=ENGINE_NAMES, repeats=3, trials=3, warmup=1,
                                quick={"repeats": 1}),
     ),
-    rules=comparison_rules,
+    rules=_rules,
     memory=_memory,
     headline=("peak_bytes", "time"),
     verdicts=(

@@ -26,7 +26,7 @@ Modules: `spec` (names and settings), `engines`, `mwes`, `protocol` (passes and 
 from benchlib.workloads.closures.spec import (
     NAME, MWES, MWE_DTYPES, ORDERS, INITIAL, RERUN, NEW, RESETUP, STEPS, PHASES, PAIRS, SHARED_ENGINES,
     COMPILE_ENGINE, FUNC_ENGINE, ENGINES, VALID_ENGINES, COMPILE_BACKENDS, N_SAMPLES, N_IN, N_OUT, BATCH_SIZE,
-    GRADS_IDENTICAL, NOT_APPLICABLE, TRACKER_CASE, DEFAULTS,
+    GRADS_IDENTICAL, NOT_APPLICABLE, TRACKER_CASE, Protocol,
 )
 from benchlib.workloads.closures.engines import (
     CompileCounter, ClosureEngine, not_applicable, make_engine,
@@ -36,7 +36,7 @@ from benchlib.workloads.closures.mwes import (
     reduced_setup2, reduced_train, reference_gradients, MWE, gradients_numpy, identical,
 )
 from benchlib.workloads.closures.protocol import (
-    protocol_states, case_name, validate, run_protocol, tracker_records, run,
+    protocol_states, case_name, run_protocol, tracker_records, run,
 )
 from benchlib.workloads.closures.tables import (
     expand_cases, seed_table, verdict_table, differing_pairs, tracker_table,
@@ -66,15 +66,15 @@ BENCHMARK = Benchmark(
         Parameter("engines", ENGINES, "gradient engines to run the protocol under", choices=VALID_ENGINES),
         Parameter("orders", tuple(ORDERS), "which setup builds the initial closure: seed (setup1) or reversed",
                   quick=("seed",), choices=tuple(ORDERS)),
-        Parameter("warmup", DEFAULTS["warmup"], "warm-up calls after each step's cold call", quick=1, minimum=0),
-        Parameter("repeats", DEFAULTS["repeats"], "timed warm calls per step", quick=5, minimum=1),
-        Parameter("cold_passes", DEFAULTS["cold_passes"], "timing passes from fresh set-ups (cold samples)", quick=1,
+        Parameter("warmup", Protocol.warmup, "warm-up calls after each step's cold call", quick=1, minimum=0),
+        Parameter("repeats", Protocol.repeats, "timed warm calls per step", quick=5, minimum=1),
+        Parameter("cold_passes", Protocol.cold_passes, "timing passes from fresh set-ups (cold samples)", quick=1,
                   minimum=1),
-        Parameter("alloc_passes", DEFAULTS["alloc_passes"], "allocation-tracing passes from fresh set-ups", quick=1,
+        Parameter("alloc_passes", Protocol.alloc_passes, "allocation-tracing passes from fresh set-ups", quick=1,
                   minimum=1),
-        Parameter("alloc_samples", DEFAULTS["alloc_samples"], "traced warm calls per step and pass", quick=1,
+        Parameter("alloc_samples", Protocol.alloc_samples, "traced warm calls per step and pass", quick=1,
                   minimum=1),
-        Parameter("backend", DEFAULTS["backend"], "torch.compile backend", quick="eager", choices=COMPILE_BACKENDS),
+        Parameter("backend", Protocol.backend, "torch.compile backend", quick="eager", choices=COMPILE_BACKENDS),
         Parameter("alpha", 0.01, "significance level of the rank tests (exclusive of 0 and 1)", minimum=0, maximum=1),
         Parameter("min_effect", 0.05, "smallest relative difference in time a verdict calls a difference", minimum=0),
     ),

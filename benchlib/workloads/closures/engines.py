@@ -12,7 +12,7 @@ from benchlib.engines import Engine, get_engine
 from benchlib.engines.names import TORCH
 from benchlib.measure import resolve_device
 from benchlib.workloads.closures.spec import (
-    COMPILE_ENGINE, FUNC_ENGINE, VALID_ENGINES, COMPILE_BACKENDS, DEFAULTS,
+    COMPILE_ENGINE, FUNC_ENGINE, VALID_ENGINES, COMPILE_BACKENDS, Protocol,
 )
 
 
@@ -105,7 +105,7 @@ def not_applicable(engine: str, device) -> str | None:
     return base.not_applicable(resolve_device(device))
 
 
-def make_engine(name: str, device, backend: str = DEFAULTS["backend"]) -> ClosureEngine:
+def make_engine(name: str, device, backend: str = Protocol.backend) -> ClosureEngine:
     """The engine called `name` (one of VALID_ENGINES) on `device`."""
     if name not in VALID_ENGINES:
         raise ValueError(f"unknown engine {name!r}; valid: {', '.join(VALID_ENGINES)}")

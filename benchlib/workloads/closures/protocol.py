@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 from benchlib.engines.gradients import GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, max_relative_error
 from benchlib.measure import count_allocations, resolve_device, time_call
 from benchlib.results import make_record, status_record
 from benchlib.workloads.closures.spec import (
-    NAME, MWES, MWE_DTYPES, ORDERS, INITIAL, RERUN, NEW, RESETUP, STEPS, PAIRS, ENGINES, VALID_ENGINES,
-    COMPILE_BACKENDS, N_SAMPLES, BATCH_SIZE, GRADS_IDENTICAL, NOT_APPLICABLE, TRACKER_CASE, DEFAULTS,
+    NAME, MWE_DTYPES, ORDERS, INITIAL, RERUN, NEW, RESETUP, STEPS, PAIRS, N_SAMPLES, BATCH_SIZE, GRADS_IDENTICAL,
+    NOT_APPLICABLE, TRACKER_CASE, Protocol,
 )
 from benchlib.workloads.closures.engines import not_applicable, make_engine
 from benchlib.workloads.closures.mwes import (
@@ -30,26 +30,6 @@ def protocol_states(mwe: MWE, order: str) -> Iterator[tuple[str, ClosureState]]:
 
 def case_name(mwe: str, order: str, step: str) -> str:
     return f"{mwe}/{order}/{step}"
-
-
-def validate(*, mwes: Iterable[str], engines: Iterable[str], orders: Iterable[str], warmup: int,
-             repeats: int, cold_passes: int, alloc_passes: int, alloc_samples: int, backend: str,
-             seed: int) -> None:
-    """Refuse bad arguments before anything runs, naming what is valid."""
-    for label, given, valid in (("mwes", mwes, MWES), ("engines", engines, VALID_ENGINES),
-                                ("orders", orders, tuple(ORDERS))):
-        if isinstance(given, str) or not list(given):
-            raise ValueError(f"{label} must be a non-empty list drawn from {', '.join(valid)}, got {given!r}")
-        unknown = [name for name in given if name not in valid]
-        if unknown:
-            raise ValueError(f"unknown {label} {unknown}; valid: {', '.join(valid)}")
-    for label, value, least in (("warmup", warmup, 0), ("repeats", repeats, 1), ("cold_passes", cold_passes, 1),
-                                ("alloc_passes", alloc_passes, 1), ("alloc_samples", alloc_samples, 1),
-                                ("seed", seed, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ValueError(f"{label} must be an integer >= {least}, got {value!r}")
-    if backend not in COMPILE_BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(COMPILE_BACKENDS)}, got {backend!r}")
 
 
 @dataclass
@@ -128,36 +108,32 @@ def _allocation_pass(mwe: MWE, order: str, steps: dict, *, warmup: int, alloc_sa
     return source
 
 
-def run_protocol(mwe_name: str, engine_name: str, order: str, *, device="auto", warmup: int = DEFAULTS["warmup"],
-                 repeats: int = DEFAULTS["repeats"], cold_passes: int = DEFAULTS["cold_passes"],
-                 alloc_passes: int = DEFAULTS["alloc_passes"], alloc_samples: int = DEFAULTS["alloc_samples"],
-                 backend: str = DEFAULTS["backend"], seed: int = DEFAULTS["seed"]) -> list[dict]:
+def run_protocol(mwe_name: str, engine_name: str, order: str, *, device="auto",
+                 protocol: Protocol = Protocol()) -> list[dict]:
     """The seed's four steps for one MWE, engine and order: tidy records of times, allocations,
     compile counts and gradient checks."""
-    validate(mwes=[mwe_name], engines=[engine_name], orders=[order], warmup=warmup, repeats=repeats,
-             cold_passes=cold_passes, alloc_passes=alloc_passes, alloc_samples=alloc_samples,
-             backend=backend, seed=seed)
     device = resolve_device(device)
     dtype = MWE_DTYPES[mwe_name]
-    base_params = dict(mwe=mwe_name, order=order, warmup=warmup, repeats=repeats, cold_passes=cold_passes,
-                       alloc_passes=alloc_passes, alloc_samples=alloc_samples, seed=seed,
-                       n_samples=N_SAMPLES, batch_size=BATCH_SIZE)
+    base_params = dict(mwe=mwe_name, order=order, warmup=protocol.warmup, repeats=protocol.repeats,
+                       cold_passes=protocol.cold_passes, alloc_passes=protocol.alloc_passes,
+                       alloc_samples=protocol.alloc_samples, seed=protocol.seed, n_samples=N_SAMPLES,
+                       batch_size=BATCH_SIZE)
     reason = not_applicable(engine_name, device)
     if reason is not None:
         return [status_record(status=NOT_APPLICABLE, message=reason, benchmark=NAME,
                               case=case_name(mwe_name, order, step), engine=engine_name, device=device, dtype=dtype,
                               params={**base_params, "step": step}) for step in STEPS]
-    engine = make_engine(engine_name, device, backend)
-    mwe = MWE(mwe_name, engine, seed)
+    engine = make_engine(engine_name, device, protocol.backend)
+    mwe = MWE(mwe_name, engine, protocol.seed)
     steps = {step: _Step() for step in STEPS}
-    for index in range(cold_passes):
-        _timing_pass(mwe, order, steps, warmup=warmup, repeats=repeats, keep_grads=index == 0)
+    for index in range(protocol.cold_passes):
+        _timing_pass(mwe, order, steps, warmup=protocol.warmup, repeats=protocol.repeats, keep_grads=index == 0)
     source = ""
-    for _ in range(alloc_passes):
-        source = _allocation_pass(mwe, order, steps, warmup=warmup, alloc_samples=alloc_samples)
+    for _ in range(protocol.alloc_passes):
+        source = _allocation_pass(mwe, order, steps, warmup=protocol.warmup, alloc_samples=protocol.alloc_samples)
     engine.reset()
     base_params |= engine.describe() | ({"alloc_source": source} if source else {})
-    return _records(mwe_name, engine_name, order, device, dtype, steps, base_params, seed)
+    return _records(mwe_name, engine_name, order, device, dtype, steps, base_params, protocol.seed)
 
 
 def _records(mwe: str, engine: str, order: str, device, dtype: str, steps: dict, base_params: dict,
@@ -217,26 +193,17 @@ def tracker_records(device="auto", samples: int = 5) -> list[dict]:
     return records
 
 
-def run(*, device="auto", mwes: Iterable[str] = MWES, engines: Iterable[str] = ENGINES,
-        orders: Iterable[str] = tuple(ORDERS), progress: Callable[[str], None] | None = print,
-        **sizes) -> list[dict]:
-    """Every MWE x engine x order, plus the tracker's own jitter: the notebook's records."""
-    options = DEFAULTS | sizes
-    unknown = sorted(set(sizes) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"unknown option(s) {unknown}; valid: {', '.join(DEFAULTS)}")
-    # lists before validating: a generator would be used up by the check and run nothing
-    mwes, engines, orders = (given if isinstance(given, str) else list(given) for given in (mwes, engines, orders))
-    validate(mwes=mwes, engines=engines, orders=orders, **options)
+def run(config, device="auto", *, progress: Callable[[str], None] | None = print) -> list[dict]:
+    """Every MWE x engine x order of `config` (this benchmark's checked Config), plus the tracker's own
+    jitter: the notebook's records."""
+    protocol = Protocol(**{name: config[name] for name in Protocol.__dataclass_fields__ if name in config})
     device = resolve_device(device)
-    records = tracker_records(device, options["alloc_samples"])
-    for mwe in mwes:
-        for engine in engines:
-            for order in orders:
-                new = run_protocol(mwe, engine, order, device=device, **options)
+    records = tracker_records(device, protocol.alloc_samples)
+    for mwe in config.mwes:
+        for engine in config.engines:
+            for order in config.orders:
+                new = run_protocol(mwe, engine, order, device=device, protocol=protocol)
                 records += new
                 if progress:
                     progress(f"{NAME} {mwe} {engine} {order}: {len(new)} records")
     return records
-
-

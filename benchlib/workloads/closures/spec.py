@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from benchlib.engines.names import AUTOGRAD, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, TORCH, TORCH_COMPILE, TORCH_FUNC
 
 NAME = "identical_closures"
@@ -27,7 +29,17 @@ GRADS_IDENTICAL = "grads_identical"
 NOT_APPLICABLE = "not_applicable"
 TRACKER_CASE = "no-op"  # the tracker's own rows: dimension "tracker", variant the tracker's name
 
-DEFAULTS = dict(warmup=3, repeats=30, cold_passes=5, alloc_passes=2, alloc_samples=2,
-                backend="inductor", seed=0)
+@dataclass(frozen=True)
+class Protocol:
+    """How the seed's protocol is sized: calls per step, passes from fresh set-ups, the compile backend
+    and the data seed. Its defaults are the benchmark's (the declaration reads them from here)."""
+
+    warmup: int = 3
+    repeats: int = 30
+    cold_passes: int = 5
+    alloc_passes: int = 2
+    alloc_samples: int = 2
+    backend: str = "inductor"
+    seed: int = 0
 
 
