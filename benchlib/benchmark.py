@@ -131,7 +131,8 @@ class Parameter:
         return tuple(checked)
 
     def parse(self, text: str) -> Any:
-        """A command-line value: a Python literal where it is one; a str parameter takes the text as typed."""
+        """A command-line value: a Python literal where it is one (one item stands for a list of one); a
+        str parameter takes the text as typed, a list of str also `a,b`."""
         import ast
 
         if self.item_type is str and not self.is_list:
@@ -140,6 +141,8 @@ class Parameter:
             value = ast.literal_eval(text)
         except (ValueError, SyntaxError):
             value = text.split(",") if self.is_list and self.item_type is str else text
+        if self.is_list and isinstance(value, _SCALARS) and not (isinstance(value, str) and self.item_type is not str):
+            value = [value]  # one item given for a list: `-p T_sweep=25`
         return self.check(value)
 
     def describe(self) -> str:

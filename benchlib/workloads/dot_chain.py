@@ -194,26 +194,24 @@ BENCHMARK = Benchmark(
 )
 
 
-def _typed(parameter: Parameter):
-    """argparse's `type` for a declared parameter: its own parsing and its own refusal message."""
-    def parse(text: str):
-        try:
-            return parameter.parse(text)
-        except ParameterError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
-    return parse
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchlib.workloads.dot_chain",
         description=f"{BENCHMARK.question} Each engine in a fresh process; prints the peaks and times "
                     "(benchlib run dot_chain also draws the figures).")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="cpu (the default), cuda, cuda:N or auto")
     for parameter in BENCHMARK.parameters:
-        parser.add_argument(f"--{parameter.name}", type=_typed(parameter), default=None, help=parameter.help)
+        parser.add_argument(f"--{parameter.name}", nargs="+" if parameter.is_list else None, default=None,
+                            help=f"{parameter.help}; default {list(parameter.default) if parameter.is_list else parameter.default}")
     values = vars(parser.parse_args(argv))
     device = values.pop("device")
+    for parameter in BENCHMARK.parameters:  # a list may be given as several words or as one: --engines a b, a,b
+        given = values[parameter.name]
+        if given is not None:
+            try:
+                values[parameter.name] = parameter.parse(",".join(given) if parameter.is_list else given)
+            except ParameterError as error:
+                parser.error(str(error))
     try:
         config = BENCHMARK.config({name: value for name, value in values.items() if value is not None})
     except ParameterError as error:

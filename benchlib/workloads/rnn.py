@@ -266,14 +266,14 @@ def memory_required_bytes(engine: str, batch: int, hidden: int, T: int, dtype: s
 
 
 def case(*, device, engine: str, batch: int, hidden: int, T: int, dtype: str, gradient_dir: str,
-         seed: int = 0, model: str = "bench_rnn") -> Case:
+         model: str = "bench_rnn") -> Case:
     """One engine's gradient call, set up in the isolation child.
 
     The check saves the last call's gradients of (W, b, Wout, bout) to `gradient_dir`; the parent
     compares them with manual's.
     """
     chosen = get_engine(engine)
-    arrays = {name: chosen.asarray(value, device) for name, value in make_data(batch, hidden, dtype, seed).items()}
+    arrays = {name: chosen.asarray(value, device) for name, value in make_data(batch, hidden, dtype, DATA_SEED).items()}
     args = tuple(arrays[name] for name in (*WEIGHTS, "x", "label"))
     del arrays
     xp = chosen.namespace(device)
