@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import benchlib.measure.isolation as isolation
-from benchlib.measure import (DEFAULT_MALLOC_POLICY, MALLOC_POLICIES, CaseFailed,
+from benchlib.measure import (DEFAULT_MALLOC_POLICY, MALLOC_POLICIES, CaseFailed, IsolationOptions,
                               MemoryRequirementError, run_isolated)
 from isolation_targets import ARRAY_BYTES
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 def test_child_returns_measurement_checks_and_environment():
     result = run_isolated("isolation_targets:allocate", {"n": ARRAY_BYTES // 8}, name="allocate",
-                          track_allocations=True, repeats=2)
+                          options=IsolationOptions(track_allocations=True, repeats=2))
     m = result.measurement
     assert result.name == m.name == "allocate" and m.device == "cpu"
     assert len(m.times_s) == 2
@@ -35,21 +35,22 @@ def test_child_returns_measurement_checks_and_environment():
 
 def test_a_role_timeline_is_one_more_call_read_with_the_cases_gauge_only_when_asked():
     n = 1_000_000
-    result = run_isolated("isolation_targets:with_roles", {"n": n}, name="roles", role_timeline=True,
-                          timeline_interval_s=0.005)
+    result = run_isolated("isolation_targets:with_roles", {"n": n}, name="roles",
+                          options=IsolationOptions(role_timeline=True, timeline_interval_s=0.005))
     roles = result.role_timeline
     assert list(roles.columns) == ["t_s", "bytes", "phase", "array"]
     assert roles["array"].iloc[0] == 0 and roles["array"].iloc[-1] == 0 and roles["array"].max() == 8 * n
     assert result.measurement.timeline is not None and "array" not in result.measurement.timeline
     assert run_isolated("isolation_targets:with_roles", {"n": n}, name="roles").role_timeline is None
-    assert run_isolated("isolation_targets:allocate", {"n": 10}, name="no gauge", role_timeline=True).role_timeline is None
+    assert run_isolated("isolation_targets:allocate", {"n": 10}, name="no gauge",
+                        options=IsolationOptions(role_timeline=True)).role_timeline is None
 
 
 @pytest.mark.parametrize("policy, expected", [("mmap-128k", 131072.0), ("glibc-default", -1.0)])
 def test_malloc_policy_reaches_the_child(policy, expected, monkeypatch):
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
-    result = run_isolated("isolation_targets:environment", name="env", malloc=policy,
-                          timeline=False)
+    result = run_isolated("isolation_targets:environment", name="env",
+                          options=IsolationOptions(malloc=policy, timeline=False))
     assert result.checks["mmap_threshold"] == expected
     assert result.environment["malloc_env"] == MALLOC_POLICIES[policy]
 
@@ -79,12 +80,12 @@ def test_hard_exit_is_a_crash_and_the_caller_carries_on():
     with pytest.raises(CaseFailed, match="exited with status 3 without writing a result"):
         run_isolated("isolation_targets:exits_hard", {"status": 3}, name="exit")
     assert run_isolated("isolation_targets:environment", name="next",
-                        timeline=False).checks["pid"] > 0
+                        options=IsolationOptions(timeline=False)).checks["pid"] > 0
 
 
 def test_thread_left_running_does_not_turn_a_result_into_a_timeout():
     result = run_isolated("isolation_targets:leaves_thread_running", name="threads",
-                          timeline=False, timeout_s=60)
+                          options=IsolationOptions(timeline=False, timeout_s=60))
     assert result.checks == {"result": 1.0}
 
 
@@ -96,7 +97,8 @@ def test_abort_names_the_signal():
 
 def test_timeout_kills_the_child():
     with pytest.raises(CaseFailed, match=r"case 'sleepy' failed: timed out after 1\.5 s"):
-        run_isolated("isolation_targets:sleeps", {"seconds": 60}, name="sleepy", timeout_s=1.5)
+        run_isolated("isolation_targets:sleeps", {"seconds": 60}, name="sleepy",
+                     options=IsolationOptions(timeout_s=1.5))
 
 
 def test_memory_precheck_refuses_before_spawning(monkeypatch):
@@ -105,7 +107,8 @@ def test_memory_precheck_refuses_before_spawning(monkeypatch):
 
     monkeypatch.setattr(isolation.subprocess, "Popen", no_spawn)
     with pytest.raises(MemoryRequirementError) as info:
-        run_isolated("isolation_targets:allocate", name="huge", memory_required_bytes=10**18)
+        run_isolated("isolation_targets:allocate", name="huge",
+                     options=IsolationOptions(memory_required_bytes=10**18))
     err = info.value
     assert isinstance(err, CaseFailed) and err.name == "huge"
     assert err.required_bytes == 10**18 and 0 < err.available_bytes < 10**18
@@ -128,14 +131,16 @@ def test_memory_precheck_refuses_before_spawning(monkeypatch):
 def test_bad_arguments_are_refused_before_spawning(kwargs, error, message, monkeypatch):
     monkeypatch.setattr(isolation.subprocess, "Popen", None)
     call = {"target": "isolation_targets:allocate", "name": "bad", **kwargs}
+    option_names = IsolationOptions.__dataclass_fields__
+    options = {key: call.pop(key) for key in list(call) if key in option_names}
     with pytest.raises(error, match=message):
-        run_isolated(call.pop("target"), call.pop("params", None), **call)
+        run_isolated(call.pop("target"), call.pop("params", None), options=IsolationOptions(**options), **call)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 def test_cuda_child_measures_on_the_gpu():
     result = run_isolated("isolation_targets:cuda_allocate", {"n": 1_000_000}, name="gpu",
-                          device="cuda", track_allocations=True)
+                          device="cuda", options=IsolationOptions(track_allocations=True))
     m = result.measurement
     assert m.device.startswith("cuda:") and m.alloc_count == 1 and m.peak_bytes >= 4_000_000
     assert m.alloc_source == "cuda-caching-allocator"
@@ -149,7 +154,8 @@ def test_timeout_also_kills_what_the_child_started(tmp_path, monkeypatch):
     # grandchild to check yet, so try again with more time.
     for timeout_s in (3, 15, 60):
         with pytest.raises(CaseFailed, match="timed out"):
-            run_isolated("isolation_targets:spawns_sleeper", name="tree", timeout_s=timeout_s)
+            run_isolated("isolation_targets:spawns_sleeper", name="tree",
+                         options=IsolationOptions(timeout_s=timeout_s))
         if pid_file.exists() and pid_file.read_text():
             break
     grandchild = int(pid_file.read_text())

@@ -81,6 +81,12 @@ def test_make_record_checks_metric_registry_and_one_varying_dimension(overrides,
         record(**overrides)
 
 
+def test_make_record_names_a_missing_label_and_an_unknown_keyword():
+    with pytest.raises(RecordError, match=re.escape("a record needs case= (unknown: cse=)")):
+        make_record(benchmark="b", cse="c", engine="torch", device="cpu", dtype="float32", metric="step_time",
+                    value=0.1)
+
+
 def test_the_varying_dimension_is_named_by_its_keyword_and_units_come_from_the_registry():
     row = make_record(benchmark="mnist_ensembles", case="c", strategy="naive", device="cpu", dtype="float32",
                       metric="step_time", value=0.1)

@@ -270,8 +270,9 @@ def test_a_case_child_dies_with_the_process_that_started_it_even_when_that_is_ki
     started = tmp_path / "grandchild.pid"  # written from inside the measured call: the case is running
     parent = subprocess.Popen([sys.executable, "-c", (
         f"import sys; sys.path.insert(0, {tests!r})\n"
-        "from benchlib.measure import run_isolated\n"
-        "run_isolated('isolation_targets:spawns_sleeper', {'seconds': 120}, name='sleeper', timeline=False)")],
+        "from benchlib.measure import IsolationOptions, run_isolated\n"
+        "run_isolated('isolation_targets:spawns_sleeper', {'seconds': 120}, name='sleeper',\n"
+        "             options=IsolationOptions(timeline=False))")],
         env={**os.environ, "GRANDCHILD_PID_FILE": str(started)})
     child = wait_for_descendant(parent, "benchlib.measure.isolation")
     deadline = time.monotonic() + 60

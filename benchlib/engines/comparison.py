@@ -331,7 +331,7 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
     `cases.describe` adds JSON-able facts to every record's params without passing them to the child.
     The gradient files live in a temporary directory that is deleted before this returns.
     """
-    from benchlib.measure import CaseFailed, resolve_device, run_isolated
+    from benchlib.measure import CaseFailed, IsolationOptions, resolve_device, run_isolated
     from benchlib.measure.isolation import malloc_environment
     from benchlib.results import make_record, status_record
 
@@ -385,10 +385,11 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
                 required = cases.memory_required(engine_name, child_params) if cases.memory_required else None
                 try:
                     result = run_isolated(target, params, name=f"{benchmark}/{case}/{engine_name}",
-                                          device=device.name, warmup=warmup, repeats=repeats,
-                                          track_allocations=False, timeline=True, timeout_s=timeout_s,
-                                          timeline_interval_s=TIMELINE_INTERVAL_S, role_timeline=trial == 0,
-                                          memory_required_bytes=required, **options)
+                                          device=device.name, options=IsolationOptions(
+                                              warmup=warmup, repeats=repeats, track_allocations=False,
+                                              timeline=True, timeout_s=timeout_s,
+                                              timeline_interval_s=TIMELINE_INTERVAL_S, role_timeline=trial == 0,
+                                              memory_required_bytes=required, **options))
                 except CaseFailed as error:  # includes MemoryRequirementError: refused before it starts
                     skipped = f" (its {trials - trial - 1} later trial(s) skipped)" if trial < trials - 1 else ""
                     which = f"trial {trial + 1} of {trials}: " if trials > 1 else ""

@@ -9,12 +9,12 @@ from .core import Measurement, StepTimes, measure, measure_steps, time_call
 from .devices import Device, DeviceError, resolve_device, torch_threads
 from .gcmonitor import GCMonitor, GCPause, tracked_objects
 from .isolation import (DEFAULT_MALLOC_POLICY, MALLOC_POLICIES, Case, CaseFailed,
-                        IsolatedResult, MemoryRequirementError, run_isolated)
+                        IsolatedResult, IsolationOptions, MemoryRequirementError, run_isolated)
 from .timeline import MemoryTimeline, mark
 
 __all__ = [
     "AllocationTracker", "AllocationTrackingUnavailable", "Allocations", "Case", "CaseFailed",
-    "DEFAULT_MALLOC_POLICY", "Device", "DeviceError", "GCMonitor", "GCPause", "IsolatedResult",
+    "DEFAULT_MALLOC_POLICY", "Device", "DeviceError", "GCMonitor", "GCPause", "IsolatedResult", "IsolationOptions",
     "MALLOC_POLICIES", "Measurement", "MemoryRequirementError", "MemoryTimeline",
     "StepTimes", "count_allocations", "mark", "tracked_objects", "measure", "measure_steps", "resolve_device", "run_isolated", "time_call", "torch_threads",
 ]

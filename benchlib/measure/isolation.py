@@ -125,16 +125,43 @@ def _crash_reason(returncode: int) -> str:
     return f"the child process exited with status {returncode} without writing a result"
 
 
-def run_isolated(target: str, params: dict | None = None, *, name: str,
-                 device: str | Device = "cpu", warmup: int = 0, repeats: int = 1,
-                 track_allocations: bool = False, timeline: bool = True,
-                 timeout_s: float = 600, malloc: str = DEFAULT_MALLOC_POLICY,
-                 memory_required_bytes: int | None = None,
-                 timeline_interval_s: float = 0.002, role_timeline: bool = False) -> IsolatedResult:
+@dataclass(frozen=True)
+class IsolationOptions:
+    """How `run_isolated` measures a case, checked when made so a bad value is refused before any
+    process starts. `malloc` names a MALLOC_POLICIES entry; `memory_required_bytes` (None: not
+    checked) is compared with the device's available memory before the child starts."""
+
+    warmup: int = 0
+    repeats: int = 1
+    track_allocations: bool = False
+    timeline: bool = True
+    timeline_interval_s: float = 0.002
+    role_timeline: bool = False
+    timeout_s: float = 600
+    malloc: str = DEFAULT_MALLOC_POLICY
+    memory_required_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_counts(self.warmup, self.repeats)
+        if not (isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {self.timeout_s!r}")
+        if (self.timeline or self.role_timeline) and not (isinstance(self.timeline_interval_s, (int, float))
+                                                          and self.timeline_interval_s > 0):
+            raise ValueError(f"timeline_interval_s must be a positive number of seconds, "
+                             f"got {self.timeline_interval_s!r}")
+        if self.memory_required_bytes is not None and not (
+                isinstance(self.memory_required_bytes, (int, float)) and self.memory_required_bytes >= 0):
+            raise ValueError(f"memory_required_bytes must be a number of bytes >= 0 or None, "
+                             f"got {self.memory_required_bytes!r}")
+        malloc_environment(self.malloc)  # an unknown policy is refused, naming the valid ones
+
+
+def run_isolated(target: str, params: dict | None = None, *, name: str, device: str | Device = "cpu",
+                 options: IsolationOptions = IsolationOptions()) -> IsolatedResult:
     """Measure one case in a fresh `python` subprocess; failures raise CaseFailed(name).
 
-    With `role_timeline`, a case that offers a role gauge makes one more call after the measured
-    ones, sampled at `timeline_interval_s` with its gauge (`IsolatedResult.role_timeline`)."""
+    With `options.role_timeline`, a case that offers a role gauge makes one more call after the
+    measured ones, sampled at `options.timeline_interval_s` with its gauge (`IsolatedResult.role_timeline`)."""
     params = {} if params is None else params
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string naming the case, got {name!r}")
@@ -148,28 +175,20 @@ def run_isolated(target: str, params: dict | None = None, *, name: str,
     except (TypeError, ValueError) as err:
         raise ValueError(f"params of case {name!r} must be JSON values (numbers, strings, "
                          f"lists, dicts): {err}") from err
-    _check_counts(warmup, repeats)
-    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
-        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
-    if (timeline or role_timeline) and not (isinstance(timeline_interval_s, (int, float))
-                         and timeline_interval_s > 0):
-        raise ValueError(f"timeline_interval_s must be a positive number of seconds, "
-                         f"got {timeline_interval_s!r}")
-    if memory_required_bytes is not None and not (
-            isinstance(memory_required_bytes, (int, float)) and memory_required_bytes >= 0):
-        raise ValueError(f"memory_required_bytes must be a number of bytes >= 0 or None, "
-                         f"got {memory_required_bytes!r}")
-    policy_env = malloc_environment(malloc)
+    if not isinstance(options, IsolationOptions):
+        raise TypeError(f"options must be an IsolationOptions, got {type(options).__name__}")
+    policy_env = malloc_environment(options.malloc)
     dev = resolve_device(device)
-    if memory_required_bytes is not None:
+    if options.memory_required_bytes is not None:
         available = available_memory(dev)
-        if memory_required_bytes > available:
-            raise MemoryRequirementError(name, int(memory_required_bytes), available, dev.name)
+        if options.memory_required_bytes > available:
+            raise MemoryRequirementError(name, int(options.memory_required_bytes), available, dev.name)
 
     spec = {"target": target, "params": params, "name": name, "device": dev.name,
-            "warmup": warmup, "repeats": repeats, "track_allocations": track_allocations,
-            "timeline": timeline, "timeline_interval_s": timeline_interval_s, "role_timeline": bool(role_timeline),
-            "malloc_policy": malloc, "malloc_env": policy_env, "parent_pid": os.getpid(),
+            "warmup": options.warmup, "repeats": options.repeats, "track_allocations": options.track_allocations,
+            "timeline": options.timeline, "timeline_interval_s": options.timeline_interval_s,
+            "role_timeline": bool(options.role_timeline), "malloc_policy": options.malloc, "malloc_env": policy_env,
+            "parent_pid": os.getpid(),
             "sys_path": [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p)]}
     env = {**os.environ, **policy_env}
     with tempfile.TemporaryDirectory(prefix="benchlib-case-") as tmp:
@@ -186,7 +205,7 @@ def run_isolated(target: str, params: dict | None = None, *, name: str,
                 env=env, stdin=subprocess.DEVNULL, stdout=output_file, stderr=subprocess.STDOUT,
                 start_new_session=True)
             try:
-                proc.wait(timeout=timeout_s)
+                proc.wait(timeout=options.timeout_s)
                 timed_out = False
             except subprocess.TimeoutExpired:
                 timed_out = True
@@ -196,7 +215,7 @@ def run_isolated(target: str, params: dict | None = None, *, name: str,
         with open(output_path, errors="replace") as f:
             output = _tail(f.read())
         if timed_out:
-            raise CaseFailed(name, f"timed out after {timeout_s} s; the child was killed",
+            raise CaseFailed(name, f"timed out after {options.timeout_s} s; the child was killed",
                              output=output)
         if not os.path.exists(result_path):
             raise CaseFailed(name, _crash_reason(proc.returncode), output=output)

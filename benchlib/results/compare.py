@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from benchlib.results.stats import (
     INCONCLUSIVE,
     SAME,
     WORSE,
+    RatioInterval,
     judge,
     noise_flags,
     ratio_of_medians,
@@ -103,8 +105,17 @@ def _mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float:
     return float(mannwhitneyu(a, b, alternative="two-sided").pvalue)
 
 
-def _label(a: np.ndarray, b: np.ndarray, metric: str, unit: str, threshold: float, noise: list[str], ci_low: float,
-           ci_high: float, *, independent: bool) -> str:
+@dataclass(frozen=True)
+class _Samples:
+    """One key's values in run A and in run B; `independent` when both sides' values are trials."""
+
+    a: np.ndarray
+    b: np.ndarray
+    independent: bool
+
+
+def _label(samples: _Samples, interval: RatioInterval, noise: list[str], *, metric: str, unit: str,
+           threshold: float) -> str:
     """The label of one metric, B against A.
 
     Timings: `worse`/`better` only from the rank test over trials (p < 0.01 and the threshold: five
@@ -120,6 +131,7 @@ def _label(a: np.ndarray, b: np.ndarray, metric: str, unit: str, threshold: floa
     lower_is_better = LOWER_IS_BETTER_BY_UNIT.get(unit)
     if lower_is_better is None or metric in CONTEXT_METRICS:
         return NO_DIRECTION
+    a, b, independent = samples.a, samples.b, samples.independent
     timed, enough = unit in TIMED_UNITS, min(a.size, b.size) >= 2
     spread = threshold * TIGHT_SPREAD_OF_THRESHOLD
     tight = enough and a.max() <= a.min() * (1 + spread) and b.max() <= b.min() * (1 + spread)
@@ -132,7 +144,7 @@ def _label(a: np.ndarray, b: np.ndarray, metric: str, unit: str, threshold: floa
         return NOISY if noise else INCONCLUSIVE
     label = judge(a, b, lower_is_better=lower_is_better, alpha=DEFAULT_ALPHA, min_effect=threshold) \
         if independent else INCONCLUSIVE
-    if label == INCONCLUSIVE and enough and 1 - threshold <= ci_low and ci_high <= 1 + threshold:
+    if label == INCONCLUSIVE and enough and 1 - threshold <= interval.ci_low and interval.ci_high <= 1 + threshold:
         return SAME
     if label in (SAME, INCONCLUSIVE) and noise:
         return NOISY
@@ -176,7 +188,8 @@ def compare_records(records_a: pd.DataFrame, records_b: pd.DataFrame, *, thresho
             interval = ratio_of_medians(a, b)
             ratio, ci_low, ci_high = interval.ratio, interval.ci_low, interval.ci_high
             noise = [f"A: {flag}" for flag in noise_flags(a)] + [f"B: {flag}" for flag in noise_flags(b)]
-            label = _label(a, b, key[KEY_COLUMNS.index(METRIC_NAME)], unit, threshold, noise, ci_low, ci_high, independent=independent)
+            label = _label(_Samples(a, b, independent), interval, noise, metric=key[KEY_COLUMNS.index(METRIC_NAME)],
+                           unit=unit, threshold=threshold)
         else:  # zero or negative values (e.g. zero allocations): no ratio to take
             ratio = ci_low = ci_high = math.nan
             noise = []

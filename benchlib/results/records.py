@@ -56,8 +56,11 @@ DIMENSIONS: dict[str, str] = {
 # One constructor, `status_record`, writes these: a case that ran (ok), failed, or could not run here.
 STATUSES = ("ok", "failed", "not_applicable")
 
-# Labels that identify a value; each must be a non-empty string.
-_LABEL_FIELDS = ("benchmark", "case", "dimension", "variant", "device", "dtype", "metric")
+# Labels that identify a value; each must be a non-empty string. `_record` takes the first six as one
+# mapping; make_record takes the named ones and the dimension keyword (see DIMENSIONS).
+_RECORD_LABELS = ("benchmark", "case", "dimension", "variant", "device", "dtype")
+_NAMED_LABELS = ("benchmark", "case", "device", "dtype")
+_LABEL_FIELDS = _RECORD_LABELS + ("metric",)
 _REQUIRED_FIELDS = _LABEL_FIELDS + ("value", "unit")
 _COLUMN_DTYPES = {name: str for name in RECORD_COLUMNS} | {"value": "float64", "repeat": "int64"}
 
@@ -149,48 +152,58 @@ def _variant(variant: Mapping[str, Any]) -> tuple[str, str]:
     return dimension, value
 
 
+def _labels(labels: Mapping[str, Any]) -> dict[str, Any]:
+    """make_record's label keywords as a record's labels: the named ones, and the dimension keyword
+    as `dimension` and `variant`. A missing label is named here rather than as a TypeError."""
+    missing = [name for name in _NAMED_LABELS if name not in labels]
+    if missing:
+        unknown = [key for key in labels if key not in _NAMED_LABELS and key not in DIMENSIONS]
+        also = f" (unknown: {', '.join(f'{key}=' for key in unknown)})" if unknown else ""
+        raise RecordError(f"a record needs {', '.join(f'{name}=' for name in missing)}{also}; "
+                          f"make_record takes {', '.join(f'{name}=' for name in _NAMED_LABELS)} and one dimension")
+    dimension, variant = _variant({key: value for key, value in labels.items() if key not in _NAMED_LABELS})
+    return {**{name: labels[name] for name in _NAMED_LABELS}, "dimension": dimension, "variant": variant}
+
+
 def make_record(
     *,
-    benchmark: str,
-    case: str,
-    device: Any,
-    dtype: Any,
     metric: str,
     value: float,
     unit: str | None = None,
     repeat: int = 0,
     params: Mapping[str, Any] | None = None,
-    **variant: str,
+    **labels: Any,
 ) -> dict[str, Any]:
     """One tidy row; `run_id` stays empty until `Run.save_records` fills it.
 
-    What varies is one keyword, e.g. ``engine="torch"`` or ``strategy="naive"`` (see DIMENSIONS).
+    `labels` are ``benchmark=``, ``case=``, ``device=``, ``dtype=`` and what varies, one keyword such
+    as ``engine="torch"`` or ``strategy="naive"`` (see DIMENSIONS): taken as keywords so that a
+    workload passes its labels dict through.
     `metric` must be registered in METRICS; `unit` defaults to its unit and, if given, must match.
     """
-    dimension, name = _variant(variant)
-    return _record(benchmark=benchmark, case=case, dimension=dimension, variant=name, device=device, dtype=dtype,
-                   metric=metric, value=value, unit=unit, repeat=repeat, params=params)
+    return _record(_labels(labels), metric=metric, value=value, unit=unit, repeat=repeat, params=params)
 
 
-def status_record(*, status: str, message: str = "", benchmark: str, case: str, device: Any, dtype: Any,
-                  params: Mapping[str, Any] | None = None, **variant: str) -> dict[str, Any]:
+def status_record(*, status: str, message: str = "", params: Mapping[str, Any] | None = None,
+                  **labels: Any) -> dict[str, Any]:
     """The row that says how a case ended: `ok`, `failed` (message: the error) or `not_applicable`
-    (message: why it cannot run here). Its metric is the status, its value 1."""
+    (message: why it cannot run here). Its metric is the status, its value 1; `labels` as make_record's."""
     if status not in STATUSES:
         raise RecordError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
-    return make_record(benchmark=benchmark, case=case, device=device, dtype=dtype, metric=status, value=1.0,
-                       params={**(params or {}), "status": status, "message": message}, **variant)
+    return make_record(metric=status, value=1.0, params={**(params or {}), "status": status, "message": message},
+                       **labels)
 
 
-def _record(*, benchmark, case, dimension, variant, device, dtype, metric, value, unit, repeat, params) -> dict:
+def _record(labels: Mapping[str, Any], *, metric, value, unit, repeat, params) -> dict:
+    """A validated row; `labels` holds benchmark, case, dimension, variant, device and dtype."""
     record = {
         "run_id": "",
-        "benchmark": benchmark,
-        "case": case,
-        "dimension": dimension,
-        "variant": variant,
-        "device": _device_name(device),
-        "dtype": _dtype_name(dtype),
+        "benchmark": labels["benchmark"],
+        "case": labels["case"],
+        "dimension": labels["dimension"],
+        "variant": labels["variant"],
+        "device": _device_name(labels["device"]),
+        "dtype": _dtype_name(labels["dtype"]),
         "metric": metric,
         "value": _value(value),
         "unit": unit,
@@ -200,8 +213,8 @@ def _record(*, benchmark, case, dimension, variant, device, dtype, metric, value
     for field in _LABEL_FIELDS:
         if not isinstance(record[field], str) or not record[field]:
             raise RecordError(f"{field} must be a non-empty string, got {record[field]!r}")
-    if dimension not in DIMENSIONS:
-        raise RecordError(f"dimension must be one of {', '.join(DIMENSIONS)}, got {dimension!r}")
+    if record["dimension"] not in DIMENSIONS:
+        raise RecordError(f"dimension must be one of {', '.join(DIMENSIONS)}, got {record['dimension']!r}")
     try:
         record["unit"] = METRICS.unit_of(metric, unit)
     except MetricError as error:
@@ -223,10 +236,12 @@ def _validated_row(row: Mapping[str, Any], index: int) -> dict[str, Any]:
             f"valid fields: {', '.join(RECORD_COLUMNS)} (put anything else in params)"
         )
     params = row.get("params")
-    fields = {name: row[name] for name in _REQUIRED_FIELDS}
     try:
         record = _record(
-            **fields,
+            {name: row[name] for name in _RECORD_LABELS},
+            metric=row["metric"],
+            value=row["value"],
+            unit=row["unit"],
             repeat=row.get("repeat", 0),
             params=json.loads(params) if isinstance(params, str) else params,
         )

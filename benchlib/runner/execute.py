@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -252,35 +252,53 @@ def plan(
     return planned
 
 
-def run(
-    notebooks: Sequence[str] = (),
-    *,
-    device: str = "auto",
-    params: Mapping[str, Any] | None = None,
-    out: str | os.PathLike | None = None,
-    quick: bool = False,
-    notebooks_dir: str | os.PathLike | None = None,
-    progress: bool = True,
-    stream: TextIO | None = None,
-    command: Sequence[str] | None = None,
-    png: bool = False,
-    grid: Mapping[str, Sequence[Any]] | None = None,
-    executor: str = "local",
-    scheduler: str | None = None,
-) -> RunResult:
+@dataclass(frozen=True)
+class RunOptions:
+    """How `run` runs: one value, so that `run`'s keywords, the CLI and the loop that executes the
+    notebooks share one list of options and defaults."""
+
+    device: str = "auto"
+    params: Mapping[str, Any] | None = None
+    out: str | os.PathLike | None = None  # the results root; None: default_results_root()
+    quick: bool = False
+    notebooks_dir: str | os.PathLike | None = None
+    progress: bool = True
+    stream: TextIO | None = None  # None: sys.stdout
+    command: Sequence[str] | None = None  # the command line, kept in run.json
+    png: bool = False
+    grid: Mapping[str, Sequence[Any]] | None = None
+    executor: str = "local"
+    scheduler: str | None = None
+
+    @classmethod
+    def of(cls, options: RunOptions | None, overrides: Mapping[str, Any]) -> RunOptions:
+        """`options` (default: the defaults) with `overrides` by name; an unknown name is a TypeError."""
+        names = [option.name for option in fields(cls)]
+        unknown = sorted(set(overrides) - set(names))
+        if unknown:
+            raise TypeError(f"run() got unknown option(s) {', '.join(unknown)}; the options are {', '.join(names)}")
+        return replace(options or cls(), **overrides)
+
+
+def run(notebooks: Sequence[str] = (), *, options: RunOptions | None = None, **overrides: Any) -> RunResult:
     """Run `notebooks` (names or paths, default all) into a new run directory under `out` (default results/).
 
-    Everything is validated first (RunnerError / DeviceError, both ValueErrors): names, types and
-    each workload's own value checks, memory included, for every grid point. Then each notebook
-    (each grid point: `grid` maps a parameter to its values, see `benchlib.runner.sweep`) runs, here
-    one at a time (`executor="local"`) or on a Dask cluster (`"dask"`, at `scheduler` or a local
-    one). Failures are recorded, not raised. On KeyboardInterrupt, SIGTERM or SIGHUP the run is
-    recorded as interrupted, the summary printed, and the interrupt re-raised. `progress` prints
-    the notebooks' own output lines as they come, with elapsed time and an ETA.
+    The options are a `RunOptions` and/or its fields as keywords, which override it
+    (`run(["probe"], device="cpu", quick=True)`). Everything is validated first (RunnerError /
+    DeviceError, both ValueErrors): names, types and each workload's own value checks, memory
+    included, for every grid point. Then each notebook (each grid point: `grid` maps a parameter to
+    its values, see `benchlib.runner.sweep`) runs, here one at a time (`executor="local"`) or on a
+    Dask cluster (`"dask"`, at `scheduler` or a local one). Failures are recorded, not raised. On
+    KeyboardInterrupt, SIGTERM or SIGHUP the run is recorded as interrupted, the summary printed,
+    and the interrupt re-raised. `progress` prints the notebooks' own output lines as they come,
+    with elapsed time and an ETA.
     """
-    stream = stream or sys.stdout
-    notebooks_dir = Path(notebooks_dir) if notebooks_dir is not None else None
-    root = Path(out) if out is not None else default_results_root()
+    options = RunOptions.of(options, overrides)
+    device, params, quick, grid = options.device, options.params, options.quick, options.grid
+    executor, scheduler = options.executor, options.scheduler
+    stream = options.stream or sys.stdout
+    notebooks_dir = Path(options.notebooks_dir) if options.notebooks_dir is not None else None
+    root = Path(options.out) if options.out is not None else default_results_root()
     if executor not in EXECUTORS:
         raise RunnerError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     if scheduler and executor != "dask":
@@ -291,7 +309,7 @@ def run(
     check_values([(execution.spec, execution.values) for execution in executions], resolved)
     _check_out_dir(root)
     _check_kernel()
-    if png:
+    if options.png:
         try:
             check_static_export()
         except RuntimeError as unavailable:
@@ -310,7 +328,7 @@ def run(
         executor=executor if executor == "local" else f"dask ({scheduler or 'local cluster'})",
         notebooks_dir=str(notebooks_dir.resolve()) if notebooks_dir else None,
         benchmarks={spec.name: spec.benchmark.summary() for spec, _ in planned},
-        command=list(command) if command is not None else None,
+        command=list(options.command) if options.command is not None else None,
         runner={"pid": os.getpid(), "host": socket.gethostname()},
     )
     result = RunResult(results_run.run_id, results_run.path)
@@ -323,8 +341,7 @@ def run(
     what = f"{len(executions)} grid point(s) of {len(planned)} notebook(s)" if grid else f"{len(planned)} notebook(s)"
     print(f"run {results_run.run_id}: {what} on {resolved.name} -> {results_run.path}", file=stream, flush=True)
     become_subreaper()
-    loop = _RunLoop(results_run, result, executions, injected, stream, root, quick, progress,
-                    PNG_FIGURES if png else PORTABLE_FIGURES)
+    loop = _RunLoop(results_run, result, executions, injected, root, replace(options, stream=stream))
     try:
         with terminate_as_interrupt():
             if client is None:
@@ -366,9 +383,11 @@ class _RunLoop:
     and prints progress: the notebook's own lines locally, points done / total with an ETA."""
 
     def __init__(self, results_run: Run, result: RunResult, executions: Sequence[Execution], injected: Mapping[str, str],
-                 stream: TextIO, root: Path, quick: bool, progress: bool, figures_env: Mapping[str, str]):
+                 root: Path, options: RunOptions):
+        """`root` is the results root (the ETA reads past runs there); `options.stream` is written to."""
         self.run_, self.result, self.executions, self.injected = results_run, result, list(executions), injected
-        self.stream, self.root, self.quick, self.progress, self.figures_env = stream, root, quick, progress, figures_env
+        self.stream, self.root, self.quick, self.progress = options.stream, root, options.quick, options.progress
+        self.figures_env = PNG_FIGURES if options.png else PORTABLE_FIGURES
         self.durations: list[float] = []
 
     def say(self, text: str) -> None:
