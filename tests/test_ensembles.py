@@ -124,8 +124,8 @@ def run_train(tensors, policy, steps=6, alloc_steps=1, strategy="batched_hand", 
     trainer = E.make_strategy(strategy, E.initial_parameters(config), config, CPU)
     labels = {"n_nets": config.n_nets, "batch": config.batch, "gc_policy": policy.name, "heap_objects": 0,
               "data": "synthetic"}
-    return E.train(trainer, x_all, y_all, batches, device=CPU, policy=policy, warmup=1, alloc_steps=alloc_steps,
-                   labels=labels, cycles=cycles, count_tracked=count_tracked)
+    plan = E.TrainingPlan(warmup=1, alloc_steps=alloc_steps, cycles=cycles, count_tracked=count_tracked)
+    return E.train(trainer, x_all, y_all, batches, device=CPU, policy=policy, plan=plan, labels=labels)
 
 
 def test_gc_accounting_sees_the_forced_collections(tensors):
@@ -275,9 +275,10 @@ def test_each_cell_sees_its_own_peak_memory_not_what_earlier_cells_freed(tensors
 
 def test_run_grid_labels_every_record_with_the_synthetic_data_source(data):
     seen = []
-    results = E.run_grid(data, device=CPU, config=SMALL, strategies=("naive", "batched_vmap"),
-                         gc_policies=("default", "freeze"), heap_sizes=(20,), steps=4, warmup=1, alloc_steps=1,
-                         progress=seen.append)
+    results = E.run_grid(data, device=CPU, config=SMALL,
+                         grid=E.Grid(strategies=("naive", "batched_vmap"), gc_policies=("default", "freeze"),
+                                     heap_sizes=(20,)),
+                         plan=E.TrainingPlan(steps=4, warmup=1, alloc_steps=1), progress=seen.append)
     assert [(r.strategy, r.labels["gc_policy"], r.labels["heap_objects"]) for r in results] == [
         (s, p, 20) for p in ("default", "freeze") for s in ("naive", "batched_vmap")]
     assert seen == results
@@ -298,16 +299,16 @@ def test_run_grid_labels_every_record_with_the_synthetic_data_source(data):
     assert abs(naive_counts[0] - naive_counts[1]) < 10 * SMALL.n_nets, naive_counts
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"strategies": ("fast",)}, "valid: naive"),
-    ({"gc_policies": ("never",)}, "valid: default, freeze, thresholds, manual"),
-    ({"heap_sizes": (-1,)}, "heap sizes must be integers >= 0"),
-    ({"steps": 3, "warmup": 3}, "steps must exceed warmup"),
-    ({"steps_per_strategy": {"slow": 3}}, "unknown strategies"),
+@pytest.mark.parametrize("grid, plan, message", [
+    (E.Grid(strategies=("fast",)), E.TrainingPlan(), "valid: naive"),
+    (E.Grid(gc_policies=("never",)), E.TrainingPlan(), "valid: default, freeze, thresholds, manual"),
+    (E.Grid(heap_sizes=(-1,)), E.TrainingPlan(), "heap sizes must be integers >= 0"),
+    (E.Grid(), E.TrainingPlan(steps=3, warmup=3), "steps must exceed warmup"),
+    (E.Grid(), E.TrainingPlan(steps_per_strategy={"slow": 3}), "unknown strategies"),
 ])
-def test_run_grid_refuses_bad_arguments_before_work(data, kwargs, message):
+def test_run_grid_refuses_bad_arguments_before_work(data, grid, plan, message):
     with pytest.raises(ValueError, match=message):
-        E.run_grid(data, device=CPU, config=SMALL, **kwargs)
+        E.run_grid(data, device=CPU, config=SMALL, grid=grid, plan=plan)
 
 
 def test_bad_config_and_policy_are_refused():
@@ -400,18 +401,19 @@ def test_notebook_runs_through_the_runner_with_quick_sizes(tmp_path):
 
 def test_thread_sweep_runs_the_cell_at_each_thread_count_and_restores_torch(data):
     before = torch.get_num_threads()
-    results = E.thread_sweep(data, device=CPU, config=SMALL, thread_counts=[1, 2], steps=4, warmup=1)
+    plan = E.TrainingPlan(steps=4, warmup=1)
+    results = E.thread_sweep(data, device=CPU, config=SMALL, thread_counts=[1, 2], plan=plan)
     assert [r.labels["torch_threads"] for r in results] == [1, 2]
     assert len({r.case() for r in results}) == 2
     assert torch.get_num_threads() == before
     with pytest.raises(ValueError, match="thread_counts"):
-        E.thread_sweep(data, device=CPU, config=SMALL, thread_counts=[0], steps=4, warmup=1)
+        E.thread_sweep(data, device=CPU, config=SMALL, thread_counts=[0], plan=plan)
 
 
 def test_cycle_sweep_runs_each_policy_at_each_cycle_count(data):
-    results = E.cycle_sweep(data, device=CPU, config=SMALL, cycle_counts=[0, 2], strategies=("batched_hand",),
-                            gc_policies=("default", "manual"), heap_size=10, steps=4, warmup=1, manual_every=2,
-                            trials=2)
+    grid = E.Grid(strategies=("batched_hand",), gc_policies=("default", "manual"), heap_sizes=(10,))
+    results = E.cycle_sweep(data, device=CPU, config=SMALL, cycle_counts=[0, 2], grid=grid,
+                            plan=E.TrainingPlan(steps=4, warmup=1, manual_every=2, trials=2))
     # trials alternate the order of the cycle counts, so drift falls on both alike
     assert [(r.labels["trial"], r.labels["cycles"], r.labels["gc_policy"]) for r in results] == [
         (t, c, p) for t, counts in ((0, (0, 2)), (1, (2, 0))) for c in counts for p in ("default", "manual")]

