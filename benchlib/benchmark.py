@@ -337,12 +337,6 @@ class Benchmark:
                 "headline": list(self.headline)}
 
 
-def positive(name: str, value: int, least: int = 1) -> None:
-    """A rule's check that an int is at least `least` (for bounds that depend on other parameters)."""
-    if value < least:
-        raise ValueError(f"{name} must be >= {least}, got {value!r}")
-
-
 def exceeds(name: str, value: Any, other_name: str, other: Any) -> None:
     """A rule's check that one parameter is larger than another."""
     if not value > other:

@@ -34,7 +34,7 @@ def test_plan_applies_quick_then_params_with_types_of_the_defaults():
         (("nosuch",), {}, r"unknown benchmark\(s\): nosuch; known: .*cases, failing, probe"),
         (("probe",), {"sizes": "3"}, r"unknown parameter 'sizes'.*\n.*probe:\n(.|\n)*size: int = 1000"),
         (("probe",), {"size": "3.5"}, r"probe: size must be an integer, got 3.5"),
-        (("probe",), {"engines": "3"}, r"probe: engines must be a non-empty list, each a str, got 3"),
+        (("probe",), {"engines": "3"}, r"probe: engines must be a non-empty list, each a str, got \[3\] \(3 is not valid\)"),
         (("probe",), {"device": "cpu"}, r"use --device"),
     ],
 )

@@ -4,7 +4,7 @@ An engine turns a loss written against an array namespace `xp` (see `Engine.name
 gradient function with `benchlib.autodiff.grad`'s calling convention: `argnum` an int gives one
 gradient, a tuple gives a tuple. `manual` is the hand-written backward pass each workload supplies
 (`Engine.gradient(..., manual=...)`); it is the reference the others are checked against.
-Adding an engine means adding its name to `benchlib.engines.names` (each name is written only
+Adding an engine means adding its name to `benchlib.engine_names` (each name is written only
 there; this package re-exports them) and one entry to `ENGINES`.
 
     engine = get_engine(TORCH)
@@ -22,10 +22,11 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from benchlib.engines import names, namespaces
-from benchlib.engines.names import *  # noqa: F403 (every engine's name, re-exported: names.__all__)
+from benchlib import engine_names
+from benchlib.engine_names import *  # noqa: F403 (every engine's name, re-exported: engine_names.__all__)
+from benchlib.engines import namespaces
 
-__all__ = ["Engine", "ENGINES", "ENGINE_NAMES", "get_engine", "NotApplicableError", *names.__all__]
+__all__ = ["Engine", "ENGINES", "ENGINE_NAMES", "get_engine", "NotApplicableError", *engine_names.__all__]
 
 
 class NotApplicableError(RuntimeError):

@@ -26,7 +26,7 @@ from benchlib.benchmark import Config, Parameter, distinct
 from benchlib.engines import ENGINE_NAMES, get_engine
 from benchlib.engines.gradients import (GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, gradient_file,
                                         saved_gradient_error)
-from benchlib.engines.names import MANUAL, MANUAL_SEED
+from benchlib.engine_names import MANUAL, MANUAL_SEED
 from benchlib.engines.roles import GRADIENT_ROLE, SAVED_ROLE
 
 # Time is measured in the same calls as the memory timeline (one fresh process per case), so the

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from benchlib.engines import Engine
-from benchlib.engines.names import MANUAL
+from benchlib.engine_names import MANUAL
 
 GRAD_ERROR_METRIC = "grad_max_rel_err"
 # max|g - g_manual| / max|g_manual| an engine's gradient may reach. Reordered sums of hundreds of

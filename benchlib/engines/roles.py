@@ -14,7 +14,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Any, Callable
 
-from benchlib.engines.names import TORCH_AUTOGRAD
+from benchlib.engine_names import TORCH_AUTOGRAD
 
 SAVED_METRIC = "role_saved_bytes"
 GRADIENT_METRIC = "role_gradient_bytes"

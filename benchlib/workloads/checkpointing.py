@@ -15,10 +15,10 @@ from benchlib import autodiff
 from benchlib.autodiff import ops
 from benchlib.autodiff.checkpoint import revolve_cost
 from benchlib.engines import get_engine
-from benchlib.benchmark import Benchmark, Config, Parameter, Seed
+from benchlib.benchmark import Benchmark, Config, Parameter
 from benchlib.engines.comparison import Cases, EngineComparison, compare_engines, comparison_parameters
 from benchlib.engines.gradients import save_gradient
-from benchlib.engines.names import BENCHLIB_CHECKPOINT, MANUAL
+from benchlib.engine_names import BENCHLIB_CHECKPOINT, MANUAL
 from benchlib.measure import Case
 from benchlib.workloads import dot_chain
 
@@ -83,11 +83,10 @@ BENCHMARK = Benchmark(
     name="checkpointing",
     question="How far below the hand-written floor does the dot chain's gradient go under a snapshot budget "
              "(Revolve) or √n snapshots, at what cost in time and recomputation?",
-    seed=Seed("HIPS autograd #219's dot chain", "https://github.com/HIPS/autograd/issues/219"),
+    seed=dot_chain.SEED,
     notebook="checkpointing.ipynb",
     parameters=(
-        Parameter("D", 500, "side of the square matrices x and z", quick=64, minimum=1),
-        Parameter("depth", 100, "chained dot products", quick=12, minimum=1),
+        *dot_chain.chain_parameters(D=500, depth=100, quick_depth=12),
         Parameter("budgets", (2, 3, 5, 10, 20, 50, 100), "snapshot budgets (each in 1..depth; \"sqrt\" always runs too)",
                   quick=(2, 4, 12), minimum=1),
         # the engines are fixed (manual and benchlib-checkpoint): no parameter here

@@ -24,7 +24,7 @@ from benchlib.benchmark import Benchmark, Config, Parameter, ParameterError, See
 from benchlib.engines import ENGINE_NAMES, get_engine
 from benchlib.engines.comparison import Cases, EngineComparison, comparison_parameters, comparison_rules, compare_engines
 from benchlib.engines.gradients import save_gradient
-from benchlib.engines.names import BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, MANUAL_SEED
+from benchlib.engine_names import BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, MANUAL_SEED
 from benchlib.engines.roles import memory_roles, role_gauge
 from benchlib.measure import Case, mark
 from benchlib.results.seed_verdicts import RatioRule
@@ -166,16 +166,24 @@ def _memory(config, device) -> int:
     return max(memory_required_bytes(engine, config.D, config.depth, config.dtype) for engine in config.engines)
 
 
+SEED = Seed("HIPS/autograd #219, \"Decreasing autograd memory usage\"", "https://github.com/HIPS/autograd/issues/219")
+
+
+def chain_parameters(*, D: int, depth: int, quick_depth: int) -> tuple[Parameter, Parameter]:
+    """The chain's sizes, declared alike by every benchmark of the dot chain."""
+    return (Parameter("D", D, "side of the square matrices x and z", quick=64, minimum=1),
+            Parameter("depth", depth, "chained dot products (x's gradient receives this many contributions)",
+                      quick=quick_depth, minimum=1))
+
+
 BENCHMARK = Benchmark(
     name="dot_chain",
     question="How much memory does a gradient of 100 chained dot products need, against a hand-written "
              "gradient? What does in-place accumulation save?",
-    seed=Seed("HIPS/autograd #219, \"Decreasing autograd memory usage\"", "https://github.com/HIPS/autograd/issues/219"),
+    seed=SEED,
     notebook="dot_chain.ipynb",
     parameters=(
-        Parameter("D", SEED_SIZES["D"], "side of the square matrices x and z", quick=64, minimum=1),
-        Parameter("depth", SEED_SIZES["depth"], "chained dot products (x's gradient receives this many contributions)",
-                  quick=8, minimum=1),
+        *chain_parameters(D=SEED_SIZES["D"], depth=SEED_SIZES["depth"], quick_depth=8),
         *comparison_parameters(dtype="float64", engines=ENGINE_NAMES, repeats=1, trials=3, warmup=0),
     ),
     rules=comparison_rules,

@@ -30,7 +30,7 @@ from benchlib.engines import ENGINE_NAMES, get_engine
 from benchlib.benchmark import Benchmark, Config, Parameter, Seed, distinct
 from benchlib.engines.comparison import Cases, EngineComparison, comparison_parameters, comparison_rules, compare_engines
 from benchlib.engines.gradients import save_gradient
-from benchlib.engines.names import AUTOGRAD, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, MANUAL_SEED, TORCH
+from benchlib.engine_names import AUTOGRAD, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, MANUAL_SEED, TORCH
 from benchlib.engines.roles import memory_roles, role_gauge
 from benchlib.measure import MALLOC_POLICIES, Case, mark
 from benchlib.results.seed_verdicts import RatioRule, SlopeRule

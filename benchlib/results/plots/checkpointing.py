@@ -8,7 +8,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from benchlib.engines.names import BENCHLIB_CHECKPOINT, MANUAL
+from benchlib.engine_names import BENCHLIB_CHECKPOINT, MANUAL
 from benchlib.results.plots.common import apply_layout, engine_color, legend_right
 
 MB = 1e6

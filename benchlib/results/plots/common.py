@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
-from benchlib.engines.names import (AUTOGRAD, BENCHLIB_CHECKPOINT, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL,
+from benchlib.engine_names import (AUTOGRAD, BENCHLIB_CHECKPOINT, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL,
                                      MANUAL_SEED, TORCH, TORCH_CHECKPOINT, TORCH_COMPILE, TORCH_FUNC)
 
 # One palette for every series the notebooks draw, by the groups of names that share a figure:

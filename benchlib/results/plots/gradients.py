@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from benchlib.engines.names import MANUAL, MANUAL_SEED
+from benchlib.engine_names import MANUAL, MANUAL_SEED
 from benchlib.results.plots.common import apply_layout, engine_color, legend_right, ratio_frame
 
 MB = 1e6

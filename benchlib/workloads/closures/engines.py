@@ -9,7 +9,7 @@ from typing import Any, Callable
 import numpy as np
 
 from benchlib.engines import Engine, get_engine
-from benchlib.engines.names import TORCH
+from benchlib.engine_names import TORCH
 from benchlib.measure import resolve_device
 from benchlib.workloads.closures.spec import (
     COMPILE_ENGINE, FUNC_ENGINE, VALID_ENGINES, COMPILE_BACKENDS, Protocol,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from benchlib.engines.names import AUTOGRAD, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, TORCH, TORCH_COMPILE, TORCH_FUNC
+from benchlib.engine_names import AUTOGRAD, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, TORCH, TORCH_COMPILE, TORCH_FUNC
 
 NAME = "identical_closures"
 MWES = ("dense", "reduced")

@@ -1,7 +1,8 @@
 """Every engine's name, written once: records on disk carry these strings, so they never change.
 
-This module imports nothing, from benchlib or elsewhere, so any layer may import it, `benchlib.results`
-(the lowest) included. The registry, `benchlib.engines.ENGINES`, builds its engines under these names.
+This module imports nothing and sits below every layer, so any of them may import it, `benchlib.results`
+(the lowest) included, without importing `benchlib.engines`. The registry, `benchlib.engines.ENGINES`,
+builds its engines under these names.
 """
 
 MANUAL = "manual"  # the lean hand-written gradient each workload supplies: the floor every engine is checked against
