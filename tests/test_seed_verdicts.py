@@ -112,7 +112,7 @@ def test_closure_rules_compare_two_cases_of_one_engine_per_mwe_and_order():
     def rows(step, counts):
         return [make_record(benchmark="identical_closures", case=f"{mwe}/seed/{step}", engine="torch", device="cpu",
                             dtype="float32", metric="warm_alloc_count", value=count, unit="count", repeat=i,
-                            params={"mwe": mwe, "order": "seed"})
+                            params={"mwe": mwe, "order": "seed", "step": step})
                 for mwe, count_of in (("dense", counts), ("reduced", counts)) for i, count in enumerate(count_of)]
     same = judge(pd.DataFrame(rows("initial", [419, 419]) + rows("structurally identical new", [419, 419])))
     assert same["verdict"].tolist() == [REPRODUCED, REPRODUCED]
@@ -132,7 +132,7 @@ def test_a_derived_ratio_metric_is_taken_per_trial_before_the_rule_compares():
     assert table["ratio"].iloc[0] == pytest.approx(1.1 / 3)
 
 
-def test_the_manual_gc_rule_finds_its_cases_by_their_gc_field():
+def test_the_manual_gc_rule_finds_its_cases_by_their_gc_policy_param():
     def rows(policy, value):
         return [make_record(benchmark="mnist_ensembles", case=f"naive|gc={policy}|heap=0|threads=2", engine="naive",
                             device="cpu", dtype="float32", metric="throughput", value=value * f, unit="model-samples/s",

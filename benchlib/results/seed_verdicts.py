@@ -25,7 +25,7 @@ from benchlib.results.store import resolve_run, write_parquet_atomic
 
 REPRODUCED, REFUTED, INCONCLUSIVE = "reproduced", "refuted", "inconclusive"
 VERDICTS = "verdicts.parquet"  # a run's verdict table, beside its records
-BENCHMARK_COLUMN, CASE_COLUMN, ENGINE_COLUMN, METRIC_COLUMN = "benchmark", "case", "variant", "metric"
+BENCHMARK_COLUMN, ENGINE_COLUMN, METRIC_COLUMN = "benchmark", "variant", "metric"
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,9 @@ class RatioRule:
     """The claim that median(metric of engine) / median(metric of baseline) lies in [low, high].
 
     `where` keeps rows whose params hold these values (e.g. one GC policy); `case`/`baseline_case`
-    keep rows whose case ends so (to compare two cases of one engine); `per` names params that
-    split the verdict (one row per value, never pooled). Samples are trials (`trial_values`).
+    are the params that pick the two sides' cases, e.g. `(("step", "initial"),)`, to compare two cases
+    of one engine (structured keys: a case label is never parsed back); `per` names params that split
+    the verdict (one row per value, never pooled). Samples are trials (`trial_values`).
     """
 
     benchmark: str
@@ -79,31 +80,29 @@ class RatioRule:
     low: float
     high: float
     where: tuple[tuple[str, object], ...] = ()
-    case: str = ""
-    baseline_case: str = ""
+    case: tuple[tuple[str, object], ...] = ()
+    baseline_case: tuple[tuple[str, object], ...] = ()
     per: tuple[str, ...] = ()
 
     @property
     def text(self) -> str:
         """The rule in one line, as the verdict table and `benchlib run` show it."""
-        own = f"{self.engine} {self.case}".strip()
-        base = f"{self.baseline} {self.baseline_case}".strip()
+        def side(engine: str, case: tuple) -> str:
+            return " ".join([engine, *(f"{name}={value}" for name, value in case)])
+
         where = "".join(f", {name}={value}" for name, value in self.where)
-        return (f"{self.metric} {own} / {base}{where}: 95% interval inside "
-                f"[{self.low:g}, {self.high:g}] reproduces, wholly outside refutes")
+        return (f"{self.metric} {side(self.engine, self.case)} / {side(self.baseline, self.baseline_case)}{where}: "
+                f"95% interval inside [{self.low:g}, {self.high:g}] reproduces, wholly outside refutes")
 
     @property
     def metrics(self) -> tuple[str, ...]:
         """The record metrics the rule reads: one, or two for a derived "a/b" (a ratio per trial)."""
         return tuple(self.metric.split("/"))
 
-    def samples(self, records: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-        """Per-trial values of the engine side and of the baseline side."""
-        def side(variant: str, case: str) -> np.ndarray:
-            rows = records[(records[ENGINE_COLUMN] == variant)]
-            if case:  # the case's last part ("dense/seed/initial") or one of its "|" fields ("gc=manual")
-                names = rows[CASE_COLUMN]
-                rows = rows[names.str.endswith(case) | names.str.split("|").map(lambda fields: case in fields)]
+    def samples(self, records: pd.DataFrame, params: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+        """Per-trial values of the engine side and of the baseline side (`params`: the rows' parsed params)."""
+        def side(variant: str, case: tuple) -> np.ndarray:
+            rows = records[(records[ENGINE_COLUMN] == variant) & params.map(lambda p: _matches(p, case))]
             if "/" not in self.metric:
                 return trial_values(rows)
             numerator, denominator = (trial_values(rows[rows[METRIC_COLUMN] == name]) for name in self.metrics)
@@ -190,7 +189,7 @@ def apply_rule(records: pd.DataFrame, rule, params: pd.Series | None = None) -> 
             interval = median_interval(slopes)
             verdicts.append(_verdict(rule, interval.ratio, interval.ci_low, interval.ci_high, group, slopes.size))
             continue
-        values, baseline = rule.samples(rows)
+        values, baseline = rule.samples(rows, params[rows.index])
         if values.size == 0 or baseline.size == 0 or not np.all(baseline > 0):
             continue
         interval = ratio_of_medians(baseline, values)

@@ -82,7 +82,7 @@ BENCHMARK = Benchmark(
     headline=("warm_alloc_count", "warm_alloc_count_python", "warm_time", "cold_time"),
     verdicts=tuple(
         RatioRule(NAME, f"{_ZYGOTE} ({what}, {engine})", metric, engine, engine, low, high,
-                  case="structurally identical new", baseline_case="initial", per=("mwe", "order"))
+                  case=(("step", NEW),), baseline_case=(("step", INITIAL),), per=("mwe", "order"))
         for engine in ENGINES
         for metric, what, low, high in (("warm_alloc_count", "warm allocations", 0.99, 1.01),
                                         ("warm_alloc_count_python", "warm Python allocations", 0.99, 1.01),
