@@ -81,6 +81,21 @@ def get(name: str) -> Benchmark:
     return known[name]
 
 
+def resolve(name_or_path: str) -> Benchmark:
+    """A declared benchmark by name, or the benchmark a model file (a path ending in .py) declares.
+    A file whose NAME a declared benchmark already has is refused (`RegistryError`), as a duplicate
+    entry point is; a file the torch form refuses raises `benchlib.usermodel.ModelFileError`."""
+    if not name_or_path.endswith(".py"):
+        return get(name_or_path)
+    from benchlib.usermodel import load_model_file
+
+    benchmark = load_model_file(name_or_path)
+    if benchmark.name in benchmarks():
+        raise RegistryError(f"{name_or_path}: NAME {benchmark.name!r} is a declared benchmark's; give the file "
+                            "another NAME")
+    return benchmark
+
+
 def verdict_rules() -> tuple:
     """The seed rules of every declared benchmark."""
     return tuple(rule for benchmark in benchmarks().values() for rule in benchmark.verdicts)
