@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from functools import lru_cache
+from pathlib import Path
 from importlib.metadata import entry_points
 
 from benchlib.benchmark import Benchmark, DeclarationError
@@ -82,10 +83,10 @@ def get(name: str) -> Benchmark:
 
 
 def resolve(name_or_path: str) -> Benchmark:
-    """A declared benchmark by name, or the benchmark a model file (a path ending in .py) declares.
+    """A declared benchmark by name, else the benchmark the model file at that path declares.
     A file whose NAME a declared benchmark already has is refused (`RegistryError`), as a duplicate
     entry point is; a file the torch form refuses raises `benchlib.usermodel.ModelFileError`."""
-    if not name_or_path.endswith(".py"):
+    if name_or_path in benchmarks() or not (name_or_path.endswith(".py") or Path(name_or_path).is_file()):
         return get(name_or_path)
     from benchlib.usermodel import load_model_file
 

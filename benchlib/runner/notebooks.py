@@ -115,7 +115,8 @@ def select_notebooks(names: Sequence[str], notebooks_dir: Path | None = None) ->
     """The benchmarks asked for, or all: every declared benchmark and every undeclared notebook in
     the project's notebooks/ (or, given `notebooks_dir`, the notebooks there).
 
-    A name ending in .py is a model file (`benchlib.usermodel`); two with the same NAME are refused.
+    A name ending in .py, or naming a file that is not a notebook, is a model file (`benchlib.usermodel`);
+    two with the same NAME are refused.
     A name with a path separator, or ending in .ipynb and naming a file, is that very notebook (its
     folder is its working directory; a declared name keeps its declaration); it is never swapped for
     the project's notebook of the same name. A bare name is a declared benchmark, else a notebook
@@ -136,7 +137,7 @@ def select_notebooks(names: Sequence[str], notebooks_dir: Path | None = None) ->
     unknown = []
     for name in names:
         path = Path(name)
-        if name.endswith(".py"):
+        if name.endswith(".py") or (path.is_file() and path.suffix != ".ipynb"):
             spec = model_file_spec(name)
             if spec.name in selected:
                 raise RunnerError(f"{selected[spec.name].source or selected[spec.name].path} and {spec.source} both "

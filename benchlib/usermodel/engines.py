@@ -139,7 +139,7 @@ class Step:
     def observe(self, fn: Observer) -> Iterator[None]:
         handles = []
         if self.engine in (TORCH, TORCH_CHECKPOINT):
-            handles = [p.register_post_accumulate_grad_hook(lambda p, name=name: fn(name, p.grad))
+            handles = [p.register_post_accumulate_grad_hook(functools.partial(_observed, fn, name))
                        for name, p in self.named]
         self.observer = fn
         try:
@@ -148,6 +148,10 @@ class Step:
             self.observer = None
             for handle in handles:
                 handle.remove()
+
+
+def _observed(fn: Observer, name: str, parameter: torch.Tensor) -> None:
+    fn(name, parameter.grad)  # a post-accumulate-grad hook must return None
 
 
 class LiveBytes:
