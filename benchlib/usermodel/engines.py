@@ -108,7 +108,11 @@ class Step:
         if engine == TORCH_FUNC:
             wrapper = _Loss(model, loss)
             self.detached = {f"model.{name}": p.detach() for name, p in self.named}
-            self.grad = torch.func.grad(lambda params: torch.func.functional_call(wrapper, params, batch))
+            # buffers go in as arguments: a transformed function may update its inputs (BatchNorm's
+            # running statistics), never a tensor it captured
+            self.buffers = {f"model.{name}": b for name, b in model.named_buffers()}
+            self.grad = torch.func.grad(
+                lambda params, buffers: torch.func.functional_call(wrapper, (params, buffers), batch))
 
     def _fused_step(self, name: str, fused: torch.optim.Optimizer, parameter: torch.Tensor) -> None:
         if self.observer is not None:
@@ -118,7 +122,7 @@ class Step:
 
     def __call__(self) -> None:
         if self.engine == TORCH_FUNC:
-            gradients = self.grad(self.detached)
+            gradients = self.grad(self.detached, self.buffers)
             for (name, p), key in zip(self.named, self.detached):
                 if self.observer is not None:
                     self.observer(name, gradients[key])

@@ -14,6 +14,7 @@ from benchlib.measure.core import format_bytes, format_seconds
 from benchlib.results.compare import trial_values
 from benchlib.results.report import SUMMARY_COLUMN
 from benchlib.results.stats import median_interval, ratio_of_medians
+from benchlib.usermodel.engines import ENGINES
 
 # The roles a step allocates (in the peak above the baseline), by the words a summary line uses.
 STEP_ROLES = {SAVED_METRIC: "saved activations", GRADIENT_METRIC: "gradients"}
@@ -75,4 +76,5 @@ def summary_table(records: pd.DataFrame) -> pd.DataFrame:
                      "peak_ratio": ratio, "peak_ratio_low": ratio_low, "peak_ratio_high": ratio_high,
                      "largest_role": STEP_ROLES.get(role, ""), "largest_role_bytes": roles.get(role, math.nan),
                      "time_s": time_s, GRAD_ERROR_METRIC: error, SUMMARY_COLUMN: line})
-    return pd.DataFrame(rows, columns=COLUMNS)
+    order = {engine: index for index, engine in enumerate(ENGINES)}
+    return pd.DataFrame(sorted(rows, key=lambda row: order.get(row["engine"], len(order))), columns=COLUMNS)
