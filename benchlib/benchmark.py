@@ -214,7 +214,9 @@ class Benchmark:
     builder of the run's records frame (drawn by the generic notebook; a notebook draws its own).
     `metrics` ((name, unit, kind, meaning), ...) and `dimensions` ({name: meaning}) are the metrics
     and kinds of variant its records use that benchlib does not know yet: declaring the benchmark
-    registers them, so a new benchmark needs no edit to `benchlib.results`.
+    registers them, so a new benchmark needs no edit to `benchlib.results`. `summarize(records)`, if
+    given, builds the headline table instead of the medians of the `headline` metrics; a `summary`
+    column of one line per row is what `benchlib run` prints first after the run.
     """
 
     name: str
@@ -230,6 +232,7 @@ class Benchmark:
     figures: Mapping[str, Callable] = field(default_factory=dict)
     metrics: tuple[tuple[str, str, str, str], ...] = ()
     dimensions: Mapping[str, str] = field(default_factory=dict)
+    summarize: Callable | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "parameters", tuple(self.parameters))

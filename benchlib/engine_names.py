@@ -16,8 +16,11 @@ TORCH_CHECKPOINT = "torch-checkpoint"  # torch.autograd under torch.utils.checkp
 # Not in the registry: identical_closures' own engines, torch with torch.compile or with torch.func.grad
 TORCH_COMPILE = "torch.compile"
 TORCH_FUNC = "torch.func"
+# Not in the registry: a user model file's engine, the optimizer step fused into backward (NaiveGAflux's idea)
+FUSED_OPTIMIZER = "fused-optimizer"
 
 TORCH_AUTOGRAD = (TORCH, TORCH_CHECKPOINT)  # the registry's engines that differentiate with torch.autograd
 
 __all__ = ["MANUAL", "MANUAL_SEED", "BENCHLIB_INPLACE", "BENCHLIB_DEFERRED", "BENCHLIB_CHECKPOINT", "AUTOGRAD",
-           "TORCH", "TORCH_CHECKPOINT", "TORCH_COMPILE", "TORCH_FUNC", "TORCH_AUTOGRAD"]
+           "TORCH", "TORCH_CHECKPOINT", "TORCH_COMPILE", "TORCH_FUNC", "FUSED_OPTIMIZER",
+           "TORCH_AUTOGRAD"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from functools import lru_cache
+from pathlib import Path
 from importlib.metadata import entry_points
 
 from benchlib.benchmark import Benchmark, DeclarationError
@@ -79,6 +80,21 @@ def get(name: str) -> Benchmark:
     if name not in known:
         raise KeyError(f"unknown benchmark {name!r}; declared: {', '.join(known)}")
     return known[name]
+
+
+def resolve(name_or_path: str) -> Benchmark:
+    """A declared benchmark by name, else the benchmark the model file at that path declares.
+    A file whose NAME a declared benchmark already has is refused (`RegistryError`), as a duplicate
+    entry point is; a file the torch form refuses raises `benchlib.usermodel.ModelFileError`."""
+    if name_or_path in benchmarks() or not (name_or_path.endswith(".py") or Path(name_or_path).is_file()):
+        return get(name_or_path)
+    from benchlib.usermodel import load_model_file
+
+    benchmark = load_model_file(name_or_path)
+    if benchmark.name in benchmarks():
+        raise RegistryError(f"{name_or_path}: NAME {benchmark.name!r} is a declared benchmark's; give the file "
+                            "another NAME")
+    return benchmark
 
 
 def verdict_rules() -> tuple:

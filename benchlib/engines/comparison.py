@@ -100,10 +100,11 @@ def validate_common(*, dtype: str, engines: Iterable[str], repeats: int, warmup:
     return engines
 
 
-def trial_order(engines: Iterable[str], trials: int, seed: int | None) -> list[tuple[int, str]]:
+def trial_order(engines: Iterable[str], trials: int, seed: int | None,
+                first: str = REFERENCE_ENGINE) -> list[tuple[int, str]]:
     """(trial, engine) in the order the children run: every engine once per round, rounds shuffled by
-    `seed` (A B A B when None) so machine drift falls on all engines alike; `manual` opens the first
-    round, so every other engine's gradient has a reference to be checked against."""
+    `seed` (A B A B when None) so machine drift falls on all engines alike; `first` (the reference,
+    `manual`) opens the first round, so every other engine's gradient has a reference to be checked against."""
     from benchlib.results.stats import interleaved_order  # scipy stays out of the case children
 
     names = list(engines)
@@ -111,9 +112,9 @@ def trial_order(engines: Iterable[str], trials: int, seed: int | None) -> list[t
         return []
     order = interleaved_order(names, trials, seed=seed)
     rounds = [order[i * len(names):(i + 1) * len(names)] for i in range(trials)]
-    if REFERENCE_ENGINE in names:
-        rounds[0].remove(REFERENCE_ENGINE)
-        rounds[0].insert(0, REFERENCE_ENGINE)
+    if first in names:
+        rounds[0].remove(first)
+        rounds[0].insert(0, first)
     return [(trial, name) for trial, names_of_round in enumerate(rounds) for name in names_of_round]
 
 

@@ -122,6 +122,18 @@ def _git(root: Path) -> dict[str, Any]:
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
 
+def file_provenance(path: str | os.PathLike) -> dict[str, Any]:
+    """A file a run measured (a user's model file): its path, sha256, and the commit and dirty state of
+    the git repository that holds it (None, with a note, outside one)."""
+    import hashlib
+
+    path = Path(path).resolve()
+    root = _command(["git", "rev-parse", "--show-toplevel"], cwd=path.parent) if shutil.which("git") else None
+    git = _git(Path(root)) if root else {"commit": None, "dirty": None, "note": f"{path.parent} is not in a git repository"}
+    return {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            "git": {"root": root, **git}}
+
+
 def capture_environment(device: Any = None, *, allocator_policy: str | None = None) -> dict[str, Any]:
     """The environment a run measures in; `device` (name or Device) and measure's policy are recorded as given."""
     import torch

@@ -26,6 +26,7 @@ from benchlib.results.store import RUN_INFO, load_run_info, resolve_run, write_t
 
 REPORT = "report.html"
 HEADLINE_SUFFIX = "_headline"  # tables/<notebook>_headline.parquet are shown in the notebook's section
+SUMMARY_COLUMN = "summary"  # a headline table with this column holds one line of text per row: printed after a run
 _OTHER = "other figures"
 GRID_SECTION = "parameter grid"  # figures named grid_* (benchlib run --grid): metric against the grid's parameters
 
@@ -118,6 +119,16 @@ def _status_table(info: Mapping[str, Any]) -> pd.DataFrame:
 
 def _table_html(frame: pd.DataFrame) -> str:
     return frame.to_html(index=False, border=0, classes="table", na_rep="", float_format=lambda v: f"{v:.4g}")
+
+
+def summary_lines(run_path: Path, section: str) -> list[str]:
+    """The one-line rows of a section's headline table (its `summary` column), [] when it has none."""
+    path = run_path / "tables" / f"{section}{HEADLINE_SUFFIX}.parquet"
+    try:
+        frame = pd.read_parquet(path)
+    except Exception:  # no table, or an unreadable one: the report says which; the terminal just has no lines
+        return []
+    return [str(line) for line in frame[SUMMARY_COLUMN]] if SUMMARY_COLUMN in frame else []
 
 
 def _headline_tables(run_path: Path, tables: Sequence[str]) -> list[tuple[str, pd.DataFrame]]:

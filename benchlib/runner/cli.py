@@ -1,9 +1,11 @@
-"""The `benchlib` command: run notebooks, list them with their parameters, list past runs, compare two runs."""
+"""The `benchlib` command: run notebooks and model files, list them with their parameters, write an example
+model file, list past runs, compare two runs."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,7 +34,10 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     run_parser.add_argument("notebooks", nargs="*", metavar="NOTEBOOK",
-                            help="benchmark names (benchlib list shows them), or paths to .ipynb files")
+                            help="benchmark names (benchlib list shows them), paths to .ipynb files, or model files "
+                                 "(.py, see `benchlib new`)")
+    run_parser.add_argument("--debug", action="store_true",
+                            help="on a refusal, also print the traceback (e.g. of a model file that fails to load)")
     run_parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N (default: auto)")
     run_parser.add_argument(
         "-p", "--param", action="append", default=[], metavar="NAME=VALUE",
@@ -60,6 +65,10 @@ def _parser() -> argparse.ArgumentParser:
     list_parser = commands.add_parser("list", help="the benchmarks: their questions, parameters, defaults, quick values and help")
     list_parser.add_argument("notebooks", nargs="*", metavar="NOTEBOOK")
     list_parser.add_argument("--notebooks-dir", type=Path, default=None, metavar="DIR")
+
+    new_parser = commands.add_parser(
+        "new", help="write a commented example model file (the torch form) to run with `benchlib run FILE`")
+    new_parser.add_argument("file", type=Path, metavar="FILE", help="the .py file to write (never overwritten)")
 
     runs_parser = commands.add_parser("runs", help="past runs under the results directory")
     runs_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root (default: results/)")
@@ -111,7 +120,7 @@ def _report(run_name: str, root: Path | None) -> int:
 def _list(names: Sequence[str], notebooks_dir: Path | None) -> int:
     for spec in select_notebooks(names, notebooks_dir):
         benchmark = spec.benchmark
-        print(f"{benchmark.name}  ({spec.path})")
+        print(f"{benchmark.name}  ({spec.source or spec.path})")
         print(f"  {benchmark.question}")
         if benchmark.seed is not None:
             print(f"  seed: {benchmark.seed.title}" + (f" <{benchmark.seed.link}>" if benchmark.seed.link else ""))
@@ -212,6 +221,32 @@ def _merge_records(run_name: str, root: Path | None) -> int:
     return 1 if skipped else 0
 
 
+def _new(path: Path) -> int:
+    from benchlib.usermodel.template import TEMPLATE
+
+    if path.suffix != ".py":
+        raise RunnerError(f"{path}: a model file ends in .py")
+    try:
+        with open(path, "x", encoding="utf-8") as file:
+            file.write(TEMPLATE)
+    except FileExistsError:
+        raise RunnerError(f"{path} exists; benchlib new never overwrites a file (choose another name)") from None
+    except OSError as error:
+        raise RunnerError(f"{path} cannot be written: {error.strerror}") from None
+    print(f"wrote {path}; try it: benchlib run {path} --quick")
+    return 0
+
+
+def _print_chain(error: BaseException) -> None:
+    """The refusal's traceback and those of the errors behind it, the original first (for --debug)."""
+    chain = []
+    while error is not None and error not in chain:
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    for link in reversed(chain):
+        traceback.print_exception(type(link), link, link.__traceback__, chain=False)
+
+
 def _params(assignments: Sequence[str]) -> dict[str, str]:
     """`-p NAME=VALUE` assignments as a dict; a name given twice is refused (which one would win is a guess)."""
     params: dict[str, str] = {}
@@ -237,6 +272,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _report(arguments.run, arguments.out)
         if arguments.command == "merge-records":
             return _merge_records(arguments.run, arguments.out)
+        if arguments.command == "new":
+            return _new(arguments.file)
         params = _params(arguments.param)
         result = run(
             arguments.notebooks,
@@ -253,6 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             command=["benchlib", *(sys.argv[1:] if argv is None else argv)],
         )
     except RunnerError as refused:  # bad input (DeviceError is one too): refused before anything ran
+        if getattr(arguments, "debug", False):
+            _print_chain(refused)
         print(f"benchlib: error: {refused}", file=sys.stderr)
         return EXIT_REFUSED
     except KeyboardInterrupt:

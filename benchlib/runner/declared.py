@@ -1,6 +1,6 @@
 """A benchmark declared with `measure` (no notebook of its own), run inside the runner's generic notebook.
 
-The kernel looks the benchmark up in the registry as the runner did, builds its config from the
+The kernel looks the benchmark up in the registry as the runner did (a model file is loaded again from its path), builds its config from the
 injected values (checked again: a kernel trusts nothing it was handed), measures, and saves what
 every notebook saves: records, a headline table of the declared headline metrics, and figures.
 """
@@ -46,15 +46,16 @@ def headline_table(records: pd.DataFrame, metrics: tuple[str, ...]) -> pd.DataFr
 
 
 def run_declared(name: str, parameters: Mapping[str, Any], *, device: str = "auto", results_dir: str = "") -> Outcome:
-    """Measure benchmark `name` with `parameters` on `device` and save its results into `results_dir`."""
+    """Measure benchmark `name` (or a model file's path) with `parameters` on `device` and save its results
+    into `results_dir`."""
     from benchlib.measure import resolve_device
 
-    benchmark = registry.get(name)
+    benchmark = registry.resolve(name)
     config = benchmark.config(parameters)
     resolved = resolve_device(device)
     run = Run.open(results_dir, device=resolved)
     frame = run.save_records(benchmark.measure(config, resolved), benchmark.name)
-    headline = headline_table(frame, benchmark.headline)
+    headline = benchmark.summarize(frame) if benchmark.summarize else headline_table(frame, benchmark.headline)
     run.save_table(headline, f"{benchmark.name}{HEADLINE_SUFFIX}")
     figures = {}
     for figure_name, build in benchmark.figures.items():

@@ -24,7 +24,8 @@ from typing import Any, TextIO
 import pandas as pd
 
 from benchlib.results import Run, default_results_root, load_records
-from benchlib.results.report import write_report
+from benchlib.results.environment import file_provenance
+from benchlib.results.report import summary_lines, write_report
 from benchlib.results.compare import noise_table, noise_text
 from benchlib.results.seed_verdicts import save_verdicts, seed_verdicts, verdict_text
 from benchlib.results.store import (
@@ -328,6 +329,7 @@ def run(notebooks: Sequence[str] = (), *, options: RunOptions | None = None, **o
         executor=executor if executor == "local" else f"dask ({scheduler or 'local cluster'})",
         notebooks_dir=str(notebooks_dir.resolve()) if notebooks_dir else None,
         benchmarks={spec.name: spec.benchmark.summary() for spec, _ in planned},
+        model_files={spec.name: file_provenance(spec.source) for spec, _ in planned if spec.source},
         command=list(options.command) if options.command is not None else None,
         runner={"pid": os.getpid(), "host": socket.gethostname()},
     )
@@ -356,6 +358,10 @@ def run(notebooks: Sequence[str] = (), *, options: RunOptions | None = None, **o
     if grid:
         _save_grid_figures(results_run)
     results_run.finish(interrupted=False, data_sources={r.name: r.data_source for r in result.notebooks if r.data_source})
+    for spec, _ in planned:  # the summary first: a benchmark's one line per variant, where its headline has them
+        lines = summary_lines(results_run.path, spec.name)
+        if lines:
+            print("\n".join([f"{spec.name}:", *(f"  {line}" for line in lines)]), file=stream, flush=True)
     print(result.summary(), file=stream, flush=True)
     records = load_records(results_run.path)
     verdicts = seed_verdicts(records, verdict_rules())

@@ -40,6 +40,7 @@ class NotebookSpec:
     benchmark: Benchmark
     path: Path
     has_quick: bool = True  # False: an undeclared notebook without a `quick` cell (--quick refuses it)
+    source: Path | None = None  # the model file a benchmark was loaded from (the kernel loads it again)
 
     @property
     def name(self) -> str:
@@ -57,7 +58,8 @@ class NotebookSpec:
         not its cell's) and device/results_dir; a `measure` benchmark gets its name and values as one dict."""
         config = self.benchmark.config(values).plain()
         if self.path == DECLARED_NOTEBOOK:
-            return {"benchmark": self.benchmark.name, "parameters": config, **injected}
+            return {"benchmark": str(self.source) if self.source else self.benchmark.name, "parameters": config,
+                    **injected}
         return {**config, **injected}
 
 
@@ -97,10 +99,24 @@ def _spec(name: str, path: Path) -> NotebookSpec:
     return NotebookSpec(known, path.resolve()) if known is not None else inspect(name, path)
 
 
+def model_file_spec(name: str) -> NotebookSpec:
+    """A model file (a path ending in .py) as a benchmark run by the generic notebook; refused, saying
+    why, when the file is not in the torch form."""
+    from benchlib.usermodel import ModelFileError
+
+    try:
+        benchmark = registry.resolve(name)
+    except (ModelFileError, DeclarationError) as error:
+        raise RunnerError(str(error)) from error
+    return NotebookSpec(benchmark, DECLARED_NOTEBOOK, source=Path(name).expanduser().resolve())
+
+
 def select_notebooks(names: Sequence[str], notebooks_dir: Path | None = None) -> list[NotebookSpec]:
     """The benchmarks asked for, or all: every declared benchmark and every undeclared notebook in
     the project's notebooks/ (or, given `notebooks_dir`, the notebooks there).
 
+    A name ending in .py, or naming a file that is not a notebook, is a model file (`benchlib.usermodel`);
+    two with the same NAME are refused.
     A name with a path separator, or ending in .ipynb and naming a file, is that very notebook (its
     folder is its working directory; a declared name keeps its declaration); it is never swapped for
     the project's notebook of the same name. A bare name is a declared benchmark, else a notebook
@@ -121,6 +137,13 @@ def select_notebooks(names: Sequence[str], notebooks_dir: Path | None = None) ->
     unknown = []
     for name in names:
         path = Path(name)
+        if name.endswith(".py") or (path.is_file() and path.suffix != ".ipynb"):
+            spec = model_file_spec(name)
+            if spec.name in selected:
+                raise RunnerError(f"{selected[spec.name].source or selected[spec.name].path} and {spec.source} both "
+                                  f"declare NAME = {spec.name!r}; give them different NAMEs to run them together")
+            selected[spec.name] = spec
+            continue
         if os.sep in name or (os.altsep and os.altsep in name) or (name.endswith(".ipynb") and path.is_file()):
             if path.suffix != ".ipynb" or not path.is_file():
                 raise RunnerError(f"notebook file {name!r} does not exist (a path must name an existing .ipynb file)")
@@ -143,7 +166,7 @@ def select_notebooks(names: Sequence[str], notebooks_dir: Path | None = None) ->
     if unknown:
         listing = ", ".join(dict.fromkeys([*declared(), *(available_notebooks(folder) if folder.is_dir() else {})]))
         raise RunnerError(f"unknown benchmark(s): {', '.join(unknown)}; known: {listing or 'none'} "
-                          "(or give a path to a .ipynb file)")
+                          "(or give a path to a .ipynb file, or a model file ending in .py)")
     return list(selected.values())
 
 

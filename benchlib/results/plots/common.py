@@ -9,8 +9,8 @@ from collections.abc import Iterable, Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
-from benchlib.engine_names import (AUTOGRAD, BENCHLIB_CHECKPOINT, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL,
-                                     MANUAL_SEED, TORCH, TORCH_CHECKPOINT, TORCH_COMPILE, TORCH_FUNC)
+from benchlib.engine_names import (AUTOGRAD, BENCHLIB_CHECKPOINT, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, FUSED_OPTIMIZER,
+                                   MANUAL, MANUAL_SEED, TORCH, TORCH_CHECKPOINT, TORCH_COMPILE, TORCH_FUNC)
 
 # One palette for every series the notebooks draw, by the groups of names that share a figure:
 # within a group every name has a colour of its own, dark enough to read on white; names of
@@ -28,6 +28,7 @@ SERIES_COLORS = {
         TORCH_CHECKPOINT: "#e377c2",
         TORCH_COMPILE: "#ff7f0e",
         TORCH_FUNC: "#8c564b",
+        FUSED_OPTIMIZER: "#9467bd",  # a user model file's engine
         "numpy": "#b8860b",  # calibration's library variant, not an engine
     },
     "strategies": {  # mnist_ensembles

@@ -1,0 +1,58 @@
+"""A user's own model, in one Python file, as a `benchlib.Benchmark` (`benchlib run my_model.py`).
+
+`load_model_file(path)` reads the file (the torch form: see `benchlib.usermodel.loader`), types its
+PARAMETERS by their defaults, and, before anything is measured, builds the model and batch at the
+QUICK values (small, so cheap) and calls loss once: a loss that returns a non-scalar or a
+non-tensor is refused there, not in the middle of a run. The benchmark it returns measures every
+engine of `benchlib.usermodel.engines` in fresh processes (`benchlib.usermodel.compare`).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from benchlib.benchmark import Benchmark, DeclarationError, Parameter, ParameterError
+from benchlib.usermodel.case import ROLE_METRICS
+from benchlib.usermodel.compare import measure_model_file
+from benchlib.usermodel.loader import ModelFile, ModelFileError, check_form, read_model_file
+from benchlib.usermodel.summary import summary_table
+
+TRIALS = Parameter("trials", 3, "fresh processes per engine, interleaved across engines", quick=2, minimum=1)
+HEADLINE = ("peak_bytes", "time", "alloc_count", "alloc_count_python", "gc_time")
+
+
+def _parameters(model_file: ModelFile) -> tuple[Parameter, ...]:
+    parameters = []
+    for name, default in model_file.parameters.items():
+        if name == TRIALS.name:
+            raise ModelFileError(f"{model_file.path}: PARAMETERS[{name!r}] is benchlib's own (fresh processes per "
+                                 "engine); give yours another name")
+        quick = {"quick": model_file.quick[name]} if name in model_file.quick else {}
+        try:
+            parameters.append(Parameter(name, default, f"from {model_file.path.name}'s PARAMETERS", **quick))
+        except (DeclarationError, ParameterError) as error:
+            raise ModelFileError(f"{model_file.path}: PARAMETERS[{name!r}] = {default!r}"
+                                 + (f", QUICK {model_file.quick[name]!r}" if quick else "") + f": {error}") from None
+    return (*parameters, TRIALS)
+
+
+def load_model_file(path: str | Path) -> Benchmark:
+    """The benchmark a model file declares, its form checked by one loss call at the QUICK values."""
+    model_file = read_model_file(path)
+    parameters = _parameters(model_file)
+    quick = {p.name: p.quick if p.has_quick else p.default for p in parameters if p is not TRIALS}
+    check_form(model_file, {name: list(v) if isinstance(v, tuple) else v for name, v in quick.items()})
+    return Benchmark(
+        name=model_file.name,
+        question=f"What does one gradient step of {model_file.path.name} cost in memory, allocations and time, "
+                 "under each engine?",
+        parameters=parameters,
+        measure=functools.partial(measure_model_file, model_file),
+        headline=HEADLINE,
+        metrics=ROLE_METRICS,
+        summarize=summary_table,
+    )
+
+
+__all__ = ["ModelFileError", "load_model_file", "read_model_file"]

@@ -1,0 +1,79 @@
+"""One engine's step of a model file, set up in the isolation child (`run_isolated`'s target).
+
+The child re-reads the file (JSON crosses the process boundary, never the user's objects), builds
+the seeded model and batch, and measures the step. The check then makes two more steps outside the
+measured ones: one on the measured model under saved-tensor hooks and a gradient counter (memory by
+role), and one on a fresh seeded model to save the gradient the step computes (the parent compares
+it with eager torch's). An exception in the user's code names the file's line that raised it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchlib.engines.gradients import save_gradient
+from benchlib.engine_names import TORCH_FUNC
+from benchlib.engines.roles import GRADIENT_METRIC, SAVED_METRIC, SavedTensors
+from benchlib.measure import Case
+from benchlib.usermodel.engines import LiveBytes, Step, storage_bytes
+from benchlib.usermodel.loader import ModelFile, read_model_file
+
+PARAMETER_METRIC = "role_parameter_bytes"
+OPTIMIZER_METRIC = "role_optimizer_bytes"
+ROLE_METRICS = (
+    (PARAMETER_METRIC, "B", "memory", "the model's parameters (held before every step: in the baseline, not the peak)"),
+    (OPTIMIZER_METRIC, "B", "memory", "the optimizer's state (held before every step: in the baseline, not the peak)"),
+)
+
+
+class UserCodeError(RuntimeError):
+    """An exception in the model file's own code during a case; the message names the file's line."""
+
+
+def _guarded(model_file: ModelFile, what: str, fn, *args):
+    try:
+        return fn(*args)
+    except Exception as error:
+        raise UserCodeError(model_file.user_error(error, what)) from error
+
+
+def _roles(step: Step) -> dict[str, float]:
+    """Memory by role in one more step: parameters and optimizer state as held, gradients and (for the
+    engines that differentiate with torch.autograd) saved activations at their most."""
+    gradients = LiveBytes()
+    roles = {PARAMETER_METRIC: float(storage_bytes(p for _, p in step.named)),
+             OPTIMIZER_METRIC: float(storage_bytes(value for optimizer in step.optimizers
+                                                   for state in optimizer.state.values() for value in state.values()))}
+    if step.engine == TORCH_FUNC:  # its transformed tensors have no storage for saved-tensor hooks to read
+        with step.observe(gradients.add):
+            step()
+        return {**roles, GRADIENT_METRIC: float(gradients.peak_bytes)}
+    saved = SavedTensors(inputs=(*step.batch, *(p for _, p in step.named)))
+    with saved, step.observe(gradients.add):
+        step()
+    return {**roles, GRADIENT_METRIC: float(gradients.peak_bytes), SAVED_METRIC: float(saved.peak_bytes)}
+
+
+def _gradient(model_file: ModelFile, engine: str, values: dict, device: Any) -> list:
+    """The gradient `engine`'s step computes on a fresh seeded model, in the order of named_parameters."""
+    model, batch = model_file.build(values, device.torch)
+    step = Step(engine, model, batch, model_file.loss, model_file.optimizer)
+    captured = {}
+    with step.observe(lambda name, gradient: captured.__setitem__(name, gradient.detach().cpu().clone())):
+        step()
+    return [captured[name] for name, _ in step.named]
+
+
+def case(*, device, path: str, engine: str, values: dict, gradient_dir: str) -> Case:
+    model_file = read_model_file(path)
+    model, batch = _guarded(model_file, "model or batch (building the case)", model_file.build, values, device.torch)
+    step = _guarded(model_file, f"{engine}'s set-up (optimizer)", Step, engine, model, batch, model_file.loss,
+                    model_file.optimizer)
+    what = f"the {engine} step"
+
+    def check(_result) -> dict[str, float]:
+        roles = _guarded(model_file, what, _roles, step)
+        save_gradient(_guarded(model_file, what, _gradient, model_file, engine, values, device), gradient_dir, engine)
+        return roles
+
+    return Case(lambda: _guarded(model_file, what, step), check)

@@ -1,0 +1,80 @@
+"""The summary a model file's run opens with: one line per engine, the same rows as its headline table."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+
+from benchlib.engines.gradients import GRAD_ERROR_METRIC
+from benchlib.engines.roles import GRADIENT_METRIC, SAVED_METRIC
+from benchlib.measure.core import format_bytes, format_seconds
+from benchlib.results.compare import trial_values
+from benchlib.results.report import SUMMARY_COLUMN
+from benchlib.results.stats import median_interval, ratio_of_medians
+from benchlib.usermodel.engines import ENGINES
+
+# The roles a step allocates (in the peak above the baseline), by the words a summary line uses.
+STEP_ROLES = {SAVED_METRIC: "saved activations", GRADIENT_METRIC: "gradients"}
+COLUMNS = ["engine", "status", "trials", "peak_bytes", "peak_low", "peak_high", "peak_ratio", "peak_ratio_low",
+           "peak_ratio_high", "largest_role", "largest_role_bytes", "time_s", GRAD_ERROR_METRIC, SUMMARY_COLUMN]
+
+
+def _interval(values: np.ndarray) -> tuple[float, float, float]:
+    if values.size < 2:
+        return float(np.median(values)), math.nan, math.nan
+    interval = median_interval(values)
+    return interval.ratio, interval.ci_low, interval.ci_high
+
+
+def _ratio(best: np.ndarray, own: np.ndarray) -> tuple[float, float, float]:
+    interval = ratio_of_medians(best, own)
+    if min(best.size, own.size) < 2:
+        return interval.ratio, math.nan, math.nan
+    return interval.ratio, interval.ci_low, interval.ci_high
+
+
+def _bracket(low: float, high: float, text) -> str:
+    return "" if math.isnan(low) else f" [{text(low)}, {text(high)}]"
+
+
+def summary_table(records: pd.DataFrame) -> pd.DataFrame:
+    """Per engine: peak above the baseline with its 95% interval over trials, its ratio to the engine
+    with the lowest peak (with interval), the step role that holds the most, time per step; or why it
+    did not run. `summary` is the row as one line."""
+    samples, rows = {}, []
+    for engine, group in records.groupby("variant", sort=False):
+        metrics = {metric: trial_values(rows_of) for metric, rows_of in group.groupby("metric")}
+        if "time" in metrics and "peak_bytes" in metrics:
+            samples[engine] = metrics
+    best = min(samples, key=lambda engine: np.median(samples[engine]["peak_bytes"]), default=None)
+    for engine, group in records.groupby("variant", sort=False):
+        statuses = group[group["metric"].isin(["failed", "not_applicable"])]
+        if engine not in samples:
+            status = statuses["metric"].iloc[0] if len(statuses) else "failed"
+            message = json.loads(statuses["params"].iloc[0])["message"].splitlines()[0] if len(statuses) else ""
+            rows.append({"engine": engine, "status": status, "trials": 0,
+                         SUMMARY_COLUMN: f"{engine:<17} {status.replace('_', ' ')}: {message}"})
+            continue
+        metrics = samples[engine]
+        peak, low, high = _interval(metrics["peak_bytes"])
+        ratio, ratio_low, ratio_high = _ratio(samples[best]["peak_bytes"], metrics["peak_bytes"])
+        roles = {role: float(np.median(metrics[role])) for role in STEP_ROLES if role in metrics}
+        role = max(roles, key=roles.get, default=None)
+        time_s = float(np.median(metrics["time"]))
+        error = float(np.max(metrics[GRAD_ERROR_METRIC])) if GRAD_ERROR_METRIC in metrics else math.nan
+        ratio_text = "best" if engine == best else f"{ratio:.2f}x{_bracket(ratio_low, ratio_high, '{:.2f}'.format)} the best"
+        role_text = f"mostly {STEP_ROLES[role]} ({format_bytes(int(roles[role]))})" if role else "roles not measured"
+        line = (f"{engine:<17} peak +{format_bytes(int(peak))}{_bracket(low, high, lambda v: format_bytes(int(v)))}"
+                f"  {ratio_text}  {role_text}  {format_seconds(time_s)}/step"
+                + ("" if math.isnan(error) else f"  grad err {error:.1e}")
+                + (" (failed in a later trial)" if len(statuses) else ""))
+        rows.append({"engine": engine, "status": "ok" if not len(statuses) else "partial",
+                     "trials": int(metrics["time"].size), "peak_bytes": peak, "peak_low": low, "peak_high": high,
+                     "peak_ratio": ratio, "peak_ratio_low": ratio_low, "peak_ratio_high": ratio_high,
+                     "largest_role": STEP_ROLES.get(role, ""), "largest_role_bytes": roles.get(role, math.nan),
+                     "time_s": time_s, GRAD_ERROR_METRIC: error, SUMMARY_COLUMN: line})
+    order = {engine: index for index, engine in enumerate(ENGINES)}
+    return pd.DataFrame(sorted(rows, key=lambda row: order.get(row["engine"], len(order))), columns=COLUMNS)

@@ -1,0 +1,211 @@
+"""benchlib.usermodel: a model file in the torch form, refused before anything runs when it is not one,
+its engines' gradients and roles, and the file run end to end through the command."""
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchlib.engines.gradients import GRADIENT_TOLERANCE, max_relative_error
+from benchlib.engine_names import FUSED_OPTIMIZER, TORCH, TORCH_CHECKPOINT, TORCH_FUNC
+from benchlib.results import load_records, load_run_info
+from benchlib.runner.cli import main
+from benchlib.usermodel import load_model_file
+from benchlib.usermodel.engines import ENGINES, LiveBytes, Step, not_applicable
+from benchlib.usermodel.loader import ModelFileError
+from benchlib.usermodel.template import TEMPLATE
+
+GOOD = """
+import torch
+
+NAME = "tiny"
+PARAMETERS = {"width": 16, "n": 8}
+QUICK = {"width": 4, "n": 3}
+
+def model(width, n):
+    return torch.nn.Sequential(torch.nn.Linear(3, width), torch.nn.Tanh(), torch.nn.Linear(width, 1))
+
+def batch(width, n):
+    return torch.randn(n, 3), torch.randn(n, 1)
+
+def loss(model, x, y):
+    return ((model(x) - y) ** 2).mean()
+"""
+OPTIMIZER = """
+def optimizer(parameters):
+    return torch.optim.SGD(parameters, lr=0.1, momentum=0.9)
+"""
+# Not an nn.Sequential, and its one child takes two tensors: nothing torch-checkpoint can checkpoint.
+BILINEAR = GOOD.replace("""    return torch.nn.Sequential(torch.nn.Linear(3, width), torch.nn.Tanh(), torch.nn.Linear(width, 1))""",
+                        """    return Outer(width)
+
+class Outer(torch.nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.pair = torch.nn.Bilinear(3, 3, 1)
+
+    def forward(self, x):
+        return self.pair(x, x)""")
+
+
+def write(folder: Path, text: str, name: str = "model.py") -> Path:
+    path = folder / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def refusal(tmp_path, capsys, text, *extra, name="model.py"):
+    path = write(tmp_path, text, name) if text is not None else tmp_path / name
+    out = tmp_path / "out"
+    code = main(["run", str(path), *extra, "--out", str(out)])
+    error = capsys.readouterr().err
+    assert code == 2 and not out.exists(), error
+    assert error.startswith("benchlib: error: ") and "Traceback" not in error
+    return error
+
+
+@pytest.mark.parametrize(("text", "name", "message"), [
+    (None, "model.py", "model file {path} does not exist"),
+    ("model = 1\n", "model.txt", "{path}: is not a Python file (.py)"),
+    ("def model(:\n    pass\n", "model.py", "{path}: is not valid Python: invalid syntax (line 1)"),
+    ("import torch\nx = 1 / 0\n", "model.py", "{path}: fails at import at line 2 (x = 1 / 0): ZeroDivisionError"),
+    (GOOD.replace("def loss(", "def lost("), "model.py", "{path}: defines no loss function; the torch form is model"),
+    (GOOD.replace("def loss(model, x, y):", "def loss():").replace("((model(x) - y) ** 2).mean()", "0"),
+     "model.py", "{path}: loss() must accept (model, *batch)"),
+    (GOOD.replace("def model(width, n):", "def model(width):"), "model.py",
+     "{path}: model must accept every PARAMETERS name as a keyword argument, model(**params) (PARAMETERS: width, n)"),
+    (GOOD.replace("def loss(model, x, y):", "def loss(model, x):"), "model.py",
+     "loss(model, x) must accept (model, *batch); batch gives 2 tensor(s)"),
+    (GOOD.replace('PARAMETERS = {"width": 16, "n": 8}', 'PARAMETERS = [16, 8]'), "model.py",
+     "{path}: PARAMETERS must be a dict of parameter name -> value, got list"),
+    (GOOD.replace('PARAMETERS = {"width": 16, "n": 8}', 'PARAMETERS = {"width": 16, "n": 8, "shape": None}')
+     .replace("(width, n)", "(width, n, shape)"),
+     "model.py", "{path}: PARAMETERS['shape'] = None: parameter shape: the default must be an int, float, bool, str"),
+    (GOOD.replace("((model(x) - y) ** 2).mean()", "(model(x) - y) ** 2"), "model.py",
+     "{path}: loss(model, *batch) must return a 0-dim tensor (e.g. .mean() of the per-sample losses), got a tensor "
+     "of shape (3, 1)"),
+    (GOOD.replace("((model(x) - y) ** 2).mean()", "((model(x) - y) ** 2).mean().item()"), "model.py",
+     "{path}: loss(model, *batch) must return a 0-dim tensor (e.g. .mean() of the per-sample losses), got float"),
+    (GOOD.replace("return torch.randn(n, 3), torch.randn(n, 1)", "return [1, 2]"), "model.py",
+     "{path}: batch(**params) must return a tensor or a tuple of tensors, got a list of int, int"),
+    (GOOD + "\nraise_here = 0\ndef model(width, n):\n    return 1 / raise_here\n", "model.py",
+     "{path}, line 19, in model: return 1 / raise_here: model(**params) raised ZeroDivisionError"),
+    ("def loss(xp, x):\n    return xp.sum(x * x)\n", "model.py", "{path}: is in the array form (loss(xp, ...) over "
+     "an array namespace), which is not supported yet; write the torch form"),
+])
+def test_a_file_not_in_the_torch_form_is_refused_with_exit_2_naming_file_and_function(tmp_path, capsys, text, name, message):
+    error = refusal(tmp_path, capsys, text, name=name)
+    assert message.format(path=(tmp_path / name).resolve()) in error
+
+
+def test_two_files_with_one_name_are_refused_and_debug_shows_the_traceback(tmp_path, capsys):
+    first, second = write(tmp_path, GOOD, "a.py"), write(tmp_path, GOOD, "b.py")
+    out = tmp_path / "out"
+    assert main(["run", str(first), str(second), "--out", str(out)]) == 2
+    assert "both declare NAME = 'tiny'; give them different NAMEs" in capsys.readouterr().err
+    broken = write(tmp_path, "import torch\nx = 1 / 0\n", "broken.py")
+    assert main(["run", str(broken), "--debug", "--out", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert "Traceback" in error and 'broken.py", line 2' in error and not out.exists()
+
+
+def test_parameters_are_typed_by_their_defaults_with_quick_values_and_trials(tmp_path, capsys):
+    text = GOOD.replace('"n": 8}', '"n": 8, "sizes": [1, 2]}').replace("(width, n)", "(width, n, sizes)")
+    benchmark = load_model_file(write(tmp_path, text))
+    assert benchmark.name == "tiny" and benchmark.quick == {"width": 4, "n": 3, "trials": 2}
+    assert benchmark.parameter("sizes").default == (1, 2) and benchmark.defaults()["trials"] == 3
+    assert main(["list", str(tmp_path / "model.py")]) == 0
+    assert "width: int = 16  (quick: 4)" in capsys.readouterr().out
+
+
+def test_the_example_from_benchlib_new_is_in_the_torch_form_and_never_overwritten(tmp_path, capsys):
+    path = tmp_path / "example.py"
+    assert main(["new", str(path)]) == 0 and path.read_text() == TEMPLATE
+    assert load_model_file(path).name == "my_mlp"
+    assert main(["new", str(path)]) == 2
+    assert "exists; benchlib new never overwrites a file" in capsys.readouterr().err
+
+
+def built(tmp_path, text):
+    model_file = load_model_file(write(tmp_path, text)).measure.args[0]
+    return model_file, model_file.build({"width": 16, "n": 8})
+
+
+def test_engines_that_do_not_apply_say_why(tmp_path):
+    model_file, (model, _) = built(tmp_path, BILINEAR)
+    assert not_applicable(TORCH_CHECKPOINT, model, has_optimizer=True).startswith(
+        "the model (Outer) is not an nn.Sequential and has no top-level child whose forward takes one tensor")
+    assert not_applicable(FUSED_OPTIMIZER, model, has_optimizer=False).startswith(
+        "the file declares no optimizer(parameters)")
+    assert not_applicable(TORCH_FUNC, model, has_optimizer=False) is None
+
+
+def test_every_engine_computes_eager_torchs_gradient_and_frees_gradients_as_it_says(tmp_path):
+    model_file, _ = built(tmp_path, GOOD + OPTIMIZER)
+    gradients, peaks = {}, {}
+    for engine in ENGINES:
+        model, batch = model_file.build({"width": 16, "n": 8})
+        step, captured, live = Step(engine, model, batch, model_file.loss, model_file.optimizer), {}, LiveBytes()
+        with step.observe(lambda name, g: (captured.__setitem__(name, g.detach().clone()), live.add(name, g))):
+            step()
+        gradients[engine] = [captured[name] for name, _ in step.named]
+        peaks[engine] = live.peak_bytes
+        assert all(p.grad is None for _, p in step.named)  # a step ends holding no gradient
+    for engine in ENGINES:
+        assert max_relative_error(gradients[engine], gradients[TORCH]) <= GRADIENT_TOLERANCE["float32"]
+    sizes = [p.numel() * 4 for p in model_file.build({"width": 16, "n": 8})[0].parameters()]
+    assert peaks[TORCH] == peaks[TORCH_FUNC] == sum(sizes)  # every gradient at once
+    assert peaks[FUSED_OPTIMIZER] == max(sizes)  # one gradient at a time, freed after its step
+
+
+def benchlib(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "benchlib.runner.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_a_model_file_runs_end_to_end_with_quick(tmp_path):
+    write(tmp_path, GOOD + OPTIMIZER)
+    done = benchlib("run", "model.py", "--quick", "--device", "cpu", "--out", "out", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = next((tmp_path / "out").iterdir())
+    records = load_records(run)
+    assert set(records["variant"]) == set(ENGINES) and set(records["benchmark"]) == {"tiny"}
+    for engine in ENGINES:
+        rows = records[records["variant"] == engine]
+        assert {"peak_bytes", "time", "alloc_count", "alloc_count_python", "gc_time", "role_parameter_bytes",
+                "role_gradient_bytes"} <= set(rows["metric"]), engine
+        assert {json.loads(p)["trial"] for p in rows["params"]} == {0, 1}
+        assert {json.loads(p)["width"] for p in rows["params"]} == {4}
+    errors = records[records["metric"] == "grad_max_rel_err"]
+    assert set(errors["variant"]) == set(ENGINES) - {TORCH} and (errors["value"] <= 1e-3).all()
+    provenance = load_run_info(run)["model_files"]["tiny"]
+    assert provenance["path"] == str((tmp_path / "model.py").resolve())
+    import hashlib
+    assert provenance["sha256"] == hashlib.sha256((tmp_path / "model.py").read_bytes()).hexdigest()
+    summary = done.stdout[done.stdout.index("tiny:\n"):].splitlines()[1:5]  # the summary first, one line per engine
+    assert [line.split()[0] for line in summary] == list(ENGINES)
+    assert all(" peak +" in line and "/step" in line for line in summary)
+
+
+@pytest.mark.slow
+def test_an_error_in_the_users_loss_fails_that_case_and_keeps_the_others(tmp_path):
+    # .numpy() works in eager torch but not under torch.func.grad; the form check (eager) lets it pass.
+    text = BILINEAR.replace("return ((model(x) - y) ** 2).mean()",
+                            "value = ((model(x) - y) ** 2).mean()\n    value.detach().numpy()\n    return value")
+    write(tmp_path, text)
+    done = benchlib("run", "model.py", "--quick", "-p", "trials=1", "--device", "cpu", "--out", "out", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    records = load_records(next((tmp_path / "out").iterdir()))
+    status = {row.variant: (row.metric, json.loads(row.params)["message"])
+              for row in records[records["metric"].isin(["failed", "not_applicable"])].itertuples()}
+    assert status[TORCH_FUNC][0] == "failed"
+    line = (tmp_path / "model.py").read_text().splitlines().index("    value.detach().numpy()") + 1
+    assert f"{(tmp_path / 'model.py').resolve()}, line {line}, in loss: value.detach().numpy(): the torch.func step " \
+           "raised RuntimeError" in status[TORCH_FUNC][1]
+    assert status[TORCH_CHECKPOINT][0] == status[FUSED_OPTIMIZER][0] == "not_applicable"
+    assert "time" in set(records[records["variant"] == TORCH]["metric"])
