@@ -39,7 +39,7 @@ def _applicability(model_file: ModelFile, values: dict) -> tuple[dict[str, str],
 
 def measure_model_file(model_file: ModelFile, config: Config, device, progress: Callable[[str], None] = print) -> list[dict]:
     """The records of every engine's step at `config`'s values on `device`, `config.trials` fresh processes each."""
-    from benchlib.measure import CaseFailed, run_isolated
+    from benchlib.measure import CaseFailed, IsolationOptions, run_isolated
     from benchlib.measure.allocations import memray_available
     from benchlib.results import make_record, status_record
 
@@ -75,8 +75,9 @@ def measure_model_file(model_file: ModelFile, config: Config, device, progress: 
             try:
                 result = run_isolated(TARGET, {"path": str(model_file.path), "engine": engine, "values": values,
                                                "gradient_dir": gradient_dir},
-                                      name=f"{name}/{CASE}/{engine}", device=device.name, warmup=WARMUP,
-                                      repeats=STEPS, track_allocations=track, timeline=False)
+                                      name=f"{name}/{CASE}/{engine}", device=device.name,
+                                      options=IsolationOptions(warmup=WARMUP, repeats=STEPS, track_allocations=track,
+                                                               timeline=False))
             except CaseFailed as error:
                 later = f" (its {trials - trial - 1} later trial(s) skipped)" if trial < trials - 1 else ""
                 note(engine, "failed", f"trial {trial + 1} of {trials}: {error}{later}", params)
