@@ -136,3 +136,18 @@ def test_the_report_carries_the_seed_verdicts_of_the_runs_records(tmp_path):
     assert saved.loc[0, "verdict"] == "reproduced" and saved.loc[0, "samples"] == 3
     verdicts = (run.path / "report.html").read_text().split("id='verdicts'")[1].split("<h2")[0]
     assert "reproduced" in verdicts and "deferred accumulation peaks at about 2x" in verdicts
+
+
+def test_summary_lines_of_a_headline_table_open_the_report_and_the_wide_table_folds_away(tmp_path):
+    run = Run.create(tmp_path, "cpu")
+    run.record_notebook("my_model", status="ok", duration_s=1.0)
+    run.write_info()
+    run.save_table(pd.DataFrame({"engine": ["torch", "torch.func"], "peak_bytes": [1e5, 2e5],
+                                 "summary": ["torch  peak +100 kB  best", "torch.func  peak +200 kB  2.00x"]}),
+                   "my_model_headline")
+    page = build_report(run.path)
+    answers = page.split("id='answers'")[1].split("<h2")[0]
+    assert "torch  peak +100 kB  best\ntorch.func  peak +200 kB  2.00x" in answers
+    section = page.split("id='my_model'")[1]
+    assert "<details><summary>my_model_headline: every column</summary>" in section
+    assert "peak_bytes" in section and ">summary<" not in section

@@ -145,7 +145,7 @@ def _headline_tables(run_path: Path, tables: Sequence[str]) -> list[tuple[str, p
 _STYLE = """
 body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 24px auto; max-width: 1250px;
        color: #222; line-height: 1.4; }
-h1 { font-size: 1.6em; margin-bottom: 4px; } h2 { border-bottom: 1px solid #ccc; padding-bottom: 4px; margin-top: 36px; }
+h1 { font-size: 1.6em; margin-bottom: 4px; } pre.answer { background: #f6f8fa; padding: 8px 12px; overflow-x: auto; } h2 { border-bottom: 1px solid #ccc; padding-bottom: 4px; margin-top: 36px; }
 .env { color: #444; font-size: 0.92em; margin: 2px 0; }
 .question { font-style: italic; color: #333; }
 .warning { background: #fff4e0; border-left: 4px solid #e08a00; padding: 6px 10px; }
@@ -215,13 +215,21 @@ def build_report(run: str | os.PathLike) -> str:
     parts += [f"<p class='env'>{esc(line)}</p>" for line in _environment_lines(info)]
     sections = [name for name in figures if figures[name] or name in notebooks]
     parts.append("<nav>" + "".join(f"<a href='#{esc(name)}'>{esc(name)}</a>" for name in sections) + "</nav>")
+    answers = {section: summary_lines(run_path, section) for section in sections}
+    if any(answers.values()):  # the answer first: one line per engine of every benchmark that gives them
+        parts.append("<h2 id='answers'>Answers</h2>" + "".join(
+            f"<p><a href='#{esc(section)}'>{esc(section)}</a></p><pre class='answer'>{esc(chr(10).join(lines))}</pre>"
+            for section, lines in answers.items() if lines))
     parts.append("<h2 id='status'>Notebooks</h2>" + _table_html(_status_table(info)))
+    verdicts = _verdict_section(run_path)
+    judged = "<table" in verdicts
     parts.append("<h2 id='verdicts'>Seed verdicts</h2>"
                  "<p>Did this run reproduce each seed's claim? The ratio's 95% interval inside the claimed range "
                  "reproduces it, wholly outside refutes it, anything else (one trial a side, too much noise) is "
                  "inconclusive.</p>"
-                 + (f"<p class='warning'>{esc(QUICK_CAVEAT[0].upper() + QUICK_CAVEAT[1:])}.</p>" if info.get("quick") else "")
-                 + _verdict_section(run_path))
+                 + (f"<p class='warning'>{esc(QUICK_CAVEAT[0].upper() + QUICK_CAVEAT[1:])}.</p>"
+                    if info.get("quick") and judged else "")
+                 + verdicts)
     noise_path = run_path / "tables" / "noise.parquet"
     if noise_path.is_file():
         noise = pd.read_parquet(noise_path)
@@ -247,7 +255,12 @@ def build_report(run: str | os.PathLike) -> str:
                 line += f"; executed notebook: <a href='{esc(link)}'>{esc(link)}</a>"
             parts.append(f"<p>{line}</p>")
         for name, frame in _headline_tables(run_path, tables.get(section, [])):
-            parts.append(f"<h3>{esc(name)}</h3>" + _table_html(frame))
+            if SUMMARY_COLUMN in frame:  # its lines lead the page; the full table folds away
+                parts.append(f"<pre class='answer'>{esc(chr(10).join(map(str, frame[SUMMARY_COLUMN])))}</pre>"
+                             f"<details><summary>{esc(name)}: every column</summary>"
+                             + _table_html(frame.drop(columns=[SUMMARY_COLUMN])) + "</details>")
+            else:
+                parts.append(f"<h3>{esc(name)}</h3>" + _table_html(frame))
         for name in figures.get(section, []):
             figure_id = f"figure-{len(figure_specs)}"
             figure_json = json.loads((run_path / "figures" / f"{name}.json").read_text(encoding="utf-8"))
