@@ -206,6 +206,7 @@ Measure = Callable[[Config, Any], Any]
 class Benchmark:
     """One benchmark, declared once.
 
+    `cases` says in a sentence what is measured for each engine (or variant) and size.
     `rules(config)` raises ValueError for combinations the parameters' own bounds cannot express
     (steps > warmup, budgets <= depth, engines valid for a dtype); `memory(config, device)` is the
     bytes the sizes need on `device`, refused above `MEMORY_HEADROOM` of what is available.
@@ -223,6 +224,7 @@ class Benchmark:
     question: str
     parameters: tuple[Parameter, ...]
     seed: Seed | None = None
+    cases: str = ""
     notebook: str | None = None
     measure: Measure | None = None
     rules: Rules | None = None
@@ -335,7 +337,7 @@ class Benchmark:
 
     def summary(self) -> dict[str, Any]:
         """What run.json keeps of the declaration: enough for the report to introduce the section."""
-        return {"question": self.question, "seed": None if self.seed is None else {"title": self.seed.title,
+        return {"question": self.question, "cases": self.cases, "seed": None if self.seed is None else {"title": self.seed.title,
                                                                                   "link": self.seed.link},
                 "headline": list(self.headline)}
 

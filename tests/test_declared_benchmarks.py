@@ -40,7 +40,7 @@ def _peaks(records):
 
 
 BENCHMARK = Benchmark(
-    name="tiny_sum", question="Does cumsum need more memory than sum?",
+    name="tiny_sum", question="Does cumsum need more memory than sum?", cases="sum and cumsum of n ones, `trials` times",
     parameters=(Parameter("n", 100_000, "elements", quick=1000, minimum=1),
                 Parameter("trials", 3, "trials per variant", quick=2, minimum=1)),
     measure=_measure, headline=("peak_bytes", "time"), figures={"peaks": _peaks})
@@ -70,6 +70,7 @@ def test_an_entry_point_benchmark_lists_runs_reports_and_compares(tmp_path):
     listing = _benchlib(env, "list", "tiny_sum")
     assert listing.returncode == 0, listing.stderr
     assert "Does cumsum need more memory than sum?" in listing.stdout and "n: int = 100000  (quick: 1000)" in listing.stdout
+    assert "measures: sum and cumsum of n ones, `trials` times" in listing.stdout
 
     refused = _benchlib(env, "run", "tiny_sum", "-p", "n=0", "--out", str(tmp_path / "out"))
     assert refused.returncode == 2 and "tiny_sum: n must be an integer >= 1, got 0" in refused.stderr

@@ -122,6 +122,8 @@ def _list(names: Sequence[str], notebooks_dir: Path | None) -> int:
         benchmark = spec.benchmark
         print(f"{benchmark.name}  ({spec.source or spec.path})")
         print(f"  {benchmark.question}")
+        if benchmark.cases:
+            print(f"  measures: {benchmark.cases}")
         if benchmark.seed is not None:
             print(f"  seed: {benchmark.seed.title}" + (f" <{benchmark.seed.link}>" if benchmark.seed.link else ""))
         print(benchmark.describe_parameters() or "  (no parameters)")

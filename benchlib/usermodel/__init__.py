@@ -47,6 +47,9 @@ def load_model_file(path: str | Path) -> Benchmark:
         name=model_file.name,
         question=f"What does one gradient step of {model_file.path.name} cost in memory, allocations and time, "
                  "under each engine?",
+        cases="one training step (forward, backward and, when the file declares one, the optimizer's step) per "
+              "engine, each in fresh processes, `trials` times interleaved: peak, time, both allocation counts, GC "
+              "pauses, memory by role and the gradient's error against eager torch",
         parameters=parameters,
         measure=functools.partial(measure_model_file, model_file),
         headline=HEADLINE,

@@ -330,6 +330,8 @@ BENCHMARK = Benchmark(
     name="calibration",
     question="What are this device's ceilings (matmul FLOP/s, copy bandwidth), and what do our instruments cost?",
     notebook="calibration.ipynb",
+    cases="matrix-product FLOP/s and copy bandwidth per library and size, and what the timeline sampler and the "
+          "allocation tracker add to a call",
     parameters=(
         Parameter("matmul_sizes_cpu", (128, 512, 1024), "square matrix sizes of the FLOP/s measurement on CPU",
                   quick=(64, 256), minimum=1),

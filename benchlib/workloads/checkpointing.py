@@ -85,6 +85,8 @@ BENCHMARK = Benchmark(
              "(Revolve) or √n snapshots, at what cost in time and recomputation?",
     seed=dot_chain.SEED,
     notebook="checkpointing.ipynb",
+    cases="the chain's gradient under each snapshot budget and under √n snapshots, beside manual, each in fresh "
+          "processes: peak, time, the tape's counters and Revolve's predicted recomputations",
     parameters=(
         *dot_chain.chain_parameters(D=500, depth=100, quick_depth=12),
         Parameter("budgets", (2, 3, 5, 10, 20, 50, 100), "snapshot budgets (each in 1..depth; \"sqrt\" always runs too)",

@@ -182,6 +182,8 @@ BENCHMARK = Benchmark(
              "gradient? What does in-place accumulation save?",
     seed=SEED,
     notebook="dot_chain.ipynb",
+    cases="one gradient of the chain per engine, each in fresh processes, `trials` times interleaved: peak above "
+          "the baseline, memory over time, time, memory by role and the gradient's error against manual",
     parameters=(
         *chain_parameters(D=SEED_SIZES["D"], depth=SEED_SIZES["depth"], quick_depth=8),
         *comparison_parameters(dtype="float64", engines=ENGINE_NAMES, repeats=1, trials=3, warmup=0),

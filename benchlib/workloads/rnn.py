@@ -348,6 +348,8 @@ BENCHMARK = Benchmark(
     question="How does peak memory grow with sequence length (fan-out of shared weights)?",
     seed=Seed("HIPS/autograd #219 and autograd's benchmarks/bench_rnn.py", "https://github.com/HIPS/autograd/issues/219"),
     notebook="rnn_fanout.ipynb",
+    cases="one gradient per engine at every T of T and T_sweep, each in fresh processes: peak, time, memory by "
+          "role and the gradient's error against manual, and the peak's growth per step",
     parameters=(
         Parameter("model", "bench_rnn", "the RNN: " + "; ".join(f"{name}: {what}" for name, what in MODELS.items()),
                   choices=tuple(MODELS)),

