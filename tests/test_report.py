@@ -87,7 +87,9 @@ def test_a_quick_run_ends_with_a_report_that_renders_every_figure_in_chromium(tm
     assert f'data-figures-rendered="{saved}"' in body, body
     assert 'data-script-errors="[]"' in body, body
     assert len(re.findall(r'class="main-svg"', dom)) >= saved
-    assert "Quick sizes: these verdicts judge" in report.read_text()  # a smoke test says what its verdicts are worth
+    page = report.read_text()
+    assert "quick sizes (--quick): a first look, not the default sizes" in page  # a smoke test says what it is
+    assert "Quick sizes: these verdicts judge" not in page  # no seed rule judged the probe: no verdict to qualify
 
     # The executed notebook shows its figure outside Jupyter too (nbconvert's HTML, no plotly JSON renderer).
     subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "html", "--output-dir", str(tmp_path / "html"),
