@@ -125,7 +125,7 @@ def test_png_saves_every_figure_as_a_file_and_in_the_executed_notebook(tmp_path)
 
 
 def test_the_report_carries_the_seed_verdicts_of_the_runs_records(tmp_path):
-    run = Run.create(tmp_path, "cpu")
+    run = Run.create(tmp_path, "cpu", quick=True)
     records = [make_record(benchmark="dot_chain", case="c", engine=engine, device="cpu", dtype="float64",
                            metric="peak_bytes", value=value, unit="B", repeat=repeat)
                for engine, values in (("manual", (100, 101, 99)), ("benchlib-deferred", (200, 198, 202)))
@@ -138,6 +138,7 @@ def test_the_report_carries_the_seed_verdicts_of_the_runs_records(tmp_path):
     assert saved.loc[0, "verdict"] == "reproduced" and saved.loc[0, "samples"] == 3
     verdicts = (run.path / "report.html").read_text().split("id='verdicts'")[1].split("<h2")[0]
     assert "reproduced" in verdicts and "deferred accumulation peaks at about 2x" in verdicts
+    assert "Quick sizes: these verdicts judge" in verdicts  # verdicts of a quick run say what they are worth
 
 
 def test_summary_lines_of_a_headline_table_open_the_report_and_the_wide_table_folds_away(tmp_path):
