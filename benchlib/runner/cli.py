@@ -92,7 +92,8 @@ def _parser() -> argparse.ArgumentParser:
     merge_parser = commands.add_parser(
         "merge-records", help="rebuild a run's records.parquet from its per-notebook records/*.parquet",
         description="Rebuild RUN/records.parquet from RUN/records/*.parquet (e.g. after a crash or a corrupt file); "
-                    "unreadable files are named and skipped, with exit status 1.")
+                    "unreadable files are named and skipped, with exit status 1. records.parquet is never replaced by fewer rows "
+                    "than it holds (exit 1, the old file kept); no records/ to merge from is exit 2.")
     merge_parser.add_argument("run", metavar="RUN", help="a run id (under --out) or a run directory")
     merge_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root (default: results/)")
     return parser
@@ -210,13 +211,21 @@ def _verdict_changes(arguments: argparse.Namespace) -> str:
 
 def _merge_records(run_name: str, root: Path | None) -> int:
     from benchlib.results import Run
-    from benchlib.results.store import resolve_run
+    from benchlib.results.store import RecordsKept, resolve_run
 
     try:
         path = resolve_run(run_name, root)
     except FileNotFoundError as missing:
         raise RunnerError(str(missing)) from None
-    skipped = Run(path, {"run_id": path.name}).refresh_records(skip_unreadable=True)
+    if not any((path / "records").glob("*.parquet")):
+        raise RunnerError(f"{path / 'records'} holds no per-notebook records: nothing to merge; records.parquet is left as it is")
+    try:
+        skipped = Run(path, {"run_id": path.name}).refresh_records(skip_unreadable=True)
+    except RecordsKept as kept:
+        for message in kept.skipped:
+            print(f"skipped: {message}", file=sys.stderr)
+        print(f"benchlib: {kept}", file=sys.stderr)
+        return 1
     for message in skipped:
         print(f"skipped: {message}", file=sys.stderr)
     print(f"{path / 'records.parquet'} rebuilt from {path / 'records'}" + (f" ({len(skipped)} file(s) skipped)" if skipped else ""))
