@@ -160,7 +160,7 @@ WORSE_NAMED = 20  # worse metrics named on stderr; the table lists them all
 
 def _compare(arguments: argparse.Namespace) -> int:
     """Print the comparison; exit 1 when any metric is significantly worse beyond the threshold."""
-    from benchlib.results.compare import WORSE, any_worse, compare_runs, machine_drift
+    from benchlib.results.compare import WORSE, any_worse, compare_runs, headline, machine_drift
 
     try:
         comparison = compare_runs(arguments.run_a, arguments.run_b, root=arguments.out, threshold=arguments.threshold,
@@ -168,16 +168,18 @@ def _compare(arguments: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as refused:
         print(f"benchlib: error: {refused}", file=sys.stderr)
         return EXIT_REFUSED
+    if comparison.empty:
+        print("benchlib: error: nothing to compare: no metric with the same benchmark, case, engine, device, dtype "
+              "and config is in both runs", file=sys.stderr)
+        return EXIT_REFUSED
     if arguments.format == "csv":
         print(comparison.to_csv(index=False), end="")
     elif arguments.format == "json":
         print(comparison.to_json(orient="records", indent=1))
     else:
-        # the table leaves out the config JSON (csv and json keep it); the last line counts the labels
-        shown = comparison.drop(columns=["config"])
-        print(shown.to_string(index=False) if len(shown) else "no metric in both runs")
-        counts = comparison["label"].value_counts()
-        print(f"{len(comparison)} metric(s): " + ", ".join(f"{count} {label}" for label, count in counts.items()))
+        # the answer first (counts, worst regressions); the table leaves out the config JSON (csv and json keep it)
+        print("\n".join(headline(comparison)), end="\n\n")
+        print(comparison.drop(columns=["config"]).to_string(index=False))
         drift = machine_drift(comparison)
         print(drift or "machine drift: unknown (calibration is not in both runs)")
         print(_verdict_changes(arguments))
