@@ -74,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     runs_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root (default: results/)")
 
     compare_parser = commands.add_parser(
-        "compare", help="run B against run A per metric: ratio with 95% interval, p, better/worse/same/noisy")
+        "compare", help="run B against run A per metric: ratio with 95%% interval, p, better/worse/same/noisy")
     compare_parser.add_argument("run_a", metavar="RUN_A", help="run id or run directory (the baseline)")
     compare_parser.add_argument("run_b", metavar="RUN_B", help="run id or run directory (the candidate)")
     compare_parser.add_argument("--metric", action="append", default=[], help="only this metric (repeatable)")
