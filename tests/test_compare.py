@@ -141,3 +141,28 @@ def test_machine_drift_reads_the_calibration_timings_of_both_runs():
     table = compare_records(calibration(TIMES, TIMES), calibration(TIMES * 1.3, TIMES / 1.3))
     assert machine_drift(table).startswith("machine drift: calibration took 1.30x as long in B as in A (median of 2")
     assert machine_drift(compare_records(_trials("time", "s", TIMES), _trials("time", "s", TIMES))) is None
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--metric", "nosuch"], "metric nosuch: in neither run; they hold: peak_bytes, time"),
+    (["--benchmark", "nosuch"], "benchmark nosuch: in neither run; they hold: dot_chain"),
+])
+def test_unknown_metric_or_benchmark_is_exit_2_naming_what_the_runs_hold(tmp_path, capsys, extra, message):
+    a, b = _write_run(tmp_path, "a"), _write_run(tmp_path, "b")
+    assert main(["compare", str(a), str(b), *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_run_without_records_is_exit_2(tmp_path, capsys):
+    a, empty = _write_run(tmp_path, "a"), Run.create(tmp_path / "empty", "cpu").path
+    assert main(["compare", str(a), str(empty)]) == 2
+    assert f"{empty} has no records" in capsys.readouterr().err
+
+
+def test_the_table_answers_first_counts_and_worst_regressions(tmp_path, capsys):
+    a, b = _write_run(tmp_path, "a"), _write_run(tmp_path, "b", slow_factor=1.5)
+    assert main(["compare", str(a), str(b)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("4 metric(s): 1 worse, 0 better, 3 same, 0 noisy, 0 inconclusive, 0 no direction")
+    assert "dot_chain/n=4/ours/time" in lines[2] and "1.5" in lines[2]

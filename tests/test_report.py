@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import re
 import shutil
 import subprocess
@@ -154,3 +155,15 @@ def test_summary_lines_of_a_headline_table_open_the_report_and_the_wide_table_fo
     section = page.split("id='my_model'")[1]
     assert "<details><summary>my_model_headline: every column</summary>" in section
     assert "peak_bytes" in section and ">summary<" not in section
+
+
+@pytest.mark.parametrize("output", ["javascript:alert(1)", " javascript:alert(1)", "https://example.com/x.ipynb",
+                                    "../../elsewhere.ipynb", "/etc/passwd", "//example.com/x"])
+def test_only_a_relative_path_inside_the_run_becomes_a_link(tmp_path, output):
+    run = Run.create(tmp_path, "cpu", notebooks={})
+    run.record_notebook("alpha", status="ok", duration_s=1.0, output=output)
+    run.record_notebook("beta", status="ok", duration_s=1.0, output="notebooks/beta one.ipynb")
+    page = build_report(run.path)
+    assert page.count("executed notebook: <a href=") == 1
+    assert "<a href='notebooks/beta%20one.ipynb'>notebooks/beta one.ipynb</a>" in page
+    assert f"executed notebook: {html.escape(output)}</p>" in page  # shown as text

@@ -350,3 +350,28 @@ def test_a_declaration_checks_values_and_the_memory_the_named_device_has():
         get("dot_chain").config(dot_chain, device=resolve_device("cpu"))
     with pytest.raises(ParameterError, match="dot_chain: depth must be an integer >= 1, got 0"):
         get("dot_chain").config({**dot_chain, "depth": 0})
+
+
+def two_row_run(tmp_path) -> Run:
+    run_ = Run.create(tmp_path, "cpu")
+    for benchmark in ("a", "b"):
+        run_.save_records([make_record(benchmark=benchmark, case="c", engine="e", device="cpu", dtype="float64",
+                                       metric="time", value=1.0, unit="s")], benchmark)
+    return run_
+
+
+def test_merge_records_never_replaces_records_parquet_with_fewer_rows(tmp_path, capsys):
+    run_ = two_row_run(tmp_path)
+    corrupt(run_.path / "records" / "b.parquet")
+    assert main(["merge-records", str(run_.path)]) == 1
+    err = capsys.readouterr().err
+    assert "b.parquet: cannot read records" in err and "kept" in err
+    assert len(load_records(run_.path)) == 2
+
+    for fragment in (run_.path / "records").iterdir():
+        fragment.unlink()
+    (run_.path / "records").rmdir()
+    assert main(["merge-records", str(run_.path)]) == 2
+    assert "nothing to merge" in capsys.readouterr().err
+    assert len(load_records(run_.path)) == 2
+    assert not [path for path in run_.path.iterdir() if path.name.endswith(".tmp")]

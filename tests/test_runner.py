@@ -140,3 +140,13 @@ def test_cli_runs_lists_past_runs(tmp_path, capsys):
     made = Run.create(tmp_path, "cpu")
     assert main(["runs", "--out", str(tmp_path)]) == 0
     assert made.run_id in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("argv", "code"), [(["--help"], 0), ([], 2), *([[command, "--help"], 0] for command in
+                                              ("run", "list", "new", "runs", "compare", "report", "merge-records"))])
+def test_help_prints_and_exits_as_argparse_does(argv, code, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == code
+    captured = capsys.readouterr()
+    assert "usage: benchlib" in captured.out + captured.err

@@ -111,3 +111,23 @@ def test_without_a_grid_a_dask_run_keeps_the_runners_run_json_and_merges_the_rec
     assert info["runner"]["pid"] and info["notebooks"]["probe"]["status"] == "ok"
     assert load_records(run_dir)["value"].tolist() == [10.0]
     assert (run_dir / "points" / "probe" / "run.json").is_file()
+
+
+def test_grid_values_that_sanitize_alike_keep_distinct_readable_keys():
+    from benchlib.runner.notebooks import select_notebooks
+    from benchlib.runner.sweep import expand
+
+    (spec,) = select_notebooks(["probe"], NOTEBOOKS)
+    keys = [e.key for e in expand([(spec, {})], {"label": ["a b", "a-b", "a/b", "c"]}, {})]
+    assert len(set(keys)) == 4
+    assert all(key.startswith("probe@label=a-b") for key in keys[:3]) and keys[3] == "probe@label=c"
+    assert keys == [e.key for e in expand([(spec, {})], {"label": ["a b", "a-b", "a/b", "c"]}, {})]  # stable
+
+
+@pytest.mark.slow
+def test_a_grid_whose_values_sanitize_alike_keeps_every_points_records(tmp_path):
+    assert grid_run(tmp_path, "probe", "--grid", "label=a b,a-b,a/b") == 0
+    (run_dir,) = tmp_path.iterdir()
+    assert len(load_run_info(run_dir)["notebooks"]) == 3
+    labels = sorted(json.loads(p)["grid"]["label"] for p in load_records(run_dir)["params"])
+    assert labels == ["a b", "a-b", "a/b"]

@@ -27,7 +27,7 @@ from benchlib.results.stats import (
     noise_flags,
     ratio_of_medians,
 )
-from benchlib.results.store import load_records
+from benchlib.results.store import load_records, resolve_run
 
 KEY_COLUMNS = ("benchmark", "case", "dimension", "variant", "device", "dtype", "metric")
 VALUE_COLUMN = "value"
@@ -166,9 +166,14 @@ def compare_records(records_a: pd.DataFrame, records_b: pd.DataFrame, *, thresho
     if not 0 <= threshold < 1:
         raise ValueError(f"threshold must lie in [0, 1) (a relative change, 0.05 = 5%), got {threshold!r}")
     keys = [*KEY_COLUMNS, UNIT_COLUMN, CONFIG_COLUMN]
+    prepared = [with_step_summaries(records) for records in (records_a, records_b)]
+    for column, names in (("metric", metrics), ("benchmark", benchmarks)):  # a typo must not read as "no change"
+        held = sorted(set(prepared[0][column]) | set(prepared[1][column]))
+        unknown = [name for name in names or () if name not in held]
+        if unknown:
+            raise ValueError(f"{column} {', '.join(unknown)}: in neither run; they hold: {', '.join(held)}")
     filtered = []
-    for records in (records_a, records_b):
-        selected = with_step_summaries(records)
+    for selected in prepared:
         if metrics:
             selected = selected[selected["metric"].isin(metrics)]
         if benchmarks:
@@ -235,8 +240,33 @@ def noise_text(table: pd.DataFrame, shown: int = 5) -> str:
 
 
 def compare_runs(run_a: str | Path, run_b: str | Path, *, root: Path | None = None, **options) -> pd.DataFrame:
-    """`compare_records` on two runs given by run id (under `root`) or directory."""
-    return compare_records(load_records(run_a, root), load_records(run_b, root), **options)
+    """`compare_records` on two runs given by run id (under `root`) or directory; a run without
+    records is refused (ValueError), as nothing can be said about it."""
+    records = [load_records(run, root) for run in (run_a, run_b)]
+    for run, frame in zip((run_a, run_b), records):
+        if frame.empty:
+            raise ValueError(f"{resolve_run(run, root)} has no records: nothing to compare")
+    return compare_records(*records, **options)
+
+
+LABELS = (WORSE, BETTER, SAME, NOISY, INCONCLUSIVE, NO_DIRECTION)
+
+
+def headline(comparison: pd.DataFrame, shown: int = 10) -> list[str]:
+    """The answer before the table: how many metrics got each label, then the worst regressions
+    (furthest from a ratio of 1), so a reader need not scan the table for them."""
+    counts = comparison["label"].value_counts()
+    lines = [f"{len(comparison)} metric(s): " + ", ".join(f"{counts.get(label, 0)} {label}" for label in LABELS)]
+    worse = comparison[comparison["label"] == WORSE]
+    if worse.empty:
+        return [*lines, "no regression"]
+    worst = worse.assign(distance=np.abs(np.log(worse["ratio"]))).sort_values("distance", ascending=False,
+                                                                                na_position="last")
+    lines.append(f"worst regressions ({min(shown, len(worst))} of {len(worst)}), B/A with 95% interval:")
+    for row in worst.head(shown).itertuples():
+        lines.append(f"  {row.benchmark}/{row.case}/{row.variant}/{row.metric}: {row.ratio:.3g}x "
+                     f"[{row.ci_low:.3g}, {row.ci_high:.3g}]")
+    return lines
 
 
 YARDSTICK_BENCHMARK = "calibration"  # measures the machine, not the code: its drift is the sitting's

@@ -17,6 +17,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import nbformat
 import pandas as pd
@@ -199,6 +200,16 @@ def _verdict_section(run_path: Path) -> str:
     return _table_html(shown[columns])
 
 
+def _run_link(run_path: Path, text: str) -> str:
+    """A link for a relative path inside the run directory, escaped text for anything else: run.json is
+    data, and a `javascript:` or outside URL in it must not become a live link in the page."""
+    inside = (text and text.isprintable() and text == text.strip() and ":" not in text and not Path(text).is_absolute()
+              and (run_path / text).resolve().is_relative_to(run_path.resolve()))
+    if not inside:
+        return html.escape(text)
+    return f"<a href='{html.escape(quote(text, safe='/'))}'>{html.escape(text)}</a>"
+
+
 def build_report(run: str | os.PathLike) -> str:
     """The report page of a run directory (or run id) as one HTML string."""
     run_path = resolve_run(run)
@@ -252,7 +263,7 @@ def build_report(run: str | os.PathLike) -> str:
             if entry.get("duration_s") is not None:
                 line += f", {entry['duration_s']:.0f} s"
             if link:
-                line += f"; executed notebook: <a href='{esc(link)}'>{esc(link)}</a>"
+                line += f"; executed notebook: {_run_link(run_path, str(link))}"
             parts.append(f"<p>{line}</p>")
         for name, frame in _headline_tables(run_path, tables.get(section, [])):
             if SUMMARY_COLUMN in frame:  # its lines lead the page; the full table folds away

@@ -75,7 +75,23 @@ def write_records_atomic(frame: pd.DataFrame, path: str | os.PathLike) -> Path:
     import pyarrow.parquet as pq
 
     table = pa.Table.from_pandas(conform(frame), schema=arrow_schema(), preserve_index=False)
-    return _atomic_write(Path(path), lambda temp: pq.write_table(table, temp))
+
+    def write_and_verify(temp: str) -> None:  # a short or unreadable new file never replaces the old one
+        pq.write_table(table, temp)
+        if pq.read_metadata(temp).num_rows != table.num_rows:
+            raise OSError(f"{path}: the new file does not read back {table.num_rows} rows; the old one is kept")
+
+    return _atomic_write(Path(path), write_and_verify)
+
+
+def rows_held(path: Path) -> int:
+    """How many rows a parquet file holds (0 when it is missing or unreadable, so a broken file can be rebuilt)."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_metadata(path).num_rows
+    except Exception:  # missing, truncated, not parquet: nothing worth keeping
+        return 0
 
 
 def write_text_atomic(text: str, path: str | os.PathLike) -> Path:
@@ -225,15 +241,19 @@ class Run:
                 "save each benchmark's rows under its own name"
             )
         frame["run_id"] = self.run_id
-        write_records_atomic(frame, self.path / "records" / f"{benchmark}.parquet")
-        self.refresh_records()
+        fragment = self.path / "records" / f"{benchmark}.parquet"
+        replaced = rows_held(fragment)
+        write_records_atomic(frame, fragment)
+        self.refresh_records(replaced=replaced)
         return frame
 
-    def refresh_records(self, *, skip_unreadable: bool = False) -> list[str]:
+    def refresh_records(self, *, skip_unreadable: bool = False, replaced: int = 0) -> list[str]:
         """Rebuild `records.parquet` from every `records/*.parquet` (`benchlib merge-records` after a crash).
 
         An unreadable fragment raises RecordsUnreadable naming it; with `skip_unreadable` the
-        others are merged and the unreadable ones returned (one message each).
+        others are merged and the unreadable ones returned (one message each). records.parquet is
+        never replaced by fewer rows than it holds, less the `replaced` rows of a fragment the
+        caller just rewrote: RecordsKept then, the old file untouched.
         """
         parts, skipped = [], []
         for part in sorted((self.path / "records").glob("*.parquet")):
@@ -244,6 +264,11 @@ class Run:
                     raise
                 skipped.append(str(error))
         merged = pd.concat(parts, ignore_index=True) if parts else empty_records_frame()
+        held = rows_held(self.path / RECORDS)
+        if len(merged) < held - replaced:
+            raise RecordsKept(f"{self.path / RECORDS} kept: it holds {held} rows, {self.path / 'records'} "
+                              f"gives {len(merged)}" + (f" ({len(skipped)} file(s) unreadable)" if skipped else ""),
+                              skipped)
         write_records_atomic(merged, self.path / RECORDS)
         return skipped
 
@@ -310,6 +335,14 @@ def resolve_run(run: str | os.PathLike | Run, root: str | os.PathLike | None = N
 
 class RecordsUnreadable(ValueError):
     """A records or run.json file that exists but cannot be read; the message names the file."""
+
+
+class RecordsKept(ValueError):
+    """records.parquet was not rebuilt: the per-notebook files would give fewer rows than it holds."""
+
+    def __init__(self, message: str, skipped: list[str]):
+        super().__init__(message)
+        self.skipped = skipped  # the unreadable fragments, one message each
 
 
 def schema_version_of(path: Path) -> int:

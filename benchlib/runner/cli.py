@@ -74,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     runs_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root (default: results/)")
 
     compare_parser = commands.add_parser(
-        "compare", help="run B against run A per metric: ratio with 95% interval, p, better/worse/same/noisy")
+        "compare", help="run B against run A per metric: ratio with 95%% interval, p, better/worse/same/noisy")
     compare_parser.add_argument("run_a", metavar="RUN_A", help="run id or run directory (the baseline)")
     compare_parser.add_argument("run_b", metavar="RUN_B", help="run id or run directory (the candidate)")
     compare_parser.add_argument("--metric", action="append", default=[], help="only this metric (repeatable)")
@@ -92,7 +92,8 @@ def _parser() -> argparse.ArgumentParser:
     merge_parser = commands.add_parser(
         "merge-records", help="rebuild a run's records.parquet from its per-notebook records/*.parquet",
         description="Rebuild RUN/records.parquet from RUN/records/*.parquet (e.g. after a crash or a corrupt file); "
-                    "unreadable files are named and skipped, with exit status 1.")
+                    "unreadable files are named and skipped, with exit status 1. records.parquet is never replaced by fewer rows "
+                    "than it holds (exit 1, the old file kept); no records/ to merge from is exit 2.")
     merge_parser.add_argument("run", metavar="RUN", help="a run id (under --out) or a run directory")
     merge_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root (default: results/)")
     return parser
@@ -159,7 +160,7 @@ WORSE_NAMED = 20  # worse metrics named on stderr; the table lists them all
 
 def _compare(arguments: argparse.Namespace) -> int:
     """Print the comparison; exit 1 when any metric is significantly worse beyond the threshold."""
-    from benchlib.results.compare import WORSE, any_worse, compare_runs, machine_drift
+    from benchlib.results.compare import WORSE, any_worse, compare_runs, headline, machine_drift
 
     try:
         comparison = compare_runs(arguments.run_a, arguments.run_b, root=arguments.out, threshold=arguments.threshold,
@@ -167,16 +168,18 @@ def _compare(arguments: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as refused:
         print(f"benchlib: error: {refused}", file=sys.stderr)
         return EXIT_REFUSED
+    if comparison.empty:
+        print("benchlib: error: nothing to compare: no metric with the same benchmark, case, engine, device, dtype "
+              "and config is in both runs", file=sys.stderr)
+        return EXIT_REFUSED
     if arguments.format == "csv":
         print(comparison.to_csv(index=False), end="")
     elif arguments.format == "json":
         print(comparison.to_json(orient="records", indent=1))
     else:
-        # the table leaves out the config JSON (csv and json keep it); the last line counts the labels
-        shown = comparison.drop(columns=["config"])
-        print(shown.to_string(index=False) if len(shown) else "no metric in both runs")
-        counts = comparison["label"].value_counts()
-        print(f"{len(comparison)} metric(s): " + ", ".join(f"{count} {label}" for label, count in counts.items()))
+        # the answer first (counts, worst regressions); the table leaves out the config JSON (csv and json keep it)
+        print("\n".join(headline(comparison)), end="\n\n")
+        print(comparison.drop(columns=["config"]).to_string(index=False))
         drift = machine_drift(comparison)
         print(drift or "machine drift: unknown (calibration is not in both runs)")
         print(_verdict_changes(arguments))
@@ -210,13 +213,21 @@ def _verdict_changes(arguments: argparse.Namespace) -> str:
 
 def _merge_records(run_name: str, root: Path | None) -> int:
     from benchlib.results import Run
-    from benchlib.results.store import resolve_run
+    from benchlib.results.store import RecordsKept, resolve_run
 
     try:
         path = resolve_run(run_name, root)
     except FileNotFoundError as missing:
         raise RunnerError(str(missing)) from None
-    skipped = Run(path, {"run_id": path.name}).refresh_records(skip_unreadable=True)
+    if not any((path / "records").glob("*.parquet")):
+        raise RunnerError(f"{path / 'records'} holds no per-notebook records: nothing to merge; records.parquet is left as it is")
+    try:
+        skipped = Run(path, {"run_id": path.name}).refresh_records(skip_unreadable=True)
+    except RecordsKept as kept:
+        for message in kept.skipped:
+            print(f"skipped: {message}", file=sys.stderr)
+        print(f"benchlib: {kept}", file=sys.stderr)
+        return 1
     for message in skipped:
         print(f"skipped: {message}", file=sys.stderr)
     print(f"{path / 'records.parquet'} rebuilt from {path / 'records'}" + (f" ({len(skipped)} file(s) skipped)" if skipped else ""))

@@ -33,6 +33,7 @@ from benchlib.results.store import (
     RUN_INFO,
     check_static_export,
     now_iso,
+    RecordsKept,
     RecordsUnreadable,
     read_records_file,
     write_records_atomic,
@@ -440,7 +441,10 @@ class _RunLoop:
             status = "partial"
             error = f"{len(failures)} case(s) failed: " + "; ".join(failures[:3]) + (" ..." if len(failures) > 3 else "")
         if in_points:
-            _merge_point_records(self.run_, execution, point_dir)
+            try:
+                _merge_point_records(self.run_, execution, point_dir)
+            except (RecordsUnreadable, RecordsKept) as lost:  # the point's own files stay in points/<key>/
+                status, error = "failed", f"records not merged into the run: {lost}"
         output = self.run_.path / "notebooks" / f"{execution.key}.ipynb"
         data_source = "+".join(sources) or None
         self.run_.record_notebook(

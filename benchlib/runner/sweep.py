@@ -17,6 +17,7 @@ others finish.
 from __future__ import annotations
 
 import ast
+import hashlib
 import io
 import itertools
 import json
@@ -24,8 +25,9 @@ import re
 import tempfile
 import time
 import zipfile
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,14 +48,16 @@ class Execution:
     spec: NotebookSpec
     values: dict[str, Any]
     point: dict[str, Any] = field(default_factory=dict)
+    tag: str = ""  # set by expand() when another point's key reads the same
 
     @property
     def key(self) -> str:
-        """The name in run.json and of its files: the notebook, then `@NAME=VALUE,...` for a grid point."""
+        """The name in run.json and of its files: the notebook, then `@NAME=VALUE,...` for a grid point
+        (and `~tag` where values that differ read alike once made safe for a file name)."""
         if not self.point:
             return self.spec.name
         label = ",".join(f"{name}={_text(value)}" for name, value in self.point.items())
-        return f"{self.spec.name}@{_UNSAFE.sub('-', label)}"
+        return f"{self.spec.name}@{_UNSAFE.sub('-', label)}" + (f"~{self.tag}" if self.tag else "")
 
 
 def _text(value: Any) -> str:
@@ -97,7 +101,15 @@ def expand(planned: Sequence[tuple[NotebookSpec, dict[str, Any]]], grid: Mapping
             for name, value in zip(axes, combination):
                 point[name] = coerce_text(spec, name, value) if isinstance(value, str) else check_value(spec, name, value)
             executions.append(Execution(spec, {**values, **point}, point))
-    return executions
+    return _distinct_keys(executions)
+
+
+def _distinct_keys(executions: list[Execution]) -> list[Execution]:
+    """Points whose keys collide (`a b` and `a/b` both read `a-b`) get a short hash of their exact
+    values, so no point's files or run.json entry overwrite another's."""
+    counts = Counter(execution.key for execution in executions)
+    return [replace(execution, tag=hashlib.sha1(json.dumps(execution.point, sort_keys=True, default=repr).encode())
+                    .hexdigest()[:6]) if counts[execution.key] > 1 else execution for execution in executions]
 
 
 # ---------------------------------------------------------------- one point, anywhere
