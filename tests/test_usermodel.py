@@ -209,3 +209,18 @@ def test_an_error_in_the_users_loss_fails_that_case_and_keeps_the_others(tmp_pat
            "raised RuntimeError" in status[TORCH_FUNC][1]
     assert status[TORCH_CHECKPOINT][0] == status[FUSED_OPTIMIZER][0] == "not_applicable"
     assert "time" in set(records[records["variant"] == TORCH]["metric"])
+
+
+def test_a_lowest_peak_of_zero_bytes_gives_no_ratio_instead_of_failing_the_run():
+    from benchlib.results import make_record, records_frame
+    from benchlib.usermodel.summary import summary_table
+
+    def rows(engine, peaks):
+        return [make_record(benchmark="tiny", case="step", engine=engine, device="cpu", dtype="float32", metric=metric,
+                            value=value, params={"trial": trial})
+                for trial, peak in enumerate(peaks) for metric, value in (("peak_bytes", peak), ("time", 1e-3))]
+
+    table = summary_table(records_frame(rows(TORCH, [4096.0, 8192.0]) + rows(FUSED_OPTIMIZER, [0.0, 0.0])))
+    lines = dict(zip(table["engine"], table["summary"]))
+    assert "no ratio (the lowest peak is 0" in lines[TORCH] and "lowest" in lines[FUSED_OPTIMIZER]
+    assert table["peak_ratio"].isna().all()

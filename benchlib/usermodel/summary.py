@@ -50,6 +50,8 @@ def summary_table(records: pd.DataFrame) -> pd.DataFrame:
         if "time" in metrics and "peak_bytes" in metrics:
             samples[engine] = metrics
     best = min(samples, key=lambda engine: np.median(samples[engine]["peak_bytes"]), default=None)
+    # a tiny step can peak below RSS's page resolution: 0 bytes is no denominator for a ratio
+    comparable = best is not None and bool(np.all(samples[best]["peak_bytes"] > 0))
     for engine, group in records.groupby("variant", sort=False):
         statuses = group[group["metric"].isin(["failed", "not_applicable"])]
         if engine not in samples:
@@ -60,12 +62,16 @@ def summary_table(records: pd.DataFrame) -> pd.DataFrame:
             continue
         metrics = samples[engine]
         peak, low, high = _interval(metrics["peak_bytes"])
-        ratio, ratio_low, ratio_high = _ratio(samples[best]["peak_bytes"], metrics["peak_bytes"])
+        ratio, ratio_low, ratio_high = (_ratio(samples[best]["peak_bytes"], metrics["peak_bytes"]) if comparable
+                                        else (math.nan, math.nan, math.nan))
         roles = {role: float(np.median(metrics[role])) for role in STEP_ROLES if role in metrics}
         role = max(roles, key=roles.get, default=None)
         time_s = float(np.median(metrics["time"]))
         error = float(np.max(metrics[GRAD_ERROR_METRIC])) if GRAD_ERROR_METRIC in metrics else math.nan
-        ratio_text = "best" if engine == best else f"{ratio:.2f}x{_bracket(ratio_low, ratio_high, '{:.2f}'.format)} the best"
+        if not comparable:
+            ratio_text = "lowest" if engine == best else "no ratio (the lowest peak is 0: below the resolution)"
+        else:
+            ratio_text = "best" if engine == best else f"{ratio:.2f}x{_bracket(ratio_low, ratio_high, '{:.2f}'.format)} the best"
         role_text = f"mostly {STEP_ROLES[role]} ({format_bytes(int(roles[role]))})" if role else "roles not measured"
         line = (f"{engine:<17} peak +{format_bytes(int(peak))}{_bracket(low, high, lambda v: format_bytes(int(v)))}"
                 f"  {ratio_text}  {role_text}  {format_seconds(time_s)}/step"
