@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 from importlib.metadata import entry_points
@@ -82,15 +83,17 @@ def get(name: str) -> Benchmark:
     return known[name]
 
 
-def resolve(name_or_path: str) -> Benchmark:
-    """A declared benchmark by name, else the benchmark the model file at that path declares.
-    A file whose NAME a declared benchmark already has is refused (`RegistryError`), as a duplicate
-    entry point is; a file the torch form refuses raises `benchlib.usermodel.ModelFileError`."""
-    if name_or_path in benchmarks() or not (name_or_path.endswith(".py") or Path(name_or_path).is_file()):
+def resolve(name_or_path: str | Sequence[str]) -> Benchmark:
+    """A declared benchmark by name, else the benchmark the model file at that path declares (a list of
+    paths: versions of one NAME, one benchmark). A file whose NAME a declared benchmark already has is
+    refused (`RegistryError`), as a duplicate entry point is; a file the torch form refuses raises
+    `benchlib.usermodel.ModelFileError`."""
+    if isinstance(name_or_path, str) and (name_or_path in benchmarks() or not (
+            name_or_path.endswith(".py") or Path(name_or_path).is_file())):
         return get(name_or_path)
-    from benchlib.usermodel import load_model_file
+    from benchlib.usermodel import load_model_files
 
-    benchmark = load_model_file(name_or_path)
+    benchmark = load_model_files([name_or_path] if isinstance(name_or_path, str) else name_or_path)
     if benchmark.name in benchmarks():
         raise RegistryError(f"{name_or_path}: NAME {benchmark.name!r} is a declared benchmark's; give the file "
                             "another NAME")

@@ -102,11 +102,11 @@ def test_a_file_not_in_the_torch_form_is_refused_with_exit_2_naming_file_and_fun
     assert message.format(path=(tmp_path / name).resolve()) in error
 
 
-def test_two_files_with_one_name_are_refused_and_debug_shows_the_traceback(tmp_path, capsys):
-    first, second = write(tmp_path, GOOD, "a.py"), write(tmp_path, GOOD, "b.py")
+def test_versions_of_one_name_at_other_values_are_refused_and_debug_shows_the_traceback(tmp_path, capsys):
+    first, second = write(tmp_path, GOOD, "a.py"), write(tmp_path, GOOD.replace('"width": 16', '"width": 17'), "b.py")
     out = tmp_path / "out"
     assert main(["run", str(first), str(second), "--out", str(out)]) == 2
-    assert "both declare NAME = 'tiny'; give them different NAMEs" in capsys.readouterr().err
+    assert "PARAMETERS or QUICK differ from" in capsys.readouterr().err
     broken = write(tmp_path, "import torch\nx = 1 / 0\n", "broken.py")
     assert main(["run", str(broken), "--debug", "--out", str(out)]) == 2
     error = capsys.readouterr().err

@@ -121,7 +121,7 @@ def _report(run_name: str, root: Path | None) -> int:
 def _list(names: Sequence[str], notebooks_dir: Path | None) -> int:
     for spec in select_notebooks(names, notebooks_dir):
         benchmark = spec.benchmark
-        print(f"{benchmark.name}  ({spec.source or spec.path})")
+        print(f"{benchmark.name}  ({', '.join(map(str, spec.sources)) or spec.path})")
         print(f"  {benchmark.question}")
         if benchmark.cases:
             print(f"  measures: {benchmark.cases}")

@@ -45,8 +45,9 @@ def headline_table(records: pd.DataFrame, metrics: tuple[str, ...]) -> pd.DataFr
     return pd.DataFrame(table, columns=["case", "variant", "metric", "median", "ci_low", "ci_high", "unit", "n"])
 
 
-def run_declared(name: str, parameters: Mapping[str, Any], *, device: str = "auto", results_dir: str = "") -> Outcome:
-    """Measure benchmark `name` (or a model file's path) with `parameters` on `device` and save its results
+def run_declared(name: str | list[str], parameters: Mapping[str, Any], *, device: str = "auto",
+                 results_dir: str = "") -> Outcome:
+    """Measure benchmark `name` (or a model file's path, or the paths of versions of one) with `parameters` on `device` and save its results
     into `results_dir`."""
     from benchlib.measure import resolve_device
 

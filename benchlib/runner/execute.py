@@ -282,6 +282,17 @@ class RunOptions:
         return replace(options or cls(), **overrides)
 
 
+def _model_files(planned: Sequence[tuple[NotebookSpec, dict[str, Any]]]) -> dict[str, Any]:
+    """run.json's provenance of each model file: by NAME, or by NAME/version for versions of one."""
+    from benchlib.usermodel import version_labels
+
+    files = {}
+    for spec, _ in planned:
+        labels = [spec.name] if len(spec.sources) == 1 else [f"{spec.name}/{v}" for v in version_labels(spec.sources)]
+        files.update({label: file_provenance(source) for label, source in zip(labels, spec.sources)})
+    return files
+
+
 def run(notebooks: Sequence[str] = (), *, options: RunOptions | None = None, **overrides: Any) -> RunResult:
     """Run `notebooks` (names or paths, default all) into a new run directory under `out` (default results/).
 
@@ -330,7 +341,7 @@ def run(notebooks: Sequence[str] = (), *, options: RunOptions | None = None, **o
         executor=executor if executor == "local" else f"dask ({scheduler or 'local cluster'})",
         notebooks_dir=str(notebooks_dir.resolve()) if notebooks_dir else None,
         benchmarks={spec.name: spec.benchmark.summary() for spec, _ in planned},
-        model_files={spec.name: file_provenance(spec.source) for spec, _ in planned if spec.source},
+        model_files=_model_files(planned),
         command=list(options.command) if options.command is not None else None,
         runner={"pid": os.getpid(), "host": socket.gethostname()},
     )

@@ -40,7 +40,7 @@ class NotebookSpec:
     benchmark: Benchmark
     path: Path
     has_quick: bool = True  # False: an undeclared notebook without a `quick` cell (--quick refuses it)
-    source: Path | None = None  # the model file a benchmark was loaded from (the kernel loads it again)
+    sources: tuple[Path, ...] = ()  # the model file(s) a benchmark was loaded from (the kernel loads them again)
 
     @property
     def name(self) -> str:
@@ -58,8 +58,9 @@ class NotebookSpec:
         not its cell's) and device/results_dir; a `measure` benchmark gets its name and values as one dict."""
         config = self.benchmark.config(values).plain()
         if self.path == DECLARED_NOTEBOOK:
-            return {"benchmark": str(self.source) if self.source else self.benchmark.name, "parameters": config,
-                    **injected}
+            files = [str(source) for source in self.sources]
+            benchmark = (files[0] if len(files) == 1 else files) if files else self.benchmark.name
+            return {"benchmark": benchmark, "parameters": config, **injected}
         return {**config, **injected}
 
 
@@ -99,16 +100,16 @@ def _spec(name: str, path: Path) -> NotebookSpec:
     return NotebookSpec(known, path.resolve()) if known is not None else inspect(name, path)
 
 
-def model_file_spec(name: str) -> NotebookSpec:
-    """A model file (a path ending in .py) as a benchmark run by the generic notebook; refused, saying
-    why, when the file is not in the torch form."""
+def model_file_spec(*names: str) -> NotebookSpec:
+    """Model files (paths ending in .py; several: versions of one NAME) as one benchmark run by the
+    generic notebook; refused, saying why, when a file is not in the torch form."""
     from benchlib.usermodel import ModelFileError
 
     try:
-        benchmark = registry.resolve(name)
+        benchmark = registry.resolve(names[0] if len(names) == 1 else list(names))
     except (ModelFileError, DeclarationError) as error:
         raise RunnerError(str(error)) from error
-    return NotebookSpec(benchmark, DECLARED_NOTEBOOK, source=Path(name).expanduser().resolve())
+    return NotebookSpec(benchmark, DECLARED_NOTEBOOK, sources=tuple(Path(name).expanduser().resolve() for name in names))
 
 
 def select_notebooks(names: Sequence[str], notebooks_dir: Path | None = None) -> list[NotebookSpec]:
@@ -116,7 +117,7 @@ def select_notebooks(names: Sequence[str], notebooks_dir: Path | None = None) ->
     the project's notebooks/ (or, given `notebooks_dir`, the notebooks there).
 
     A name ending in .py, or naming a file that is not a notebook, is a model file (`benchlib.usermodel`);
-    two with the same NAME are refused.
+    files with the same NAME are versions of one benchmark, measured interleaved in one notebook.
     A name with a path separator, or ending in .ipynb and naming a file, is that very notebook (its
     folder is its working directory; a declared name keeps its declaration); it is never swapped for
     the project's notebook of the same name. A bare name is a declared benchmark, else a notebook
@@ -139,9 +140,14 @@ def select_notebooks(names: Sequence[str], notebooks_dir: Path | None = None) ->
         path = Path(name)
         if name.endswith(".py") or (path.is_file() and path.suffix != ".ipynb"):
             spec = model_file_spec(name)
-            if spec.name in selected:
-                raise RunnerError(f"{selected[spec.name].source or selected[spec.name].path} and {spec.source} both "
-                                  f"declare NAME = {spec.name!r}; give them different NAMEs to run them together")
+            if spec.name in selected and not selected[spec.name].sources:
+                raise RunnerError(f"{selected[spec.name].path} and {name} are both named {spec.name!r}; give the "
+                                  "file another NAME to run them together")
+            if spec.name in selected:  # another version of one benchmark: one spec, measured interleaved
+                paths = [*selected[spec.name].sources, *spec.sources]
+                if len(set(paths)) < len(paths):
+                    raise RunnerError(f"{name} is given twice")
+                spec = model_file_spec(*map(str, paths))
             selected[spec.name] = spec
             continue
         if os.sep in name or (os.altsep and os.altsep in name) or (name.endswith(".ipynb") and path.is_file()):

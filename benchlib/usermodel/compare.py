@@ -8,7 +8,8 @@ message and the other cases still run. Gradients are compared with eager torch's
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from benchlib.benchmark import Config
@@ -37,67 +38,95 @@ def _applicability(model_file: ModelFile, values: dict) -> tuple[dict[str, str],
     return reasons, facts
 
 
-def measure_model_file(model_file: ModelFile, config: Config, device, progress: Callable[[str], None] = print) -> list[dict]:
-    """The records of every engine's step at `config`'s values on `device`, `config.trials` fresh processes each."""
+def _trial_order(units: list[tuple[str, str]], trials: int) -> list[tuple[int, tuple[str, str]]]:
+    """(trial, (version, engine)) in the order the children run: every unit once per round, rounds
+    shuffled, so drift falls on every version and engine alike; each version's reference opens the
+    first round, so the other engines' gradients have one to be checked against."""
+    keys = {f"{version}/{engine}": (version, engine) for version, engine in units}
+    order = [(trial, keys[key]) for trial, key in trial_order(keys, trials, ORDER_SEED, first="")]
+    first = sorted((item for item in order if item[0] == 0), key=lambda item: item[1][1] != REFERENCE)
+    return first + [item for item in order if item[0] > 0]
+
+
+def measure_model_files(versions: Mapping[str, ModelFile], config: Config, device,
+                        progress: Callable[[str], None] = print) -> list[dict]:
+    """The records of every version's engines at `config`'s values on `device`, `config.trials` fresh
+    processes each, all interleaved. One version is case `step`; several are one case each, named by version."""
     from benchlib.measure import CaseFailed, IsolationOptions, run_isolated
     from benchlib.measure.allocations import memray_available
     from benchlib.results import make_record, status_record
 
-    values = {name: config.plain()[name] for name in model_file.parameters}
-    trials, name = config.trials, model_file.name
-    base = {**values, "file": str(model_file.path), "trials": config.trials, "order_seed": ORDER_SEED,
-            "warmup": WARMUP, "steps": STEPS}
-    try:
-        reasons, facts = _applicability(model_file, values)
-    except Exception as error:  # the user's model does not build at these values: every case fails alike
-        message = model_file.user_error(error, "model or batch (at the run's values)")
-        return [status_record(status="failed", message=message, benchmark=name, case=CASE, device=device.name,
-                              dtype="float32", params=base, engine=engine) for engine in ENGINES]
-    labels = {engine: dict(benchmark=name, case=CASE, engine=engine, device=device.name, dtype=facts["dtype"])
-              for engine in ENGINES}
-    records = []
+    first = next(iter(versions.values()))
+    values = {name: config.plain()[name] for name in first.parameters}
+    trials, name = config.trials, first.name
+    engines = [engine for engine in ENGINES if engine in config.engines]
+    several = len(versions) > 1
+    cases = {version: version if several else CASE for version in versions}
+    shown = {version: f"{name} {version}" if several else name for version in versions}  # progress lines
+    records: dict[str, list[dict]] = {version: [] for version in versions}
+    base, labels, units, plans = {}, {}, [], {}
 
-    def note(engine: str, status: str, message: str, params: dict) -> None:
-        records.append(status_record(**labels[engine], status=status, message=message, params=params))
-        progress(f"{name} {engine}: {status.replace('_', ' ')}: {message.splitlines()[0]}")
+    def note(version: str, engine: str, status: str, message: str, params: dict) -> None:
+        records[version].append(status_record(**labels[version, engine], status=status, message=message, params=params))
+        progress(f"{shown[version]} {engine}: {status.replace('_', ' ')}: {message.splitlines()[0]}")
 
-    for engine, reason in reasons.items():
-        note(engine, "not_applicable", reason, base)
-    runnable = [engine for engine in ENGINES if engine not in reasons]
+    for version, model_file in versions.items():
+        base[version] = {**values, "file": str(model_file.path), **({"version": version} if several else {}),
+                         "trials": trials, "order_seed": ORDER_SEED, "warmup": WARMUP, "steps": STEPS}
+        status = "not_applicable"
+        try:
+            reasons, facts = _applicability(model_file, values)
+        except Exception as error:  # the user's model does not build at these values: every case fails alike
+            message = model_file.user_error(error, "model or batch (at the run's values)")
+            status, reasons, facts = "failed", dict.fromkeys(engines, message), {"dtype": "float32"}
+        plans[version] = facts.get("checkpoint")
+        for engine in engines:
+            labels[version, engine] = dict(benchmark=name, case=cases[version], engine=engine, device=device.name,
+                                           dtype=facts["dtype"])
+            if engine in reasons:
+                note(version, engine, status, reasons[engine], base[version])
+            else:
+                units.append((version, engine))
     track = device.is_cuda or memray_available()
-    failed, reference = set(), f"{REFERENCE} did not run, so there is no gradient to compare with"
-    with tempfile.TemporaryDirectory(prefix="benchlib-usermodel-") as gradient_dir:
-        for position, (trial, engine) in enumerate(trial_order(runnable, trials, ORDER_SEED, first=REFERENCE)):
-            if engine in failed:
+    failed, reference = set(), {version: f"{REFERENCE} did not run, so there is no gradient to compare with"
+                                for version in versions}
+    with tempfile.TemporaryDirectory(prefix="benchlib-usermodel-") as gradients:
+        folders = {version: Path(gradients) / str(index) for index, version in enumerate(versions)}
+        for folder in folders.values():
+            folder.mkdir()
+        for position, (trial, (version, engine)) in enumerate(_trial_order(units, trials)):
+            if (version, engine) in failed:
                 continue
-            params = {**base, "trial": trial, "position": position,
-                      **({"checkpoint": facts["checkpoint"]} if engine == TORCH_CHECKPOINT else {})}
+            model_file, gradient_dir = versions[version], folders[version]
+            params = {**base[version], "trial": trial, "position": position,
+                      **({"checkpoint": plans[version]} if engine == TORCH_CHECKPOINT else {})}
             try:
                 result = run_isolated(TARGET, {"path": str(model_file.path), "engine": engine, "values": values,
-                                               "gradient_dir": gradient_dir},
-                                      name=f"{name}/{CASE}/{engine}", device=device.name,
+                                               "gradient_dir": str(gradient_dir)},
+                                      name=f"{name}/{cases[version]}/{engine}", device=device.name,
                                       options=IsolationOptions(warmup=WARMUP, repeats=STEPS, track_allocations=track,
                                                                timeline=False))
             except CaseFailed as error:
                 later = f" (its {trials - trial - 1} later trial(s) skipped)" if trial < trials - 1 else ""
-                note(engine, "failed", f"trial {trial + 1} of {trials}: {error}{later}", params)
-                failed.add(engine)
+                note(version, engine, "failed", f"trial {trial + 1} of {trials}: {error}{later}", params)
+                failed.add((version, engine))
                 if engine == REFERENCE:
-                    reference = f"{REFERENCE} failed, so there is no gradient to compare with"
+                    reference[version] = f"{REFERENCE} failed, so there is no gradient to compare with"
                 continue
             checks = dict(result.checks)
             params.update({key: result.environment[key] for key in ("malloc_policy", "malloc_env")})
             if engine == REFERENCE:
-                reference = None
-            elif reference is None:
+                reference[version] = None
+            elif reference[version] is None:
                 checks[GRAD_ERROR_METRIC] = saved_gradient_error(gradient_dir, engine, REFERENCE)
                 gradient_file(gradient_dir, engine).unlink()
             else:
-                records.append(make_record(**labels[engine], metric=GRAD_UNCHECKED_METRIC, value=1.0,
-                                           params={**params, "message": reference}))
-            records += result.measurement.records(**labels[engine], params=params)
-            records += [make_record(**labels[engine], metric=metric, value=value, params=params)
-                        for metric, value in checks.items()]
-            progress(f"{name} {engine} trial {trial + 1}/{trials}: {result.measurement}"
+                records[version].append(make_record(**labels[version, engine], metric=GRAD_UNCHECKED_METRIC, value=1.0,
+                                                    params={**params, "message": reference[version]}))
+            records[version] += result.measurement.records(**labels[version, engine], params=params)
+            records[version] += [make_record(**labels[version, engine], metric=metric, value=value, params=params)
+                                 for metric, value in checks.items()]
+            progress(f"{shown[version]} {engine} trial {trial + 1}/{trials}: {result.measurement}"
                      + (f", {GRAD_ERROR_METRIC} {checks[GRAD_ERROR_METRIC]:.3g}" if GRAD_ERROR_METRIC in checks else ""))
-    return records
+    return [record for version in versions for record in records[version]]
+

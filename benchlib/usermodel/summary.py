@@ -1,4 +1,5 @@
-"""The summary a model file's run opens with: one line per engine, the same rows as its headline table."""
+"""The summary a model file's run opens with: one line per engine (per version, when several), then per
+engine each later version's peak over the first's; the same rows as its headline table."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from benchlib.usermodel.engines import ENGINES
 
 # The roles a step allocates (in the peak above the baseline), by the words a summary line uses.
 STEP_ROLES = {SAVED_METRIC: "saved activations", GRADIENT_METRIC: "gradients"}
-COLUMNS = ["engine", "status", "trials", "peak_bytes", "peak_low", "peak_high", "peak_ratio", "peak_ratio_low",
+COLUMNS = ["version", "engine", "status", "trials", "peak_bytes", "peak_low", "peak_high", "peak_ratio", "peak_ratio_low",
            "peak_ratio_high", "largest_role", "largest_role_bytes", "time_s", GRAD_ERROR_METRIC, SUMMARY_COLUMN]
 
 
@@ -40,15 +41,11 @@ def _bracket(low: float, high: float, text) -> str:
     return "" if math.isnan(low) else f" [{text(low)}, {text(high)}]"
 
 
-def summary_table(records: pd.DataFrame) -> pd.DataFrame:
-    """Per engine: peak above the baseline with its 95% interval over trials, its ratio to the engine
-    with the lowest peak (with interval), the step role that holds the most, time per step; or why it
-    did not run. `summary` is the row as one line."""
-    samples, rows = {}, []
-    for engine, group in records.groupby("variant", sort=False):
-        metrics = {metric: trial_values(rows_of) for metric, rows_of in group.groupby("metric")}
-        if "time" in metrics and "peak_bytes" in metrics:
-            samples[engine] = metrics
+def _version_rows(records: pd.DataFrame, samples: dict, prefix: str) -> list[dict]:
+    """Per engine of one version: peak above the baseline with its 95% interval over trials, its ratio to
+    the engine with the lowest peak (with interval), the step role that holds the most, time per step; or
+    why it did not run. `summary` is the row as one line."""
+    rows = []
     best = min(samples, key=lambda engine: np.median(samples[engine]["peak_bytes"]), default=None)
     # a tiny step can peak below RSS's page resolution: 0 bytes is no denominator for a ratio
     comparable = best is not None and bool(np.all(samples[best]["peak_bytes"] > 0))
@@ -58,7 +55,7 @@ def summary_table(records: pd.DataFrame) -> pd.DataFrame:
             status = statuses["metric"].iloc[0] if len(statuses) else "failed"
             message = json.loads(statuses["params"].iloc[0])["message"].splitlines()[0] if len(statuses) else ""
             rows.append({"engine": engine, "status": status, "trials": 0,
-                         SUMMARY_COLUMN: f"{engine:<17} {status.replace('_', ' ')}: {message}"})
+                         SUMMARY_COLUMN: f"{prefix}{engine:<17} {status.replace('_', ' ')}: {message}"})
             continue
         metrics = samples[engine]
         peak, low, high = _interval(metrics["peak_bytes"])
@@ -73,7 +70,7 @@ def summary_table(records: pd.DataFrame) -> pd.DataFrame:
         else:
             ratio_text = "best" if engine == best else f"{ratio:.2f}x{_bracket(ratio_low, ratio_high, '{:.2f}'.format)} the best"
         role_text = f"mostly {STEP_ROLES[role]} ({format_bytes(int(roles[role]))})" if role else "roles not measured"
-        line = (f"{engine:<17} peak +{format_bytes(int(peak))}{_bracket(low, high, lambda v: format_bytes(int(v)))}"
+        line = (f"{prefix}{engine:<17} peak +{format_bytes(int(peak))}{_bracket(low, high, lambda v: format_bytes(int(v)))}"
                 f"  {ratio_text}  {role_text}  {format_seconds(time_s)}/step"
                 + ("" if math.isnan(error) else f"  grad err {error:.1e}")
                 + (" (failed in a later trial)" if len(statuses) else ""))
@@ -83,4 +80,41 @@ def summary_table(records: pd.DataFrame) -> pd.DataFrame:
                      "largest_role": STEP_ROLES.get(role, ""), "largest_role_bytes": roles.get(role, math.nan),
                      "time_s": time_s, GRAD_ERROR_METRIC: error, SUMMARY_COLUMN: line})
     order = {engine: index for index, engine in enumerate(ENGINES)}
-    return pd.DataFrame(sorted(rows, key=lambda row: order.get(row["engine"], len(order))), columns=COLUMNS)
+    return sorted(rows, key=lambda row: order.get(row["engine"], len(order)))
+
+
+def _versus(samples: dict, version: str, baseline: str) -> list[dict]:
+    """Per engine measured in both: `version`'s peak over `baseline`'s, with its 95% interval."""
+    rows = []
+    for engine in [engine for engine in ENGINES if engine in samples[baseline] and engine in samples[version]]:
+        before, after = samples[baseline][engine]["peak_bytes"], samples[version][engine]["peak_bytes"]
+        what = f"{version} vs {baseline}: {engine:<17} peak ratio"
+        if not np.all(before > 0):
+            rows.append({"version": f"{version} vs {baseline}", "engine": engine, "status": "comparison",
+                         SUMMARY_COLUMN: f"{what}: none ({baseline}'s peak is 0: below the resolution)"})
+            continue
+        ratio, low, high = _ratio(before, after)
+        rows.append({"version": f"{version} vs {baseline}", "engine": engine, "status": "comparison",
+                     "trials": int(min(before.size, after.size)), "peak_ratio": ratio, "peak_ratio_low": low,
+                     "peak_ratio_high": high,
+                     SUMMARY_COLUMN: f"{what} {ratio:.2f}x{_bracket(low, high, '{:.2f}'.format)}"})
+    return rows
+
+
+def summary_table(records: pd.DataFrame) -> pd.DataFrame:
+    """The rows of every version (a case each; one version is case `step`), then each later version
+    against the first, engine by engine."""
+    versions = list(dict.fromkeys(records["case"]))
+    samples, rows = {}, []
+    for version in versions:
+        group = records[records["case"] == version]
+        samples[version] = {}
+        for engine, of_engine in group.groupby("variant", sort=False):
+            metrics = {metric: trial_values(rows_of) for metric, rows_of in of_engine.groupby("metric")}
+            if "time" in metrics and "peak_bytes" in metrics:
+                samples[version][engine] = metrics
+        prefix = f"{version}: " if len(versions) > 1 else ""
+        rows += [{"version": version, **row} for row in _version_rows(group, samples[version], prefix)]
+    for version in versions[1:]:
+        rows += _versus(samples, version, versions[0])
+    return pd.DataFrame(rows, columns=COLUMNS)
