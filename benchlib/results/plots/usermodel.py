@@ -1,0 +1,83 @@
+"""Figures of a model file's run (`benchlib run my_model.py`): peak per engine with its interval, memory by role.
+
+Both take the run's records frame; several versions of one file (one case each) are drawn side by side.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from benchlib.results.compare import trial_values
+from benchlib.results.plots.common import apply_layout, engine_color
+from benchlib.results.plots.gradients import MB, _annotate, _status_notes
+from benchlib.results.stats import median_interval
+
+VERSION_COLORS = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#9d755d", "#e45756")
+# Bottom to top: what the model holds before the step (the baseline), then the step's peak by role.
+ROLES = (("role_parameter_bytes", "parameters (held before the step)", "#9ecae9"),
+         ("role_optimizer_bytes", "optimizer state (held before the step)", "#c6dbef"),
+         ("role_saved_bytes", "saved activations", "#e45756"),
+         ("role_gradient_bytes", "gradients", "#4c78a8"),
+         ("other", "rest of the step's peak", "#bab0ac"))
+
+
+def _x(frame: pd.DataFrame, several: bool) -> list:
+    """Engines on the x axis, grouped under their version when there are several."""
+    return [frame["case"].tolist(), frame["engine"].tolist()] if several else frame["engine"].tolist()
+
+
+def peak_frame(records: pd.DataFrame) -> pd.DataFrame:
+    """Per version (case) and engine: the median peak above the baseline over trials with its 95% interval."""
+    rows = []
+    peaks = records[records["metric"] == "peak_bytes"]
+    for (case, engine), group in peaks.groupby(["case", "variant"], sort=False):
+        values = trial_values(group)
+        interval = median_interval(values) if values.size > 1 else None
+        rows.append({"case": case, "engine": engine, "peak": float(np.median(values)), "trials": int(values.size),
+                     "low": interval.ci_low if interval else np.nan, "high": interval.ci_high if interval else np.nan})
+    return pd.DataFrame(rows, columns=["case", "engine", "peak", "trials", "low", "high"])
+
+
+def peak_intervals(records: pd.DataFrame) -> go.Figure:
+    """Which engine (and version) peaks lowest, and is the difference larger than the trials' spread?"""
+    table = peak_frame(records)
+    several = table["case"].nunique() > 1
+    fig = go.Figure()
+    groups = table.groupby("case", sort=False) if several else [(None, table)]
+    for index, (case, part) in enumerate(groups):
+        fig.add_trace(go.Bar(
+            x=part["engine"], y=part["peak"] / MB, name=case or "median over trials", showlegend=several,
+            marker_color=VERSION_COLORS[index % len(VERSION_COLORS)] if several else [engine_color(e) for e in part["engine"]],
+            error_y=dict(type="data", array=(part["high"] - part["peak"]) / MB,
+                         arrayminus=(part["peak"] - part["low"]) / MB),
+            customdata=part["trials"], hovertemplate="%{x}: %{y:.2f} MB over %{customdata} trials<extra></extra>"))
+    apply_layout(fig, title="Peak memory of one step above the baseline (median, 95% interval over trials)",
+                 x_title="engine", y_title="peak above baseline (MB)")
+    fig.update_layout(barmode="group", legend_title_text="version" if several else None)
+    return _annotate(fig, _status_notes(records))
+
+
+def role_table(records: pd.DataFrame) -> pd.DataFrame:
+    """Per version and engine, medians over trials of each role's bytes and `other`: the peak minus the
+    step's measured roles, never below 0."""
+    metrics = ["peak_bytes", *(metric for metric, _, _ in ROLES if metric != "other")]
+    medians = (records[records["metric"].isin(metrics)].groupby(["case", "variant", "metric"], sort=False)["value"]
+               .median().unstack("metric").reindex(columns=metrics).fillna(0.0))
+    medians["other"] = (medians["peak_bytes"] - medians["role_saved_bytes"] - medians["role_gradient_bytes"]).clip(lower=0.0)
+    return medians.rename_axis(["case", "engine"]).reset_index()
+
+
+def memory_by_role(records: pd.DataFrame) -> go.Figure:
+    """Where a step's memory goes, per engine: what the model holds before it, then its peak by role."""
+    table = role_table(records)
+    several = table["case"].nunique() > 1
+    fig = go.Figure()
+    for metric, legend, color in ROLES:
+        fig.add_trace(go.Bar(x=_x(table, several), y=table[metric] / MB, name=legend, marker_color=color,
+                             hovertemplate=f"{legend}: %{{y:.2f}} MB<extra></extra>"))
+    apply_layout(fig, title="Memory of one step by role (median over trials)", x_title="engine",
+                 y_title="memory (MB)")
+    fig.update_layout(barmode="stack")
+    return _annotate(fig, _status_notes(records))
