@@ -1,0 +1,70 @@
+"""`benchlib.profile`: a model file, or its functions, measured from Python (a notebook) by the same
+runner as `benchlib run`, the results handed back as frames and figures rather than printed."""
+
+from __future__ import annotations
+
+import inspect
+import tempfile
+import textwrap
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from benchlib.results.report import HEADLINE_SUFFIX, SUMMARY_COLUMN
+
+FUNCTIONS = ("model", "batch", "loss", "optimizer")
+VALUES = ("NAME", "PARAMETERS", "QUICK")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One run of a model file: its records, summary table, figures and run directory."""
+
+    records: pd.DataFrame
+    summary: pd.DataFrame
+    figures: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+
+    @property
+    def lines(self) -> list[str]:
+        """The summary as the lines `benchlib run` prints."""
+        return list(self.summary[SUMMARY_COLUMN])
+
+
+def write_model_file(form: Mapping[str, Any], folder: str | Path) -> Path:
+    """The torch form's functions and values (`model`, `batch`, `loss`, optional `optimizer`, `NAME`,
+    `PARAMETERS`, `QUICK`) as a model file in `folder`: each function by its source, so it may use only
+    torch and its arguments (the measured children import the file, not this process's objects)."""
+    unknown = sorted(set(form) - {*FUNCTIONS, *VALUES})
+    if unknown:
+        raise ValueError(f"profile() takes a path or a mapping of {', '.join(FUNCTIONS + VALUES)}; got {unknown}")
+    parts = ["import torch\n"]
+    parts += [f"{name} = {form[name]!r}\n" for name in VALUES if name in form]
+    parts += [textwrap.dedent(inspect.getsource(form[name])) for name in FUNCTIONS if form.get(name) is not None]
+    path = Path(folder) / f"{form.get('NAME', 'model')}.py"
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path
+
+
+def profile(model: str | Path | Mapping[str, Any], *, engines: Sequence[str] | None = None, quick: bool = False,
+            device: str = "auto", out: str | Path | None = None, **params: Any) -> Profile:
+    """Measure a model file (a path, or a mapping of its functions and values) as `benchlib run` does, in
+    a fresh run directory under `out` (default results/); `params` override its PARAMETERS."""
+    from benchlib import registry
+    from benchlib.results import load_records
+    from benchlib.runner.execute import run
+
+    with tempfile.TemporaryDirectory(prefix="benchlib-profile-") as folder:
+        path = write_model_file(model, folder) if isinstance(model, Mapping) else Path(model)
+        values = {**params, **({"engines": list(engines)} if engines is not None else {})}
+        result = run([str(path)], device=device, quick=quick, out=out, params=values, progress=False)
+        benchmark = registry.resolve(str(path))
+    if not result.notebooks or result.notebooks[0].status in ("failed", "not run"):
+        raise RuntimeError(f"{path}: the run failed: {result.notebooks[0].error if result.notebooks else result.path}")
+    records = load_records(result.path)
+    summary = pd.read_parquet(result.path / "tables" / f"{benchmark.name}{HEADLINE_SUFFIX}.parquet")
+    figures = {name: build(records) for name, build in benchmark.figures.items()}
+    return Profile(records, summary, figures, result.path)
