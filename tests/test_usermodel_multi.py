@@ -16,25 +16,11 @@ from benchlib.runner.cli import main
 from benchlib.runner.notebooks import find_project_notebooks, select_notebooks
 from benchlib.usermodel import version_labels
 from benchlib.usermodel.summary import summary_table
+from test_usermodel import GOOD
 
-# 16 MB alive in loss: the peak is dominated by a size RSS resolves exactly, not by the tiny model
-MODEL = """
-import torch
-
-NAME = "tiny"
-PARAMETERS = {"width": 16, "n": 8}
-QUICK = {"width": 4, "n": 3}
-
-def model(width, n):
-    return torch.nn.Sequential(torch.nn.Linear(3, width), torch.nn.Tanh(), torch.nn.Linear(width, 1))
-
-def batch(width, n):
-    return torch.randn(n, 3), torch.randn(n, 1)
-
-def loss(model, x, y):
-    extra = torch.ones(MEGABYTES * 250_000)
-    return ((model(x) - y) ** 2).mean() + extra.sum() * 0
-"""
+# MEGABYTES alive in loss: the peak is dominated by a size RSS resolves exactly, not by the tiny model
+MODEL = GOOD.replace("    return ((model(x) - y) ** 2).mean()", """    extra = torch.ones(MEGABYTES * 250_000)
+    return ((model(x) - y) ** 2).mean() + extra.sum() * 0""")
 ENGINES = ["-p", "engines=torch,torch.func"]
 
 
