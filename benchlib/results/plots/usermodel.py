@@ -28,6 +28,14 @@ def _x(frame: pd.DataFrame, several: bool) -> list:
     return [frame["case"].tolist(), frame["engine"].tolist()] if several else frame["engine"].tolist()
 
 
+def _notes(records: pd.DataFrame) -> list[str]:
+    """Why an engine has no bar, each line naming its version when there are several."""
+    cases = list(dict.fromkeys(records["case"]))
+    if len(cases) == 1:
+        return _status_notes(records)
+    return [f"{case} {note}" for case in cases for note in _status_notes(records, case)]
+
+
 def peak_frame(records: pd.DataFrame) -> pd.DataFrame:
     """Per version (case) and engine: the median peak above the baseline over trials with its 95% interval."""
     rows = []
@@ -56,7 +64,7 @@ def peak_intervals(records: pd.DataFrame) -> go.Figure:
     apply_layout(fig, title="Peak memory of one step above the baseline (median, 95% interval over trials)",
                  x_title="engine", y_title="peak above baseline (MB)")
     fig.update_layout(barmode="group", legend_title_text="version" if several else None)
-    return _annotate(fig, _status_notes(records))
+    return _annotate(fig, _notes(records))
 
 
 def role_table(records: pd.DataFrame) -> pd.DataFrame:
@@ -80,4 +88,4 @@ def memory_by_role(records: pd.DataFrame) -> go.Figure:
     apply_layout(fig, title="Memory of one step by role (median over trials)", x_title="engine",
                  y_title="memory (MB)")
     fig.update_layout(barmode="stack")
-    return _annotate(fig, _status_notes(records))
+    return _annotate(fig, _notes(records))
