@@ -60,9 +60,10 @@ CONTEXT_METRICS = frozenset({"baseline_bytes", "gc_pause_time", "gc_pause_genera
 
 # Params that describe one measurement rather than the configuration measured: the trial's place in
 # its order (and how many trials there were, so runs with different trial counts still match), the
-# load before it, what the allocation pass used, samples a sampler managed to take.
+# load before it, what the allocation pass used, samples a sampler managed to take; and which model
+# file (and version of it) held the code, since the code is what two runs of one NAME compare.
 MEASUREMENT_PARAMS = frozenset({"trial", "trials", "order_seed", "position", "loadavg_1m_before", "alloc_source",
-                                "alloc_steps", "samples_per_call"})
+                                "alloc_steps", "samples_per_call", "file", "version"})
 CONFIG_COLUMN = "config"  # the params that name what was measured (sizes, policies...), as JSON
 
 
