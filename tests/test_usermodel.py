@@ -14,7 +14,7 @@ from benchlib.engines.gradients import GRADIENT_TOLERANCE, max_relative_error
 from benchlib.engine_names import FUSED_OPTIMIZER, TORCH, TORCH_CHECKPOINT, TORCH_FUNC
 from benchlib.results import load_records, load_run_info
 from benchlib.runner.cli import main
-from benchlib.usermodel import load_model_file
+from benchlib.usermodel import load_model_file, read_model_file
 from benchlib.usermodel.engines import ENGINES, LiveBytes, Step, not_applicable
 from benchlib.usermodel.loader import ModelFileError
 from benchlib.usermodel.template import TEMPLATE
@@ -131,7 +131,7 @@ def test_the_example_from_benchlib_new_is_in_the_torch_form_and_never_overwritte
 
 
 def built(tmp_path, text):
-    model_file = load_model_file(write(tmp_path, text)).measure.args[0]
+    model_file = read_model_file(write(tmp_path, text))
     return model_file, model_file.build({"width": 16, "n": 8})
 
 
