@@ -14,6 +14,7 @@ from benchlib.measure.core import format_bytes, format_seconds
 from benchlib.results.compare import trial_values
 from benchlib.results.report import SUMMARY_COLUMN
 from benchlib.results.stats import median_interval, ratio_of_medians
+from benchlib.usermodel.arrays import ARRAY_ENGINES
 from benchlib.usermodel.engines import ENGINES
 
 # The roles a step allocates (in the peak above the baseline), by the words a summary line uses.
@@ -58,7 +59,7 @@ def summary_table(records: pd.DataFrame) -> pd.DataFrame:
             status = statuses["metric"].iloc[0] if len(statuses) else "failed"
             message = json.loads(statuses["params"].iloc[0])["message"].splitlines()[0] if len(statuses) else ""
             rows.append({"engine": engine, "status": status, "trials": 0,
-                         SUMMARY_COLUMN: f"{engine:<17} {status.replace('_', ' ')}: {message}"})
+                         SUMMARY_COLUMN: f"{engine:<19} {status.replace('_', ' ')}: {message}"})
             continue
         metrics = samples[engine]
         peak, low, high = _interval(metrics["peak_bytes"])
@@ -73,7 +74,7 @@ def summary_table(records: pd.DataFrame) -> pd.DataFrame:
         else:
             ratio_text = "best" if engine == best else f"{ratio:.2f}x{_bracket(ratio_low, ratio_high, '{:.2f}'.format)} the best"
         role_text = f"mostly {STEP_ROLES[role]} ({format_bytes(int(roles[role]))})" if role else "roles not measured"
-        line = (f"{engine:<17} peak +{format_bytes(int(peak))}{_bracket(low, high, lambda v: format_bytes(int(v)))}"
+        line = (f"{engine:<19} peak +{format_bytes(int(peak))}{_bracket(low, high, lambda v: format_bytes(int(v)))}"
                 f"  {ratio_text}  {role_text}  {format_seconds(time_s)}/step"
                 + ("" if math.isnan(error) else f"  grad err {error:.1e}")
                 + (" (failed in a later trial)" if len(statuses) else ""))
@@ -82,5 +83,5 @@ def summary_table(records: pd.DataFrame) -> pd.DataFrame:
                      "peak_ratio": ratio, "peak_ratio_low": ratio_low, "peak_ratio_high": ratio_high,
                      "largest_role": STEP_ROLES.get(role, ""), "largest_role_bytes": roles.get(role, math.nan),
                      "time_s": time_s, GRAD_ERROR_METRIC: error, SUMMARY_COLUMN: line})
-    order = {engine: index for index, engine in enumerate(ENGINES)}
+    order = {engine: index for index, engine in enumerate(dict.fromkeys((*ENGINES, *ARRAY_ENGINES)))}
     return pd.DataFrame(sorted(rows, key=lambda row: order.get(row["engine"], len(order))), columns=COLUMNS)
