@@ -17,14 +17,21 @@ import functools
 import math
 import operator
 
+import numpy as np
+
 from benchlib.autodiff.core import Primitive, Tracer
 
 __all__ = [
     "add", "subtract", "multiply", "divide", "negative", "power",
     "dot", "matmul", "tanh", "exp", "log", "sum", "mean", "reshape", "transpose",
     "maximum", "relu", "mse", "softmax_cross_entropy", "chain",
-    "sqrt", "max", "where", "concatenate", "stack",
+    "sqrt", "max", "where", "concatenate", "stack", "arange",
 ]  # fmt: skip
+
+
+def arange(*args, **kwargs):
+    """NumPy's `arange`: integers to index with (say, each row's label), never differentiated."""
+    return np.arange(*args, **kwargs)
 
 
 def chain(step, state, steps: int):

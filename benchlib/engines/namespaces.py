@@ -2,7 +2,7 @@
 
 `benchlib.autodiff.ops` is the reference: `dot`, `matmul`, `tanh`, `exp`, `log`, `sqrt`, `sum`, `mean`
 and `max` (`axis`, `keepdims`), `reshape`, `transpose`, `maximum`, `relu`, `where`, `concatenate`
-and `stack` (`axis`), with NumPy's semantics, and the
+and `stack` (`axis`), `arange` (integers to index with), with NumPy's semantics, and the
 losses `mse(prediction, target)` (mean squared error) and `softmax_cross_entropy(logits, labels)`
 (mean over rows; labels are integer class indices (N,) or probabilities (N, classes)), and
 `chain(step, state, steps)`, a loop an engine may checkpoint. The namespaces here give NumPy, HIPS autograd and torch the same names and semantics, so that the
@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 
 OP_NAMES = ("dot", "matmul", "tanh", "exp", "log", "sqrt", "sum", "mean", "max", "reshape", "transpose", "maximum",
-            "relu", "where", "concatenate", "stack", "mse", "softmax_cross_entropy", "chain")
+            "relu", "where", "concatenate", "stack", "arange", "mse", "softmax_cross_entropy", "chain")
 
 
 def _loop(step, state, steps: int):
@@ -58,6 +58,7 @@ def _numpy_like(module, name: str) -> SimpleNamespace:
         where=module.where,
         concatenate=module.concatenate,
         stack=module.stack,
+        arange=module.arange,
         mse=mse,
         softmax_cross_entropy=softmax_cross_entropy,
         chain=_loop,
@@ -131,6 +132,7 @@ def torch_namespace() -> SimpleNamespace:
         where=torch.where,
         concatenate=lambda arrays, axis=0: torch.cat(tuple(arrays), dim=axis),
         stack=lambda arrays, axis=0: torch.stack(tuple(arrays), dim=axis),
+        arange=torch.arange,
         mse=mse,
         softmax_cross_entropy=softmax_cross_entropy,
         ones_like=torch.ones_like,

@@ -56,7 +56,7 @@ class ArrayModelFile:
 
 
 def _arrays(made) -> tuple:
-    return tuple(made) if isinstance(made, (tuple, list)) else (made,)
+    return made if isinstance(made, (tuple, list)) else (made,)
 
 
 def array_form(path: Path, module) -> ArrayModelFile:
@@ -113,10 +113,11 @@ class _Probe:
         raise _UnknownName(name)
 
 
-def lacking(used: set[str]) -> dict[str, list[str]]:
-    """Per engine, the `xp` names the loss used that its namespace does not offer."""
-    return {engine: missing for engine in ARRAY_ENGINES
-            if (missing := sorted(name for name in used if not hasattr(engine_namespace(engine), name)))}
+def lacking(used: set[str], spaces: Mapping[str, Any] | None = None) -> dict[str, list[str]]:
+    """Per engine, the `xp` names the loss used that its namespace (`spaces[engine]`) does not offer."""
+    spaces = spaces or {engine: engine_namespace(engine) for engine in ARRAY_ENGINES}
+    return {engine: missing for engine, space in spaces.items()
+            if (missing := sorted(name for name in used if not hasattr(space, name)))}
 
 
 def _checked_arrays(path: Path, made: tuple, function: str, floating: bool) -> None:

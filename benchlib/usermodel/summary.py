@@ -1,4 +1,4 @@
-"""The summary a model file's run opens with: one line per engine, the same rows as its headline table."""
+"""The summary a model file's run opens with (either form): one line per engine, the same rows as its headline table."""
 
 from __future__ import annotations
 
@@ -53,6 +53,8 @@ def summary_table(records: pd.DataFrame) -> pd.DataFrame:
     best = min(samples, key=lambda engine: np.median(samples[engine]["peak_bytes"]), default=None)
     # a tiny step can peak below RSS's page resolution: 0 bytes is no denominator for a ratio
     comparable = best is not None and bool(np.all(samples[best]["peak_bytes"] > 0))
+    # the array form measures no roles: its lines say nothing of them rather than "not measured" on each
+    any_roles = any(role in metrics for metrics in samples.values() for role in STEP_ROLES)
     for engine, group in records.groupby("variant", sort=False):
         statuses = group[group["metric"].isin(["failed", "not_applicable"])]
         if engine not in samples:
@@ -73,9 +75,10 @@ def summary_table(records: pd.DataFrame) -> pd.DataFrame:
             ratio_text = "lowest" if engine == best else "no ratio (the lowest peak is 0: below the resolution)"
         else:
             ratio_text = "best" if engine == best else f"{ratio:.2f}x{_bracket(ratio_low, ratio_high, '{:.2f}'.format)} the best"
-        role_text = f"mostly {STEP_ROLES[role]} ({format_bytes(int(roles[role]))})" if role else "roles not measured"
+        role_text = (f"  mostly {STEP_ROLES[role]} ({format_bytes(int(roles[role]))})" if role
+                     else "  roles not measured" if any_roles else "")
         line = (f"{engine:<19} peak +{format_bytes(int(peak))}{_bracket(low, high, lambda v: format_bytes(int(v)))}"
-                f"  {ratio_text}  {role_text}  {format_seconds(time_s)}/step"
+                f"  {ratio_text}{role_text}  {format_seconds(time_s)}/step"
                 + ("" if math.isnan(error) else f"  grad err {error:.1e}")
                 + (" (failed in a later trial)" if len(statuses) else ""))
         rows.append({"engine": engine, "status": "ok" if not len(statuses) else "partial",
