@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from benchlib.engines import get_engine
 from benchlib.engine_names import AUTOGRAD, BENCHLIB_CHECKPOINT, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, TORCH, TORCH_FUNC
 from benchlib.usermodel.compare import Form, Plan
 from benchlib.engines.namespaces import OP_NAMES
@@ -87,8 +88,6 @@ def read_array_file(path: str | Path) -> ArrayModelFile:
 @functools.lru_cache(maxsize=None)
 def engine_namespace(engine: str, device: str = "cpu"):
     """The `xp` `engine` hands the loss on `device` (torch.func: torch's)."""
-    from benchlib.engines import get_engine
-
     return get_engine(TORCH if engine == TORCH_FUNC else engine).namespace(device)
 
 
@@ -121,6 +120,7 @@ def lacking(used: set[str], spaces: Mapping[str, Any] | None = None) -> dict[str
 
 
 def _checked_arrays(path: Path, made: tuple, function: str, floating: bool) -> None:
+    """NumPy arrays only; params (`floating`) at least one, of one dtype with a gradient tolerance; data may be empty."""
     if not made or not all(isinstance(a, np.ndarray) for a in made):
         if made or floating:
             raise refuse(path, f"{function}(**params) must return a tuple of NumPy arrays, got {kind(made)}")
@@ -163,8 +163,6 @@ def check_array_form(model_file: ArrayModelFile, values: Mapping[str, Any]) -> N
 def _plan(model_file: ArrayModelFile, values: dict, device) -> Plan:
     """Built once at the run's values: the dtype, and why an engine does not apply (its device, its
     namespace lacks a name the loss uses, torch has no torch.func)."""
-    from benchlib.engines import get_engine
-
     params, data = model_file.build(values)
     probe = _Probe()
     model_file.loss(probe, *params, *data)
