@@ -1,4 +1,4 @@
-"""benchlib.usermodel: a model file in the torch form, refused before anything runs when it is not one,
+"""benchlib.usermodel: a model file in the torch form (the array form: test_usermodel_arrays.py), refused before anything runs when it is not one,
 its engines' gradients and roles, and the file run end to end through the command."""
 
 import json
@@ -94,8 +94,8 @@ def refusal(tmp_path, capsys, text, *extra, name="model.py"):
      "{path}: batch(**params) must return a tensor or a tuple of tensors, got a list of int, int"),
     (GOOD + "\nraise_here = 0\ndef model(width, n):\n    return 1 / raise_here\n", "model.py",
      "{path}, line 19, in model: return 1 / raise_here: model(**params) raised ZeroDivisionError"),
-    ("def loss(xp, x):\n    return xp.sum(x * x)\n", "model.py", "{path}: is in the array form (loss(xp, ...) over "
-     "an array namespace), which is not supported yet; write the torch form"),
+    ("def loss(xp, x):\n    return xp.sum(x * x)\n", "model.py", "{path}: loss(xp, ...) is the array form's, which "
+     "also needs params and data functions: params(**params) -> tuple of NumPy arrays"),
 ])
 def test_a_file_not_in_the_torch_form_is_refused_with_exit_2_naming_file_and_function(tmp_path, capsys, text, name, message):
     error = refusal(tmp_path, capsys, text, name=name)

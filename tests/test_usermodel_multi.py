@@ -17,6 +17,7 @@ from benchlib.runner.notebooks import find_project_notebooks, select_notebooks
 from benchlib.usermodel import version_labels
 from benchlib.usermodel.summary import summary_table
 from test_usermodel import GOOD
+from test_usermodel_arrays import RESIDUAL
 
 # MEGABYTES alive in loss: the peak is dominated by a size RSS resolves exactly, not by the tiny model
 MODEL = GOOD.replace("    return ((model(x) - y) ** 2).mean()", """    extra = torch.ones(MEGABYTES * 250_000)
@@ -55,12 +56,45 @@ def test_two_versions_run_interleaved_with_a_summary_line_comparing_them(tmp_pat
     # 2 versions x 2 engines x 2 trials, each child at its own position in one shuffled order
     assert sorted(position for _, _, position in positions) == list(range(8))
     assert {p["file"] for p in params} == {str(first.resolve()), str(second.resolve())}
-    assert "v2 vs v1: torch             peak ratio" in printed
+    assert "v2 vs v1: torch               peak ratio" in printed
     summary = summary_table(records)
     ratio = summary[(summary["version"] == "v2 vs v1") & (summary["engine"] == "torch")]["peak_ratio"].item()
     assert ratio > 2  # 48 MB more alive in v2's loss
     assert set(load_run_info(run)["model_files"]) == {"tiny/v1", "tiny/v2"}
     assert {f"tiny_{name}.json" for name in ("peak", "roles")} <= {p.name for p in (run / "figures").iterdir()}
+
+
+def test_versions_of_one_name_in_two_forms_are_refused_with_exit_2(tmp_path, capsys):
+    torch_file = version(tmp_path, "v1.py", 1)
+    array_file = tmp_path / "v2.py"
+    array_file.write_text(textwrap.dedent(RESIDUAL).replace('"residual"', '"tiny"'))
+    out = tmp_path / "out"
+    assert main(["run", str(torch_file), str(array_file), "--quick", "--out", str(out)]) == 2 and not out.exists()
+    error = capsys.readouterr().err
+    assert error.startswith("benchlib: error: ") and "Traceback" not in error and error.count("\n") == 1
+    assert f"{array_file.resolve()}: it is of the array form, v1.py of the torch form" in error
+
+
+@pytest.mark.slow
+def test_two_array_form_versions_run_interleaved_with_a_summary_line_comparing_them(tmp_path, capsys):
+    first = tmp_path / "v1.py"
+    first.write_text(textwrap.dedent(RESIDUAL))
+    second = tmp_path / "v2.py"  # two more steps of the chain: more saved for the gradient
+    second.write_text(textwrap.dedent(RESIDUAL).replace("STEPS = 3", "STEPS = 5"))
+    out = tmp_path / "out"
+    assert main(["run", str(first), str(second), "--quick", "--device", "cpu", "-p", "engines=torch,autograd",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    (run,) = out.iterdir()
+    records = load_records(run)
+    assert set(records["case"]) == {"v1", "v2"} and set(records["variant"]) == {"torch", "autograd"}
+    params = records[records["metric"] == "peak_bytes"]["params"].map(json.loads)
+    assert sorted(p["position"] for p in params) == list(range(8))
+    assert {p["version"] for p in params} == {"v1", "v2"}
+    assert "v2 vs v1: torch               peak ratio" in printed and "roles" not in printed
+    errors = records[records["metric"] == "grad_max_rel_err"]
+    assert set(zip(errors["case"], errors["variant"])) == {("v1", "autograd"), ("v2", "autograd")}
+    assert {p.name for p in (run / "figures").iterdir()} >= {"residual_peak.json"}
 
 
 @pytest.mark.slow

@@ -148,6 +148,24 @@ class NumpyBackend:
     def one_hot(self, labels, classes: int, dtype):
         return np.eye(classes, dtype=dtype)[labels]
 
+    def sqrt(self, x):
+        return np.sqrt(x)
+
+    def where(self, condition, a, b):
+        return np.where(condition, a, b)
+
+    def concatenate(self, arrays, axis):
+        return np.concatenate(arrays, axis)
+
+    def stack(self, arrays, axis):
+        return np.stack(arrays, axis)
+
+    def index_add(self, g, shape, index):
+        """Zeros of `shape` with `g` added at `index` (an index repeated adds up, as in the forward pass it reads twice)."""
+        out = np.zeros(shape, dtype=g.dtype)
+        np.add.at(out, index, g)
+        return out
+
 
 class TorchBackend:
     """torch tensors on any device; the backward pass runs under `torch.no_grad()`."""
@@ -280,6 +298,25 @@ class TorchBackend:
 
     def one_hot(self, labels, classes: int, dtype):
         return self.torch.nn.functional.one_hot(labels.long(), classes).to(dtype)
+
+    def sqrt(self, x):
+        return self.torch.sqrt(x)
+
+    def where(self, condition, a, b):
+        return self.torch.where(condition, a, b)
+
+    def concatenate(self, arrays, axis):
+        return self.torch.cat(tuple(arrays), dim=axis)
+
+    def stack(self, arrays, axis):
+        return self.torch.stack(tuple(arrays), dim=axis)
+
+    def index_add(self, g, shape, index):
+        """Zeros of `shape` with `g` added at `index`, repeated positions adding up (any index torch reads)."""
+        out = self.torch.zeros(shape, dtype=g.dtype, device=g.device)
+        positions = self.torch.arange(out.numel(), device=g.device).reshape(shape)[index]
+        out.view(-1).index_add_(0, positions.reshape(-1), g.reshape(-1))
+        return out
 
 
 NUMPY = NumpyBackend()

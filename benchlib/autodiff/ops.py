@@ -3,7 +3,8 @@
 Each primitive's VJPs are written once against the backend `xp` of its inputs. Called on plain
 arrays (nothing traced) these are ordinary array functions, so a loss written with them runs
 unchanged inside and outside `grad`. Operators on traced values (`+ - * / @ **`, unary `-`,
-`.T`) map to the primitives here.
+`.T`, indexing) map to the primitives here; comparisons (`< <= > >=`) give plain boolean arrays,
+for `where`.
 
 dtype rule: a Python scalar, NumPy scalar or 0-d array combined with arrays takes the arrays'
 dtype, so float32 computations stay float32 (and float64 stay float64).
@@ -11,7 +12,12 @@ dtype, so float32 computations stay float32 (and float64 stay float64).
 
 from __future__ import annotations
 
+import builtins
+import functools
 import math
+import operator
+
+import numpy as np
 
 from benchlib.autodiff.core import Primitive, Tracer
 
@@ -19,7 +25,13 @@ __all__ = [
     "add", "subtract", "multiply", "divide", "negative", "power",
     "dot", "matmul", "tanh", "exp", "log", "sum", "mean", "reshape", "transpose",
     "maximum", "relu", "mse", "softmax_cross_entropy", "chain",
+    "sqrt", "max", "where", "concatenate", "stack", "arange",
 ]  # fmt: skip
+
+
+def arange(*args, **kwargs):
+    """NumPy's `arange`: integers to index with (say, each row's label), never differentiated."""
+    return np.arange(*args, **kwargs)
 
 
 def chain(step, state, steps: int):
@@ -98,6 +110,7 @@ def dot(a, b):
 tanh = Primitive("tanh", lambda xp, x: xp.tanh(x), (lambda xp, g, s: g * (1 - s.output * s.output),), save=("output",))
 exp = Primitive("exp", lambda xp, x: xp.exp(x), (lambda xp, g, s: g * s.output,), save=("output",))
 log = Primitive("log", lambda xp, x: xp.log(x), (lambda xp, g, s: g / s.args[0],), save=("inputs",))
+sqrt = Primitive("sqrt", lambda xp, x: xp.sqrt(x), (lambda xp, g, s: g / (2 * s.output),), save=("output",))
 
 
 def _reduced_axes(shape, axis) -> list[int]:
@@ -105,13 +118,18 @@ def _reduced_axes(shape, axis) -> list[int]:
     return list(range(ndim)) if axis is None else [a % ndim for a in ((axis,) if isinstance(axis, int) else axis)]
 
 
-def _sum_vjp(xp, g, s):
-    """g spread back over the reduced axes (reshaped first to keep them, unless keepdims did)."""
+def _kept(xp, value, s):
+    """A reduction's result (or its gradient) with the reduced axes kept as 1, as keepdims would have it."""
+    if s.kwargs["keepdims"]:
+        return value
     shape = s.shapes[0]
-    if not s.kwargs["keepdims"]:
-        axes = _reduced_axes(shape, s.kwargs["axis"])
-        g = xp.reshape(g, tuple(1 if i in axes else n for i, n in enumerate(shape)))
-    return xp.broadcast_copy(g, shape)
+    axes = _reduced_axes(shape, s.kwargs["axis"])
+    return xp.reshape(value, tuple(1 if i in axes else n for i, n in enumerate(shape)))
+
+
+def _sum_vjp(xp, g, s):
+    """g spread back over the reduced axes."""
+    return xp.broadcast_copy(_kept(xp, g, s), s.shapes[0])
 
 
 def _mean_vjp(xp, g, s):
@@ -122,6 +140,21 @@ def _mean_vjp(xp, g, s):
 
 _sum = Primitive("sum", lambda xp, x, axis=None, keepdims=False: xp.sum(x, axis, keepdims), (_sum_vjp,))
 _mean = Primitive("mean", lambda xp, x, axis=None, keepdims=False: xp.mean(x, axis, keepdims), (_mean_vjp,))
+
+
+def _max_vjp(xp, g, s):
+    """g to the largest entries, shared equally among ties (as torch.amax and HIPS autograd do)."""
+    winners = xp.mask(s.args[0] == _kept(xp, s.output, s), g.dtype)
+    return winners * (_kept(xp, g, s) / xp.sum(winners, s.kwargs["axis"], True))
+
+
+_max = Primitive("max", lambda xp, x, axis=None, keepdims=False: xp.amax(x, axis, keepdims), (_max_vjp,),
+                 save=("inputs", "output"))
+
+
+def max(x, axis=None, keepdims=False):  # noqa: A001 - NumPy's name, on purpose
+    """Largest entry over `axis` (None: all; int or tuple), as `np.max`."""
+    return _max(x, axis=axis, keepdims=keepdims)
 
 
 def sum(x, axis=None, keepdims=False):  # noqa: A001 - NumPy's name, on purpose
@@ -179,6 +212,65 @@ maximum = Primitive(
 relu = Primitive(
     "relu", lambda xp, x: xp.relu(x), (lambda xp, g, s: g * xp.mask(s.output > 0, g.dtype),), save=("output",)
 )
+
+
+where = Primitive(
+    "where",
+    lambda xp, condition, a, b: xp.where(condition, a, b),
+    (None, lambda xp, g, s: g * xp.mask(s.args[0], g.dtype), lambda xp, g, s: g * (1 - xp.mask(s.args[0], g.dtype))),
+    save=("inputs",),
+)
+where.__doc__ = "`a` where `condition` (a boolean array, e.g. `x > 0`, never differentiated) holds, else `b`."
+
+
+def _concatenate_vjp(position: int):
+    def vjp(xp, g, s):
+        axis = s.kwargs["axis"] % len(s.shapes[0])
+        start = builtins.sum(shape[axis] for shape in s.shapes[:position])
+        return xp.copy(g[(slice(None),) * axis + (slice(start, start + s.shapes[position][axis]),)])
+
+    return vjp
+
+
+def _stack_vjp(position: int):
+    def vjp(xp, g, s):
+        return xp.copy(g[(slice(None),) * (s.kwargs["axis"] % (len(s.shapes[0]) + 1)) + (position,)])
+
+    return vjp
+
+
+@functools.lru_cache(maxsize=None)
+def _joining(name: str, count: int) -> Primitive:
+    """concatenate or stack of `count` arrays: one VJP per array, so the primitive is made per count."""
+    vjp = _concatenate_vjp if name == "concatenate" else _stack_vjp
+    return Primitive(name, lambda xp, *arrays, axis: getattr(xp, name)(arrays, axis),
+                     tuple(vjp(position) for position in range(count)))
+
+
+def concatenate(arrays, axis=0):
+    """Join arrays along an existing `axis`, as `np.concatenate` (axis=None is not supported)."""
+    arrays = tuple(arrays)
+    return _joining("concatenate", len(arrays))(*arrays, axis=axis)
+
+
+def stack(arrays, axis=0):
+    """Join arrays along a new `axis`, as `np.stack`."""
+    arrays = tuple(arrays)
+    return _joining("stack", len(arrays))(*arrays, axis=axis)
+
+
+def _index_vjp(xp, g, s):
+    return xp.index_add(g, s.shapes[0], s.kwargs["index"])
+
+
+_index = Primitive("getitem", lambda xp, x, index: x[index], (_index_vjp,))
+
+
+def _getitem(self, index):
+    parts = index if isinstance(index, tuple) else (index,)
+    if any(isinstance(part, Tracer) for part in parts):
+        raise TypeError("an index cannot be a traced (differentiated) array; index with integers, slices or data arrays")
+    return _index(self, index=index)
 
 
 def _mse_forward(xp, prediction, target):
@@ -251,3 +343,12 @@ Tracer.__matmul__, Tracer.__rmatmul__ = _binary(matmul), _binary(matmul, True)
 Tracer.__pow__, Tracer.__rpow__ = _binary(power), _binary(power, True)
 Tracer.__neg__ = lambda self: negative(self)
 Tracer.T = property(lambda self: transpose(self))
+Tracer.__getitem__ = _getitem
+
+
+def _compare(op):
+    return lambda self, other: op(self.value, other.value if isinstance(other, Tracer) else other)
+
+
+Tracer.__lt__, Tracer.__le__ = _compare(operator.lt), _compare(operator.le)
+Tracer.__gt__, Tracer.__ge__ = _compare(operator.gt), _compare(operator.ge)

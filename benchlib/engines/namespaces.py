@@ -1,7 +1,8 @@
 """Array namespaces (`xp`) with one set of names, so a loss is written once for every engine.
 
-`benchlib.autodiff.ops` is the reference: `dot`, `matmul`, `tanh`, `exp`, `log`, `sum` and `mean`
-(`axis`, `keepdims`), `reshape`, `transpose`, `maximum`, `relu`, with NumPy's semantics, and the
+`benchlib.autodiff.ops` is the reference: `dot`, `matmul`, `tanh`, `exp`, `log`, `sqrt`, `sum`, `mean`
+and `max` (`axis`, `keepdims`), `reshape`, `transpose`, `maximum`, `relu`, `where`, `concatenate`
+and `stack` (`axis`), `arange` (integers to index with), with NumPy's semantics, and the
 losses `mse(prediction, target)` (mean squared error) and `softmax_cross_entropy(logits, labels)`
 (mean over rows; labels are integer class indices (N,) or probabilities (N, classes)), and
 `chain(step, state, steps)`, a loop an engine may checkpoint. The namespaces here give NumPy, HIPS autograd and torch the same names and semantics, so that the
@@ -14,8 +15,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-OP_NAMES = ("dot", "matmul", "tanh", "exp", "log", "sum", "mean", "reshape", "transpose", "maximum", "relu",
-            "mse", "softmax_cross_entropy", "chain")
+OP_NAMES = ("dot", "matmul", "tanh", "exp", "log", "sqrt", "sum", "mean", "max", "reshape", "transpose", "maximum",
+            "relu", "where", "concatenate", "stack", "arange", "mse", "softmax_cross_entropy", "chain")
 
 
 def _loop(step, state, steps: int):
@@ -46,12 +47,18 @@ def _numpy_like(module, name: str) -> SimpleNamespace:
         tanh=module.tanh,
         exp=module.exp,
         log=module.log,
+        sqrt=module.sqrt,
         sum=module.sum,
         mean=module.mean,
+        max=module.max,
         reshape=module.reshape,
         transpose=module.transpose,
         maximum=module.maximum,
         relu=lambda x: module.maximum(x, 0.0),
+        where=module.where,
+        concatenate=module.concatenate,
+        stack=module.stack,
+        arange=module.arange,
         mse=mse,
         softmax_cross_entropy=softmax_cross_entropy,
         chain=_loop,
@@ -114,12 +121,18 @@ def torch_namespace() -> SimpleNamespace:
         tanh=torch.tanh,
         exp=torch.exp,
         log=torch.log,
+        sqrt=torch.sqrt,
         sum=reduce(torch.sum),
         mean=reduce(torch.mean),
+        max=reduce(torch.amax),
         reshape=torch.reshape,
         transpose=transpose,
         maximum=maximum,
         relu=torch.relu,
+        where=torch.where,
+        concatenate=lambda arrays, axis=0: torch.cat(tuple(arrays), dim=axis),
+        stack=lambda arrays, axis=0: torch.stack(tuple(arrays), dim=axis),
+        arange=torch.arange,
         mse=mse,
         softmax_cross_entropy=softmax_cross_entropy,
         ones_like=torch.ones_like,

@@ -67,8 +67,11 @@ def _parser() -> argparse.ArgumentParser:
     list_parser.add_argument("--notebooks-dir", type=Path, default=None, metavar="DIR")
 
     new_parser = commands.add_parser(
-        "new", help="write a commented example model file (the torch form) to run with `benchlib run FILE`")
+        "new", help="write a commented example model file to run with `benchlib run FILE`")
     new_parser.add_argument("file", type=Path, metavar="FILE", help="the .py file to write (never overwritten)")
+    new_parser.add_argument("--form", choices=("torch", "arrays"), default="torch",
+                            help="torch: an nn.Module, a batch and a loss; arrays: NumPy arrays and a loss over xp, "
+                                 "run under benchlib's engines, HIPS autograd, torch and torch.func (default: torch)")
 
     runs_parser = commands.add_parser("runs", help="past runs under the results directory")
     runs_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root (default: results/)")
@@ -234,14 +237,14 @@ def _merge_records(run_name: str, root: Path | None) -> int:
     return 1 if skipped else 0
 
 
-def _new(path: Path) -> int:
-    from benchlib.usermodel.template import TEMPLATE
+def _new(path: Path, form: str) -> int:
+    from benchlib.usermodel.template import ARRAY_TEMPLATE, TEMPLATE
 
     if path.suffix != ".py":
         raise RunnerError(f"{path}: a model file ends in .py")
     try:
         with open(path, "x", encoding="utf-8") as file:
-            file.write(TEMPLATE)
+            file.write(ARRAY_TEMPLATE if form == "arrays" else TEMPLATE)
     except FileExistsError:
         raise RunnerError(f"{path} exists; benchlib new never overwrites a file (choose another name)") from None
     except OSError as error:
@@ -286,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if arguments.command == "merge-records":
             return _merge_records(arguments.run, arguments.out)
         if arguments.command == "new":
-            return _new(arguments.file)
+            return _new(arguments.file, arguments.form)
         params = _params(arguments.param)
         result = run(
             arguments.notebooks,

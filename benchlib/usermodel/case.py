@@ -16,7 +16,7 @@ from benchlib.engine_names import TORCH_FUNC
 from benchlib.engines.roles import GRADIENT_METRIC, SAVED_METRIC, SavedTensors
 from benchlib.measure import Case
 from benchlib.usermodel.engines import LiveBytes, Step, storage_bytes
-from benchlib.usermodel.loader import ModelFile, read_model_file
+from benchlib.usermodel.loader import ModelFile, guarded, read_model_file
 
 PARAMETER_METRIC = "role_parameter_bytes"
 OPTIMIZER_METRIC = "role_optimizer_bytes"
@@ -24,17 +24,6 @@ ROLE_METRICS = (
     (PARAMETER_METRIC, "B", "memory", "the model's parameters (held before every step: in the baseline, not the peak)"),
     (OPTIMIZER_METRIC, "B", "memory", "the optimizer's state (held before every step: in the baseline, not the peak)"),
 )
-
-
-class UserCodeError(RuntimeError):
-    """An exception in the model file's own code during a case; the message names the file's line."""
-
-
-def _guarded(model_file: ModelFile, what: str, fn, *args):
-    try:
-        return fn(*args)
-    except Exception as error:
-        raise UserCodeError(model_file.user_error(error, what)) from error
 
 
 def _roles(step: Step) -> dict[str, float]:
@@ -66,14 +55,14 @@ def _gradient(model_file: ModelFile, engine: str, values: dict, device: Any) -> 
 
 def case(*, device, path: str, engine: str, values: dict, gradient_dir: str) -> Case:
     model_file = read_model_file(path)
-    model, batch = _guarded(model_file, "model or batch (building the case)", model_file.build, values, device.torch)
-    step = _guarded(model_file, f"{engine}'s set-up (optimizer)", Step, engine, model, batch, model_file.loss,
+    model, batch = guarded(model_file, "model or batch (building the case)", model_file.build, values, device.torch)
+    step = guarded(model_file, f"{engine}'s set-up (optimizer)", Step, engine, model, batch, model_file.loss,
                     model_file.optimizer)
     what = f"the {engine} step"
 
     def check(_result) -> dict[str, float]:
-        roles = _guarded(model_file, what, _roles, step)
-        save_gradient(_guarded(model_file, what, _gradient, model_file, engine, values, device), gradient_dir, engine)
+        roles = guarded(model_file, what, _roles, step)
+        save_gradient(guarded(model_file, what, _gradient, model_file, engine, values, device), gradient_dir, engine)
         return roles
 
-    return Case(lambda: _guarded(model_file, what, step), check)
+    return Case(lambda: guarded(model_file, what, step), check)

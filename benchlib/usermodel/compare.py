@@ -2,13 +2,15 @@
 
 Engines that cannot run the file's step are recorded as not applicable with the reason; a case
 whose child fails (the user's code raised, a crash, a timeout) is recorded as failed with its
-message and the other cases still run. Gradients are compared with eager torch's in the parent.
+message and the other cases still run. Gradients are compared with the reference engine's (eager
+torch) in the parent. A `Form` says what differs between the torch form and the array form.
 """
 
 from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,32 +28,53 @@ STEPS = 5  # timed steps per process (their median is a trial's time)
 ORDER_SEED = 0
 
 
-def _applicability(model_file: ModelFile, values: dict) -> tuple[dict[str, str], dict[str, Any]]:
-    """Per engine, why it does not apply; and the facts every record carries (dtype, what is checkpointed),
-    from the model built once here at the run's values."""
+@dataclass(frozen=True)
+class Plan:
+    """One run's facts, from the file's pieces built once in the parent at the run's values."""
+
+    reasons: dict[str, str]  # engine -> why it does not apply
+    dtype: str
+    engine_params: dict[str, dict]  # engine -> extra params its records carry
+
+
+@dataclass(frozen=True)
+class Form:
+    """What a model file's form gives the run: the child target, its engines (the reference runs
+    first) and `plan(model_file, values, device) -> Plan`."""
+
+    target: str
+    engines: tuple[str, ...]
+    reference: str
+    plan: Callable[[Any, dict, Any], Plan]
+
+
+def _torch_plan(model_file: ModelFile, values: dict, device) -> Plan:
     model, _ = model_file.build(values)
     first = next(model.parameters(), None)
-    facts = {"dtype": str(first.dtype).removeprefix("torch.") if first is not None else "float32",
-             "checkpoint": checkpoint_plan(model)}
     reasons = {engine: reason for engine in ENGINES
                if (reason := not_applicable(engine, model, model_file.optimizer is not None)) is not None}
-    return reasons, facts
+    return Plan(reasons, str(first.dtype).removeprefix("torch.") if first is not None else "float32",
+                {TORCH_CHECKPOINT: {"checkpoint": checkpoint_plan(model)}})
 
 
-def _trial_order(units: list[tuple[str, str]], trials: int) -> list[tuple[int, tuple[str, str]]]:
+TORCH_FORM = Form(TARGET, ENGINES, REFERENCE, _torch_plan)
+
+
+def _trial_order(units: list[tuple[str, str]], trials: int, reference: str) -> list[tuple[int, tuple[str, str]]]:
     """(trial, (version, engine)) in the order the children run: every unit once per round, rounds
     shuffled, so drift falls on every version and engine alike; each version's reference opens the
     first round, so the other engines' gradients have one to be checked against."""
     keys = {f"{version}/{engine}": (version, engine) for version, engine in units}
     order = [(trial, keys[key]) for trial, key in trial_order(keys, trials, ORDER_SEED, first="")]
-    first = sorted((item for item in order if item[0] == 0), key=lambda item: item[1][1] != REFERENCE)
+    first = sorted((item for item in order if item[0] == 0), key=lambda item: item[1][1] != reference)
     return first + [item for item in order if item[0] > 0]
 
 
-def measure_model_files(versions: Mapping[str, ModelFile], config: Config, device,
+def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config, device,
                         progress: Callable[[str], None] = print) -> list[dict]:
     """The records of every version's engines at `config`'s values on `device`, `config.trials` fresh
-    processes each, all interleaved. One version is case `step`; several are one case each, named by version."""
+    processes each, all interleaved. Every version is of one form, whose `Form` gives the engines, the
+    reference and the child. One version is case `step`; several are one case each, named by version."""
     from benchlib.measure import CaseFailed, IsolationOptions, run_isolated
     from benchlib.measure.allocations import memray_available
     from benchlib.results import make_record, status_record
@@ -59,12 +82,12 @@ def measure_model_files(versions: Mapping[str, ModelFile], config: Config, devic
     first = next(iter(versions.values()))
     values = {name: config.plain()[name] for name in first.parameters}
     trials, name = config.trials, first.name
-    engines = [engine for engine in ENGINES if engine in config.engines]
+    engines, reference_engine = [engine for engine in form.engines if engine in config.engines], form.reference
     several = len(versions) > 1
     cases = {version: version if several else CASE for version in versions}
     shown = {version: f"{name} {version}" if several else name for version in versions}  # progress lines
     records: dict[str, list[dict]] = {version: [] for version in versions}
-    base, labels, units, plans = {}, {}, [], {}
+    base, labels, units, engine_params = {}, {}, [], {}
 
     def note(version: str, engine: str, status: str, message: str, params: dict) -> None:
         records[version].append(status_record(**labels[version, engine], status=status, message=message, params=params))
@@ -75,34 +98,34 @@ def measure_model_files(versions: Mapping[str, ModelFile], config: Config, devic
                          "trials": trials, "order_seed": ORDER_SEED, "warmup": WARMUP, "steps": STEPS}
         status = "not_applicable"
         try:
-            reasons, facts = _applicability(model_file, values)
-        except Exception as error:  # the user's model does not build at these values: every case fails alike
-            message = model_file.user_error(error, "model or batch (at the run's values)")
-            status, reasons, facts = "failed", dict.fromkeys(engines, message), {"dtype": "float32"}
-        plans[version] = facts.get("checkpoint")
+            plan = form.plan(model_file, values, device)
+        except Exception as error:  # the user's code fails at these values: every case fails alike
+            message = model_file.user_error(error, "building the case (at the run's values)")
+            status, plan = "failed", Plan(dict.fromkeys(engines, message), "float32", {})
+        engine_params[version] = plan.engine_params
         for engine in engines:
             labels[version, engine] = dict(benchmark=name, case=cases[version], engine=engine, device=device.name,
-                                           dtype=facts["dtype"])
-            if engine in reasons:
-                note(version, engine, status, reasons[engine], base[version])
+                                           dtype=plan.dtype)
+            if engine in plan.reasons:
+                note(version, engine, status, plan.reasons[engine], base[version])
             else:
                 units.append((version, engine))
     track = device.is_cuda or memray_available()
-    failed, reference = set(), {version: f"{REFERENCE} did not run, so there is no gradient to compare with"
+    failed, reference = set(), {version: f"{reference_engine} did not run, so there is no gradient to compare with"
                                 for version in versions}
     with tempfile.TemporaryDirectory(prefix="benchlib-usermodel-") as gradients:
         folders = {version: Path(gradients) / str(index) for index, version in enumerate(versions)}
         for folder in folders.values():
             folder.mkdir()
-        for position, (trial, (version, engine)) in enumerate(_trial_order(units, trials)):
+        for position, (trial, (version, engine)) in enumerate(_trial_order(units, trials, reference_engine)):
             if (version, engine) in failed:
                 continue
             model_file, gradient_dir = versions[version], folders[version]
             params = {**base[version], "trial": trial, "position": position,
-                      **({"checkpoint": plans[version]} if engine == TORCH_CHECKPOINT else {})}
+                      **engine_params[version].get(engine, {})}
             try:
-                result = run_isolated(TARGET, {"path": str(model_file.path), "engine": engine, "values": values,
-                                               "gradient_dir": str(gradient_dir)},
+                result = run_isolated(form.target, {"path": str(model_file.path), "engine": engine, "values": values,
+                                                    "gradient_dir": str(gradient_dir)},
                                       name=f"{name}/{cases[version]}/{engine}", device=device.name,
                                       options=IsolationOptions(warmup=WARMUP, repeats=STEPS, track_allocations=track,
                                                                timeline=False))
@@ -110,15 +133,15 @@ def measure_model_files(versions: Mapping[str, ModelFile], config: Config, devic
                 later = f" (its {trials - trial - 1} later trial(s) skipped)" if trial < trials - 1 else ""
                 note(version, engine, "failed", f"trial {trial + 1} of {trials}: {error}{later}", params)
                 failed.add((version, engine))
-                if engine == REFERENCE:
-                    reference[version] = f"{REFERENCE} failed, so there is no gradient to compare with"
+                if engine == reference_engine:
+                    reference[version] = f"{reference_engine} failed, so there is no gradient to compare with"
                 continue
             checks = dict(result.checks)
             params.update({key: result.environment[key] for key in ("malloc_policy", "malloc_env")})
-            if engine == REFERENCE:
+            if engine == reference_engine:
                 reference[version] = None
             elif reference[version] is None:
-                checks[GRAD_ERROR_METRIC] = saved_gradient_error(gradient_dir, engine, REFERENCE)
+                checks[GRAD_ERROR_METRIC] = saved_gradient_error(gradient_dir, engine, reference_engine)
                 gradient_file(gradient_dir, engine).unlink()
             else:
                 records[version].append(make_record(**labels[version, engine], metric=GRAD_UNCHECKED_METRIC, value=1.0,
@@ -130,3 +153,8 @@ def measure_model_files(versions: Mapping[str, ModelFile], config: Config, devic
                      + (f", {GRAD_ERROR_METRIC} {checks[GRAD_ERROR_METRIC]:.3g}" if GRAD_ERROR_METRIC in checks else ""))
     return [record for version in versions for record in records[version]]
 
+
+def measure_model_file(model_file, form: Form, config: Config, device,
+                       progress: Callable[[str], None] = print) -> list[dict]:
+    """One file's records: `measure_model_files` with it as the only version (case `step`)."""
+    return measure_model_files({model_file.path.stem: model_file}, form, config, device, progress)

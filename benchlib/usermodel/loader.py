@@ -1,4 +1,6 @@
-"""A user's model file in the torch form, read and checked before anything is measured.
+"""A user's model file, read and checked before anything is measured: the torch form here, and what
+both forms share (import, NAME/PARAMETERS/QUICK, refusals, errors naming the user's line); the
+array form's own checks are in `benchlib.usermodel.arrays`.
 
     def model(**params) -> torch.nn.Module
     def batch(**params) -> a tensor or a tuple of tensors
@@ -27,11 +29,13 @@ from typing import Any
 REQUIRED = ("model", "batch", "loss")
 FORM = ("model(**params) -> torch.nn.Module, batch(**params) -> tensor or tuple of tensors, "
         "loss(model, *batch) -> 0-dim tensor, and optionally optimizer(parameters) -> torch.optim.Optimizer")
+ARRAY_FORM = ("params(**params) -> tuple of NumPy arrays (differentiated), data(**params) -> tuple of NumPy "
+              "arrays, loss(xp, *params, *data) -> scalar")
 SEED = 0  # every process builds the same initial model and batch: gradients compare across engines
 
 
 class ModelFileError(ValueError):
-    """A model file the torch form refuses; the one message names the file, the function and what is expected."""
+    """A model file its form refuses; the one message names the file, the function and what is expected."""
 
 
 @dataclass(frozen=True)
@@ -48,11 +52,7 @@ class ModelFile:
     quick: dict[str, Any]
 
     def user_error(self, error: BaseException, function: str) -> str:
-        """`error`, raised while running `function`, as one line naming the file's own line that raised it."""
-        frames = [frame for frame in traceback.extract_tb(error.__traceback__)
-                  if Path(frame.filename).resolve() == self.path]
-        where = f", line {frames[-1].lineno}, in {frames[-1].name}: {(frames[-1].line or '').strip()}" if frames else ""
-        return f"{self.path}{where}: {function} raised {type(error).__name__}: {error}"
+        return user_error(self.path, error, function)
 
     def build(self, values: Mapping[str, Any], device: Any = None) -> tuple[Any, tuple]:
         """The model and batch at `values`, seeded, on `device` (a torch.device; None keeps them where made)."""
@@ -69,7 +69,26 @@ class ModelFile:
         return module, tuple(tensors)
 
 
-def _refuse(path: Path, what: str) -> ModelFileError:
+class UserCodeError(RuntimeError):
+    """An exception in the model file's own code during a case; the message names the file's line."""
+
+
+def user_error(path: Path, error: BaseException, function: str) -> str:
+    """`error`, raised while running `function`, as one line naming the file's own line that raised it."""
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if Path(frame.filename).resolve() == path]
+    where = f", line {frames[-1].lineno}, in {frames[-1].name}: {(frames[-1].line or '').strip()}" if frames else ""
+    return f"{path}{where}: {function} raised {type(error).__name__}: {error}"
+
+
+def guarded(model_file, what: str, fn, *args):
+    """`fn(*args)`; an exception in it becomes a UserCodeError naming the file's line that raised it."""
+    try:
+        return fn(*args)
+    except Exception as error:
+        raise UserCodeError(model_file.user_error(error, what)) from error
+
+
+def refuse(path: Path, what: str) -> ModelFileError:
     return ModelFileError(f"{path}: {what}")
 
 
@@ -84,7 +103,7 @@ def _import(path: Path):
     try:
         compile(source, str(path), "exec")
     except SyntaxError as error:
-        raise _refuse(path, f"is not valid Python: {error.msg} (line {error.lineno})") from error
+        raise refuse(path, f"is not valid Python: {error.msg} (line {error.lineno})") from error
     name = _module_name(path)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -97,76 +116,96 @@ def _import(path: Path):
         del sys.modules[name]
         frames = [f for f in traceback.extract_tb(error.__traceback__) if Path(f.filename).resolve() == path]
         line = f" at line {frames[-1].lineno} ({(frames[-1].line or '').strip()})" if frames else ""
-        raise _refuse(path, f"fails at import{line}: {type(error).__name__}: {error}") from error
+        raise refuse(path, f"fails at import{line}: {type(error).__name__}: {error}") from error
     return module
 
 
-def _signature(path: Path, function: Callable, name: str) -> inspect.Signature:
+def signature(path: Path, function: Callable, name: str) -> inspect.Signature:
     try:
         return inspect.signature(function)
     except (TypeError, ValueError) as error:
-        raise _refuse(path, f"{name} has no signature inspect can read ({error})") from None
+        raise refuse(path, f"{name} has no signature inspect can read ({error})") from None
 
 
 def _check_signatures(path: Path, module, parameters: Mapping[str, Any]) -> None:
     for name in ("model", "batch"):
         try:
-            _signature(path, getattr(module, name), name).bind(**parameters)
+            signature(path, getattr(module, name), name).bind(**parameters)
         except TypeError as error:
             listed = ", ".join(parameters) or "none declared"
-            raise _refuse(path, f"{name} must accept every PARAMETERS name as a keyword argument, {name}(**params) "
+            raise refuse(path, f"{name} must accept every PARAMETERS name as a keyword argument, {name}(**params) "
                                 f"(PARAMETERS: {listed}): {error}") from None
-    loss = _signature(path, module.loss, "loss")
+    loss = signature(path, module.loss, "loss")
     positional = [p for p in loss.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD,
                                                                      p.VAR_POSITIONAL)]
     if not positional:
-        raise _refuse(path, f"loss{loss} must accept (model, *batch): the model first, then the batch's tensors")
+        raise refuse(path, f"loss{loss} must accept (model, *batch): the model first, then the batch's tensors")
     optimizer = getattr(module, "optimizer", None)
     if optimizer is not None:
         if not callable(optimizer):
-            raise _refuse(path, "optimizer must be a function optimizer(parameters) -> torch.optim.Optimizer")
+            raise refuse(path, "optimizer must be a function optimizer(parameters) -> torch.optim.Optimizer")
         try:
-            _signature(path, optimizer, "optimizer").bind(object())
+            signature(path, optimizer, "optimizer").bind(object())
         except TypeError as error:
-            raise _refuse(path, f"optimizer must accept one argument, optimizer(parameters): {error}") from None
+            raise refuse(path, f"optimizer must accept one argument, optimizer(parameters): {error}") from None
 
 
 def _dict(path: Path, module, name: str) -> dict[str, Any]:
     value = getattr(module, name, {})
     if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
-        raise _refuse(path, f"{name} must be a dict of parameter name -> value, got {type(value).__name__}")
+        raise refuse(path, f"{name} must be a dict of parameter name -> value, got {type(value).__name__}")
     return dict(value)
 
 
-def read_model_file(path: str | Path) -> ModelFile:
-    """Import `path` and check the torch form's names, dicts and signatures; nothing of the user's is called."""
+def open_model_file(path: str | Path) -> tuple[Path, Any]:
+    """The file's resolved path and its module, freshly imported; nothing of the user's is called yet."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise ModelFileError(f"model file {path} does not exist" + ("" if path.suffix == ".py" else " (give a .py file)"))
     path = path.resolve()
     if path.suffix != ".py":
-        raise _refuse(path, f"is not a Python file (.py); a model file defines {FORM}")
-    module = _import(path)
-    loss = getattr(module, "loss", None)
-    if getattr(module, "model", None) is None and callable(loss) and \
-            next(iter(_signature(path, loss, "loss").parameters), None) == "xp":
-        raise _refuse(path, "is in the array form (loss(xp, ...) over an array namespace), which is not supported "
-                            f"yet; write the torch form: {FORM}")
-    missing = [name for name in REQUIRED if not callable(getattr(module, name, None))]
-    if missing:
-        raise _refuse(path, f"defines no {', '.join(missing)} function; the torch form is {FORM} "
-                            f"(`benchlib new {path.name}` writes a commented example elsewhere)")
+        raise refuse(path, f"is not a Python file (.py); a model file defines {FORM}, or is in the array form "
+                            f"({ARRAY_FORM})")
+    return path, _import(path)
+
+
+def declared(path: Path, module) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """NAME, PARAMETERS and QUICK, as both forms declare them."""
     parameters, quick = _dict(path, module, "PARAMETERS"), _dict(path, module, "QUICK")
     unknown = sorted(set(quick) - set(parameters))
     if unknown:
-        raise _refuse(path, f"QUICK names {', '.join(unknown)}, which PARAMETERS does not declare")
-    _check_signatures(path, module, parameters)
+        raise refuse(path, f"QUICK names {', '.join(unknown)}, which PARAMETERS does not declare")
     name = getattr(module, "NAME", re.sub(r"\W", "_", path.stem))
     if not isinstance(name, str) or not name.isidentifier():
-        raise _refuse(path, f"NAME must be an identifier (letters, digits, _), got {name!r}"
+        raise refuse(path, f"NAME must be an identifier (letters, digits, _), got {name!r}"
                             + ("" if hasattr(module, "NAME") else "; set NAME, the file's stem is not one"))
-    return ModelFile(path, name, module.model, module.batch, loss, getattr(module, "optimizer", None),
+    return name, parameters, quick
+
+
+def is_array_form(module) -> bool:
+    """The array form defines params(**p); the torch form never does."""
+    return callable(getattr(module, "params", None))
+
+
+def torch_form(path: Path, module) -> ModelFile:
+    """The torch form's names, dicts and signatures checked; nothing of the user's is called."""
+    missing = [name for name in REQUIRED if not callable(getattr(module, name, None))]
+    loss = getattr(module, "loss", None)
+    if "model" in missing and callable(loss) and next(iter(signature(path, loss, "loss").parameters), None) == "xp":
+        raise refuse(path, f"loss(xp, ...) is the array form's, which also needs params and data functions: "
+                           f"{ARRAY_FORM}")
+    if missing:
+        raise refuse(path, f"defines no {', '.join(missing)} function; the torch form is {FORM}, the array form "
+                            f"{ARRAY_FORM} (`benchlib new {path.name}` writes a commented example elsewhere)")
+    name, parameters, quick = declared(path, module)
+    _check_signatures(path, module, parameters)
+    return ModelFile(path, name, module.model, module.batch, module.loss, getattr(module, "optimizer", None),
                      parameters, quick)
+
+
+def read_model_file(path: str | Path) -> ModelFile:
+    """Import `path` and check the torch form's names, dicts and signatures; nothing of the user's is called."""
+    return torch_form(*open_model_file(path))
 
 
 def check_form(model_file: ModelFile, values: Mapping[str, Any]) -> None:
@@ -179,29 +218,29 @@ def check_form(model_file: ModelFile, values: Mapping[str, Any]) -> None:
     except Exception as error:
         raise ModelFileError(model_file.user_error(error, "model(**params)")) from error
     if not isinstance(module, torch.nn.Module):
-        raise _refuse(path, f"model(**params) must return a torch.nn.Module, got {type(module).__name__}")
+        raise refuse(path, f"model(**params) must return a torch.nn.Module, got {type(module).__name__}")
     try:
         made = model_file.batch(**values)
     except Exception as error:
         raise ModelFileError(model_file.user_error(error, "batch(**params)")) from error
     tensors = made if isinstance(made, (tuple, list)) else (made,)
     if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors):
-        raise _refuse(path, f"batch(**params) must return a tensor or a tuple of tensors, got {_kind(made)}")
+        raise refuse(path, f"batch(**params) must return a tensor or a tuple of tensors, got {kind(made)}")
     try:
         inspect.signature(model_file.loss).bind(module, *tensors)
     except TypeError as error:
-        raise _refuse(path, f"loss{inspect.signature(model_file.loss)} must accept (model, *batch); batch gives "
+        raise refuse(path, f"loss{inspect.signature(model_file.loss)} must accept (model, *batch); batch gives "
                             f"{len(tensors)} tensor(s): {error}") from None
     try:
         value = model_file.loss(module, *tensors)
     except Exception as error:
         raise ModelFileError(model_file.user_error(error, "loss(model, *batch)")) from error
     if not isinstance(value, torch.Tensor) or value.ndim != 0:
-        got = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else _kind(value)
-        raise _refuse(path, f"loss(model, *batch) must return a 0-dim tensor (e.g. .mean() of the per-sample "
+        got = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else kind(value)
+        raise refuse(path, f"loss(model, *batch) must return a 0-dim tensor (e.g. .mean() of the per-sample "
                             f"losses), got {got}")
     if not value.requires_grad:
-        raise _refuse(path, "loss(model, *batch) returns a tensor that does not depend on the model's parameters "
+        raise refuse(path, "loss(model, *batch) returns a tensor that does not depend on the model's parameters "
                             "(requires_grad is False)")
     if model_file.optimizer is not None:
         try:
@@ -209,10 +248,10 @@ def check_form(model_file: ModelFile, values: Mapping[str, Any]) -> None:
         except Exception as error:
             raise ModelFileError(model_file.user_error(error, "optimizer(parameters)")) from error
         if not isinstance(made_optimizer, torch.optim.Optimizer):
-            raise _refuse(path, f"optimizer(parameters) must return a torch.optim.Optimizer, got {_kind(made_optimizer)}")
+            raise refuse(path, f"optimizer(parameters) must return a torch.optim.Optimizer, got {kind(made_optimizer)}")
 
 
-def _kind(value: Any) -> str:
+def kind(value: Any) -> str:
     if isinstance(value, (tuple, list)):
         return f"a {type(value).__name__} of {', '.join(type(v).__name__ for v in value) or 'nothing'}"
     return type(value).__name__

@@ -1,5 +1,5 @@
-"""The summary a model file's run opens with: one line per engine (per version, when several), then per
-engine each later version's peak over the first's; the same rows as its headline table."""
+"""The summary a model file's run opens with (either form): one line per engine (per version, when
+several), then per engine each later version's peak over the first's; the same rows as its headline table."""
 
 from __future__ import annotations
 
@@ -15,10 +15,12 @@ from benchlib.measure.core import format_bytes, format_seconds
 from benchlib.results.compare import trial_values
 from benchlib.results.report import SUMMARY_COLUMN
 from benchlib.results.stats import median_interval, ratio_of_medians
+from benchlib.usermodel.arrays import ARRAY_ENGINES
 from benchlib.usermodel.engines import ENGINES
 
 # The roles a step allocates (in the peak above the baseline), by the words a summary line uses.
 STEP_ROLES = {SAVED_METRIC: "saved activations", GRADIENT_METRIC: "gradients"}
+ORDER = {engine: index for index, engine in enumerate(dict.fromkeys((*ENGINES, *ARRAY_ENGINES)))}  # either form's
 COLUMNS = ["version", "engine", "status", "trials", "peak_bytes", "peak_low", "peak_high", "peak_ratio", "peak_ratio_low",
            "peak_ratio_high", "largest_role", "largest_role_bytes", "time_s", GRAD_ERROR_METRIC, SUMMARY_COLUMN]
 
@@ -49,13 +51,15 @@ def _version_rows(records: pd.DataFrame, samples: dict, prefix: str) -> list[dic
     best = min(samples, key=lambda engine: np.median(samples[engine]["peak_bytes"]), default=None)
     # a tiny step can peak below RSS's page resolution: 0 bytes is no denominator for a ratio
     comparable = best is not None and bool(np.all(samples[best]["peak_bytes"] > 0))
+    # the array form measures no roles: its lines say nothing of them rather than "not measured" on each
+    any_roles = any(role in metrics for metrics in samples.values() for role in STEP_ROLES)
     for engine, group in records.groupby("variant", sort=False):
         statuses = group[group["metric"].isin(["failed", "not_applicable"])]
         if engine not in samples:
             status = statuses["metric"].iloc[0] if len(statuses) else "failed"
             message = json.loads(statuses["params"].iloc[0])["message"].splitlines()[0] if len(statuses) else ""
             rows.append({"engine": engine, "status": status, "trials": 0,
-                         SUMMARY_COLUMN: f"{prefix}{engine:<17} {status.replace('_', ' ')}: {message}"})
+                         SUMMARY_COLUMN: f"{prefix}{engine:<19} {status.replace('_', ' ')}: {message}"})
             continue
         metrics = samples[engine]
         peak, low, high = _interval(metrics["peak_bytes"])
@@ -69,9 +73,10 @@ def _version_rows(records: pd.DataFrame, samples: dict, prefix: str) -> list[dic
             ratio_text = "lowest" if engine == best else "no ratio (the lowest peak is 0: below the resolution)"
         else:
             ratio_text = "best" if engine == best else f"{ratio:.2f}x{_bracket(ratio_low, ratio_high, '{:.2f}'.format)} the best"
-        role_text = f"mostly {STEP_ROLES[role]} ({format_bytes(int(roles[role]))})" if role else "roles not measured"
-        line = (f"{prefix}{engine:<17} peak +{format_bytes(int(peak))}{_bracket(low, high, lambda v: format_bytes(int(v)))}"
-                f"  {ratio_text}  {role_text}  {format_seconds(time_s)}/step"
+        role_text = (f"  mostly {STEP_ROLES[role]} ({format_bytes(int(roles[role]))})" if role
+                     else "  roles not measured" if any_roles else "")
+        line = (f"{prefix}{engine:<19} peak +{format_bytes(int(peak))}{_bracket(low, high, lambda v: format_bytes(int(v)))}"
+                f"  {ratio_text}{role_text}  {format_seconds(time_s)}/step"
                 + ("" if math.isnan(error) else f"  grad err {error:.1e}")
                 + (" (failed in a later trial)" if len(statuses) else ""))
         rows.append({"engine": engine, "status": "ok" if not len(statuses) else "partial",
@@ -79,16 +84,15 @@ def _version_rows(records: pd.DataFrame, samples: dict, prefix: str) -> list[dic
                      "peak_ratio": ratio, "peak_ratio_low": ratio_low, "peak_ratio_high": ratio_high,
                      "largest_role": STEP_ROLES.get(role, ""), "largest_role_bytes": roles.get(role, math.nan),
                      "time_s": time_s, GRAD_ERROR_METRIC: error, SUMMARY_COLUMN: line})
-    order = {engine: index for index, engine in enumerate(ENGINES)}
-    return sorted(rows, key=lambda row: order.get(row["engine"], len(order)))
+    return sorted(rows, key=lambda row: ORDER.get(row["engine"], len(ORDER)))
 
 
 def _versus(samples: dict, version: str, baseline: str) -> list[dict]:
     """Per engine measured in both: `version`'s peak over `baseline`'s, with its 95% interval."""
     rows = []
-    for engine in [engine for engine in ENGINES if engine in samples[baseline] and engine in samples[version]]:
+    for engine in [engine for engine in ORDER if engine in samples[baseline] and engine in samples[version]]:
         before, after = samples[baseline][engine]["peak_bytes"], samples[version][engine]["peak_bytes"]
-        what = f"{version} vs {baseline}: {engine:<17} peak ratio"
+        what = f"{version} vs {baseline}: {engine:<19} peak ratio"
         if not np.all(before > 0):
             rows.append({"version": f"{version} vs {baseline}", "engine": engine, "status": "comparison",
                          SUMMARY_COLUMN: f"{what}: none ({baseline}'s peak is 0: below the resolution)"})

@@ -1,4 +1,5 @@
-"""The example model file `benchlib new FILE` writes: the torch form, commented."""
+"""The example model files `benchlib new FILE` writes, commented: the torch form, or the array
+form (`--form arrays`)."""
 
 TEMPLATE = '''"""My model, measured by benchlib: `benchlib run THIS_FILE --quick` for a first look.
 
@@ -38,4 +39,47 @@ def loss(model, images, labels):
 def optimizer(parameters):
     """Optional. Without it a step is forward and backward only (and fused-optimizer does not apply)."""
     return torch.optim.Adam(parameters, lr=1e-3)
+'''
+
+ARRAY_TEMPLATE = '''"""My model in the array form, measured by benchlib: `benchlib run THIS_FILE --quick` for a first look.
+
+params() are the arrays differentiated, data() the inputs; loss(xp, ...) is written once against
+`xp`, the NumPy-like namespace each engine hands it (benchlib's own engines, HIPS autograd, torch,
+torch.func), so the same file runs under every one. benchlib measures one gradient of the loss with
+respect to every params array under each engine, each in a fresh process: peak memory, time,
+allocations, GC pauses, and the gradient's error against torch's.
+"""
+
+import numpy as np
+
+NAME = "my_regression"  # records, files and the report use this name (default: the file's name)
+
+# Every parameter, with its default: `-p width=512` or `--grid width=128,256` change them. Values
+# are int, float, bool, str, or a list of one of those; params() and data() get all of them.
+PARAMETERS = {"width": 256, "features": 64, "batch_size": 128}
+QUICK = {"width": 16, "features": 8, "batch_size": 4}  # what --quick uses: small, for a first look
+
+
+def params(width, features, batch_size):
+    """The arrays to differentiate: a tuple of NumPy arrays of one dtype, float32 or float64
+    (benchlib seeds np.random first, so every engine starts from the same values)."""
+    W1 = np.random.standard_normal((features, width)) / np.sqrt(features)
+    W2 = np.random.standard_normal((width, 1)) / np.sqrt(width)
+    return W1.astype(np.float32), np.zeros(width, np.float32), W2.astype(np.float32), np.zeros(1, np.float32)
+
+
+def data(width, features, batch_size):
+    """The inputs, not differentiated: a tuple of NumPy arrays (integer arrays are fine too)."""
+    x = np.random.standard_normal((batch_size, features)).astype(np.float32)
+    return x, np.sin(x.sum(axis=1, keepdims=True))
+
+
+def loss(xp, W1, b1, W2, b2, x, y):
+    """A scalar: xp first, then params' arrays, then data's, in the order they return them. Use xp's
+    ops (tanh exp log sqrt sum mean max maximum where matmul dot reshape transpose concatenate stack
+    relu mse softmax_cross_entropy chain; docs/engines.md) and operators (+ - * / ** @, unary -,
+    indexing, .T, comparisons for where); never float() or .item(), which no engine differentiates."""
+    hidden = xp.tanh(x @ W1 + b1)
+    prediction = hidden @ W2 + b2
+    return xp.mean((prediction - y) ** 2)
 '''

@@ -1,0 +1,39 @@
+"""One engine's gradient of an array-form model file, set up in the isolation child (`run_isolated`'s target).
+
+The child re-reads the file, builds the seeded params and data, hands them to the engine in its
+own library and device (`Engine.asarray`), and measures one gradient of the loss with respect to
+every params array; the check saves the last gradient for the parent to compare with torch's.
+"""
+
+from __future__ import annotations
+
+from benchlib.engine_names import TORCH, TORCH_FUNC
+from benchlib.engines import get_engine
+from benchlib.engines.gradients import save_gradient
+from benchlib.measure import Case
+from benchlib.usermodel.arrays import engine_namespace, read_array_file
+from benchlib.usermodel.loader import guarded
+
+
+def _gradient_maker(engine: str):
+    """`(fun, argnums) -> gradient function`: the registry's engine, or torch.func.grad."""
+    if engine == TORCH_FUNC:
+        import torch.func
+
+        return lambda fun, argnums: torch.func.grad(fun, argnums)
+    return get_engine(engine).gradient
+
+
+def case(*, device, path: str, engine: str, values: dict, gradient_dir: str) -> Case:
+    model_file = read_array_file(path)
+    params, data = guarded(model_file, "params or data (building the case)", model_file.build, values)
+    arrays_engine = get_engine(TORCH if engine == TORCH_FUNC else engine)
+    arrays = [arrays_engine.asarray(array, device) for array in (*params, *data)]
+    xp = engine_namespace(engine, device.name)
+    gradient = _gradient_maker(engine)(lambda *inputs: model_file.loss(xp, *inputs), tuple(range(len(params))))
+
+    def check(result) -> dict[str, float]:
+        save_gradient(result, gradient_dir, engine)
+        return {}
+
+    return Case(lambda: guarded(model_file, f"the {engine} gradient", gradient, *arrays), check)
