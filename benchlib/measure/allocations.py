@@ -12,8 +12,10 @@ apart from the timed repeats.
 from __future__ import annotations
 
 import os
+import sysconfig
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from .devices import Device, cuda_stat, resolve_device
@@ -38,6 +40,49 @@ class Allocations:
     source: str
     python_count: int | None = None
     python_bytes: int | None = None
+    peak_bytes: int | None = None  # tracked peak: most bytes live at once inside the tracker
+    sites: tuple["PeakSite", ...] | None = None  # the allocations live at that peak, by line (with `sites`)
+
+
+@dataclass(frozen=True)
+class PeakSite:
+    """Bytes live at the tracked peak that one line allocated: the innermost frame outside Python's
+    installation and benchlib (the user's line), or the innermost frame when there is none."""
+
+    file: str
+    line: int
+    function: str
+    bytes: int
+    count: int
+    share: float  # of the tracked peak
+
+    def __str__(self) -> str:
+        from .core import format_bytes
+
+        return f"{self.where}:{self.line} in {self.function} ({format_bytes(self.bytes)}, " \
+               f"{100 * self.share:.0f}% of the peak)"
+
+    @property
+    def where(self) -> str:
+        """The file as a reader finds it: a library's module path from its package (torch/autograd/graph.py),
+        else the file's name."""
+        parts = Path(self.file).parts
+        inside = max((index for index, part in enumerate(parts) if part in ("site-packages", "dist-packages")),
+                     default=None)
+        return "/".join(parts[inside + 1:]) if inside is not None else Path(self.file).name
+
+
+SITES_KEPT = 10  # the largest sites at the peak; the rest are summed in no row
+_LIBRARY_ROOTS = tuple({str(Path(sysconfig.get_paths()[name]).resolve())
+                         for name in ("stdlib", "platstdlib", "purelib", "platlib")}
+                        | {str(Path(__file__).resolve().parents[1])})  # benchlib itself
+
+
+def is_library(filename: str) -> bool:
+    """Whether a frame's file is Python's, an installed package's or benchlib's (not the user's code)."""
+    if not filename or filename.startswith("<"):
+        return True
+    return str(Path(filename).resolve()).startswith(_LIBRARY_ROOTS)
 
 
 def memray_available() -> bool:
@@ -52,19 +97,23 @@ class AllocationTracker:
     """Context manager counting allocations made inside it; the result is in `.allocations`.
     `python_allocators=False` skips the Python-allocator tracing (faster; no `python_*` counts)."""
 
-    def __init__(self, device: str | Device = "cpu", python_allocators: bool = True):
+    def __init__(self, device: str | Device = "cpu", python_allocators: bool = True, sites: bool = False):
         self.device = resolve_device(device)
         self.python_allocators = bool(python_allocators)
+        self.sites = bool(sites)
         self.allocations: Allocations | None = None
         self._tracker = None
         self._tmpdir = None
         self._path = ""
         self._stats_before = None
+        self._in_use_before = 0
 
     def __enter__(self) -> "AllocationTracker":
         if self.device.is_cuda:
             self.device.synchronize()
             self._stats_before = _cuda_counters(self.device)
+            self._in_use_before = cuda_stat(self.device.index, "allocated_bytes", "current")
+            self.device.torch.cuda.reset_peak_memory_stats(self.device.index)
             return self
         try:
             import memray
@@ -92,12 +141,14 @@ class AllocationTracker:
             self.device.synchronize()
             count0, bytes0 = self._stats_before
             count1, bytes1 = _cuda_counters(self.device)
-            self.allocations = Allocations(count1 - count0, bytes1 - bytes0, SOURCE_CUDA)
+            peak = cuda_stat(self.device.index, "allocated_bytes", "peak")
+            self.allocations = Allocations(count1 - count0, bytes1 - bytes0, SOURCE_CUDA,
+                                           peak_bytes=max(0, peak - self._in_use_before))
             return
         try:
             self._tracker.__exit__(*exc)
             if exc[0] is None:
-                self.allocations = _read_memray(self._path, self.python_allocators)
+                self.allocations = _read_memray(self._path, self.python_allocators, self.sites)
         finally:
             self._tmpdir.cleanup()
 
@@ -109,9 +160,10 @@ def _cuda_counters(device: Device) -> tuple[int, int]:
             cuda_stat(device.index, "allocated_bytes", "allocated"))
 
 
-def _read_memray(path: str, python_allocators: bool) -> Allocations:
+def _read_memray(path: str, python_allocators: bool, sites: bool = False) -> Allocations:
     """Sum the allocating records, system and Python apart, leaving out those memray makes while
-    it starts and stops (their innermost Python frame is AllocationTracker.__enter__ or __exit__)."""
+    it starts and stops (their innermost Python frame is AllocationTracker.__enter__ or __exit__);
+    the tracked peak is the high-water mark's live bytes, less the tracker's own."""
     import memray
 
     allocating = {getattr(memray.AllocatorType, name) for name in _ALLOCATING}
@@ -119,17 +171,18 @@ def _read_memray(path: str, python_allocators: bool) -> Allocations:
     tracker_code = {AllocationTracker.__enter__.__code__, AllocationTracker.__exit__.__code__}
     tracker_frames = {(code.co_name, code.co_filename) for code in tracker_code}
     own_by_stack: dict[int, bool] = {}
-    count = nbytes = python_count = python_bytes = 0
-    for record in memray.FileReader(path).get_allocation_records():
-        is_python = record.allocator in python
-        if not is_python and record.allocator not in allocating:
-            continue
-        own = own_by_stack.get(record.stack_id)
-        if own is None:
+
+    def own(record) -> bool:
+        if record.stack_id not in own_by_stack:
             frames = record.stack_trace(max_stacks=1)
-            own = bool(frames) and frames[0][:2] in tracker_frames
-            own_by_stack[record.stack_id] = own
-        if own:
+            own_by_stack[record.stack_id] = bool(frames) and frames[0][:2] in tracker_frames
+        return own_by_stack[record.stack_id]
+
+    count = nbytes = python_count = python_bytes = 0
+    reader = memray.FileReader(path)
+    for record in reader.get_allocation_records():
+        is_python = record.allocator in python
+        if (not is_python and record.allocator not in allocating) or own(record):
             continue
         if is_python:
             python_count += record.n_allocations
@@ -137,14 +190,33 @@ def _read_memray(path: str, python_allocators: bool) -> Allocations:
         else:
             count += record.n_allocations
             nbytes += record.size * record.n_allocations
+    at_peak = [record for record in reader.get_high_watermark_allocation_records(merge_threads=True)
+               if not own(record)]
+    peak = sum(record.size for record in at_peak)
+    found = _peak_sites(at_peak, peak) if sites else None
     if not python_allocators:
-        return Allocations(count, nbytes, SOURCE_MEMRAY)
-    return Allocations(count, nbytes, SOURCE_MEMRAY, python_count, python_bytes)
+        return Allocations(count, nbytes, SOURCE_MEMRAY, peak_bytes=peak, sites=found)
+    return Allocations(count, nbytes, SOURCE_MEMRAY, python_count, python_bytes, peak, found)
+
+
+def _peak_sites(at_peak, peak: int) -> tuple[PeakSite, ...]:
+    """The live allocations at the peak grouped by their site (`PeakSite`), largest first."""
+    grouped: dict[tuple[str, int, str], list[int]] = {}
+    for record in at_peak:
+        frames = record.stack_trace()
+        function, file, line = next((frame for frame in frames if not is_library(frame[1])),
+                                    frames[0] if frames else ("<native>", "", 0))
+        totals = grouped.setdefault((file, line, function), [0, 0])
+        totals[0] += record.size
+        totals[1] += record.n_allocations
+    ranked = sorted(grouped.items(), key=lambda item: -item[1][0])[:SITES_KEPT]
+    return tuple(PeakSite(file, line, function, size, n, size / peak if peak else 0.0)
+                 for (file, line, function), (size, n) in ranked)
 
 
 def count_allocations(fn: Callable[[], object], device: str | Device = "cpu",
-                      python_allocators: bool = True) -> Allocations:
+                      python_allocators: bool = True, sites: bool = False) -> Allocations:
     """Call `fn` once under the device's allocation tracker; its result is discarded."""
-    with AllocationTracker(device, python_allocators) as tracker:
+    with AllocationTracker(device, python_allocators, sites) as tracker:
         fn()
     return tracker.allocations

@@ -1,6 +1,7 @@
 """`measure`: timed repeats with GC pauses and peak memory, then a separate allocation pass."""
 from __future__ import annotations
 
+import dataclasses
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from time import perf_counter
@@ -14,7 +15,8 @@ from .gcmonitor import GCMonitor
 from .timeline import MemoryTimeline, timeline_from_json, timeline_to_json
 
 _FIELDS = ("name", "device", "times_s", "gc_count", "gc_seconds", "alloc_count", "alloc_bytes",
-           "alloc_source", "alloc_count_python", "alloc_bytes_python", "peak_bytes", "baseline_bytes", "timeline")
+           "alloc_source", "alloc_count_python", "alloc_bytes_python", "peak_bytes", "baseline_bytes",
+           "tracked_peak_bytes", "peak_sites", "timeline")
 
 
 def _sig4(value: float) -> str:
@@ -66,6 +68,8 @@ class Measurement:
     alloc_bytes_python: int | None = None
     peak_bytes: int | None = None
     baseline_bytes: int | None = None
+    tracked_peak_bytes: int | None = None  # the allocation pass's peak (allocations.Allocations.peak_bytes)
+    peak_sites: tuple | None = None  # PeakSite dicts of that pass, with `sites` (`measure(..., sites=True)`)
     timeline: Any = field(default=None, compare=False, repr=False)
 
     @property
@@ -103,6 +107,7 @@ class Measurement:
         """JSON-able dict; the timeline becomes column lists."""
         out = {name: getattr(self, name) for name in _FIELDS if name != "timeline"}
         out["times_s"] = list(self.times_s)
+        out["peak_sites"] = None if self.peak_sites is None else [dict(site) for site in self.peak_sites]
         out["timeline"] = None if self.timeline is None else timeline_to_json(self.timeline)
         return out
 
@@ -115,6 +120,8 @@ class Measurement:
                              f"expected keys {list(_FIELDS)}")
         values = dict(data)
         values["times_s"] = tuple(float(t) for t in data["times_s"])
+        if data["peak_sites"] is not None:
+            values["peak_sites"] = tuple(dict(site) for site in data["peak_sites"])
         if data["timeline"] is not None:
             values["timeline"] = timeline_from_json(data["timeline"])
         return cls(**values)
@@ -135,7 +142,8 @@ class Measurement:
                       ("alloc_count_python", self.alloc_count_python, "count"),
                       ("alloc_bytes_python", self.alloc_bytes_python, "B"),
                       ("peak_bytes", self.peak_bytes, "B"),
-                      ("baseline_bytes", self.baseline_bytes, "B")]
+                      ("baseline_bytes", self.baseline_bytes, "B"),
+                      ("tracked_peak_bytes", self.tracked_peak_bytes, "B")]
         rows += [make_record(**labels, metric=metric, value=float(value), unit=unit)
                  for metric, value, unit in quantities if value is not None]
         return rows
@@ -241,7 +249,7 @@ def measure_steps(step: Callable[[int], Any], n: int, *, device: str | Device = 
 def measure_with_result(fn: Callable[[], Any], *, device: str | Device = "cpu", warmup: int = 1,
                         repeats: int = 5, track_allocations: bool = True, timeline: bool = False,
                         timeline_interval_s: float = 0.002,
-                        name: str = "") -> tuple[Measurement, Any]:
+                        name: str = "", sites: bool = False) -> tuple[Measurement, Any]:
     """`measure`, also returning the last timed repeat's result (for a case's check)."""
     if not callable(fn):
         raise TypeError(f"fn must be callable with no arguments, got {type(fn).__name__}")
@@ -261,7 +269,7 @@ def measure_with_result(fn: Callable[[], Any], *, device: str | Device = "cpu", 
     result = None
     steps = measure_steps(lambda _: fn(), repeats, device=dev, timeline=timeline,
                           timeline_interval_s=timeline_interval_s)
-    allocations = count_allocations(fn, dev) if track_allocations else None
+    allocations = count_allocations(fn, dev, sites=sites) if track_allocations else None
     measurement = Measurement(
         name=name, device=dev.name, times_s=steps.step_s, gc_count=steps.gc_count_total,
         gc_seconds=steps.gc_seconds,
@@ -270,7 +278,11 @@ def measure_with_result(fn: Callable[[], Any], *, device: str | Device = "cpu", 
         alloc_source=None if allocations is None else allocations.source,
         alloc_count_python=None if allocations is None else allocations.python_count,
         alloc_bytes_python=None if allocations is None else allocations.python_bytes,
-        peak_bytes=steps.peak_bytes, baseline_bytes=steps.baseline_bytes, timeline=steps.timeline)
+        peak_bytes=steps.peak_bytes, baseline_bytes=steps.baseline_bytes,
+        tracked_peak_bytes=None if allocations is None else allocations.peak_bytes,
+        peak_sites=None if allocations is None or allocations.sites is None else
+        tuple(dataclasses.asdict(site) for site in allocations.sites),
+        timeline=steps.timeline)
     return measurement, steps.result
 
 
@@ -286,10 +298,11 @@ def time_call(fn: Callable[[], Any], device: str | Device = "cpu") -> float:
 
 def measure(fn: Callable[[], Any], *, device: str | Device = "cpu", warmup: int = 1,
             repeats: int = 5, track_allocations: bool = True, timeline: bool = False,
-            timeline_interval_s: float = 0.002, name: str = "") -> Measurement:
+            timeline_interval_s: float = 0.002, name: str = "", sites: bool = False) -> Measurement:
     """Warm-up calls, timed repeats (GC pauses, peak above the baseline taken just before the
-    first repeat, optional memory timeline), then, if asked, one allocation-tracing call."""
+    first repeat, optional memory timeline), then, if asked, one allocation-tracing call (its
+    tracked peak, and with `sites` the lines holding the bytes live at that peak)."""
     measurement, _ = measure_with_result(
         fn, device=device, warmup=warmup, repeats=repeats, track_allocations=track_allocations,
-        timeline=timeline, timeline_interval_s=timeline_interval_s, name=name)
+        timeline=timeline, timeline_interval_s=timeline_interval_s, name=name, sites=sites)
     return measurement

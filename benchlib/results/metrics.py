@@ -76,6 +76,8 @@ for _name, _unit, _kind, _meaning in (
     ("alloc_count_python", "count", "count", "Python-allocator allocations of one traced call (memray; overlaps alloc_count)"),
     ("alloc_bytes_python", "B", "memory", "bytes of those Python-allocator allocations"),
     ("peak_bytes", "B", "memory", "peak memory above the baseline over the timed calls"),
+    ("tracked_peak_bytes", "B", "memory", "most bytes live at once in the allocation pass, as the allocators saw them "
+     "(memray on CPU, the caching allocator on CUDA): the same for a given code path, unlike the resident peak"),
     ("baseline_bytes", "B", "memory", "memory in use just before the first timed call"),
     # case outcomes and checks
     ("ok", "", "status", "the case ran (value 1)"),

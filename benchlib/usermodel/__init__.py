@@ -70,6 +70,11 @@ def _form_name(model_file) -> str:
 def load_model_files(paths: Sequence[str | Path]) -> Benchmark:
     """One benchmark of the files (versions of one NAME, of one form, at the same PARAMETERS and QUICK),
     each file's form checked by one loss call at the QUICK values."""
+    return declare_model_files(paths)[0]
+
+
+def declare_model_files(paths: Sequence[str | Path]) -> tuple[Benchmark, list, Form]:
+    """`load_model_files`' benchmark, with the files read and their form (for one engine's step alone)."""
     files = [_read(path) for path in paths]
     model_file = files[0]
     for other in files[1:]:
@@ -95,7 +100,7 @@ def load_model_files(paths: Sequence[str | Path]) -> Benchmark:
     step = "one gradient of the loss with respect to the params arrays" if arrays else \
         "one training step (forward, backward and, when the file declares one, the optimizer's step)"
     roles = "" if arrays else ", memory by role"
-    return Benchmark(
+    benchmark = Benchmark(
         name=model_file.name,
         question=f"What does one gradient step of {names} cost in memory, allocations and time, "
                  "under each engine?",
@@ -108,6 +113,7 @@ def load_model_files(paths: Sequence[str | Path]) -> Benchmark:
         summarize=summary_table,
         figures={"peak": peak_intervals} if arrays else {"peak": peak_intervals, "roles": memory_by_role},
     )
+    return benchmark, files, form
 
 
-__all__ = ["ModelFileError", "load_model_file", "load_model_files", "read_model_file", "version_labels"]
+__all__ = ["ModelFileError", "declare_model_files", "load_model_file", "load_model_files", "read_model_file", "version_labels"]
