@@ -2,6 +2,8 @@
 
 import pytest
 
+pytest_plugins = ["pytester"]  # test_pytest_plugin runs users' test suites in temporary projects
+
 
 @pytest.fixture(autouse=True)
 def results_root(tmp_path_factory, monkeypatch):
