@@ -318,14 +318,23 @@ def check_static_export() -> None:
                            "install one (Debian: apt-get install chromium) or run without --png") from None
 
 
+LATEST = "latest"  # the run name resolve_run reads as the newest run under the root
+
+
 def resolve_run(run: str | os.PathLike | Run, root: str | os.PathLike | None = None) -> Path:
-    """A run directory from a Run, a path, or a run_id under `root` (default results root)."""
+    """A run directory from a Run, a path, or a run_id under `root` (default results root); `latest` is
+    the newest run there (run ids begin with their start time), for scripts such as a CI job."""
     if isinstance(run, Run):
         return run.path
     path = Path(run)
     if (path / RUN_INFO).is_file() or (path / RECORDS).is_file():
         return path
     root = default_results_root() if root is None else Path(root)
+    if str(run) == LATEST:
+        runs = sorted(info.parent for info in root.glob(f"*/{RUN_INFO}"))
+        if not runs:
+            raise FileNotFoundError(f"no run 'latest': no runs in {root}")
+        return runs[-1]
     if (root / str(run) / RUN_INFO).is_file():
         return root / str(run)
     known = sorted(info.parent.name for info in root.glob(f"*/{RUN_INFO}"))

@@ -79,7 +79,8 @@ def _parser() -> argparse.ArgumentParser:
     compare_parser = commands.add_parser(
         "compare", help="run B against run A per metric: ratio with 95%% interval, p, better/worse/same/noisy")
     compare_parser.add_argument("run_a", metavar="RUN_A", help="run id or run directory (the baseline)")
-    compare_parser.add_argument("run_b", metavar="RUN_B", help="run id or run directory (the candidate)")
+    compare_parser.add_argument("run_b", metavar="RUN_B",
+                                help="run id or run directory (the candidate); `latest` is the newest run under --out")
     compare_parser.add_argument("--metric", action="append", default=[], help="only this metric (repeatable)")
     compare_parser.add_argument("--benchmark", action="append", default=[], help="only this benchmark (repeatable)")
     compare_parser.add_argument("--threshold", type=float, default=0.05, help="minimum relative change (default 0.05)")
