@@ -45,11 +45,13 @@ class HistoryError(ValueError):
 @dataclass(frozen=True)
 class History:
     """The records of the runs read (with `run_id`, `started_at` and `commit` per row), the
-    benchmarks' headline metrics as run.json keeps them, and a message per run that was skipped."""
+    benchmarks' headline metrics as run.json keeps them, a message per run that was skipped, and
+    each run's directory by its id."""
 
     records: pd.DataFrame
     headlines: dict[str, list[str]]
     skipped: list[str]
+    paths: dict[str, Path]
 
 
 def point_commit(info: Mapping[str, Any], benchmark: str, case: str) -> str | None:
@@ -61,7 +63,7 @@ def point_commit(info: Mapping[str, Any], benchmark: str, case: str) -> str | No
     commit = git.get("commit")
     if not commit:
         return None
-    return commit[:10] + ("-dirty" if git.get("dirty") else "")
+    return commit[:7] + ("-dirty" if git.get("dirty") else "")
 
 
 def read_history(runs: Sequence[str | os.PathLike] = (), root: str | os.PathLike | None = None) -> History:
@@ -78,7 +80,7 @@ def read_history(runs: Sequence[str | os.PathLike] = (), root: str | os.PathLike
             paths = [Path(path) for path in list_runs(root)["path"]]
         except FileNotFoundError as missing:
             raise HistoryError(f"{missing} (--out names the directory that holds runs)") from None
-    frames, headlines, skipped = [], {}, []
+    frames, headlines, skipped, run_paths = [], {}, [], {}
     for path in paths:
         try:
             info = load_run_info(path)
@@ -93,9 +95,10 @@ def read_history(runs: Sequence[str | os.PathLike] = (), root: str | os.PathLike
             headlines.setdefault(name, [])
             headlines[name] += [m for m in declared.get("headline") or () if m not in headlines[name]]
         commits = {key: point_commit(info, *key) for key in set(zip(records["benchmark"], records["case"]))}
+        run_paths[info.get("run_id") or path.name] = path
         frames.append(records.assign(run_id=info.get("run_id") or path.name, started_at=info.get("started_at"),
                                      commit=[commits[key] for key in zip(records["benchmark"], records["case"])]))
-    return History(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), headlines, skipped)
+    return History(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), headlines, skipped, run_paths)
 
 
 def judged(records: pd.DataFrame) -> pd.Series:
@@ -238,19 +241,19 @@ def series_name(row: Any) -> str:
     return f"{row.benchmark}/{row.case}/{row.variant}/{row.metric}"
 
 
+def unit_scale(value: float, unit: str) -> tuple[float, str]:
+    """The factor and name to show values near `value` in: bytes in kB/MB/GB, seconds in ms or µs."""
+    scales = {"B": ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1.0, "B")),
+              "s": ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"))}.get(unit)
+    if scales is None:
+        return 1.0, "" if unit == "count" else unit
+    return next((scale for scale in scales if abs(value) >= scale[0]), scales[-1])
+
+
 def format_value(value: float, unit: str) -> str:
-    """A value in a readable scale of its unit: bytes in kB/MB/GB, seconds in ms or µs."""
-    if unit == "B":
-        for factor, name in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
-            if abs(value) >= factor:
-                return f"{value / factor:.3g} {name}"
-        return f"{value:.3g} B"
-    if unit == "s":
-        for factor, name in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
-            if abs(value) >= factor:
-                return f"{value / factor:.3g} {name}"
-        return f"{value * 1e9:.3g} ns"
-    return f"{value:.4g}" + ("" if unit == "count" else f" {unit}")
+    """A value in a readable scale of its unit (`unit_scale`)."""
+    factor, name = unit_scale(value, unit)
+    return f"{value / factor:.3g} {name}".rstrip()
 
 
 def answer(steps: pd.DataFrame, series: pd.DataFrame) -> str:
@@ -275,11 +278,46 @@ def step_table(steps: pd.DataFrame) -> pd.DataFrame:
     """The steps as the terminal and the page show them, one line each."""
     return pd.DataFrame({
         "series": [series_name(row) for row in steps.itertuples()],
-        "from run -> to run": [f"{row.from_run} -> {row.to_run}" for row in steps.itertuples()],
-        "commits": [f"{row.from_commit or '?'} -> {row.to_commit or '?'}" for row in steps.itertuples()],
-        "before -> after (median)": [f"{format_value(row.median_before, row.unit)} -> "
+        "from run → to run": [f"{row.from_run} → {row.to_run}" for row in steps.itertuples()],
+        "commits": [f"{row.from_commit or '?'} → {row.to_commit or '?'}" for row in steps.itertuples()],
+        "before → after (median)": [f"{format_value(row.median_before, row.unit)} → "
                                      f"{format_value(row.median_after, row.unit)}" for row in steps.itertuples()],
         "ratio [95% interval]": [f"{row.ratio:.3g}x [{row.ci_low:.3g}, {row.ci_high:.3g}]"
                                  for row in steps.itertuples()],
         "label": [row.label + (" (latest)" if row.latest else "") for row in steps.itertuples()],
     })
+
+
+HISTORY_PAGE = "history.html"
+
+
+def history_page(series: pd.DataFrame, steps: pd.DataFrame, *, by: str = BY_COMMIT, skipped: Sequence[str] = ()) -> str:
+    """history.html: the answer, the steps' table, then one figure per series that stepped, and the
+    runs read (and those skipped), so the page alone says what it was told from."""
+    import html
+    import json
+
+    from benchlib.results.plots.history import step_figure
+    from benchlib.results.report import html_page, table_html
+
+    parts = ["<h1>benchlib history</h1>",
+             f"<pre class='answer' style='white-space: pre-wrap'>{html.escape(answer(steps, series))}</pre>"]
+    if not steps.empty:
+        parts.append("<h2 id='steps'>Steps</h2><p>A step is a change point of the runs' medians (ruptures, PELT) "
+                     "whose ratio after/before, over the pooled trials of the runs on either side, has a 95% "
+                     "interval without 1 and moves by more than the threshold.</p>" + table_html(step_table(steps)))
+    figure_specs = []
+    for key, stepped in steps.groupby(SERIES_COLUMNS, sort=False):
+        points = series[(series[SERIES_COLUMNS] == pd.Series(key, index=SERIES_COLUMNS)).all(axis=1)]
+        figure_id = f"figure-{len(figure_specs)}"
+        figure = step_figure(points, stepped, by=by)
+        figure_specs.append({"id": figure_id, "name": series_name(stepped.iloc[0]), "figure": json.loads(figure.to_json())})
+        parts.append(f"<div class='figure' id='{figure_id}'></div>")
+    runs = (series.groupby(["run_id", "started_at"], dropna=False)
+            .agg(started=("started", "first"), commits=("commit", lambda c: ", ".join(sorted(set(c.dropna())))))
+            .reset_index().sort_values(["started", "run_id"]).drop(columns="started"))
+    parts.append(f"<h2 id='runs'>Runs read ({len(runs)})</h2>" + table_html(runs))
+    if skipped:
+        parts.append("<h2 id='skipped'>Runs skipped</h2><ul>"
+                     + "".join(f"<li>{html.escape(message)}</li>" for message in skipped) + "</ul>")
+    return html_page("benchlib history", parts, figure_specs)
