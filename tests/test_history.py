@@ -125,11 +125,12 @@ def test_bad_input_is_refused_with_one_line(tmp_path, capsys):
 
     assert "no runs with records" in refused("--out", str(tmp_path))
     assert "no results directory" in refused("--out", str(tmp_path / "missing"))
+    assert "no run 'nowhere'" in refused("nowhere", "--out", str(tmp_path))
     _write_runs(tmp_path / "two", [1000.0, 1000.0])
     assert "fewer than 3 runs in every series (the most: 2" in refused("--out", str(tmp_path / "two"))
     _write_runs(tmp_path / "four", [1000.0] * 4)
-    assert "unknown metric peak; the runs hold: peak_bytes, time" in refused("--out", str(tmp_path / "four"),
-                                                                            "--metric", "peak")
+    assert "unknown metric peak; the runs hold (with a better direction): peak_bytes, time" in \
+        refused("--out", str(tmp_path / "four"), "--metric", "peak")
     assert "unknown benchmark dot; the runs hold: mlp" in refused("--out", str(tmp_path / "four"), "--benchmark", "dot")
     assert "--threshold" in refused("--out", str(tmp_path / "four"), "--threshold", "0")
     _write_runs(tmp_path / "nogit", [1000.0] * 4, commits=False)

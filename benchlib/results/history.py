@@ -122,7 +122,9 @@ def build_series(records: pd.DataFrame, *, headlines: Mapping[str, Sequence[str]
         held = sorted(set(records[column]))
         unknown = [name for name in names if name not in held]
         if unknown:
-            raise HistoryError(f"unknown {column} {', '.join(unknown)}; the runs hold: {', '.join(held) or 'none'}")
+            judged_note = " (with a better direction)" if column == "metric" else ""
+            raise HistoryError(f"unknown {column} {', '.join(unknown)}; the runs hold{judged_note}: "
+                               f"{', '.join(held) or 'none'}")
         if names:
             records = records[records[column].isin(names)]
     if not metrics and headlines:
