@@ -200,14 +200,14 @@ def _step(points: pd.DataFrame, start: int, at: int, end: int, threshold: float)
 
 def series_steps(points: pd.DataFrame, threshold: float) -> list[dict[str, Any]]:
     """The confirmed steps of one series (rows of `build_series`, in order). A change point that fails
-    its check is dropped, the weakest first, and its neighbours judged again over the merged segments."""
+    its check is dropped, the weakest (smallest jump between its two runs) first, and its neighbours
+    judged again over the merged segments."""
     medians = points["median"].to_numpy(float)
     points_at = change_points(medians, noise_scale(points["trials"].tolist(), medians, threshold))
     while True:
         bounds = [0, *points_at, len(points)]
         steps = [_step(points, bounds[i - 1], bounds[i], bounds[i + 1], threshold) for i in range(1, len(bounds) - 1)]
-        failed = [(abs(math.log(max(medians[at], 1e-300) / max(medians[at - 1], 1e-300))), at)
-                  for at, step in zip(points_at, steps) if step is None]
+        failed = [(abs(medians[at] - medians[at - 1]), at) for at, step in zip(points_at, steps) if step is None]
         if not failed:
             return steps
         points_at.remove(min(failed)[1])
