@@ -118,7 +118,7 @@ def _status_table(info: Mapping[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["notebook", "status", "duration (s)", "error"])
 
 
-def _table_html(frame: pd.DataFrame) -> str:
+def table_html(frame: pd.DataFrame) -> str:
     return frame.to_html(index=False, border=0, classes="table", na_rep="", float_format=lambda v: f"{v:.4g}")
 
 
@@ -197,7 +197,7 @@ def _verdict_section(run_path: Path) -> str:
     columns = ["verdict", "claim", *(["group"] if verdicts["group"].astype(bool).any() else []),
                *(["grid_point"] if verdicts["grid_point"].astype(bool).any() else []),
                "ratio", "95% CI low", "95% CI high", "baseline", "rule"]
-    return _table_html(shown[columns])
+    return table_html(shown[columns])
 
 
 def _run_link(run_path: Path, text: str) -> str:
@@ -231,7 +231,7 @@ def build_report(run: str | os.PathLike) -> str:
         parts.append("<h2 id='answers'>Answers</h2>" + "".join(
             f"<p><a href='#{esc(section)}'>{esc(section)}</a></p><pre class='answer'>{esc(chr(10).join(lines))}</pre>"
             for section, lines in answers.items() if lines))
-    parts.append("<h2 id='status'>Notebooks</h2>" + _table_html(_status_table(info)))
+    parts.append("<h2 id='status'>Notebooks</h2>" + table_html(_status_table(info)))
     verdicts = _verdict_section(run_path)
     judged = "<table" in verdicts
     parts.append("<h2 id='verdicts'>Seed verdicts</h2>"
@@ -247,7 +247,7 @@ def build_report(run: str | os.PathLike) -> str:
         parts.append("<h2 id='noise'>Noise warnings</h2><p>Timed measurements whose trials spread too much "
                      "(coefficient of variation above 10%, max/min above 1.5), hold a robust outlier, or began with "
                      "the load average above the cores: read their ratios with care.</p>"
-                     + (_table_html(noise.drop(columns=["dimension", "device", "unit"])) if not noise.empty
+                     + (table_html(noise.drop(columns=["dimension", "device", "unit"])) if not noise.empty
                         else "<p>None flagged.</p>"))
 
     for section in sections:
@@ -269,22 +269,28 @@ def build_report(run: str | os.PathLike) -> str:
             if SUMMARY_COLUMN in frame:  # its lines lead the page; the full table folds away
                 parts.append(f"<pre class='answer'>{esc(chr(10).join(map(str, frame[SUMMARY_COLUMN])))}</pre>"
                              f"<details><summary>{esc(name)}: every column</summary>"
-                             + _table_html(frame.drop(columns=[SUMMARY_COLUMN])) + "</details>")
+                             + table_html(frame.drop(columns=[SUMMARY_COLUMN])) + "</details>")
             else:
-                parts.append(f"<h3>{esc(name)}</h3>" + _table_html(frame))
+                parts.append(f"<h3>{esc(name)}</h3>" + table_html(frame))
         for name in figures.get(section, []):
             figure_id = f"figure-{len(figure_specs)}"
             figure_json = json.loads((run_path / "figures" / f"{name}.json").read_text(encoding="utf-8"))
             figure_specs.append({"id": figure_id, "name": name, "figure": figure_json})
             parts.append(f"<div class='figure' id='{figure_id}' data-name='{esc(name)}'></div>")
 
+    return html_page(f"benchlib run {info.get('run_id', run_path.name)}", parts, figure_specs)
+
+
+def html_page(title: str, parts: Sequence[str], figure_specs: Sequence[Mapping[str, Any]]) -> str:
+    """A page of HTML `parts` whose figures (`{"id", "name", "figure"}`, drawn into the element of that
+    id) come with one inline plotly.js, so it opens offline; `benchlib history` writes one too."""
     from plotly.offline import get_plotlyjs
 
     # '</' inside JSON would end the <script> element early; JSON allows the escaped form.
-    data = json.dumps(figure_specs).replace("</", "<\\/")
+    data = json.dumps(list(figure_specs)).replace("</", "<\\/")
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-        f"<title>benchlib run {esc(info.get('run_id', run_path.name))}</title><style>{_STYLE}</style>"
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style>"
         f"<script>{get_plotlyjs()}</script></head>\n<body data-figures='{len(figure_specs)}'>\n"
         + "\n".join(parts)
         + f"\n<script type='application/json' id='figure-data'>{data}</script>\n<script>{_RENDER_SCRIPT}</script>\n</body></html>\n"

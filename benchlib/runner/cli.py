@@ -1,5 +1,5 @@
 """The `benchlib` command: run notebooks and model files, list them with their parameters, write an example
-model file, list past runs, compare two runs."""
+model file, list past runs, compare two runs, find the steps in a history of runs."""
 
 from __future__ import annotations
 
@@ -86,6 +86,28 @@ def _parser() -> argparse.ArgumentParser:
     compare_parser.add_argument("--threshold", type=float, default=0.05, help="minimum relative change (default 0.05)")
     compare_parser.add_argument("--format", choices=("table", "csv", "json"), default="table")
     compare_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root for run ids")
+
+    history_parser = commands.add_parser(
+        "history", help="each headline metric over many runs: where it stepped, by how much, better or worse",
+        description="Each headline metric of the runs (or every run under --out) as a series, one point per run "
+                    "(the median of its trials), in commit order; change points (ruptures) checked by a ratio of "
+                    "medians with 95%% interval. Prints the steps and writes history.html beside the runs. Exit "
+                    "status: 0 no step, or every series' latest step an improvement; 1 a series' latest step is a "
+                    "regression; 2 bad input (no runs, fewer than 3 runs of any series, unknown names, runs without "
+                    "a commit under --by commit).")
+    history_parser.add_argument("runs", nargs="*", metavar="RUN",
+                                help="run ids (under --out) or run directories (default: every run under --out)")
+    history_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root (default: results/)")
+    history_parser.add_argument("--benchmark", action="append", default=[], help="only this benchmark (repeatable)")
+    history_parser.add_argument("--metric", action="append", default=[],
+                                help="only this metric, headline or not (repeatable; default: each benchmark's headline)")
+    history_parser.add_argument("--threshold", type=float, default=0.05,
+                                help="minimum relative change of a step (default 0.05)")
+    history_parser.add_argument("--by", choices=("commit", "time"), default="commit",
+                                help="order runs by the commit they measured (runs of one commit together, commits "
+                                     "by their first run; the default) or by start time alone")
+    history_parser.add_argument("--html", type=Path, default=None, metavar="PATH",
+                                help="where to write the page (default: history.html in the runs' results root)")
 
     report_parser = commands.add_parser(
         "report", help="(re)write a run's report.html", description="Write RUN/report.html: environment, verdicts, every figure."
@@ -196,6 +218,51 @@ def _compare(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def _history(arguments: argparse.Namespace) -> int:
+    """Print the steps and write history.html; exit 1 when any series' latest step is a regression."""
+    import pandas as pd
+
+    from benchlib.results.history import (HISTORY_PAGE, MIN_RUNS, SERIES_COLUMNS, HistoryError, answer, build_series,
+                                          find_steps, history_page, latest_regressions, looked_at, read_history,
+                                          step_table)
+    from benchlib.results.store import default_results_root, write_text_atomic
+
+    try:
+        history = read_history(arguments.runs, arguments.out)
+        for message in history.skipped:
+            print(f"skipped: {message}", file=sys.stderr)
+        if history.records.empty:
+            where = "the runs given" if arguments.runs else str(arguments.out or default_results_root())
+            raise HistoryError(f"no runs with records in {where}"
+                               + (f" ({len(history.skipped)} skipped, named above)" if history.skipped else ""))
+        series = build_series(history.records, headlines=history.headlines, benchmarks=arguments.benchmark,
+                              metrics=arguments.metric, by=arguments.by)
+        if series.empty:
+            raise HistoryError("the runs hold no headline metric with a better direction (--metric names others)")
+        if looked_at(series).empty:
+            most = int(series.groupby(SERIES_COLUMNS)["run_id"].nunique().max())
+            raise HistoryError(f"fewer than {MIN_RUNS} runs in every series (the most: {most} of {series['run_id'].nunique()} "
+                               "runs read): a step needs runs on both sides of it to tell it from noise")
+        steps = find_steps(series, threshold=arguments.threshold)
+    except HistoryError as refused:
+        print(f"benchlib: error: {refused}", file=sys.stderr)
+        return EXIT_REFUSED
+    print(answer(steps, series))
+    if not steps.empty:
+        print()
+        with pd.option_context("display.width", 250, "display.max_columns", None, "display.max_colwidth", 90):
+            print(step_table(steps).to_string(index=False))
+    latest = series.sort_values("started").iloc[-1]
+    page = arguments.html or history.paths[latest["run_id"]].parent / HISTORY_PAGE
+    try:
+        write_text_atomic(history_page(series, steps, by=arguments.by, skipped=history.skipped), page)
+    except OSError as error:
+        print(f"benchlib: error: cannot write {page}: {error.strerror or error}", file=sys.stderr)
+        return EXIT_REFUSED
+    print(f"page: {page}")
+    return 1 if not latest_regressions(steps).empty else 0
+
+
 def _verdict_changes(arguments: argparse.Namespace) -> str:
     """The seed verdicts that differ between the two runs, one line each (or why none can be told)."""
     from benchlib.results.seed_verdicts import changed_verdicts, load_verdicts
@@ -285,6 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _runs(arguments.out)
         if arguments.command == "compare":
             return _compare(arguments)
+        if arguments.command == "history":
+            return _history(arguments)
         if arguments.command == "report":
             return _report(arguments.run, arguments.out)
         if arguments.command == "merge-records":

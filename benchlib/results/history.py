@@ -1,0 +1,325 @@
+"""When did a figure step? Each headline metric over many runs, its change points and their size.
+
+`benchlib compare` answers for two runs; a history answers for a row of them, ordered by the commit
+measured: one point per run (the median of its trials), keyed as `compare` keys a metric. Change
+points come from `ruptures` (PELT, least squares) on the medians in units of the runs' own trial
+noise, so a series that only wobbles as its trials do has none; every change point is then checked
+as `compare` would check two runs: the trials of the runs before it against those after it, a ratio
+of medians with a 95% interval that must exclude 1 and move by more than the threshold.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from benchlib.results.compare import (CONFIG_COLUMN, CONTEXT_METRICS, KEY_COLUMNS, LOWER_IS_BETTER_BY_UNIT,
+                                      UNIT_COLUMN, VALUE_COLUMN, trial_values, with_config)
+from benchlib.results.derived import with_step_summaries
+from benchlib.results.stats import BETTER, WORSE, ratio_of_medians
+from benchlib.results.store import RecordsUnreadable, list_runs, load_records, load_run_info, resolve_run
+
+BY_COMMIT, BY_TIME = "commit", "time"
+MIN_RUNS = 3  # a step needs a run on one side and a run to tell it from noise on the other
+SERIES_COLUMNS = [*KEY_COLUMNS, UNIT_COLUMN, CONFIG_COLUMN]
+# PELT's penalty per change point, in units of the scaled medians' variance, times log(points) (BIC-like):
+# on medians of pure noise at one trial sigma it fires in under 5% of series of 8 or more points, and the
+# interval check after it removes most of those.
+PENALTY_PER_LOG_POINT = 3.0
+NOISE_CONFIDENCE = 0.95  # the noise scale is the trials' standard deviation at this upper bound
+STEP_COLUMNS = [*SERIES_COLUMNS, "from_run", "to_run", "from_commit", "to_commit", "to_started_at", "runs_before",
+                "runs_after", "median_before", "median_after", "ratio", "ci_low", "ci_high", "label", "latest"]
+
+
+class HistoryError(ValueError):
+    """Input a history cannot be told from; the message says what to give instead."""
+
+
+@dataclass(frozen=True)
+class History:
+    """The records of the runs read (with `run_id`, `started_at` and `commit` per row), the
+    benchmarks' headline metrics as run.json keeps them, a message per run that was skipped, and
+    each run's directory by its id."""
+
+    records: pd.DataFrame
+    headlines: dict[str, list[str]]
+    skipped: list[str]
+    paths: dict[str, Path]
+
+
+def point_commit(info: Mapping[str, Any], benchmark: str, case: str) -> str | None:
+    """The commit a run measured for one benchmark: a model file's own repository's commit (the file
+    is the code under test), else benchlib's checkout; short, with `-dirty` for uncommitted changes."""
+    files = info.get("model_files") or {}
+    entry = files.get(f"{benchmark}/{case}") or files.get(benchmark)
+    git = (entry if entry is not None else info.get("environment") or {}).get("git") or {}
+    commit = git.get("commit")
+    if not commit:
+        return None
+    return commit[:7] + ("-dirty" if git.get("dirty") else "")
+
+
+def read_history(runs: Sequence[str | os.PathLike] = (), root: str | os.PathLike | None = None) -> History:
+    """The records of `runs` (ids under `root` or directories), or of every run under `root`. A run
+    whose run.json or records cannot be read, or that holds no records, is skipped with a message.
+    Training cells' step summaries are derived here, run by run (a cell is named within its run)."""
+    if runs:
+        try:
+            paths = [resolve_run(run, root) for run in runs]
+        except FileNotFoundError as missing:
+            raise HistoryError(str(missing)) from None
+    else:
+        try:
+            paths = [Path(path) for path in list_runs(root)["path"]]
+        except FileNotFoundError as missing:
+            raise HistoryError(f"{missing} (--out names the directory that holds runs)") from None
+    frames, headlines, skipped, run_paths = [], {}, [], {}
+    for path in paths:
+        try:
+            info = load_run_info(path)
+            records = with_step_summaries(load_records(path)).dropna(subset=[VALUE_COLUMN])
+        except (FileNotFoundError, RecordsUnreadable) as error:
+            skipped.append(f"{path}: unreadable: {error}")
+            continue
+        if records.empty:
+            skipped.append(f"{path}: no records")
+            continue
+        for name, declared in (info.get("benchmarks") or {}).items():
+            headlines.setdefault(name, [])
+            headlines[name] += [m for m in declared.get("headline") or () if m not in headlines[name]]
+        commits = {key: point_commit(info, *key) for key in set(zip(records["benchmark"], records["case"]))}
+        run_paths[info.get("run_id") or path.name] = path
+        frames.append(records.assign(run_id=info.get("run_id") or path.name, started_at=info.get("started_at"),
+                                     commit=[commits[key] for key in zip(records["benchmark"], records["case"])]))
+    return History(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), headlines, skipped, run_paths)
+
+
+def judged(records: pd.DataFrame) -> pd.Series:
+    """Rows of metrics with a better direction that describe a result, not its context."""
+    return records[UNIT_COLUMN].isin(list(LOWER_IS_BETTER_BY_UNIT)) & ~records["metric"].isin(CONTEXT_METRICS)
+
+
+def build_series(records: pd.DataFrame, *, headlines: Mapping[str, Sequence[str]] | None = None,
+                 benchmarks: Sequence[str] = (), metrics: Sequence[str] = (), by: str = BY_COMMIT) -> pd.DataFrame:
+    """One row per series and run: the series' key (`SERIES_COLUMNS`), `run_id`, `started_at`, `commit`,
+    `trials` (the run's values, `trial_values`) and their `median`, with `position` its place in the series.
+
+    `records` hold `run_id`, `started_at` and `commit` per row (`read_history`). A benchmark's series are
+    its `headlines` metrics, or every judged metric where none are known, or `metrics` when given. `by`
+    commit puts the runs of one commit together, commits in the order of their first run; by time, runs
+    by start alone. Unknown names, and runs without a commit when ordering by commit, are refused."""
+    if by not in (BY_COMMIT, BY_TIME):
+        raise HistoryError(f"--by must be {BY_COMMIT} or {BY_TIME}, got {by!r}")
+    records = records[judged(records)]
+    for column, names in (("benchmark", benchmarks), ("metric", metrics)):  # a typo must not read as "no step"
+        held = sorted(set(records[column]))
+        unknown = [name for name in names if name not in held]
+        if unknown:
+            judged_note = " (with a better direction)" if column == "metric" else ""
+            raise HistoryError(f"unknown {column} {', '.join(unknown)}; the runs hold{judged_note}: "
+                               f"{', '.join(held) or 'none'}")
+        if names:
+            records = records[records[column].isin(names)]
+    if not metrics and headlines:
+        chosen = records["benchmark"].map(lambda name: list(headlines.get(name) or ()))
+        records = records[[not wanted or metric in wanted for metric, wanted in zip(records["metric"], chosen)]]
+    if by == BY_COMMIT and records["commit"].isna().any():
+        missing = sorted(set(records.loc[records["commit"].isna(), "run_id"]))
+        raise HistoryError(f"run(s) without a recorded commit: {', '.join(missing)}; --by time orders runs by their "
+                           "start time alone")
+    rows = []
+    for key, group in with_config(records).groupby(SERIES_COLUMNS, sort=True):
+        for (run_id, started_at), run_rows in group.groupby(["run_id", "started_at"], sort=False, dropna=False):
+            values = trial_values(run_rows)
+            rows.append([*key, run_id, started_at, run_rows["commit"].iloc[0], values, float(np.median(values))])
+    series = pd.DataFrame(rows, columns=[*SERIES_COLUMNS, "run_id", "started_at", "commit", "trials", "median"])
+    series["started"] = pd.to_datetime(series["started_at"], utc=True, errors="coerce")
+    if by == BY_COMMIT:
+        series["commit_started"] = series.groupby([*SERIES_COLUMNS, "commit"], dropna=False)["started"].transform("min")
+        order = [*SERIES_COLUMNS, "commit_started", "started", "run_id"]
+    else:
+        order = [*SERIES_COLUMNS, "started", "run_id"]
+    series = series.sort_values(order, kind="stable").drop(columns=["commit_started"], errors="ignore")
+    series["position"] = series.groupby(SERIES_COLUMNS).cumcount()
+    return series.reset_index(drop=True)
+
+
+def noise_scale(trials: Sequence[np.ndarray], medians: np.ndarray, threshold: float) -> float:
+    """The unit the medians are measured in for change points: the pooled standard deviation of the
+    trials within each run (its upper 95% bound: two trials a run estimate it poorly, and a low guess
+    reads luck as a step), floored at half the threshold times the series' level, so that counts and
+    bytes with no spread at all still have a scale and a step just past the threshold stands out."""
+    from scipy.stats import chi2
+
+    deviations = [np.asarray(values) - np.mean(values) for values in trials if len(values) > 1]
+    freedom = sum(len(values) - 1 for values in deviations)
+    squares = sum(float(np.sum(d * d)) for d in deviations)
+    pooled = math.sqrt(squares / chi2.ppf(1 - NOISE_CONFIDENCE, freedom)) if freedom else 0.0
+    return max(pooled, threshold / 2 * abs(float(np.median(medians))))
+
+
+def change_points(medians: np.ndarray, scale: float) -> list[int]:
+    """Positions where a new segment starts, by PELT on the medians in units of `scale`."""
+    import ruptures as rpt
+
+    if scale <= 0 or len(medians) < 2:
+        return []
+    signal = (np.asarray(medians, float) / scale).reshape(-1, 1)
+    penalty = PENALTY_PER_LOG_POINT * max(math.log(len(medians)), 1.0)
+    return rpt.Pelt(model="l2", min_size=1, jump=1).fit(signal).predict(pen=penalty)[:-1]
+
+
+def _step(points: pd.DataFrame, start: int, at: int, end: int, threshold: float) -> dict[str, Any] | None:
+    """The step at `at` between segments [start, at) and [at, end): the ratio after/before of the
+    pooled trials' medians with its interval; None where it cannot be judged or is not one (its
+    interval holds 1, or it is within the threshold)."""
+    before = np.concatenate(points["trials"].iloc[start:at].tolist())
+    after = np.concatenate(points["trials"].iloc[at:end].tolist())
+    if not (np.all(before > 0) and np.all(np.isfinite(after))):
+        return None  # zero before (no GC pause, no allocation): no ratio to take
+    interval = ratio_of_medians(before, after)
+    if interval.ci_low <= 1 <= interval.ci_high or abs(interval.ratio - 1) <= threshold:
+        return None
+    last, first = points.iloc[at - 1], points.iloc[at]
+    lower_is_better = LOWER_IS_BETTER_BY_UNIT[first[UNIT_COLUMN]]
+    return {**{column: first[column] for column in SERIES_COLUMNS}, "from_run": last["run_id"],
+            "to_run": first["run_id"], "from_commit": last["commit"], "to_commit": first["commit"],
+            "to_started_at": first["started_at"], "runs_before": at - start, "runs_after": end - at,
+            "median_before": float(np.median(before)), "median_after": float(np.median(after)),
+            "ratio": interval.ratio, "ci_low": interval.ci_low, "ci_high": interval.ci_high,
+            "label": WORSE if (interval.ratio > 1) == lower_is_better else BETTER,
+            "position": at}
+
+
+def series_steps(points: pd.DataFrame, threshold: float) -> list[dict[str, Any]]:
+    """The confirmed steps of one series (rows of `build_series`, in order). A change point that fails
+    its check is dropped, the weakest (smallest jump between its two runs) first, and its neighbours
+    judged again over the merged segments."""
+    medians = points["median"].to_numpy(float)
+    points_at = change_points(medians, noise_scale(points["trials"].tolist(), medians, threshold))
+    while True:
+        bounds = [0, *points_at, len(points)]
+        steps = [_step(points, bounds[i - 1], bounds[i], bounds[i + 1], threshold) for i in range(1, len(bounds) - 1)]
+        failed = [(abs(medians[at] - medians[at - 1]), at) for at, step in zip(points_at, steps) if step is None]
+        if not failed:
+            return steps
+        points_at.remove(min(failed)[1])
+
+
+def find_steps(series: pd.DataFrame, *, threshold: float) -> pd.DataFrame:
+    """Every confirmed step of every series with `MIN_RUNS` runs or more (`STEP_COLUMNS`, plus the step's
+    `position`); `latest` marks each series' last step, whose label decides the exit status."""
+    if not 0 < threshold < 1:
+        raise HistoryError(f"--threshold must lie in (0, 1) (a relative change, 0.05 = 5%; it also floors the "
+                           f"noise scale), got {threshold!r}")
+    rows = []
+    for _, points in series.groupby(SERIES_COLUMNS, sort=True):
+        if len(points) >= MIN_RUNS:
+            steps = series_steps(points.reset_index(drop=True), threshold)
+            rows += [{**step, "latest": index == len(steps) - 1} for index, step in enumerate(steps)]
+    return pd.DataFrame(rows, columns=[*STEP_COLUMNS, "position"])
+
+
+def looked_at(series: pd.DataFrame) -> pd.DataFrame:
+    """The series with `MIN_RUNS` runs or more: those a step can be found in."""
+    sizes = series.groupby(SERIES_COLUMNS)["run_id"].transform("size")
+    return series[sizes >= MIN_RUNS]
+
+
+def latest_regressions(steps: pd.DataFrame) -> pd.DataFrame:
+    """The series whose latest step is worse: the exit status's 1."""
+    return steps[steps["latest"] & (steps["label"] == WORSE)]
+
+
+def series_name(row: Any) -> str:
+    """benchmark/case/variant/metric, the way `compare` names a metric."""
+    return f"{row.benchmark}/{row.case}/{row.variant}/{row.metric}"
+
+
+def unit_scale(value: float, unit: str) -> tuple[float, str]:
+    """The factor and name to show values near `value` in: bytes in kB/MB/GB, seconds in ms or µs."""
+    scales = {"B": ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1.0, "B")),
+              "s": ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"))}.get(unit)
+    if scales is None:
+        return 1.0, "" if unit == "count" else unit
+    return next((scale for scale in scales if abs(value) >= scale[0]), scales[-1])
+
+
+def format_value(value: float, unit: str) -> str:
+    """A value in a readable scale of its unit (`unit_scale`)."""
+    factor, name = unit_scale(value, unit)
+    return f"{value / factor:.3g} {name}".rstrip()
+
+
+def answer(steps: pd.DataFrame, series: pd.DataFrame) -> str:
+    """The one line before the table: how many steps in how many series over how many runs, and
+    whether a latest step is a regression (the worst one named)."""
+    counted = looked_at(series)
+    n_series = counted.groupby(SERIES_COLUMNS).ngroups
+    scope = f"in {n_series} series over {counted['run_id'].nunique()} runs"
+    if steps.empty:
+        return f"no step {scope}"
+    head = f"{len(steps)} step{'s' if len(steps) != 1 else ''} {scope}"
+    regressions = latest_regressions(steps)
+    if regressions.empty:
+        return f"{head}; no latest step is a regression"
+    worst = regressions.assign(distance=np.abs(np.log(regressions["ratio"]))).sort_values("distance").iloc[-1]
+    more = f" (and {len(regressions) - 1} more series)" if len(regressions) > 1 else ""
+    return (f"{head}; latest step in {series_name(worst)} is a regression: {worst.ratio:.3g}x "
+            f"[{worst.ci_low:.3g}, {worst.ci_high:.3g}] at run {worst.to_run} (commit {worst.to_commit}){more}")
+
+
+def step_table(steps: pd.DataFrame) -> pd.DataFrame:
+    """The steps as the terminal and the page show them, one line each."""
+    return pd.DataFrame({
+        "series": [series_name(row) for row in steps.itertuples()],
+        "from run → to run": [f"{row.from_run} → {row.to_run}" for row in steps.itertuples()],
+        "commits": [f"{row.from_commit or '?'} → {row.to_commit or '?'}" for row in steps.itertuples()],
+        "before → after (median)": [f"{format_value(row.median_before, row.unit)} → "
+                                     f"{format_value(row.median_after, row.unit)}" for row in steps.itertuples()],
+        "ratio [95% interval]": [f"{row.ratio:.3g}x [{row.ci_low:.3g}, {row.ci_high:.3g}]"
+                                 for row in steps.itertuples()],
+        "label": [row.label + (" (latest)" if row.latest else "") for row in steps.itertuples()],
+    })
+
+
+HISTORY_PAGE = "history.html"
+
+
+def history_page(series: pd.DataFrame, steps: pd.DataFrame, *, by: str = BY_COMMIT, skipped: Sequence[str] = ()) -> str:
+    """history.html: the answer, the steps' table, then one figure per series that stepped, and the
+    runs read (and those skipped), so the page alone says what it was told from."""
+    import html
+    import json
+
+    from benchlib.results.plots.history import step_figure
+    from benchlib.results.report import html_page, table_html
+
+    parts = ["<h1>benchlib history</h1>",
+             f"<pre class='answer' style='white-space: pre-wrap'>{html.escape(answer(steps, series))}</pre>"]
+    if not steps.empty:
+        parts.append("<h2 id='steps'>Steps</h2><p>A step is a change point of the runs' medians (ruptures, PELT) "
+                     "whose ratio after/before, over the pooled trials of the runs on either side, has a 95% "
+                     "interval without 1 and moves by more than the threshold.</p>" + table_html(step_table(steps)))
+    figure_specs = []
+    for key, stepped in steps.groupby(SERIES_COLUMNS, sort=False):
+        points = series[(series[SERIES_COLUMNS] == pd.Series(key, index=SERIES_COLUMNS)).all(axis=1)]
+        figure_id = f"figure-{len(figure_specs)}"
+        figure = step_figure(points, stepped, by=by)
+        figure_specs.append({"id": figure_id, "name": series_name(stepped.iloc[0]), "figure": json.loads(figure.to_json())})
+        parts.append(f"<div class='figure' id='{figure_id}'></div>")
+    runs = (series.groupby(["run_id", "started_at"], dropna=False)
+            .agg(started=("started", "first"), commits=("commit", lambda c: ", ".join(sorted(set(c.dropna())))))
+            .reset_index().sort_values(["started", "run_id"]).drop(columns="started"))
+    parts.append(f"<h2 id='runs'>Runs read ({len(runs)})</h2>" + table_html(runs))
+    if skipped:
+        parts.append("<h2 id='skipped'>Runs skipped</h2><ul>"
+                     + "".join(f"<li>{html.escape(message)}</li>" for message in skipped) + "</ul>")
+    return html_page("benchlib history", parts, figure_specs)
