@@ -75,6 +75,18 @@ def attribution_records(attribution: Mapping[str, Any], *, params: Mapping[str, 
     return rows
 
 
+def pass_sites(attribution: Mapping[str, Any], kind: str) -> pd.DataFrame:
+    """One pass's sites of `kind` (from `Attribution.to_dict()`) as a site table: site, function, inner,
+    own, bytes, count, file, line; what `diff_sites` compares."""
+    from benchlib.measure.allocations import is_library
+
+    rows = [{"site": site_label(site["file"], site["line"], site["function"]), "function": site["function"],
+             "inner": site.get("inner", ""), "own": bool(site["file"]) and not is_library(site["file"]),
+             "bytes": float(site["bytes"]), "count": float(site["count"]), "file": site["file"],
+             "line": int(site["line"])} for site in attribution.get(kind, ())]
+    return pd.DataFrame(rows, columns=["site", "function", "inner", "own", "bytes", "count", "file", "line"])
+
+
 def _params(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame([json.loads(text) if text else {} for text in frame["params"]], index=frame.index)
 
