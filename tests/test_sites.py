@@ -121,8 +121,11 @@ def test_diff_records_round_trip_through_the_records_frame():
     frame = records_frame(rows)
     assert set(frame["metric"]) == {DIFF_BYTES, "site_count_diff"}
     table = diff_table(frame)
-    assert list(table["site"]) == ["m.py:8", "m.py:5"]
-    assert list(table["bytes_diff"]) == [700, -600] and list(table["change"]) == ["only in b", "fewer"]
+    assert list(table["site"]) == ["(all sites)", "m.py:8", "m.py:5"]
+    assert list(table["bytes_diff"]) == [100, 700, -600] and list(table["change"]) == ["more", "only in b", "fewer"]
+    same = diff_table(records_frame(diff_records(diff_sites(a, a), a="x", b="y", of="peak", benchmark="b", case="c",
+                                                 engine="torch", device="cpu", dtype="float32")))
+    assert list(same["site"]) == ["(all sites)"] and list(same["change"]) == ["same"]
     assert set(table["of"]) == {"allocated"} and set(table["a"]) == {"initial"}
 
 

@@ -76,7 +76,7 @@ class PeakSite:
 
 
 SITES_KEPT = 10  # the largest sites at the peak; the rest are summed in no row
-ATTRIBUTION_KEPT = 20  # the largest sites of each kind an attribution pass keeps
+ATTRIBUTION_KEPT = 200  # the largest sites of each kind an attribution pass keeps (records keep fewer: diffs see these)
 TEMPORARY_THRESHOLD = 1  # memray's: an allocation freed before this many other allocations were made is temporary
 SITE_KINDS = ("peak", "temporary", "allocated")
 NATIVE = "<native>"  # the site of records with no Python frame on their stack

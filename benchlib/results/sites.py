@@ -32,6 +32,8 @@ ATTRIBUTION_METRICS = frozenset(SITE_METRICS + DIFF_METRICS + PASS_METRICS)
 KINDS = ("peak", "temporary", "allocated")
 DIFF = "diff"
 NATIVE_SITE = "<native>"  # what memray saw with no Python frame on the stack
+ALL_SITES = "(all sites)"  # a diff's first row: the two streams' totals
+RECORDED = 20  # sites of each kind, and differing sites of a diff, kept as records
 SITE_COLUMNS = ["benchmark", "case", "variant", "kind", "rank", "site", "function", "inner", "own", "bytes", "count",
                 "share", "file", "line"]
 DIFF_COLUMNS = ["site", "function", "inner", "bytes_a", "bytes_b", "bytes_diff", "count_a", "count_b", "count_diff",
@@ -52,9 +54,9 @@ def site_label(file: str, line: int, function: str) -> str:
 
 
 def attribution_records(attribution: Mapping[str, Any], *, params: Mapping[str, Any] | None = None,
-                        **labels: Any) -> list[dict]:
+                        kept: int = RECORDED, **labels: Any) -> list[dict]:
     """One attribution pass (`Attribution.to_dict()`) as records with `labels` (make_record's) and
-    `params` added to each row's own."""
+    `params` added to each row's own: its cost, its peak, and the `kept` largest sites of each kind."""
     from benchlib.measure.allocations import is_library
     from benchlib.results import make_record
 
@@ -64,7 +66,7 @@ def attribution_records(attribution: Mapping[str, Any], *, params: Mapping[str, 
             for metric, key in ((CALL_TIME, "call_s"), (READ_TIME, "read_s"), (PASS_PEAK, "peak_bytes"),
                                 (UNATTRIBUTED, "unattributed_bytes"))]
     for kind in KINDS:
-        for rank, site in enumerate(attribution.get(kind, ())):
+        for rank, site in enumerate(attribution.get(kind, ())[:kept]):
             where = {"kind": kind, "site": site_label(site["file"], site["line"], site["function"]),
                      "function": site["function"], "file": site["file"], "line": int(site["line"]),
                      "inner": site.get("inner", ""), "own": bool(site["file"]) and not is_library(site["file"])}
@@ -163,16 +165,23 @@ def diff_sites(a: pd.DataFrame, b: pd.DataFrame, by: Sequence[str] = ("site", "f
     return merged.iloc[order][DIFF_COLUMNS].reset_index(drop=True)
 
 
-def diff_records(diff: pd.DataFrame, *, a: str, b: str, of: str, kept: int = 20,
+def diff_records(diff: pd.DataFrame, *, a: str, b: str, of: str, kept: int = RECORDED,
                  params: Mapping[str, Any] | None = None, **labels: Any) -> list[dict]:
-    """A `diff_sites` table as records of kind `diff`: per site (the `kept` largest differences that are
-    not `same`) a `site_bytes_diff` and a `site_count_diff` row (b - a), params naming the two streams
-    (`a`, `b`), which kind of site they compare (`of`) and both sides' bytes and counts."""
+    """A `diff_sites` table as records of kind `diff`: first the two streams' totals (site `(all sites)`,
+    so a diff where nothing differs still says so), then per site (the `kept` largest differences that
+    are not `same`) a `site_bytes_diff` and a `site_count_diff` row (b - a), params naming the two
+    streams (`a`, `b`), which kind of site they compare (`of`) and both sides' bytes and counts."""
     from benchlib.results import make_record
 
     rows = []
-    changed = diff[diff["change"] != "same"].head(kept)
-    for rank, row in enumerate(changed.itertuples(index=False)):
+    totals = {column: float(diff[column].sum()) for column in ("bytes_a", "bytes_b", "count_a", "count_b")}
+    total = pd.DataFrame([{"site": ALL_SITES, "function": "", "inner": "", **totals,
+                           "bytes_diff": totals["bytes_b"] - totals["bytes_a"],
+                           "count_diff": totals["count_b"] - totals["count_a"]}])
+    total["change"] = np.select([total["bytes_diff"] > 0, total["bytes_diff"] < 0, total["count_diff"] != 0],
+                                ["more", "fewer", "different"], default="same")
+    changed = pd.concat([total, diff[diff["change"] != "same"].head(kept)], ignore_index=True)
+    for rank, row in enumerate(changed[DIFF_COLUMNS].itertuples(index=False)):
         where = {**(params or {}), "kind": DIFF, "of": of, "a": a, "b": b, "site": row.site, "function": row.function,
                  "inner": row.inner, "change": row.change, "bytes_a": float(row.bytes_a),
                  "bytes_b": float(row.bytes_b), "count_a": float(row.count_a), "count_b": float(row.count_b)}
