@@ -133,3 +133,103 @@ def test_own_first_puts_the_users_lines_before_library_frames():
     sites = pd.DataFrame({"site": ["torch/autograd/graph.py:829", "m.py:5", "m.py:9"], "own": [False, True, True],
                           "bytes": [900, 100, 300]})
     assert list(own_first(sites)["site"]) == ["m.py:9", "m.py:5", "torch/autograd/graph.py:829"]
+
+
+# ---------------------------------------------------------------- --attribute through the runner
+
+WIDE_MODEL = '''import torch
+
+PARAMETERS = {"width": 256, "batch_size": 64}
+QUICK = {"width": 256, "batch_size": 64}
+
+
+class Wide(torch.nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.inp = torch.nn.Linear(32, width)
+        self.out = torch.nn.Linear(8 * width, 1)
+
+    def forward(self, x):
+        h = torch.tanh(self.inp(x))
+        wide = torch.cat([h] * 8, dim=1)  # WIDE: batch x 8 width floats, saved for the backward pass
+        return self.out(wide)
+
+
+def model(width, batch_size):
+    return Wide(width)
+
+
+def batch(width, batch_size):
+    return torch.randn(batch_size, 32), torch.randn(batch_size, 1)
+
+
+def loss(model, x, y):
+    return ((model(x) - y) ** 2).mean()
+'''
+
+
+@needs_memray
+def test_attribute_names_the_users_line_holding_the_peak_in_records_and_report(tmp_path, capsys):
+    from benchlib.results import load_records
+    from benchlib.runner.cli import main
+
+    path = tmp_path / "wide.py"
+    path.write_text(WIDE_MODEL)
+    out = tmp_path / "runs"
+    assert main(["run", str(path), "--quick", "--attribute", "-p", "trials=1", "-p", "engines=torch,torch.func",
+                 "--out", str(out), "--no-progress"]) == 0
+    run = next(out.iterdir())
+    records = load_records(run)
+    line = next(number for number, text in enumerate(WIDE_MODEL.splitlines(), start=1) if "# WIDE" in text)
+    sites = site_table(records, "peak")
+    held = 64 * 8 * 256 * 4  # the concatenated activations, float32
+    for engine in ("torch", "torch.func"):
+        own = own_first(sites[sites["variant"] == engine]).iloc[0]
+        assert (own["site"], own["function"], bool(own["own"])) == (f"wide.py:{line}", "forward", True)
+        assert held <= own["bytes"] < held + 4096  # the buffer, and the tensor's own small C++ allocations
+        # one attribution pass per engine (first trial), apart from the measured ones
+        assert (records[(records["variant"] == engine)]["metric"] == "attribution_call_time").sum() == 1
+    diffs = diff_table(records)
+    assert set(diffs["a"]) == {"torch"} and set(diffs["b"]) == {"torch.func"}
+    page = (run / "report.html").read_text()
+    assert "Where the peak is" in page and "What the capture cost" in page and "Site-by-site diffs" in page
+    assert f"your line holding most of the peak is wide.py:{line} in forward" in page
+
+
+def test_attribute_is_refused_before_anything_runs_without_memray(tmp_path, capsys, monkeypatch):
+    import benchlib.measure.allocations as allocations
+    from benchlib.runner.cli import main
+
+    path = tmp_path / "wide.py"
+    path.write_text(WIDE_MODEL)
+    monkeypatch.setattr(allocations, "memray_available", lambda: False)
+    out = tmp_path / "runs"
+    assert main(["run", str(path), "--quick", "--attribute", "--out", str(out)]) == 2
+    assert "memray" in capsys.readouterr().err and not out.exists()
+
+
+def test_attribute_is_refused_for_benchmarks_without_an_attribution_pass(tmp_path, capsys):
+    from benchlib.runner.cli import main
+
+    out = tmp_path / "runs"
+    assert main(["run", "dot_chain", "--quick", "--attribute", "--out", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert "--attribute" in error and "identical_closures" in error and not out.exists()
+
+
+@needs_memray
+def test_identical_closures_attribution_pass_diffs_the_verdict_pairs():
+    from benchlib.workloads.closures import Protocol, run_protocol
+    from benchlib.workloads.closures.spec import INITIAL, NEW, PAIRS
+
+    protocol = Protocol(warmup=1, repeats=2, cold_passes=1, alloc_passes=1, alloc_samples=1, backend="eager")
+    frame = records_frame(run_protocol("reduced", "benchlib-inplace", "seed", device="cpu", protocol=protocol,
+                                       attribute=True))
+    sites = site_table(frame)
+    assert set(sites["kind"]) == {"peak", "temporary", "allocated"}
+    assert sites["site"].str.startswith("benchlib/").any()  # benchlib's own frames by their package path
+    diffs = diff_table(frame)
+    totals = diffs[diffs["site"] == "(all sites)"]
+    assert len(totals) == len(PAIRS["warm"]) and set(totals["of"]) == {"allocated"}
+    pair = totals[(totals["a"] == INITIAL) & (totals["b"] == NEW)].iloc[0]
+    assert pair["bytes_a"] > 0 and pair["count_a"] > 0

@@ -67,12 +67,17 @@ class PeakSite:
 
     @property
     def where(self) -> str:
-        """The file as a reader finds it: a library's module path from its package (torch/autograd/graph.py),
-        else the file's name."""
+        """The file as a reader finds it: a library's module path from its package (torch/autograd/graph.py,
+        benchlib/autodiff/core.py), else the file's name."""
         parts = Path(self.file).parts
         inside = max((index for index, part in enumerate(parts) if part in ("site-packages", "dist-packages")),
                      default=None)
-        return "/".join(parts[inside + 1:]) if inside is not None else Path(self.file).name
+        if inside is not None:
+            return "/".join(parts[inside + 1:])
+        own = Path(_BENCHLIB).parent
+        if self.file.startswith(_BENCHLIB + os.sep):
+            return Path(self.file).relative_to(own).as_posix()
+        return Path(self.file).name
 
 
 SITES_KEPT = 10  # the largest sites at the peak; the rest are summed in no row
@@ -80,6 +85,7 @@ ATTRIBUTION_KEPT = 200  # the largest sites of each kind an attribution pass kee
 TEMPORARY_THRESHOLD = 1  # memray's: an allocation freed before this many other allocations were made is temporary
 SITE_KINDS = ("peak", "temporary", "allocated")
 NATIVE = "<native>"  # the site of records with no Python frame on their stack
+_BENCHLIB = str(Path(__file__).resolve().parents[1])  # the package's folder
 _LIBRARY_ROOTS = tuple({str(Path(sysconfig.get_paths()[name]).resolve())
                          for name in ("stdlib", "platstdlib", "purelib", "platlib")}
                         | {str(Path(__file__).resolve().parents[1])})  # benchlib itself
