@@ -11,9 +11,8 @@ SHOWN_SITES = 10
 
 
 def site_name(row) -> str:
-    """A bar's label: `model.py:16 forward`, with the primitive that allocated where it is another frame."""
-    via = f" → {row['inner'].split(' in ')[-1]}" if row.get("inner") else ""
-    return f"{row['site']} {row['function']}{via}"
+    """A bar's label: `model.py:16 forward` (a line's primitive can differ between engines: the tables name it)."""
+    return f"{row['site']} {row['function']}"
 
 
 def peak_sites_figure(sites: pd.DataFrame, *, title: str, kind: str = "peak", shown: int = SHOWN_SITES) -> go.Figure:
