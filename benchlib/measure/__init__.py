@@ -3,8 +3,8 @@
 See docs/architecture.md for the contract and docs/measuring.md for how each quantity is
 measured, what it costs and its caveats.
 """
-from .allocations import (AllocationTracker, AllocationTrackingUnavailable, Allocations,
-                          count_allocations)
+from .allocations import (AllocationTracker, AllocationTrackingUnavailable, Allocations, Attribution,
+                          attribute_allocations, count_allocations)
 from .core import Measurement, StepTimes, measure, measure_steps, time_call
 from .devices import Device, DeviceError, resolve_device, torch_threads
 from .gcmonitor import GCMonitor, GCPause, tracked_objects
@@ -13,8 +13,8 @@ from .isolation import (DEFAULT_MALLOC_POLICY, MALLOC_POLICIES, Case, CaseFailed
 from .timeline import MemoryTimeline, mark
 
 __all__ = [
-    "AllocationTracker", "AllocationTrackingUnavailable", "Allocations", "Case", "CaseFailed",
+    "AllocationTracker", "AllocationTrackingUnavailable", "Allocations", "Attribution", "Case", "CaseFailed",
     "DEFAULT_MALLOC_POLICY", "Device", "DeviceError", "GCMonitor", "GCPause", "IsolatedResult", "IsolationOptions",
     "MALLOC_POLICIES", "Measurement", "MemoryRequirementError", "MemoryTimeline",
-    "StepTimes", "count_allocations", "mark", "tracked_objects", "measure", "measure_steps", "resolve_device", "run_isolated", "time_call", "torch_threads",
+    "StepTimes", "attribute_allocations", "count_allocations", "mark", "tracked_objects", "measure", "measure_steps", "resolve_device", "run_isolated", "time_call", "torch_threads",
 ]

@@ -11,11 +11,13 @@ apart from the timed repeats.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sysconfig
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from time import perf_counter
 from typing import Callable
 
 from .devices import Device, cuda_stat, resolve_device
@@ -54,7 +56,8 @@ class PeakSite:
     function: str
     bytes: int
     count: int
-    share: float  # of the tracked peak
+    share: float  # of the tracked peak (of all temporary or allocated bytes, for those kinds of site)
+    inner: str = ""  # the innermost frame of the site's largest record where it is not the site itself ("torch/nn/functional.py:2380 in linear")
 
     def __str__(self) -> str:
         from .core import format_bytes
@@ -64,15 +67,25 @@ class PeakSite:
 
     @property
     def where(self) -> str:
-        """The file as a reader finds it: a library's module path from its package (torch/autograd/graph.py),
-        else the file's name."""
+        """The file as a reader finds it: a library's module path from its package (torch/autograd/graph.py,
+        benchlib/autodiff/core.py), else the file's name."""
         parts = Path(self.file).parts
         inside = max((index for index, part in enumerate(parts) if part in ("site-packages", "dist-packages")),
                      default=None)
-        return "/".join(parts[inside + 1:]) if inside is not None else Path(self.file).name
+        if inside is not None:
+            return "/".join(parts[inside + 1:])
+        own = Path(_BENCHLIB).parent
+        if self.file.startswith(_BENCHLIB + os.sep):
+            return Path(self.file).relative_to(own).as_posix()
+        return Path(self.file).name
 
 
 SITES_KEPT = 10  # the largest sites at the peak; the rest are summed in no row
+ATTRIBUTION_KEPT = 200  # the largest sites of each kind an attribution pass keeps (records keep fewer: diffs see these)
+TEMPORARY_THRESHOLD = 1  # memray's: an allocation freed before this many other allocations were made is temporary
+SITE_KINDS = ("peak", "temporary", "allocated")
+NATIVE = "<native>"  # the site of records with no Python frame on their stack
+_BENCHLIB = str(Path(__file__).resolve().parents[1])  # the package's folder
 _LIBRARY_ROOTS = tuple({str(Path(sysconfig.get_paths()[name]).resolve())
                          for name in ("stdlib", "platstdlib", "purelib", "platlib")}
                         | {str(Path(__file__).resolve().parents[1])})  # benchlib itself
@@ -97,11 +110,15 @@ class AllocationTracker:
     """Context manager counting allocations made inside it; the result is in `.allocations`.
     `python_allocators=False` skips the Python-allocator tracing (faster; no `python_*` counts)."""
 
-    def __init__(self, device: str | Device = "cpu", python_allocators: bool = True, sites: bool = False):
+    def __init__(self, device: str | Device = "cpu", python_allocators: bool = True, sites: bool = False,
+                 attribute: int = 0):
         self.device = resolve_device(device)
         self.python_allocators = bool(python_allocators)
         self.sites = bool(sites)
+        self.attribute = int(attribute)  # > 0: read an `Attribution` keeping this many sites of each kind
         self.allocations: Allocations | None = None
+        self.attribution: Attribution | None = None
+        self.call_s = 0.0
         self._tracker = None
         self._tmpdir = None
         self._path = ""
@@ -146,8 +163,14 @@ class AllocationTracker:
                                            peak_bytes=max(0, peak - self._in_use_before))
             return
         try:
+            start = perf_counter()
             self._tracker.__exit__(*exc)
-            if exc[0] is None:
+            if exc[0] is None and self.attribute:
+                peak, temporary, allocated, peak_bytes, unattributed = _read_attribution(
+                    self._path, self.python_allocators, self.attribute)
+                self.attribution = Attribution(peak_bytes, peak, temporary, allocated, self.call_s,
+                                               perf_counter() - start, unattributed, self.python_allocators)
+            elif exc[0] is None:
                 self.allocations = _read_memray(self._path, self.python_allocators, self.sites)
         finally:
             self._tmpdir.cleanup()
@@ -199,19 +222,142 @@ def _read_memray(path: str, python_allocators: bool, sites: bool = False) -> All
     return Allocations(count, nbytes, SOURCE_MEMRAY, python_count, python_bytes, peak, found)
 
 
-def _peak_sites(at_peak, peak: int) -> tuple[PeakSite, ...]:
-    """The live allocations at the peak grouped by their site (`PeakSite`), largest first."""
-    grouped: dict[tuple[str, int, str], list[int]] = {}
-    for record in at_peak:
-        frames = record.stack_trace()
-        function, file, line = next((frame for frame in frames if not is_library(frame[1])),
-                                    frames[0] if frames else ("<native>", "", 0))
-        totals = grouped.setdefault((file, line, function), [0, 0])
+def _frame_text(frame) -> str:
+    function, file, line = frame
+    return f"{PeakSite(file, line, function, 0, 0, 0.0).where}:{line} in {function}"
+
+
+def _site_of(frames) -> tuple[tuple[str, int, str], str]:
+    """(file, line, function) of a stack's site, and its innermost frame as text where that is another frame."""
+    if not frames:
+        return ("", 0, NATIVE), ""
+    site = next((frame for frame in frames if not is_library(frame[1])), frames[0])
+    function, file, line = site
+    return (file, line, function), "" if site == frames[0] else _frame_text(frames[0])
+
+
+def _group_sites(records, total: int, kept: int, stacks: dict | None = None) -> tuple[PeakSite, ...]:
+    """Records (memray's, with `.size` their bytes, `.n_allocations` and a stack) grouped by their
+    site, largest first; `share` is of `total`. `stacks` caches a stack's site by its id."""
+    grouped: dict[tuple[str, int, str], list] = {}
+    stacks = {} if stacks is None else stacks
+    for record in records:
+        key = record.stack_id
+        if key not in stacks:
+            stacks[key] = _site_of(record.stack_trace())
+        site, inner = stacks[key]
+        totals = grouped.setdefault(site, [0, 0, {}])
         totals[0] += record.size
         totals[1] += record.n_allocations
-    ranked = sorted(grouped.items(), key=lambda item: -item[1][0])[:SITES_KEPT]
-    return tuple(PeakSite(file, line, function, size, n, size / peak if peak else 0.0)
-                 for (file, line, function), (size, n) in ranked)
+        totals[2][inner] = totals[2].get(inner, 0) + record.size
+    ranked = sorted(grouped.items(), key=lambda item: (-item[1][0], item[0]))[:kept]
+    return tuple(PeakSite(file, line, function, size, n, size / total if total else 0.0,
+                          max(inners.items(), key=lambda item: item[1])[0])
+                 for (file, line, function), (size, n, inners) in ranked)
+
+
+def _peak_sites(at_peak, peak: int) -> tuple[PeakSite, ...]:
+    """The live allocations at the peak grouped by their site (`PeakSite`), largest first."""
+    return _group_sites(at_peak, peak, SITES_KEPT)
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """What an attribution pass (one more traced call, `attribute_allocations`) saw, by site: the
+    allocations live at its tracked peak (`peak`), those freed soon after they were made (`temporary`,
+    memray's temporary allocations) and every allocation made (`allocated`), each largest first.
+    `call_s` is the traced call, `read_s` stopping the tracker and reading and grouping its records:
+    the pass's cost. `unattributed_bytes` of the peak had no Python frame on their stack."""
+
+    peak_bytes: int
+    peak: tuple[PeakSite, ...]
+    temporary: tuple[PeakSite, ...]
+    allocated: tuple[PeakSite, ...]
+    call_s: float
+    read_s: float
+    unattributed_bytes: int = 0
+    python_allocators: bool = True
+
+    def sites(self, kind: str) -> tuple[PeakSite, ...]:
+        if kind not in SITE_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(SITE_KINDS)}, got {kind!r}")
+        return getattr(self, kind)
+
+    def to_dict(self) -> dict:
+        """JSON-shaped (sites as lists of dicts), as a Measurement carries it across a process boundary."""
+        return {**dataclasses.asdict(self), **{kind: [dataclasses.asdict(site) for site in getattr(self, kind)]
+                                               for kind in SITE_KINDS}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Attribution":
+        values = dict(data)
+        for kind in SITE_KINDS:
+            values[kind] = tuple(PeakSite(**site) for site in data.get(kind, ()))
+        return cls(**values)
+
+
+def _read_attribution(path: str, python_allocators: bool, kept: int = ATTRIBUTION_KEPT) -> tuple:
+    """(peak, temporary, allocated, peak bytes, unattributed bytes) of a tracker's file, the tracker's
+    own records left out as in `_read_memray`."""
+    import memray
+
+    allocating = {getattr(memray.AllocatorType, name) for name in _ALLOCATING + _PYTHON_ALLOCATING}
+    tracker_frames = {(code.co_name, code.co_filename) for code in
+                      (AllocationTracker.__enter__.__code__, AllocationTracker.__exit__.__code__)}
+    own_by_stack: dict = {}
+
+    def own(record) -> bool:
+        key = record.stack_id
+        if key not in own_by_stack:
+            frames = record.stack_trace(max_stacks=1)
+            own_by_stack[key] = bool(frames) and frames[0][:2] in tracker_frames
+        return own_by_stack[key]
+
+    reader = memray.FileReader(path)
+    at_peak = [r for r in reader.get_high_watermark_allocation_records(merge_threads=True) if not own(r)]
+    peak = sum(record.size for record in at_peak)
+    temporary = [r for r in reader.get_temporary_allocation_records(merge_threads=True, threshold=TEMPORARY_THRESHOLD)
+                 if r.allocator in allocating and not own(r)]
+    allocated = [r for r in reader.get_allocation_records() if r.allocator in allocating and not own(r)]
+    stacks: dict = {}
+    unattributed = sum(r.size for r in at_peak if not r.stack_trace(max_stacks=1))
+    return (_group_sites(at_peak, peak, kept, stacks),
+            _group_sites(temporary, sum(r.size for r in temporary), kept, stacks),
+            _group_allocated(allocated, kept, stacks),
+            peak, unattributed)
+
+
+def _group_allocated(records, kept: int, stacks: dict) -> tuple[PeakSite, ...]:
+    """`get_allocation_records` gives one record per call (size: that call's bytes): the same grouping."""
+
+    class _Total:  # the aggregated view `_group_sites` reads
+        __slots__ = ("size", "n_allocations", "stack_id", "stack_trace")
+
+    rows = []
+    for record in records:
+        row = _Total()
+        row.size, row.n_allocations = record.size * record.n_allocations, record.n_allocations
+        row.stack_id, row.stack_trace = record.stack_id, record.stack_trace
+        rows.append(row)
+    return _group_sites(rows, sum(row.size for row in rows), kept, stacks)
+
+
+def attribute_allocations(fn: Callable[[], object], python_allocators: bool = False,
+                          kept: int = ATTRIBUTION_KEPT) -> Attribution:
+    """Call `fn` once more under memray and say where its memory went, by source line (`Attribution`).
+
+    By default only the system allocator is traced (buffers: NumPy and torch CPU tensors, large Python
+    objects): memray calls an allocation temporary when it is freed before `TEMPORARY_THRESHOLD` other
+    allocations are made, and with Python's allocator traced the small objects made between a
+    buffer's allocation and its free would hide every buffer's churn. `python_allocators=True` adds
+    Python's small objects (the peak sites then add up to the tracked peak). CPU memory only: memray
+    sees the host's allocators (on CUDA, the host side of a step)."""
+    tracker = AllocationTracker("cpu", python_allocators, attribute=kept)
+    with tracker:
+        start = perf_counter()
+        fn()
+        tracker.call_s = perf_counter() - start
+    return tracker.attribution
 
 
 def count_allocations(fn: Callable[[], object], device: str | Device = "cpu",

@@ -9,14 +9,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .allocations import AllocationTrackingUnavailable, count_allocations, memray_available
+from .allocations import AllocationTrackingUnavailable, attribute_allocations, count_allocations, memray_available
 from .devices import Device, resolve_device
 from .gcmonitor import GCMonitor
 from .timeline import MemoryTimeline, timeline_from_json, timeline_to_json
 
 _FIELDS = ("name", "device", "times_s", "gc_count", "gc_seconds", "alloc_count", "alloc_bytes",
            "alloc_source", "alloc_count_python", "alloc_bytes_python", "peak_bytes", "baseline_bytes",
-           "tracked_peak_bytes", "peak_sites", "timeline")
+           "tracked_peak_bytes", "peak_sites", "attribution", "timeline")
+_OPTIONAL_FIELDS = ("attribution",)  # may be missing from a dict written before it existed
 
 
 def _sig4(value: float) -> str:
@@ -70,6 +71,7 @@ class Measurement:
     baseline_bytes: int | None = None
     tracked_peak_bytes: int | None = None  # the allocation pass's peak (allocations.Allocations.peak_bytes)
     peak_sites: tuple | None = None  # PeakSite dicts of that pass, with `sites` (`measure(..., sites=True)`)
+    attribution: dict | None = field(default=None, compare=False, repr=False)  # Attribution.to_dict() of the extra pass (`attribute`)
     timeline: Any = field(default=None, compare=False, repr=False)
 
     @property
@@ -113,12 +115,12 @@ class Measurement:
 
     @classmethod
     def from_dict(cls, data: dict) -> "Measurement":
-        missing = [name for name in _FIELDS if name not in data]
+        missing = [name for name in _FIELDS if name not in data and name not in _OPTIONAL_FIELDS]
         unknown = sorted(set(data) - set(_FIELDS))
         if missing or unknown:
             raise ValueError(f"not a Measurement dict: missing {missing}, unknown {unknown}; "
                              f"expected keys {list(_FIELDS)}")
-        values = dict(data)
+        values = {"attribution": None, **data}
         values["times_s"] = tuple(float(t) for t in data["times_s"])
         if data["peak_sites"] is not None:
             values["peak_sites"] = tuple(dict(site) for site in data["peak_sites"])
@@ -146,6 +148,10 @@ class Measurement:
                       ("tracked_peak_bytes", self.tracked_peak_bytes, "B")]
         rows += [make_record(**labels, metric=metric, value=float(value), unit=unit)
                  for metric, value, unit in quantities if value is not None]
+        if self.attribution is not None:
+            from benchlib.results.sites import attribution_records
+
+            rows += attribution_records(self.attribution, **labels)
         return rows
 
 
@@ -249,7 +255,7 @@ def measure_steps(step: Callable[[int], Any], n: int, *, device: str | Device = 
 def measure_with_result(fn: Callable[[], Any], *, device: str | Device = "cpu", warmup: int = 1,
                         repeats: int = 5, track_allocations: bool = True, timeline: bool = False,
                         timeline_interval_s: float = 0.002,
-                        name: str = "", sites: bool = False) -> tuple[Measurement, Any]:
+                        name: str = "", sites: bool = False, attribute: bool = False) -> tuple[Measurement, Any]:
     """`measure`, also returning the last timed repeat's result (for a case's check)."""
     if not callable(fn):
         raise TypeError(f"fn must be callable with no arguments, got {type(fn).__name__}")
@@ -257,6 +263,9 @@ def measure_with_result(fn: Callable[[], Any], *, device: str | Device = "cpu", 
     if timeline and not timeline_interval_s > 0:
         raise ValueError(f"timeline_interval_s must be > 0, got {timeline_interval_s!r}")
     dev = resolve_device(device)
+    if attribute and not memray_available():
+        raise AllocationTrackingUnavailable(
+            "attribute=True (allocation sites) needs memray (Linux/macOS only): pip install memray")
     if track_allocations and not dev.is_cuda and not memray_available():
         raise AllocationTrackingUnavailable(
             "track_allocations=True needs memray on CPU (Linux/macOS only); install it or pass "
@@ -270,6 +279,8 @@ def measure_with_result(fn: Callable[[], Any], *, device: str | Device = "cpu", 
     steps = measure_steps(lambda _: fn(), repeats, device=dev, timeline=timeline,
                           timeline_interval_s=timeline_interval_s)
     allocations = count_allocations(fn, dev, sites=sites) if track_allocations else None
+    # The attribution pass comes after every other pass, so it changes none of their numbers.
+    attribution = attribute_allocations(fn).to_dict() if attribute else None  # buffers: system allocator
     measurement = Measurement(
         name=name, device=dev.name, times_s=steps.step_s, gc_count=steps.gc_count_total,
         gc_seconds=steps.gc_seconds,
@@ -282,7 +293,7 @@ def measure_with_result(fn: Callable[[], Any], *, device: str | Device = "cpu", 
         tracked_peak_bytes=None if allocations is None else allocations.peak_bytes,
         peak_sites=None if allocations is None or allocations.sites is None else
         tuple(dataclasses.asdict(site) for site in allocations.sites),
-        timeline=steps.timeline)
+        attribution=attribution, timeline=steps.timeline)
     return measurement, steps.result
 
 
@@ -298,11 +309,14 @@ def time_call(fn: Callable[[], Any], device: str | Device = "cpu") -> float:
 
 def measure(fn: Callable[[], Any], *, device: str | Device = "cpu", warmup: int = 1,
             repeats: int = 5, track_allocations: bool = True, timeline: bool = False,
-            timeline_interval_s: float = 0.002, name: str = "", sites: bool = False) -> Measurement:
+            timeline_interval_s: float = 0.002, name: str = "", sites: bool = False,
+            attribute: bool = False) -> Measurement:
     """Warm-up calls, timed repeats (GC pauses, peak above the baseline taken just before the
     first repeat, optional memory timeline), then, if asked, one allocation-tracing call (its
-    tracked peak, and with `sites` the lines holding the bytes live at that peak)."""
+    tracked peak, and with `sites` the lines holding the bytes live at that peak), then with
+    `attribute` one more traced call, the attribution pass (`Measurement.attribution`: sites at its
+    peak, temporaries and all allocations by site, and what the pass cost)."""
     measurement, _ = measure_with_result(
         fn, device=device, warmup=warmup, repeats=repeats, track_allocations=track_allocations,
-        timeline=timeline, timeline_interval_s=timeline_interval_s, name=name, sites=sites)
+        timeline=timeline, timeline_interval_s=timeline_interval_s, name=name, sites=sites, attribute=attribute)
     return measurement

@@ -141,6 +141,7 @@ class IsolationOptions:
     malloc: str = DEFAULT_MALLOC_POLICY
     memory_required_bytes: int | None = None
     sites: bool = False  # the allocation pass also groups the live allocations at its peak by line
+    attribute: bool = False  # one more traced call after the others: allocation sites (Measurement.attribution)
 
     def __post_init__(self) -> None:
         _check_counts(self.warmup, self.repeats)
@@ -188,7 +189,8 @@ def run_isolated(target: str, params: dict | None = None, *, name: str, device: 
     spec = {"target": target, "params": params, "name": name, "device": dev.name,
             "warmup": options.warmup, "repeats": options.repeats, "track_allocations": options.track_allocations,
             "timeline": options.timeline, "timeline_interval_s": options.timeline_interval_s,
-            "role_timeline": bool(options.role_timeline), "sites": bool(options.sites), "malloc_policy": options.malloc, "malloc_env": policy_env,
+            "role_timeline": bool(options.role_timeline), "sites": bool(options.sites),
+            "attribute": bool(options.attribute), "malloc_policy": options.malloc, "malloc_env": policy_env,
             "parent_pid": os.getpid(),
             "sys_path": [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p)]}
     env = {**os.environ, **policy_env}
@@ -317,7 +319,8 @@ def child_main(spec_path: str, result_path: str) -> int:
         measurement, last = measure_with_result(
             case.fn, device=device, warmup=spec["warmup"], repeats=spec["repeats"],
             track_allocations=spec["track_allocations"], timeline=spec["timeline"],
-            timeline_interval_s=spec["timeline_interval_s"], name=spec["name"], sites=spec["sites"])
+            timeline_interval_s=spec["timeline_interval_s"], name=spec["name"], sites=spec["sites"],
+            attribute=spec.get("attribute", False))
         checks = _checks(case, last)
         del last
         roles = None

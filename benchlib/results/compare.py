@@ -56,7 +56,10 @@ TIGHT_SPREAD_OF_THRESHOLD = 0.25  # sizes whose trials agree within this share o
 # the per-collection records, whose repeats are collections of all generations in whatever number a
 # run happened to make (their per-step sums, step_gc_time and step_gc_pauses, are judged): shown, never judged.
 CONTEXT_METRICS = frozenset({"baseline_bytes", "gc_pause_time", "gc_pause_generation", "gc_pause_collected",
-                             "gc_pause_uncollectable", "gc_pause_tracked", "gc_pause_step"})
+                             "gc_pause_uncollectable", "gc_pause_tracked", "gc_pause_step",
+                             # an attribution pass (--attribute): where the bytes went, and what capturing it cost
+                             "site_bytes", "site_count", "site_bytes_diff", "site_count_diff", "attribution_call_time",
+                             "attribution_read_time", "attribution_peak_bytes", "attribution_unattributed_bytes"})
 
 # Params that describe one measurement rather than the configuration measured: the trial's place in
 # its order (and how many trials there were, so runs with different trial counts still match), the

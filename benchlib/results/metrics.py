@@ -79,6 +79,20 @@ for _name, _unit, _kind, _meaning in (
     ("tracked_peak_bytes", "B", "memory", "most bytes live at once in the allocation pass, as the allocators saw them "
      "(memray on CPU, the caching allocator on CUDA): the same for a given code path, unlike the resident peak"),
     ("baseline_bytes", "B", "memory", "memory in use just before the first timed call"),
+    # allocation sites (benchlib.results.sites; an attribution pass, --attribute)
+    ("site_bytes", "B", "memory", "bytes one source line accounts for in an attribution pass (repeat = its rank): "
+     "live at the pass's peak (params.kind peak), freed soon after being made (temporary) or allocated in all "
+     "(allocated); params.site is file:line, params.function its function, params.own whether it is the user's code"),
+    ("site_count", "count", "count", "allocations of that site and kind (the same params as its site_bytes)"),
+    ("site_bytes_diff", "B", "memory", "a site's bytes in stream b minus stream a (params.a, params.b; params.of the "
+     "kind of site compared; kind diff)"),
+    ("site_count_diff", "count", "count", "a site's allocations in stream b minus stream a (as site_bytes_diff)"),
+    ("attribution_call_time", "s", "time", "the traced call of an attribution pass (its cost, beside a plain call)"),
+    ("attribution_read_time", "s", "time", "stopping the attribution pass's tracker and reading and grouping its records"),
+    ("attribution_peak_bytes", "B", "memory", "most bytes live at once in the attribution pass, as its tracer saw them "
+     "(the system allocator only, unless params.python_allocators)"),
+    ("attribution_unattributed_bytes", "B", "memory", "bytes of that peak whose stacks held no Python frame "
+     "(native threads, memory allocated before any Python frame)"),
     # case outcomes and checks
     ("ok", "", "status", "the case ran (value 1)"),
     ("failed", "", "status", "the case failed; params.message holds the error (value 1)"),

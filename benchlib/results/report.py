@@ -210,6 +210,39 @@ def _run_link(run_path: Path, text: str) -> str:
     return f"<a href='{html.escape(quote(text, safe='/'))}'>{html.escape(text)}</a>"
 
 
+def _attributed_records(run_path: Path) -> pd.DataFrame | None:
+    """The run's records of attribution passes (--attribute), None when it has none or they cannot be read."""
+    from benchlib.results.sites import ATTRIBUTION_METRICS
+    from benchlib.results.store import load_records
+
+    try:
+        records = load_records(run_path)
+    except Exception:  # no records, or unreadable ones: the page still shows everything else
+        return None
+    if not records["metric"].isin(ATTRIBUTION_METRICS).any():
+        return None
+    return records
+
+
+def _sites_html(records: pd.DataFrame, benchmark: str, figure_specs: list[dict[str, Any]]) -> str:
+    """A section's "Where the peak is": sites, diffs and the capture's cost, its figures added to the page's."""
+    from benchlib.results.reporters.sites import sites_section
+
+    try:
+        section = sites_section(records, benchmark)
+    except Exception as error:  # a damaged table must not cost the rest of the page
+        return f"<p>Allocation sites could not be shown: {html.escape(f'{type(error).__name__}: {error}')}</p>"
+    parts = []
+    for part in section:
+        if isinstance(part, str):
+            parts.append(part)
+            continue
+        figure_id, name = f"figure-{len(figure_specs)}", f"{benchmark}_sites_{len(parts)}"
+        figure_specs.append({"id": figure_id, "name": name, "figure": json.loads(part.to_json())})
+        parts.append(f"<div class='figure' id='{figure_id}' data-name='{html.escape(name)}'></div>")
+    return "\n".join(parts)
+
+
 def build_report(run: str | os.PathLike) -> str:
     """The report page of a run directory (or run id) as one HTML string."""
     run_path = resolve_run(run)
@@ -250,6 +283,7 @@ def build_report(run: str | os.PathLike) -> str:
                      + (table_html(noise.drop(columns=["dimension", "device", "unit"])) if not noise.empty
                         else "<p>None flagged.</p>"))
 
+    attributed = _attributed_records(run_path)
     for section in sections:
         entry = info.get("notebooks", {}).get(section, {})
         parts.append(f"<h2 id='{esc(section)}'>{esc(section)}</h2>")
@@ -277,6 +311,8 @@ def build_report(run: str | os.PathLike) -> str:
             figure_json = json.loads((run_path / "figures" / f"{name}.json").read_text(encoding="utf-8"))
             figure_specs.append({"id": figure_id, "name": name, "figure": figure_json})
             parts.append(f"<div class='figure' id='{figure_id}' data-name='{esc(name)}'></div>")
+        if attributed is not None and section in notebooks:
+            parts.append(_sites_html(attributed, section.split("@")[0], figure_specs))
 
     return html_page(f"benchlib run {info.get('run_id', run_path.name)}", parts, figure_specs)
 

@@ -57,6 +57,11 @@ def _parser() -> argparse.ArgumentParser:
     run_parser.add_argument("--scheduler", default=None, metavar="ADDRESS",
                             help="with --executor dask: the scheduler (default: a local cluster of one benchmark slot)")
     run_parser.add_argument(
+        "--attribute", action="store_true",
+        help="one more traced pass per case, recorded apart from the measured ones: the source lines holding the "
+             "peak, the temporaries, and site-by-site diffs, in the records and report.html (model files and "
+             "identical_closures; needs memray)")
+    run_parser.add_argument(
         "--png", action="store_true",
         help="also save every figure as figures/<name>.png and as PNG in the executed notebooks "
              "(needs kaleido, pip install -e '.[png]', and a Chrome/Chromium; refused otherwise)",
@@ -373,6 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             grid=parse_grid(arguments.grid),
             executor=arguments.executor,
             scheduler=arguments.scheduler,
+            attribute=arguments.attribute,
             command=["benchlib", *(sys.argv[1:] if argv is None else argv)],
         )
     except RunnerError as refused:  # bad input (DeviceError is one too): refused before anything ran

@@ -67,6 +67,7 @@ from benchlib.runner.notebooks import (
 )
 
 EXIT_INTERRUPTED = 130
+ATTRIBUTE = "attribute"  # the parameter of the benchmarks that offer an attribution pass (--attribute sets it)
 FAILED_CASE_METRIC = "failed"  # the status records a workload saves for a case that failed
 # Kernels save each figure as plotly JSON *and* HTML (plotly.js once per notebook), so executed
 # notebooks show their figures in nbconvert and repository previews, not only in Jupyter.
@@ -271,6 +272,7 @@ class RunOptions:
     grid: Mapping[str, Sequence[Any]] | None = None
     executor: str = "local"
     scheduler: str | None = None
+    attribute: bool = False  # one more traced pass per case: allocation sites (benchmarks that declare `attribute`)
 
     @classmethod
     def of(cls, options: RunOptions | None, overrides: Mapping[str, Any]) -> RunOptions:
@@ -280,6 +282,30 @@ class RunOptions:
         if unknown:
             raise TypeError(f"run() got unknown option(s) {', '.join(unknown)}; the options are {', '.join(names)}")
         return replace(options or cls(), **overrides)
+
+
+def _with_attribute(notebooks: Sequence[str], notebooks_dir: Path | None, params: Mapping[str, Any] | None,
+                    stream: TextIO) -> dict[str, Any]:
+    """`params` with `attribute` on for the selected benchmarks that declare it; refused when none does."""
+    specs = select_notebooks(notebooks, notebooks_dir)
+    offering = [spec.name for spec in specs if ATTRIBUTE in spec.parameters]
+    if not offering:
+        raise RunnerError(f"--attribute: none of {', '.join(spec.name for spec in specs)} has an attribution pass; "
+                          "model files (benchlib run my_model.py --attribute) and identical_closures have one")
+    others = [spec.name for spec in specs if ATTRIBUTE not in spec.parameters]
+    if others:
+        print(f"--attribute: allocation sites for {', '.join(offering)}; {', '.join(others)} run as usual "
+              "(no attribution pass)", file=stream, flush=True)
+    return {**dict(params or {}), ATTRIBUTE: True}
+
+
+def _check_attribution_available(names: Sequence[str]) -> None:
+    """An attribution pass reads memray's records: refused before anything runs where memray is missing."""
+    from benchlib.measure.allocations import memray_available
+
+    if not memray_available():
+        raise RunnerError(f"--attribute ({', '.join(names)}): allocation sites are captured with memray, which is not "
+                          "installed in this environment (Linux and macOS: pip install memray); run without --attribute")
 
 
 def _model_files(planned: Sequence[tuple[NotebookSpec, dict[str, Any]]]) -> dict[str, Any]:
@@ -316,7 +342,12 @@ def run(notebooks: Sequence[str] = (), *, options: RunOptions | None = None, **o
         raise RunnerError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     if scheduler and executor != "dask":
         raise RunnerError("--scheduler goes with --executor dask")
+    if options.attribute:
+        params = _with_attribute(notebooks, notebooks_dir, params, stream)
     planned = plan(notebooks, params=dict(params or {}), quick=quick, notebooks_dir=notebooks_dir)
+    attributed = [spec.name for spec, values in planned if values.get(ATTRIBUTE)]
+    if attributed:
+        _check_attribution_available(attributed)
     executions = expand(planned, dict(grid or {}), dict(params or {}))
     resolved = _resolve_device(device)
     check_values([(execution.spec, execution.values) for execution in executions], resolved)
@@ -343,6 +374,7 @@ def run(notebooks: Sequence[str] = (), *, options: RunOptions | None = None, **o
         benchmarks={spec.name: spec.benchmark.summary() for spec, _ in planned},
         model_files=_model_files(planned),
         command=list(options.command) if options.command is not None else None,
+        attributed=attributed,
         runner={"pid": os.getpid(), "host": socket.gethostname()},
     )
     result = RunResult(results_run.run_id, results_run.path)

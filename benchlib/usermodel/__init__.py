@@ -23,6 +23,9 @@ from benchlib.usermodel.loader import (ModelFileError, check_form, is_array_form
 from benchlib.usermodel.summary import summary_table
 
 TRIALS = Parameter("trials", 3, "fresh processes per engine, interleaved across engines", quick=2, minimum=1)
+ATTRIBUTE = Parameter("attribute", False, "one more traced pass per engine (in its first trial, after the measured "
+                                          "ones): the lines holding the peak, temporaries, diffs between engines "
+                                          "(`benchlib run --attribute`)")
 HEADLINE = ("peak_bytes", "time", "alloc_count", "alloc_count_python", "gc_time")
 
 
@@ -31,7 +34,7 @@ def _engine_choice(form: Form) -> Parameter:
 
 
 def _parameters(model_file, form: Form) -> tuple[Parameter, ...]:
-    own = (TRIALS, _engine_choice(form))  # benchlib's parameters of every model file
+    own = (TRIALS, _engine_choice(form), ATTRIBUTE)  # benchlib's parameters of every model file
     parameters = []
     for name, default in model_file.parameters.items():
         if name in {each.name for each in own}:

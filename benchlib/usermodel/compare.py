@@ -111,6 +111,8 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
             else:
                 units.append((version, engine))
     track = device.is_cuda or memray_available()
+    attribute = bool(config.get("attribute", False))
+    attributions: dict[tuple[str, str], dict] = {}
     failed, reference = set(), {version: f"{reference_engine} did not run, so there is no gradient to compare with"
                                 for version in versions}
     with tempfile.TemporaryDirectory(prefix="benchlib-usermodel-") as gradients:
@@ -128,7 +130,7 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
                                                     "gradient_dir": str(gradient_dir)},
                                       name=f"{name}/{cases[version]}/{engine}", device=device.name,
                                       options=IsolationOptions(warmup=WARMUP, repeats=STEPS, track_allocations=track,
-                                                               timeline=False))
+                                                               timeline=False, attribute=attribute and trial == 0))
             except CaseFailed as error:
                 later = f" (its {trials - trial - 1} later trial(s) skipped)" if trial < trials - 1 else ""
                 note(version, engine, "failed", f"trial {trial + 1} of {trials}: {error}{later}", params)
@@ -147,11 +149,37 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
                 records[version].append(make_record(**labels[version, engine], metric=GRAD_UNCHECKED_METRIC, value=1.0,
                                                     params={**params, "message": reference[version]}))
             records[version] += result.measurement.records(**labels[version, engine], params=params)
+            if result.measurement.attribution is not None:
+                attributions[version, engine] = result.measurement.attribution
             records[version] += [make_record(**labels[version, engine], metric=metric, value=value, params=params)
                                  for metric, value in checks.items()]
             progress(f"{shown[version]} {engine} trial {trial + 1}/{trials}: {result.measurement}"
                      + (f", {GRAD_ERROR_METRIC} {checks[GRAD_ERROR_METRIC]:.3g}" if GRAD_ERROR_METRIC in checks else ""))
+    for version, rows in site_diffs(attributions, labels, cases, reference_engine).items():
+        records[version] += rows
     return [record for version in versions for record in records[version]]
+
+
+def site_diffs(attributions: Mapping[tuple[str, str], dict], labels: Mapping[tuple[str, str], dict],
+               cases: Mapping[str, str], reference: str) -> dict[str, list[dict]]:
+    """Diff records (kind `diff`) of the attribution passes, per version: each engine's peak sites against
+    the reference engine's (by line and function), and each later version's against the first version's
+    under the same engine (by function and the innermost frame: the files and their lines differ)."""
+    from benchlib.results.sites import diff_records, diff_sites, pass_sites
+
+    out: dict[str, list[dict]] = {}
+    versions = list(dict.fromkeys(version for version, _ in attributions))
+    for (version, engine), attribution in attributions.items():
+        rows = out.setdefault(version, [])
+        if engine != reference and (version, reference) in attributions:
+            diff = diff_sites(pass_sites(attributions[version, reference], "peak"), pass_sites(attribution, "peak"))
+            rows += diff_records(diff, a=reference, b=engine, of="peak", **labels[version, engine])
+        first = versions[0]
+        if version != first and (first, engine) in attributions:
+            diff = diff_sites(pass_sites(attributions[first, engine], "peak"), pass_sites(attribution, "peak"),
+                              by=("function", "inner"))
+            rows += diff_records(diff, a=cases[first], b=cases[version], of="peak", **labels[version, engine])
+    return out
 
 
 def measure_model_file(model_file, form: Form, config: Config, device,

@@ -29,6 +29,21 @@ class Profile:
     path: Path | None = None
 
     @property
+    def sites(self) -> pd.DataFrame:
+        """With `attribute=True`: one row per allocation site (engine as `variant`, kind peak, temporary or
+        allocated, site, function, bytes, count, share; the user's own lines marked `own`); else empty."""
+        from benchlib.results.sites import site_table
+
+        return site_table(self.records)
+
+    @property
+    def diffs(self) -> pd.DataFrame:
+        """With `attribute=True`: each engine's sites at the peak against eager torch's, site by site."""
+        from benchlib.results.sites import diff_table
+
+        return diff_table(self.records)
+
+    @property
     def lines(self) -> list[str]:
         """The summary as the lines `benchlib run` prints."""
         return list(self.summary[SUMMARY_COLUMN])
@@ -50,9 +65,10 @@ def write_model_file(form: Mapping[str, Any], folder: str | Path) -> Path:
 
 
 def profile(model: str | Path | Mapping[str, Any], *, engines: Sequence[str] | None = None, quick: bool = False,
-            device: str = "auto", out: str | Path | None = None, **params: Any) -> Profile:
+            device: str = "auto", out: str | Path | None = None, attribute: bool = False, **params: Any) -> Profile:
     """Measure a model file (a path, or a mapping of its functions and values) as `benchlib run` does, in
-    a fresh run directory under `out` (default results/); `params` override its PARAMETERS."""
+    a fresh run directory under `out` (default results/); `params` override its PARAMETERS. `attribute`
+    adds the attribution pass (`benchlib run --attribute`): `Profile.sites` and `Profile.diffs`."""
     from benchlib import registry
     from benchlib.results import load_records
     from benchlib.runner.execute import run
@@ -60,7 +76,8 @@ def profile(model: str | Path | Mapping[str, Any], *, engines: Sequence[str] | N
     with tempfile.TemporaryDirectory(prefix="benchlib-profile-") as folder:
         path = write_model_file(model, folder) if isinstance(model, Mapping) else Path(model)
         values = {**params, **({"engines": list(engines)} if engines is not None else {})}
-        result = run([str(path)], device=device, quick=quick, out=out, params=values, progress=False)
+        result = run([str(path)], device=device, quick=quick, out=out, params=values, progress=False,
+                     attribute=attribute)
         benchmark = registry.resolve(str(path))
     if not result.notebooks or result.notebooks[0].status in ("failed", "not run"):
         raise RuntimeError(f"{path}: the run failed: {result.notebooks[0].error if result.notebooks else result.path}")

@@ -79,6 +79,8 @@ BENCHMARK = Benchmark(
         Parameter("backend", Protocol.backend, "torch.compile backend", quick="eager", choices=COMPILE_BACKENDS),
         Parameter("alpha", 0.01, "significance level of the rank tests (exclusive of 0 and 1)", minimum=0, maximum=1),
         Parameter("min_effect", 0.05, "smallest relative difference in time a verdict calls a difference", minimum=0),
+        Parameter("attribute", False, "one more pass after the measured ones: each step's warm call by allocation "
+                                      "site, and the site-by-site diff of each verdict pair (`benchlib run --attribute`)"),
     ),
     rules=_rules,
     headline=("warm_alloc_count", "warm_alloc_count_python", "warm_time", "cold_time"),

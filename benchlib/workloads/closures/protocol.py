@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from benchlib.engines.gradients import GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, max_relative_error
-from benchlib.measure import count_allocations, resolve_device, time_call
+from benchlib.measure import attribute_allocations, count_allocations, resolve_device, time_call
 from benchlib.results import make_record, status_record
 from benchlib.workloads.closures.spec import (
     NAME, MWE_DTYPES, ORDERS, INITIAL, RERUN, NEW, RESETUP, STEPS, PAIRS, N_SAMPLES, BATCH_SIZE, GRADS_IDENTICAL,
@@ -108,10 +108,46 @@ def _allocation_pass(mwe: MWE, order: str, steps: dict, *, warmup: int, alloc_sa
     return source
 
 
+def _attribution_pass(mwe: MWE, order: str, *, warmup: int) -> dict:
+    """After the measured passes, from fresh set-ups: each step's warm call once more under memray, both
+    allocators traced (a closure's Python objects are what the seed counted), grouped by site."""
+    mwe.engine.reset()
+    passes = {}
+    for step, state in protocol_states(mwe, order):
+        call = lambda: mwe.train(state)  # noqa: E731
+        for _ in range(warmup + 1):
+            call()
+        passes[step] = attribute_allocations(call, python_allocators=True).to_dict()
+    return passes
+
+
+def attribution_records(passes: dict, mwe: str, engine: str, order: str, device, dtype: str,
+                        base_params: dict) -> list[dict]:
+    """The attribution pass's site records per step, and per warm verdict pair the site-by-site diff of
+    the two steps' allocations (kind `diff`): by function and innermost frame, since the two closures are
+    the same code at other lines."""
+    from benchlib.results.sites import attribution_records as site_records, diff_records, diff_sites, pass_sites
+
+    first, second = ORDERS[order]
+    setups = {INITIAL: first, RERUN: first, NEW: second, RESETUP: first}
+    labels = dict(benchmark=NAME, engine=engine, device=device, dtype=dtype)
+    records = []
+    for step, attribution in passes.items():
+        records += site_records(attribution, case=case_name(mwe, order, step), **labels,
+                                params={**base_params, "step": step, "setup": setups[step]})
+    for a, b in PAIRS["warm"]:
+        diff = diff_sites(pass_sites(passes[a], "allocated"), pass_sites(passes[b], "allocated"),
+                          by=("function", "inner"))
+        records += diff_records(diff, a=a, b=b, of="allocated", case=case_name(mwe, order, f"{a} vs {b}"), **labels,
+                                params={**base_params, "step": f"{a} vs {b}"})
+    return records
+
+
 def run_protocol(mwe_name: str, engine_name: str, order: str, *, device="auto",
-                 protocol: Protocol = Protocol()) -> list[dict]:
+                 protocol: Protocol = Protocol(), attribute: bool = False) -> list[dict]:
     """The seed's four steps for one MWE, engine and order: tidy records of times, allocations,
-    compile counts and gradient checks."""
+    compile counts and gradient checks; with `attribute`, also an attribution pass after them (sites of
+    each step's warm call, and the site-by-site diffs of the verdict pairs)."""
     device = resolve_device(device)
     dtype = MWE_DTYPES[mwe_name]
     base_params = dict(mwe=mwe_name, order=order, warmup=protocol.warmup, repeats=protocol.repeats,
@@ -131,9 +167,13 @@ def run_protocol(mwe_name: str, engine_name: str, order: str, *, device="auto",
     source = ""
     for _ in range(protocol.alloc_passes):
         source = _allocation_pass(mwe, order, steps, warmup=protocol.warmup, alloc_samples=protocol.alloc_samples)
+    passes = _attribution_pass(mwe, order, warmup=protocol.warmup) if attribute else None
     engine.reset()
     base_params |= engine.describe() | ({"alloc_source": source} if source else {})
-    return _records(mwe_name, engine_name, order, device, dtype, steps, base_params, protocol.seed)
+    records = _records(mwe_name, engine_name, order, device, dtype, steps, base_params, protocol.seed)
+    if passes is not None:
+        records += attribution_records(passes, mwe_name, engine_name, order, device, dtype, base_params)
+    return records
 
 
 def _records(mwe: str, engine: str, order: str, device, dtype: str, steps: dict, base_params: dict,
@@ -202,7 +242,8 @@ def run(config, device="auto", *, progress: Callable[[str], None] | None = print
     for mwe in config.mwes:
         for engine in config.engines:
             for order in config.orders:
-                new = run_protocol(mwe, engine, order, device=device, protocol=protocol)
+                new = run_protocol(mwe, engine, order, device=device, protocol=protocol,
+                                   attribute=bool(config.get("attribute", False)))
                 records += new
                 if progress:
                     progress(f"{NAME} {mwe} {engine} {order}: {len(new)} records")
