@@ -224,3 +224,19 @@ def test_a_lowest_peak_of_zero_bytes_gives_no_ratio_instead_of_failing_the_run()
     lines = dict(zip(table["engine"], table["summary"]))
     assert "no ratio (the lowest peak is 0" in lines[TORCH] and "lowest" in lines[FUSED_OPTIMIZER]
     assert table["peak_ratio"].isna().all()
+
+
+def test_below_the_resident_resolution_the_ratio_is_of_the_tracked_peaks():
+    from benchlib.results import make_record, records_frame
+    from benchlib.usermodel.summary import summary_table
+
+    def rows(engine, peak, tracked):
+        return [make_record(benchmark="tiny", case="step", engine=engine, device="cpu", dtype="float32", metric=metric,
+                            value=value, params={"trial": trial})
+                for trial in range(3) for metric, value in
+                (("peak_bytes", peak), ("tracked_peak_bytes", tracked), ("time", 1e-3))]
+
+    table = summary_table(records_frame(rows(TORCH, 0.0, 30_000.0) + rows(FUSED_OPTIMIZER, 4096.0, 45_000.0)))
+    lines = dict(zip(table["engine"], table["summary"]))
+    assert "(tracked 30.00 kB)  best by tracked peak" in lines[TORCH]
+    assert "(tracked 45.00 kB)  1.50x [1.50, 1.50] the best by tracked peak" in lines[FUSED_OPTIMIZER]

@@ -26,7 +26,7 @@ TRIALS = Parameter("trials", 3, "fresh processes per engine, interleaved across 
 ATTRIBUTE = Parameter("attribute", False, "one more traced pass per engine (in its first trial, after the measured "
                                           "ones): the lines holding the peak, temporaries, diffs between engines "
                                           "(`benchlib run --attribute`)")
-HEADLINE = ("peak_bytes", "time", "alloc_count", "alloc_count_python", "gc_time")
+HEADLINE = ("peak_bytes", "tracked_peak_bytes", "time", "alloc_count", "alloc_count_python", "gc_time")
 
 
 def _engine_choice(form: Form) -> Parameter:

@@ -20,9 +20,10 @@ from benchlib.usermodel.engines import ENGINES
 
 # The roles a step allocates (in the peak above the baseline), by the words a summary line uses.
 STEP_ROLES = {SAVED_METRIC: "saved activations", GRADIENT_METRIC: "gradients"}
+TRACKED = "tracked_peak_bytes"  # the allocation pass's peak: byte-exact, the same for the same code path
 ORDER = {engine: index for index, engine in enumerate(dict.fromkeys((*ENGINES, *ARRAY_ENGINES)))}  # either form's
 COLUMNS = ["version", "engine", "status", "trials", "peak_bytes", "peak_low", "peak_high", "peak_ratio", "peak_ratio_low",
-           "peak_ratio_high", "largest_role", "largest_role_bytes", "time_s", GRAD_ERROR_METRIC, SUMMARY_COLUMN]
+           "peak_ratio_high", "tracked_peak_bytes", "largest_role", "largest_role_bytes", "time_s", GRAD_ERROR_METRIC, SUMMARY_COLUMN]
 
 
 def _interval(values: np.ndarray) -> tuple[float, float, float]:
@@ -44,13 +45,18 @@ def _bracket(low: float, high: float, text) -> str:
 
 
 def _version_rows(records: pd.DataFrame, samples: dict, prefix: str) -> list[dict]:
-    """Per engine of one version: peak above the baseline with its 95% interval over trials, its ratio to
-    the engine with the lowest peak (with interval), the step role that holds the most, time per step; or
-    why it did not run. `summary` is the row as one line."""
+    """Per engine of one version: peak above the baseline with its 95% interval over trials, the tracked
+    peak (the allocators' count, byte-exact), the ratio to the engine with the lowest peak (with interval),
+    the step role that holds the most, time per step; or why it did not run. `summary` is the row as one line."""
     rows = []
-    best = min(samples, key=lambda engine: np.median(samples[engine]["peak_bytes"]), default=None)
-    # a tiny step can peak below RSS's page resolution: 0 bytes is no denominator for a ratio
-    comparable = best is not None and bool(np.all(samples[best]["peak_bytes"] > 0))
+    peak_metric = "peak_bytes"
+    # a tiny step can peak below RSS's page resolution: 0 bytes is no denominator; the tracked peak has none
+    if any(not np.all(metrics["peak_bytes"] > 0) for metrics in samples.values()) and samples and all(
+            TRACKED in metrics and np.all(metrics[TRACKED] > 0) for metrics in samples.values()):
+        peak_metric = TRACKED
+    by = "" if peak_metric == "peak_bytes" else " by tracked peak"
+    best = min(samples, key=lambda engine: np.median(samples[engine][peak_metric]), default=None)
+    comparable = best is not None and bool(np.all(samples[best][peak_metric] > 0))
     # the array form measures no roles: its lines say nothing of them rather than "not measured" on each
     any_roles = any(role in metrics for metrics in samples.values() for role in STEP_ROLES)
     for engine, group in records.groupby("variant", sort=False):
@@ -63,7 +69,8 @@ def _version_rows(records: pd.DataFrame, samples: dict, prefix: str) -> list[dic
             continue
         metrics = samples[engine]
         peak, low, high = _interval(metrics["peak_bytes"])
-        ratio, ratio_low, ratio_high = (_ratio(samples[best]["peak_bytes"], metrics["peak_bytes"]) if comparable
+        tracked = float(np.median(metrics[TRACKED])) if TRACKED in metrics else math.nan
+        ratio, ratio_low, ratio_high = (_ratio(samples[best][peak_metric], metrics[peak_metric]) if comparable
                                         else (math.nan, math.nan, math.nan))
         roles = {role: float(np.median(metrics[role])) for role in STEP_ROLES if role in metrics}
         role = max(roles, key=roles.get, default=None)
@@ -72,17 +79,19 @@ def _version_rows(records: pd.DataFrame, samples: dict, prefix: str) -> list[dic
         if not comparable:
             ratio_text = "lowest" if engine == best else "no ratio (the lowest peak is 0: below the resolution)"
         else:
-            ratio_text = "best" if engine == best else f"{ratio:.2f}x{_bracket(ratio_low, ratio_high, '{:.2f}'.format)} the best"
+            ratio_text = f"best{by}" if engine == best else \
+                f"{ratio:.2f}x{_bracket(ratio_low, ratio_high, '{:.2f}'.format)} the best{by}"
         role_text = (f"  mostly {STEP_ROLES[role]} ({format_bytes(int(roles[role]))})" if role
                      else "  roles not measured" if any_roles else "")
         line = (f"{prefix}{engine:<19} peak +{format_bytes(int(peak))}{_bracket(low, high, lambda v: format_bytes(int(v)))}"
-                f"  {ratio_text}{role_text}  {format_seconds(time_s)}/step"
+                + ("" if math.isnan(tracked) else f" (tracked {format_bytes(int(tracked))})")
+                + f"  {ratio_text}{role_text}  {format_seconds(time_s)}/step"
                 + ("" if math.isnan(error) else f"  grad err {error:.1e}")
                 + (" (failed in a later trial)" if len(statuses) else ""))
         rows.append({"engine": engine, "status": "ok" if not len(statuses) else "partial",
                      "trials": int(metrics["time"].size), "peak_bytes": peak, "peak_low": low, "peak_high": high,
                      "peak_ratio": ratio, "peak_ratio_low": ratio_low, "peak_ratio_high": ratio_high,
-                     "largest_role": STEP_ROLES.get(role, ""), "largest_role_bytes": roles.get(role, math.nan),
+                     "tracked_peak_bytes": tracked, "largest_role": STEP_ROLES.get(role, ""), "largest_role_bytes": roles.get(role, math.nan),
                      "time_s": time_s, GRAD_ERROR_METRIC: error, SUMMARY_COLUMN: line})
     return sorted(rows, key=lambda row: ORDER.get(row["engine"], len(ORDER)))
 
