@@ -88,7 +88,7 @@ class GradientStep:
     def _model_path(self, model: str | Path | Mapping[str, Any]) -> Path:
         """A path (relative: to the test file's folder, else to the current one), or a mapping of the torch
         form's functions written to a file."""
-        from benchlib.usermodel.profile import write_model_file
+        from benchlib.usermodel.template import write_model_file
 
         if isinstance(model, Mapping):
             return write_model_file(model, self._request.getfixturevalue("tmp_path"))

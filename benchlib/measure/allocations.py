@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sysconfig
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from time import perf_counter
 from typing import Callable
+
+from benchlib.source_files import is_library, short_path
+from benchlib.units import format_bytes
 
 from .devices import Device, cuda_stat, resolve_device
 
@@ -60,24 +61,13 @@ class PeakSite:
     inner: str = ""  # the innermost frame of the site's largest record where it is not the site itself ("torch/nn/functional.py:2380 in linear")
 
     def __str__(self) -> str:
-        from .core import format_bytes
-
         return f"{self.where}:{self.line} in {self.function} ({format_bytes(self.bytes)}, " \
                f"{100 * self.share:.0f}% of the peak)"
 
     @property
     def where(self) -> str:
-        """The file as a reader finds it: a library's module path from its package (torch/autograd/graph.py,
-        benchlib/autodiff/core.py), else the file's name."""
-        parts = Path(self.file).parts
-        inside = max((index for index, part in enumerate(parts) if part in ("site-packages", "dist-packages")),
-                     default=None)
-        if inside is not None:
-            return "/".join(parts[inside + 1:])
-        own = Path(_BENCHLIB).parent
-        if self.file.startswith(_BENCHLIB + os.sep):
-            return Path(self.file).relative_to(own).as_posix()
-        return Path(self.file).name
+        """The file as a reader finds it (`source_files.short_path`)."""
+        return short_path(self.file)
 
 
 SITES_KEPT = 10  # the largest sites at the peak; the rest are summed in no row
@@ -85,18 +75,6 @@ ATTRIBUTION_KEPT = 200  # the largest sites of each kind an attribution pass kee
 TEMPORARY_THRESHOLD = 1  # memray's: an allocation freed before this many other allocations were made is temporary
 SITE_KINDS = ("peak", "temporary", "allocated")
 NATIVE = "<native>"  # the site of records with no Python frame on their stack
-_BENCHLIB = str(Path(__file__).resolve().parents[1])  # the package's folder
-_LIBRARY_ROOTS = tuple({str(Path(sysconfig.get_paths()[name]).resolve())
-                         for name in ("stdlib", "platstdlib", "purelib", "platlib")}
-                        | {str(Path(__file__).resolve().parents[1])})  # benchlib itself
-
-
-def is_library(filename: str) -> bool:
-    """Whether a frame's file is Python's, an installed package's or benchlib's (not the user's code)."""
-    if not filename or filename.startswith("<"):
-        return True
-    return str(Path(filename).resolve()).startswith(_LIBRARY_ROOTS)
-
 
 def memray_available() -> bool:
     try:
@@ -224,7 +202,7 @@ def _read_memray(path: str, python_allocators: bool, sites: bool = False) -> All
 
 def _frame_text(frame) -> str:
     function, file, line = frame
-    return f"{PeakSite(file, line, function, 0, 0, 0.0).where}:{line} in {function}"
+    return f"{short_path(file)}:{line} in {function}"
 
 
 def _site_of(frames) -> tuple[tuple[str, int, str], str]:

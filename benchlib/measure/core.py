@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from benchlib.units import format_bytes, format_count, format_seconds
 from .allocations import AllocationTrackingUnavailable, attribute_allocations, count_allocations, memray_available
 from .devices import Device, resolve_device
 from .gcmonitor import GCMonitor
@@ -18,39 +19,6 @@ _FIELDS = ("name", "device", "times_s", "gc_count", "gc_seconds", "alloc_count",
            "alloc_source", "alloc_count_python", "alloc_bytes_python", "peak_bytes", "baseline_bytes",
            "tracked_peak_bytes", "peak_sites", "attribution", "timeline")
 _OPTIONAL_FIELDS = ("attribution",)  # may be missing from a dict written before it existed
-
-
-def _sig4(value: float) -> str:
-    """Four significant digits, trailing zeros kept (812.0, 1.331, 10.69)."""
-    text = f"{value:#.4g}"
-    return text.rstrip(".") if "e" not in text else text
-
-
-def format_seconds(seconds: float) -> str:
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("μs", 1e-6)):
-        if abs(seconds) >= 0.1 * scale:
-            value = seconds / scale
-            return f"{value:.1f} {unit}" if value >= 1e4 else f"{_sig4(value)} {unit}"
-    return f"{_sig4(seconds / 1e-9)} ns"
-
-
-def format_count(count: int) -> str:
-    for suffix, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if count >= scale:
-            return f"{_sig4(count / scale)} {suffix}"
-    return str(count)
-
-
-def format_bytes(nbytes: int) -> str:
-    """Bytes in decimal units (kB, MB, GB, TB: powers of 1000), the one byte unit of every table and figure."""
-    sign = "-" if nbytes < 0 else ""
-    nbytes = abs(nbytes)
-    if nbytes < 1000:
-        return f"{sign}{nbytes} bytes"
-    for unit in ("kB", "MB", "GB", "TB"):
-        nbytes /= 1000
-        if nbytes < 1000 or unit == "TB":
-            return f"{sign}{_sig4(nbytes)} {unit}"
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import pandas as pd
 from benchlib.results.compare import (CONFIG_COLUMN, CONTEXT_METRICS, KEY_COLUMNS, LOWER_IS_BETTER_BY_UNIT,
                                       UNIT_COLUMN, VALUE_COLUMN, trial_values, with_config)
 from benchlib.results.derived import with_step_summaries
+from benchlib.results.plots.common import unit_scale
 from benchlib.results.stats import BETTER, WORSE, ratio_of_medians
 from benchlib.results.store import RecordsUnreadable, list_runs, load_records, load_run_info, resolve_run
 
@@ -243,15 +244,6 @@ def series_name(row: Any) -> str:
     return f"{row.benchmark}/{row.case}/{row.variant}/{row.metric}"
 
 
-def unit_scale(value: float, unit: str) -> tuple[float, str]:
-    """The factor and name to show values near `value` in: bytes in kB/MB/GB, seconds in ms or µs."""
-    scales = {"B": ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1.0, "B")),
-              "s": ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"))}.get(unit)
-    if scales is None:
-        return 1.0, "" if unit == "count" else unit
-    return next((scale for scale in scales if abs(value) >= scale[0]), scales[-1])
-
-
 def format_value(value: float, unit: str) -> str:
     """A value in a readable scale of its unit (`unit_scale`)."""
     factor, name = unit_scale(value, unit)
@@ -312,7 +304,7 @@ def history_page(series: pd.DataFrame, steps: pd.DataFrame, *, by: str = BY_COMM
     for key, stepped in steps.groupby(SERIES_COLUMNS, sort=False):
         points = series[(series[SERIES_COLUMNS] == pd.Series(key, index=SERIES_COLUMNS)).all(axis=1)]
         figure_id = f"figure-{len(figure_specs)}"
-        figure = step_figure(points, stepped, by=by)
+        figure = step_figure(points, stepped, name=series_name(points.iloc[0]), by=by)
         figure_specs.append({"id": figure_id, "name": series_name(stepped.iloc[0]), "figure": json.loads(figure.to_json())})
         parts.append(f"<div class='figure' id='{figure_id}'></div>")
     runs = (series.groupby(["run_id", "started_at"], dropna=False)

@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from benchlib.source_files import is_library, short_path
+
 SITE_BYTES, SITE_COUNT = "site_bytes", "site_count"
 DIFF_BYTES, DIFF_COUNT = "site_bytes_diff", "site_count_diff"
 CALL_TIME, READ_TIME = "attribution_call_time", "attribution_read_time"
@@ -40,24 +42,17 @@ DIFF_COLUMNS = ["site", "function", "inner", "bytes_a", "bytes_b", "bytes_diff",
                 "change"]
 
 
-def _where(file: str) -> str:
-    from benchlib.measure.allocations import PeakSite
-
-    return PeakSite(file, 0, "", 0, 0, 0.0).where
-
-
 def site_label(file: str, line: int, function: str) -> str:
     """`model.py:12` (a library's file as `torch/autograd/graph.py:829`), or `<native>` for no Python frame."""
     if not file and function.startswith("<"):
         return NATIVE_SITE
-    return f"{_where(file)}:{line}"
+    return f"{short_path(file)}:{line}"
 
 
 def attribution_records(attribution: Mapping[str, Any], *, params: Mapping[str, Any] | None = None,
                         kept: int = RECORDED, **labels: Any) -> list[dict]:
     """One attribution pass (`Attribution.to_dict()`) as records with `labels` (make_record's) and
     `params` added to each row's own: its cost, its peak, and the `kept` largest sites of each kind."""
-    from benchlib.measure.allocations import is_library
     from benchlib.results import make_record
 
     base = dict(params or {})
@@ -80,7 +75,6 @@ def attribution_records(attribution: Mapping[str, Any], *, params: Mapping[str, 
 def pass_sites(attribution: Mapping[str, Any], kind: str) -> pd.DataFrame:
     """One pass's sites of `kind` (from `Attribution.to_dict()`) as a site table: site, function, inner,
     own, bytes, count, file, line; what `diff_sites` compares."""
-    from benchlib.measure.allocations import is_library
 
     rows = [{"site": site_label(site["file"], site["line"], site["function"]), "function": site["function"],
              "inner": site.get("inner", ""), "own": bool(site["file"]) and not is_library(site["file"]),

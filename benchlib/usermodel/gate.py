@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from benchlib.engines.roles import GRADIENT_METRIC, SAVED_METRIC
-from benchlib.measure.allocations import PeakSite, is_library
-from benchlib.measure.core import format_bytes, format_count
+from benchlib.measure.allocations import PeakSite
+from benchlib.source_files import is_library
+from benchlib.units import format_bytes, format_count
 from benchlib.usermodel.case import OPTIMIZER_METRIC, PARAMETER_METRIC
 
 ROLE_NAMES = {PARAMETER_METRIC: "parameters", GRADIENT_METRIC: "gradients", SAVED_METRIC: "saved activations",

@@ -11,7 +11,7 @@ import pandas as pd
 
 from benchlib.engines.gradients import GRAD_ERROR_METRIC
 from benchlib.engines.roles import GRADIENT_METRIC, SAVED_METRIC
-from benchlib.measure.core import format_bytes, format_seconds
+from benchlib.units import format_bytes, format_seconds
 from benchlib.results.compare import trial_values
 from benchlib.results.report import SUMMARY_COLUMN
 from benchlib.results.stats import median_interval, ratio_of_medians

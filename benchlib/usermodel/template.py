@@ -1,5 +1,16 @@
 """The example model files `benchlib new FILE` writes, commented: the torch form, or the array
-form (`--form arrays`)."""
+form (`--form arrays`); and a model file written from a user's own functions (`write_model_file`)."""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+FUNCTIONS = ("model", "batch", "loss", "optimizer")
+VALUES = ("NAME", "PARAMETERS", "QUICK")
 
 TEMPLATE = '''"""My model, measured by benchlib: `benchlib run THIS_FILE --quick` for a first look.
 
@@ -83,3 +94,18 @@ def loss(xp, W1, b1, W2, b2, x, y):
     prediction = hidden @ W2 + b2
     return xp.mean((prediction - y) ** 2)
 '''
+
+
+def write_model_file(form: Mapping[str, Any], folder: str | Path) -> Path:
+    """The torch form's functions and values (`model`, `batch`, `loss`, optional `optimizer`, `NAME`,
+    `PARAMETERS`, `QUICK`) as a model file in `folder`: each function by its source, so it may use only
+    torch and its arguments (the measured children import the file, not this process's objects)."""
+    unknown = sorted(set(form) - {*FUNCTIONS, *VALUES})
+    if unknown:
+        raise ValueError(f"profile() takes a path or a mapping of {', '.join(FUNCTIONS + VALUES)}; got {unknown}")
+    parts = ["import torch\n"]
+    parts += [f"{name} = {form[name]!r}\n" for name in VALUES if name in form]
+    parts += [textwrap.dedent(inspect.getsource(form[name])) for name in FUNCTIONS if form.get(name) is not None]
+    path = Path(folder) / f"{form.get('NAME', 'model')}.py"
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path

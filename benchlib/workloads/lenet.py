@@ -186,7 +186,7 @@ class EpochResult:
 
     def at_time(self) -> str:
         """The epoch in Julia's ``@time`` style; allocations are the estimate (marked ``~``)."""
-        from benchlib.measure.core import format_bytes, format_count
+        from benchlib.units import format_bytes, format_count
 
         text = f"{self.seconds:10.6f} seconds ("
         if not math.isnan(self.alloc_count_est):

@@ -6,8 +6,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from benchlib.results.history import series_name, unit_scale
-from benchlib.results.plots.common import apply_layout
+from benchlib.results.plots.common import apply_layout, unit_scale
 from benchlib.results.stats import WORSE
 
 POINT_COLOR, TRIAL_COLOR, LEVEL_COLOR = "#1f77b4", "#9e9e9e", "#555555"
@@ -21,7 +20,7 @@ def _run_label(row: pd.Series) -> str:
     return f"{row['commit'] or '?'}<br>{started}"
 
 
-def step_figure(points: pd.DataFrame, steps: pd.DataFrame, *, by: str = "commit") -> go.Figure:
+def step_figure(points: pd.DataFrame, steps: pd.DataFrame, *, name: str, by: str = "commit") -> go.Figure:
     """Did this figure step, and is the step larger than its runs' trial spread? Each run's trials
     (grey) and median (blue, bar: the trials' range), the level of each segment between steps (the
     median of its pooled trials), and a dashed line where it stepped, labelled with the ratio; the runs
@@ -57,7 +56,7 @@ def step_figure(points: pd.DataFrame, steps: pd.DataFrame, *, by: str = "commit"
         fig.add_annotation(x=step.position - 0.5, y=1.0, yref="paper", yanchor="bottom", showarrow=False,
                            font=dict(color=color), text=f"{step.ratio:.3g}x [{step.ci_low:.3g}, {step.ci_high:.3g}] "
                                                         f"{step.label} at {step.to_commit or step.to_run}")
-    apply_layout(fig, title=f"{series_name(first)} ({first['device']}, {first['dtype']}) over {len(points)} runs",
+    apply_layout(fig, title=f"{name} ({first['device']}, {first['dtype']}) over {len(points)} runs",
                  x_title=f"run (commit, start time), in {by} order", y_title=f"{first['metric']} ({unit_name or 'value'})",
                  height=460)
     fig.update_yaxes(rangemode="tozero")  # a step reads at its true size against zero

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from benchlib.measure.core import format_bytes, format_count
+from benchlib.units import format_bytes, format_count
 from benchlib.results.sites import ALL_SITES, NATIVE_SITE, attribution_cost, diff_table, own_first, site_table
 
 CASES_SHOWN = 2  # cases whose top-site tables the page shows (closures have dozens; records keep all)

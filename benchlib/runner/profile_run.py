@@ -1,11 +1,12 @@
 """`benchlib.profile`: a model file, or its functions, measured from Python (a notebook) by the same
-runner as `benchlib run`, the results handed back as frames and figures rather than printed."""
+runner as `benchlib run`, the results handed back as frames and figures rather than printed.
+
+Not named profile.py: the runner's folder is on its notebooks' path, where that name would hide the
+standard library's `profile` (which torch.func imports)."""
 
 from __future__ import annotations
 
-import inspect
 import tempfile
-import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,10 +15,7 @@ from typing import Any
 import pandas as pd
 
 from benchlib.results.report import HEADLINE_SUFFIX, SUMMARY_COLUMN
-
-FUNCTIONS = ("model", "batch", "loss", "optimizer")
-VALUES = ("NAME", "PARAMETERS", "QUICK")
-
+from benchlib.usermodel.template import write_model_file
 
 @dataclass(frozen=True)
 class Profile:
@@ -47,21 +45,6 @@ class Profile:
     def lines(self) -> list[str]:
         """The summary as the lines `benchlib run` prints."""
         return list(self.summary[SUMMARY_COLUMN])
-
-
-def write_model_file(form: Mapping[str, Any], folder: str | Path) -> Path:
-    """The torch form's functions and values (`model`, `batch`, `loss`, optional `optimizer`, `NAME`,
-    `PARAMETERS`, `QUICK`) as a model file in `folder`: each function by its source, so it may use only
-    torch and its arguments (the measured children import the file, not this process's objects)."""
-    unknown = sorted(set(form) - {*FUNCTIONS, *VALUES})
-    if unknown:
-        raise ValueError(f"profile() takes a path or a mapping of {', '.join(FUNCTIONS + VALUES)}; got {unknown}")
-    parts = ["import torch\n"]
-    parts += [f"{name} = {form[name]!r}\n" for name in VALUES if name in form]
-    parts += [textwrap.dedent(inspect.getsource(form[name])) for name in FUNCTIONS if form.get(name) is not None]
-    path = Path(folder) / f"{form.get('NAME', 'model')}.py"
-    path.write_text("\n".join(parts), encoding="utf-8")
-    return path
 
 
 def profile(model: str | Path | Mapping[str, Any], *, engines: Sequence[str] | None = None, quick: bool = False,
