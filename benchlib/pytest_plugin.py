@@ -45,6 +45,14 @@ def pytest_configure(config: pytest.Config) -> None:
                    "gradient step the test measures with the gradient_step fixture (peak: bytes or '64 MiB'; "
                    "allocations: a count; growth: a ratio over the stored baseline, '1.1x')")
     config.stash[_STEPS] = []
+    device = config.getoption("--benchlib-device")
+    if device != "cpu":  # a device that is not here stops the session before any test, not in each
+        from benchlib.measure import DeviceError, resolve_device
+
+        try:
+            resolve_device(device)
+        except DeviceError as error:
+            raise pytest.UsageError(f"--benchlib-device {device}: {error}") from None
 
 
 def _marker_limits(item: pytest.Item):

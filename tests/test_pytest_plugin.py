@@ -95,3 +95,10 @@ def test_a_limit_that_does_not_parse_is_a_usage_error(pytester):
     result = pytester.runpytest_subprocess()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "'lots' is not a memory size; valid:" in result.stderr.str()
+
+
+def test_a_device_that_is_not_here_is_a_usage_error(pytester):
+    pytester.makepyfile(test_any="def test_any(gradient_step):\n    pass\n")
+    result = pytester.runpytest_subprocess("--benchlib-device", "gpu7")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--benchlib-device gpu7: malformed device 'gpu7'; valid forms:" in result.stderr.str()
