@@ -138,10 +138,51 @@ def built(tmp_path, text):
 def test_engines_that_do_not_apply_say_why(tmp_path):
     model_file, (model, _) = built(tmp_path, BILINEAR)
     assert not_applicable(TORCH_CHECKPOINT, model, has_optimizer=True).startswith(
-        "the model (Outer) is not an nn.Sequential and has no top-level child whose forward takes one tensor")
+        "the model (Outer) is not an nn.Sequential, holds no nn.Sequential or nn.ModuleList of two blocks or more")
     assert not_applicable(FUSED_OPTIMIZER, model, has_optimizer=False).startswith(
         "the file declares no optimizer(parameters)")
     assert not_applicable(TORCH_FUNC, model, has_optimizer=False) is None
+
+
+class _Stack(torch.nn.Module):
+    """A stem, repeated blocks (an nn.Sequential or an nn.ModuleList called in a loop) and a head."""
+
+    def __init__(self, blocks: int, as_list: bool):
+        super().__init__()
+        layers = [torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()) for _ in range(blocks)]
+        self.stem, self.head = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)
+        self.blocks = torch.nn.ModuleList(layers) if as_list else torch.nn.Sequential(*layers)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for block in self.blocks if isinstance(self.blocks, torch.nn.ModuleList) else (self.blocks,):
+            x = x + block(x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("as_list, plan, checkpointed", [
+    (False, "checkpoint_sequential of blocks, 3 segments of 9 modules", 2),  # torch runs the last segment plainly
+    (True, "checkpoint of each of the 9 blocks of blocks (nn.ModuleList)", 9)])
+def test_torch_checkpoint_segments_a_models_repeated_blocks(monkeypatch, as_list, plan, checkpointed):
+    from torch.utils import checkpoint as torch_checkpoint
+
+    from benchlib.usermodel.engines import checkpoint_plan
+
+    calls = []
+    original = torch_checkpoint.checkpoint
+    monkeypatch.setattr(torch_checkpoint, "checkpoint", lambda *a, **k: calls.append(1) or original(*a, **k))
+    gradients = {}
+    for engine in (TORCH, TORCH_CHECKPOINT):
+        torch.manual_seed(0)
+        model, batch = _Stack(9, as_list), (torch.randn(5, 4), torch.randn(5, 1))
+        assert checkpoint_plan(model) == plan
+        step = Step(engine, model, batch, lambda m, x, y: ((m(x) - y) ** 2).mean(), None)
+        captured = {}
+        with step.observe(lambda name, g: captured.__setitem__(name, g.detach().clone())):
+            step()
+        gradients[engine] = [captured[name] for name, _ in step.named]
+    assert len(calls) == checkpointed  # checkpoint_sequential's segments, or one per block
+    assert max_relative_error(gradients[TORCH_CHECKPOINT], gradients[TORCH]) <= 1e-6
 
 
 def test_every_engine_computes_eager_torchs_gradient_and_frees_gradients_as_it_says(tmp_path):

@@ -2,8 +2,10 @@
 
 `torch`: eager autograd, `loss(model, *batch).backward()`, then the optimizer's step. `torch.func`:
 `torch.func.grad` over `functional_call` of the parameters. `torch-checkpoint`: eager autograd with
-non-reentrant `torch.utils.checkpoint` (about √n segments of an `nn.Sequential`, else each top-level
-child whose forward takes one tensor). `fused-optimizer`: one optimizer per parameter, stepped from
+non-reentrant `torch.utils.checkpoint` where torch users put it: about √n segments of an
+`nn.Sequential` model; else on the model's repeated blocks, its longest `nn.Sequential` (√n segments)
+or `nn.ModuleList` (each block, as transformer stacks are checkpointed); else each top-level child
+whose forward takes one tensor. `fused-optimizer`: one optimizer per parameter, stepped from
 its post-accumulate-grad hook, its gradient freed right after (NaiveGAflux's idea): the gradients
 never all exist at once. Every step ends with no gradient held, so steps do not accumulate.
 """
@@ -41,10 +43,27 @@ def checkpointable_children(model: torch.nn.Module) -> list[tuple[str, torch.nn.
     return found
 
 
+def repeated_blocks(model: torch.nn.Module) -> tuple[str, torch.nn.Module] | None:
+    """The model's longest `nn.Sequential` or `nn.ModuleList` below the top (of two blocks or more; the
+    first met of that length): where the activations that checkpointing saves are made."""
+    found = None
+    for name, module in model.named_modules():
+        if name and isinstance(module, (torch.nn.Sequential, torch.nn.ModuleList)) and len(module) >= 2 \
+                and (found is None or len(module) > len(found[1])):
+            found = (name, module)
+    return found
+
+
 def checkpoint_plan(model: torch.nn.Module) -> str | None:
     """What torch-checkpoint checkpoints in `model`, in words; None when nothing can be."""
     if isinstance(model, torch.nn.Sequential) and len(model):
         return f"checkpoint_sequential, {_segments(model)} segments of {len(model)} modules"
+    blocks = repeated_blocks(model)
+    if blocks is not None:
+        name, module = blocks
+        if isinstance(module, torch.nn.Sequential):
+            return f"checkpoint_sequential of {name}, {_segments(module)} segments of {len(module)} modules"
+        return f"checkpoint of each of the {len(module)} blocks of {name} (nn.ModuleList)"
     children = checkpointable_children(model)
     return f"checkpoint of each of {', '.join(name for name, _ in children)}" if children else None
 
@@ -54,8 +73,9 @@ def not_applicable(engine: str, model: torch.nn.Module, has_optimizer: bool) -> 
     if engine == FUSED_OPTIMIZER and not has_optimizer:
         return "the file declares no optimizer(parameters): there is no optimizer step to fuse into backward"
     if engine == TORCH_CHECKPOINT and checkpoint_plan(model) is None:
-        return (f"the model ({type(model).__name__}) is not an nn.Sequential and has no top-level child whose "
-                "forward takes one tensor: nothing to checkpoint")
+        return (f"the model ({type(model).__name__}) is not an nn.Sequential, holds no nn.Sequential or "
+                "nn.ModuleList of two blocks or more, and has no top-level child whose forward takes one tensor: "
+                "nothing to checkpoint")
     return None
 
 
@@ -66,11 +86,18 @@ def _segments(model: torch.nn.Sequential) -> int:
 def _checkpoint(model: torch.nn.Module) -> None:
     from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
+    def in_segments(sequential: torch.nn.Sequential) -> None:
+        segments = _segments(sequential)
+        sequential.forward = lambda x: checkpoint_sequential(sequential, segments, x, use_reentrant=False)
+
     if isinstance(model, torch.nn.Sequential):
-        segments = _segments(model)
-        model.forward = lambda x: checkpoint_sequential(model, segments, x, use_reentrant=False)
+        in_segments(model)
         return
-    for _, child in checkpointable_children(model):
+    blocks = repeated_blocks(model)
+    if blocks is not None and isinstance(blocks[1], torch.nn.Sequential):
+        in_segments(blocks[1])
+        return
+    for child in blocks[1] if blocks is not None else (child for _, child in checkpointable_children(model)):
         child.forward = functools.partial(checkpoint, child.forward, use_reentrant=False)
 
 
