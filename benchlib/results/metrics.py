@@ -93,6 +93,12 @@ for _name, _unit, _kind, _meaning in (
      "(the system allocator only, unless params.python_allocators)"),
     ("attribution_unattributed_bytes", "B", "memory", "bytes of that peak whose stacks held no Python frame "
      "(native threads, memory allocated before any Python frame)"),
+    # torch.profiler's categories at torch's peak (benchlib.measure.torch_categories; torch engines, --attribute)
+    *[(f"torch_{name}_bytes", "B", "memory", f"torch.profiler's {name.replace('_', ' ')} category at the moment its "
+       "categories sum highest in one step (beside benchlib's roles; docs/measuring.md)")
+      for name in ("parameter", "optimizer_state", "input", "temporary", "activation", "gradient", "autograd_detail",
+                   "unknown")],
+    ("torch_peak_bytes", "B", "memory", "the sum of torch.profiler's categories at that moment: torch's peak"),
     # case outcomes and checks
     ("ok", "", "status", "the case ran (value 1)"),
     ("failed", "", "status", "the case failed; params.message holds the error (value 1)"),

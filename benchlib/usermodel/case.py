@@ -4,7 +4,9 @@ The child re-reads the file (JSON crosses the process boundary, never the user's
 the seeded model and batch, and measures the step. The check then makes two more steps outside the
 measured ones: one on the measured model under saved-tensor hooks and a gradient counter (memory by
 role), and one on a fresh seeded model to save the gradient the step computes (the parent compares
-it with eager torch's). An exception in the user's code names the file's line that raised it.
+it with eager torch's). With `categories` (`--attribute`) one more step runs under torch.profiler:
+torch's own memory categories at its peak, beside the roles. An exception in the user's code names
+the file's line that raised it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from benchlib.engines.gradients import save_gradient
 from benchlib.engine_names import TORCH_FUNC
 from benchlib.engines.roles import GRADIENT_METRIC, SAVED_METRIC, SavedTensors
 from benchlib.measure import Case
+from benchlib.measure.torch_categories import torch_categories
 from benchlib.usermodel.engines import LiveBytes, Step, storage_bytes
 from benchlib.usermodel.loader import ModelFile, guarded, read_model_file
 
@@ -53,7 +56,7 @@ def _gradient(model_file: ModelFile, engine: str, values: dict, device: Any) -> 
     return [captured[name] for name, _ in step.named]
 
 
-def case(*, device, path: str, engine: str, values: dict, gradient_dir: str) -> Case:
+def case(*, device, path: str, engine: str, values: dict, gradient_dir: str, categories: bool = False) -> Case:
     model_file = read_model_file(path)
     model, batch = guarded(model_file, "model or batch (building the case)", model_file.build, values, device.torch)
     step = guarded(model_file, f"{engine}'s set-up (optimizer)", Step, engine, model, batch, model_file.loss,
@@ -63,6 +66,8 @@ def case(*, device, path: str, engine: str, values: dict, gradient_dir: str) -> 
     def check(_result) -> dict[str, float]:
         roles = guarded(model_file, what, _roles, step)
         save_gradient(guarded(model_file, what, _gradient, model_file, engine, values, device), gradient_dir, engine)
+        if categories:  # torch's own view of one more step, beside the roles (`--attribute`)
+            roles.update(guarded(model_file, what, torch_categories, step, device.name))
         return roles
 
     return Case(lambda: guarded(model_file, what, step), check)

@@ -46,6 +46,7 @@ class Form:
     engines: tuple[str, ...]
     reference: str
     plan: Callable[[Any, dict, Any], Plan]
+    torch_categories: bool = False  # its child can add torch.profiler's categories (with `attribute`)
 
 
 def _torch_plan(model_file: ModelFile, values: dict, device) -> Plan:
@@ -57,7 +58,7 @@ def _torch_plan(model_file: ModelFile, values: dict, device) -> Plan:
                 {TORCH_CHECKPOINT: {"checkpoint": checkpoint_plan(model)}})
 
 
-TORCH_FORM = Form(TARGET, ENGINES, REFERENCE, _torch_plan)
+TORCH_FORM = Form(TARGET, ENGINES, REFERENCE, _torch_plan, torch_categories=True)
 
 
 def _trial_order(units: list[tuple[str, str]], trials: int, reference: str) -> list[tuple[int, tuple[str, str]]]:
@@ -125,12 +126,14 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
             model_file, gradient_dir = versions[version], folders[version]
             params = {**base[version], "trial": trial, "position": position,
                       **engine_params[version].get(engine, {})}
+            traced = attribute and trial == 0  # the attribution passes: sites, and torch's categories
             try:
                 result = run_isolated(form.target, {"path": str(model_file.path), "engine": engine, "values": values,
-                                                    "gradient_dir": str(gradient_dir)},
+                                                    "gradient_dir": str(gradient_dir),
+                                                    **({"categories": True} if traced and form.torch_categories else {})},
                                       name=f"{name}/{cases[version]}/{engine}", device=device.name,
                                       options=IsolationOptions(warmup=WARMUP, repeats=STEPS, track_allocations=track,
-                                                               timeline=False, attribute=attribute and trial == 0))
+                                                               timeline=False, attribute=traced))
             except CaseFailed as error:
                 later = f" (its {trials - trial - 1} later trial(s) skipped)" if trial < trials - 1 else ""
                 note(version, engine, "failed", f"trial {trial + 1} of {trials}: {error}{later}", params)

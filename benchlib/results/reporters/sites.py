@@ -97,6 +97,34 @@ def _cost_text(records: pd.DataFrame) -> str:
             f"<code>attribution_read_time</code> records.</p>")
 
 
+# benchlib's measure beside torch.profiler's category for the same memory (None: the other has no such row)
+CATEGORY_ROWS = (("parameters", "role_parameter_bytes", "torch_parameter_bytes"),
+                 ("optimizer state", "role_optimizer_bytes", "torch_optimizer_state_bytes"),
+                 ("gradients", "role_gradient_bytes", "torch_gradient_bytes"),
+                 ("saved activations", "role_saved_bytes", "torch_activation_bytes"),
+                 ("temporaries", None, "torch_temporary_bytes"),
+                 ("inputs (the batch)", None, "torch_input_bytes"),
+                 ("autograd detail", None, "torch_autograd_detail_bytes"),
+                 ("unknown to torch", None, "torch_unknown_bytes"),
+                 ("peak: step's above the baseline / torch's total", "tracked_peak_bytes", "torch_peak_bytes"))
+
+
+def categories_table(records: pd.DataFrame, case: str) -> pd.DataFrame:
+    """One row per kind of memory; per engine of `case` two columns, benchlib's role and torch.profiler's
+    category (medians over the trials that have them); empty when no engine has torch's categories."""
+    rows = records[records["case"] == case]
+    medians = rows.groupby(["variant", "metric"], sort=False)["value"].median()
+    engines = list(dict.fromkeys(rows.loc[rows["metric"] == "torch_peak_bytes", "variant"]))
+    if not engines:
+        return pd.DataFrame()
+    columns = pd.MultiIndex.from_tuples([(engine.replace("-", "\u2011"), source) for engine in engines
+                                         for source in ("benchlib", "torch.profiler")])
+    table = [[_bytes(medians.get((engine, metric))) if metric else "" for engine in engines
+              for metric in (ours, theirs)] for _, ours, theirs in CATEGORY_ROWS]
+    return pd.DataFrame(table, index=pd.Index([what for what, _, _ in CATEGORY_ROWS]),
+                        columns=columns)
+
+
 def sites_section(records: pd.DataFrame, benchmark: str) -> list[Any]:
     """The section's parts in page order: HTML strings and plotly figures; [] when `benchmark` has no
     attribution records."""
@@ -130,6 +158,15 @@ def sites_section(records: pd.DataFrame, benchmark: str) -> list[Any]:
         parts.append(_table(_site_rows(table)))
         parts.append(peak_sites_figure(shown, title=f"{benchmark}, {title}: bytes live at the peak by line, "
                                                      "engines side by side"))
+        categories = categories_table(rows, case)
+        if not categories.empty:
+            parts.append("<h4>torch's categories beside benchlib's roles</h4><p>torch.profiler sorts every tensor it "
+                         "saw by its use and is read at the moment its total is highest; benchlib's roles are each "
+                         "read at their own most (gradients, saved activations) or as held before the step "
+                         "(parameters, optimizer state), and its peak is the step's tracked peak above what was "
+                         "held before it, so the columns need not agree (docs/measuring.md says where and why). "
+                         "One more step each, outside the measured ones.</p>"
+                         + categories.to_html(border=0, classes="table", na_rep="", escape=True))
         temporary = sites[(sites["kind"] == "temporary") & (sites["case"] == case)]
         if not temporary.empty:
             churn = pd.concat([group.sort_values("bytes", ascending=False).head(5)
