@@ -464,18 +464,25 @@ class _RunLoop:
             eta = f", ~{seconds:.0f} s left"
         return f"[{index}/{total}, {len(done)} done, {failed} failed{eta}]"
 
-    def _interrupted(self, index: int, execution: Execution, duration: float, reason: str) -> None:
+    def _interrupted(self, index: int, stopped: Sequence[Execution], duration: float, reason: str) -> None:
+        """Finish the run as interrupted: `stopped` (running, or submitted and not back) marked
+        `interrupted` in run.json, every execution not yet recorded `not run`, so none is left
+        `running` or `submitted`."""
         reap_orphans()
-        self.run_.record_notebook(execution.key, status="interrupted", duration_s=round(duration, 3), ended_at=now_iso(),
-                                  error=reason)
-        parameters = _parameters(self.run_, execution, self.injected)
-        self.result.notebooks.append(NotebookResult(execution.key, "interrupted", duration, parameters, reason))
-        self.result.notebooks.extend(
-            NotebookResult(e.key, "not run", 0.0, _parameters(self.run_, e, self.injected))
-            for e in self.executions[index:])
+        for execution in stopped:
+            self.run_.info["notebooks"][execution.key].update(status="interrupted", duration_s=round(duration, 3),
+                                                              ended_at=now_iso(), error=reason)
+            parameters = _parameters(self.run_, execution, self.injected)
+            self.result.notebooks.append(NotebookResult(execution.key, "interrupted", duration, parameters, reason))
+        recorded = {r.name for r in self.result.notebooks}
+        for execution in self.executions:
+            if execution.key not in recorded:
+                self.run_.info["notebooks"][execution.key].update(status="not run")
+                self.result.notebooks.append(
+                    NotebookResult(execution.key, "not run", 0.0, _parameters(self.run_, execution, self.injected)))
         self.result.interrupted = True
-        self.run_.finish(interrupted=True, interrupted_by=reason)
-        self.say(f"[{index}/{len(self.executions)}] {execution.key}: interrupted ({reason})")
+        self.run_.finish(interrupted=True, interrupted_by=reason)  # one write of run.json with every final state
+        self.say(f"[{index}/{len(self.executions)}] {', '.join(e.key for e in stopped)}: interrupted ({reason})")
         self.say(self.result.summary())
         self.result.report = write_report(self.run_.path)
         self.say(f"report (partial run): {self.result.report}")
@@ -529,7 +536,7 @@ class _RunLoop:
                         stderr_file=lines, timeout_s=self.timeout_s)
                 except KeyboardInterrupt as interrupt:
                     reason = interrupt.signal_name if isinstance(interrupt, Terminated) else "KeyboardInterrupt"
-                    self._interrupted(index, execution, time.perf_counter() - started, reason)
+                    self._interrupted(index, [execution], time.perf_counter() - started, reason)
                     raise
                 duration = time.perf_counter() - started
                 self._finished(index, execution, status, error, duration, wall_start, reap_orphans())
@@ -563,10 +570,7 @@ class _RunLoop:
                 future.cancel()
             reason = interrupt.signal_name if isinstance(interrupt, Terminated) else "KeyboardInterrupt"
             done = {r.name for r in self.result.notebooks}
-            remaining = [e for e in self.executions if e.key not in done]
-            if remaining:
-                self.executions = [e for e in self.executions if e.key in done] + remaining
-                self._interrupted(len(done) + 1, remaining[0], 0.0, reason)
+            self._interrupted(len(done) + 1, [e for e in self.executions if e.key not in done], 0.0, reason)
             raise
 
 
