@@ -32,8 +32,8 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Execute benchmarks (all declared ones when none is named, calibration first), each in a fresh "
             "kernel, with device and results_dir injected. Every name and value is checked by the benchmark's "
-            "declaration before anything runs. Exit status: 0 all ok, 1 a notebook failed or partly failed, 2 refused, "
-            "130 interrupted (Ctrl-C, SIGTERM, SIGHUP)."
+            "declaration before anything runs. Exit status: 0 all ok, 1 a notebook failed, partly failed or timed "
+            "out, 2 refused or a file could not be written, 130 interrupted (Ctrl-C, SIGTERM, SIGHUP)."
         ),
     )
     run_parser.add_argument("notebooks", nargs="*", metavar="NOTEBOOK",
@@ -83,7 +83,9 @@ def _parser() -> argparse.ArgumentParser:
                             help="torch: an nn.Module, a batch and a loss; arrays: NumPy arrays and a loss over xp, "
                                  "run under benchlib's engines, HIPS autograd, torch and torch.func (default: torch)")
 
-    runs_parser = commands.add_parser("runs", parents=[debug], help="past runs under the results directory")
+    runs_parser = commands.add_parser("runs", parents=[debug], help="past runs under the results directory",
+                                      description="List every run under the results root with its state and problems; "
+                                                  "exit status 1 when a run's files cannot be read (the problem column).")
     runs_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root (default: results/)")
 
     compare_parser = commands.add_parser(
@@ -103,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
                     "(the median of its trials), in commit order; change points (ruptures) checked by a ratio of "
                     "medians with 95%% interval. Prints the steps and writes history.html beside the runs. Exit "
                     "status: 0 no step, or every series' latest step an improvement; 1 a series' latest step is a "
-                    "regression; 2 bad input (no runs, fewer than 3 runs of any series, unknown names, runs without "
+                    "regression, or a run could not be read (named, left out); 2 bad input (no runs, fewer than 3 runs of any series, unknown names, runs without "
                     "a commit under --by commit).")
     history_parser.add_argument("runs", nargs="*", metavar="RUN",
                                 help="run ids (under --out) or run directories (default: every run under --out)")
