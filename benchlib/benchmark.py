@@ -100,7 +100,10 @@ class Parameter:
     def _item(self, value: Any) -> Any:
         expected = self.item_type
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
+            try:
+                value = float(value)
+            except OverflowError:  # an int past float's range (-p scale=1 and 400 zeros)
+                raise ValueError from None
         if type(value) is not expected:
             raise ValueError
         if self.choices and value not in self.choices:

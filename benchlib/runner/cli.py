@@ -22,27 +22,32 @@ def _parser() -> argparse.ArgumentParser:
         description="Run the benchmark notebooks through papermill and keep their results in results/<run-id>/.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true",
+                       help="on an error, also print its traceback (without it, every error is one line)")
 
     run_parser = commands.add_parser(
-        "run",
+        "run", parents=[debug],
         help="execute notebooks into a new run directory",
         description=(
             "Execute benchmarks (all declared ones when none is named, calibration first), each in a fresh "
             "kernel, with device and results_dir injected. Every name and value is checked by the benchmark's "
-            "declaration before anything runs. Exit status: 0 all ok, 1 a notebook failed or partly failed, 2 refused, "
-            "130 interrupted (Ctrl-C, SIGTERM, SIGHUP)."
+            "declaration before anything runs. Exit status: 0 all ok, 1 a notebook failed, partly failed or timed "
+            "out, 2 refused or a file could not be written, 130 interrupted (Ctrl-C, SIGTERM, SIGHUP)."
         ),
     )
     run_parser.add_argument("notebooks", nargs="*", metavar="NOTEBOOK",
                             help="benchmark names (benchlib list shows them), paths to .ipynb files, or model files "
                                  "(.py, see `benchlib new`)")
-    run_parser.add_argument("--debug", action="store_true",
-                            help="on a refusal, also print the traceback (e.g. of a model file that fails to load)")
     run_parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N (default: auto)")
     run_parser.add_argument(
         "-p", "--param", action="append", default=[], metavar="NAME=VALUE",
         help="set a parameter; VALUE is a Python literal (3, 1e-3, True, \"[1, 2]\") or plain text for str parameters; repeatable",
     )
+    run_parser.add_argument(
+        "--timeout", type=float, default=None, metavar="SECONDS",
+        help="stop a notebook (a grid point) that runs longer: it is recorded as `timed out` (a failure), its records "
+             "so far are kept and the others still run (default: no limit)")
     run_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="root for the run directory (default: results/)")
     run_parser.add_argument("--quick", action="store_true", help="use each notebook's QUICK sizes (its cell tagged 'quick'); -p wins")
     run_parser.add_argument("--notebooks-dir", type=Path, default=None, metavar="DIR", help="where notebooks live (default: notebooks/)")
@@ -67,22 +72,24 @@ def _parser() -> argparse.ArgumentParser:
              "(needs kaleido, pip install -e '.[png]', and a Chrome/Chromium; refused otherwise)",
     )
 
-    list_parser = commands.add_parser("list", help="the benchmarks: their questions, parameters, defaults, quick values and help")
+    list_parser = commands.add_parser("list", parents=[debug], help="the benchmarks: their questions, parameters, defaults, quick values and help")
     list_parser.add_argument("notebooks", nargs="*", metavar="NOTEBOOK")
     list_parser.add_argument("--notebooks-dir", type=Path, default=None, metavar="DIR")
 
     new_parser = commands.add_parser(
-        "new", help="write a commented example model file to run with `benchlib run FILE`")
+        "new", parents=[debug], help="write a commented example model file to run with `benchlib run FILE`")
     new_parser.add_argument("file", type=Path, metavar="FILE", help="the .py file to write (never overwritten)")
     new_parser.add_argument("--form", choices=("torch", "arrays"), default="torch",
                             help="torch: an nn.Module, a batch and a loss; arrays: NumPy arrays and a loss over xp, "
                                  "run under benchlib's engines, HIPS autograd, torch and torch.func (default: torch)")
 
-    runs_parser = commands.add_parser("runs", help="past runs under the results directory")
+    runs_parser = commands.add_parser("runs", parents=[debug], help="past runs under the results directory",
+                                      description="List every run under the results root with its state and problems; "
+                                                  "exit status 1 when a run's files cannot be read (the problem column).")
     runs_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root (default: results/)")
 
     compare_parser = commands.add_parser(
-        "compare", help="run B against run A per metric: ratio with 95%% interval, p, better/worse/same/noisy")
+        "compare", parents=[debug], help="run B against run A per metric: ratio with 95%% interval, p, better/worse/same/noisy")
     compare_parser.add_argument("run_a", metavar="RUN_A", help="run id or run directory (the baseline)")
     compare_parser.add_argument("run_b", metavar="RUN_B",
                                 help="run id or run directory (the candidate); `latest` is the newest run under --out")
@@ -93,12 +100,12 @@ def _parser() -> argparse.ArgumentParser:
     compare_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root for run ids")
 
     history_parser = commands.add_parser(
-        "history", help="each headline metric over many runs: where it stepped, by how much, better or worse",
+        "history", parents=[debug], help="each headline metric over many runs: where it stepped, by how much, better or worse",
         description="Each headline metric of the runs (or every run under --out) as a series, one point per run "
                     "(the median of its trials), in commit order; change points (ruptures) checked by a ratio of "
                     "medians with 95%% interval. Prints the steps and writes history.html beside the runs. Exit "
                     "status: 0 no step, or every series' latest step an improvement; 1 a series' latest step is a "
-                    "regression; 2 bad input (no runs, fewer than 3 runs of any series, unknown names, runs without "
+                    "regression, or a run could not be read (named, left out); 2 bad input (no runs, fewer than 3 runs of any series, unknown names, runs without "
                     "a commit under --by commit).")
     history_parser.add_argument("runs", nargs="*", metavar="RUN",
                                 help="run ids (under --out) or run directories (default: every run under --out)")
@@ -115,13 +122,13 @@ def _parser() -> argparse.ArgumentParser:
                                 help="where to write the page (default: history.html in the runs' results root)")
 
     report_parser = commands.add_parser(
-        "report", help="(re)write a run's report.html", description="Write RUN/report.html: environment, verdicts, every figure."
+        "report", parents=[debug], help="(re)write a run's report.html", description="Write RUN/report.html: environment, verdicts, every figure."
     )
     report_parser.add_argument("run", metavar="RUN", help="a run id (under --out) or a run directory")
     report_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root (default: results/)")
 
     merge_parser = commands.add_parser(
-        "merge-records", help="rebuild a run's records.parquet from its per-notebook records/*.parquet",
+        "merge-records", parents=[debug], help="rebuild a run's records.parquet from its per-notebook records/*.parquet",
         description="Rebuild RUN/records.parquet from RUN/records/*.parquet (e.g. after a crash or a corrupt file); "
                     "unreadable files are named and skipped, with exit status 1. records.parquet is never replaced by fewer rows "
                     "than it holds (exit 1, the old file kept); no records/ to merge from is exit 2.")
@@ -136,16 +143,17 @@ def _report(run_name: str, root: Path | None) -> int:
     from benchlib.results.seed_verdicts import load_verdicts, save_verdicts, seed_verdicts
     from benchlib.results.store import RecordsUnreadable, load_records, resolve_run
 
-    try:
-        path = resolve_run(run_name, root)
-    except FileNotFoundError as missing:
-        raise RunnerError(str(missing)) from None
+    path = resolve_run(run_name, root)
+    unjudged = None
     if load_verdicts(path) is None:  # an older or unfinished run: judge its records now, as a finished run does
         try:
             save_verdicts(seed_verdicts(load_records(path), verdict_rules()), path)
-        except (RecordsUnreadable, FileNotFoundError) as error:
-            print(f"benchlib: no verdicts: {error}", file=sys.stderr)
+        except RecordsUnreadable as error:  # the page is still written, without verdicts: answered, not whole
+            unjudged = error
     print(write_report(path))
+    if unjudged is not None:
+        print(f"benchlib: no verdicts: {unjudged}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -183,6 +191,10 @@ def _runs(root: Path | None) -> int:
     with pd.option_context("display.width", 250, "display.max_columns", None, "display.max_colwidth", 90):
         print(f"runs in {root}:")
         print(shown.to_string(index=False))
+    problems = int(runs["problem"].astype(bool).sum())
+    if problems:  # listed, and the exit says so: answered, but some runs cannot be read
+        print(f"benchlib: {problems} run(s) with files that cannot be read (the problem column)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -193,16 +205,11 @@ def _compare(arguments: argparse.Namespace) -> int:
     """Print the comparison; exit 1 when any metric is significantly worse beyond the threshold."""
     from benchlib.results.compare import WORSE, any_worse, compare_runs, headline, machine_drift
 
-    try:
-        comparison = compare_runs(arguments.run_a, arguments.run_b, root=arguments.out, threshold=arguments.threshold,
-                                  metrics=arguments.metric, benchmarks=arguments.benchmark)
-    except (FileNotFoundError, ValueError) as refused:
-        print(f"benchlib: error: {refused}", file=sys.stderr)
-        return EXIT_REFUSED
+    comparison = compare_runs(arguments.run_a, arguments.run_b, root=arguments.out, threshold=arguments.threshold,
+                              metrics=arguments.metric, benchmarks=arguments.benchmark)
     if comparison.empty:
-        print("benchlib: error: nothing to compare: no metric with the same benchmark, case, engine, device, dtype "
-              "and config is in both runs", file=sys.stderr)
-        return EXIT_REFUSED
+        raise RunnerError("nothing to compare: no metric with the same benchmark, case, engine, device, dtype "
+                          "and config is in both runs")
     if arguments.format == "csv":
         print(comparison.to_csv(index=False), end="")
     elif arguments.format == "json":
@@ -232,26 +239,22 @@ def _history(arguments: argparse.Namespace) -> int:
                                           step_table)
     from benchlib.results.store import default_results_root, write_text_atomic
 
-    try:
-        history = read_history(arguments.runs, arguments.out)
-        for message in history.skipped:
-            print(f"skipped: {message}", file=sys.stderr)
-        if history.records.empty:
-            where = "the runs given" if arguments.runs else str(arguments.out or default_results_root())
-            raise HistoryError(f"no runs with records in {where}"
-                               + (f" ({len(history.skipped)} skipped, named above)" if history.skipped else ""))
-        series = build_series(history.records, headlines=history.headlines, benchmarks=arguments.benchmark,
-                              metrics=arguments.metric, by=arguments.by)
-        if series.empty:
-            raise HistoryError("the runs hold no headline metric with a better direction (--metric names others)")
-        if looked_at(series).empty:
-            most = int(series.groupby(SERIES_COLUMNS)["run_id"].nunique().max())
-            raise HistoryError(f"fewer than {MIN_RUNS} runs in every series (the most: {most} of {series['run_id'].nunique()} "
-                               "runs read): a step needs runs on both sides of it to tell it from noise")
-        steps = find_steps(series, threshold=arguments.threshold)
-    except HistoryError as refused:
-        print(f"benchlib: error: {refused}", file=sys.stderr)
-        return EXIT_REFUSED
+    history = read_history(arguments.runs, arguments.out)
+    for message in history.skipped:
+        print(f"skipped: {message}", file=sys.stderr)
+    if history.records.empty:
+        where = "the runs given" if arguments.runs else str(arguments.out or default_results_root())
+        raise HistoryError(f"no runs with records in {where}"
+                           + (f" ({len(history.skipped)} skipped, named above)" if history.skipped else ""))
+    series = build_series(history.records, headlines=history.headlines, benchmarks=arguments.benchmark,
+                          metrics=arguments.metric, by=arguments.by)
+    if series.empty:
+        raise HistoryError("the runs hold no headline metric with a better direction (--metric names others)")
+    if looked_at(series).empty:
+        most = int(series.groupby(SERIES_COLUMNS)["run_id"].nunique().max())
+        raise HistoryError(f"fewer than {MIN_RUNS} runs in every series (the most: {most} of {series['run_id'].nunique()} "
+                           "runs read): a step needs runs on both sides of it to tell it from noise")
+    steps = find_steps(series, threshold=arguments.threshold)
     print(answer(steps, series))
     if not steps.empty:
         print()
@@ -259,13 +262,9 @@ def _history(arguments: argparse.Namespace) -> int:
             print(step_table(steps).to_string(index=False))
     latest = series.sort_values("started").iloc[-1]
     page = arguments.html or history.paths[latest["run_id"]].parent / HISTORY_PAGE
-    try:
-        write_text_atomic(history_page(series, steps, by=arguments.by, skipped=history.skipped), page)
-    except OSError as error:
-        print(f"benchlib: error: cannot write {page}: {error.strerror or error}", file=sys.stderr)
-        return EXIT_REFUSED
+    write_text_atomic(history_page(series, steps, by=arguments.by, skipped=history.skipped), page)
     print(f"page: {page}")
-    return 1 if not latest_regressions(steps).empty else 0
+    return 1 if history.unreadable or not latest_regressions(steps).empty else 0
 
 
 def _verdict_changes(arguments: argparse.Namespace) -> str:
@@ -291,10 +290,7 @@ def _merge_records(run_name: str, root: Path | None) -> int:
     from benchlib.results import Run
     from benchlib.results.store import RecordsKept, resolve_run
 
-    try:
-        path = resolve_run(run_name, root)
-    except FileNotFoundError as missing:
-        raise RunnerError(str(missing)) from None
+    path = resolve_run(run_name, root)
     if not any((path / "records").glob("*.parquet")):
         raise RunnerError(f"{path / 'records'} holds no per-notebook records: nothing to merge; records.parquet is left as it is")
     try:
@@ -347,49 +343,70 @@ def _params(assignments: Sequence[str]) -> dict[str, str]:
     return params
 
 
+def _run(arguments: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    result = run(
+        arguments.notebooks,
+        device=arguments.device,
+        params=_params(arguments.param),
+        out=arguments.out,
+        quick=arguments.quick,
+        notebooks_dir=arguments.notebooks_dir,
+        progress=not arguments.no_progress,
+        png=arguments.png,
+        grid=parse_grid(arguments.grid),
+        executor=arguments.executor,
+        scheduler=arguments.scheduler,
+        attribute=arguments.attribute,
+        timeout_s=arguments.timeout,
+        command=["benchlib", *(sys.argv[1:] if argv is None else argv)],
+    )
+    return result.exit_code
+
+
+def _command(arguments: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    """The exit status of the command `arguments` names."""
+    if arguments.command == "list":
+        return _list(arguments.notebooks, arguments.notebooks_dir)
+    if arguments.command == "runs":
+        return _runs(arguments.out)
+    if arguments.command == "compare":
+        return _compare(arguments)
+    if arguments.command == "history":
+        return _history(arguments)
+    if arguments.command == "report":
+        return _report(arguments.run, arguments.out)
+    if arguments.command == "merge-records":
+        return _merge_records(arguments.run, arguments.out)
+    if arguments.command == "new":
+        return _new(arguments.file, arguments.form)
+    return _run(arguments, argv)
+
+
+def one_line(error: BaseException) -> str:
+    """What went wrong, for a user: a refusal's own message (it says what is valid); for an OS error
+    the file and what is wrong with it; anything else by its type (a bug: --debug shows where)."""
+    if isinstance(error, OSError) and error.filename is not None:
+        files = f"{error.filename} -> {error.filename2}" if error.filename2 is not None else str(error.filename)
+        return f"{files}: {error.strerror or error}"
+    if isinstance(error, (ValueError, OSError)):  # RunnerError, RecordsUnreadable, HistoryError... name their file
+        return str(error)
+    return f"{type(error).__name__}: {error} (--debug shows the traceback)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `benchlib` command; returns the exit status."""
+    """Entry point of the `benchlib` command; returns the exit status (README, "Exit status"): an
+    error ends as one line, `benchlib: error: ...`, and 2; its traceback only with --debug."""
     arguments = _parser().parse_args(argv)
     try:
-        if arguments.command == "list":
-            return _list(arguments.notebooks, arguments.notebooks_dir)
-        if arguments.command == "runs":
-            return _runs(arguments.out)
-        if arguments.command == "compare":
-            return _compare(arguments)
-        if arguments.command == "history":
-            return _history(arguments)
-        if arguments.command == "report":
-            return _report(arguments.run, arguments.out)
-        if arguments.command == "merge-records":
-            return _merge_records(arguments.run, arguments.out)
-        if arguments.command == "new":
-            return _new(arguments.file, arguments.form)
-        params = _params(arguments.param)
-        result = run(
-            arguments.notebooks,
-            device=arguments.device,
-            params=params,
-            out=arguments.out,
-            quick=arguments.quick,
-            notebooks_dir=arguments.notebooks_dir,
-            progress=not arguments.no_progress,
-            png=arguments.png,
-            grid=parse_grid(arguments.grid),
-            executor=arguments.executor,
-            scheduler=arguments.scheduler,
-            attribute=arguments.attribute,
-            command=["benchlib", *(sys.argv[1:] if argv is None else argv)],
-        )
-    except RunnerError as refused:  # bad input (DeviceError is one too): refused before anything ran
-        if getattr(arguments, "debug", False):
-            _print_chain(refused)
-        print(f"benchlib: error: {refused}", file=sys.stderr)
-        return EXIT_REFUSED
+        return _command(arguments, argv)
     except KeyboardInterrupt:
         print("benchlib: interrupted; everything written so far is kept", file=sys.stderr)
         return EXIT_INTERRUPTED
-    return result.exit_code
+    except Exception as error:  # every command's errors end here, so none prints a traceback without --debug
+        if arguments.debug:
+            _print_chain(error)
+        print(f"benchlib: error: {one_line(error)}", file=sys.stderr)
+        return EXIT_REFUSED
 
 
 if __name__ == "__main__":

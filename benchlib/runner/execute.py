@@ -46,7 +46,7 @@ from benchlib.runner.kernels import (
     reap_orphans,
     terminate_as_interrupt,
 )
-from benchlib.runner.papermill_exec import KERNEL_NAME, execute_notebook
+from benchlib.runner.papermill_exec import FAILED, KERNEL_NAME, TIMED_OUT, execute_notebook
 from benchlib.runner.sweep import (
     BENCHMARK_SLOT,
     EXECUTORS,
@@ -79,7 +79,7 @@ PNG_FIGURES = {"PLOTLY_RENDERER": "plotly_mimetype+notebook+png", FIGURE_PNG_ENV
 @dataclass(frozen=True)
 class NotebookResult:
     """How one notebook went: status is 'ok', 'partial' (it ran, some cases failed), 'failed',
-    'interrupted' or 'not run'."""
+    'timed out' (stopped by --timeout), 'interrupted' or 'not run'."""
 
     name: str
     status: str
@@ -130,6 +130,9 @@ def _check_out_dir(root: Path) -> None:
     """Refuse an output root that cannot be created or written, before anything runs."""
     existing = root
     while not existing.exists():
+        if existing.is_symlink():  # mkdir would say only "File exists"
+            raise RunnerError(f"--out {str(root)!r}: {str(existing)!r} is a symbolic link to {os.readlink(existing)!r}, "
+                              "which does not exist; create its target or give another directory")
         existing = existing.parent
     if not existing.is_dir():
         raise RunnerError(f"--out {str(root)!r} cannot be created: {str(existing)!r} is a file, not a directory")
@@ -273,6 +276,7 @@ class RunOptions:
     executor: str = "local"
     scheduler: str | None = None
     attribute: bool = False  # one more traced pass per case: allocation sites (benchmarks that declare `attribute`)
+    timeout_s: float | None = None  # the longest one notebook (one grid point) may run; None: no limit
 
     @classmethod
     def of(cls, options: RunOptions | None, overrides: Mapping[str, Any]) -> RunOptions:
@@ -342,6 +346,8 @@ def run(notebooks: Sequence[str] = (), *, options: RunOptions | None = None, **o
         raise RunnerError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     if scheduler and executor != "dask":
         raise RunnerError("--scheduler goes with --executor dask")
+    if options.timeout_s is not None and not options.timeout_s > 0:
+        raise RunnerError(f"--timeout must be a number of seconds > 0, got {options.timeout_s:g}")
     if options.attribute:
         params = _with_attribute(notebooks, notebooks_dir, params, stream)
     planned = plan(notebooks, params=dict(params or {}), quick=quick, notebooks_dir=notebooks_dir)
@@ -438,6 +444,7 @@ class _RunLoop:
         self.run_, self.result, self.executions, self.injected = results_run, result, list(executions), injected
         self.stream, self.root, self.quick, self.progress = options.stream, root, options.quick, options.progress
         self.figures_env = PNG_FIGURES if options.png else PORTABLE_FIGURES
+        self.timeout_s = options.timeout_s
         self.durations: list[float] = []
 
     def say(self, text: str) -> None:
@@ -447,7 +454,7 @@ class _RunLoop:
         total = len(self.executions)
         if total == 1:
             return "[1/1]"
-        failed = sum(1 for r in self.result.notebooks if r.status in ("failed", "partial"))
+        failed = sum(1 for r in self.result.notebooks if r.status in (FAILED, "partial", TIMED_OUT))
         done = {r.name for r in self.result.notebooks}
         left = [e for e in self.executions if e.key not in done]
         eta = ""
@@ -457,18 +464,25 @@ class _RunLoop:
             eta = f", ~{seconds:.0f} s left"
         return f"[{index}/{total}, {len(done)} done, {failed} failed{eta}]"
 
-    def _interrupted(self, index: int, execution: Execution, duration: float, reason: str) -> None:
+    def _interrupted(self, index: int, stopped: Sequence[Execution], duration: float, reason: str) -> None:
+        """Finish the run as interrupted: `stopped` (running, or submitted and not back) marked
+        `interrupted` in run.json, every execution not yet recorded `not run`, so none is left
+        `running` or `submitted`."""
         reap_orphans()
-        self.run_.record_notebook(execution.key, status="interrupted", duration_s=round(duration, 3), ended_at=now_iso(),
-                                  error=reason)
-        parameters = _parameters(self.run_, execution, self.injected)
-        self.result.notebooks.append(NotebookResult(execution.key, "interrupted", duration, parameters, reason))
-        self.result.notebooks.extend(
-            NotebookResult(e.key, "not run", 0.0, _parameters(self.run_, e, self.injected))
-            for e in self.executions[index:])
+        for execution in stopped:
+            self.run_.info["notebooks"][execution.key].update(status="interrupted", duration_s=round(duration, 3),
+                                                              ended_at=now_iso(), error=reason)
+            parameters = _parameters(self.run_, execution, self.injected)
+            self.result.notebooks.append(NotebookResult(execution.key, "interrupted", duration, parameters, reason))
+        recorded = {r.name for r in self.result.notebooks}
+        for execution in self.executions:
+            if execution.key not in recorded:
+                self.run_.info["notebooks"][execution.key].update(status="not run")
+                self.result.notebooks.append(
+                    NotebookResult(execution.key, "not run", 0.0, _parameters(self.run_, execution, self.injected)))
         self.result.interrupted = True
-        self.run_.finish(interrupted=True, interrupted_by=reason)
-        self.say(f"[{index}/{len(self.executions)}] {execution.key}: interrupted ({reason})")
+        self.run_.finish(interrupted=True, interrupted_by=reason)  # one write of run.json with every final state
+        self.say(f"[{index}/{len(self.executions)}] {', '.join(e.key for e in stopped)}: interrupted ({reason})")
         self.say(self.result.summary())
         self.result.report = write_report(self.run_.path)
         self.say(f"report (partial run): {self.result.report}")
@@ -516,14 +530,14 @@ class _RunLoop:
                 started, wall_start = time.perf_counter(), time.time()
                 lines = ProgressLines(execution.spec.name, self.stream, expected) if self.progress else None
                 try:  # a notebook's failure is a result to record; the others still run
-                    error = execute_notebook(execution.spec.path, output, parameters, cwd=execution.spec.path.parent,
-                                             kernel_manager_class=kernel_manager, figures_env=self.figures_env,
-                                             stdout_file=lines, stderr_file=lines)
+                    status, error = execute_notebook(
+                        execution.spec.path, output, parameters, cwd=execution.spec.path.parent,
+                        kernel_manager_class=kernel_manager, figures_env=self.figures_env, stdout_file=lines,
+                        stderr_file=lines, timeout_s=self.timeout_s)
                 except KeyboardInterrupt as interrupt:
                     reason = interrupt.signal_name if isinstance(interrupt, Terminated) else "KeyboardInterrupt"
-                    self._interrupted(index, execution, time.perf_counter() - started, reason)
+                    self._interrupted(index, [execution], time.perf_counter() - started, reason)
                     raise
-                status = "ok" if error is None else "failed"
                 duration = time.perf_counter() - started
                 self._finished(index, execution, status, error, duration, wall_start, reap_orphans())
 
@@ -535,7 +549,7 @@ class _RunLoop:
         for execution in self.executions:
             parameters = _parameters(self.run_, execution, self.injected)
             future = client.submit(execute_remote, execution.spec.path.read_text(encoding="utf-8"), execution.spec.name,
-                                   parameters, str(execution.spec.path.parent), dict(self.figures_env),
+                                   parameters, str(execution.spec.path.parent), dict(self.figures_env), self.timeout_s,
                                    resources={BENCHMARK_SLOT: 1}, pure=False, key=f"benchlib-{self.run_.run_id}-{execution.key}")
             futures[future] = execution
             self.run_.record_notebook(execution.key, status="submitted", started_at=now_iso())
@@ -556,10 +570,7 @@ class _RunLoop:
                 future.cancel()
             reason = interrupt.signal_name if isinstance(interrupt, Terminated) else "KeyboardInterrupt"
             done = {r.name for r in self.result.notebooks}
-            remaining = [e for e in self.executions if e.key not in done]
-            if remaining:
-                self.executions = [e for e in self.executions if e.key in done] + remaining
-                self._interrupted(len(done) + 1, remaining[0], 0.0, reason)
+            self._interrupted(len(done) + 1, [e for e in self.executions if e.key not in done], 0.0, reason)
             raise
 
 

