@@ -166,3 +166,18 @@ def test_the_table_answers_first_counts_and_worst_regressions(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("4 metric(s): 1 worse, 0 better, 3 same, 0 noisy, 0 inconclusive, 0 no direction")
     assert "dot_chain/n=4/ours/time" in lines[2] and "1.5" in lines[2]
+
+
+def test_the_default_table_fits_120_columns_and_reads_what_moved_first():
+    from benchlib.results.compare import compact_table
+
+    comparison = pd.DataFrame([
+        {"benchmark": "a_benchmark_with_a_rather_long_name_indeed", "case": "case_" + "x" * 60, "variant": "torch",
+         "metric": "peak_bytes", "unit": "B", "median_a": 1.5e6, "median_b": 1.5e6, "ratio": 1.0, "ci_low": 0.99,
+         "ci_high": 1.01, "label": "same"},
+        {"benchmark": "b", "case": "step", "variant": "torch.func", "metric": "time", "unit": "s", "median_a": 2e-3,
+         "median_b": 3e-3, "ratio": 1.5, "ci_low": 1.4, "ci_high": 1.6, "label": "worse"}])
+    lines = compact_table(comparison)
+    assert max(map(len, lines)) <= 120
+    assert lines[0].startswith("b/step/torch.func/time") and "2 ms -> 3 ms" in lines[0] and lines[0].endswith("worse")
+    assert "\u2026" in lines[1] and "1.5 MB -> 1.5 MB" in lines[1]

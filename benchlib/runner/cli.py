@@ -96,7 +96,11 @@ def _parser() -> argparse.ArgumentParser:
     compare_parser.add_argument("--metric", action="append", default=[], help="only this metric (repeatable)")
     compare_parser.add_argument("--benchmark", action="append", default=[], help="only this benchmark (repeatable)")
     compare_parser.add_argument("--threshold", type=float, default=0.05, help="minimum relative change (default 0.05)")
-    compare_parser.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    compare_parser.add_argument("--format", choices=("table", "csv", "json"), default="table",
+                                help="table: the answer, then one line per metric within 120 columns (default); csv, "
+                                     "json: every column")
+    compare_parser.add_argument("--full", action="store_true",
+                                help="with --format table, every column of every metric (wide)")
     compare_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root for run ids")
 
     history_parser = commands.add_parser(
@@ -203,7 +207,7 @@ WORSE_NAMED = 20  # worse metrics named on stderr; the table lists them all
 
 def _compare(arguments: argparse.Namespace) -> int:
     """Print the comparison; exit 1 when any metric is significantly worse beyond the threshold."""
-    from benchlib.results.compare import WORSE, any_worse, compare_runs, headline, machine_drift
+    from benchlib.results.compare import WORSE, any_worse, compact_table, compare_runs, headline, machine_drift
 
     comparison = compare_runs(arguments.run_a, arguments.run_b, root=arguments.out, threshold=arguments.threshold,
                               metrics=arguments.metric, benchmarks=arguments.benchmark)
@@ -217,7 +221,10 @@ def _compare(arguments: argparse.Namespace) -> int:
     else:
         # the answer first (counts, worst regressions); the table leaves out the config JSON (csv and json keep it)
         print("\n".join(headline(comparison)), end="\n\n")
-        print(comparison.drop(columns=["config"]).to_string(index=False))
+        if arguments.full:
+            print(comparison.drop(columns=["config"]).to_string(index=False))
+        else:
+            print("\n".join(compact_table(comparison)))
         drift = machine_drift(comparison)
         print(drift or "machine drift: unknown (calibration is not in both runs)")
         print(_verdict_changes(arguments))
