@@ -117,7 +117,7 @@ def test_parameters_are_typed_by_their_defaults_with_quick_values_and_trials(tmp
     text = GOOD.replace('"n": 8}', '"n": 8, "sizes": [1, 2]}').replace("(width, n)", "(width, n, sizes)")
     benchmark = load_model_file(write(tmp_path, text))
     assert benchmark.name == "tiny" and benchmark.quick == {"width": 4, "n": 3, "trials": 2}
-    assert benchmark.parameter("sizes").default == (1, 2) and benchmark.defaults()["trials"] == 3
+    assert benchmark.parameter("sizes").default == (1, 2) and benchmark.defaults()["trials"] == 5
     assert main(["list", str(tmp_path / "model.py")]) == 0
     assert "width: int = 16  (quick: 4)" in capsys.readouterr().out
 

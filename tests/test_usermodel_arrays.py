@@ -212,7 +212,7 @@ def test_benchlib_new_writes_an_array_form_example_every_engine_differentiates_a
     assert main(["new", str(path), "--form", "arrays"]) == 0 and path.read_text() == ARRAY_TEMPLATE
     benchmark = load_model_file(path)
     assert benchmark.name == "my_regression" and "gradient of the loss" in benchmark.cases
-    values = {p.name: p.quick for p in benchmark.parameters if p.name not in ("trials", "engines", "attribute")}
+    values = {p.name: p.quick for p in benchmark.parameters if p.name not in ("trials", "precision", "engines", "attribute")}
     for engine in ARRAY_ENGINES:  # the child's case, in this process: its step and the gradient its check saves
         step = case(device=resolve_device("cpu"), path=str(path), engine=engine, values=values,
                     gradient_dir=str(tmp_path))

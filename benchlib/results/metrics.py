@@ -99,6 +99,9 @@ for _name, _unit, _kind, _meaning in (
       for name in ("parameter", "optimizer_state", "input", "temporary", "activation", "gradient", "autograd_detail",
                    "unknown")],
     ("torch_peak_bytes", "B", "memory", "the sum of torch.profiler's categories at that moment: torch's peak"),
+    ("trials_run", "count", "setting", "trials a case ran before it stopped; params.stop says why (precision: its "
+     "peak's 95% interval within params.precision of the median; deterministic: identical trials; max_trials: the "
+     "cap), params.precision_reached the relative half-width it reached"),
     # case outcomes and checks
     ("ok", "", "status", "the case ran (value 1)"),
     ("failed", "", "status", "the case failed; params.message holds the error (value 1)"),

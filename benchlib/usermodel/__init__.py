@@ -22,7 +22,11 @@ from benchlib.usermodel.loader import (ModelFileError, check_form, is_array_form
                                        torch_form)
 from benchlib.usermodel.summary import summary_table
 
-TRIALS = Parameter("trials", 3, "fresh processes per engine, interleaved across engines", quick=2, minimum=1)
+TRIALS = Parameter("trials", 5, "at most this many fresh processes per engine, interleaved across engines (fewer "
+                   "once the peak settles: see precision)", quick=2, minimum=1)
+PRECISION = Parameter("precision", 0.02, "an engine stops after 3 trials or more once its peak's 95% interval is within "
+                      "this share of the median (or its trials are identical); 0 runs every trial", minimum=0.0,
+                      maximum=1.0)
 ATTRIBUTE = Parameter("attribute", False, "one more traced pass per engine (in its first trial, after the measured "
                                           "ones): the lines holding the peak, temporaries, diffs between engines "
                                           "(`benchlib run --attribute`)")
@@ -34,7 +38,7 @@ def _engine_choice(form: Form) -> Parameter:
 
 
 def _parameters(model_file, form: Form) -> tuple[Parameter, ...]:
-    own = (TRIALS, _engine_choice(form), ATTRIBUTE)  # benchlib's parameters of every model file
+    own = (TRIALS, PRECISION, _engine_choice(form), ATTRIBUTE)  # benchlib's parameters of every model file
     parameters = []
     for name, default in model_file.parameters.items():
         if name in {each.name for each in own}:

@@ -15,6 +15,7 @@ from benchlib.units import format_bytes, format_seconds
 from benchlib.results.compare import trial_values
 from benchlib.results.report import SUMMARY_COLUMN
 from benchlib.results.stats import median_interval, ratio_of_medians
+from benchlib.results.stopping import DETERMINISTIC, MAX_TRIALS, PRECISION
 from benchlib.usermodel.arrays import ARRAY_ENGINES
 from benchlib.usermodel.engines import ENGINES
 
@@ -23,7 +24,7 @@ STEP_ROLES = {SAVED_METRIC: "saved activations", GRADIENT_METRIC: "gradients"}
 TRACKED = "tracked_peak_bytes"  # the allocation pass's peak: byte-exact, the same for the same code path
 ORDER = {engine: index for index, engine in enumerate(dict.fromkeys((*ENGINES, *ARRAY_ENGINES)))}  # either form's
 COLUMNS = ["version", "engine", "status", "trials", "peak_bytes", "peak_low", "peak_high", "peak_ratio", "peak_ratio_low",
-           "peak_ratio_high", "tracked_peak_bytes", "largest_role", "largest_role_bytes", "time_s", GRAD_ERROR_METRIC, SUMMARY_COLUMN]
+           "peak_ratio_high", "tracked_peak_bytes", "stop", "largest_role", "largest_role_bytes", "time_s", GRAD_ERROR_METRIC, SUMMARY_COLUMN]
 
 
 def _interval(values: np.ndarray) -> tuple[float, float, float]:
@@ -42,6 +43,19 @@ def _ratio(best: np.ndarray, own: np.ndarray) -> tuple[float, float, float]:
 
 def _bracket(low: float, high: float, text) -> str:
     return "" if math.isnan(low) else f" [{text(low)}, {text(high)}]"
+
+
+def _stop_text(group: pd.DataFrame) -> tuple[str, str]:
+    """Why an engine's trials stopped (`trials_run`), as its reason and the words a line ends with."""
+    stop = group[group["metric"] == "trials_run"]
+    if stop.empty:
+        return "", ""
+    params = json.loads(stop["params"].iloc[0])
+    reason, reached = params["stop"], params.get("precision_reached")
+    within = "" if reached is None or not math.isfinite(reached) else f"±{100 * reached:.1f}%"
+    words = {PRECISION: f"peak within {within}", DETERMINISTIC: "identical peaks",
+             MAX_TRIALS: f"the cap{f', peak {within}' if within else ''}"}.get(reason, reason)
+    return reason, f"  {int(stop['value'].iloc[0])} trials ({words})"
 
 
 def _version_rows(records: pd.DataFrame, samples: dict, prefix: str) -> list[dict]:
@@ -83,15 +97,16 @@ def _version_rows(records: pd.DataFrame, samples: dict, prefix: str) -> list[dic
                 f"{ratio:.2f}x{_bracket(ratio_low, ratio_high, '{:.2f}'.format)} the best{by}"
         role_text = (f"  mostly {STEP_ROLES[role]} ({format_bytes(int(roles[role]))})" if role
                      else "  roles not measured" if any_roles else "")
+        stop, stop_words = _stop_text(group)
         line = (f"{prefix}{engine:<19} peak +{format_bytes(int(peak))}{_bracket(low, high, lambda v: format_bytes(int(v)))}"
                 + ("" if math.isnan(tracked) else f" (tracked {format_bytes(int(tracked))})")
                 + f"  {ratio_text}{role_text}  {format_seconds(time_s)}/step"
-                + ("" if math.isnan(error) else f"  grad err {error:.1e}")
+                + ("" if math.isnan(error) else f"  grad err {error:.1e}") + stop_words
                 + (" (failed in a later trial)" if len(statuses) else ""))
         rows.append({"engine": engine, "status": "ok" if not len(statuses) else "partial",
                      "trials": int(metrics["time"].size), "peak_bytes": peak, "peak_low": low, "peak_high": high,
                      "peak_ratio": ratio, "peak_ratio_low": ratio_low, "peak_ratio_high": ratio_high,
-                     "tracked_peak_bytes": tracked, "largest_role": STEP_ROLES.get(role, ""), "largest_role_bytes": roles.get(role, math.nan),
+                     "tracked_peak_bytes": tracked, "stop": stop, "largest_role": STEP_ROLES.get(role, ""), "largest_role_bytes": roles.get(role, math.nan),
                      "time_s": time_s, GRAD_ERROR_METRIC: error, SUMMARY_COLUMN: line})
     return sorted(rows, key=lambda row: ORDER.get(row["engine"], len(ORDER)))
 
