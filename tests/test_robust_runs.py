@@ -527,3 +527,12 @@ def test_debug_is_an_option_of_every_command():
 
     commands = _parser()._subparsers._group_actions[0].choices
     assert all(any("--debug" in action.option_strings for action in sub._actions) for sub in commands.values())
+
+
+def test_a_file_given_where_a_directory_is_expected_is_named_as_such(tmp_path, capsys):
+    a_file = tmp_path / "résultats.txt"
+    a_file.write_text("")
+    assert main(["list", "--notebooks-dir", str(a_file)]) == 2
+    assert capsys.readouterr().err == f"benchlib: error: notebooks directory {str(a_file)!r} is a file, not a directory\n"
+    assert main(["runs", "--out", str(a_file)]) == 2
+    assert "no results directory" in capsys.readouterr().err

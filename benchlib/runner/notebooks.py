@@ -72,7 +72,8 @@ def find_project_notebooks() -> Path:
 def available_notebooks(notebooks_dir: Path) -> dict[str, Path]:
     """Notebook name -> path, calibration first, then alphabetical."""
     if not notebooks_dir.is_dir():
-        raise RunnerError(f"notebooks directory {str(notebooks_dir)!r} does not exist")
+        what = "is a file, not a directory" if notebooks_dir.exists() else "does not exist"
+        raise RunnerError(f"notebooks directory {str(notebooks_dir)!r} {what}")
     paths = {path.stem: path for path in sorted(notebooks_dir.glob("*.ipynb"))}
     return dict(sorted(paths.items(), key=lambda item: (item[0] != FIRST_NOTEBOOK, item[0])))
 
