@@ -220,7 +220,10 @@ def test_a_model_file_runs_end_to_end_with_quick(tmp_path):
         rows = records[records["variant"] == engine]
         assert {"peak_bytes", "time", "alloc_count", "alloc_count_python", "gc_time", "role_parameter_bytes",
                 "role_gradient_bytes"} <= set(rows["metric"]), engine
-        assert {json.loads(p)["trial"] for p in rows["params"]} == {0, 1}
+        trials = rows[rows["metric"] != "trials_run"]  # the stopping record is per engine, not per trial
+        assert {json.loads(p)["trial"] for p in trials["params"]} == {0, 1}
+        (stop,) = rows.loc[rows["metric"] == "trials_run", "params"].map(json.loads)
+        assert stop["stop"] == "max_trials"  # two trials, the quick cap: below the three an interval needs
         assert {json.loads(p)["width"] for p in rows["params"]} == {4}
     errors = records[records["metric"] == "grad_max_rel_err"]
     assert set(errors["variant"]) == set(ENGINES) - {TORCH} and (errors["value"] <= 1e-3).all()

@@ -189,7 +189,10 @@ def test_a_residual_numpy_chain_runs_end_to_end_under_every_engine(tmp_path):
     for engine in ARRAY_ENGINES:
         rows = records[records["variant"] == engine]
         assert {"peak_bytes", "time", "alloc_count", "gc_time"} <= set(rows["metric"]), engine
-        assert {json.loads(p)["trial"] for p in rows["params"]} == {0, 1}
+        trials = rows[rows["metric"] != "trials_run"]  # the stopping record is per engine, not per trial
+        assert {json.loads(p)["trial"] for p in trials["params"]} == {0, 1}
+        (stop,) = rows.loc[rows["metric"] == "trials_run", "params"].map(json.loads)
+        assert stop["stop"] == "max_trials"  # two trials, the quick cap: below the three an interval needs
         assert {json.loads(p)["width"] for p in rows["params"]} == {6}
     errors = records[records["metric"] == "grad_max_rel_err"]
     assert set(errors["variant"]) == set(ARRAY_ENGINES) - {"torch"}

@@ -24,7 +24,6 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
-import time
 import urllib.error
 import urllib.request
 import warnings
@@ -200,14 +199,13 @@ def _read_split(images_path: Path, labels_path: Path) -> tuple[np.ndarray, np.nd
 
 
 def set_aside(path: Path) -> Path:
-    """Move a cached file that failed its check out of the way, to `<name>.corrupt-<time>` beside it:
-    a later load fetches a fresh copy, and the bad one is kept for whoever wants to look at it."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    aside = path.with_name(f"{path.name}.corrupt-{stamp}")
-    for attempt in range(2, 100):
-        if not aside.exists():
-            break
-        aside = path.with_name(f"{path.name}.corrupt-{stamp}-{attempt}")
+    """Move a cached file that failed its check out of the way, to `<name>.corrupt-N` beside it (the first
+    N not taken): a later load fetches a fresh copy, and every bad one is kept for whoever wants to look.
+    No clock is read: workloads never do (only benchlib.measure does)."""
+    number = 1
+    while path.with_name(f"{path.name}.corrupt-{number}").exists():
+        number += 1
+    aside = path.with_name(f"{path.name}.corrupt-{number}")
     os.replace(path, aside)
     return aside
 
