@@ -24,6 +24,7 @@ recomputed from whatever ancestors are kept; the schedules are optimal for chain
 from __future__ import annotations
 
 import functools
+import weakref
 from math import comb
 
 def check_policy(checkpoint) -> None:
@@ -74,21 +75,106 @@ def revolve_advance(steps: int, snapshots: int) -> int:
     return _revolve_table(steps, snapshots)[1]
 
 
-class SqrtSnapshots:
-    """The forward pass's snapshot choice for "sqrt": every `stride`-th operation, the stride doubling
-    (and the kept set thinning) whenever more than 2·stride are kept."""
+class SqrtSegments:
+    """The forward pass's choice for "sqrt": cut the tape into about √n segments, each boundary placed
+    where the fewest bytes cross it, and keep at each boundary the values that cross it.
 
-    def __init__(self):
+    Boundary b lies between the operations with tape indices b - 1 and b. A value crosses it when
+    an operation before b made it and one from b on reads it. While recording, the future readers
+    are unknown, but every value that can still be read has a live `Tracer`: the recorded values
+    whose tracers are alive are a superset of those crossing, and their bytes are known at once.
+    Every `stride` operations the cheapest boundary of that window is committed with those values;
+    once the tape is complete, `settle` keeps of each snapshot only the values that truly cross
+    (read by an operation the backward pass will run, at or after the boundary).
+
+    Memory is snapshots plus one recomputed segment, so the stride balances the two: when the
+    snapshots' distinct bytes exceed twice what a segment of `stride` operations saves for its
+    VJPs (at the average the plain engine saves per operation so far), the stride doubles and of
+    each pair of boundaries the heavier goes. On a chain whose operations each save one block of
+    the size crossing a boundary, that keeps at most 2·stride boundaries: √(n/2) to √(2n).
+    """
+
+    def __init__(self, xp, ledger):
+        self.xp, self.ledger = xp, ledger
         self.stride = 1
+        self.window_end = 1
+        self.alive: dict = {}  # Node -> (weak reference to its Tracer, nbytes), while the tracer exists
+        self.alive_bytes = 0
+        self.snapshots: dict[int, tuple[int, dict]] = {}  # boundary -> (bytes alive there, {Node: value})
+        self.candidate: tuple[int, int, dict] | None = None  # the current window's cheapest boundary so far
+        self.saved_per_operation = 0.0  # mean bytes the plain engine saves per recorded operation
 
-    def offer(self, node, value, kept: dict, ledger) -> None:
-        """Keep `value` (output of `node`) in `kept` if the schedule says so (counted by `ledger`);
-        thin `kept` when it grows past 2·stride."""
-        if node.index % self.stride:
-            return
-        kept[node] = value
-        ledger.acquire(value)
-        if len(kept) > 2 * self.stride:
+    def offer(self, index: int, saved_bytes: int) -> None:
+        """Operation `index`, which the plain engine would save `saved_bytes` for, is about to be
+        recorded: boundary `index` is a candidate."""
+        self.saved_per_operation += (saved_bytes - self.saved_per_operation) / (index + 1)
+        if index >= self.window_end:
+            self._commit()
+            self.window_end = index + self.stride
+        if index > 0 and (self.candidate is None or self.alive_bytes < self.candidate[0]):
+            values = {node: ref().value for node, (ref, _) in self.alive.items()}
+            for value in values.values():
+                self.ledger.acquire(value)
+            if self.candidate is not None:
+                self._release(self.candidate[2])
+            self.candidate = (self.alive_bytes, index, values)
+
+    def watch(self, tracer) -> None:
+        """Count `tracer`'s value as alive (readable by later operations) until the tracer is gone."""
+        node = tracer.node
+        nbytes = self.xp.storage(tracer.value)[1]
+        alive = self.alive
+
+        def gone(_, node=node):
+            entry = alive.pop(node, None)
+            if entry is not None:
+                self.alive_bytes -= entry[1]
+
+        alive[node] = (weakref.ref(tracer, gone), nbytes)
+        self.alive_bytes += nbytes
+
+    def _commit(self) -> None:
+        if self.candidate is not None:
+            nbytes, boundary, values = self.candidate
+            self.snapshots[boundary] = (nbytes, values)
+            self.candidate = None
+        while len(self.snapshots) > 1 and self._snapshot_bytes() > 2 * self.stride * self.saved_per_operation:
             self.stride *= 2
-            for old in [n for n in kept if n.index % self.stride]:
-                ledger.release(kept.pop(old))
+            boundaries = sorted(self.snapshots)
+            for first, second in zip(boundaries[::2], boundaries[1::2]):
+                heavier = first if self.snapshots[first][0] > self.snapshots[second][0] else second
+                self._release(self.snapshots.pop(heavier)[1])
+
+    def _snapshot_bytes(self) -> int:
+        """Bytes of the distinct values the committed snapshots hold."""
+        held = {node: value for _, values in self.snapshots.values() for node, value in values.items()}
+        return sum(self.xp.storage(value)[1] for value in held.values())
+
+    def _release(self, values: dict) -> None:
+        for value in values.values():
+            self.ledger.release(value)
+
+    def settle(self, last_reader: dict) -> tuple[list[int], dict]:
+        """The tape is complete: (sorted boundaries, {Node: value} of every value crossing one), given
+        each value's last reader among the operations the backward pass will run (`last_reader`:
+        Node -> tape index). Each kept value holds one ledger reference; the rest are let go."""
+        self._commit()
+        boundaries = sorted(self.snapshots)
+        kept = {}
+        for boundary, (_, values) in self.snapshots.items():
+            for node, value in values.items():
+                if node not in kept and last_reader.get(node, -1) >= boundary:
+                    kept[node] = value
+                    self.ledger.acquire(value)
+        self.discard()
+        return boundaries, kept
+
+    def discard(self) -> None:
+        """Let go of every snapshot the forward pass kept (settled, or the backward pass never ran)."""
+        self.alive.clear()  # recording is over: later deaths do not matter
+        if self.candidate is not None:
+            self._release(self.candidate[2])
+            self.candidate = None
+        for _, values in self.snapshots.values():
+            self._release(values)
+        self.snapshots = {}

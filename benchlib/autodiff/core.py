@@ -9,6 +9,7 @@ so that memory returns while the pass goes on.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import threading
 from dataclasses import asdict, dataclass, field
@@ -17,7 +18,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from benchlib.autodiff.backend import NUMPY, SUPPORTED_INPUTS, backend_of
-from benchlib.autodiff.checkpoint import SqrtSnapshots, check_policy, revolve_advance
+from benchlib.autodiff.checkpoint import SqrtSegments, check_policy, revolve_advance
 
 ACCUMULATE_MODES = ("inplace", "deferred")
 
@@ -69,7 +70,7 @@ class Tracer:
     Operators (`+ - * / @ **`, unary `-`) are attached by `benchlib.autodiff.ops`.
     """
 
-    __slots__ = ("value", "node", "backend")
+    __slots__ = ("value", "node", "backend", "__weakref__")  # weak references: "sqrt" sees which values can still be read
     __array_ufunc__ = None  # `ndarray + tracer` defers to Tracer.__radd__ instead of looping
     __array_priority__ = 1000
 
@@ -145,10 +146,11 @@ class Primitive:
             shape=tuple(output.shape),
             dtype=output.dtype,
         )
+        tracer = Tracer(output, node, xp)
         recorder = getattr(_RECORDING, "current", None)
         if recorder is not None:
-            recorder.record(node, raw, output)
-        return Tracer(output, node, xp)
+            recorder.record(node, raw, tracer)
+        return tracer
 
     def __repr__(self) -> str:
         return f"Primitive({self.name})"
@@ -414,6 +416,14 @@ def backward(xp, ledger: _Ledger, output: Node, seed, leaves: dict[Node, int], a
 _RECORDING = threading.local()  # .current: the recorder of the call being traced in this thread
 
 
+def _held_values(node: Node, raw: list, output) -> list:
+    """The recorded values `node`'s VJPs read: its traced non-leaf inputs if it saves inputs, its output if it saves that."""
+    held = [raw[position] for position, parent in node.parents if not parent.is_leaf] if node.primitive.save_inputs else []
+    if node.primitive.save_output:
+        held.append(output)
+    return held
+
+
 class _SavedValues:
     """The plain engine's forward values: each node keeps what its VJPs read (Node.args/output);
     the ledger counts the recorded outputs among them from the forward pass until the VJPs ran."""
@@ -423,12 +433,10 @@ class _SavedValues:
         self.held: dict[Node, list] = {}
         self.tape_length = 0
 
-    def record(self, node: Node, raw: list, output) -> None:
+    def record(self, node: Node, raw: list, tracer: Tracer) -> None:
         node.index = self.tape_length
         self.tape_length += 1
-        held = [raw[position] for position, parent in node.parents if not parent.is_leaf] if node.primitive.save_inputs else []
-        if node.primitive.save_output:
-            held.append(output)
+        held = _held_values(node, raw, tracer.value)
         for value in held:
             self.ledger.acquire(value)
         if held:
@@ -452,30 +460,55 @@ class _SavedValues:
 
 class _Checkpointed:
     """Forward values under a checkpoint policy (benchlib.autodiff.checkpoint): nodes keep none,
-    snapshots are kept by the policy, the rest is recomputed from the tape when a VJP needs it."""
+    snapshots are kept by the policy, the rest is recomputed from the tape when a VJP needs it.
+
+    "sqrt" recomputes one segment between boundaries at a time, from the values crossing its
+    start: every value of it that a VJP still to run reads is kept until read, the others are
+    let go as soon as the recomputation has used them. A budget recomputes the ancestors of the
+    value needed, keeping Revolve's snapshots on the way."""
 
     def __init__(self, xp, ledger: _Ledger, policy, leaves: dict):
         self.xp, self.ledger, self.policy = xp, ledger, policy
         self.leaf_values = leaves  # leaf Node -> the caller's array (not counted)
-        self.kept: dict[Node, object] = {}  # snapshots and recomputed values, until their node has run
-        self.sqrt = SqrtSnapshots() if policy == "sqrt" else None
+        self.kept: dict[Node, object] = {}  # snapshots and recomputed values, until no VJP or recomputation needs them
+        self.segments = SqrtSegments(xp, ledger) if policy == "sqrt" else None
+        self.boundaries: list[int] = []
+        self.tape: list[Node] = []  # the nodes the backward pass will run, in tape order (for "sqrt")
+        self.tape_indices: list[int] = []
         self.tape_length = 0
         self.temporaries: dict[Node, list] = {}
+        self.consumers: dict[Node, list[Node]] = {}
         self.unrun_consumers: dict[Node, int] = {}
         self.ran: set[Node] = set()
 
     def begin(self, output: Node) -> None:
-        """Count each node's consumers, so a kept value goes as soon as nothing left to run can need it."""
-        self.unrun_consumers = _count_consumers(output)
+        """Find each node's consumers among the nodes the backward pass will run, so a kept value goes as
+        soon as nothing left to run can need it; under "sqrt", settle the snapshots on exactly the
+        values that cross a boundary."""
+        stack, seen = [output], {output}
+        while stack:
+            node = stack.pop()
+            for _, parent in node.parents:
+                self.consumers.setdefault(parent, []).append(node)
+                if parent not in seen:
+                    seen.add(parent)
+                    stack.append(parent)
+        self.unrun_consumers = {node: len(consumers) for node, consumers in self.consumers.items()}
+        if self.segments is not None:
+            last_reader = {node: max(c.index for c in consumers) for node, consumers in self.consumers.items()}
+            self.boundaries, self.kept = self.segments.settle(last_reader)
+            self.tape = sorted((node for node in seen if not node.is_leaf), key=lambda n: n.index)
+            self.tape_indices = [node.index for node in self.tape]
 
-    def record(self, node: Node, raw: list, output) -> None:
+    def record(self, node: Node, raw: list, tracer: Tracer) -> None:
         node.index = self.tape_length
         self.tape_length += 1
         traced = {position for position, _ in node.parents}
         node.consts = tuple(None if position in traced else value for position, value in enumerate(raw))
         node.args = node.output = None
-        if self.sqrt is not None:
-            self.sqrt.offer(node, output, self.kept, self.ledger)
+        if self.segments is not None:
+            self.segments.offer(node.index, sum(self.xp.storage(v)[1] for v in _held_values(node, raw, tracer.value)))
+            self.segments.watch(tracer)
 
     def _value(self, node: Node, computed: dict):
         if node.is_leaf:
@@ -484,10 +517,58 @@ class _Checkpointed:
             return computed[node]
         return self.kept[node]
 
+    def _run(self, node: Node, computed: dict):
+        """Re-run `node`'s primitive on its parents' values (counted as held and as recomputed)."""
+        args = list(node.consts)
+        for argument, parent in node.parents:
+            args[argument] = self._value(parent, computed)
+        value = self.xp.normalize(node.primitive.forward(self.xp, *args, **node.kwargs))
+        self.ledger.acquire(value)
+        self.ledger.stats.recomputed_nodes += 1
+        return value
+
+    def _read_later(self, node: Node) -> bool:
+        """Will a VJP still to run read `node`'s value (its own, or a consumer's that saves inputs)?"""
+        if node.primitive.save_output and node not in self.ran:
+            return True
+        return any(c.primitive.save_inputs and c not in self.ran for c in self.consumers.get(node, ()))
+
+    def _recompute_segment(self, target: Node) -> None:
+        """Recompute the segment holding `target` from the values crossing its start: keep each value
+        a VJP still to run reads, drop the others once the recomputation no longer needs them."""
+        following = bisect.bisect_right(self.boundaries, target.index)
+        start = self.boundaries[following - 1] if following else 0
+        stop = self.boundaries[following] if following < len(self.boundaries) else self.tape_length
+        segment = self.tape[bisect.bisect_left(self.tape_indices, start):bisect.bisect_left(self.tape_indices, stop)]
+        wanted = {node for node in segment if node not in self.kept and self._read_later(node)}
+        needed, stack = set(), list(wanted)
+        while stack:
+            node = stack.pop()
+            if node in needed or node.is_leaf or node in self.kept:
+                continue  # a parent before `start` crosses it: it is kept
+            needed.add(node)
+            stack.extend(parent for _, parent in node.parents)
+        order = [node for node in segment if node in needed]
+        uses = {node: 0 for node in order}
+        for node in order:
+            for _, parent in node.parents:
+                if parent in uses:
+                    uses[parent] += 1
+        computed: dict[Node, object] = {}
+        for node in order:
+            value = self._run(node, computed)
+            if node in wanted:
+                self.kept[node] = value
+            else:
+                computed[node] = value
+            for _, parent in node.parents:
+                if parent in uses:
+                    uses[parent] -= 1
+                    if uses[parent] == 0 and parent in computed:
+                        self.ledger.release(computed.pop(parent))
+
     def _keep_positions(self, count: int) -> set[int]:
-        """Which of `count` recomputed values (in tape order; the last is the one needed now) to keep."""
-        if self.sqrt is not None:
-            return set(range(count))  # the whole segment: the next nodes to run need it
+        """Which of `count` recomputed values (in tape order; the last is the one needed now) a budget keeps."""
         free = self.policy - len(self.kept)
         keep, done, steps = set(), 0, count + 1  # reversing the node after the target: count + 1 steps
         while free > 0 and steps - done > 1:
@@ -496,11 +577,9 @@ class _Checkpointed:
             free -= 1
         return keep
 
-    def materialize(self, target: Node) -> tuple[object, list]:
-        """The value of `target`, recomputing unkept ancestors in tape order; (value, values to drop
-        once the caller's VJPs have run)."""
-        if target.is_leaf or target in self.kept:
-            return self._value(target, {}), []
+    def _recompute_ancestors(self, target: Node) -> object:
+        """Under a budget: recompute `target`'s unkept ancestors in tape order, keeping Revolve's
+        snapshots; returns target's value (one ledger reference, for the caller to drop)."""
         needed, stack = set(), [target]
         while stack:
             node = stack.pop()
@@ -517,13 +596,7 @@ class _Checkpointed:
         keep = self._keep_positions(len(order))
         computed: dict[Node, object] = {}
         for position, node in enumerate(order):
-            args = list(node.consts)
-            for argument, parent in node.parents:
-                args[argument] = self._value(parent, computed)
-            value = self.xp.normalize(node.primitive.forward(self.xp, *args, **node.kwargs))
-            self.ledger.acquire(value)
-            self.ledger.stats.recomputed_nodes += 1
-            computed[node] = value
+            value = computed[node] = self._run(node, computed)
             if position in keep:
                 self.kept[node] = value
                 self.ledger.acquire(value)
@@ -532,7 +605,16 @@ class _Checkpointed:
                     uses[parent] -= 1
                     if uses[parent] == 0 and parent is not target:
                         self.ledger.release(computed.pop(parent))
-        value = computed.pop(target)  # every other recomputed value was kept or released with its last use
+        return computed.pop(target)  # every other recomputed value was kept or released with its last use
+
+    def materialize(self, target: Node) -> tuple[object, list]:
+        """The value of `target`; (value, values to drop once the caller's VJPs have run)."""
+        if target.is_leaf or target in self.kept:
+            return self._value(target, {}), []
+        if self.segments is not None:
+            self._recompute_segment(target)
+            return self.kept[target], []
+        value = self._recompute_ancestors(target)
         return value, [value]
 
     def saved_for(self, node: Node) -> "Saved":
@@ -559,7 +641,9 @@ class _Checkpointed:
             self.ledger.release(self.kept.pop(node))
 
     def finish(self) -> None:
-        """The backward pass has ended: snapshots of operations it never reached are let go."""
+        """The backward pass has ended (or never ran): snapshots of operations it never reached are let go."""
+        if self.segments is not None:
+            self.segments.discard()
         for node in list(self.kept):
             self.ledger.release(self.kept.pop(node))
 
