@@ -35,3 +35,12 @@ def format_bytes(nbytes: int) -> str:
         nbytes /= 1000
         if nbytes < 1000 or unit == "TB":
             return f"{sign}{_sig4(nbytes)} {unit}"
+
+
+def unit_scale(value: float, unit: str) -> tuple[float, str]:
+    """The factor and name to show values near `value` in: bytes in kB/MB/GB, seconds in ms or µs."""
+    scales = {"B": ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1.0, "B")),
+              "s": ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"))}.get(unit)
+    if scales is None:
+        return 1.0, "" if unit == "count" else unit
+    return next((scale for scale in scales if abs(value) >= scale[0]), scales[-1])

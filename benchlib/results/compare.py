@@ -28,6 +28,7 @@ from benchlib.results.stats import (
     ratio_of_medians,
 )
 from benchlib.results.store import load_records, resolve_run
+from benchlib.units import unit_scale
 
 KEY_COLUMNS = ("benchmark", "case", "dimension", "variant", "device", "dtype", "metric")
 VALUE_COLUMN = "value"
@@ -281,8 +282,6 @@ def _short(text: str, width: int) -> str:
 
 
 def _amount(value: float, unit: str) -> str:
-    from benchlib.results.plots.common import unit_scale
-
     if value is None or not np.isfinite(value):
         return ""
     factor, name = unit_scale(value, unit)

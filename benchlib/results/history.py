@@ -23,7 +23,7 @@ import pandas as pd
 from benchlib.results.compare import (CONFIG_COLUMN, CONTEXT_METRICS, KEY_COLUMNS, LOWER_IS_BETTER_BY_UNIT,
                                       UNIT_COLUMN, VALUE_COLUMN, trial_values, with_config)
 from benchlib.results.derived import with_step_summaries
-from benchlib.results.plots.common import unit_scale
+from benchlib.units import unit_scale
 from benchlib.results.stats import BETTER, WORSE, ratio_of_medians
 from benchlib.results.store import RecordsUnreadable, list_runs, load_records, load_run_info, resolve_run
 

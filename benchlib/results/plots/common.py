@@ -140,12 +140,3 @@ def ratio_frame(records: pd.DataFrame, *, metric: str, baseline: str, by: Sequen
                           math.nan if single else interval.ci_high))
     ratios[["low", "high", "ci_low", "ci_high"]] = pd.DataFrame(intervals, index=ratios.index)
     return ratios
-
-
-def unit_scale(value: float, unit: str) -> tuple[float, str]:
-    """The factor and name to show values near `value` in: bytes in kB/MB/GB, seconds in ms or µs."""
-    scales = {"B": ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1.0, "B")),
-              "s": ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"))}.get(unit)
-    if scales is None:
-        return 1.0, "" if unit == "count" else unit
-    return next((scale for scale in scales if abs(value) >= scale[0]), scales[-1])
