@@ -18,6 +18,7 @@ from benchlib.engines.comparison import (
     EngineComparison,
     GradientMismatch,
     compare_engines,
+    planned_engines,
     summarize,
     trial_order,
     validate_common,
@@ -211,6 +212,27 @@ def test_check_gradients_says_what_was_checked_and_what_could_not_be():
         "not checked: autograd (c): manual failed, so there is no gradient to compare with"]
 
 
+def test_planning_adds_the_baseline_every_ratio_is_to_and_says_so():
+    engines, note = planned_engines(["manual-seed", "torch", "torch-checkpoint"])
+    assert engines == ["manual", "manual-seed", "torch", "torch-checkpoint"]
+    assert note.startswith("manual added to the engines: it is the baseline of every ratio")
+    assert planned_engines(["torch", "manual"]) == (["torch", "manual"], None)
+
+
+def test_a_comparison_without_manual_measures_it_in_the_same_run_and_its_table_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    said = []
+    comparison = compare_engines(Cases("b", "engine_targets:case", {"c": {}}),
+                                 {"engines": ["manual-seed", "torch"], "dtype": "float64"}, device="cpu",
+                                 progress=said.append)
+    summary = comparison.summary().set_index("engine")
+    assert list(summary.index) == ["manual", "manual-seed", "torch"]
+    assert summary.loc["torch", "peak_ratio"] > 0 and summary.loc["torch", "grad_max_rel_err"] == 0
+    assert said[0].startswith("b: manual added to the engines")
+    lines = comparison.table_text().splitlines()
+    assert lines[0] == comparison.notes[0] and "peak/manual" in lines[1] and "time/manual" in lines[1]
+
+
 def test_engines_may_be_any_iterable_of_names_read_once():
     names = (name for name in ["manual", "torch"])
     assert validate_common(dtype="float32", engines=names, repeats=1, warmup=0) == ["manual", "torch"]
@@ -317,10 +339,11 @@ def test_an_engine_that_cannot_run_on_the_device_is_recorded_not_dropped(monkeyp
     from benchlib.workloads import dot_chain
 
     # engines as a generator: validated once, by compare_engines, and read once
-    comparison = compare_engines(
-        Cases("dot_chain", dot_chain.TARGET, {"c": {"D": 3, "depth": 2}}),
+    comparison = compare_engines(  # manual, added by planning, is kept from running on this pretended device
+        Cases("dot_chain", dot_chain.TARGET, {"c": {"D": 3, "depth": 2}},
+              not_applicable=lambda engine: "not in this test" if engine == "manual" else None),
         {"engines": (name for name in ["autograd"]), "dtype": "float32"}, device="cuda", progress=None)
-    (record,) = comparison.records
+    (record,) = [record for record in comparison.records if record["variant"] == "autograd"]
     assert (record["variant"], record["metric"], record["device"]) == ("autograd", "not_applicable", "cuda:0")
     assert json.loads(record["params"])["message"].startswith("HIPS autograd computes with NumPy")
     assert comparison.ok
@@ -405,7 +428,7 @@ def test_peak_bars_label_each_engine_with_its_ratio_to_manual():
 
     figure = gradients.peak_bars(records_frame(_records("manual", 100e6, 1.0) + _records("benchlib-deferred", 197e6, 1.0)))
     assert [(bar.x[0], bar.y[0], bar.text[0]) for bar in figure.data] == [
-        ("manual", 100.0, "100 MB<br>1.000x"), ("benchlib-deferred", 197.0, "197 MB<br>1.970x")]
+        ("manual", 100.0, "100 MB<br>1.000x manual"), ("benchlib-deferred", 197.0, "197 MB<br>1.970x manual")]
 
 
 def test_sweep_lines_read_the_swept_parameter_from_params():
