@@ -444,3 +444,42 @@ def test_sweep_lines_read_the_swept_parameter_from_params():
     assert list(peak_line.x) == [10, 20] and list(peak_line.y) == [1.0, 2.0] and list(time_line.y) == [1.0, 2.0]
     with pytest.raises(ValueError, match="'depth' is missing"):
         gradients.sweep_lines(records_frame(rows), parameter="depth")
+
+
+@pytest.mark.parametrize("steps, lengths", [
+    (0, []), (1, [1]), (3, [2, 1]), (8, [3, 3, 2]), (100, [10] * 10), (200, [14] * 5 + [13] * 10)])
+def test_torch_checkpoint_cuts_a_chain_into_ceil_sqrt_segments_of_near_equal_length(steps, lengths):
+    assert namespaces.checkpoint_segments(steps) == lengths
+    assert sum(lengths) == steps
+
+
+def test_torch_checkpoint_runs_one_non_reentrant_checkpoint_per_segment_without_rng_state(monkeypatch):
+    import torch.utils.checkpoint
+
+    calls = []
+    original = torch.utils.checkpoint.checkpoint
+
+    def counted(function, *args, **kwargs):
+        calls.append((args[-1], kwargs))
+        return original(function, *args, **kwargs)
+
+    monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", counted)
+    xp = namespaces.torch_checkpoint_namespace()
+    calls.clear()  # the priming call at set-up, if this process had not made it yet
+    state = torch.ones(3, requires_grad=True)
+    assert torch.equal(xp.chain(lambda s: s * 2, state, 8), state * 2 ** 8)
+    assert [length for length, _ in calls] == [3, 3, 2]
+    assert all(kwargs == {"use_reentrant": False, "preserve_rng_state": False} for _, kwargs in calls)
+
+
+def test_records_carry_the_segmentation_of_torch_checkpoint_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    comparison = compare_engines(
+        Cases("b", "engine_targets:case", {"c": {}},
+              engine_params=lambda engine, _params: namespaces.segmentation_params(engine, 100)),
+        {"engines": ["manual", "torch-checkpoint"], "dtype": "float64"}, device="cpu", progress=None)
+    frame = comparison.frame()
+    params = {row.variant: json.loads(row.params) for row in frame[frame["metric"] == "peak_bytes"].itertuples()}
+    assert params["torch-checkpoint"]["checkpoint_segments"] == 10
+    assert params["torch-checkpoint"]["checkpoint"].startswith("10 segments of 10 steps (⌈√100⌉)")
+    assert "checkpoint" not in params["manual"]

@@ -43,9 +43,11 @@ SEED_ENGINE = MANUAL_SEED  # the seed's own hand-written gradient, the second ba
 
 
 def comparison_parameters(*, dtype: str, engines: Iterable[str], repeats: int, trials: int, warmup: int,
-                          quick: Mapping[str, object] = (), valid_engines: Iterable[str] = ENGINE_NAMES) -> tuple[Parameter, ...]:
+                          quick: Mapping[str, object] = (), valid_engines: Iterable[str] = ENGINE_NAMES,
+                          malloc: str | None = None) -> tuple[Parameter, ...]:
     """The parameters every engine comparison declares (each engine in fresh processes, `trials` rounds
-    interleaved); `quick` gives their `--quick` values (trials default to 2 there: an interval, barely)."""
+    interleaved); `quick` gives their `--quick` values (trials default to 2 there: an interval, barely);
+    `malloc` the allocator policy by default (`DEFAULT_MALLOC_POLICY` unless given)."""
     from benchlib.measure.isolation import DEFAULT_MALLOC_POLICY, MALLOC_POLICIES
 
     quick = {"trials": 2, **dict(quick)}
@@ -56,7 +58,7 @@ def comparison_parameters(*, dtype: str, engines: Iterable[str], repeats: int, t
         Parameter("repeats", repeats, "timed calls per process (their median is kept)", minimum=1),
         Parameter("trials", trials, "fresh processes per engine, interleaved across engines", minimum=1),
         Parameter("warmup", warmup, "untimed calls per process before the timed ones", minimum=0),
-        Parameter("malloc", DEFAULT_MALLOC_POLICY, "glibc allocator policy of the child processes",
+        Parameter("malloc", malloc or DEFAULT_MALLOC_POLICY, "glibc allocator policy of the child processes",
                   choices=tuple(MALLOC_POLICIES)),
     )
     return tuple(replace(p, quick=quick[p.name]) if p.name in quick else p for p in parameters)
@@ -320,7 +322,9 @@ def _fill_ratios(table: pd.DataFrame, index, reference: dict | None, own: dict |
 class Cases:
     """What a workload compares engines on: the child's target ("module:function"), each case's label
     and the params its child gets, and what only the parent needs (memory each engine needs, facts to
-    record, engines that do not apply to this workload, engines fixed by the workload)."""
+    record, engines that do not apply to this workload, engines fixed by the workload, and facts of
+    one engine's set-up its records carry: `engine_params(engine, params)`, e.g. torch-checkpoint's
+    segmentation)."""
 
     benchmark: str
     target: str
@@ -329,6 +333,7 @@ class Cases:
     describe: Mapping | None = None
     not_applicable: Callable[[str], str | None] | None = None
     engines: tuple[str, ...] | None = None
+    engine_params: Callable[[str, Mapping], Mapping] | None = None
 
 
 def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_seed: int | None = 0,
@@ -402,7 +407,8 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
                 if engine_name in failed:
                     continue
                 labels = labels_of[engine_name]
-                trial_params = {**case_params, "trial": trial, "position": position}
+                trial_params = {**case_params, **(cases.engine_params(engine_name, child_params) if cases.engine_params
+                                                  else {}), "trial": trial, "position": position}
                 params = {**child_params, "engine": engine_name, "dtype": dtype, "gradient_dir": gradient_dir}
                 required = cases.memory_required(engine_name, child_params) if cases.memory_required else None
                 try:
