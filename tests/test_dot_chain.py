@@ -86,7 +86,7 @@ def test_memory_requirement_counts_the_z_stack_and_the_kept_contributions_of_def
     ({"dtype": "int32"}, "dtype must be one of float32, float64"),
     ({"engines": ["manual", "jax"]}, "'jax' is not valid"),
     ({"engines": ["manual", "manual"]}, "engines lists a value twice"),
-    ({"malloc": "jemalloc"}, "malloc must be one of mmap-128k, glibc-default"),
+    ({"malloc": "jemalloc"}, "malloc must be one of mmap-128k, mmap-64k, glibc-default"),
 ])
 def test_bad_arguments_are_refused_by_the_declaration(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -145,3 +145,26 @@ def test_cases_run_on_cuda_tensors_and_agree_with_manual_on_the_cpu(engine, tmp_
     assert result.device.type == "cuda"
     assert max_relative_error(load_gradient(tmp_path / "cuda", engine),
                               load_gradient(tmp_path, "manual")) <= GRADIENT_TOLERANCE["float32"]
+
+
+needs_memray = pytest.mark.skipif(not __import__("benchlib.measure.allocations", fromlist=["x"]).memray_available(),
+                                  reason="memray is not installed")
+
+
+def _tracked_peak_buffers(engine, D=128, depth=16, tmp_path="."):
+    """The bytes live at once during a warm gradient call, as memray's allocator records count them
+    (the same for the same code path: exact, not a timing), in D×D float64 buffers."""
+    from benchlib.measure.allocations import count_allocations
+
+    case = dot_chain.case(device=CPU, engine=engine, D=D, depth=depth, dtype="float64", gradient_dir=str(tmp_path))
+    case.fn()
+    return count_allocations(case.fn, CPU).peak_bytes / (D * D * 8)
+
+
+@needs_memray
+def test_torch_checkpoint_holds_the_segment_boundaries_and_one_recomputed_segment_far_below_torch(tmp_path):
+    checkpointed = _tracked_peak_buffers("torch-checkpoint", tmp_path=tmp_path)
+    plain = _tracked_peak_buffers("torch", tmp_path=tmp_path)
+    # depth 16: 4 segments of 4 steps; 4 boundaries + 4 recomputed z's + g_z, g_x and a product in flight
+    assert checkpointed <= 4 + 4 + 3 + 0.5  # and under half a buffer of small objects (holders, nodes)
+    assert plain >= 16 and checkpointed < 0.6 * plain

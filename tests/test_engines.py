@@ -18,6 +18,7 @@ from benchlib.engines.comparison import (
     EngineComparison,
     GradientMismatch,
     compare_engines,
+    planned_engines,
     summarize,
     trial_order,
     validate_common,
@@ -211,6 +212,27 @@ def test_check_gradients_says_what_was_checked_and_what_could_not_be():
         "not checked: autograd (c): manual failed, so there is no gradient to compare with"]
 
 
+def test_planning_adds_the_baseline_every_ratio_is_to_and_says_so():
+    engines, note = planned_engines(["manual-seed", "torch", "torch-checkpoint"])
+    assert engines == ["manual", "manual-seed", "torch", "torch-checkpoint"]
+    assert note.startswith("manual added to the engines: it is the baseline of every ratio")
+    assert planned_engines(["torch", "manual"]) == (["torch", "manual"], None)
+
+
+def test_a_comparison_without_manual_measures_it_in_the_same_run_and_its_table_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    said = []
+    comparison = compare_engines(Cases("b", "engine_targets:case", {"c": {}}),
+                                 {"engines": ["manual-seed", "torch"], "dtype": "float64"}, device="cpu",
+                                 progress=said.append)
+    summary = comparison.summary().set_index("engine")
+    assert list(summary.index) == ["manual", "manual-seed", "torch"]
+    assert summary.loc["torch", "peak_ratio"] > 0 and summary.loc["torch", "grad_max_rel_err"] == 0
+    assert said[0].startswith("b: manual added to the engines")
+    lines = comparison.table_text().splitlines()
+    assert lines[0] == comparison.notes[0] and "peak/manual" in lines[1] and "time/manual" in lines[1]
+
+
 def test_engines_may_be_any_iterable_of_names_read_once():
     names = (name for name in ["manual", "torch"])
     assert validate_common(dtype="float32", engines=names, repeats=1, warmup=0) == ["manual", "torch"]
@@ -317,10 +339,11 @@ def test_an_engine_that_cannot_run_on_the_device_is_recorded_not_dropped(monkeyp
     from benchlib.workloads import dot_chain
 
     # engines as a generator: validated once, by compare_engines, and read once
-    comparison = compare_engines(
-        Cases("dot_chain", dot_chain.TARGET, {"c": {"D": 3, "depth": 2}}),
+    comparison = compare_engines(  # manual, added by planning, is kept from running on this pretended device
+        Cases("dot_chain", dot_chain.TARGET, {"c": {"D": 3, "depth": 2}},
+              not_applicable=lambda engine: "not in this test" if engine == "manual" else None),
         {"engines": (name for name in ["autograd"]), "dtype": "float32"}, device="cuda", progress=None)
-    (record,) = comparison.records
+    (record,) = [record for record in comparison.records if record["variant"] == "autograd"]
     assert (record["variant"], record["metric"], record["device"]) == ("autograd", "not_applicable", "cuda:0")
     assert json.loads(record["params"])["message"].startswith("HIPS autograd computes with NumPy")
     assert comparison.ok
@@ -405,7 +428,7 @@ def test_peak_bars_label_each_engine_with_its_ratio_to_manual():
 
     figure = gradients.peak_bars(records_frame(_records("manual", 100e6, 1.0) + _records("benchlib-deferred", 197e6, 1.0)))
     assert [(bar.x[0], bar.y[0], bar.text[0]) for bar in figure.data] == [
-        ("manual", 100.0, "100 MB<br>1.000x"), ("benchlib-deferred", 197.0, "197 MB<br>1.970x")]
+        ("manual", 100.0, "100 MB<br>1.000x manual"), ("benchlib-deferred", 197.0, "197 MB<br>1.970x manual")]
 
 
 def test_sweep_lines_read_the_swept_parameter_from_params():
@@ -421,3 +444,42 @@ def test_sweep_lines_read_the_swept_parameter_from_params():
     assert list(peak_line.x) == [10, 20] and list(peak_line.y) == [1.0, 2.0] and list(time_line.y) == [1.0, 2.0]
     with pytest.raises(ValueError, match="'depth' is missing"):
         gradients.sweep_lines(records_frame(rows), parameter="depth")
+
+
+@pytest.mark.parametrize("steps, lengths", [
+    (0, []), (1, [1]), (3, [2, 1]), (8, [3, 3, 2]), (100, [10] * 10), (200, [14] * 5 + [13] * 10)])
+def test_torch_checkpoint_cuts_a_chain_into_ceil_sqrt_segments_of_near_equal_length(steps, lengths):
+    assert namespaces.checkpoint_segments(steps) == lengths
+    assert sum(lengths) == steps
+
+
+def test_torch_checkpoint_runs_one_non_reentrant_checkpoint_per_segment_without_rng_state(monkeypatch):
+    import torch.utils.checkpoint
+
+    calls = []
+    original = torch.utils.checkpoint.checkpoint
+
+    def counted(function, *args, **kwargs):
+        calls.append((args[-1], kwargs))
+        return original(function, *args, **kwargs)
+
+    monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", counted)
+    xp = namespaces.torch_checkpoint_namespace()
+    calls.clear()  # the priming call at set-up, if this process had not made it yet
+    state = torch.ones(3, requires_grad=True)
+    assert torch.equal(xp.chain(lambda s: s * 2, state, 8), state * 2 ** 8)
+    assert [length for length, _ in calls] == [3, 3, 2]
+    assert all(kwargs == {"use_reentrant": False, "preserve_rng_state": False} for _, kwargs in calls)
+
+
+def test_records_carry_the_segmentation_of_torch_checkpoint_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    comparison = compare_engines(
+        Cases("b", "engine_targets:case", {"c": {}},
+              engine_params=lambda engine, _params: namespaces.segmentation_params(engine, 100)),
+        {"engines": ["manual", "torch-checkpoint"], "dtype": "float64"}, device="cpu", progress=None)
+    frame = comparison.frame()
+    params = {row.variant: json.loads(row.params) for row in frame[frame["metric"] == "peak_bytes"].itertuples()}
+    assert params["torch-checkpoint"]["checkpoint_segments"] == 10
+    assert params["torch-checkpoint"]["checkpoint"].startswith("10 segments of 10 steps (⌈√100⌉)")
+    assert "checkpoint" not in params["manual"]

@@ -1,6 +1,7 @@
 """The RNN fan-out workload: hand-written BPTT, every engine against it, the fan-out cost, the notebook."""
 
 import io
+import json
 
 import numpy as np
 import pandas as pd
@@ -184,3 +185,51 @@ def test_cases_run_on_cuda_tensors_and_agree_with_manual_on_the_cpu(engine, tmp_
     assert all(g.device.type == "cuda" for g in result)
     assert max_relative_error(load_gradient(tmp_path / "cuda", engine),
                               load_gradient(tmp_path, "manual")) <= GRADIENT_TOLERANCE["float32"]
+
+
+needs_memray = pytest.mark.skipif(not __import__("benchlib.measure.allocations", fromlist=["x"]).memray_available(),
+                                  reason="memray is not installed")
+
+
+def _tracked_peak_bytes(engine, model, *, batch, hidden, T, tmp_path):
+    """The bytes live at once during a warm gradient call, as memray's allocator records count them
+    (the same for the same code path: exact, not a timing)."""
+    from benchlib.measure.allocations import count_allocations
+
+    case = rnn.case(device=CPU, engine=engine, batch=batch, hidden=hidden, T=T, dtype="float64",
+                    gradient_dir=str(tmp_path), model=model)
+    case.fn()
+    return count_allocations(case.fn, CPU).peak_bytes
+
+
+@needs_memray
+@pytest.mark.parametrize("model", list(rnn.MODELS))
+def test_the_lean_manual_gradient_holds_the_states_dW_and_one_scratch_and_nothing_more(model, tmp_path):
+    batch, hidden, T = 4, 256, 20
+    state, weight = batch * hidden * 8, hidden * hidden * 8
+    peak = _tracked_peak_bytes("manual", model, batch=batch, hidden=hidden, T=T, tmp_path=tmp_path)
+    # T stored states, dW and the reused scratch; dh and the small vectors stay under three states
+    assert T * state + 2 * weight <= peak < T * state + 2 * weight + 3 * state
+    if model == "bench_rnn":  # the seed's own code keeps more: its three stacks and a copy of each first contribution
+        seed = _tracked_peak_bytes("manual-seed", model, batch=batch, hidden=hidden, T=T, tmp_path=tmp_path)
+        assert seed > peak + weight
+
+
+@needs_memray
+@pytest.mark.parametrize("model", list(rnn.MODELS))
+def test_torch_checkpoint_holds_less_than_torch_when_the_states_dominate(model, tmp_path):
+    sizes = {"batch": 64, "hidden": 128, "T": 64, "tmp_path": tmp_path}  # a state is half of W
+    assert (_tracked_peak_bytes("torch-checkpoint", model, **sizes)
+            < 0.6 * _tracked_peak_bytes("torch", model, **sizes))
+
+
+def test_the_rnn_measures_with_hidden_states_mapped_and_records_the_segmentation():
+    assert rnn.BENCHMARK.defaults()["malloc"] == "mmap-64k"
+    assert rnn.chain_steps("bench_rnn", 200) == 200 and rnn.chain_steps("per-step-loss", 200) == 199
+    config = rnn.BENCHMARK.config({"batch": 2, "hidden": 8, "T": 3, "T_sweep": [3], "engines": ["torch-checkpoint"],
+                                   "trials": 1, "repeats": 1})
+    comparison = rnn.run(config, "cpu", progress=None)
+    frame = comparison.frame()
+    params = frame[(frame["metric"] == "peak_bytes") & (frame["variant"] == "torch-checkpoint")]["params"].map(json.loads)
+    assert params.iloc[0]["checkpoint_segments"] == 2 and params.iloc[0]["malloc_policy"] == "mmap-64k"
+    assert comparison.notes[0].startswith("manual added")

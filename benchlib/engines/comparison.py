@@ -43,9 +43,11 @@ SEED_ENGINE = MANUAL_SEED  # the seed's own hand-written gradient, the second ba
 
 
 def comparison_parameters(*, dtype: str, engines: Iterable[str], repeats: int, trials: int, warmup: int,
-                          quick: Mapping[str, object] = (), valid_engines: Iterable[str] = ENGINE_NAMES) -> tuple[Parameter, ...]:
+                          quick: Mapping[str, object] = (), valid_engines: Iterable[str] = ENGINE_NAMES,
+                          malloc: str | None = None) -> tuple[Parameter, ...]:
     """The parameters every engine comparison declares (each engine in fresh processes, `trials` rounds
-    interleaved); `quick` gives their `--quick` values (trials default to 2 there: an interval, barely)."""
+    interleaved); `quick` gives their `--quick` values (trials default to 2 there: an interval, barely);
+    `malloc` the allocator policy by default (`DEFAULT_MALLOC_POLICY` unless given)."""
     from benchlib.measure.isolation import DEFAULT_MALLOC_POLICY, MALLOC_POLICIES
 
     quick = {"trials": 2, **dict(quick)}
@@ -56,7 +58,7 @@ def comparison_parameters(*, dtype: str, engines: Iterable[str], repeats: int, t
         Parameter("repeats", repeats, "timed calls per process (their median is kept)", minimum=1),
         Parameter("trials", trials, "fresh processes per engine, interleaved across engines", minimum=1),
         Parameter("warmup", warmup, "untimed calls per process before the timed ones", minimum=0),
-        Parameter("malloc", DEFAULT_MALLOC_POLICY, "glibc allocator policy of the child processes",
+        Parameter("malloc", malloc or DEFAULT_MALLOC_POLICY, "glibc allocator policy of the child processes",
                   choices=tuple(MALLOC_POLICIES)),
     )
     return tuple(replace(p, quick=quick[p.name]) if p.name in quick else p for p in parameters)
@@ -100,6 +102,21 @@ def validate_common(*, dtype: str, engines: Iterable[str], repeats: int, warmup:
     return engines
 
 
+def planned_engines(engines: Iterable[str]) -> tuple[list[str], str | None]:
+    """The engines a comparison runs: those asked for, with `manual` added first when missing, and the
+    sentence saying so (None when nothing was added).
+
+    Every ratio and every gradient check is to `manual` measured in the same run, never to a number
+    from another run: a comparison without it could only fail (no baseline) or flatter (a weaker one).
+    """
+    engines = list(engines)
+    if REFERENCE_ENGINE in engines:
+        return engines, None
+    return [REFERENCE_ENGINE, *engines], (
+        f"{REFERENCE_ENGINE} added to the engines: it is the baseline of every ratio and the gradient every "
+        "engine is checked against, measured in this run")
+
+
 def trial_order(engines: Iterable[str], trials: int, seed: int | None,
                 first: str = REFERENCE_ENGINE) -> list[tuple[int, str]]:
     """(trial, engine) in the order the children run: every engine once per round, rounds shuffled by
@@ -131,6 +148,7 @@ class EngineComparison:
     role_timelines: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=ROLE_TIMELINE_COLUMNS))
     problems: list[dict] = field(default_factory=list)
     case_params: dict[str, dict] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what planning changed (`planned_engines`), said with the table
 
     @property
     def ok(self) -> bool:
@@ -200,8 +218,8 @@ class EngineComparison:
         run.save_table(self.role_timeline_frame(), f"{self.benchmark}_role_timelines")
 
     def table_text(self) -> str:
-        """The summary as a plain-text table (MB, ratios to manual and, where it ran, to manual-seed,
-        seconds, gradient error)."""
+        """The summary as a plain-text table (MB, ratios headed by their baseline: to manual and, where it
+        ran, to manual-seed; seconds, gradient error), then what planning changed."""
         summary = self.summary()
         if summary.empty:
             return "no cases ran"
@@ -210,13 +228,18 @@ class EngineComparison:
                                peak_ratio_seed=with_interval(summary, "peak_ratio_seed"))
         columns = ["case", "engine", "status", "trials", "peak_MB", "peak_ratio", "time_s", "time_ratio",
                    *(["peak_ratio_seed"] if summary["peak_ratio_seed"].notna().any() else []), GRAD_ERROR_METRIC]
-        shown = shown[columns]
-        text = shown.to_string(index=False, float_format=lambda v: f"{v:.4g}")
+        shown = shown[columns].rename(columns=RATIO_HEADINGS)
+        text = "\n".join(self.notes + [shown.to_string(index=False, float_format=lambda v: f"{v:.4g}")])
         for row in summary[(summary["status"] == "ok") & (summary["reason"] != "")].itertuples():
             text += f"\n{row.engine} ({row.case}): {row.reason}"
         for problem in self.problems:
             text += f"\n\n{problem['engine']} ({problem['case']}) {problem['status']}: {problem['message']}"
         return text
+
+
+# Each ratio column of `summarize` headed by its baseline, wherever a table is printed.
+RATIO_HEADINGS = {"peak_ratio": f"peak/{REFERENCE_ENGINE}", "time_ratio": f"time/{REFERENCE_ENGINE}",
+                  "peak_ratio_seed": f"peak/{SEED_ENGINE}"}
 
 
 def with_interval(summary: pd.DataFrame, column: str) -> pd.Series:
@@ -299,7 +322,9 @@ def _fill_ratios(table: pd.DataFrame, index, reference: dict | None, own: dict |
 class Cases:
     """What a workload compares engines on: the child's target ("module:function"), each case's label
     and the params its child gets, and what only the parent needs (memory each engine needs, facts to
-    record, engines that do not apply to this workload, engines fixed by the workload)."""
+    record, engines that do not apply to this workload, engines fixed by the workload, and facts of
+    one engine's set-up its records carry: `engine_params(engine, params)`, e.g. torch-checkpoint's
+    segmentation)."""
 
     benchmark: str
     target: str
@@ -308,6 +333,7 @@ class Cases:
     describe: Mapping | None = None
     not_applicable: Callable[[str], str | None] | None = None
     engines: tuple[str, ...] | None = None
+    engine_params: Callable[[str, Mapping], Mapping] | None = None
 
 
 def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_seed: int | None = 0,
@@ -320,9 +346,10 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
     The trials of a case are interleaved (`trial_order`: rounds of every engine, shuffled by
     `order_seed`), and each record's params carry `trial`, `trials`, `order_seed` and `position`
     (its place in the case's order), so intervals can be taken over trials and the order rebuilt.
-    `manual` opens the first round; every other engine's saved gradient is compared with manual's
-    (`grad_max_rel_err`) in every trial, or recorded as not checked (`grad_check_unavailable`,
-    with the reason) when there is no manual gradient. A case that fails (exception, crash,
+    `manual` is added when not asked for (`planned_engines`: the baseline of every ratio, said in
+    `notes` and by `progress`) and opens the first round; every other engine's saved gradient is
+    compared with manual's (`grad_max_rel_err`) in every trial, or recorded as not checked
+    (`grad_check_unavailable`, with the reason) when manual failed. A case that fails (exception, crash,
     timeout, or more memory than is available) becomes a `failed` record with its error and its
     later trials are skipped; an engine that cannot run on the device becomes a `not_applicable`
     record with the reason (so does one `cases.not_applicable(engine)` gives a reason
@@ -339,12 +366,14 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
     benchmark, target, describe = cases.benchmark, cases.target, cases.describe
     dtype, malloc = settings["dtype"], settings.get("malloc")
     repeats, warmup, trials = settings.get("repeats", 1), settings.get("warmup", 0), settings.get("trials", 1)
-    engines = validate_common(dtype=dtype, engines=cases.engines or settings["engines"], repeats=repeats,
-                              warmup=warmup, trials=trials)
+    engines, added = planned_engines(validate_common(dtype=dtype, engines=cases.engines or settings["engines"],
+                                                     repeats=repeats, warmup=warmup, trials=trials))
     if malloc is not None:
         malloc_environment(malloc)  # an unknown policy is refused here, naming the valid ones
     device = resolve_device(device)
-    comparison = EngineComparison(benchmark=benchmark, device=device.name, dtype=dtype)
+    comparison = EngineComparison(benchmark=benchmark, device=device.name, dtype=dtype, notes=[added] if added else [])
+    if added and progress:
+        progress(f"{benchmark}: {added}")
     timelines, role_timelines = [], []
     options = {} if malloc is None else {"malloc": malloc}
 
@@ -361,10 +390,7 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
             case_params = {**child_params, **(describe or {}), "trials": trials, "order_seed": order_seed}
             gradient_dir = os.path.join(gradient_root, f"case-{index}")
             os.mkdir(gradient_dir)
-            if REFERENCE_ENGINE in engines:
-                no_reference = f"{REFERENCE_ENGINE} did not run, so there is no gradient to compare with"
-            else:
-                no_reference = f"{REFERENCE_ENGINE} was not among the engines, so there is no gradient to compare with"
+            no_reference = f"{REFERENCE_ENGINE} did not run, so there is no gradient to compare with"
             labels_of = {name: dict(benchmark=benchmark, case=case, engine=name, device=device.name, dtype=dtype)
                          for name in engines}
             runnable = []
@@ -381,7 +407,8 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
                 if engine_name in failed:
                     continue
                 labels = labels_of[engine_name]
-                trial_params = {**case_params, "trial": trial, "position": position}
+                trial_params = {**case_params, **(cases.engine_params(engine_name, child_params) if cases.engine_params
+                                                  else {}), "trial": trial, "position": position}
                 params = {**child_params, "engine": engine_name, "dtype": dtype, "gradient_dir": gradient_dir}
                 required = cases.memory_required(engine_name, child_params) if cases.memory_required else None
                 try:

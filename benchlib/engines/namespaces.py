@@ -11,9 +11,13 @@ same loss runs under each engine and a hand-written gradient runs on NumPy or on
 
 from __future__ import annotations
 
+import functools
+import math
 from types import SimpleNamespace
 
 import numpy as np
+
+from benchlib.engine_names import TORCH_CHECKPOINT
 
 OP_NAMES = ("dot", "matmul", "tanh", "exp", "log", "sqrt", "sum", "mean", "max", "reshape", "transpose", "maximum",
             "relu", "where", "concatenate", "stack", "arange", "mse", "softmax_cross_entropy", "chain")
@@ -141,21 +145,55 @@ def torch_namespace() -> SimpleNamespace:
     )
 
 
-def torch_checkpoint_namespace() -> SimpleNamespace:
-    """torch with `chain` cut into about √steps segments, each under torch.utils.checkpoint
-    (non-reentrant): only the state between segments is kept, each segment's inside is recomputed
-    during the backward pass, as benchlib's "sqrt" policy does on its tape."""
-    import math
+def checkpoint_segments(steps: int) -> list[int]:
+    """The steps of each segment torch-checkpoint cuts a chain of `steps` into: ⌈√steps⌉ segments
+    (as torch's docs advise: the boundaries kept plus one segment recomputed is then smallest), of
+    lengths that differ by at most one."""
+    if steps < 1:
+        return []
+    count = math.isqrt(steps - 1) + 1
+    return [steps // count + (index < steps % count) for index in range(count)]
 
+
+def describe_segments(steps: int) -> str:
+    """The segmentation of a chain of `steps`, in words: what records of torch-checkpoint carry."""
+    lengths = checkpoint_segments(steps)
+    sizes = "/".join(str(length) for length in sorted(set(lengths), reverse=True))
+    return f"{len(lengths)} segments of {sizes} steps (⌈√{steps}⌉), torch.utils.checkpoint, use_reentrant=False"
+
+
+def segmentation_params(engine: str, steps: int) -> dict:
+    """What the records of `engine` on a chain of `steps` say of its segmentation: torch-checkpoint's
+    segments in words and their count; nothing for any other engine."""
+    if engine != TORCH_CHECKPOINT:
+        return {}
+    return {"checkpoint": describe_segments(steps), "checkpoint_segments": len(checkpoint_segments(steps))}
+
+
+@functools.cache
+def _prime_checkpoint() -> None:
+    """One tiny checkpointed gradient, at set-up: torch.utils.checkpoint imports torch._dynamo at its
+    first call (some 800 modules, about 77 MB and hundreds of GC passes on CPU), a once-per-process
+    cost that would otherwise land in the first measured gradient."""
+    import torch
     from torch.utils.checkpoint import checkpoint
 
+    leaf = torch.ones(1, requires_grad=True)
+    torch.autograd.grad(checkpoint(torch.exp, leaf, use_reentrant=False).sum(), leaf)
+
+
+def torch_checkpoint_namespace() -> SimpleNamespace:
+    """torch with `chain` cut into `checkpoint_segments`, each under non-reentrant torch.utils.checkpoint:
+    only the state between segments is kept, each segment's inside is recomputed during the backward
+    pass, as benchlib's "sqrt" policy does on its tape. No RNG state is saved (`chain` steps draw no
+    random numbers), and checkpoint's first-call import is paid here (`_prime_checkpoint`)."""
+    from torch.utils.checkpoint import checkpoint
+
+    _prime_checkpoint()
+
     def chain(step, state, steps: int):
-        length = max(1, math.isqrt(steps - 1) + 1) if steps > 1 else 1  # ceil(sqrt(steps))
-        done = 0
-        while done < steps:
-            count = min(length, steps - done)
-            state = checkpoint(_loop, step, state, count, use_reentrant=False)
-            done += count
+        for length in checkpoint_segments(steps):
+            state = checkpoint(_loop, step, state, length, use_reentrant=False, preserve_rng_state=False)
         return state
 
     namespace = torch_namespace()

@@ -32,6 +32,11 @@ MALLOC_POLICIES: dict[str, dict[str, str]] = {
     # Fixed mmap threshold: every buffer >= 128 KiB is its own mapping, returned to the OS when
     # freed, so RSS follows live memory instead of glibc's heap retention (docs/architecture.md).
     "mmap-128k": {"MALLOC_MMAP_THRESHOLD_": "131072"},
+    # The same down to 64 KiB: for workloads whose buffers are 64-128 KiB (the RNN's hidden states).
+    # torch allocates them 64-byte aligned (posix_memalign), so once freed among small live objects a
+    # heap hole cannot take the next one: the heap grows with every temporary and RSS counts
+    # allocation volume, not live memory (docs/measuring.md).
+    "mmap-64k": {"MALLOC_MMAP_THRESHOLD_": "65536"},
     # The environment as inherited: glibc's dynamic threshold, for comparison.
     "glibc-default": {},
 }

@@ -24,6 +24,7 @@ from benchlib.benchmark import Benchmark, Config, Parameter, ParameterError, See
 from benchlib.engines import ENGINE_NAMES, get_engine
 from benchlib.engines.comparison import Cases, EngineComparison, comparison_parameters, comparison_rules, compare_engines
 from benchlib.engines.gradients import save_gradient
+from benchlib.engines.namespaces import segmentation_params
 from benchlib.engine_names import BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, MANUAL_SEED
 from benchlib.engines.roles import memory_roles, role_gauge
 from benchlib.measure import Case, mark
@@ -158,7 +159,8 @@ def run(config: Config, device="auto", *, timeout_s: float = 600, progress=print
     D, depth, dtype = config.D, config.depth, config.dtype
     cases = Cases(BENCHMARK.name, TARGET, {f"D={D},depth={depth}": {"D": D, "depth": depth, "seed": DATA_SEED}},
                   memory_required=lambda engine, _params: memory_required_bytes(engine, D, depth, dtype),
-                  describe={"x_scaling": X_SCALING})
+                  describe={"x_scaling": X_SCALING},
+                  engine_params=lambda engine, _params: segmentation_params(engine, depth))
     return compare_engines(cases, config, device=device, timeout_s=timeout_s, progress=progress)
 
 

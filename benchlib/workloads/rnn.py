@@ -30,6 +30,7 @@ from benchlib.engines import ENGINE_NAMES, get_engine
 from benchlib.benchmark import Benchmark, Config, Parameter, Seed, distinct
 from benchlib.engines.comparison import Cases, EngineComparison, comparison_parameters, comparison_rules, compare_engines
 from benchlib.engines.gradients import save_gradient
+from benchlib.engines.namespaces import segmentation_params
 from benchlib.engine_names import AUTOGRAD, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, MANUAL_SEED, TORCH
 from benchlib.engines.roles import memory_roles, role_gauge
 from benchlib.measure import MALLOC_POLICIES, Case, mark
@@ -98,70 +99,103 @@ def rnn_loss(xp, T: int):
     return loss
 
 
-def manual_gradient(xp, T: int):
-    """Backpropagation through time by hand: store the hidden states, pop them, accumulate in place."""
+def chain_steps(model: str, T: int) -> int:
+    """The steps of the `xp.chain` in `model`'s loss (per-step-loss takes its first step outside it)."""
+    return T if model == "bench_rnn" else T - 1
 
-    def accumulate(total, contribution):
-        if total is None:
-            return contribution
-        total += contribution
-        return total
+
+def _forward_states(xp, W, b, x, T: int, step_output=None) -> list:
+    """The hidden states [x, h_1, ..., h_T], each step computed in its own new buffer (h·W, then + b and
+    tanh in place: no temporaries); `step_output(h)` is called with each new state."""
+    hidden_states = [x]
+    h = x
+    for _ in range(T):
+        h = xp.dot(h, W)
+        h += b
+        xp.tanh(h, out=h)
+        hidden_states.append(h)
+        if step_output is not None:
+            step_output(h)
+    return hidden_states
+
+
+def _tanh_gradient_in_place(h, dh):
+    """da = dh·(1 - h²), written over h: a state's last use is its own tanh gradient, so da takes its buffer."""
+    h *= h
+    h -= 1
+    h *= -1
+    h *= dh
+    return h
+
+
+def _add_product(xp, total, scratch, a, b):
+    """(total + a·b, scratch): the first product becomes the total, every later one is written into one
+    scratch buffer reused for all of them (NumPy has no multiply-accumulate) and added in place."""
+    if total is None:
+        return xp.dot(a, b), scratch
+    if scratch is None:
+        scratch = xp.dot(a, b)
+    else:
+        xp.dot(a, b, out=scratch)
+    total += scratch
+    return total, scratch
+
+
+def _accumulate(total, contribution):
+    if total is None:
+        return contribution
+    total += contribution
+    return total
+
+
+def manual_gradient(xp, T: int):
+    """Lean backpropagation through time for per-step-loss (engine `manual`, the floor): the hidden
+    states stored and popped, each one's buffer reused for its tanh gradient, dh and the W-sized
+    scratch reused at every step, gradients accumulated in place."""
 
     def gradient(W, b, Wout, bout, x, label):
         mark("forward")
-        hidden_states = [x]
         logits = []
-        h = x
-        for _ in range(T):
-            h = xp.tanh(xp.dot(h, W) + b)
-            hidden_states.append(h)
-            logits.append(xp.dot(h, Wout) + bout)
+        hidden_states = _forward_states(xp, W, b, x, T, lambda h: logits.append(xp.dot(h, Wout) + bout))
         mark("backward")
-        dW = db = dWout = dbout = carry = None
+        dW = db = dWout = dbout = dh = scratch = None
         for _ in range(T):
             h = hidden_states.pop()
-            logit = logits.pop()
-            dlogit = 1 / (1 + xp.exp(-logit)) - label
-            dWout = accumulate(dWout, xp.dot(h.T, dlogit))
-            dbout = accumulate(dbout, xp.sum(dlogit, axis=0))
-            dh = xp.dot(dlogit, Wout.T)
-            if carry is not None:
-                dh += carry
-            da = dh * (1 - h * h)
-            dW = accumulate(dW, xp.dot(hidden_states[-1].T, da))
-            db = accumulate(db, xp.sum(da, axis=0))
-            carry = xp.dot(da, W.T)
+            dlogit = 1 / (1 + xp.exp(-logits.pop())) - label
+            dWout = _accumulate(dWout, xp.dot(h.T, dlogit))
+            dbout = _accumulate(dbout, xp.sum(dlogit, axis=0))
+            dh = _accumulate(dh, xp.dot(dlogit, Wout.T))
+            da = _tanh_gradient_in_place(h, dh)
+            dW, scratch = _add_product(xp, dW, scratch, hidden_states[-1].T, da)
+            db = _accumulate(db, xp.sum(da, axis=0))
+            xp.dot(da, W.T, out=dh)
         return dW, db, dWout, dbout
 
     return gradient
 
 
 def bench_rnn_manual_gradient(xp, T: int):
-    """Lean backpropagation through time for bench_rnn (engine `manual`, the floor)."""
+    """Lean backpropagation through time for bench_rnn (engine `manual`, the floor): the hidden states
+    stored and popped, each one's buffer reused for its tanh gradient, dh and the W-sized scratch
+    reused at every step, gradients accumulated in place; at its peak it holds the states, dW and
+    the scratch."""
 
     def gradient(W, b, Wout, bout, x, label):
         mark("forward")
-        hidden_states = [x]
-        h = x
-        for _ in range(T):
-            h = xp.tanh(xp.dot(h, W) + b)
-            hidden_states.append(h)
+        hidden_states = _forward_states(xp, W, b, x, T)
+        h = hidden_states[-1]
         logit = xp.dot(h, Wout) + bout
         mark("backward")
         dlogit = 1 / (1 + xp.exp(-logit)) - label
         dWout, dbout = xp.dot(h.T, dlogit), xp.sum(dlogit, axis=0)
         dh = xp.dot(dlogit, Wout.T)
-        dW = db = None
+        del h
+        dW = db = scratch = None
         for _ in range(T):
-            h = hidden_states.pop()
-            da = dh * (1 - h * h)
-            contribution = xp.dot(hidden_states[-1].T, da)
-            if dW is None:
-                dW, db = contribution, xp.sum(da, axis=0)
-            else:
-                dW += contribution
-                db += xp.sum(da, axis=0)
-            dh = xp.dot(da, W.T)
+            da = _tanh_gradient_in_place(hidden_states.pop(), dh)
+            dW, scratch = _add_product(xp, dW, scratch, hidden_states[-1].T, da)
+            db = _accumulate(db, xp.sum(da, axis=0))
+            xp.dot(da, W.T, out=dh)
         return dW, db, dWout, dbout
 
     return gradient
@@ -322,6 +356,7 @@ def run(config: Config, device="auto", *, timeout_s: float = 600, progress=print
         {f"T={T}": {"batch": batch, "hidden": hidden, "T": T, "model": model} for T in sorted({*config.T_sweep, config.T})},
         memory_required=lambda engine, params: memory_required_bytes(engine, batch, hidden, params["T"], dtype),
         describe={"model_description": MODELS[model], "seed": DATA_SEED},
+        engine_params=lambda engine, params: segmentation_params(engine, chain_steps(model, params["T"])),
         not_applicable=lambda engine: (None if engine != MANUAL_SEED or model in SEED_GRADIENT_MODELS else
                                        f"model {model!r} has no seed-written gradient (only "
                                        f"{', '.join(SEED_GRADIENT_MODELS)} does)"))
@@ -357,8 +392,10 @@ BENCHMARK = Benchmark(
         Parameter("hidden", SEED_SIZES["hidden"], "hidden units (W is hidden x hidden)", quick=32, minimum=1),
         Parameter("T", SEED_SIZES["T"], "steps of the headline case", quick=4, minimum=1),
         Parameter("T_sweep", (25, 50, 100, 200), "step counts of the growth sweep (T is added)", quick=(2, 4), minimum=1),
+        # mmap-64k: the hidden states (64 KiB at the seed's sizes) are mappings of their own, so every
+        # engine's peak is its live memory, not the heap its freed temporaries stranded
         *comparison_parameters(dtype="float32", engines=ENGINE_NAMES, repeats=3, trials=3, warmup=1,
-                               quick={"repeats": 1}),
+                               quick={"repeats": 1}, malloc="mmap-64k"),
     ),
     rules=_rules,
     memory=_memory,

@@ -117,7 +117,7 @@ def memory_timelines(timelines: pd.DataFrame, *, case: str | None = None, record
 def peak_bars(records: pd.DataFrame, *, case: str | None = None, baseline: str = MANUAL,
               title: str = "Peak memory above baseline") -> go.Figure:
     """Peak memory per engine in MB (median over trials, error bars the trials' min and max), each bar
-    labelled with its ratio to `baseline` and, with two or more trials a side, the ratio's 95% interval."""
+    labelled with its ratio to `baseline`, named beside it, and, with two or more trials a side, the ratio's 95% interval."""
     records = _one_case(records, case, "the records")
     ratios = ratio_frame(records, metric="peak_bytes", baseline=baseline)
     fig = go.Figure()
@@ -126,7 +126,7 @@ def peak_bars(records: pd.DataFrame, *, case: str | None = None, baseline: str =
         fig.add_trace(go.Bar(x=[row.variant], y=[row.value / MB], name=row.variant, marker_color=engine_color(row.variant),
                              error_y=dict(type="data", symmetric=False, array=[(row.high - row.value) / MB],
                                           arrayminus=[(row.value - row.low) / MB], color="#444444"),
-                             text=[f"{row.value / MB:.0f} MB<br>{row.ratio:.3f}x{interval}"], textposition="outside",
+                             text=[f"{row.value / MB:.0f} MB<br>{row.ratio:.3f}x {baseline}{interval}"], textposition="outside",
                              hovertemplate=f"{row.variant}: %{{y:.1f}} MB, {row.ratio:.3f}x {baseline}<extra></extra>"))
     apply_layout(fig, title=f"{title} ({case})" if case else title, x_title="engine",
                  y_title="peak above baseline (MB)")
