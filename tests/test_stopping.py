@@ -24,8 +24,9 @@ def test_a_figure_that_never_settles_runs_to_the_cap():
     assert stops_after([100.0, 150.0, 80.0, 130.0, 60.0], precision=0.02, max_trials=5) == (5, MAX_TRIALS)
 
 
-def test_an_identical_figure_stops_as_deterministic_even_without_a_precision():
-    assert stops_after([4096.0] * 5, precision=0.0, max_trials=5) == (3, DETERMINISTIC)
+def test_an_identical_figure_stops_as_deterministic_and_precision_zero_asks_for_every_trial():
+    assert stops_after([4096.0] * 5, precision=0.02, max_trials=5) == (3, DETERMINISTIC)
+    assert stops_after([4096.0] * 5, precision=0.0, max_trials=5) == (5, MAX_TRIALS)
 
 
 def test_two_trials_are_never_an_interval_and_a_low_cap_stops_there():

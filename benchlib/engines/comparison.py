@@ -16,6 +16,7 @@ import json
 import math
 import os
 import tempfile
+import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping
 
@@ -28,6 +29,7 @@ from benchlib.engines.gradients import (GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, g
                                         saved_gradient_error)
 from benchlib.engine_names import MANUAL, MANUAL_SEED
 from benchlib.engines.roles import GRADIENT_ROLE, SAVED_ROLE
+from benchlib.results.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline, TrialStopping
 
 # Time is measured in the same calls as the memory timeline (one fresh process per case), so the
 # sampler thread runs during the timed repeats (its cost is measured by the calibration notebook,
@@ -42,11 +44,24 @@ REFERENCE_ENGINE = MANUAL  # the lean hand-written gradient: every engine's grad
 SEED_ENGINE = MANUAL_SEED  # the seed's own hand-written gradient, the second baseline where a workload has one
 
 
+# How trials stop, for every benchmark that runs engines in fresh processes (`TrialStopping`).
+PRECISION = Parameter("precision", 0.02, "an engine stops after 3 trials or more once its peak's 95% interval is "
+                      "within this share of the median (or its trials are identical); 0 runs every trial",
+                      minimum=0.0, maximum=1.0)
+
+
+def trials_parameter(default: int, quick: int = 2) -> Parameter:
+    """`trials` as a cap: at most this many fresh processes per engine, fewer once the peak settles."""
+    return Parameter("trials", default, "at most this many fresh processes per engine, interleaved across engines "
+                     "(fewer once the peak settles: see precision)", quick=quick, minimum=1)
+
+
 def comparison_parameters(*, dtype: str, engines: Iterable[str], repeats: int, trials: int, warmup: int,
                           quick: Mapping[str, object] = (), valid_engines: Iterable[str] = ENGINE_NAMES,
                           malloc: str | None = None) -> tuple[Parameter, ...]:
-    """The parameters every engine comparison declares (each engine in fresh processes, `trials` rounds
-    interleaved); `quick` gives their `--quick` values (trials default to 2 there: an interval, barely);
+    """The parameters every engine comparison declares (each engine in fresh processes, up to `trials`
+    rounds interleaved, stopping at `precision`); `quick` gives their `--quick` values (trials default to
+    2 there: an interval, barely);
     `malloc` the allocator policy by default (`DEFAULT_MALLOC_POLICY` unless given)."""
     from benchlib.measure.isolation import DEFAULT_MALLOC_POLICY, MALLOC_POLICIES
 
@@ -56,7 +71,8 @@ def comparison_parameters(*, dtype: str, engines: Iterable[str], repeats: int, t
         Parameter("engines", tuple(engines), "gradient engines to compare, each in fresh processes",
                   choices=tuple(valid_engines)),
         Parameter("repeats", repeats, "timed calls per process (their median is kept)", minimum=1),
-        Parameter("trials", trials, "fresh processes per engine, interleaved across engines", minimum=1),
+        trials_parameter(trials),
+        PRECISION,
         Parameter("warmup", warmup, "untimed calls per process before the timed ones", minimum=0),
         Parameter("malloc", malloc or DEFAULT_MALLOC_POLICY, "glibc allocator policy of the child processes",
                   choices=tuple(MALLOC_POLICIES)),
@@ -226,7 +242,7 @@ class EngineComparison:
         shown = summary.assign(peak_MB=summary["peak_bytes"] / 1e6, peak_ratio=with_interval(summary, "peak_ratio"),
                                time_ratio=with_interval(summary, "time_ratio"),
                                peak_ratio_seed=with_interval(summary, "peak_ratio_seed"))
-        columns = ["case", "engine", "status", "trials", "peak_MB", "peak_ratio", "time_s", "time_ratio",
+        columns = ["case", "engine", "status", "trials", "stop", "peak_MB", "peak_ratio", "time_s", "time_ratio",
                    *(["peak_ratio_seed"] if summary["peak_ratio_seed"].notna().any() else []), GRAD_ERROR_METRIC]
         shown = shown[columns].rename(columns=RATIO_HEADINGS)
         text = "\n".join(self.notes + [shown.to_string(index=False, float_format=lambda v: f"{v:.4g}")])
@@ -254,7 +270,7 @@ def with_interval(summary: pd.DataFrame, column: str) -> pd.Series:
 
 
 def summarize(frame: pd.DataFrame, problems: Iterable[Mapping] = ()) -> pd.DataFrame:
-    """Peak bytes, median time and gradient error per case and engine, with ratios to `manual`
+    """Trials (and why they stopped), peak bytes, median time and gradient error per case and engine, with ratios to `manual`
     (the lean floor: `peak_ratio`, `time_ratio`) and, where it ran, to `manual-seed` (the seed's own
     hand-written gradient: `peak_ratio_seed`).
 
@@ -263,7 +279,7 @@ def summarize(frame: pd.DataFrame, problems: Iterable[Mapping] = ()) -> pd.DataF
     """
     from benchlib.results.compare import trial_values
 
-    columns = ["case", "engine", "status", "trials", "peak_bytes", "peak_ratio", "peak_ratio_low", "peak_ratio_high",
+    columns = ["case", "engine", "status", "trials", "stop", "peak_bytes", "peak_ratio", "peak_ratio_low", "peak_ratio_high",
                "time_s", "time_ratio", "time_ratio_low", "time_ratio_high", "peak_ratio_seed", "peak_ratio_seed_low",
                "peak_ratio_seed_high", GRAD_ERROR_METRIC, "reason"]
     rows, samples = [], {}
@@ -273,7 +289,9 @@ def summarize(frame: pd.DataFrame, problems: Iterable[Mapping] = ()) -> pd.DataF
             continue
         samples[case, engine] = by_metric
         unchecked = group[group["metric"] == GRAD_UNCHECKED_METRIC]["params"]
+        stops = group.loc[group["metric"] == TRIALS_RUN, "params"].map(lambda p: json.loads(p)["stop"])
         rows.append({"case": case, "engine": engine, "status": "ok", "trials": len(by_metric["time"]),
+                     "stop": stops.iloc[0] if len(stops) else "",
                      "peak_bytes": float(np.median(by_metric["peak_bytes"])) if "peak_bytes" in by_metric else math.nan,
                      "time_s": float(np.median(by_metric["time"])),
                      GRAD_ERROR_METRIC: float(np.max(by_metric[GRAD_ERROR_METRIC])) if GRAD_ERROR_METRIC in by_metric
@@ -281,6 +299,7 @@ def summarize(frame: pd.DataFrame, problems: Iterable[Mapping] = ()) -> pd.DataF
                      "reason": "".join(f"gradient not checked: {json.loads(p)['message']}" for p in unchecked[:1])})
     for problem in problems:
         rows.append({"case": problem["case"], "engine": problem["engine"], "status": problem["status"], "trials": 0,
+                     "stop": "",
                      "peak_bytes": math.nan, "time_s": math.nan, GRAD_ERROR_METRIC: math.nan,
                      "reason": problem["message"]})
     table = pd.DataFrame(rows, columns=columns)
@@ -337,11 +356,17 @@ class Cases:
 
 
 def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_seed: int | None = 0,
-                    timeout_s: float = 600, progress: Callable[[str], None] | None = print) -> EngineComparison:
-    """Run `cases.target` for every case and engine, each in a fresh process, `trials` times.
+                    timeout_s: float = 600, progress: Callable[[str], None] | None = print,
+                    deadline: Deadline | None = None) -> EngineComparison:
+    """Run `cases.target` for every case and engine, each in a fresh process, up to `trials` times.
 
-    `settings` holds dtype, engines (unless `cases.engines` fixes them), repeats, trials, warmup and
-    malloc: the values of `comparison_parameters`, i.e. a benchmark's Config, or a plain mapping.
+    `settings` holds dtype, engines (unless `cases.engines` fixes them), repeats, trials, precision,
+    warmup and malloc: the values of `comparison_parameters`, i.e. a benchmark's Config, or a plain mapping.
+    An engine stops before `trials` once its peak settles (`TrialStopping`: identical peaks, or the
+    95% interval within `precision`, 0 or absent: never), or when `deadline` (default: the one
+    `benchlib run --budget` set, if any) leaves no time for its next trial; the cases share the time
+    left equally, and the first case's first round always runs. Each engine's `trials_run` record
+    says how many trials it ran and why it stopped; one the deadline left unrun is a `not run` problem.
 
     The trials of a case are interleaved (`trial_order`: rounds of every engine, shuffled by
     `order_seed`), and each record's params carry `trial`, `trials`, `order_seed` and `position`
@@ -366,6 +391,8 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
     benchmark, target, describe = cases.benchmark, cases.target, cases.describe
     dtype, malloc = settings["dtype"], settings.get("malloc")
     repeats, warmup, trials = settings.get("repeats", 1), settings.get("warmup", 0), settings.get("trials", 1)
+    precision = settings.get("precision", 0.0)
+    deadline = deadline or Deadline.from_environment()
     engines, added = planned_engines(validate_common(dtype=dtype, engines=cases.engines or settings["engines"],
                                                      repeats=repeats, warmup=warmup, trials=trials))
     if malloc is not None:
@@ -387,7 +414,10 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
     with tempfile.TemporaryDirectory(prefix="benchlib-gradients-") as gradient_root:
         for index, (case, child_params) in enumerate(cases.params.items()):
             comparison.case_params[case] = dict(child_params)
-            case_params = {**child_params, **(describe or {}), "trials": trials, "order_seed": order_seed}
+            case_params = {**child_params, **(describe or {}), "trials": trials, "precision": precision,
+                           "order_seed": order_seed}
+            stopping = TrialStopping(precision=precision, max_trials=trials,
+                                     deadline=deadline.share(len(cases.params) - index))
             gradient_dir = os.path.join(gradient_root, f"case-{index}")
             os.mkdir(gradient_dir)
             no_reference = f"{REFERENCE_ENGINE} did not run, so there is no gradient to compare with"
@@ -404,13 +434,16 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
                     note(labels_of[engine_name], "not applicable", reason, case_params)
             failed = set()
             for position, (trial, engine_name) in enumerate(trial_order(runnable, trials, order_seed)):
-                if engine_name in failed:
+                if engine_name in failed or engine_name in stopping.stopped:
+                    continue
+                if not (index == 0 and trial == 0) and not stopping.affords(engine_name):
                     continue
                 labels = labels_of[engine_name]
                 trial_params = {**case_params, **(cases.engine_params(engine_name, child_params) if cases.engine_params
                                                   else {}), "trial": trial, "position": position}
                 params = {**child_params, "engine": engine_name, "dtype": dtype, "gradient_dir": gradient_dir}
                 required = cases.memory_required(engine_name, child_params) if cases.memory_required else None
+                started = time.perf_counter()
                 try:
                     result = run_isolated(target, params, name=f"{benchmark}/{case}/{engine_name}",
                                           device=device.name, options=IsolationOptions(
@@ -453,6 +486,22 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
                              + "".join(f", {k} {v:.3g}" for k, v in checks.items())
                              + (f", gradient not checked: {no_reference}"
                                 if engine_name != REFERENCE_ENGINE and no_reference is not None else ""))
+                reason = stopping.add(engine_name, float(measurement.peak_bytes or 0), time.perf_counter() - started)
+                if reason not in (None, MAX_TRIALS) and progress:
+                    progress(f"{benchmark} {case} {engine_name}: stopped after {trial + 1} trial(s) ({reason})")
+            for engine_name in runnable:
+                if engine_name in failed:
+                    continue
+                facts = stopping.summary(engine_name)
+                if facts["trials_run"] == 0:
+                    note(labels_of[engine_name], "not run", "the budget ran out before its first trial "
+                         "(benchlib run --budget)", case_params)
+                    continue
+                count = facts.pop("trials_run")
+                comparison.records.append(make_record(**labels_of[engine_name], metric=TRIALS_RUN, value=float(count),
+                                                      params={**case_params, **facts}))
+                if facts["stop"] == BUDGET and progress:
+                    progress(f"{benchmark} {case} {engine_name}: stopped after {count} trial(s) (budget)")
     if timelines:
         comparison.timelines = pd.concat(timelines, ignore_index=True)[["case", "engine", "t_s", "bytes", "phase"]]
     if role_timelines:

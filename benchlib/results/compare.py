@@ -28,6 +28,7 @@ from benchlib.results.stats import (
     ratio_of_medians,
 )
 from benchlib.results.store import load_records, resolve_run
+from benchlib.results.stopping import stops_by_variant
 from benchlib.units import unit_scale
 
 KEY_COLUMNS = ("benchmark", "case", "dimension", "variant", "device", "dtype", "metric")
@@ -59,7 +60,7 @@ TIGHT_SPREAD_OF_THRESHOLD = 0.25  # sizes whose trials agree within this share o
 CONTEXT_METRICS = frozenset({"baseline_bytes", "gc_pause_time", "gc_pause_generation", "gc_pause_collected",
                              "gc_pause_uncollectable", "gc_pause_tracked", "gc_pause_step",
                              # an attribution pass (--attribute): where the bytes went, and what capturing it cost
-                             "site_bytes", "site_count", "site_bytes_diff", "site_count_diff", "attribution_call_time",
+                             "trials_run", "site_bytes", "site_count", "site_bytes_diff", "site_count_diff", "attribution_call_time",
                              "attribution_read_time", "attribution_peak_bytes", "attribution_unattributed_bytes"})
 
 # Params that describe one measurement rather than the configuration measured: the trial's place in
@@ -67,7 +68,8 @@ CONTEXT_METRICS = frozenset({"baseline_bytes", "gc_pause_time", "gc_pause_genera
 # load before it, what the allocation pass used, samples a sampler managed to take; and which model
 # file (and version of it) held the code, since the code is what two runs of one NAME compare.
 MEASUREMENT_PARAMS = frozenset({"trial", "trials", "order_seed", "position", "loadavg_1m_before", "alloc_source",
-                                "alloc_steps", "samples_per_call", "file", "version"})
+                                "alloc_steps", "samples_per_call", "file", "version", "precision", "stop",
+                                "precision_reached"})
 CONFIG_COLUMN = "config"  # the params that name what was measured (sizes, policies...), as JSON
 
 
@@ -82,7 +84,7 @@ def with_config(records: pd.DataFrame) -> pd.DataFrame:
 
 
 COMPARE_COLUMNS = [*KEY_COLUMNS, UNIT_COLUMN, CONFIG_COLUMN, "n_a", "n_b", "median_a", "median_b", "ratio", "ci_low",
-                   "ci_high", "p_value", "label", "noise"]
+                   "ci_high", "p_value", "label", "noise", "stopped"]
 
 
 def trial_values(group: pd.DataFrame) -> np.ndarray:
@@ -185,6 +187,7 @@ def compare_records(records_a: pd.DataFrame, records_b: pd.DataFrame, *, thresho
             selected = selected[selected["benchmark"].isin(benchmarks)]
         filtered.append(with_config(selected.dropna(subset=[VALUE_COLUMN])))
     groups_b = dict(iter(filtered[1].groupby(keys, sort=True)))
+    stops = [stops_by_variant(records) for records in (records_a, records_b)]
     rows = []
     for key, group_a in filtered[0].groupby(keys, sort=True):
         if key not in groups_b:
@@ -205,8 +208,10 @@ def compare_records(records_a: pd.DataFrame, records_b: pd.DataFrame, *, thresho
             noise = []
             label = SAME if np.array_equal(np.sort(a), np.sort(b)) else NO_DIRECTION
         p_value = _mann_whitney_p(a, b) if independent else math.nan
+        variant = (key[0], key[1], key[3])
+        stopped = "; ".join(f"{side}: {stop[variant]}" for side, stop in zip("AB", stops) if variant in stop)
         rows.append([*key, a.size, b.size, median_a, median_b, ratio, ci_low, ci_high, p_value, label,
-                     "; ".join(noise)])
+                     "; ".join(noise), stopped])
     return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
 
 
@@ -297,7 +302,8 @@ def compact_table(comparison: pd.DataFrame, width: int = TABLE_WIDTH) -> list[st
     cells = [(f"{row.benchmark}/{row.case}/{row.variant}/{row.metric}",
               f"{_amount(row.median_a, row.unit)} -> {_amount(row.median_b, row.unit)}",
               "" if not np.isfinite(row.ratio) else f"{row.ratio:.3g}x [{row.ci_low:.3g}, {row.ci_high:.3g}]",
-              str(row.label)) for row in rows.itertuples()]
+              str(row.label) + (f" ({row.stopped})" if row.label in (INCONCLUSIVE, NOISY) and row.stopped else ""))
+             for row in rows.itertuples()]
     amount_width = max((len(amounts) for _, amounts, _, _ in cells), default=0)
     ratio_width = max((len(ratio) for _, _, ratio, _ in cells), default=0)
     label_width = max((len(label) for *_, label in cells), default=0)

@@ -101,11 +101,12 @@ for _name, _unit, _kind, _meaning in (
     ("torch_peak_bytes", "B", "memory", "the sum of torch.profiler's categories at that moment: torch's peak"),
     ("trials_run", "count", "setting", "trials a case ran before it stopped; params.stop says why (precision: its "
      "peak's 95% interval within params.precision of the median; deterministic: identical trials; max_trials: the "
-     "cap), params.precision_reached the relative half-width it reached"),
+     "cap; budget: the time --budget left), params.precision_reached the relative half-width it reached"),
     # case outcomes and checks
     ("ok", "", "status", "the case ran (value 1)"),
     ("failed", "", "status", "the case failed; params.message holds the error (value 1)"),
     ("not_applicable", "", "status", "the case cannot run here; params.message says why (value 1)"),
+    ("not_run", "", "status", "the case was not run; params.message says why, e.g. the budget ran out (value 1)"),
     ("grad_max_rel_err", "", "check", "max |g - g_reference| / max |g_reference| of a gradient"),
     ("grad_check_unavailable", "", "status", "no reference gradient to compare with; params.message says why"),
     ("grads_identical", "", "check", "1 when two gradients are bit-identical, else 0"),

@@ -54,7 +54,7 @@ DIMENSIONS: dict[str, str] = {
 }
 
 # One constructor, `status_record`, writes these: a case that ran (ok), failed, or could not run here.
-STATUSES = ("ok", "failed", "not_applicable")
+STATUSES = ("ok", "failed", "not_applicable", "not_run")
 
 # Labels that identify a value; each must be a non-empty string. `_record` takes the first six as one
 # mapping; make_record takes the named ones and the dimension keyword (see DIMENSIONS).
@@ -186,8 +186,8 @@ def make_record(
 
 def status_record(*, status: str, message: str = "", params: Mapping[str, Any] | None = None,
                   **labels: Any) -> dict[str, Any]:
-    """The row that says how a case ended: `ok`, `failed` (message: the error) or `not_applicable`
-    (message: why it cannot run here). Its metric is the status, its value 1; `labels` as make_record's."""
+    """The row that says how a case ended: `ok`, `failed` (message: the error), `not_applicable`
+    (message: why it cannot run here) or `not_run` (message: why not, e.g. the budget ran out). Its metric is the status, its value 1; `labels` as make_record's."""
     if status not in STATUSES:
         raise RecordError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
     return make_record(metric=status, value=1.0, params={**(params or {}), "status": status, "message": message},

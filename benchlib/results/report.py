@@ -196,7 +196,8 @@ def _verdict_section(run_path: Path) -> str:
     shown = verdicts.rename(columns={"ci_low": "95% CI low", "ci_high": "95% CI high"})
     columns = ["verdict", "claim", *(["group"] if verdicts["group"].astype(bool).any() else []),
                *(["grid_point"] if verdicts["grid_point"].astype(bool).any() else []),
-               "ratio", "95% CI low", "95% CI high", "baseline", "rule"]
+               "ratio", "95% CI low", "95% CI high", "baseline",
+               *(["reason"] if "reason" in verdicts and verdicts["reason"].astype(bool).any() else []), "rule"]
     return table_html(shown[columns])
 
 

@@ -13,7 +13,7 @@ import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -21,6 +21,7 @@ import pandas as pd
 from benchlib.results.compare import VALUE_COLUMN, trial_values
 from benchlib.results.derived import with_step_summaries
 from benchlib.results.stats import median_interval, ratio_of_medians
+from benchlib.results.stopping import stops_by_variant
 from benchlib.results.store import resolve_run, write_parquet_atomic
 
 REPRODUCED, REFUTED, INCONCLUSIVE = "reproduced", "refuted", "inconclusive"
@@ -31,7 +32,8 @@ BENCHMARK_COLUMN, ENGINE_COLUMN, METRIC_COLUMN = "benchmark", "variant", "metric
 @dataclass(frozen=True)
 class SeedVerdict:
     """One verdict row: the claim, what this run measured (a ratio of medians, or a slope), and the
-    rule that decided; `samples` and `baseline_samples` count the per-trial values it used."""
+    rule that decided; `samples` and `baseline_samples` count the per-trial values it used; `reason` says
+    why an inconclusive one could not decide (and how its trials stopped, where they say)."""
 
     benchmark: str
     claim: str
@@ -46,6 +48,7 @@ class SeedVerdict:
     metric: str = ""
     samples: int = 0
     baseline_samples: int = 0
+    reason: str = ""  # why an inconclusive verdict is one: no interval, or which bound it straddles, and the trials
 
 
 def _matches(params: dict, where: tuple[tuple[str, object], ...]) -> bool:
@@ -162,16 +165,39 @@ def verdict_of(interval_low: float, interval_high: float, low: float, high: floa
     return INCONCLUSIVE
 
 
-def _verdict(rule, ratio: float, low: float, high: float, group: str, samples: int, baseline_samples: int = 0
-             ) -> SeedVerdict:
-    return SeedVerdict(rule.benchmark, rule.claim, ratio, low, high, verdict_of(low, high, rule.low, rule.high),
-                       rule.text, rule.baseline, group, "slope" if isinstance(rule, SlopeRule) else "ratio",
-                       rule.metric, samples, baseline_samples)
+def inconclusive_reason(low: float, high: float, claimed_low: float, claimed_high: float, trials: str = "") -> str:
+    """Why an interval neither lies inside the claimed range nor wholly outside it, with how the trials stopped."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        why = "one trial a side: a point, not an interval"
+    else:
+        straddled = [bound for bound in (claimed_low, claimed_high) if low < bound < high or bound in (low, high)]
+        why = f"the interval [{low:.3g}, {high:.3g}] straddles {' and '.join(f'{b:g}' for b in straddled)}"
+    return f"{why}; {trials}" if trials else why
 
 
-def apply_rule(records: pd.DataFrame, rule, params: pd.Series | None = None) -> list[SeedVerdict]:
+def _verdict(rule, ratio: float, low: float, high: float, group: str, samples: int, baseline_samples: int = 0,
+             trials: str = "") -> SeedVerdict:
+    verdict = verdict_of(low, high, rule.low, rule.high)
+    reason = inconclusive_reason(low, high, rule.low, rule.high, trials) if verdict == INCONCLUSIVE else ""
+    return SeedVerdict(rule.benchmark, rule.claim, ratio, low, high, verdict, rule.text, rule.baseline, group,
+                       "slope" if isinstance(rule, SlopeRule) else "ratio", rule.metric, samples, baseline_samples,
+                       reason)
+
+
+def _trials_text(rows: pd.DataFrame, stops: Mapping[tuple[str, str, str], str]) -> str:
+    """How the trials of the rows' engines stopped ("torch 5 trials, max_trials"), from `stops_by_variant`."""
+    seen = dict.fromkeys(f"{variant} {stops[benchmark, case, variant]}" for benchmark, case, variant
+                         in zip(rows[BENCHMARK_COLUMN], rows["case"], rows[ENGINE_COLUMN])
+                         if (benchmark, case, variant) in stops)
+    return "; ".join(seen)
+
+
+def apply_rule(records: pd.DataFrame, rule, params: pd.Series | None = None,
+               stops: Mapping[tuple[str, str, str], str] | None = None) -> list[SeedVerdict]:
     """The rule's verdicts on a run's records, one per group of its `per` params (none when the run
-    lacks what the rule compares). One trial a side gives a point, not an interval: inconclusive."""
+    lacks what the rule compares). One trial a side gives a point, not an interval: inconclusive.
+    `stops` (`stops_by_variant` of the run) tells an inconclusive verdict how its trials stopped."""
+    stops = stops or {}
     if params is None:
         params = records["params"].map(lambda text: json.loads(text) if text else {})
     metrics = rule.metrics if isinstance(rule, RatioRule) else (rule.metric,)
@@ -184,17 +210,21 @@ def apply_rule(records: pd.DataFrame, rule, params: pd.Series | None = None) -> 
             if slopes.size == 0:
                 continue
             if slopes.size < 2:
-                verdicts.append(_verdict(rule, float(slopes[0]), math.nan, math.nan, group, slopes.size))
+                verdicts.append(_verdict(rule, float(slopes[0]), math.nan, math.nan, group, slopes.size,
+                                         trials=_trials_text(rows, stops)))
                 continue
             interval = median_interval(slopes)
-            verdicts.append(_verdict(rule, interval.ratio, interval.ci_low, interval.ci_high, group, slopes.size))
+            verdicts.append(_verdict(rule, interval.ratio, interval.ci_low, interval.ci_high, group, slopes.size,
+                                     trials=_trials_text(rows, stops)))
             continue
         values, baseline = rule.samples(rows, params[rows.index])
         if values.size == 0 or baseline.size == 0 or not np.all(baseline > 0):
             continue
         interval = ratio_of_medians(baseline, values)
         low, high = (math.nan, math.nan) if min(values.size, baseline.size) < 2 else (interval.ci_low, interval.ci_high)
-        verdicts.append(_verdict(rule, interval.ratio, low, high, group, values.size, baseline.size))
+        sides = rows[rows[ENGINE_COLUMN].isin([rule.engine, rule.baseline])]
+        verdicts.append(_verdict(rule, interval.ratio, low, high, group, values.size, baseline.size,
+                                 trials=_trials_text(sides, stops)))
     return verdicts
 
 
@@ -211,11 +241,11 @@ def seed_verdicts(records: pd.DataFrame, rules: tuple) -> pd.DataFrame:
     params = records["params"].map(lambda text: json.loads(text) if text else {}) if not records.empty \
         else pd.Series(dtype=object)
     points = records["params"].map(_grid_point) if not records.empty else pd.Series(dtype=str)
-    rows = []
+    rows, stops = [], stops_by_variant(records)
     for point in dict.fromkeys(points):
         inside = points == point
         for rule in rules:
-            for verdict in apply_rule(records[inside], rule, params[inside]):
+            for verdict in apply_rule(records[inside], rule, params[inside], stops):
                 rows.append({**asdict(verdict), "grid_point": point})
     return pd.DataFrame(rows, columns=[*SeedVerdict.__dataclass_fields__, "grid_point"])
 
@@ -238,6 +268,8 @@ def verdict_text(table: pd.DataFrame, *, quick: bool = False) -> str:
             interval = ("no interval (one trial)" if math.isnan(first.ci_low)
                         else f"[{first.ci_low:.3g}, {first.ci_high:.3g}]")
             shown, where = f"{first.ratio:.3g} {interval}", ", ".join(p for p in (first.group, point) if p)
+            if first.verdict == INCONCLUSIVE and first.reason:
+                where = "; ".join(p for p in (where, first.reason) if p)
         else:
             shown = f"{rows.ratio.min():.3g} to {rows.ratio.max():.3g} in {len(rows)} groups"
             where = point

@@ -48,6 +48,11 @@ def _parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=None, metavar="SECONDS",
         help="stop a notebook (a grid point) that runs longer: it is recorded as `timed out` (a failure), its records "
              "so far are kept and the others still run (default: no limit)")
+    run_parser.add_argument(
+        "--budget", type=float, default=None, metavar="MINUTES",
+        help="end the run in about this many minutes: the notebooks share the time by their last durations, each "
+             "case's trials stop when the next would not fit (recorded as stop=budget), and what could not be "
+             "afforded is listed as `not run` (default: no budget; trials stop at their precision or their cap)")
     run_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="root for the run directory (default: results/)")
     run_parser.add_argument("--quick", action="store_true", help="use each notebook's QUICK sizes (its cell tagged 'quick'); -p wins")
     run_parser.add_argument("--notebooks-dir", type=Path, default=None, metavar="DIR", help="where notebooks live (default: notebooks/)")
@@ -365,6 +370,7 @@ def _run(arguments: argparse.Namespace, argv: Sequence[str] | None) -> int:
         scheduler=arguments.scheduler,
         attribute=arguments.attribute,
         timeout_s=arguments.timeout,
+        budget_s=None if arguments.budget is None else arguments.budget * 60,
         command=["benchlib", *(sys.argv[1:] if argv is None else argv)],
     )
     return result.exit_code

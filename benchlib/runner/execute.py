@@ -11,6 +11,7 @@ notebook, so Ctrl-C, SIGTERM or SIGHUP lose nothing already written.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import sys
@@ -28,6 +29,7 @@ from benchlib.results.environment import file_provenance
 from benchlib.results.report import summary_lines, write_report
 from benchlib.results.compare import noise_table, noise_text
 from benchlib.results.seed_verdicts import save_verdicts, seed_verdicts, verdict_text
+from benchlib.results.stopping import DEADLINE_ENV
 from benchlib.results.store import (
     FIGURE_PNG_ENV,
     RUN_INFO,
@@ -72,6 +74,9 @@ FAILED_CASE_METRIC = "failed"  # the status records a workload saves for a case 
 # Kernels save each figure as plotly JSON *and* HTML (plotly.js once per notebook), so executed
 # notebooks show their figures in nbconvert and repository previews, not only in Jupyter.
 PORTABLE_FIGURES = {"PLOTLY_RENDERER": "plotly_mimetype+notebook"}
+# Under --budget, each notebook stops measuring this share of its time (at most this many seconds) before
+# its share ends: its kernel starts and its tables and figures are drawn in that time.
+BUDGET_RESERVE_SHARE, BUDGET_RESERVE_S = 0.2, 20.0
 # With --png, figures are also saved as PNG files and embedded as PNG in the executed notebooks.
 PNG_FIGURES = {"PLOTLY_RENDERER": "plotly_mimetype+notebook+png", FIGURE_PNG_ENV: "1"}
 
@@ -277,6 +282,7 @@ class RunOptions:
     scheduler: str | None = None
     attribute: bool = False  # one more traced pass per case: allocation sites (benchmarks that declare `attribute`)
     timeout_s: float | None = None  # the longest one notebook (one grid point) may run; None: no limit
+    budget_s: float | None = None  # the whole run's time (--budget), shared among the notebooks; None: no budget
 
     @classmethod
     def of(cls, options: RunOptions | None, overrides: Mapping[str, Any]) -> RunOptions:
@@ -348,6 +354,12 @@ def run(notebooks: Sequence[str] = (), *, options: RunOptions | None = None, **o
         raise RunnerError("--scheduler goes with --executor dask")
     if options.timeout_s is not None and not options.timeout_s > 0:
         raise RunnerError(f"--timeout must be a number of seconds > 0, got {options.timeout_s:g}")
+    if options.budget_s is not None:
+        if not (options.budget_s > 0 and math.isfinite(options.budget_s)):
+            raise RunnerError(f"--budget must be a number of minutes > 0, got {options.budget_s / 60:g}")
+        if executor != "local":
+            raise RunnerError("--budget shares the time among notebooks run one after another: it goes with "
+                              "--executor local (on a Dask cluster, bound each point with --timeout)")
     if options.attribute:
         params = _with_attribute(notebooks, notebooks_dir, params, stream)
     planned = plan(notebooks, params=dict(params or {}), quick=quick, notebooks_dir=notebooks_dir)
@@ -381,6 +393,7 @@ def run(notebooks: Sequence[str] = (), *, options: RunOptions | None = None, **o
         model_files=_model_files(planned),
         command=list(options.command) if options.command is not None else None,
         attributed=attributed,
+        budget_s=options.budget_s,
         runner={"pid": os.getpid(), "host": socket.gethostname()},
     )
     result = RunResult(results_run.run_id, results_run.path)
@@ -445,6 +458,7 @@ class _RunLoop:
         self.stream, self.root, self.quick, self.progress = options.stream, root, options.quick, options.progress
         self.figures_env = PNG_FIGURES if options.png else PORTABLE_FIGURES
         self.timeout_s = options.timeout_s
+        self.budget_ends = None if options.budget_s is None else time.time() + options.budget_s
         self.durations: list[float] = []
 
     def say(self, text: str) -> None:
@@ -515,16 +529,45 @@ class _RunLoop:
         detail = f" ({error.splitlines()[0][:200]})" if error else ""
         self.say(f"{self._tally(index)} {execution.key}: {status} in {duration:.1f} s{detail}")
 
+    def _measuring_deadline(self, index: int) -> float | None:
+        """When the execution at `index` (from 1) must stop measuring (`time.time()`), under --budget: its
+        share of the time left, weighed by its last duration among those still to run (their mean where
+        unknown), less a reserve for its kernel's start and its tables and figures. None without a budget."""
+        if self.budget_ends is None:
+            return None
+        now, rest = time.time(), self.executions[index - 1:]
+        durations = [last_duration(self.root, execution.key, self.quick) for execution in rest]
+        known = [duration for duration in durations if duration]
+        weights = [duration or (sum(known) / len(known) if known else 1.0) for duration in durations]
+        share = (self.budget_ends - now) * weights[0] / sum(weights)
+        return now + share - min(BUDGET_RESERVE_SHARE * share, BUDGET_RESERVE_S)
+
+    def _budget_spent(self, index: int, execution: Execution) -> None:
+        """Record an execution the budget left no time for as `not run`, saying so."""
+        error = "not run: the --budget was spent before it started"
+        self.run_.record_notebook(execution.key, status="not run", duration_s=0.0, ended_at=now_iso(), error=error)
+        self.result.notebooks.append(NotebookResult(execution.key, "not run", 0.0,
+                                                    _parameters(self.run_, execution, self.injected), error))
+        self.say(f"[{index}/{len(self.executions)}] {execution.key}: {error}")
+
     def run_locally(self) -> None:
         with tempfile.TemporaryDirectory(prefix="benchlib-kernels-") as socket_dir:
             kernel_manager = ipc_kernel_manager(socket_dir)
             for index, execution in enumerate(self.executions, start=1):
+                if self.budget_ends is not None and time.time() >= self.budget_ends:
+                    self._budget_spent(index, execution)
+                    continue
                 parameters = _parameters(self.run_, execution, self.injected)
                 output = self.run_.path / "notebooks" / f"{execution.key}.ipynb"
                 output.parent.mkdir(exist_ok=True)
                 shown = ", ".join(f"{key}={list(value) if isinstance(value, tuple) else value!r}" for key, value in execution.values.items())
                 expected = last_duration(self.root, execution.key, self.quick)
                 eta = f", last time {expected:.0f} s" if expected else ""
+                deadline = self._measuring_deadline(index)
+                environment = dict(self.figures_env)
+                if deadline is not None:
+                    environment[DEADLINE_ENV] = repr(deadline)
+                    eta += f", measuring for at most {max(deadline - time.time(), 0):.0f} s of the --budget"
                 self.say(f"[{index}/{len(self.executions)}] {execution.key}: started{f' ({shown})' if shown else ''}{eta}")
                 self.run_.record_notebook(execution.key, status="running", started_at=now_iso())
                 started, wall_start = time.perf_counter(), time.time()
@@ -532,7 +575,7 @@ class _RunLoop:
                 try:  # a notebook's failure is a result to record; the others still run
                     status, error = execute_notebook(
                         execution.spec.path, output, parameters, cwd=execution.spec.path.parent,
-                        kernel_manager_class=kernel_manager, figures_env=self.figures_env, stdout_file=lines,
+                        kernel_manager_class=kernel_manager, kernel_env=environment, stdout_file=lines,
                         stderr_file=lines, timeout_s=self.timeout_s)
                 except KeyboardInterrupt as interrupt:
                     reason = interrupt.signal_name if isinstance(interrupt, Terminated) else "KeyboardInterrupt"

@@ -83,17 +83,17 @@ class _Deadline:
 
 
 def execute_notebook(source: Path | str, output: Path | str, parameters: Mapping[str, Any], *, cwd: Path | str,
-                     kernel_manager_class: type, figures_env: Mapping[str, str],
+                     kernel_manager_class: type, kernel_env: Mapping[str, str],
                      stdout_file: TextIO | None = None, stderr_file: TextIO | None = None,
                      timeout_s: float | None = None) -> tuple[str, str | None]:
-    """Execute `source` into `output` in the `KERNEL_NAME` kernel, with `figures_env` in the kernel's
+    """Execute `source` into `output` in the `KERNEL_NAME` kernel, with `kernel_env` in the kernel's
     environment, for at most `timeout_s` seconds (None: no limit). Returns (OK, None) when it ran to
     the end, (TIMED_OUT, what happened) when the limit stopped it, else (FAILED, the error as
     `error_text` tells it); a KeyboardInterrupt (Ctrl-C, or a signal turned into one) is not a
     failure and propagates."""
     deadline = _Deadline(kernel_manager_class, timeout_s)
     try:
-        with kernel_environment(figures_env), deadline:
+        with kernel_environment(kernel_env), deadline:
             papermill.execute_notebook(
                 str(source), str(output), parameters=dict(parameters), kernel_name=KERNEL_NAME, language=LANGUAGE,
                 progress_bar=False, stdout_file=stdout_file, stderr_file=stderr_file, cwd=str(cwd),

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchlib.benchmark import Benchmark, DeclarationError, Parameter, ParameterError
+from benchlib.engines.comparison import PRECISION, trials_parameter
 from benchlib.usermodel.case import ROLE_METRICS
 from benchlib.results.plots.usermodel import memory_by_role, peak_intervals
 from benchlib.usermodel.arrays import ARRAY_FORM_RUN, ArrayModelFile, array_form, check_array_form
@@ -22,11 +23,7 @@ from benchlib.usermodel.loader import (ModelFileError, check_form, is_array_form
                                        torch_form)
 from benchlib.usermodel.summary import summary_table
 
-TRIALS = Parameter("trials", 5, "at most this many fresh processes per engine, interleaved across engines (fewer "
-                   "once the peak settles: see precision)", quick=2, minimum=1)
-PRECISION = Parameter("precision", 0.02, "an engine stops after 3 trials or more once its peak's 95% interval is within "
-                      "this share of the median (or its trials are identical); 0 runs every trial", minimum=0.0,
-                      maximum=1.0)
+TRIALS = trials_parameter(5)
 ATTRIBUTE = Parameter("attribute", False, "one more traced pass per engine (in its first trial, after the measured "
                                           "ones): the lines holding the peak, temporaries, diffs between engines "
                                           "(`benchlib run --attribute`)")

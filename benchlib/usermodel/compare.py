@@ -8,8 +8,8 @@ torch) in the parent. A `Form` says what differs between the torch form and the 
 
 from __future__ import annotations
 
-import math
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,14 +18,13 @@ from typing import Any
 from benchlib.benchmark import Config
 from benchlib.engines.comparison import GRAD_UNCHECKED_METRIC, trial_order
 from benchlib.engines.gradients import GRAD_ERROR_METRIC, gradient_file, saved_gradient_error
-from benchlib.results.stopping import MAX_TRIALS, relative_half_width, stop_reason
+from benchlib.results.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline, TrialStopping
 from benchlib.engine_names import TORCH_CHECKPOINT
 from benchlib.usermodel.engines import ENGINES, REFERENCE, checkpoint_plan, not_applicable
 from benchlib.usermodel.loader import ModelFile
 
 TARGET = "benchlib.usermodel.case:case"
 CASE = "step"
-TRIALS_RUN = "trials_run"
 WARMUP = 1  # untimed steps per process: the optimizer's state exists before the baseline is read
 STEPS = 5  # timed steps per process (their median is a trial's time)
 ORDER_SEED = 0
@@ -117,8 +116,7 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
     track = device.is_cuda or memray_available()
     attribute = bool(config.get("attribute", False))
     precision = float(config.get("precision", 0.0))
-    peaks: dict[tuple[str, str], list[float]] = {}  # each unit's peak per trial: what the stopping rule reads
-    stopped: dict[tuple[str, str], str] = {}
+    stopping = TrialStopping(precision=precision, max_trials=trials, deadline=Deadline.from_environment())
     attributions: dict[tuple[str, str], dict] = {}
     failed, reference = set(), {version: f"{reference_engine} did not run, so there is no gradient to compare with"
                                 for version in versions}
@@ -127,12 +125,15 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
         for folder in folders.values():
             folder.mkdir()
         for position, (trial, (version, engine)) in enumerate(_trial_order(units, trials, reference_engine)):
-            if (version, engine) in failed or (version, engine) in stopped:
+            if (version, engine) in failed or (version, engine) in stopping.stopped:
+                continue
+            if position > 0 and not stopping.affords((version, engine)):  # the first child always runs
                 continue
             model_file, gradient_dir = versions[version], folders[version]
             params = {**base[version], "trial": trial, "position": position,
                       **engine_params[version].get(engine, {})}
             traced = attribute and trial == 0  # the attribution passes: sites, and torch's categories
+            started = time.perf_counter()
             try:
                 result = run_isolated(form.target, {"path": str(model_file.path), "engine": engine, "values": values,
                                                     "gradient_dir": str(gradient_dir),
@@ -164,16 +165,23 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
                                  for metric, value in checks.items()]
             progress(f"{shown[version]} {engine} trial {trial + 1}/{trials}: {result.measurement}"
                      + (f", {GRAD_ERROR_METRIC} {checks[GRAD_ERROR_METRIC]:.3g}" if GRAD_ERROR_METRIC in checks else ""))
-            peaks.setdefault((version, engine), []).append(float(result.measurement.peak_bytes or 0))
-            reason = stop_reason(peaks[version, engine], precision=precision, max_trials=trials)
-            if reason is not None:
-                stopped[version, engine] = reason
-                reached = relative_half_width(peaks[version, engine]) if len(peaks[version, engine]) > 1 else math.nan
-                records[version].append(make_record(
-                    **labels[version, engine], metric=TRIALS_RUN, value=float(len(peaks[version, engine])),
-                    params={**base[version], "stop": reason, "precision": precision, "precision_reached": reached}))
-                if reason != MAX_TRIALS and trial < trials - 1:
-                    progress(f"{shown[version]} {engine}: stopped after {trial + 1} trials ({reason})")
+            reason = stopping.add((version, engine), float(result.measurement.peak_bytes or 0),
+                                  time.perf_counter() - started)
+            if reason not in (None, MAX_TRIALS):
+                progress(f"{shown[version]} {engine}: stopped after {trial + 1} trials ({reason})")
+    for version, engine in units:
+        if (version, engine) in failed:
+            continue
+        facts = stopping.summary((version, engine))
+        count = facts.pop("trials_run")
+        if count == 0:
+            note(version, engine, "not_run", "the budget ran out before its first trial (benchlib run --budget)",
+                 base[version])
+            continue
+        records[version].append(make_record(**labels[version, engine], metric=TRIALS_RUN, value=float(count),
+                                            params={**base[version], **facts}))
+        if facts["stop"] == BUDGET:
+            progress(f"{shown[version]} {engine}: stopped after {count} trials (budget)")
     for version, rows in site_diffs(attributions, labels, cases, reference_engine).items():
         records[version] += rows
     return [record for version in versions for record in records[version]]

@@ -92,7 +92,7 @@ BENCHMARK = Benchmark(
         Parameter("budgets", (2, 3, 5, 10, 20, 50, 100), "snapshot budgets (each in 1..depth; \"sqrt\" always runs too)",
                   quick=(2, 4, 12), minimum=1),
         # the engines are fixed (manual and benchlib-checkpoint): no parameter here
-        *(p for p in comparison_parameters(dtype="float64", engines=ENGINES, repeats=1, trials=3, warmup=0)
+        *(p for p in comparison_parameters(dtype="float64", engines=ENGINES, repeats=1, trials=5, warmup=0)
           if p.name != "engines"),
     ),
     rules=lambda config: check_budgets(config.budgets, config.depth),

@@ -188,7 +188,7 @@ BENCHMARK = Benchmark(
           "the baseline, memory over time, time, memory by role and the gradient's error against manual",
     parameters=(
         *chain_parameters(D=SEED_SIZES["D"], depth=SEED_SIZES["depth"], quick_depth=8),
-        *comparison_parameters(dtype="float64", engines=ENGINE_NAMES, repeats=1, trials=3, warmup=0),
+        *comparison_parameters(dtype="float64", engines=ENGINE_NAMES, repeats=1, trials=5, warmup=0),
     ),
     rules=comparison_rules,
     memory=_memory,

@@ -394,7 +394,7 @@ BENCHMARK = Benchmark(
         Parameter("T_sweep", (25, 50, 100, 200), "step counts of the growth sweep (T is added)", quick=(2, 4), minimum=1),
         # mmap-64k: the hidden states (64 KiB at the seed's sizes) are mappings of their own, so every
         # engine's peak is its live memory, not the heap its freed temporaries stranded
-        *comparison_parameters(dtype="float32", engines=ENGINE_NAMES, repeats=3, trials=3, warmup=1,
+        *comparison_parameters(dtype="float32", engines=ENGINE_NAMES, repeats=3, trials=5, warmup=1,
                                quick={"repeats": 1}, malloc="mmap-64k"),
     ),
     rules=_rules,

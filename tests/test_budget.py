@@ -1,0 +1,111 @@
+"""Adaptive trials and the time budget of an engine comparison and of a run, with deterministic figures:
+a fake child whose peaks settle, never settle or never change, and a clock that moves only when told."""
+
+import json
+
+import numpy as np
+import pytest
+
+import benchlib.measure
+from benchlib.engines.comparison import Cases, compare_engines
+from benchlib.engines.gradients import save_gradient
+from benchlib.measure.core import Measurement
+from benchlib.measure.isolation import IsolatedResult
+from benchlib.results.seed_verdicts import INCONCLUSIVE, RatioRule, seed_verdicts
+from benchlib.results.stopping import BUDGET, DETERMINISTIC, MAX_TRIALS, PRECISION, Deadline, TrialStopping
+
+PEAKS = {  # each engine's peak per trial: settles, never settles, never changes
+    "benchlib-inplace": [1000.0, 1004.0, 998.0, 1001.0, 1000.0, 999.0],
+    "torch": [100.0, 150.0, 80.0, 130.0, 60.0, 140.0],
+    "manual": [4096.0] * 6,
+}
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def fake_children(monkeypatch):
+    """compare_engines' children replaced by PEAKS, one value per call of each engine; every child
+    advances `clock` by 10 s. Returns (clock, calls)."""
+    clock, calls = FakeClock(), []
+
+    def run_isolated(target, params, *, name, device, options):
+        engine = params["engine"]
+        trial = sum(1 for called in calls if called == (params["case"], engine))
+        calls.append((params["case"], engine))
+        clock.now += 10.0
+        save_gradient(np.ones(3), params["gradient_dir"], engine)
+        measurement = Measurement(name=name, device="cpu", times_s=(0.01,), gc_count=0, gc_seconds=0.0,
+                                  peak_bytes=int(PEAKS[engine][trial]), baseline_bytes=0)
+        return IsolatedResult(name, measurement, {}, {"malloc_policy": "glibc-default", "malloc_env": {}})
+
+    monkeypatch.setattr(benchlib.measure, "run_isolated", run_isolated)
+    return clock, calls
+
+
+def _compare(cases=("a",), deadline=None, **settings):
+    engines = ["manual", "benchlib-inplace", "torch"]
+    return compare_engines(Cases("b", "nowhere:case", {case: {"case": case} for case in cases}),
+                           {"engines": engines, "dtype": "float64", **settings}, device="cpu", progress=None,
+                           deadline=deadline)
+
+
+def _stops(comparison):
+    frame = comparison.frame()
+    rows = frame[frame["metric"] == "trials_run"]
+    return {(row.case, row.variant): (int(row.value), json.loads(row.params)["stop"]) for row in rows.itertuples()}
+
+
+def test_each_engine_stops_at_its_own_reason_and_says_it(fake_children):
+    comparison = _compare(trials=6, precision=0.02)
+    assert _stops(comparison) == {("a", "manual"): (3, DETERMINISTIC), ("a", "benchlib-inplace"): (3, PRECISION),
+                                  ("a", "torch"): (6, MAX_TRIALS)}
+    summary = comparison.summary().set_index("engine")
+    assert summary.loc["torch", "trials"] == 6 and summary.loc["torch", "stop"] == MAX_TRIALS
+    assert "stop" in comparison.table_text()
+
+
+def test_precision_zero_runs_every_trial(fake_children):
+    _, calls = fake_children
+    comparison = _compare(trials=4, precision=0.0)
+    assert len(calls) == 12
+    assert set(_stops(comparison).values()) == {(4, MAX_TRIALS)}
+
+
+def test_a_deadline_shares_the_time_among_cases_and_lists_what_it_could_not_afford(fake_children):
+    clock, calls = fake_children
+    # 45 s for two cases: case a gets 22.5 s (its first round always runs: 30 s), case b what is left (15 s)
+    comparison = _compare(cases=("a", "b"), deadline=Deadline(clock.now + 45, clock), trials=6, precision=0.02)
+    stops = _stops(comparison)
+    assert {stop for count, stop in stops.values()} == {BUDGET}
+    assert [case for case, _ in calls].count("a") == 3  # one round, then no child fits
+    not_run = [p for p in comparison.problems if p["status"] == "not run"]
+    assert len(not_run) + sum(1 for case, _ in stops if case == "b") == 3
+    assert all("budget" in p["message"] for p in not_run)
+    assert comparison.ok  # what the budget left out is listed, not failed
+    assert clock.now <= 1000 + 45 + 10  # at most one child past the deadline: the first round's
+
+
+def test_trial_stopping_keeps_to_the_deadline_with_the_mean_duration():
+    clock = FakeClock()
+    stopping = TrialStopping(precision=0.0, max_trials=10, deadline=Deadline(clock.now + 25, clock))
+    while stopping.affords("x"):
+        clock.now += 10
+        stopping.add("x", 1.0 + clock.now, seconds=10)
+    assert stopping.summary("x")["trials_run"] == 2 and stopping.stopped["x"] == BUDGET
+
+
+def test_an_inconclusive_verdict_says_why_and_how_its_trials_stopped(fake_children):
+    comparison = _compare(trials=6, precision=0.02)
+    records = comparison.frame().assign(run_id="r")
+    rule = RatioRule("b", "torch needs as much as manual", "peak_bytes", "torch", "manual", 0.025, 0.05)
+    (verdict,) = seed_verdicts(records, (rule,)).itertuples()
+    assert verdict.verdict == INCONCLUSIVE
+    assert "straddles 0.025;" in verdict.reason and "torch 6 trials, max_trials" in verdict.reason
+    assert "manual 3 trials, deterministic" in verdict.reason
