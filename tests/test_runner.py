@@ -1,7 +1,9 @@
 """benchlib.runner: parameter checks, refusals before anything runs, and real papermill runs of tests/notebooks/."""
 
+import io
 import json
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -150,3 +152,31 @@ def test_help_prints_and_exits_as_argparse_does(argv, code, capsys):
     assert exit_.value.code == code
     captured = capsys.readouterr()
     assert "usage: benchlib" in captured.out + captured.err
+
+
+@pytest.mark.slow
+def test_a_budget_gives_the_kernel_a_deadline_within_it(tmp_path):
+    started = time.time()
+    result = run(["probe"], quick=True, device="cpu", progress=False, notebooks_dir=NOTEBOOKS, out=tmp_path,
+                 budget_s=600, stream=io.StringIO())
+    assert result.exit_code == 0
+    (deadline,) = load_records(result.path)["params"].map(lambda p: json.loads(p)["deadline"])
+    assert started < float(deadline) <= started + 600  # its share, less the reserve for figures
+    assert load_run_info(result.path)["budget_s"] == 600
+
+
+def test_a_spent_budget_lists_every_notebook_as_not_run(tmp_path):
+    stream = io.StringIO()
+    result = run(["probe", "failing"], quick=True, device="cpu", progress=False, notebooks_dir=NOTEBOOKS,
+                 out=tmp_path, budget_s=1e-9, stream=stream)
+    assert [(r.name, r.status) for r in result.notebooks] == [("probe", "not run"), ("failing", "not run")]
+    assert result.exit_code == 1  # not everything asked for was measured
+    assert "the --budget was spent before it started" in stream.getvalue()
+    assert {entry["status"] for entry in load_run_info(result.path)["notebooks"].values()} == {"not run"}
+
+
+@pytest.mark.parametrize("argv", [["--budget", "0"], ["--budget", "-1"], ["--budget", "5", "--executor", "dask"]])
+def test_cli_refuses_a_budget_it_cannot_keep(argv, tmp_path, capsys):
+    assert main(["run", "probe", *argv, "--notebooks-dir", str(NOTEBOOKS), "--out", str(tmp_path / "out")]) == 2
+    assert "--budget" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
