@@ -80,16 +80,23 @@ def test_precision_zero_runs_every_trial(fake_children):
 
 def test_a_deadline_shares_the_time_among_cases_and_lists_what_it_could_not_afford(fake_children):
     clock, calls = fake_children
-    # 45 s for two cases: case a gets 22.5 s (its first round always runs: 30 s), case b what is left (15 s)
+    # 45 s for two cases of 10 s children: case a gets 22.5 s (two children), case b the 25 s left (two)
     comparison = _compare(cases=("a", "b"), deadline=Deadline(clock.now + 45, clock), trials=6, precision=0.02)
+    assert [case for case, _ in calls] == ["a", "a", "b", "b"] and calls[0] == ("a", "manual")
     stops = _stops(comparison)
-    assert {stop for count, stop in stops.values()} == {BUDGET}
-    assert [case for case, _ in calls].count("a") == 3  # one round, then no child fits
-    not_run = [p for p in comparison.problems if p["status"] == "not run"]
-    assert len(not_run) + sum(1 for case, _ in stops if case == "b") == 3
-    assert all("budget" in p["message"] for p in not_run)
+    assert len(stops) == 4 and {stop for count, stop in stops.values()} == {BUDGET}
+    not_run = [(p["case"], p["engine"]) for p in comparison.problems if p["status"] == "not run"]
+    assert len(not_run) == 2 and not set(not_run) & set(calls)  # every engine that never ran is listed
+    assert all("budget" in p["message"] for p in comparison.problems)
     assert comparison.ok  # what the budget left out is listed, not failed
-    assert clock.now <= 1000 + 45 + 10  # at most one child past the deadline: the first round's
+    assert clock.now <= 1000 + 45
+
+
+def test_the_first_child_runs_even_past_the_deadline_so_there_is_a_baseline(fake_children):
+    clock, calls = fake_children
+    comparison = _compare(deadline=Deadline(clock.now - 1, clock), trials=3, precision=0.02)
+    assert calls == [("a", "manual")]
+    assert [p["engine"] for p in comparison.problems] == ["benchlib-inplace", "torch"]
 
 
 def test_trial_stopping_keeps_to_the_deadline_with_the_mean_duration():

@@ -16,7 +16,6 @@ import json
 import math
 import os
 import tempfile
-import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping
 
@@ -365,7 +364,7 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
     An engine stops before `trials` once its peak settles (`TrialStopping`: identical peaks, or the
     95% interval within `precision`, 0 or absent: never), or when `deadline` (default: the one
     `benchlib run --budget` set, if any) leaves no time for its next trial; the cases share the time
-    left equally, and the first case's first round always runs. Each engine's `trials_run` record
+    left equally, and only the first child (the first case's reference) always runs. Each engine's `trials_run` record
     says how many trials it ran and why it stopped; one the deadline left unrun is a `not run` problem.
 
     The trials of a case are interleaved (`trial_order`: rounds of every engine, shuffled by
@@ -436,14 +435,14 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
             for position, (trial, engine_name) in enumerate(trial_order(runnable, trials, order_seed)):
                 if engine_name in failed or engine_name in stopping.stopped:
                     continue
-                if not (index == 0 and trial == 0) and not stopping.affords(engine_name):
+                if not (index == 0 and position == 0) and not stopping.affords(engine_name):
                     continue
                 labels = labels_of[engine_name]
                 trial_params = {**case_params, **(cases.engine_params(engine_name, child_params) if cases.engine_params
                                                   else {}), "trial": trial, "position": position}
                 params = {**child_params, "engine": engine_name, "dtype": dtype, "gradient_dir": gradient_dir}
                 required = cases.memory_required(engine_name, child_params) if cases.memory_required else None
-                started = time.perf_counter()
+                started = stopping.now()
                 try:
                     result = run_isolated(target, params, name=f"{benchmark}/{case}/{engine_name}",
                                           device=device.name, options=IsolationOptions(
@@ -486,7 +485,7 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
                              + "".join(f", {k} {v:.3g}" for k, v in checks.items())
                              + (f", gradient not checked: {no_reference}"
                                 if engine_name != REFERENCE_ENGINE and no_reference is not None else ""))
-                reason = stopping.add(engine_name, float(measurement.peak_bytes or 0), time.perf_counter() - started)
+                reason = stopping.add(engine_name, float(measurement.peak_bytes or 0), stopping.now() - started)
                 if reason not in (None, MAX_TRIALS) and progress:
                     progress(f"{benchmark} {case} {engine_name}: stopped after {trial + 1} trial(s) ({reason})")
             for engine_name in runnable:

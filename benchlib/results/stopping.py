@@ -78,6 +78,10 @@ class TrialStopping:
         self.durations: dict[Hashable, list[float]] = {}
         self.stopped: dict[Hashable, str] = {}
 
+    def now(self) -> float:
+        """The deadline's clock: trials are timed by it, so their durations and the time left agree."""
+        return self.deadline.clock()
+
     def affords(self, unit: Hashable) -> bool:
         """Whether `unit`'s next trial fits in the time left (its own mean duration, else every unit's);
         when not, the unit stops as `budget`."""

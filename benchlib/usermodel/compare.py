@@ -9,7 +9,6 @@ torch) in the parent. A `Form` says what differs between the torch form and the 
 from __future__ import annotations
 
 import tempfile
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,7 +132,7 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
             params = {**base[version], "trial": trial, "position": position,
                       **engine_params[version].get(engine, {})}
             traced = attribute and trial == 0  # the attribution passes: sites, and torch's categories
-            started = time.perf_counter()
+            started = stopping.now()
             try:
                 result = run_isolated(form.target, {"path": str(model_file.path), "engine": engine, "values": values,
                                                     "gradient_dir": str(gradient_dir),
@@ -166,7 +165,7 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
             progress(f"{shown[version]} {engine} trial {trial + 1}/{trials}: {result.measurement}"
                      + (f", {GRAD_ERROR_METRIC} {checks[GRAD_ERROR_METRIC]:.3g}" if GRAD_ERROR_METRIC in checks else ""))
             reason = stopping.add((version, engine), float(result.measurement.peak_bytes or 0),
-                                  time.perf_counter() - started)
+                                  stopping.now() - started)
             if reason not in (None, MAX_TRIALS):
                 progress(f"{shown[version]} {engine}: stopped after {trial + 1} trials ({reason})")
     for version, engine in units:
