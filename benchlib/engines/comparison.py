@@ -232,18 +232,24 @@ class EngineComparison:
         run.save_table(self.timeline_frame(), f"{self.benchmark}_timelines")
         run.save_table(self.role_timeline_frame(), f"{self.benchmark}_role_timelines")
 
-    def table_text(self) -> str:
-        """The summary as a plain-text table (MB, ratios headed by their baseline: to manual and, where it
-        ran, to manual-seed; seconds, gradient error), then what planning changed."""
-        summary = self.summary()
-        if summary.empty:
-            return "no cases ran"
+    def display_frame(self, summary: pd.DataFrame | None = None) -> pd.DataFrame:
+        """The summary as a notebook or a terminal shows it: MB, each ratio as "1.02 [0.98, 1.07]" headed by
+        its baseline (to manual and, where it ran, to manual-seed), seconds, the gradient error."""
+        summary = self.summary() if summary is None else summary
         shown = summary.assign(peak_MB=summary["peak_bytes"] / 1e6, peak_ratio=with_interval(summary, "peak_ratio"),
                                time_ratio=with_interval(summary, "time_ratio"),
                                peak_ratio_seed=with_interval(summary, "peak_ratio_seed"))
-        columns = ["case", "engine", "status", "trials", "stop", "peak_MB", "peak_ratio", "time_s", "time_ratio",
+        params = [column for column in summary.columns if column not in SUMMARY_COLUMNS]  # `summary(params=...)`'s
+        columns = ["case", *params, "engine", "status", "trials", "stop", "peak_MB", "peak_ratio", "time_s", "time_ratio",
                    *(["peak_ratio_seed"] if summary["peak_ratio_seed"].notna().any() else []), GRAD_ERROR_METRIC]
-        shown = shown[columns].rename(columns=RATIO_HEADINGS)
+        return shown[columns].rename(columns=RATIO_HEADINGS)
+
+    def table_text(self) -> str:
+        """`display_frame` as plain text, then what planning changed, the reasons and the problems."""
+        summary = self.summary()
+        if summary.empty:
+            return "no cases ran"
+        shown = self.display_frame(summary)
         text = "\n".join(self.notes + [shown.to_string(index=False, float_format=lambda v: f"{v:.4g}")])
         for row in summary[(summary["status"] == "ok") & (summary["reason"] != "")].itertuples():
             text += f"\n{row.engine} ({row.case}): {row.reason}"
@@ -268,6 +274,11 @@ def with_interval(summary: pd.DataFrame, column: str) -> pd.Series:
     return summary.apply(text, axis=1) if not summary.empty else pd.Series(dtype=str)
 
 
+SUMMARY_COLUMNS = ["case", "engine", "status", "trials", "stop", "peak_bytes", "peak_ratio", "peak_ratio_low",
+                   "peak_ratio_high", "time_s", "time_ratio", "time_ratio_low", "time_ratio_high", "peak_ratio_seed",
+                   "peak_ratio_seed_low", "peak_ratio_seed_high", GRAD_ERROR_METRIC, "reason"]
+
+
 def summarize(frame: pd.DataFrame, problems: Iterable[Mapping] = ()) -> pd.DataFrame:
     """Trials (and why they stopped), peak bytes, median time and gradient error per case and engine, with ratios to `manual`
     (the lean floor: `peak_ratio`, `time_ratio`) and, where it ran, to `manual-seed` (the seed's own
@@ -278,9 +289,7 @@ def summarize(frame: pd.DataFrame, problems: Iterable[Mapping] = ()) -> pd.DataF
     """
     from benchlib.results.compare import trial_values
 
-    columns = ["case", "engine", "status", "trials", "stop", "peak_bytes", "peak_ratio", "peak_ratio_low", "peak_ratio_high",
-               "time_s", "time_ratio", "time_ratio_low", "time_ratio_high", "peak_ratio_seed", "peak_ratio_seed_low",
-               "peak_ratio_seed_high", GRAD_ERROR_METRIC, "reason"]
+    columns = SUMMARY_COLUMNS
     rows, samples = [], {}
     for (case, engine), group in frame.groupby(["case", "variant"], sort=False):
         by_metric = {metric: trial_values(rows_of_metric) for metric, rows_of_metric in group.groupby("metric")}

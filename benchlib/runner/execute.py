@@ -71,6 +71,7 @@ from benchlib.runner.notebooks import (
 EXIT_INTERRUPTED = 130
 ATTRIBUTE = "attribute"  # the parameter of the benchmarks that offer an attribution pass (--attribute sets it)
 FAILED_CASE_METRIC = "failed"  # the status records a workload saves for a case that failed
+NOT_RUN_CASE_METRIC = "not_run"  # ... and for a case the --budget left no time for
 # Kernels save each figure as plotly JSON *and* HTML (plotly.js once per notebook), so executed
 # notebooks show their figures in nbconvert and repository previews, not only in Jupyter.
 PORTABLE_FIGURES = {"PLOTLY_RENDERER": "plotly_mimetype+notebook"}
@@ -159,10 +160,11 @@ def check_values(planned: Sequence[tuple[NotebookSpec, dict[str, Any]]], device:
             raise RunnerError(str(refused)) from None
 
 
-def case_outcomes(run_path: Path, since: float) -> tuple[list[str], list[str]]:
+def case_outcomes(run_path: Path, since: float) -> tuple[list[str], list[str], int]:
     """From the records a notebook saved (fragments written since `since`): one line per failed
-    case ('engine (case): first line of its error') and the data sources its records name."""
-    failures, sources = [], []
+    case ('engine (case): first line of its error'), the data sources its records name, and how many
+    cases were not run (the --budget ran out before them)."""
+    failures, sources, not_run = [], [], 0
     for fragment in sorted((run_path / "records").glob("*.parquet")):
         if fragment.stat().st_mtime < since:
             continue
@@ -176,7 +178,8 @@ def case_outcomes(run_path: Path, since: float) -> tuple[list[str], list[str]]:
             message = (row_params.get("message") or "").strip().splitlines()
             failures.append(f"{row.variant} ({row.case}): {message[0][:200] if message else 'failed'}")
         sources += [source for source in dict.fromkeys(params.map(lambda p: p.get("data"))) if isinstance(source, str)]
-    return failures, list(dict.fromkeys(sources))
+        not_run += int((frame["metric"] == NOT_RUN_CASE_METRIC).sum())
+    return failures, list(dict.fromkeys(sources)), not_run
 
 
 def last_duration(root: Path, notebook: str, quick: bool) -> float | None:
@@ -507,7 +510,7 @@ class _RunLoop:
         or anything a Dask worker ran), whose records are merged into the run's."""
         in_points = in_points or bool(execution.point)
         point_dir = self.run_.path / "points" / execution.key
-        failures, sources = case_outcomes(point_dir if in_points else self.run_.path, since)
+        failures, sources, not_run = case_outcomes(point_dir if in_points else self.run_.path, since)
         if failures and status == "ok":
             status = "partial"
             error = f"{len(failures)} case(s) failed: " + "; ".join(failures[:3]) + (" ..." if len(failures) > 3 else "")
@@ -520,13 +523,15 @@ class _RunLoop:
         data_source = "+".join(sources) or None
         self.run_.record_notebook(
             execution.key, status=status, duration_s=round(duration, 3), ended_at=now_iso(), error=error,
-            failed_cases=failures, data_source=data_source, orphans_killed=list(orphans),
+            failed_cases=failures, not_run_cases=not_run, data_source=data_source, orphans_killed=list(orphans),
             output=str(output.relative_to(self.run_.path)) if output.exists() else None)
         parameters = _parameters(self.run_, execution, self.injected)
         self.result.notebooks.append(NotebookResult(execution.key, status, duration, parameters, error,
                                                     output if output.exists() else None, data_source))
         self.durations.append(duration)
         detail = f" ({error.splitlines()[0][:200]})" if error else ""
+        if not_run:
+            detail += f" ({not_run} case(s) not run: the --budget ran out before them)"
         self.say(f"{self._tally(index)} {execution.key}: {status} in {duration:.1f} s{detail}")
 
     def _measuring_deadline(self, index: int) -> float | None:
@@ -567,7 +572,9 @@ class _RunLoop:
                 environment = dict(self.figures_env)
                 if deadline is not None:
                     environment[DEADLINE_ENV] = repr(deadline)
-                    eta += f", measuring for at most {max(deadline - time.time(), 0):.0f} s of the --budget"
+                    measuring = max(deadline - time.time(), 0.0)
+                    eta += f", measuring for at most {measuring:.0f} s of the --budget"
+                    expected = min(expected or math.inf, measuring + min(BUDGET_RESERVE_S, measuring))  # the ETA's basis
                 self.say(f"[{index}/{len(self.executions)}] {execution.key}: started{f' ({shown})' if shown else ''}{eta}")
                 self.run_.record_notebook(execution.key, status="running", started_at=now_iso())
                 started, wall_start = time.perf_counter(), time.time()
