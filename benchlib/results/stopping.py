@@ -116,5 +116,6 @@ def stops_by_variant(records) -> dict[tuple[str, str, str], str]:
     import json
 
     rows = records[records["metric"] == TRIALS_RUN]
-    return {(row.benchmark, row.case, row.variant): f"{int(row.value)} trials, {json.loads(row.params)['stop']}"
+    return {(row.benchmark, row.case, row.variant):
+            f"{int(row.value)} trial{'' if row.value == 1 else 's'}, {json.loads(row.params)['stop']}"
             for row in rows.itertuples()}
