@@ -116,3 +116,18 @@ def test_an_inconclusive_verdict_says_why_and_how_its_trials_stopped(fake_childr
     assert verdict.verdict == INCONCLUSIVE
     assert "straddles 0.025;" in verdict.reason and "torch 6 trials, max_trials" in verdict.reason
     assert "manual 3 trials, deterministic" in verdict.reason
+
+
+def test_a_model_files_summary_says_which_engine_the_budget_left_unrun():
+    from benchlib.results import make_record, records_frame, status_record
+    from benchlib.usermodel.summary import summary_table
+
+    labels = dict(benchmark="m", case="step", device="cpu", dtype="float32")
+    records = [make_record(**labels, engine="torch", metric=metric, value=value, params={"trial": 0})
+               for metric, value in (("peak_bytes", 4096.0), ("time", 0.5))]
+    records.append(make_record(**labels, engine="torch", metric="trials_run", value=1.0,
+                               params={"stop": BUDGET, "precision": 0.02, "precision_reached": float("nan")}))
+    records.append(status_record(**labels, engine="torch.func", status="not_run", message="the budget ran out"))
+    lines = dict(zip(*summary_table(records_frame(records))[["engine", "summary"]].to_dict("list").values()))
+    assert lines["torch"].endswith("1 trial (budget)")
+    assert lines["torch.func"].split(None, 1)[1] == "not run: the budget ran out"

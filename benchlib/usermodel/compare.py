@@ -180,7 +180,7 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
         records[version].append(make_record(**labels[version, engine], metric=TRIALS_RUN, value=float(count),
                                             params={**base[version], **facts}))
         if facts["stop"] == BUDGET:
-            progress(f"{shown[version]} {engine}: stopped after {count} trials (budget)")
+            progress(f"{shown[version]} {engine}: stopped after {count} trial(s) (budget)")
     for version, rows in site_diffs(attributions, labels, cases, reference_engine).items():
         records[version] += rows
     return [record for version in versions for record in records[version]]

@@ -55,7 +55,8 @@ def _stop_text(group: pd.DataFrame) -> tuple[str, str]:
     within = "" if reached is None or not math.isfinite(reached) else f"±{100 * reached:.1f}%"
     words = {PRECISION: f"peak within {within}", DETERMINISTIC: "identical peaks",
              MAX_TRIALS: f"the cap{f', peak {within}' if within else ''}"}.get(reason, reason)
-    return reason, f"  {int(stop['value'].iloc[0])} trials ({words})"
+    count = int(stop["value"].iloc[0])
+    return reason, f"  {count} trial{'' if count == 1 else 's'} ({words})"
 
 
 def _version_rows(records: pd.DataFrame, samples: dict, prefix: str) -> list[dict]:
@@ -74,7 +75,7 @@ def _version_rows(records: pd.DataFrame, samples: dict, prefix: str) -> list[dic
     # the array form measures no roles: its lines say nothing of them rather than "not measured" on each
     any_roles = any(role in metrics for metrics in samples.values() for role in STEP_ROLES)
     for engine, group in records.groupby("variant", sort=False):
-        statuses = group[group["metric"].isin(["failed", "not_applicable"])]
+        statuses = group[group["metric"].isin(["failed", "not_applicable", "not_run"])]
         if engine not in samples:
             status = statuses["metric"].iloc[0] if len(statuses) else "failed"
             message = json.loads(statuses["params"].iloc[0])["message"].splitlines()[0] if len(statuses) else ""
