@@ -131,3 +131,13 @@ def test_a_model_files_summary_says_which_engine_the_budget_left_unrun():
     lines = dict(zip(*summary_table(records_frame(records))[["engine", "summary"]].to_dict("list").values()))
     assert lines["torch"].endswith("1 trial (budget)")
     assert lines["torch.func"].split(None, 1)[1] == "not run: the budget ran out"
+
+
+def test_compare_says_how_each_sides_trials_stopped(fake_children):
+    from benchlib.results.compare import compare_records
+
+    a = _compare(trials=6, precision=0.02).frame()
+    b = _compare(trials=4, precision=0.0).frame()
+    rows = compare_records(a, b, metrics=["peak_bytes"]).set_index("variant")
+    assert rows.loc["manual", "stopped"] == "A: 3 trials, deterministic; B: 4 trials, max_trials"
+    assert rows.loc["torch", "stopped"] == "A: 6 trials, max_trials; B: 4 trials, max_trials"

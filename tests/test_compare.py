@@ -176,8 +176,14 @@ def test_the_default_table_fits_120_columns_and_reads_what_moved_first():
          "metric": "peak_bytes", "unit": "B", "median_a": 1.5e6, "median_b": 1.5e6, "ratio": 1.0, "ci_low": 0.99,
          "ci_high": 1.01, "label": "same"},
         {"benchmark": "b", "case": "step", "variant": "torch.func", "metric": "time", "unit": "s", "median_a": 2e-3,
-         "median_b": 3e-3, "ratio": 1.5, "ci_low": 1.4, "ci_high": 1.6, "label": "worse"}])
+         "median_b": 3e-3, "ratio": 1.5, "ci_low": 1.4, "ci_high": 1.6, "label": "worse"},
+        {"benchmark": "b", "case": "step", "variant": "torch", "metric": "time", "unit": "s", "median_a": 2e-3,
+         "median_b": 2.1e-3, "ratio": 1.05, "ci_low": 0.8, "ci_high": 1.3, "label": "inconclusive",
+         "stopped": "A: 3 trials, precision; B: 5 trials, max_trials"}]).assign(
+        stopped=lambda frame: frame["stopped"].fillna(""))
     lines = compact_table(comparison)
     assert max(map(len, lines)) <= 120
     assert lines[0].startswith("b/step/torch.func/time") and "2 ms -> 3 ms" in lines[0] and lines[0].endswith("worse")
-    assert "\u2026" in lines[1] and "1.5 MB -> 1.5 MB" in lines[1]
+    assert lines[1].startswith("b/step/torch/time") and lines[1].endswith("inconclusive")
+    assert lines[2] == "    trials stopped: A: 3 trials, precision; B: 5 trials, max_trials"  # why it could not decide
+    assert "\u2026" in lines[3] and "1.5 MB -> 1.5 MB" in lines[3] and len(lines) == 4

@@ -296,21 +296,27 @@ def _amount(value: float, unit: str) -> str:
 def compact_table(comparison: pd.DataFrame, width: int = TABLE_WIDTH) -> list[str]:
     """One line per metric, at most `width` columns: what (benchmark/case/variant/metric, cut to fit),
     A -> B medians in their unit, B/A with its 95% interval, and the label; the lines most worth
-    reading first (worse, better, noisy, inconclusive, then the rest)."""
+    reading first (worse, better, noisy, inconclusive, then the rest). Under an inconclusive or noisy
+    line, one more says how each side's trials stopped, where the runs recorded it."""
     order = {label: index for index, label in enumerate((WORSE, BETTER, NOISY, INCONCLUSIVE, SAME, NO_DIRECTION))}
     rows = comparison.assign(_order=comparison["label"].map(order)).sort_values("_order", kind="stable")
     cells = [(f"{row.benchmark}/{row.case}/{row.variant}/{row.metric}",
               f"{_amount(row.median_a, row.unit)} -> {_amount(row.median_b, row.unit)}",
               "" if not np.isfinite(row.ratio) else f"{row.ratio:.3g}x [{row.ci_low:.3g}, {row.ci_high:.3g}]",
-              str(row.label) + (f" ({row.stopped})" if row.label in (INCONCLUSIVE, NOISY) and row.stopped else ""))
+              str(row.label)) for row in rows.itertuples()]
+    notes = [f"    trials stopped: {row.stopped}"[:width] if row.label in (INCONCLUSIVE, NOISY) and row.stopped else ""
              for row in rows.itertuples()]
     amount_width = max((len(amounts) for _, amounts, _, _ in cells), default=0)
     ratio_width = max((len(ratio) for _, _, ratio, _ in cells), default=0)
     label_width = max((len(label) for *_, label in cells), default=0)
     name_width = max(20, min(max((len(name) for name, *_ in cells), default=0),
                              width - amount_width - ratio_width - label_width - 6))
-    return [f"{_short(name, name_width):<{name_width}}  {amounts:>{amount_width}}  {ratio:<{ratio_width}}  "
-            f"{label}".rstrip()[:width] for name, amounts, ratio, label in cells]
+    lines = []
+    for (name, amounts, ratio, label), note in zip(cells, notes):
+        lines.append(f"{_short(name, name_width):<{name_width}}  {amounts:>{amount_width}}  {ratio:<{ratio_width}}  "
+                     f"{label}".rstrip()[:width])
+        lines += [note] if note else []
+    return lines
 
 
 YARDSTICK_BENCHMARK = "calibration"  # measures the machine, not the code: its drift is the sitting's
