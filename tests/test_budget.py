@@ -42,7 +42,7 @@ def fake_children(monkeypatch):
         clock.now += 10.0
         save_gradient(np.ones(3), params["gradient_dir"], engine)
         measurement = Measurement(name=name, device="cpu", times_s=(0.01,), gc_count=0, gc_seconds=0.0,
-                                  peak_bytes=int(PEAKS[engine][trial]), baseline_bytes=0)
+                                  peak_bytes=int(PEAKS[engine][trial % len(PEAKS[engine])]), baseline_bytes=0)
         return IsolatedResult(name, measurement, {}, {"malloc_policy": "glibc-default", "malloc_env": {}})
 
     monkeypatch.setattr(benchlib.measure, "run_isolated", run_isolated)
