@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from benchlib.engines.gradients import GRADIENT_TOLERANCE, max_relative_error
+from benchlib.measure import count_allocations
 from benchlib.results import make_record, records_frame
 from benchlib.results.plots.closures import steps_figure
 from benchlib.results.plots.common import engine_color
@@ -80,6 +81,38 @@ def test_benchlib_steady_state_allocations_are_equal_for_both_setups():
     assert set(warm["allocs verdict"]) == {"same"} and set(warm["bytes verdict"]) == {"same"}
     assert set(warm["python allocs verdict"]) == {"same"}
     assert warm["grads identical"].all()
+
+
+def test_the_trackers_floor_is_subtracted_and_kept_in_each_counts_params():
+    frame = records_frame(closures.tracker_records("cpu", samples=3))
+    counts = frame[frame["metric"].isin(["alloc_count", "alloc_count_python"])]
+    assert all("floor" in json.loads(params) for params in counts["params"])
+    # an empty call counts nothing (the first sample may also hold its code object's first-trace line table)
+    assert set(counts[counts["repeat"] > 0]["value"]) == {0.0}
+
+
+def _memray_python_count_under(fn, function: str, path) -> int:
+    """Independently of benchlib: memray's Python-allocator records, from a Tracker around `fn` alone,
+    with `function` on their stack."""
+    import memray
+
+    python = {memray.AllocatorType.PYMALLOC_MALLOC, memray.AllocatorType.PYMALLOC_CALLOC,
+              memray.AllocatorType.PYMALLOC_REALLOC}
+    with memray.Tracker(path, native_traces=False, trace_python_allocators=True):
+        fn()
+    return sum(record.n_allocations for record in memray.FileReader(path).get_allocation_records()
+               if record.allocator in python and any(frame[0] == function for frame in record.stack_trace()))
+
+
+def test_a_warm_torch_closure_calls_python_count_is_memrays_count_of_that_call(tmp_path):
+    problem = closures.MWE("dense", _engine("torch"))
+    state = problem.setup("setup1")
+    call = lambda: problem.train(state)  # noqa: E731
+    for _ in range(2):  # warm, and past the first traced run of each code object
+        count_allocations(call)
+    ours = count_allocations(call).python_count
+    independent = _memray_python_count_under(call, "train", tmp_path / "call.bin")
+    assert abs(ours - independent) <= 0.05 * independent
 
 
 def test_torch_compile_compiles_once_per_code_object_and_reuses_it_when_setup1_runs_again():

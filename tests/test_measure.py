@@ -2,6 +2,7 @@
 import gc
 import os
 import json
+import threading
 import time
 
 import numpy as np
@@ -169,7 +170,7 @@ def test_count_allocations_sees_one_numpy_buffer():
     assert allocs.python_count < 20  # the array object and the call's own small objects
     assert 80 * MB <= allocs.peak_bytes < 80 * MB + 4096  # the buffer, live at the peak, and the array object
     plain = count_allocations(lambda: np.empty(10 * MB), "cpu", python_allocators=False)
-    assert plain == Allocations(1, 80 * MB, "memray", peak_bytes=plain.peak_bytes)
+    assert plain == Allocations(1, 80 * MB, "memray", peak_bytes=plain.peak_bytes, floor_count=0)
     assert plain.peak_bytes >= 80 * MB
 
 
@@ -186,6 +187,73 @@ def test_python_allocator_tracing_counts_the_small_objects_malloc_never_sees():
 def test_count_allocations_counts_each_buffer():
     allocs = count_allocations(lambda: [np.empty(MB // 8) for _ in range(5)])
     assert allocs.count >= 5 and 5 * MB <= allocs.bytes < 5 * MB + 64 * 1024
+
+
+_SLOTS = [None] * 200
+
+
+def _fill(n):
+    """A call making exactly n objects CPython's allocator hands out, plus its range and the range's iterator
+    (ints below 257 are cached, and `object()` has no free list)."""
+    def fill():
+        for slot in range(n):
+            _SLOTS[slot] = object()
+    return fill
+
+
+def _counted_twice(fn):
+    """The second count of fn: the first traced run of a code object in a process also builds the line table
+    the tracer reads (one more Python allocation, once; docs/measuring.md)."""
+    count_allocations(fn)
+    return count_allocations(fn)
+
+
+def test_an_empty_call_counts_nothing_once_the_floor_is_subtracted():
+    empty = _counted_twice(lambda: None)
+    assert (empty.count, empty.python_count) == (0, 0)
+    assert empty.floor_count == 0 and empty.floor_python_count >= 0
+
+
+def test_n_python_objects_count_n_plus_the_loops_own_two():
+    counts = {n: _counted_twice(_fill(n)) for n in (0, 100, 200)}
+    assert {n: allocations.python_count for n, allocations in counts.items()} == {0: 2, 100: 102, 200: 202}
+    assert {allocations.count for allocations in counts.values()} == {0}  # pymalloc's arenas: no malloc
+
+
+def test_work_around_the_call_and_other_threads_are_outside_the_count():
+    alone = _counted_twice(_fill(100)).python_count
+    with AllocationTracker("cpu") as tracker:
+        setup = [object() for _ in range(1000)]  # in the tracker's session, outside its call
+        tracker.call(_fill(100))
+        with pytest.raises(RuntimeError, match="one call"):
+            tracker.call(_fill(100))
+    assert len(setup) == 1000 and tracker.allocations.python_count == alone
+
+    _counting_while_another_thread_allocates()
+    waiting, made = _counting_while_another_thread_allocates()
+    assert made == 1000 and (waiting.count, waiting.python_count) == (0, 0)
+
+
+def _counting_while_another_thread_allocates():
+    """The count of a call that makes nothing while another thread makes 1,000 objects, and how many it made."""
+    go, done, made = [False], [False], []
+
+    def other_thread():  # waits without allocating, allocates while the call waits, then lets it return
+        while not go[0]:
+            pass
+        made.extend(object() for _ in range(1000))
+        done[0] = True
+
+    def waits_for_the_other_thread():
+        go[0] = True
+        while not done[0]:
+            pass
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    waiting = count_allocations(waits_for_the_other_thread)
+    thread.join()
+    return waiting, len(made)
 
 
 def test_nested_memray_is_a_clear_error():
@@ -379,6 +447,16 @@ def test_from_dict_names_missing_keys():
     with pytest.raises(ValueError, match=r"missing \['peak_bytes'\]"):
         Measurement.from_dict({k: v for k, v in JULIA_EXAMPLE.to_dict().items()
                                if k != "peak_bytes"})
+
+
+def test_a_counts_record_holds_the_floor_subtracted_from_it():
+    m = measure(_fill(100), warmup=1, repeats=1)
+    assert Measurement.from_dict(json.loads(json.dumps(m.to_dict()))) == m
+    rows = m.records(benchmark="calibration", case="fill", engine="numpy", dtype="float64", params={"n": 3})
+    params = {row["metric"]: json.loads(row["params"]) for row in rows}
+    assert params["alloc_count"] == {"n": 3, "floor": m.alloc_floor} and m.alloc_floor == 0
+    assert params["alloc_count_python"] == {"n": 3, "floor": m.alloc_floor_python}
+    assert params["time"] == params["alloc_bytes"] == {"n": 3}
 
 
 def test_records_are_tidy_rows():

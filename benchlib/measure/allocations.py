@@ -45,6 +45,8 @@ class Allocations:
     python_bytes: int | None = None
     peak_bytes: int | None = None  # tracked peak: most bytes live at once inside the tracker
     sites: tuple["PeakSite", ...] | None = None  # the allocations live at that peak, by line (with `sites`)
+    floor_count: int | None = None  # the tracker's floor, already subtracted from `count` (memray)
+    floor_python_count: int | None = None  # the same for `python_count`
 
 
 @dataclass(frozen=True)
@@ -84,9 +86,57 @@ def memray_available() -> bool:
     return True
 
 
+def _empty() -> None:
+    """The floor's call: a Python function that does nothing."""
+
+
+def _in_call(fn: Callable[[], object]) -> None:
+    """The call's scope: a record made under this frame was made by the call (fn's result is dropped here)."""
+    fn()
+
+
+def _floor_before(fn: Callable[[], object]) -> None:
+    """The scope of the floor's empty call just before the measured one (called as `_in_call` calls fn)."""
+    fn()
+
+
+def _floor_after(fn: Callable[[], object]) -> None:
+    """The scope of the floor's empty call just after the measured one."""
+    fn()
+
+
+_SCOPES = tuple(scope.__name__ for scope in (_in_call, _floor_before, _floor_after))
+_SCOPE_FILE = _in_call.__code__.co_filename
+_NO_FRAME = "no Python frame"
+
+
+class _Scopes:
+    """The scope of a record by its Python stack, cached by stack id: the innermost of `_SCOPES` on it,
+    `_NO_FRAME` when it has no Python frame (a native thread, or the tracker starting), else None
+    (outside: the tracker's own frames, other Python threads, code around the call)."""
+
+    def __init__(self):
+        self._by_stack: dict[int, str | None] = {}
+
+    def __call__(self, record) -> str | None:
+        key = record.stack_id
+        if key not in self._by_stack:
+            frames = record.stack_trace()
+            self._by_stack[key] = _NO_FRAME if not frames else next(
+                (function for function, file, _ in frames if function in _SCOPES and file == _SCOPE_FILE), None)
+        return self._by_stack[key]
+
+    def in_call(self, record, is_python: bool) -> bool:
+        """Whether a record counts as the call's: made under its frame, or, for the system allocator, by a
+        thread with no Python frame (torch's and BLAS's worker pools)."""
+        scope = self(record)
+        return scope == _in_call.__name__ or (scope == _NO_FRAME and not is_python)
+
+
 class AllocationTracker:
-    """Context manager counting allocations made inside it; the result is in `.allocations`.
-    `python_allocators=False` skips the Python-allocator tracing (faster; no `python_*` counts)."""
+    """Context manager that traces allocations; `call(fn)` inside it makes the one call it counts, and
+    on exit `.allocations` holds that call's count less the tracker's floor (None when no call was
+    made). `python_allocators=False` skips the Python-allocator tracing (faster; no `python_*` counts)."""
 
     def __init__(self, device: str | Device = "cpu", python_allocators: bool = True, sites: bool = False,
                  attribute: int = 0):
@@ -97,11 +147,24 @@ class AllocationTracker:
         self.allocations: Allocations | None = None
         self.attribution: Attribution | None = None
         self.call_s = 0.0
+        self._called = False
         self._tracker = None
         self._tmpdir = None
         self._path = ""
         self._stats_before = None
         self._in_use_before = 0
+
+    def call(self, fn: Callable[[], object]) -> None:
+        """Call `fn` once in the count's scope, between the floor's two empty calls; `call_s` is its time.
+        fn's result is dropped inside the scope, as a discarded call's would be."""
+        if self._called:
+            raise RuntimeError("an AllocationTracker counts one call; start another tracker for the next")
+        self._called = True
+        _floor_before(_empty)
+        start = perf_counter()
+        _in_call(fn)
+        self.call_s = perf_counter() - start
+        _floor_after(_empty)
 
     def __enter__(self) -> "AllocationTracker":
         if self.device.is_cuda:
@@ -133,6 +196,8 @@ class AllocationTracker:
 
     def __exit__(self, *exc) -> None:
         if self.device.is_cuda:
+            if not self._called:
+                return
             self.device.synchronize()
             count0, bytes0 = self._stats_before
             count1, bytes1 = _cuda_counters(self.device)
@@ -143,12 +208,12 @@ class AllocationTracker:
         try:
             start = perf_counter()
             self._tracker.__exit__(*exc)
-            if exc[0] is None and self.attribute:
+            if exc[0] is None and self._called and self.attribute:
                 peak, temporary, allocated, peak_bytes, unattributed = _read_attribution(
                     self._path, self.python_allocators, self.attribute)
                 self.attribution = Attribution(peak_bytes, peak, temporary, allocated, self.call_s,
                                                perf_counter() - start, unattributed, self.python_allocators)
-            elif exc[0] is None:
+            elif exc[0] is None and self._called:
                 self.allocations = _read_memray(self._path, self.python_allocators, self.sites)
         finally:
             self._tmpdir.cleanup()
@@ -161,43 +226,48 @@ def _cuda_counters(device: Device) -> tuple[int, int]:
             cuda_stat(device.index, "allocated_bytes", "allocated"))
 
 
-def _read_memray(path: str, python_allocators: bool, sites: bool = False) -> Allocations:
-    """Sum the allocating records, system and Python apart, leaving out those memray makes while
-    it starts and stops (their innermost Python frame is AllocationTracker.__enter__ or __exit__);
-    the tracked peak is the high-water mark's live bytes, less the tracker's own."""
+def _allocator_types() -> tuple[set, set]:
+    """memray's allocator types of the system allocator's allocating calls, and of Python's."""
     import memray
 
-    allocating = {getattr(memray.AllocatorType, name) for name in _ALLOCATING}
-    python = {getattr(memray.AllocatorType, name) for name in _PYTHON_ALLOCATING}
-    tracker_code = {AllocationTracker.__enter__.__code__, AllocationTracker.__exit__.__code__}
-    tracker_frames = {(code.co_name, code.co_filename) for code in tracker_code}
-    own_by_stack: dict[int, bool] = {}
+    return ({getattr(memray.AllocatorType, name) for name in _ALLOCATING},
+            {getattr(memray.AllocatorType, name) for name in _PYTHON_ALLOCATING})
 
-    def own(record) -> bool:
-        if record.stack_id not in own_by_stack:
-            frames = record.stack_trace(max_stacks=1)
-            own_by_stack[record.stack_id] = bool(frames) and frames[0][:2] in tracker_frames
-        return own_by_stack[record.stack_id]
 
-    count = nbytes = python_count = python_bytes = 0
+def _read_memray(path: str, python_allocators: bool, sites: bool = False) -> Allocations:
+    """The call's records (`_Scopes.in_call`) summed, system and Python apart, less the floor: the smaller
+    count of the two empty calls around it (the first traced run of a code object in a process makes one
+    more allocation, so the first empty call can count one more). The tracked peak is the bytes of the
+    call's records live at the high-water mark."""
+    import memray
+
+    allocating, python = _allocator_types()
+    scopes = _Scopes()
+    call = _in_call.__name__
+    counts = {scope: {False: 0, True: 0} for scope in _SCOPES}  # by scope, then by is_python
+    nbytes = {False: 0, True: 0}
     reader = memray.FileReader(path)
     for record in reader.get_allocation_records():
         is_python = record.allocator in python
-        if (not is_python and record.allocator not in allocating) or own(record):
+        if not is_python and record.allocator not in allocating:
             continue
-        if is_python:
-            python_count += record.n_allocations
-            python_bytes += record.size * record.n_allocations
-        else:
-            count += record.n_allocations
-            nbytes += record.size * record.n_allocations
+        scope = call if scopes.in_call(record, is_python) else scopes(record)
+        if scope in counts:
+            counts[scope][is_python] += record.n_allocations
+        if scope == call:
+            nbytes[is_python] += record.size * record.n_allocations
+    floor = {kind: min(counts[_floor_before.__name__][kind], counts[_floor_after.__name__][kind])
+             for kind in (False, True)}
     at_peak = [record for record in reader.get_high_watermark_allocation_records(merge_threads=True)
-               if not own(record)]
+               if scopes.in_call(record, record.allocator in python)]
     peak = sum(record.size for record in at_peak)
     found = _peak_sites(at_peak, peak) if sites else None
+    system = dict(count=counts[call][False] - floor[False], bytes=nbytes[False], source=SOURCE_MEMRAY,
+                  peak_bytes=peak, sites=found, floor_count=floor[False])
     if not python_allocators:
-        return Allocations(count, nbytes, SOURCE_MEMRAY, peak_bytes=peak, sites=found)
-    return Allocations(count, nbytes, SOURCE_MEMRAY, python_count, python_bytes, peak, found)
+        return Allocations(**system)
+    return Allocations(**system, python_count=counts[call][True] - floor[True], python_bytes=nbytes[True],
+                       floor_python_count=floor[True])
 
 
 def _frame_text(frame) -> str:
@@ -275,28 +345,23 @@ class Attribution:
 
 
 def _read_attribution(path: str, python_allocators: bool, kept: int = ATTRIBUTION_KEPT) -> tuple:
-    """(peak, temporary, allocated, peak bytes, unattributed bytes) of a tracker's file, the tracker's
-    own records left out as in `_read_memray`."""
+    """(peak, temporary, allocated, peak bytes, unattributed bytes) of a tracker's file, from the call's
+    records only, as `_read_memray` reads them."""
     import memray
 
-    allocating = {getattr(memray.AllocatorType, name) for name in _ALLOCATING + _PYTHON_ALLOCATING}
-    tracker_frames = {(code.co_name, code.co_filename) for code in
-                      (AllocationTracker.__enter__.__code__, AllocationTracker.__exit__.__code__)}
-    own_by_stack: dict = {}
+    allocating, python = _allocator_types()
+    scopes = _Scopes()
 
-    def own(record) -> bool:
-        key = record.stack_id
-        if key not in own_by_stack:
-            frames = record.stack_trace(max_stacks=1)
-            own_by_stack[key] = bool(frames) and frames[0][:2] in tracker_frames
-        return own_by_stack[key]
+    def in_call(record) -> bool:
+        return scopes.in_call(record, record.allocator in python)
 
     reader = memray.FileReader(path)
-    at_peak = [r for r in reader.get_high_watermark_allocation_records(merge_threads=True) if not own(r)]
+    at_peak = [r for r in reader.get_high_watermark_allocation_records(merge_threads=True) if in_call(r)]
     peak = sum(record.size for record in at_peak)
     temporary = [r for r in reader.get_temporary_allocation_records(merge_threads=True, threshold=TEMPORARY_THRESHOLD)
-                 if r.allocator in allocating and not own(r)]
-    allocated = [r for r in reader.get_allocation_records() if r.allocator in allocating and not own(r)]
+                 if (r.allocator in allocating or r.allocator in python) and in_call(r)]
+    allocated = [r for r in reader.get_allocation_records()
+                 if (r.allocator in allocating or r.allocator in python) and in_call(r)]
     stacks: dict = {}
     unattributed = sum(r.size for r in at_peak if not r.stack_trace(max_stacks=1))
     return (_group_sites(at_peak, peak, kept, stacks),
@@ -332,15 +397,14 @@ def attribute_allocations(fn: Callable[[], object], python_allocators: bool = Fa
     sees the host's allocators (on CUDA, the host side of a step)."""
     tracker = AllocationTracker("cpu", python_allocators, attribute=kept)
     with tracker:
-        start = perf_counter()
-        fn()
-        tracker.call_s = perf_counter() - start
+        tracker.call(fn)
     return tracker.attribution
 
 
 def count_allocations(fn: Callable[[], object], device: str | Device = "cpu",
                       python_allocators: bool = True, sites: bool = False) -> Allocations:
-    """Call `fn` once under the device's allocation tracker; its result is discarded."""
+    """Call `fn` (a Python callable: function, lambda, closure) once under the device's allocation tracker,
+    counting that call alone, less the tracker's floor (`AllocationTracker.call`); its result is discarded."""
     with AllocationTracker(device, python_allocators, sites) as tracker:
-        fn()
+        tracker.call(fn)
     return tracker.allocations

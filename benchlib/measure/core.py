@@ -16,9 +16,10 @@ from .gcmonitor import GCMonitor
 from .timeline import MemoryTimeline, timeline_from_json, timeline_to_json
 
 _FIELDS = ("name", "device", "times_s", "gc_count", "gc_seconds", "alloc_count", "alloc_bytes",
-           "alloc_source", "alloc_count_python", "alloc_bytes_python", "peak_bytes", "baseline_bytes",
-           "tracked_peak_bytes", "peak_sites", "attribution", "timeline")
-_OPTIONAL_FIELDS = ("attribution",)  # may be missing from a dict written before it existed
+           "alloc_source", "alloc_count_python", "alloc_bytes_python", "alloc_floor", "alloc_floor_python",
+           "peak_bytes", "baseline_bytes", "tracked_peak_bytes", "peak_sites", "attribution", "timeline")
+# may be missing from a dict written before they existed
+_OPTIONAL_FIELDS = ("attribution", "alloc_floor", "alloc_floor_python")
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class Measurement:
     alloc_source: str | None = None
     alloc_count_python: int | None = None  # Python-allocator allocations (CPU; overlaps alloc_count)
     alloc_bytes_python: int | None = None
+    alloc_floor: int | None = None  # the tracker's floor, already subtracted from alloc_count (memray)
+    alloc_floor_python: int | None = None  # the same for alloc_count_python
     peak_bytes: int | None = None
     baseline_bytes: int | None = None
     tracked_peak_bytes: int | None = None  # the allocation pass's peak (allocations.Allocations.peak_bytes)
@@ -88,7 +91,7 @@ class Measurement:
         if missing or unknown:
             raise ValueError(f"not a Measurement dict: missing {missing}, unknown {unknown}; "
                              f"expected keys {list(_FIELDS)}")
-        values = {"attribution": None, **data}
+        values = {**dict.fromkeys(_OPTIONAL_FIELDS), **data}
         values["times_s"] = tuple(float(t) for t in data["times_s"])
         if data["peak_sites"] is not None:
             values["peak_sites"] = tuple(dict(site) for site in data["peak_sites"])
@@ -98,28 +101,31 @@ class Measurement:
 
     def records(self, **labels) -> list[dict]:
         """Tidy rows via benchlib.results.make_record: one per timed repeat, then one per
-        measured quantity. `labels` are make_record's (benchmark, engine, dtype, params...);
-        case defaults to this measurement's name and device to its device."""
+        measured quantity; an allocation count's row holds the tracker's floor subtracted from it in
+        params.floor. `labels` are make_record's (benchmark, engine, dtype, params...); case defaults
+        to this measurement's name and device to its device."""
         from benchlib.results import make_record
 
         labels.setdefault("case", self.name)
         labels.setdefault("device", self.device)
-        rows = [make_record(**labels, metric="time", value=t, unit="s", repeat=i)
+        params = labels.pop("params", None) or {}
+        rows = [make_record(**labels, params=params, metric="time", value=t, unit="s", repeat=i)
                 for i, t in enumerate(self.times_s)]
-        quantities = [("gc_count", self.gc_count, "count"), ("gc_time", self.gc_seconds, "s"),
-                      ("alloc_count", self.alloc_count, "count"),
-                      ("alloc_bytes", self.alloc_bytes, "B"),
-                      ("alloc_count_python", self.alloc_count_python, "count"),
-                      ("alloc_bytes_python", self.alloc_bytes_python, "B"),
-                      ("peak_bytes", self.peak_bytes, "B"),
-                      ("baseline_bytes", self.baseline_bytes, "B"),
-                      ("tracked_peak_bytes", self.tracked_peak_bytes, "B")]
-        rows += [make_record(**labels, metric=metric, value=float(value), unit=unit)
-                 for metric, value, unit in quantities if value is not None]
+        quantities = [("gc_count", self.gc_count, "count", None), ("gc_time", self.gc_seconds, "s", None),
+                      ("alloc_count", self.alloc_count, "count", self.alloc_floor),
+                      ("alloc_bytes", self.alloc_bytes, "B", None),
+                      ("alloc_count_python", self.alloc_count_python, "count", self.alloc_floor_python),
+                      ("alloc_bytes_python", self.alloc_bytes_python, "B", None),
+                      ("peak_bytes", self.peak_bytes, "B", None),
+                      ("baseline_bytes", self.baseline_bytes, "B", None),
+                      ("tracked_peak_bytes", self.tracked_peak_bytes, "B", None)]
+        rows += [make_record(**labels, params=params if floor is None else {**params, "floor": floor},
+                             metric=metric, value=float(value), unit=unit)
+                 for metric, value, unit, floor in quantities if value is not None]
         if self.attribution is not None:
             from benchlib.results.sites import attribution_records
 
-            rows += attribution_records(self.attribution, **labels)
+            rows += attribution_records(self.attribution, params=params, **labels)
         return rows
 
 
@@ -257,6 +263,8 @@ def measure_with_result(fn: Callable[[], Any], *, device: str | Device = "cpu", 
         alloc_source=None if allocations is None else allocations.source,
         alloc_count_python=None if allocations is None else allocations.python_count,
         alloc_bytes_python=None if allocations is None else allocations.python_bytes,
+        alloc_floor=None if allocations is None else allocations.floor_count,
+        alloc_floor_python=None if allocations is None else allocations.floor_python_count,
         peak_bytes=steps.peak_bytes, baseline_bytes=steps.baseline_bytes,
         tracked_peak_bytes=None if allocations is None else allocations.peak_bytes,
         peak_sites=None if allocations is None or allocations.sites is None else

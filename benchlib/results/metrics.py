@@ -71,10 +71,14 @@ for _name, _unit, _kind, _meaning in (
     ("time", "s", "time", "one timed call (repeat = which call)"),
     ("gc_count", "count", "count", "GC collections that began in the timed calls"),
     ("gc_time", "s", "time", "seconds of GC pauses in the timed calls"),
-    ("alloc_count", "count", "count", "allocations of one traced call (memray, or the CUDA caching allocator)"),
-    ("alloc_bytes", "B", "memory", "bytes allocated in one traced call"),
-    ("alloc_count_python", "count", "count", "Python-allocator allocations of one traced call (memray; overlaps alloc_count)"),
-    ("alloc_bytes_python", "B", "memory", "bytes of those Python-allocator allocations"),
+    ("alloc_count", "count", "count", "allocations of one traced call (memray, or the CUDA caching allocator): memray's "
+     "records made under the call's frame, or by threads with no Python frame, less the tracker's floor (params.floor: "
+     "an empty Python function's count, measured in the same session); the raw count is value + params.floor"),
+    ("alloc_bytes", "B", "memory", "bytes of the call's allocations (the same records; the floor is not subtracted)"),
+    ("alloc_count_python", "count", "count", "Python-allocator allocations of one traced call (memray; overlaps "
+     "alloc_count): records made under the call's frame less the floor (params.floor; raw = value + params.floor); "
+     "they include the frame objects tracing makes CPython create (docs/measuring.md)"),
+    ("alloc_bytes_python", "B", "memory", "bytes of those Python-allocator allocations (the floor is not subtracted)"),
     ("peak_bytes", "B", "memory", "peak memory above the baseline over the timed calls"),
     ("tracked_peak_bytes", "B", "memory", "most bytes live at once in the allocation pass, as the allocators saw them "
      "(memray on CPU, the caching allocator on CUDA): the same for a given code path, unlike the resident peak"),
@@ -141,9 +145,11 @@ for _name, _unit, _kind, _meaning in (
     ("step_gc_time_max", "s", "time", "longest GC time of one step after warm-up"),
     ("step_memory_max", "B", "memory", "highest memory in use after a step, after warm-up, above the cell's start"),
     ("cycle_bytes_max", "B", "memory", "most bytes uncollected reference cycles held after a step, after warm-up"),
-    ("alloc_count_per_step", "count", "count", "allocations per step (a separate traced pass)"),
+    ("alloc_count_per_step", "count", "count", "allocations per step (a separate traced pass of several steps, less the "
+     "tracker's floor, over its steps)"),
     ("alloc_bytes_per_step", "B", "memory", "bytes allocated per step (a separate traced pass)"),
-    ("alloc_count_python_per_step", "count", "count", "Python-allocator allocations per step (the same traced pass)"),
+    ("alloc_count_python_per_step", "count", "count", "Python-allocator allocations per step (the same traced pass, "
+     "less the floor, over its steps)"),
     ("alloc_bytes_python_per_step", "B", "memory", "bytes of those Python-allocator allocations per step"),
     ("final_loss", "", "loss", "mean loss over the nets at the last step"),
     ("gc_pause_time", "s", "time", "one collection's pause (repeat = the pause's index in its cell or case)"),
@@ -167,12 +173,16 @@ for _name, _unit, _kind, _meaning in (
     # identical_closures
     ("cold_time", "s", "time", "the first call of a step"),
     ("warm_time", "s", "time", "a later call of a step (after warm-up)"),
-    ("cold_alloc_count", "count", "count", "allocations of a step's first call"),
+    ("cold_alloc_count", "count", "count", "allocations of a step's first call, less the tracker's floor (as "
+     "alloc_count: raw = value + params.floor)"),
     ("cold_alloc_bytes", "B", "memory", "bytes allocated by a step's first call"),
-    ("warm_alloc_count", "count", "count", "allocations of a later call of a step"),
+    ("warm_alloc_count", "count", "count", "allocations of a later call of a step, less the tracker's floor (as "
+     "alloc_count: raw = value + params.floor)"),
     ("warm_alloc_bytes", "B", "memory", "bytes allocated by a later call of a step"),
-    ("cold_alloc_count_python", "count", "count", "Python-allocator allocations of a step's first call"),
-    ("warm_alloc_count_python", "count", "count", "Python-allocator allocations of a later call of a step"),
+    ("cold_alloc_count_python", "count", "count", "Python-allocator allocations of a step's first call, less the "
+     "tracker's floor (as alloc_count_python: raw = value + params.floor)"),
+    ("warm_alloc_count_python", "count", "count", "Python-allocator allocations of a later call of a step, less the "
+     "tracker's floor (as alloc_count_python: raw = value + params.floor)"),
     ("cold_compiles", "count", "count", "graphs torch.compile compiled in a step's first call"),
     ("warm_compiles", "count", "count", "graphs torch.compile compiled in later calls"),
     ("recompiles", "count", "count", "compiles for a code object that already held a compiled entry"),

@@ -25,8 +25,8 @@ import pandas as pd
 import torch
 
 from benchlib.benchmark import Benchmark, Config, Parameter
-from benchlib.measure import (AllocationTracker, Device, measure, measure_steps, resolve_device, time_call,
-                              torch_threads)
+from benchlib.measure import (AllocationTracker, Device, count_allocations, measure, measure_steps, resolve_device,
+                              time_call, torch_threads)
 from benchlib.results import make_record
 
 MATMUL_DTYPES = ("float32", "float64")
@@ -260,9 +260,7 @@ def tracker_overhead(device="cpu", rounds: int = 11) -> list[dict]:
             if not where.is_cuda:
                 variants["traced_python"] = lambda: _traced_time(fn, where, python_allocators=True)
             times = _interleaved(variants, rounds)
-            with AllocationTracker(where) as tracker:
-                fn()
-        allocations = tracker.allocations
+            allocations = count_allocations(fn, where)
         params = {"workload": workload, "tracker": allocations.source,
                   "allocations_per_call": allocations.count, "torch_threads": 1}
         labels = dict(benchmark=BENCHMARK.name, library=engine, device=where.name, dtype=dtype)

@@ -197,10 +197,12 @@ def _records(mwe: str, engine: str, order: str, device, dtype: str, steps: dict,
             add(step, "warm_time", t, "s", i, **labels)
         for phase, allocations in (("cold", data.cold_allocs), ("warm", data.warm_allocs)):
             for i, a in enumerate(allocations):
-                add(step, f"{phase}_alloc_count", a.count, "count", i, **labels)
+                floor = {} if a.floor_count is None else {"floor": a.floor_count}  # memray: subtracted from the count
+                add(step, f"{phase}_alloc_count", a.count, "count", i, **labels, **floor)
                 add(step, f"{phase}_alloc_bytes", a.bytes, "B", i, **labels)
                 if a.python_count is not None:  # CPU: memray also traced Python's allocator
-                    add(step, f"{phase}_alloc_count_python", a.python_count, "count", i, **labels)
+                    add(step, f"{phase}_alloc_count_python", a.python_count, "count", i, **labels,
+                        floor=a.floor_python_count)
         for i, compiles in enumerate(data.compiles):
             add(step, "cold_compiles", compiles.cold, "count", i, **labels)
             add(step, "warm_compiles", compiles.warm, "count", i, **labels)
@@ -215,21 +217,24 @@ def _records(mwe: str, engine: str, order: str, device, dtype: str, steps: dict,
 
 
 def tracker_records(device="auto", samples: int = 5) -> list[dict]:
-    """The allocation tracker's own count for an empty call, `samples` times: its floor and jitter."""
+    """The allocation tracker's count for an empty call, `samples` times: what is left of it once its floor
+    (params.floor, measured in the same session) is subtracted, and the jitter every comparison allows for."""
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples must be an integer >= 1, got {samples!r}")
     device = resolve_device(device)
     records = []
     for i in range(samples):
         allocations = count_allocations(lambda: None, device)
-        for metric, value, unit in (("alloc_count", allocations.count, "count"),
-                                    ("alloc_bytes", allocations.bytes, "B"),
-                                    ("alloc_count_python", allocations.python_count, "count")):
+        for metric, value, unit, floor in (("alloc_count", allocations.count, "count", allocations.floor_count),
+                                           ("alloc_bytes", allocations.bytes, "B", None),
+                                           ("alloc_count_python", allocations.python_count, "count",
+                                            allocations.floor_python_count)):
             if value is None:
                 continue
+            params = {"alloc_source": allocations.source} | ({} if floor is None else {"floor": floor})
             records.append(make_record(benchmark=NAME, case=TRACKER_CASE, tracker=allocations.source,
                                        device=device, dtype="none", metric=metric, value=value, unit=unit,
-                                       repeat=i, params={"alloc_source": allocations.source}))
+                                       repeat=i, params=params))
     return records
 
 

@@ -141,6 +141,7 @@ def differing_pairs(verdicts: pd.DataFrame) -> pd.DataFrame:
 
 
 def tracker_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """The tracker's counts (system, Python) and bytes for an empty call: median and range over samples."""
+    """The tracker's counts (system, Python; its floor subtracted) and bytes for an empty call: median and range
+    over samples."""
     rows = frame[(frame["benchmark"] == NAME) & (frame["dimension"] == "tracker")]
     return (rows.groupby(["device", "metric"])["value"].agg(["median", "min", "max", "count"]).reset_index())
