@@ -141,3 +141,20 @@ def test_compare_says_how_each_sides_trials_stopped(fake_children):
     rows = compare_records(a, b, metrics=["peak_bytes"]).set_index("variant")
     assert rows.loc["manual", "stopped"] == "A: 3 trials, deterministic; B: 4 trials, max_trials"
     assert rows.loc["torch", "stopped"] == "A: 6 trials, max_trials; B: 4 trials, max_trials"
+
+
+def test_identical_closures_lists_the_combinations_the_budget_left_unrun(monkeypatch):
+    import time
+
+    from benchlib.workloads.closures import BENCHMARK, protocol
+    from benchlib.workloads.closures.spec import STEPS
+
+    monkeypatch.setenv("BENCHLIB_DEADLINE", repr(time.time() - 1))  # spent already: only the first runs
+    ran = []
+    monkeypatch.setattr(protocol, "run_protocol", lambda mwe, engine, order, **_: ran.append((mwe, engine, order)) or [])
+    monkeypatch.setattr(protocol, "tracker_records", lambda *args, **kwargs: [])
+    config = BENCHMARK.config()
+    records = protocol.run(config, "cpu", progress=None)
+    combinations = len(config.mwes) * len(config.engines) * len(config.orders)
+    assert ran == [(config.mwes[0], config.engines[0], config.orders[0])]
+    assert [r["metric"] for r in records] == ["not_run"] * (combinations - 1) * len(STEPS)

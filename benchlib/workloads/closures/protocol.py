@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from benchlib.engines.gradients import GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, max_relative_error
 from benchlib.measure import attribute_allocations, count_allocations, resolve_device, time_call
 from benchlib.results import make_record, status_record
+from benchlib.results.stopping import Deadline, TrialStopping
 from benchlib.workloads.closures.spec import (
     NAME, MWE_DTYPES, ORDERS, INITIAL, RERUN, NEW, RESETUP, STEPS, PAIRS, N_SAMPLES, BATCH_SIZE, GRADS_IDENTICAL,
     NOT_APPLICABLE, TRACKER_CASE, Protocol,
@@ -244,12 +246,23 @@ def run(config, device="auto", *, progress: Callable[[str], None] | None = print
     protocol = Protocol(**{name: config[name] for name in Protocol.__dataclass_fields__ if name in config})
     device = resolve_device(device)
     records = tracker_records(device, protocol.alloc_samples)
-    for mwe in config.mwes:
-        for engine in config.engines:
-            for order in config.orders:
-                new = run_protocol(mwe, engine, order, device=device, protocol=protocol,
-                                   attribute=bool(config.get("attribute", False)))
-                records += new
-                if progress:
-                    progress(f"{NAME} {mwe} {engine} {order}: {len(new)} records")
+    # under `benchlib run --budget`, a combination starts only if it fits at the mean duration so far
+    budget = TrialStopping(precision=0.0, max_trials=1, deadline=Deadline.from_environment())
+    for index, (mwe, engine, order) in enumerate(itertools.product(config.mwes, config.engines, config.orders)):
+        if index > 0 and not budget.affords((mwe, engine, order)):
+            message = "the budget ran out before it started (benchlib run --budget)"
+            records += [status_record(status="not_run", message=message, benchmark=NAME,
+                                      case=case_name(mwe, order, step), engine=engine, device=device,
+                                      dtype=MWE_DTYPES[mwe], params={"mwe": mwe, "order": order, "step": step})
+                        for step in STEPS]
+            if progress:
+                progress(f"{NAME} {mwe} {engine} {order}: not run: {message}")
+            continue
+        started = budget.now()
+        new = run_protocol(mwe, engine, order, device=device, protocol=protocol,
+                           attribute=bool(config.get("attribute", False)))
+        budget.add((mwe, engine, order), 0.0, budget.now() - started)
+        records += new
+        if progress:
+            progress(f"{NAME} {mwe} {engine} {order}: {len(new)} records")
     return records
