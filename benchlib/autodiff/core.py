@@ -18,7 +18,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from benchlib.autodiff.backend import NUMPY, SUPPORTED_INPUTS, backend_of
-from benchlib.autodiff.checkpoint import SqrtSegments, check_policy, revolve_advance
+from benchlib.autodiff.checkpoint import SqrtSegments, TapeProfile, check_policy, revolve_advance
 
 ACCUMULATE_MODES = ("inplace", "deferred")
 
@@ -499,15 +499,16 @@ class _Checkpointed:
 
     def begin(self, order: list[Node]) -> None:
         """Find each node's consumers among the nodes the backward pass will run, so a kept value goes as
-        soon as nothing left to run can need it; under "sqrt", settle the snapshots on exactly the
-        values that cross a boundary."""
+        soon as nothing left to run can need it; under "sqrt", settle the boundaries and their
+        snapshots on the complete tape."""
         for node in order:
             for _, parent in node.parents:
                 self.consumers.setdefault(parent, []).append(node)
         self.unrun_consumers = {node: len(consumers) for node, consumers in self.consumers.items()}
         if self.segments is not None:
-            last_reader = {node: max(c.index for c in consumers) for node, consumers in self.consumers.items()}
-            self.boundaries, self.kept = self.segments.settle(last_reader)
+            leaf_bytes = {leaf: self.xp.storage(value)[1] for leaf, value in self.leaf_values.items()}
+            profile = TapeProfile(order, self.consumers, self.segments.nbytes, leaf_bytes)
+            self.boundaries, self.kept = self.segments.settle(profile)
             self.tape = sorted(order, key=lambda n: n.index)
             self.tape_indices = [node.index for node in self.tape]
 
@@ -518,8 +519,9 @@ class _Checkpointed:
         node.consts = tuple(None if position in traced else value for position, value in enumerate(raw))
         node.args = node.output = None
         if self.segments is not None:
-            self.segments.offer(node.index, sum(self.xp.storage(v)[1] for v in _held_values(node, raw, tracer.value)))
-            self.segments.watch(tracer)
+            self.segments.offer(node.index)
+            reads = [parent for _, parent in node.parents if not parent.is_leaf] if node.primitive.save_inputs else []
+            self.segments.watch(tracer, reads + [node] if node.primitive.save_output else reads)
 
     def _value(self, node: Node, computed: dict):
         if node.is_leaf:
