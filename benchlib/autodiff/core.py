@@ -18,7 +18,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from benchlib.autodiff.backend import NUMPY, SUPPORTED_INPUTS, backend_of
-from benchlib.autodiff.checkpoint import SqrtSegments, check_policy, revolve_advance
+from benchlib.autodiff.checkpoint import SqrtSegments, TapeProfile, check_policy, revolve_advance
 
 ACCUMULATE_MODES = ("inplace", "deferred")
 
@@ -357,9 +357,27 @@ def _count_consumers(output: Node) -> dict[Node, int]:
     return consumers
 
 
+def backward_order(output: Node) -> list[Node]:
+    """The operations the backward pass runs, in its order: an operation runs once all its consumers
+    have (its gradient is then complete), the latest ready first. A function of the graph alone, so
+    a checkpoint policy can plan on it before the pass starts."""
+    if output.is_leaf:
+        return []
+    remaining = _count_consumers(output)
+    order, ready = [], [output]
+    while ready:
+        node = ready.pop()
+        order.append(node)
+        for _, parent in node.parents:
+            remaining[parent] -= 1
+            if remaining[parent] == 0 and not parent.is_leaf:
+                ready.append(parent)
+    return order
+
+
 def backward(xp, ledger: _Ledger, output: Node, seed, leaves: dict[Node, int], accumulate: str, on_leaf_grad,
              values: "_SavedValues | _Checkpointed"):
-    """Run the backward pass from `output`; return {leaf: final gradient} for reached leaves.
+    """Run the backward pass from `output` in `backward_order`; return {leaf: final gradient} for reached leaves.
 
     `values.saved_for(node)` gives a node's VJPs what they read (kept, or recomputed under a
     checkpoint policy); `values.done(node)` lets go of it once they have run.
@@ -367,29 +385,26 @@ def backward(xp, ledger: _Ledger, output: Node, seed, leaves: dict[Node, int], a
     `accumulator.take(node)` hands out the node's complete gradient holding one ledger reference,
     which is released once the node's VJPs have run (or, for a leaf, when it is handed back).
 
-    A node runs when its last consumer has run; its gradient is then complete. A leaf's
-    gradient is final at that same moment, and `on_leaf_grad(index, gradient)` is called then.
+    A leaf's gradient is final when its last consumer has run, and `on_leaf_grad(index, gradient)`
+    is called then.
     """
     stats = ledger.stats
     accumulator = _ACCUMULATORS[accumulate](xp, ledger, stats)
     remaining = _count_consumers(output)
     final: dict[Node, object] = {}
-    ready: list[Node] = []
 
-    def complete(node: Node) -> None:
-        if node.is_leaf:
-            gradient = final[node] = accumulator.take(node)
-            if on_leaf_grad is not None:
-                on_leaf_grad(leaves[node], gradient)
-        else:
-            ready.append(node)
+    def complete_leaf(node: Node) -> None:
+        gradient = final[node] = accumulator.take(node)
+        if on_leaf_grad is not None:
+            on_leaf_grad(leaves[node], gradient)
 
-    values.begin(output)
+    order = backward_order(output)
+    values.begin(order)
     accumulator.add(output, seed)
     del seed
-    complete(output)
-    while ready:
-        node = ready.pop()
+    if output.is_leaf:
+        complete_leaf(output)
+    for node in order:
         gradient = accumulator.take(node)
         saved = values.saved_for(node)
         vjps = node.primitive.vjps
@@ -401,7 +416,8 @@ def backward(xp, ledger: _Ledger, output: Node, seed, leaves: dict[Node, int], a
             remaining[parent] -= 1
             if remaining[parent] == 0:
                 del remaining[parent]
-                complete(parent)
+                if parent.is_leaf:
+                    complete_leaf(parent)
         del saved
         values.done(node)
         ledger.release(gradient)
@@ -442,8 +458,8 @@ class _SavedValues:
         if held:
             self.held[node] = held
 
-    def begin(self, output: Node) -> None:
-        """The backward pass starts from `output`: nothing to prepare, every node holds its values."""
+    def begin(self, order: list[Node]) -> None:
+        """The backward pass starts: nothing to prepare, every node holds its values."""
 
     def saved_for(self, node: Node) -> "Saved":
         return node.take_saved()
@@ -481,23 +497,19 @@ class _Checkpointed:
         self.unrun_consumers: dict[Node, int] = {}
         self.ran: set[Node] = set()
 
-    def begin(self, output: Node) -> None:
+    def begin(self, order: list[Node]) -> None:
         """Find each node's consumers among the nodes the backward pass will run, so a kept value goes as
-        soon as nothing left to run can need it; under "sqrt", settle the snapshots on exactly the
-        values that cross a boundary."""
-        stack, seen = [output], {output}
-        while stack:
-            node = stack.pop()
+        soon as nothing left to run can need it; under "sqrt", settle the boundaries and their
+        snapshots on the complete tape."""
+        for node in order:
             for _, parent in node.parents:
                 self.consumers.setdefault(parent, []).append(node)
-                if parent not in seen:
-                    seen.add(parent)
-                    stack.append(parent)
         self.unrun_consumers = {node: len(consumers) for node, consumers in self.consumers.items()}
         if self.segments is not None:
-            last_reader = {node: max(c.index for c in consumers) for node, consumers in self.consumers.items()}
-            self.boundaries, self.kept = self.segments.settle(last_reader)
-            self.tape = sorted((node for node in seen if not node.is_leaf), key=lambda n: n.index)
+            leaf_bytes = {leaf: self.xp.storage(value)[1] for leaf, value in self.leaf_values.items()}
+            profile = TapeProfile(order, self.consumers, self.segments.nbytes, leaf_bytes)
+            self.boundaries, self.kept = self.segments.settle(profile)
+            self.tape = sorted(order, key=lambda n: n.index)
             self.tape_indices = [node.index for node in self.tape]
 
     def record(self, node: Node, raw: list, tracer: Tracer) -> None:
@@ -507,8 +519,9 @@ class _Checkpointed:
         node.consts = tuple(None if position in traced else value for position, value in enumerate(raw))
         node.args = node.output = None
         if self.segments is not None:
-            self.segments.offer(node.index, sum(self.xp.storage(v)[1] for v in _held_values(node, raw, tracer.value)))
-            self.segments.watch(tracer)
+            self.segments.offer(node.index)
+            reads = [parent for _, parent in node.parents if not parent.is_leaf] if node.primitive.save_inputs else []
+            self.segments.watch(tracer, reads + [node] if node.primitive.save_output else reads)
 
     def _value(self, node: Node, computed: dict):
         if node.is_leaf:

@@ -2,10 +2,11 @@
 
 Every shape is `steps` steps over D x D blocks, a loss of `(x, z)` written with
 `benchlib.autodiff.ops`: skip connections, fan-out, a computed weight read by every step, several
-outputs summed. `shape_table` runs each under benchlib's engine, plain and checkpointed, and
-reports the tape's exact counters (deterministic, so one in-process run is the figure) and the
-largest relative difference from the plain gradient. `case` is the fresh-process target
-(`benchlib.measure.run_isolated`), for the peak the process itself sees.
+outputs summed, an encoder whose states a mirrored decoder reads again (U-Net-like; `unet_floor`
+is the least peak segment checkpointing can give it). `shape_table` runs each under benchlib's
+engine, plain and checkpointed, and reports the tape's exact counters (deterministic, so one
+in-process run is the figure) and the largest relative difference from the plain gradient. `case`
+is the fresh-process target (`benchlib.measure.run_isolated`), for the peak the process itself sees.
 """
 
 from __future__ import annotations
@@ -79,6 +80,17 @@ def _two_streams(x, z, steps):
     return ops.sum(a * b)
 
 
+def _unet(x, z, steps):
+    half = steps // 2
+    encoder = [z]  # e_0 .. e_half
+    for _ in range(half):
+        encoder.append(ops.tanh(x @ encoder[-1]))
+    d = encoder[half]
+    for k in range(steps - half):
+        d = ops.tanh(x @ d) + encoder[half - k]  # decoder step k reads encoder state half - k
+    return ops.sum(d)
+
+
 SHAPES = {
     "chain": (_chain, "z = x @ z"),
     "residual": (_residual, "z = tanh(x @ z) + 0.5 z"),
@@ -89,6 +101,7 @@ SHAPES = {
     "outputs_summed": (_outputs_summed, "z = tanh(x @ z); loss += sum(z * z)"),
     "dense": (_dense, "z_k = tanh(x @ (z_(k-1) + z_(k-2))) + 0.5 z_(k-1)"),
     "two_streams": (_two_streams, "a, b = tanh(x @ b) + a, tanh(a @ x) * b"),
+    "unet": (_unet, "e_k = tanh(x @ e_(k-1)), n/2 steps; d_k = tanh(x @ d_(k-1)) + e_(n/2-k)"),
 }
 
 
@@ -123,6 +136,24 @@ def shape_table(shapes=tuple(SHAPES), *, D: int = 32, steps: int = 81, policies=
                          "recomputed_nodes": stats.recomputed_nodes,
                          "recompute_factor": stats.recomputed_nodes / tape, "grad_max_rel_err": error})
     return pd.DataFrame(rows)
+
+
+def unet_floor(*, D: int = 32, steps: int = 81) -> tuple[int, int]:
+    """(the least peak any "sqrt" boundaries can give the U-Net-like shape, its plain peak), in bytes.
+
+    Take the moment the backward pass has run the decoder (its 3·(steps - steps//2) operations and the
+    sum) and reaches the encoder. Every encoder state e_j, j >= 1, is held then, whatever the
+    boundaries: if one lies between e_j and the decoder step that reads it, e_j crosses it and is held
+    from the forward pass until its own tanh's VJP has run; if none does, the segment of that decoder
+    step reaches back past e_j and was recomputed before that moment (the step's tanh VJP read its
+    output), keeping e_j for its tanh's VJP. The gradients held then are those of the plain engine
+    (the same order, the same accumulation), which holds exactly these states and gradients then:
+    its total at that moment is the floor (the tests check each part on the checkpointed tape)."""
+    x, z = make_data(D)
+    plain = autodiff.grad(shape_loss("unet", steps), (0, 1))
+    plain(x, z)
+    stats, turn = plain.stats, 3 * (steps - steps // 2)  # index of the last decoder operation run
+    return stats.live_bytes_after_node[turn] + stats.saved_bytes_after_node[turn], stats.peak_total_bytes
 
 
 def case(*, device, shape: str, D: int, steps: int, checkpoint=None) -> Case:
