@@ -65,7 +65,7 @@ def test_minibatch_order_is_seeded_and_each_epoch_a_permutation():
     assert sorted(a[:10].flatten().tolist()) == list(range(100))
 
 
-@pytest.mark.parametrize("batched", ["batched_vmap", "batched_hand"])
+@pytest.mark.parametrize("batched", ["batched_vmap", "batched_hand", "batched_fused"])
 def test_batched_and_naive_gradients_agree(tensors, batched):
     init = E.initial_parameters(SMALL)
     x, y = batch(tensors)
@@ -75,6 +75,47 @@ def test_batched_and_naive_gradients_agree(tensors, batched):
         assert grads[name].shape == reference[name].shape
         torch.testing.assert_close(grads[name], reference[name], rtol=1e-4, atol=1e-6)
         assert reference[name].abs().max() > 0
+
+
+def test_the_hand_written_backward_matches_autograd_to_rounding(tensors):
+    init = E.initial_parameters(SMALL)
+    autograd, fused = (E.make_strategy(name, init, SMALL, CPU) for name in ("batched_hand", "batched_fused"))
+    for step in range(3):
+        x, y = batch(tensors, step)
+        reference, grads = autograd.gradients(x, y), fused.gradients(x, y)
+        for name in E.PARAM_NAMES:
+            torch.testing.assert_close(grads[name], reference[name], rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(fused.step(x, y), autograd.step(x, y), rtol=1e-6, atol=0)
+    after, reference = fused.stacked_parameters(), autograd.stacked_parameters()
+    for name in E.PARAM_NAMES:
+        torch.testing.assert_close(after[name], reference[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_warm_fused_step_allocates_no_buffer_and_leaves_no_python_object(tensors):
+    from benchlib.measure import count_allocations
+
+    x_all, y_all = tensors
+    allocated = {}
+    for size in (16, 64):
+        config = E.EnsembleConfig(n_nets=50, batch=size, seed=3)
+        fused = E.make_strategy("batched_fused", E.initial_parameters(config), config, CPU)
+        x, y = x_all[:size], y_all[:size]
+        for _ in range(3):  # Adam's state, made in the first step
+            fused.step(x, y)
+        gc.collect()
+        gc.disable()
+        try:
+            fused.step(x, y)  # refills the free lists the collection emptied (those count as allocations)
+            young = gc.get_count()[0]
+            for _ in range(5):
+                fused.step(x, y)
+            assert gc.get_count()[0] == young  # nothing for the collector to walk, ever
+        finally:
+            gc.enable()
+        allocated[size] = count_allocations(lambda: fused.step(x, y), CPU).bytes
+    # bookkeeping only (BLAS batch pointers, shapes): less than its smallest batch-sized buffer
+    # (the logits, 50 x 10 x batch floats), and nothing that grows with the batch
+    assert allocated[16] < 50 * 10 * 16 * 4 and allocated[64] - allocated[16] < 50 * 10 * 48 * 4, allocated
 
 
 def assert_same_parameters(params, reference, held_out, rtol=1e-4, atol=1e-5):
