@@ -544,3 +544,21 @@ def test_the_full_collection_fit_leaves_out_young_and_frozen_pauses_and_the_figu
     assert list(traces.data[2].y) == [4, 4, 8, 4]  # MB held, per step
     with pytest.raises(ValueError, match="no GC-experiment steps for strategy 'naive'"):
         cycle_traces(steps, strategy="naive")
+
+
+def test_the_headline_table_gives_each_batched_strategy_its_gain_floor_factor_and_spread():
+    from benchlib.results.reporters.ensembles import batched_gain
+
+    rows = [{"data": "synthetic", "gc_policy": "default", "heap_objects": 0, "strategy": strategy, "trial": trial,
+             "throughput": throughput * (1 + 0.01 * trial), "step_time_median": 0.002, "step_time_p99": 0.002 * spread}
+            for strategy, throughput, spread in (("naive", 1e5, 1.1), ("batched_hand", 2e6, 1.9),
+                                                 ("batched_fused", 5e6, 1.2))
+            for trial in range(3)]
+    table = batched_gain(pd.DataFrame(rows), ceiling=1e7).set_index("strategy")
+    assert table.index.tolist() == ["batched_hand", "batched_fused"]  # no batched_vmap trials, no row
+    assert table.loc["batched_fused", "gain_over_naive"] == pytest.approx(50)
+    assert table.loc["batched_fused", "below_floor"] == pytest.approx(1e7 / 5.05e6, abs=0.01)
+    assert table.loc["batched_fused", "below_floor_low"] <= table.loc["batched_fused", "below_floor"]
+    assert table.loc["batched_hand", "p99_over_median"] == pytest.approx(1.9)
+    assert table.loc["batched_fused", "throughput"] == pytest.approx(5.05e6)
+    assert "below_floor" not in batched_gain(pd.DataFrame(rows)).columns
