@@ -32,7 +32,7 @@ def calibration_flop_rate(records, device_name: str, threads: int | None = None)
                    & (records["variant"] == "torch") & (records["dtype"] == "float32")
                    & (records["device"] == device_name)]
     if threads is not None:
-        rows = rows[rows["params"].map(lambda text: json.loads(text).get("torch_threads") == threads)]
+        rows = rows[rows["params"].map(lambda text: (json.loads(text) if text else {}).get("torch_threads") == threads)]
     if rows.empty:
         return None
     return float(rows.groupby("params")["value"].median().max())
