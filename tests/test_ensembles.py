@@ -368,7 +368,7 @@ def test_flop_rate_is_read_from_calibration_records_of_the_same_device_and_threa
 
     frame = records_frame([row(1e9), row(3e9), row(2e9, n=1024), row(9e9, device="cuda:0"), row(8e9, dtype="float64"),
                            row(7e9, engine="numpy"), row(6e9, threads=4)])
-    assert E.calibration_flop_rate(frame, "cpu", threads=2) == 2e9  # best median over sizes: n=512 -> 2e9, n=1024 -> 2e9
+    assert E.calibration_flop_rate(frame, "cpu", threads=2) == 2e9  # best median over sizes: 512 -> 2e9, 1024 -> 2e9
     assert E.calibration_flop_rate(frame, "cpu") == 6e9  # any thread count
     assert E.calibration_flop_rate(frame, "cpu", threads=1) is None
     assert E.calibration_flop_rate(frame, "cuda:1") is None
