@@ -65,7 +65,7 @@ def test_minibatch_order_is_seeded_and_each_epoch_a_permutation():
     assert sorted(a[:10].flatten().tolist()) == list(range(100))
 
 
-@pytest.mark.parametrize("batched", ["batched_vmap", "batched_hand"])
+@pytest.mark.parametrize("batched", ["batched_vmap", "batched_hand", "batched_fused"])
 def test_batched_and_naive_gradients_agree(tensors, batched):
     init = E.initial_parameters(SMALL)
     x, y = batch(tensors)
@@ -75,6 +75,47 @@ def test_batched_and_naive_gradients_agree(tensors, batched):
         assert grads[name].shape == reference[name].shape
         torch.testing.assert_close(grads[name], reference[name], rtol=1e-4, atol=1e-6)
         assert reference[name].abs().max() > 0
+
+
+def test_the_hand_written_backward_matches_autograd_to_rounding(tensors):
+    init = E.initial_parameters(SMALL)
+    autograd, fused = (E.make_strategy(name, init, SMALL, CPU) for name in ("batched_hand", "batched_fused"))
+    for step in range(3):
+        x, y = batch(tensors, step)
+        reference, grads = autograd.gradients(x, y), fused.gradients(x, y)
+        for name in E.PARAM_NAMES:
+            torch.testing.assert_close(grads[name], reference[name], rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(fused.step(x, y), autograd.step(x, y), rtol=1e-6, atol=0)
+    after, reference = fused.stacked_parameters(), autograd.stacked_parameters()
+    for name in E.PARAM_NAMES:
+        torch.testing.assert_close(after[name], reference[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_warm_fused_step_allocates_no_buffer_and_leaves_no_python_object(tensors):
+    from benchlib.measure import count_allocations
+
+    x_all, y_all = tensors
+    allocated = {}
+    for size in (16, 64):
+        config = E.EnsembleConfig(n_nets=50, batch=size, seed=3)
+        fused = E.make_strategy("batched_fused", E.initial_parameters(config), config, CPU)
+        x, y = x_all[:size], y_all[:size]
+        for _ in range(3):  # Adam's state, made in the first step
+            fused.step(x, y)
+        gc.collect()
+        gc.disable()
+        try:
+            fused.step(x, y)  # refills the free lists the collection emptied (those count as allocations)
+            young = gc.get_count()[0]
+            for _ in range(5):
+                fused.step(x, y)
+            assert gc.get_count()[0] == young  # nothing for the collector to walk, ever
+        finally:
+            gc.enable()
+        allocated[size] = count_allocations(lambda: fused.step(x, y), CPU).bytes
+    # bookkeeping only (BLAS batch pointers, shapes): less than its smallest batch-sized buffer
+    # (the logits, 50 x 10 x batch floats), and nothing that grows with the batch
+    assert allocated[16] < 50 * 10 * 16 * 4 and allocated[64] - allocated[16] < 50 * 10 * 48 * 4, allocated
 
 
 def assert_same_parameters(params, reference, held_out, rtol=1e-4, atol=1e-5):
@@ -320,14 +361,16 @@ def test_bad_config_and_policy_are_refused():
         E.GCPolicy("manual", generation=3)
 
 
-def test_flop_rate_is_read_from_calibration_records_of_the_same_device():
-    def row(value, device="cpu", dtype="float32", engine="torch", n=512):
+def test_flop_rate_is_read_from_calibration_records_of_the_same_device_and_thread_count():
+    def row(value, device="cpu", dtype="float32", engine="torch", n=512, threads=2):
         return make_record(benchmark="calibration", case="matmul", engine=engine, device=device, dtype=dtype,
-                           metric="flop_rate", value=value, unit="FLOP/s", params={"n": n})
+                           metric="flop_rate", value=value, unit="FLOP/s", params={"n": n, "torch_threads": threads})
 
     frame = records_frame([row(1e9), row(3e9), row(2e9, n=1024), row(9e9, device="cuda:0"), row(8e9, dtype="float64"),
-                           row(7e9, engine="numpy")])
-    assert E.calibration_flop_rate(frame, "cpu") == 2e9  # best median over sizes: n=512 -> 2e9, n=1024 -> 2e9
+                           row(7e9, engine="numpy"), row(6e9, threads=4)])
+    assert E.calibration_flop_rate(frame, "cpu", threads=2) == 2e9  # best median over sizes: 512 -> 2e9, 1024 -> 2e9
+    assert E.calibration_flop_rate(frame, "cpu") == 6e9  # any thread count
+    assert E.calibration_flop_rate(frame, "cpu", threads=1) is None
     assert E.calibration_flop_rate(frame, "cuda:1") is None
     assert E.calibration_flop_rate(pd.DataFrame(), "cpu") is None
 
@@ -501,3 +544,21 @@ def test_the_full_collection_fit_leaves_out_young_and_frozen_pauses_and_the_figu
     assert list(traces.data[2].y) == [4, 4, 8, 4]  # MB held, per step
     with pytest.raises(ValueError, match="no GC-experiment steps for strategy 'naive'"):
         cycle_traces(steps, strategy="naive")
+
+
+def test_the_headline_table_gives_each_batched_strategy_its_gain_floor_factor_and_spread():
+    from benchlib.results.reporters.ensembles import batched_gain
+
+    rows = [{"data": "synthetic", "gc_policy": "default", "heap_objects": 0, "strategy": strategy, "trial": trial,
+             "throughput": throughput * (1 + 0.01 * trial), "step_time_median": 0.002, "step_time_p99": 0.002 * spread}
+            for strategy, throughput, spread in (("naive", 1e5, 1.1), ("batched_hand", 2e6, 1.9),
+                                                 ("batched_fused", 5e6, 1.2))
+            for trial in range(3)]
+    table = batched_gain(pd.DataFrame(rows), ceiling=1e7).set_index("strategy")
+    assert table.index.tolist() == ["batched_hand", "batched_fused"]  # no batched_vmap trials, no row
+    assert table.loc["batched_fused", "gain_over_naive"] == pytest.approx(50)
+    assert table.loc["batched_fused", "below_floor"] == pytest.approx(1e7 / 5.05e6, abs=0.01)
+    assert table.loc["batched_fused", "below_floor_low"] <= table.loc["batched_fused", "below_floor"]
+    assert table.loc["batched_hand", "p99_over_median"] == pytest.approx(1.9)
+    assert table.loc["batched_fused", "throughput"] == pytest.approx(5.05e6)
+    assert "below_floor" not in batched_gain(pd.DataFrame(rows)).columns

@@ -37,6 +37,7 @@ SERIES_COLORS = {
         "step_in_backward": "#9467bd",
         "batched_vmap": "#1f77b4",
         "batched_hand": "#2ca02c",
+        "batched_fused": "#0f8b8d",
     },
     "lenet modes": {"sequential": "#d62728", "threads": "#ff7f0e", "vmap": "#1f77b4"},
 }

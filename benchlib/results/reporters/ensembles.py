@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 CELL_COLUMNS = ["data", "heap_objects", "gc_policy", "strategy", "trials", "median_ms", "p99_ms", "max_ms", "p99_over_median",
@@ -29,26 +30,43 @@ def threads_table(threads: pd.DataFrame) -> pd.DataFrame:
                                         "p99_over_median", "throughput"]].round(3)
 
 
-def batched_gain(per_trial: pd.DataFrame) -> pd.DataFrame:
-    """Throughput of each batched strategy over naive's, per data x GC policy x heap cell: the ratio
-    of medians over trials with its 95% bootstrap interval (`summary_frame`, one row per trial)."""
-    from benchlib.results.stats import ratio_of_medians
+BATCHED = ("batched_vmap", "batched_hand", "batched_fused")
 
+
+def batched_gain(per_trial: pd.DataFrame, *, ceiling: float | None = None) -> pd.DataFrame:
+    """Each batched strategy against naive and the FLOP floor, per data x GC policy x heap cell, from
+    `summary_frame` (one row per trial): its median throughput (model-samples/s); that over naive's
+    (ratio of medians over trials, 95% bootstrap interval); with ``ceiling`` (the floor's
+    model-samples/s), how many times below it the strategy runs (`below_floor`: ceiling over its
+    median throughput, interval over trials); its p99/median step time (median over trials). The
+    closing note's three targets read off one row."""
+    from benchlib.results.stats import median_interval, ratio_of_medians
+
+    nan = float("nan")
     rows = []
     for (data, policy, heap), cell in per_trial.groupby(["data", "gc_policy", "heap_objects"], sort=False):
         naive = cell.loc[cell["strategy"] == "naive", "throughput"].to_numpy(float)
-        for strategy in ("batched_vmap", "batched_hand"):
-            own = cell.loc[cell["strategy"] == strategy, "throughput"].to_numpy(float)
+        for strategy in BATCHED:
+            own_rows = cell[cell["strategy"] == strategy]
+            own = own_rows["throughput"].to_numpy(float)
             if naive.size == 0 or own.size == 0:
                 continue
             gain = ratio_of_medians(naive, own)
             single = min(naive.size, own.size) < 2
-            rows.append({"data": data, "gc_policy": policy, "heap_objects": heap, "strategy": strategy,
-                         "trials": min(naive.size, own.size), "gain_over_naive": gain.ratio,
-                         "ci_low": float("nan") if single else gain.ci_low,
-                         "ci_high": float("nan") if single else gain.ci_high})
-    return pd.DataFrame(rows, columns=["data", "gc_policy", "heap_objects", "strategy", "trials", "gain_over_naive",
-                                       "ci_low", "ci_high"]).round(2)
+            row = {"data": data, "gc_policy": policy, "heap_objects": heap, "strategy": strategy,
+                   "trials": min(naive.size, own.size), "throughput": float(np.median(own)),
+                   "gain_over_naive": gain.ratio, "ci_low": nan if single else gain.ci_low,
+                   "ci_high": nan if single else gain.ci_high,
+                   "p99_over_median": float((own_rows["step_time_p99"] / own_rows["step_time_median"]).median())}
+            if ceiling is not None:
+                below = median_interval(ceiling / own)
+                row |= {"below_floor": below.ratio, "below_floor_low": below.ci_low if own.size > 1 else nan,
+                        "below_floor_high": below.ci_high if own.size > 1 else nan}
+            rows.append(row)
+    floor_columns = ("below_floor", "below_floor_low", "below_floor_high") if ceiling is not None else ()
+    columns = ["data", "gc_policy", "heap_objects", "strategy", "trials", "throughput", "gain_over_naive", "ci_low",
+               "ci_high", *floor_columns, "p99_over_median"]
+    return pd.DataFrame(rows, columns=columns).round(2)
 
 
 def closing_text(summary: pd.DataFrame, threads: pd.DataFrame, *, floor_step_s: float, device: str) -> str:

@@ -3,7 +3,7 @@
 The Flux thread "How to minimise the garbage collection time?" trains 200 nets of ~5000
 parameters, sampling a minibatch and updating every net each step, and sees a 0.15 s step every
 fourth ~1 ms step. This module trains the same ensemble (784-6-10 MLPs, 4,780 parameters, Adam)
-with four strategies, each crossed with three GC policies and an optional long-lived heap:
+with six strategies, each crossed with four GC policies and an optional long-lived heap:
 
 strategies
     ``naive``             one module and one for-loop Adam per net; gradients recreated each step
@@ -14,6 +14,9 @@ strategies
                           ``vmap(functional_call)`` forward for all nets, one fused Adam
     ``batched_hand``      the same stacking by hand: with a shared minibatch the first layer of all
                           nets is one matrix product, the second one batched matmul; fused Adam
+    ``batched_fused``     the same products without autograd: a hand-written backward into buffers
+                          made once, one flat parameter, one fused Adam; a warm step allocates no
+                          buffer and leaves no object for the collector (the step near the FLOP floor)
 
 GC policies
     ``default``     Python's automatic collector as configured
@@ -57,8 +60,8 @@ from benchlib.workloads.ensembles.config import (
     initial_parameters,
 )
 from benchlib.workloads.ensembles.strategies import (
-    Strategy, Naive, BuffersReused, StepInBackward, BatchedVmap, BatchedHand, evaluate, STRATEGY_CLASSES,
-    make_strategy,
+    Strategy, Naive, BuffersReused, StepInBackward, BatchedVmap, BatchedHand, BatchedFused, evaluate,
+    STRATEGY_CLASSES, make_strategy,
 )
 from benchlib.workloads.ensembles.cycles import StepCycles, check_step
 from benchlib.workloads.ensembles.gc_policies import (

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 
-STRATEGIES = ("naive", "buffers_reused", "step_in_backward", "batched_vmap", "batched_hand")
+STRATEGIES = ("naive", "buffers_reused", "step_in_backward", "batched_vmap", "batched_hand", "batched_fused")
 
 
 GC_POLICIES = ("default", "freeze", "thresholds", "manual")

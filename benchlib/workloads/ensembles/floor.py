@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 
 import torch
 
@@ -20,14 +21,18 @@ def matmul_flops(device, n: int = 1024, repeats: int = 5) -> float:
     return calibration_flop_rate(records_frame(rows), device.name)
 
 
-def calibration_flop_rate(records, device_name: str) -> float | None:
+def calibration_flop_rate(records, device_name: str, threads: int | None = None) -> float | None:
     """Best median float32 torch matmul FLOP/s in a run's calibration records (the calibration
-    notebook's ``flop_rate`` rows) on ``device_name``; None when the run has none."""
+    notebook's ``flop_rate`` rows) on ``device_name``; None when the run has none. With ``threads``,
+    only rows measured at that many torch threads: a floor taken at another thread count than the
+    training's would be off by about their ratio on CPU."""
     if records is None or len(records) == 0:
         return None
     rows = records[(records["benchmark"] == "calibration") & (records["metric"] == "flop_rate")
                    & (records["variant"] == "torch") & (records["dtype"] == "float32")
                    & (records["device"] == device_name)]
+    if threads is not None:
+        rows = rows[rows["params"].map(lambda text: (json.loads(text) if text else {}).get("torch_threads") == threads)]
     if rows.empty:
         return None
     return float(rows.groupby("params")["value"].median().max())

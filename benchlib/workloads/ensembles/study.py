@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import pandas as pd
+import torch
 
 from benchlib.measure import torch_threads
 from benchlib.workloads import lenet
@@ -80,10 +81,12 @@ def _measure_study(config: Any, data, *, device, calibration, save, progress) ->
     if save is not None:
         save(study.records)
 
-    flop_rate = calibration_flop_rate(calibration, device.name)
+    threads = torch.get_num_threads()  # the training's: the floor is taken at the same count
+    flop_rate = calibration_flop_rate(calibration, device.name, threads=threads if device.kind == "cpu" else None)
     study.flop_source = "calibration records of this run" if flop_rate else "matmul 1024x1024 measured here"
     study.floor = flop_floor(ensemble, flop_rate or matmul_flops(device))
-    study.records += flop_floor_records(study.floor, device, labels | {"flop_source": study.flop_source})
+    study.records += flop_floor_records(study.floor, device, labels | {"flop_source": study.flop_source,
+                                                                       "torch_threads": threads})
 
     study.pauses = full_collection_pauses(data, heap_sizes=config.pause_heap_sizes, repeats=config.pause_repeats)
     study.records += collection_pause_records(study.pauses, device, labels)

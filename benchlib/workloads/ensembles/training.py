@@ -295,7 +295,7 @@ def thread_sweep(
     device,
     thread_counts,
     config: EnsembleConfig = EnsembleConfig(),
-    strategy: str = "batched_hand",
+    strategy: str = "batched_fused",
     gc_policy: str = "freeze",
     plan: TrainingPlan = TrainingPlan(steps=200),
     progress=None,
