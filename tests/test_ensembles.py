@@ -4,6 +4,7 @@ import gc
 import math
 import io
 import json
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -338,6 +339,23 @@ def test_run_grid_labels_every_record_with_the_synthetic_data_source(data):
     # (without that: 44 more per net in the second naive cell; the first cell has ~24 one-off extras)
     naive_counts = [r.alloc_count_per_step for r in results if r.strategy == "naive"]
     assert abs(naive_counts[0] - naive_counts[1]) < 10 * SMALL.n_nets, naive_counts
+
+
+def test_a_spent_deadline_keeps_each_groups_first_round_and_says_the_rest_stopped_at_the_budget(data):
+    import time
+
+    from benchlib.results.stopping import Deadline
+
+    grid = E.Grid(strategies=("naive", "batched_vmap"), gc_policies=("default", "freeze"), heap_sizes=(0,))
+    plan = E.TrainingPlan(steps=3, warmup=1, alloc_steps=0, trials=3)
+    results = E.run_grid(data, device=CPU, config=SMALL, grid=grid, plan=plan, deadline=Deadline(time.time() - 1))
+    assert sorted((r.labels["gc_policy"], r.strategy, r.labels["trial"]) for r in results) == [
+        (policy, strategy, 0) for policy in ("default", "freeze") for strategy in ("batched_vmap", "naive")]
+    stops = {(row["case"], row["variant"]): (row["value"], json.loads(row["params"])["stop"])
+             for row in E.trials_run_records(results, plan.trials, CPU)}
+    assert len(stops) == 4 and set(stops.values()) == {(1.0, "budget")}
+    full = E.run_grid(data, device=CPU, config=SMALL, grid=grid, plan=replace(plan, trials=2))
+    assert {json.loads(row["params"])["stop"] for row in E.trials_run_records(full, 2, CPU)} == {"max_trials"}
 
 
 @pytest.mark.parametrize("grid, plan, message", [

@@ -12,12 +12,14 @@ import pandas as pd
 import torch
 
 from benchlib.measure import torch_threads
+from benchlib.results.stopping import Deadline
 from benchlib.workloads import lenet
 from benchlib.workloads.ensembles.config import PER_NET_STRATEGIES, EnsembleConfig
 from benchlib.workloads.ensembles.floor import calibration_flop_rate, flop_floor, flop_floor_records, matmul_flops
 from benchlib.workloads.ensembles.gc_policies import collection_pause_records, full_collection_pauses
 from benchlib.workloads.ensembles.training import (
     Grid, TrainingPlan, cell_medians, cycle_sweep, pauses_frame, run_grid, steps_frame, summary_frame, thread_sweep,
+    trials_run_records,
 )
 
 
@@ -74,10 +76,13 @@ def _measure_study(config: Any, data, *, device, calibration, save, progress) ->
     study, labels = Study(), {"data": data.source, "device": device.name}
     shown = lambda result: progress(progress_line(result))  # noqa: E731
     grid = Grid(strategies=config.strategies, gc_policies=config.gc_policies, heap_sizes=config.heap_sizes)
-    results = run_grid(data, device=device, config=ensemble, grid=grid, plan=plan, progress=shown)
+    # under --budget, the main grid's later trials get half the notebook's time; the rest runs as declared
+    results = run_grid(data, device=device, config=ensemble, grid=grid, plan=plan, progress=shown,
+                       deadline=Deadline.from_environment().share(2))
     study.trials, study.steps = summary_frame(results), steps_frame(results)
     study.summary = cell_medians(study.trials)
     study.records += [row for result in results for row in result.records(device)]
+    study.records += trials_run_records(results, plan.trials, device)
     if save is not None:
         save(study.records)
 

@@ -4,7 +4,8 @@ the grid of cells, the thread sweep and the GC experiment; `Grid` and `TrainingP
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from types import MappingProxyType
 
@@ -12,6 +13,7 @@ import numpy as np
 import torch
 
 from benchlib.results import make_record
+from benchlib.results.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline, TrialStopping
 from benchlib.results.derived import step_summaries
 from benchlib.workloads.ensembles.config import STRATEGIES, GC_POLICIES, EnsembleConfig, initial_parameters
 from benchlib.workloads.ensembles.strategies import Strategy, STRATEGY_CLASSES, make_strategy
@@ -225,12 +227,14 @@ def run_grid(
     plan: TrainingPlan = TrainingPlan(),
     sweep: str | None = None,
     progress=None,
+    deadline: Deadline | None = None,
 ) -> list[TrainResult]:
     """Every cell of ``grid``, each from the same initial parameters and batches, ``plan.trials``
     times: within a policy and heap the strategies run in rounds shuffled by ``plan.order_seed``
     (`interleaved_order`), so drift falls on all of them alike; the labels carry `trial`, `trials`,
     `order_seed` and `position`. The allocation pass runs in the first trial only (its counts do not
-    drift).
+    drift). Under a ``deadline`` (`benchlib run --budget`), the policy x heap groups share the time
+    left; a group's first round always runs, a later trial only if it fits at the group's mean so far.
 
     ``sweep`` names a side experiment (e.g. "threads") in the labels and case names, so its cells
     never share a case name with the main grid's. ``progress`` is called with each finished result.
@@ -259,12 +263,18 @@ def run_grid(
     from benchlib.results.stats import interleaved_order
 
     order = interleaved_order(list(strategies), plan.trials, seed=plan.order_seed)
-    results = []
+    results, groups = [], len(grid.heap_sizes) * len(grid.gc_policies)
+    deadline = deadline or Deadline()
     for heap_size in grid.heap_sizes:
         with long_lived_heap(data, heap_size):
             for policy_name in grid.gc_policies:
+                budget = TrialStopping(precision=0.0, max_trials=plan.trials, deadline=deadline.share(groups))
+                groups -= 1
                 for position, name in enumerate(order):
                     trial = position // len(strategies)
+                    if trial > 0 and not budget.affords(name):
+                        continue
+                    started = budget.now()
                     n_steps = plan.steps_of(name)
                     cell_plan = replace(plan, alloc_steps=plan.alloc_steps if trial == 0 else 0)
                     batches = torch.cat([all_batches[:n_steps], all_batches[longest:longest + cell_plan.alloc_steps]])
@@ -284,9 +294,21 @@ def run_grid(
                     finally:
                         strategy.close()
                     results.append(result)
+                    budget.add(name, 0.0, budget.now() - started)
                     if progress is not None:
                         progress(result)
     return results
+
+
+def trials_run_records(results: Sequence[TrainResult], trials: int, device) -> list[dict]:
+    """One `trials_run` record per cell of a grid: the trials it ran and why no more (`max_trials`, or
+    `budget` where `run_grid`'s deadline stopped it early)."""
+    counts = Counter((result.case(), result.strategy) for result in results)
+    first = {(result.case(), result.strategy): result for result in reversed(results)}
+    return [make_record(benchmark=NAME, case=case, strategy=strategy, device=device, dtype="float32",
+                        metric=TRIALS_RUN, value=float(count), unit="count",
+                        params={**first[case, strategy].labels, "stop": MAX_TRIALS if count >= trials else BUDGET})
+            for (case, strategy), count in counts.items()]
 
 
 def thread_sweep(
