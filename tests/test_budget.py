@@ -158,3 +158,22 @@ def test_identical_closures_lists_the_combinations_the_budget_left_unrun(monkeyp
     combinations = len(config.mwes) * len(config.engines) * len(config.orders)
     assert ran == [(config.mwes[0], config.engines[0], config.orders[0])]
     assert [r["metric"] for r in records] == ["not_run"] * (combinations - 1) * len(STEPS)
+
+
+@pytest.mark.slow
+def test_the_closures_notebook_draws_what_the_budget_measured_and_names_the_rest(tmp_path, monkeypatch):
+    import io
+    import time
+
+    from benchlib.results import load_records
+    from benchlib.runner import run
+
+    monkeypatch.setenv("BENCHLIB_DEADLINE", repr(time.time() - 1))  # the kernel inherits it: one combination runs
+    result = run(["identical_closures"], device="cpu", out=tmp_path, quick=True, progress=False, stream=io.StringIO(),
+                 params={"engines": ["torch"], "mwes": ["dense", "reduced"]})
+    assert [(r.name, r.status) for r in result.notebooks] == [("identical_closures", "ok")]
+    records = load_records(result.path)
+    not_run = records[records["metric"] == "not_run"]
+    assert set(not_run["case"].str.split("/").str[0]) == {"reduced"} and len(not_run) > 0
+    output = (result.path / "notebooks" / "identical_closures.ipynb").read_text()
+    assert "reduced MWE: nothing measured" in output

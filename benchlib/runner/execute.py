@@ -478,6 +478,8 @@ class _RunLoop:
         if self.durations and left:  # each remaining one at its last run's time where known, else this run's mean
             mean = sum(self.durations) / len(self.durations)
             seconds = sum(last_duration(self.root, e.key, self.quick) or mean for e in left)
+            if self.budget_ends is not None:  # the --budget ends the run sooner
+                seconds = min(seconds, max(self.budget_ends - time.time(), 0.0))
             eta = f", ~{seconds:.0f} s left"
         return f"[{index}/{total}, {len(done)} done, {failed} failed{eta}]"
 

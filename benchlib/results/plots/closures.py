@@ -34,6 +34,14 @@ def verdict_lines(verdicts: pd.DataFrame, *, mwe: str, phase: str, order: str) -
     return lines
 
 
+def measured_mwes(table: pd.DataFrame) -> list[str]:
+    """The MWEs of a `seed_table` with a measured time in some phase: the others were not run (e.g. the
+    --budget ran out) or not applicable, and have no figure to draw."""
+    times = [columns[1] for columns in PHASE_COLUMNS.values() if columns[1] in table]
+    measured = table[times].notna().any(axis=1) if times else pd.Series(False, index=table.index)
+    return list(dict.fromkeys(table.loc[measured, "mwe"]))
+
+
 def steps_figure(table: pd.DataFrame, *, mwe: str, phase: str = "warm", verdicts: pd.DataFrame | None = None) -> go.Figure:
     """Allocations (top: system-allocator calls, then Python-allocator allocations where traced)
     and time (bottom) per step, one column per order, one colour per engine.
