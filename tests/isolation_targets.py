@@ -108,3 +108,17 @@ def leaves_thread_running(device):
         return 1.0
 
     return Case(fn, lambda result: {"result": result})
+
+
+def process_facts(device):
+    """Reports, through the check, the child's pid, its parent's and its resident file-backed bytes
+    (code and constants mapped from files) as set-up found them, torch imported."""
+    import torch  # noqa: F401 - what a fork template holds, so both ways of starting map the same files
+
+    with open("/proc/self/status") as status:
+        file_kb = next(int(line.split()[1]) for line in status if line.startswith("RssFile:"))
+
+    def check(_):
+        return {"pid": float(os.getpid()), "ppid": float(os.getppid()), "rss_file_bytes": float(file_kb * 1024)}
+
+    return Case(lambda: None, check)

@@ -467,7 +467,7 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
                     if engine_name == REFERENCE_ENGINE and no_reference is not None:
                         no_reference = f"{REFERENCE_ENGINE} failed, so there is no gradient to compare with"
                     continue
-                record_params = {**trial_params, **_allocator_params(result.environment),
+                record_params = {**trial_params, **child_start_params(result.environment),
                                  "timeline_interval_s": TIMELINE_INTERVAL_S}
                 measurement = result.measurement
                 checks = dict(result.checks)
@@ -522,6 +522,10 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
     return comparison
 
 
-def _allocator_params(environment: Mapping) -> dict:
-    """The child's allocator policy and the variables it set, for the record's params."""
-    return {key: environment[key] for key in ("malloc_policy", "malloc_env") if key in environment}
+CHILD_PARAMS = ("malloc_policy", "malloc_env", "isolation")
+
+
+def child_start_params(environment: Mapping) -> dict:
+    """How the child was started, for the record's params: its allocator policy and the variables it set,
+    and whether it was forked from a template or a fresh interpreter (`IsolatedResult.environment`)."""
+    return {key: environment[key] for key in CHILD_PARAMS if key in environment}

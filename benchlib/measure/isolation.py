@@ -1,7 +1,8 @@
-"""Run one case in a fresh Python process, so that its memory figures start from a clean heap.
+"""Run one case in a new process of its own, so that its memory figures start from a clean heap.
 
-The parent writes a JSON spec, runs `python -m benchlib.measure.isolation SPEC RESULT` and reads
-the JSON result back (never pickle). The child resolves the device, imports the target
+The parent writes a JSON spec, has a warm template fork the child (`forkserver`; with
+`BENCHLIB_ISOLATION=spawn`, runs `python -m benchlib.measure.isolation SPEC RESULT` instead) and
+reads the JSON result back (never pickle). The child resolves the device, imports the target
 "module:function", calls it with `device=` and the params to set the case up, takes the baseline
 after that set-up, measures, then runs the case's check on the last result. When asked, and when
 the case offers a role gauge, it then makes one more call under a memory timeline that reads the
@@ -24,6 +25,7 @@ from typing import Any, Callable, ContextManager, Mapping
 from benchlib.results.environment import allocator_env
 from benchlib.results.store import write_json_atomic
 
+from . import forkserver
 from .core import Measurement, _check_counts, measure_with_result
 from .devices import Device, resolve_device
 from .timeline import MemoryTimeline, timeline_from_json, timeline_to_json
@@ -196,37 +198,20 @@ def run_isolated(target: str, params: dict | None = None, *, name: str, device: 
             "timeline": options.timeline, "timeline_interval_s": options.timeline_interval_s,
             "role_timeline": bool(options.role_timeline), "sites": bool(options.sites),
             "attribute": bool(options.attribute), "malloc_policy": options.malloc, "malloc_env": policy_env,
-            "parent_pid": os.getpid(),
             "sys_path": [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p)]}
     env = {**os.environ, **policy_env}
     with tempfile.TemporaryDirectory(prefix="benchlib-case-") as tmp:
         spec_path, result_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "result.json")
         output_path = os.path.join(tmp, "output.txt")
-        with open(spec_path, "w") as f:
-            json.dump(spec, f)
-        # Output goes to a file, not a pipe: a process the case leaves behind holding a pipe
-        # open would otherwise keep us waiting after the child itself has finished.
-        with open(output_path, "w") as output_file:
-            proc = subprocess.Popen(
-                [sys.executable, "-W", _RUNPY_WARNING, "-m", "benchlib.measure.isolation",
-                 spec_path, result_path],
-                env=env, stdin=subprocess.DEVNULL, stdout=output_file, stderr=subprocess.STDOUT,
-                start_new_session=True)
-            try:
-                proc.wait(timeout=options.timeout_s)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:  # also on KeyboardInterrupt: nothing of the case keeps running
-                _kill_group(proc)
-                proc.wait()
+        returncode, timed_out, isolation = _run_child(spec, spec_path, result_path, output_path, env,
+                                                      options.timeout_s)
         with open(output_path, errors="replace") as f:
             output = _tail(f.read())
         if timed_out:
             raise CaseFailed(name, f"timed out after {options.timeout_s} s; the child was killed",
                              output=output)
         if not os.path.exists(result_path):
-            raise CaseFailed(name, _crash_reason(proc.returncode), output=output)
+            raise CaseFailed(name, _crash_reason(returncode), output=output)
         with open(result_path) as f:
             result = json.load(f)
     if not result["ok"]:
@@ -234,8 +219,43 @@ def run_isolated(target: str, params: dict | None = None, *, name: str, device: 
                          child_traceback=result["traceback"], output=output)
     roles = result["role_timeline"]
     return IsolatedResult(name=name, measurement=Measurement.from_dict(result["measurement"]),
-                          checks=result["checks"], environment=result["environment"],
+                          checks=result["checks"], environment={**result["environment"], "isolation": isolation},
                           role_timeline=None if roles is None else timeline_from_json(roles))
+
+
+def _run_child(spec: dict, spec_path: str, result_path: str, output_path: str, env: dict[str, str],
+               timeout_s: float) -> tuple[int, bool, str]:
+    """Start the child and wait for it: forked from a warm template (`forkserver`), or a fresh
+    interpreter when `BENCHLIB_ISOLATION=spawn` or no template can serve; (exit code, timed out, which)."""
+    if forkserver.isolation_mode() == forkserver.FORK:
+        try:
+            template = forkserver.template_for(env, _RUNPY_WARNING)
+            with open(spec_path, "w") as f:
+                json.dump({**spec, "parent_pid": template.pid}, f)
+            returncode, timed_out = template.run(spec_path, result_path, output_path, env,
+                                                 spec["target"].split(":")[0], timeout_s)
+            return returncode, timed_out, forkserver.FORK
+        except forkserver.TemplateUnavailable as error:
+            with open(output_path, "w") as f:
+                f.write(f"[benchlib] no fork template ({error}); this case ran in a fresh interpreter\n")
+    with open(spec_path, "w") as f:
+        json.dump({**spec, "parent_pid": os.getpid()}, f)
+    # Output goes to a file, not a pipe: a process the case leaves behind holding a pipe
+    # open would otherwise keep us waiting after the child itself has finished.
+    with open(output_path, "a") as output_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-W", _RUNPY_WARNING, "-m", "benchlib.measure.isolation", spec_path, result_path],
+            env=env, stdin=subprocess.DEVNULL, stdout=output_file, stderr=subprocess.STDOUT,
+            start_new_session=True)
+        try:
+            proc.wait(timeout=timeout_s)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:  # also on KeyboardInterrupt: nothing of the case keeps running
+            _kill_group(proc)
+            proc.wait()
+    return proc.returncode, timed_out, forkserver.SPAWN
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -69,7 +69,7 @@ CONTEXT_METRICS = frozenset({"baseline_bytes", "gc_pause_time", "gc_pause_genera
 # file (and version of it) held the code, since the code is what two runs of one NAME compare.
 MEASUREMENT_PARAMS = frozenset({"trial", "trials", "order_seed", "position", "loadavg_1m_before", "alloc_source",
                                 "alloc_steps", "samples_per_call", "file", "version", "precision", "stop",
-                                "precision_reached"})
+                                "precision_reached", "isolation"})
 CONFIG_COLUMN = "config"  # the params that name what was measured (sizes, policies...), as JSON
 
 

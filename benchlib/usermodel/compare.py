@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib.benchmark import Config
-from benchlib.engines.comparison import GRAD_UNCHECKED_METRIC, trial_order
+from benchlib.engines.comparison import GRAD_UNCHECKED_METRIC, child_start_params, trial_order
 from benchlib.engines.gradients import GRAD_ERROR_METRIC, gradient_file, saved_gradient_error
 from benchlib.results.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline, TrialStopping
 from benchlib.engine_names import TORCH_CHECKPOINT
@@ -148,7 +148,7 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
                     reference[version] = f"{reference_engine} failed, so there is no gradient to compare with"
                 continue
             checks = dict(result.checks)
-            params.update({key: result.environment[key] for key in ("malloc_policy", "malloc_env")})
+            params.update(child_start_params(result.environment))
             if engine == reference_engine:
                 reference[version] = None
             elif reference[version] is None:
