@@ -41,6 +41,27 @@ def with_roles(device, n=1_000_000):
     return Case(fn, roles=lambda: contextlib.nullcontext(lambda: dict(held)))
 
 
+class CountingRoles:
+    """A role context that keeps a figure of the call it watched, as torch's saved-tensor hooks do."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __enter__(self):
+        self.calls += 1
+        return lambda: {"array": 0}
+
+    def __exit__(self, *exc):
+        return None
+
+    def metrics(self):
+        return {"watched_calls": self.calls}
+
+
+def with_role_metrics(device):
+    return Case(lambda: None, lambda _: {"checked": 1.0}, roles=CountingRoles)
+
+
 def raises(device):
     def fn():
         raise ValueError("deliberate failure in the measured function")

@@ -46,6 +46,15 @@ def test_a_role_timeline_is_one_more_call_read_with_the_cases_gauge_only_when_as
                         options=IsolationOptions(role_timeline=True)).role_timeline is None
 
 
+def test_a_role_context_with_metrics_adds_them_to_the_checks_of_the_child_that_took_the_role_timeline():
+    # torch's saved bytes come from the role timeline's call: not one more call in every trial's check
+    with_roles = run_isolated("isolation_targets:with_role_metrics", name="roles",
+                              options=IsolationOptions(role_timeline=True, timeline=False))
+    assert with_roles.checks == {"checked": 1.0, "watched_calls": 1.0}
+    assert run_isolated("isolation_targets:with_role_metrics", name="roles",
+                        options=IsolationOptions(timeline=False)).checks == {"checked": 1.0}
+
+
 @pytest.mark.parametrize("policy, expected", [("mmap-128k", 131072.0), ("glibc-default", -1.0)])
 def test_malloc_policy_reaches_the_child(policy, expected, monkeypatch):
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)

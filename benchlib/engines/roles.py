@@ -12,7 +12,7 @@ autograd expose neither, so all their memory is "other".
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any, Callable
+from typing import Callable
 
 from benchlib.engine_names import TORCH_AUTOGRAD
 
@@ -21,19 +21,12 @@ GRADIENT_METRIC = "role_gradient_bytes"
 SAVED_ROLE, GRADIENT_ROLE = "saved", "gradients"  # the gauges' role names: columns of a role timeline
 
 
-def memory_roles(engine, gradient: Callable, call: Callable[[], Any], inputs: tuple = ()) -> dict[str, float]:
-    """The role metrics of `engine` (an `Engine`) for the gradient function it built: from the tape
-    of its last call, or, for torch engines, from one more `call()` under saved-tensor hooks."""
+def tape_roles(gradient: Callable) -> dict[str, float]:
+    """The role metrics a benchlib engine's tape kept of its last call, free to read; {} for any other engine."""
     stats = getattr(gradient, "stats", None)
-    if stats is not None:
-        return {SAVED_METRIC: float(stats.saved_bytes_at_peak_total),
-                GRADIENT_METRIC: float(stats.live_bytes_at_peak_total)}
-    if engine.name in TORCH_AUTOGRAD:
-        saved = SavedTensors(inputs)
-        with saved:
-            call()
-        return {SAVED_METRIC: float(saved.peak_bytes)}
-    return {}
+    if stats is None:
+        return {}
+    return {SAVED_METRIC: float(stats.saved_bytes_at_peak_total), GRADIENT_METRIC: float(stats.live_bytes_at_peak_total)}
 
 
 def role_gauge(engine, gradient: Callable, inputs: tuple = ()):
@@ -93,6 +86,10 @@ class SavedTensors:
 
     def read(self) -> dict[str, int]:
         return {SAVED_ROLE: self.bytes}
+
+    def metrics(self) -> dict[str, float]:
+        """The role metric of the calls made while active: the most bytes saved at once."""
+        return {SAVED_METRIC: float(self.peak_bytes)}
 
     def __enter__(self) -> Callable[[], dict[str, int]]:
         import torch

@@ -53,7 +53,8 @@ _RUNPY_WARNING = "ignore:'benchlib.measure.isolation' found in sys.modules:Runti
 class Case:
     """What a target returns: `fn()` is measured; `check(result_of_last_call)` -> {name: float};
     `roles()`, if given, a context manager whose value is a gauge, a callable giving the bytes
-    the engine holds now by role (e.g. {"saved": ..., "gradients": ...}), for the role timeline."""
+    the engine holds now by role (e.g. {"saved": ..., "gradients": ...}), for the role timeline;
+    if the context manager has `metrics()`, what it returns after that call joins the checks."""
 
     fn: Callable[[], Any]
     check: Callable[[Any], dict] | None = None
@@ -296,12 +297,16 @@ def _checks(case: Case, result: Any) -> dict[str, float]:
 def _role_timeline(case: Case, device: Device, interval_s: float):
     """One more call of the case, its memory sampled with the case's role gauge read alongside;
     the heap is handed back first, as before a measured call (`Device.reset_peak`), so the two
-    timelines start from the same kind of baseline."""
+    timelines start from the same kind of baseline. Returns the frame and the role metrics the
+    gauge's context gives for that call (`metrics()`, e.g. torch's saved bytes; {} without one), so
+    a gauge that hooks into the engine is paid for once, not again by the check."""
     device.reset_peak()
-    with case.roles() as gauge, MemoryTimeline(device, interval_s, gauge=gauge) as timeline:
+    context = case.roles()
+    with context as gauge, MemoryTimeline(device, interval_s, gauge=gauge) as timeline:
         case.fn()
         device.synchronize()
-    return timeline.frame()
+    metrics = getattr(context, "metrics", None)
+    return timeline.frame(), ({} if metrics is None else {str(k): float(v) for k, v in metrics().items()})
 
 
 def _environment(spec: dict, device: Device) -> dict:
@@ -350,7 +355,9 @@ def child_main(spec_path: str, result_path: str) -> int:
         del last
         roles = None
         if spec["role_timeline"] and case.roles is not None:
-            roles = timeline_to_json(_role_timeline(case, device, spec["timeline_interval_s"]))
+            frame, role_metrics = _role_timeline(case, device, spec["timeline_interval_s"])
+            roles = timeline_to_json(frame)
+            checks.update(role_metrics)
         outcome = {"ok": True, "measurement": measurement.to_dict(), "checks": checks,
                    "environment": _environment(spec, device), "role_timeline": roles}
     except Exception as err:

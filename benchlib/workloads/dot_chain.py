@@ -26,7 +26,7 @@ from benchlib.engines.comparison import Cases, EngineComparison, comparison_para
 from benchlib.engines.gradients import save_gradient
 from benchlib.engines.namespaces import segmentation_params
 from benchlib.engine_names import BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, MANUAL_SEED
-from benchlib.engines.roles import memory_roles, role_gauge
+from benchlib.engines.roles import role_gauge, tape_roles
 from benchlib.measure import Case, mark
 from benchlib.results.seed_verdicts import RatioRule
 
@@ -148,7 +148,7 @@ def case(*, device, engine: str, D: int, depth: int, dtype: str, gradient_dir: s
 
     def check(result) -> dict[str, float]:
         save_gradient(result, gradient_dir, engine)
-        return {"x_scale": scale, **memory_roles(chosen, gradient, lambda: gradient(x, z), inputs=(x, z))}
+        return {"x_scale": scale, **tape_roles(gradient)}  # torch's saved bytes: from the role timeline's call
 
     return Case(lambda: gradient(x, z), check, roles=role_gauge(chosen, gradient, inputs=(x, z)))
 

@@ -32,7 +32,7 @@ from benchlib.engines.comparison import Cases, EngineComparison, comparison_para
 from benchlib.engines.gradients import save_gradient
 from benchlib.engines.namespaces import segmentation_params
 from benchlib.engine_names import AUTOGRAD, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, MANUAL_SEED, TORCH
-from benchlib.engines.roles import memory_roles, role_gauge
+from benchlib.engines.roles import role_gauge, tape_roles
 from benchlib.measure import MALLOC_POLICIES, Case, mark
 from benchlib.results.seed_verdicts import RatioRule, SlopeRule
 
@@ -320,7 +320,7 @@ def case(*, device, engine: str, batch: int, hidden: int, T: int, dtype: str, gr
 
     def check(result) -> dict[str, float]:
         save_gradient(result, gradient_dir, engine)
-        return memory_roles(chosen, gradient, lambda: gradient(*args), inputs=args)
+        return tape_roles(gradient)  # torch's saved bytes: from the role timeline's call
 
     return Case(lambda: gradient(*args), check, roles=role_gauge(chosen, gradient, inputs=args))
 
