@@ -105,6 +105,15 @@ def cuda_allocate(device, n=1_000_000):
     return Case(lambda: torch.ones(n, dtype=torch.float32, device=device.torch))
 
 
+def cuda_matmul_gradient(device, n=64):
+    """A first product's gradient on the GPU: its peak holds a few n x n buffers, not cuBLAS's workspaces."""
+    import torch
+
+    x = torch.ones(n, n, device=device.torch)
+    w = torch.ones(n, n, device=device.torch, requires_grad=True)
+    return Case(lambda: torch.autograd.grad((x @ w).sum(), w)[0])
+
+
 def spawns_sleeper(device, seconds=60.0):
     """The measured call starts a grandchild and then hangs: a timeout must kill both."""
     import subprocess

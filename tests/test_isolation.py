@@ -155,6 +155,44 @@ def test_cuda_child_measures_on_the_gpu():
     assert m.alloc_source == "cuda-caching-allocator"
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_cuda_first_call_peak_leaves_out_the_cublas_workspaces():
+    """warmup=0: the first measured product and its gradient; cuBLAS's workspaces (32 MiB a thread on an
+    H100) were made at the child's set-up, so the peak holds the 64 x 64 float32 buffers alone."""
+    result = run_isolated("isolation_targets:cuda_matmul_gradient", {"n": 64}, name="first-product",
+                          device="cuda", options=IsolationOptions(warmup=0))
+    assert 0 < result.measurement.peak_bytes < 1_000_000
+
+
+def test_the_child_primes_cuda_before_the_case_is_set_up(tmp_path, monkeypatch):
+    """Without a GPU: for a CUDA device, child_main primes the CUDA libraries first, then sets the case up."""
+    import json
+
+    events = []
+    monkeypatch.setattr(isolation, "resolve_device", lambda spec: isolation.Device("cuda", 0))
+    monkeypatch.setattr(isolation, "prime_cuda_libraries", lambda device: events.append(("prime", device.name)))
+
+    def load_case(target, device, params):
+        events.append(("set-up", target))
+        raise RuntimeError("stop before measuring")
+
+    monkeypatch.setattr(isolation, "_load_case", load_case)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"parent_pid": os.getppid(), "sys_path": [], "device": "cuda:0",
+                                "target": "isolation_targets:cuda_allocate", "params": {}}))
+    monkeypatch.setattr(isolation, "die_with_parent", lambda pid: None)
+    assert isolation.child_main(str(spec), str(tmp_path / "result.json")) == 1
+    assert events == [("prime", "cuda:0"), ("set-up", "isolation_targets:cuda_allocate")]
+    assert "stop before measuring" in json.loads((tmp_path / "result.json").read_text())["error"]
+
+
+def test_priming_cuda_does_nothing_on_the_cpu(monkeypatch):
+    from benchlib.measure.devices import prime_cuda_libraries
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: pytest.fail("touched CUDA"))
+    prime_cuda_libraries(isolation.Device("cpu"))
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads process states from /proc")
 def test_timeout_also_kills_what_the_child_started(tmp_path, monkeypatch):
     pid_file = tmp_path / "grandchild.pid"

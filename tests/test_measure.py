@@ -596,6 +596,39 @@ def test_cuda_counters_read_what_torch_reports(stats, monkeypatch):
                                    flat.get("allocated_bytes.all.allocated", 0))
 
 
+def test_cuda_tracker_counts_the_call_from_the_caching_allocator(monkeypatch):
+    """Without a GPU: an AllocationTracker on a CUDA device resets the device's peak and counts the call's
+    allocations, bytes and peak above what was in use, from the allocator's counters (faked here)."""
+    stats = {stat: {"all": {"current": 0, "peak": 0, "allocated": 0, "freed": 0}}
+             for stat in ("allocation", "allocated_bytes")}
+    stats["allocated_bytes"]["all"].update(current=1000, peak=5000, allocated=9000)  # in use before the count
+    resets = []
+
+    def reset_peak(device=None):
+        resets.append(device)
+        stats["allocated_bytes"]["all"]["peak"] = stats["allocated_bytes"]["all"]["current"]
+
+    def allocate(nbytes):
+        counters = stats["allocated_bytes"]["all"]
+        stats["allocation"]["all"]["allocated"] += 1
+        counters["allocated"] += nbytes
+        counters["current"] += nbytes
+        counters["peak"] = max(counters["peak"], counters["current"])
+
+    def free(nbytes):
+        stats["allocated_bytes"]["all"]["current"] -= nbytes
+
+    for module in (torch.cuda, torch.cuda.memory):
+        monkeypatch.setattr(module, "memory_stats_as_nested_dict", lambda device=None: stats)
+        monkeypatch.setattr(module, "reset_peak_memory_stats", reset_peak)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+
+    with AllocationTracker(Device("cuda", 0)) as tracker:
+        tracker.call(lambda: (allocate(400), allocate(256), free(400)))
+    assert resets == [0]
+    assert tracker.allocations == Allocations(2, 656, "cuda-caching-allocator", peak_bytes=656)
+
+
 def test_rss_fallback_without_proc_agrees_with_proc(monkeypatch):
     import psutil
 

@@ -171,7 +171,7 @@ class AllocationTracker:
             self.device.synchronize()
             self._stats_before = _cuda_counters(self.device)
             self._in_use_before = cuda_stat(self.device.index, "allocated_bytes", "current")
-            self.device.torch.cuda.reset_peak_memory_stats(self.device.index)
+            self.device.reset_peak()
             return self
         try:
             import memray

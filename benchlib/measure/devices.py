@@ -215,6 +215,23 @@ class Device:
         return info
 
 
+def prime_cuda_libraries(device: Device) -> None:
+    """On CUDA, one tiny matrix-product gradient (a plain product and one with a bias): cuBLAS creates
+    its handle and workspace at the first product of each thread, the caller's and autograd's device
+    thread that runs the backward pass, and takes the workspace from the caching allocator (32 MiB
+    each on an H100 with torch 2.11). A warmed-up torch process has them; without this, a first
+    measured call (``warmup=0``) counts them in its peak, which then says more of cuBLAS than of the
+    code. Nothing on the CPU."""
+    if not device.is_cuda:
+        return
+    torch = _torch()
+    with torch.cuda.device(device.index):
+        a = torch.ones(2, 2, device=device.torch, requires_grad=True)
+        bias = torch.ones(2, device=device.torch, requires_grad=True)
+        torch.autograd.grad((a @ a).sum() + torch.addmm(bias, a, a).sum(), (a, bias))
+        torch.cuda.synchronize(device.index)
+
+
 def resolve_device(spec: str | Device = "auto") -> Device:
     """Turn "auto" | "cpu" | "cuda" | "cuda:N" into a Device; "auto" picks CUDA when present."""
     if isinstance(spec, Device):

@@ -27,7 +27,7 @@ from benchlib.results.store import write_json_atomic
 
 from . import forkserver
 from .core import Measurement, _check_counts, measure_with_result
-from .devices import Device, resolve_device
+from .devices import Device, prime_cuda_libraries, resolve_device
 from .timeline import MemoryTimeline, timeline_from_json, timeline_to_json
 
 MALLOC_POLICIES: dict[str, dict[str, str]] = {
@@ -345,6 +345,7 @@ def child_main(spec_path: str, result_path: str) -> int:
     sys.path.extend(p for p in spec["sys_path"] if p not in sys.path)
     try:
         device = resolve_device(spec["device"])
+        prime_cuda_libraries(device)  # cuBLAS's per-thread workspaces are no part of any case's peak
         case = _load_case(spec["target"], device, spec["params"])
         measurement, last = measure_with_result(
             case.fn, device=device, warmup=spec["warmup"], repeats=spec["repeats"],
