@@ -141,14 +141,25 @@ def leaves_thread_running(device):
 
 
 def process_facts(device):
-    """Reports, through the check, the child's pid, its parent's and its resident file-backed bytes
-    (code and constants mapped from files) as set-up found them, torch imported."""
-    import torch  # noqa: F401 - what a fork template holds, so both ways of starting map the same files
+    """Reports, through the check, the child's pid, its parent's, its resident file-backed bytes (code and
+    constants mapped from files) as set-up found them, whether it holds torch and is named as a case."""
+    import sys
 
     with open("/proc/self/status") as status:
         file_kb = next(int(line.split()[1]) for line in status if line.startswith("RssFile:"))
+    with open("/proc/self/comm") as comm:
+        named = comm.read().strip() == "benchlib-case"
+    holds_torch = "torch" in sys.modules
 
     def check(_):
-        return {"pid": float(os.getpid()), "ppid": float(os.getppid()), "rss_file_bytes": float(file_kb * 1024)}
+        return {"pid": float(os.getpid()), "ppid": float(os.getppid()), "rss_file_bytes": float(file_kb * 1024),
+                "holds_torch": float(holds_torch), "named_as_case": float(named)}
 
     return Case(lambda: None, check)
+
+
+def torch_process_facts(device):
+    """`process_facts` once torch is imported, as a torch engine's set-up imports it."""
+    import torch  # noqa: F401
+
+    return process_facts(device)

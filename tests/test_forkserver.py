@@ -10,15 +10,15 @@ pytestmark = pytest.mark.slow
 FACTS = dict(name="facts", options=IsolationOptions(timeline=False))
 
 
-def facts(mode, monkeypatch):
+def facts(mode, monkeypatch, target="isolation_targets:process_facts", preload=()):
     monkeypatch.setenv(forkserver.ISOLATION_ENV, mode)
-    result = run_isolated("isolation_targets:process_facts", **FACTS)
+    result = run_isolated(target, name="facts", options=IsolationOptions(timeline=False, preload=preload))
     return result.checks, result.environment["isolation"]
 
 
 def test_each_case_is_a_new_process_forked_from_one_warm_template(monkeypatch):
     (first, how), (second, _) = facts("fork", monkeypatch), facts("fork", monkeypatch)
-    assert how == "fork"
+    assert how == "fork" and first["named_as_case"] == 1.0
     assert first["pid"] != second["pid"] and os.getpid() not in (first["pid"], second["pid"])
     assert first["ppid"] == second["ppid"] != os.getpid()  # the same template served both
 
@@ -26,9 +26,17 @@ def test_each_case_is_a_new_process_forked_from_one_warm_template(monkeypatch):
 def test_a_forked_case_starts_with_the_code_pages_a_fresh_interpreter_maps(monkeypatch):
     # Fork leaves read-only file mappings unmapped in the child (7 MB of 114 MB here); counted in the
     # measured calls they would inflate every peak, so the child maps the template's pages again first.
-    (forked, _), (spawned, how) = facts("fork", monkeypatch), facts("spawn", monkeypatch)
-    assert how == "spawn" and spawned["ppid"] == os.getpid()
+    target = "isolation_targets:torch_process_facts"
+    (forked, _), (spawned, how) = facts("fork", monkeypatch, target, ("torch",)), facts("spawn", monkeypatch, target)
+    assert how == "spawn" and spawned["ppid"] == os.getpid() and spawned["named_as_case"] == 1.0
     assert forked["rss_file_bytes"] == pytest.approx(spawned["rss_file_bytes"], rel=0.05)
+
+
+def test_a_template_holds_torch_only_for_a_case_that_imports_it_anyway(monkeypatch):
+    # a numpy engine's collector walks no torch objects, as in a fresh interpreter
+    assert facts("fork", monkeypatch)[0]["holds_torch"] == 0.0
+    assert facts("fork", monkeypatch, preload=("torch",))[0]["holds_torch"] == 1.0
+    assert facts("spawn", monkeypatch, preload=("torch",))[0]["holds_torch"] == 0.0  # set-up would import it
 
 
 def test_a_module_outside_benchlib_is_imported_by_the_child_so_an_edit_is_never_served_stale(tmp_path,
@@ -45,7 +53,7 @@ def test_a_template_that_cannot_serve_falls_back_to_a_fresh_interpreter_and_says
     def unavailable(*args, **kwargs):
         raise forkserver.TemplateUnavailable("no template here")
 
-    monkeypatch.setattr(forkserver, "template_for", unavailable)
+    monkeypatch.setattr(forkserver, "run_in_template", unavailable)
     result = run_isolated("isolation_targets:process_facts", **FACTS)
     assert result.environment["isolation"] == "spawn" and result.checks["ppid"] == os.getpid()
 
@@ -62,3 +70,19 @@ def test_each_malloc_policy_gets_its_own_template(monkeypatch):
                                     options=IsolationOptions(timeline=False, malloc=policy)).checks["mmap_threshold"]
                for policy in ("mmap-128k", "mmap-64k")}
     assert parents == {"mmap-128k": 131072.0, "mmap-64k": 65536.0}
+
+
+def test_an_interrupted_exchange_closes_its_template_so_no_later_case_reads_its_replies(monkeypatch):
+    before, _ = facts("fork", monkeypatch)
+    answer = forkserver.Template._reply
+
+    def interrupted(self, timeout_s):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(forkserver.Template, "_reply", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_isolated("isolation_targets:process_facts", **FACTS)
+    monkeypatch.setattr(forkserver.Template, "_reply", answer)
+    after, how = facts("fork", monkeypatch)
+    assert how == "fork" and after["ppid"] != before["ppid"]  # a new template, in step with its requests
+    assert after["pid"] != before["pid"]

@@ -14,6 +14,7 @@ import pandas as pd
 import psutil
 import pytest
 
+from benchlib.measure.isolation import CASE_PROCESS_NAME  # a case's process, forked or a fresh interpreter
 from benchlib.results import Run, list_runs, load_records, load_run_info, make_record
 from benchlib.results.store import RecordsUnreadable, run_state
 from benchlib.runner import run
@@ -189,7 +190,7 @@ def test_sigterm_finishes_run_json_as_interrupted_and_leaves_no_case_child(tmp_p
         [sys.executable, "-m", "benchlib.runner.cli", "run", "cases", "-p", "sleep_s=120", "--device", "cpu",
          "--notebooks-dir", str(NOTEBOOKS), "--out", str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    case_child = wait_for_descendant(runner, "benchlib.measure.isolation", timeout_s=90)  # the long case started
+    case_child = wait_for_descendant(runner, CASE_PROCESS_NAME, timeout_s=90)  # the long case started
     runner.send_signal(signal.SIGTERM)
     output, _ = runner.communicate(timeout=60)
     assert runner.returncode == 130, output
@@ -237,6 +238,13 @@ def test_sighup_and_sigterm_raise_the_interrupt_that_finishes_a_run_and_handlers
     assert signal.getsignal(signal.SIGHUP) == before
 
 
+def _name(process: psutil.Process) -> str:
+    try:
+        return process.name()
+    except (psutil.ZombieProcess, psutil.NoSuchProcess, psutil.AccessDenied):
+        return ""
+
+
 def _command_line(process: psutil.Process) -> str:
     """The process's command line, or "" for one that has just exited (a zombie not yet reaped,
     or already gone): a short-lived helper of the kernel must not fail the search."""
@@ -250,7 +258,7 @@ def wait_for_descendant(parent: subprocess.Popen, marker: str, timeout_s: float 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         found = next((p for p in psutil.Process(parent.pid).children(recursive=True)
-                      if marker in _command_line(p)), None)
+                      if marker in _command_line(p) or marker == _name(p)), None)
         if found is not None:
             return found
         time.sleep(0.2)
@@ -278,7 +286,7 @@ def test_a_case_child_dies_with_the_process_that_started_it_even_when_that_is_ki
         "run_isolated('isolation_targets:spawns_sleeper', {'seconds': 120}, name='sleeper',\n"
         "             options=IsolationOptions(timeline=False))")],
         env={**os.environ, "GRANDCHILD_PID_FILE": str(started)})
-    child = wait_for_descendant(parent, "benchlib.measure.isolation")
+    child = wait_for_descendant(parent, CASE_PROCESS_NAME)
     deadline = time.monotonic() + 60
     while not (started.is_file() and started.read_text()) and time.monotonic() < deadline:
         time.sleep(0.2)

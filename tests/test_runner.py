@@ -180,3 +180,10 @@ def test_cli_refuses_a_budget_it_cannot_keep(argv, tmp_path, capsys):
     assert main(["run", "probe", *argv, "--notebooks-dir", str(NOTEBOOKS), "--out", str(tmp_path / "out")]) == 2
     assert "--budget" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_refuses_an_unknown_isolation_mode_before_anything_runs(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("BENCHLIB_ISOLATION", "threads")
+    assert main(["run", "probe", "--notebooks-dir", str(NOTEBOOKS), "--out", str(tmp_path / "out")]) == 2
+    assert "BENCHLIB_ISOLATION='threads': valid values are fork, spawn" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -259,3 +259,12 @@ def get_engine(name: str) -> Engine:
         return ENGINES[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown engine {name!r}; valid engines: {', '.join(ENGINE_NAMES)}") from None
+
+
+def case_imports(name: str, device) -> tuple[str, ...]:
+    """What an isolated case of engine `name` imports during its set-up anyway: torch where it computes
+    with torch tensors on `device` (`Engine.array_library`), and for a model file's engines, which are
+    not in this registry (`torch.func`, `fused-optimizer`: torch ones); a fork template preloads them
+    (`IsolationOptions.preload`), so a numpy engine's process holds no torch."""
+    engine = ENGINES.get(name)
+    return ("torch",) if engine is None or engine.array_library(device) == "torch" else ()

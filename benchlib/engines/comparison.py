@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from benchlib.benchmark import Config, Parameter, distinct
-from benchlib.engines import ENGINE_NAMES, get_engine
+from benchlib.engines import ENGINE_NAMES, case_imports, get_engine
 from benchlib.engines.gradients import (GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, gradient_file,
                                         saved_gradient_error)
 from benchlib.engine_names import MANUAL, MANUAL_SEED
@@ -458,7 +458,8 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
                                               warmup=warmup, repeats=repeats, track_allocations=False,
                                               timeline=True, timeout_s=timeout_s,
                                               timeline_interval_s=TIMELINE_INTERVAL_S, role_timeline=trial == 0,
-                                              memory_required_bytes=required, **options))
+                                              memory_required_bytes=required,
+                                              preload=case_imports(engine_name, device), **options))
                 except CaseFailed as error:  # includes MemoryRequirementError: refused before it starts
                     skipped = f" (its {trials - trial - 1} later trial(s) skipped)" if trial < trials - 1 else ""
                     which = f"trial {trial + 1} of {trials}: " if trials > 1 else ""

@@ -1,15 +1,17 @@
 """A warm template process that forks one new process per isolated case.
 
 Every case still runs in a process of its own, whose heap no earlier measurement touched; what the
-template saves is Python's start-up and the imports (torch, numpy, pandas, the workload: 1.5-4 s a
-case on a 2-core machine, more than most cases measure). The template imports `PRELOAD` and then,
-on each request, the target's module when it is benchlib's own (a test's or a user's module is
-imported by the child, so an edited file is never served stale); it never runs a tensor operation
-and never initialises CUDA, so the fork is safe. The allocator reads MALLOC_* once, at process
-start, so each environment gets its own template (`template_for`, at most `KEEP` alive).
+template saves is Python's start-up and the imports (numpy, pandas, the workload, torch where the
+case uses it: 1.5-4 s a case on a 2-core machine, more than most cases measure). A template imports
+`PRELOAD` and the case's own `preload` (torch for a torch engine: what its set-up would import
+anyway, so a numpy engine's process holds no torch objects for its collector to walk), and, on each
+request, the target's module when it is benchlib's own (a test's or a user's module is imported by
+the child, so an edited file is never served stale). It never runs a tensor operation and never
+initialises CUDA, so the fork is safe. The allocator reads MALLOC_* once, at process start, so each
+environment gets its own template (`run_in_template`, at most `KEEP` alive).
 
 `BENCHLIB_ISOLATION=spawn` starts a fresh interpreter per case instead (docs/measuring.md); so does
-any request a template cannot serve (it failed to start, or a preload started CUDA).
+any request a template cannot serve (it failed to start, or an import started CUDA).
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections import OrderedDict
 from importlib import import_module
@@ -26,11 +30,13 @@ from importlib import import_module
 ISOLATION_ENV = "BENCHLIB_ISOLATION"
 FORK, SPAWN = "fork", "spawn"
 MODES = (FORK, SPAWN)
-PRELOAD = ("torch", "numpy", "benchlib.measure.isolation")
-KEEP = 2  # templates alive at once (each holds ~0.4 GB once torch is imported)
+PRELOAD = ("numpy", "benchlib.measure.isolation")  # what every isolated child imports before its case
+KEEP = 3  # templates alive at once (one holds ~0.4 GB once torch is imported)
 START_TIMEOUT_S = 300
 # Set per call, not at process start: a template is shared across values of these.
 PER_CALL_ENV = frozenset({"PYTEST_CURRENT_TEST", "BENCHLIB_DEADLINE"})
+PAGEMAP_CHUNK = 8192  # pages per pagemap read: 64 KiB buffers, below glibc's mmap threshold, so the
+# template's own scan cannot raise the dynamic threshold its children inherit (glibc-default policy)
 
 
 def isolation_mode() -> str:
@@ -45,13 +51,18 @@ class TemplateUnavailable(RuntimeError):
     """The template could not serve a request; the case is run in a fresh interpreter instead."""
 
 
+class TemplateRefused(TemplateUnavailable):
+    """The template cannot fork at all (an import initialised CUDA): later cases spawn at once."""
+
+
 class Template:
     """The parent's handle on one template process: JSON lines in, JSON lines out."""
 
-    def __init__(self, env: dict[str, str], warning_filter: str):
+    def __init__(self, env: dict[str, str], warning_filter: str, preload: tuple[str, ...]):
+        self._stderr = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
-            [sys.executable, "-W", warning_filter, "-m", "benchlib.measure.forkserver", str(os.getpid())],
-            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            [sys.executable, "-W", warning_filter, "-m", "benchlib.measure.forkserver", str(os.getpid()), *preload],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
             start_new_session=True, bufsize=0)
         self.pid = self.process.pid
         self._buffer = b""
@@ -59,10 +70,16 @@ class Template:
             ready = self._reply(START_TIMEOUT_S)
         except (TimeoutError, TemplateUnavailable) as error:
             self.close()
-            raise TemplateUnavailable(f"the template did not start: {error!r}") from error
+            raise TemplateUnavailable(f"the template did not start: {error}{self._said()}") from None
         if ready.get("ready") is not True:
             self.close()
             raise TemplateUnavailable(f"the template did not start: {ready.get('error', ready)}")
+
+    def _said(self) -> str:
+        """The end of what the template wrote to stderr, for a message."""
+        self._stderr.seek(0)
+        text = self._stderr.read().decode(errors="replace").strip()
+        return f" ({text[-500:]})" if text else ""
 
     def _reply(self, timeout_s: float) -> dict:
         """The next line the template wrote (read unbuffered, so `select` never misses a line)."""
@@ -73,7 +90,7 @@ class Template:
                 raise TimeoutError(f"no answer from the template within {timeout_s:g} s")
             chunk = os.read(fd, 65536)
             if not chunk:
-                raise TemplateUnavailable("the template process exited")
+                raise TemplateUnavailable(f"the template process exited{self._said()}")
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
         return json.loads(line)
@@ -81,29 +98,32 @@ class Template:
     def run(self, spec_path: str, result_path: str, output_path: str, env: dict[str, str], module: str,
             timeout_s: float) -> tuple[int, bool]:
         """Fork one child for the spec; its exit code (negative: the signal) and whether it timed out.
-        A child past `timeout_s` is killed with everything it started (its own session)."""
+        A child past `timeout_s` is killed with everything it started (its own session). Anything that
+        interrupts the exchange (Ctrl-C, a template that dies) closes the template: its replies would be
+        out of step with the next request's."""
         request = {"spec": spec_path, "result": result_path, "output": output_path, "env": env,
                    "cwd": os.getcwd(), "module": module}
+        child = None
         try:
             self.process.stdin.write((json.dumps(request) + "\n").encode())
             started = self._reply(START_TIMEOUT_S)
-        except (OSError, TimeoutError) as error:
-            self.close()
-            raise TemplateUnavailable(f"the template did not answer: {error!r}") from error
-        if "pid" not in started:
-            raise TemplateUnavailable(started.get("error", "the template refused the request"))
-        child = started["pid"]
-        timed_out = False
-        try:
+            if "pid" not in started:
+                raise TemplateRefused(started.get("error", "the template refused the request"))
+            child = started["pid"]
             try:
                 finished = self._reply(timeout_s)
+                timed_out = False
             except TimeoutError:
                 timed_out = True
                 _kill_session(child)
                 finished = self._reply(START_TIMEOUT_S)
-        except BaseException:  # KeyboardInterrupt, a template that died: nothing of the case keeps running
+        except (OSError, TimeoutError) as error:
             _kill_session(child)
-            self.close()  # its replies are out of step with our requests now
+            self.close()
+            raise TemplateUnavailable(f"the template did not answer: {error}") from None
+        except BaseException:
+            _kill_session(child)
+            self.close()
             raise
         _kill_session(child)  # whatever the case left running in its session
         return finished["status"], timed_out
@@ -114,43 +134,59 @@ class Template:
     def close(self) -> None:
         _kill_session(self.pid)
         self.process.wait()
-        for stream in (self.process.stdin, self.process.stdout):
+        for stream in (self.process.stdin, self.process.stdout, self._stderr):
             stream.close()
 
 
-def _kill_session(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+def _kill_session(pid: int | None) -> None:
+    """Kill `pid`'s session (it leads one: the template, a case child), and `pid` itself should it not
+    lead one yet."""
+    if pid is None:
+        return
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 _templates: OrderedDict[tuple, Template] = OrderedDict()
+_failed: dict[tuple, str] = {}  # why a template could not start, so later cases spawn at once
+_lock = threading.Lock()  # one exchange with the templates at a time, whichever thread asks
+os.register_at_fork(after_in_child=lambda: (_templates.clear(), _failed.clear()))  # a forked copy owns none
 
 
-def template_for(env: dict[str, str], warning_filter: str) -> Template:
-    """The template for this interpreter, path and start-up environment, started when first needed;
-    the least recently used one is closed when more than `KEEP` would be alive."""
-    key = (sys.executable, tuple(sys.path), tuple(sorted((k, v) for k, v in env.items() if k not in PER_CALL_ENV)))
-    template = _templates.pop(key, None)
-    if template is None or not template.alive():
-        template = Template(env, warning_filter)
-    _templates[key] = template
-    while len(_templates) > KEEP:
-        _templates.popitem(last=False)[1].close()
-    return template
-
-
-def close_templates() -> None:
-    """Stop every template (they also die with this process)."""
-    while _templates:
-        _templates.popitem()[1].close()
+def run_in_template(env: dict[str, str], warning_filter: str, preload: tuple[str, ...], spec_path: str,
+                    result_path: str, output_path: str, module: str, timeout_s: float) -> tuple[int, bool]:
+    """Run the spec in a child of the template for this interpreter, path, start-up environment and
+    preload, starting that template when first needed (the least recently used one is closed when
+    more than `KEEP` would be alive). TemplateUnavailable: run it some other way."""
+    key = (sys.executable, tuple(sys.path), tuple(preload),
+           tuple(sorted((k, v) for k, v in env.items() if k not in PER_CALL_ENV)))
+    with _lock:
+        if key in _failed:
+            raise TemplateUnavailable(_failed[key])
+        template = _templates.pop(key, None)
+        if template is None or not template.alive():
+            try:
+                template = Template(env, warning_filter, preload)
+            except TemplateUnavailable as error:
+                _failed[key] = str(error)
+                raise
+        _templates[key] = template
+        while len(_templates) > KEEP:
+            _templates.popitem(last=False)[1].close()
+        try:
+            return template.run(spec_path, result_path, output_path, env, module, timeout_s)
+        except TemplateRefused as error:
+            _failed[key] = str(error)
+            raise
 
 
 # ---------------------------------------------------------------- template side
 
 
-def _serve(parent_pid: int) -> None:
+def _serve(parent_pid: int, preload: list[str]) -> None:
     from benchlib.measure import isolation
 
     isolation.die_with_parent(parent_pid)
@@ -160,7 +196,7 @@ def _serve(parent_pid: int) -> None:
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
     try:
-        for name in PRELOAD:
+        for name in (*PRELOAD, *preload):
             import_module(name)
     except Exception as error:  # noqa: BLE001 - said to the parent, which spawns instead
         replies.write(json.dumps({"ready": False, "error": f"{type(error).__name__}: {error}"}) + "\n")
@@ -177,13 +213,14 @@ def _serve(parent_pid: int) -> None:
         if _cuda_initialized():
             replies.write(json.dumps({"error": f"importing {module} initialised CUDA; a template that "
                                       "did cannot fork"}) + "\n")
-            continue
+            return
         code_pages = _mapped_code_pages()
+        template = os.getpid()
         pid = os.fork()
         if pid == 0:
-            _map_again(code_pages)
-            del code_pages
-            _child(request, requests, replies, devnull)
+            isolation.die_with_parent(template)
+            _child(request, requests, replies, devnull, code_pages)
+        del code_pages
         replies.write(json.dumps({"pid": pid}) + "\n")
         _, status = os.waitpid(pid, 0)
         replies.write(json.dumps({"status": os.waitstatus_to_exitcode(status)}) + "\n")
@@ -193,9 +230,10 @@ PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def _mapped_code_pages() -> list:
-    """(start, page offsets) of the pages of read-only file mappings (code, constants) this process has
-    mapped. Fork does not copy those page-table entries: the child would fault the pages back in during
-    its measured calls and count them in its resident set, which a fresh interpreter counted at import."""
+    """(chunk start, page offsets) of the pages of read-only file mappings (code, constants) this
+    process has mapped. Fork does not copy those page-table entries: the child would fault the pages
+    back in during its measured calls and count them in its resident set, which a fresh interpreter
+    counted at import. Read in `PAGEMAP_CHUNK`s, so no buffer here is large enough to be mmapped."""
     import numpy as np
 
     regions = []
@@ -209,10 +247,12 @@ def _mapped_code_pages() -> list:
     pagemap = os.open("/proc/self/pagemap", os.O_RDONLY)
     try:
         for start, end in regions:
-            entries = np.frombuffer(os.pread(pagemap, (end - start) // PAGE * 8, start // PAGE * 8), dtype=np.uint64)
-            present = np.flatnonzero(entries >> np.uint64(63))
-            if present.size:
-                pages.append((start, end, present))
+            for chunk in range(start, end, PAGEMAP_CHUNK * PAGE):
+                count = min(PAGEMAP_CHUNK, (end - chunk) // PAGE)
+                entries = np.frombuffer(os.pread(pagemap, count * 8, chunk // PAGE * 8), dtype=np.uint64)
+                present = np.flatnonzero(entries >> np.uint64(63))
+                if present.size:
+                    pages.append((chunk, count, present))
     finally:
         os.close(pagemap)
     return pages
@@ -225,9 +265,20 @@ def _map_again(pages: list) -> None:
 
     import numpy as np
 
-    for start, end, present in pages:
-        memory = np.frombuffer((ctypes.c_char * (end - start)).from_address(start), dtype=np.uint8)
+    for chunk, count, present in pages:
+        memory = np.frombuffer((ctypes.c_char * (count * PAGE)).from_address(chunk), dtype=np.uint8)
         int(memory[present * PAGE].sum())
+
+
+def _start_blas_threads() -> None:
+    """One small threaded product, so NumPy's BLAS has its worker threads again, as it has after import
+    in a fresh interpreter (OpenBLAS stops them before a fork and starts them at the next threaded call,
+    which would otherwise be a numpy engine's measured one). 100x100 is above OpenBLAS's threading
+    threshold, and its arrays stay below glibc's mmap threshold."""
+    import numpy as np
+
+    block = np.ones((100, 100))
+    block @ block
 
 
 def _cuda_initialized() -> bool:
@@ -235,23 +286,29 @@ def _cuda_initialized() -> bool:
     return bool(torch is not None and torch.cuda.is_initialized())
 
 
-def _child(request: dict, requests, replies, devnull: int) -> None:
-    """The forked child: its own session, output file and environment, then the case."""
+def _child(request: dict, requests, replies, devnull: int, code_pages: list) -> None:
+    """The forked child: its own session first (so a timeout's kill reaches it), then the pages, the
+    output file, working directory, import path and environment a fresh interpreter would have had, then
+    the case."""
     status = 1
     try:
         os.setsid()
+        from benchlib.measure.isolation import child_main, name_process  # imported by the template already
+
+        name_process()
         requests.close()
         replies.close()
+        _map_again(code_pages)
+        _start_blas_threads()
         output = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(output, 1)
         os.dup2(output, 2)
         os.dup2(devnull, 0)
         os.chdir(request["cwd"])
+        sys.path[0] = request["cwd"]  # `python -m` puts the working directory first
         os.environ.clear()
         os.environ.update(request["env"])
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        from benchlib.measure.isolation import child_main
-
         status = child_main(request["spec"], request["result"])
     except BaseException:  # noqa: BLE001 - a child must never return into the template's loop
         import traceback
@@ -264,4 +321,4 @@ def _child(request: dict, requests, replies, devnull: int) -> None:
 
 
 if __name__ == "__main__":
-    _serve(int(sys.argv[1]))
+    _serve(int(sys.argv[1]), sys.argv[2:])

@@ -150,6 +150,8 @@ class IsolationOptions:
     memory_required_bytes: int | None = None
     sites: bool = False  # the allocation pass also groups the live allocations at its peak by line
     attribute: bool = False  # one more traced call after the others: allocation sites (Measurement.attribution)
+    preload: tuple[str, ...] = ()  # modules the case's set-up imports anyway (torch for a torch engine): a fork
+    # template holds them already (`forkserver`); a fresh interpreter imports them in set-up as before
 
     def __post_init__(self) -> None:
         _check_counts(self.warmup, self.repeats)
@@ -164,6 +166,8 @@ class IsolationOptions:
             raise ValueError(f"memory_required_bytes must be a number of bytes >= 0 or None, "
                              f"got {self.memory_required_bytes!r}")
         malloc_environment(self.malloc)  # an unknown policy is refused, naming the valid ones
+        if not (isinstance(self.preload, tuple) and all(isinstance(m, str) and m for m in self.preload)):
+            raise ValueError(f"preload must be a tuple of module names, got {self.preload!r}")
 
 
 def run_isolated(target: str, params: dict | None = None, *, name: str, device: str | Device = "cpu",
@@ -205,7 +209,7 @@ def run_isolated(target: str, params: dict | None = None, *, name: str, device: 
         spec_path, result_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "result.json")
         output_path = os.path.join(tmp, "output.txt")
         returncode, timed_out, isolation = _run_child(spec, spec_path, result_path, output_path, env,
-                                                      options.timeout_s)
+                                                      options.timeout_s, options.preload)
         with open(output_path, errors="replace") as f:
             output = _tail(f.read())
         if timed_out:
@@ -225,16 +229,15 @@ def run_isolated(target: str, params: dict | None = None, *, name: str, device: 
 
 
 def _run_child(spec: dict, spec_path: str, result_path: str, output_path: str, env: dict[str, str],
-               timeout_s: float) -> tuple[int, bool, str]:
+               timeout_s: float, preload: tuple[str, ...]) -> tuple[int, bool, str]:
     """Start the child and wait for it: forked from a warm template (`forkserver`), or a fresh
     interpreter when `BENCHLIB_ISOLATION=spawn` or no template can serve; (exit code, timed out, which)."""
     if forkserver.isolation_mode() == forkserver.FORK:
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)  # the template's child ties itself to the template
         try:
-            template = forkserver.template_for(env, _RUNPY_WARNING)
-            with open(spec_path, "w") as f:
-                json.dump({**spec, "parent_pid": template.pid}, f)
-            returncode, timed_out = template.run(spec_path, result_path, output_path, env,
-                                                 spec["target"].split(":")[0], timeout_s)
+            returncode, timed_out = forkserver.run_in_template(env, _RUNPY_WARNING, preload, spec_path, result_path,
+                                                               output_path, spec["target"].split(":")[0], timeout_s)
             return returncode, timed_out, forkserver.FORK
         except forkserver.TemplateUnavailable as error:
             with open(output_path, "w") as f:
@@ -322,7 +325,16 @@ def _environment(spec: dict, device: Device) -> dict:
     }
 
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
+PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15  # linux/prctl.h
+CASE_PROCESS_NAME = "benchlib-case"  # what `ps` and psutil call a case's process, however it started
+
+
+def name_process() -> None:
+    """Name this process `CASE_PROCESS_NAME` (Linux), so a case's process can be told from its template."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, CASE_PROCESS_NAME.encode())
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -341,7 +353,9 @@ def child_main(spec_path: str, result_path: str) -> int:
     """Run the case described in `spec_path`; write the outcome to `result_path` as JSON."""
     with open(spec_path) as f:
         spec = json.load(f)
-    die_with_parent(spec["parent_pid"])
+    if "parent_pid" in spec:  # a spawned child; a forked one tied itself to its template already
+        die_with_parent(spec["parent_pid"])
+    name_process()
     sys.path.extend(p for p in spec["sys_path"] if p not in sys.path)
     try:
         device = resolve_device(spec["device"])

@@ -29,6 +29,7 @@ from benchlib.results.environment import file_provenance
 from benchlib.results.report import summary_lines, write_report
 from benchlib.results.compare import noise_table, noise_text
 from benchlib.results.seed_verdicts import save_verdicts, seed_verdicts, verdict_text
+from benchlib.measure.forkserver import isolation_mode
 from benchlib.results.stopping import DEADLINE_ENV
 from benchlib.results.store import (
     FIGURE_PNG_ENV,
@@ -363,6 +364,10 @@ def run(notebooks: Sequence[str] = (), *, options: RunOptions | None = None, **o
         if executor != "local":
             raise RunnerError("--budget shares the time among notebooks run one after another: it goes with "
                               "--executor local (on a Dask cluster, bound each point with --timeout)")
+    try:
+        isolation_mode()  # BENCHLIB_ISOLATION, read by every isolated case: refused here, before any notebook
+    except ValueError as error:
+        raise RunnerError(str(error)) from None
     if options.attribute:
         params = _with_attribute(notebooks, notebooks_dir, params, stream)
     planned = plan(notebooks, params=dict(params or {}), quick=quick, notebooks_dir=notebooks_dir)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib.benchmark import Config
+from benchlib.engines import case_imports
 from benchlib.engines.comparison import GRAD_UNCHECKED_METRIC, child_start_params, trial_order
 from benchlib.engines.gradients import GRAD_ERROR_METRIC, gradient_file, saved_gradient_error
 from benchlib.results.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline, TrialStopping
@@ -139,7 +140,8 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
                                                     **({"categories": True} if traced and form.torch_categories else {})},
                                       name=f"{name}/{cases[version]}/{engine}", device=device.name,
                                       options=IsolationOptions(warmup=WARMUP, repeats=STEPS, track_allocations=track,
-                                                               timeline=False, attribute=traced))
+                                                               timeline=False, attribute=traced,
+                                                               preload=case_imports(engine, device)))
             except CaseFailed as error:
                 later = f" (its {trials - trial - 1} later trial(s) skipped)" if trial < trials - 1 else ""
                 note(version, engine, "failed", f"trial {trial + 1} of {trials}: {error}{later}", params)

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchlib.engines import case_imports
 from benchlib.engines.roles import GRADIENT_METRIC, SAVED_METRIC
 from benchlib.measure.allocations import PeakSite
 from benchlib.source_files import is_library
@@ -259,7 +260,8 @@ def measure_step(model: str | Path, engine: str = "torch", *, params: dict | Non
                                                 "gradient_dir": gradients},
                                   name=f"{model_file.name}/{engine}", device=target.name,
                                   options=IsolationOptions(warmup=1, repeats=1, track_allocations=True, timeline=False,
-                                                           sites=sites, timeout_s=timeout_s))
+                                                           sites=sites, timeout_s=timeout_s,
+                                                           preload=case_imports(engine, target)))
         except CaseFailed as failed:
             raise GateError(f"{model_file.path} under {engine}: {failed.reason}"
                             + (f"\n{failed.child_traceback.strip().splitlines()[-1]}" if failed.child_traceback else "")
