@@ -86,3 +86,9 @@ def test_an_interrupted_exchange_closes_its_template_so_no_later_case_reads_its_
     after, how = facts("fork", monkeypatch)
     assert how == "fork" and after["ppid"] != before["ppid"]  # a new template, in step with its requests
     assert after["pid"] != before["pid"]
+
+
+def test_without_a_pagemap_to_map_the_code_again_every_case_spawns(monkeypatch):
+    monkeypatch.setattr(forkserver, "FORK_SUPPORTED", False)
+    checks, how = facts("fork", monkeypatch)
+    assert how == "spawn" and checks["ppid"] == os.getpid()

@@ -35,16 +35,19 @@ KEEP = 3  # templates alive at once (one holds ~0.4 GB once torch is imported)
 START_TIMEOUT_S = 300
 # Set per call, not at process start: a template is shared across values of these.
 PER_CALL_ENV = frozenset({"PYTEST_CURRENT_TEST", "BENCHLIB_DEADLINE"})
+# A forked child must re-map its template's code pages (`_mapped_code_pages`): without /proc's pagemap it could not.
+FORK_SUPPORTED = hasattr(os, "fork") and os.path.exists("/proc/self/pagemap")
 PAGEMAP_CHUNK = 8192  # pages per pagemap read: 64 KiB buffers, below glibc's mmap threshold, so the
 # template's own scan cannot raise the dynamic threshold its children inherit (glibc-default policy)
 
 
 def isolation_mode() -> str:
-    """How cases are isolated: `fork` (from a template, the default) or `spawn` (a fresh interpreter)."""
+    """How cases are isolated: `fork` (from a template, the default where the kernel shows a process's
+    mapped pages, i.e. Linux) or `spawn` (a fresh interpreter; the default elsewhere)."""
     mode = os.environ.get(ISOLATION_ENV, FORK)
     if mode not in MODES:
         raise ValueError(f"{ISOLATION_ENV}={mode!r}: valid values are {', '.join(MODES)}")
-    return mode
+    return mode if FORK_SUPPORTED else SPAWN
 
 
 class TemplateUnavailable(RuntimeError):
@@ -153,7 +156,8 @@ def _kill_session(pid: int | None) -> None:
 _templates: OrderedDict[tuple, Template] = OrderedDict()
 _failed: dict[tuple, str] = {}  # why a template could not start, so later cases spawn at once
 _lock = threading.Lock()  # one exchange with the templates at a time, whichever thread asks
-os.register_at_fork(after_in_child=lambda: (_templates.clear(), _failed.clear()))  # a forked copy owns none
+if FORK_SUPPORTED:
+    os.register_at_fork(after_in_child=lambda: (_templates.clear(), _failed.clear()))  # a forked copy owns none
 
 
 def run_in_template(env: dict[str, str], warning_filter: str, preload: tuple[str, ...], spec_path: str,
