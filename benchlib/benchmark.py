@@ -35,10 +35,6 @@ class DeclarationError(ValueError):
     """A `Benchmark` that cannot be run as declared (missing fields, defaults its own checks refuse)."""
 
 
-def _type_name(value: Any) -> str:
-    return {bool: "bool", int: "int", float: "float", str: "str"}.get(type(value), type(value).__name__)
-
-
 @dataclass(frozen=True)
 class Parameter:
     """One typed parameter. Its type is its default's (`int`, `float`, `bool`, `str`, or a non-empty

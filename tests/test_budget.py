@@ -12,7 +12,7 @@ from benchlib.engines.gradients import save_gradient
 from benchlib.measure.core import Measurement
 from benchlib.measure.isolation import IsolatedResult
 from benchlib.results.seed_verdicts import INCONCLUSIVE, RatioRule, seed_verdicts
-from benchlib.results.stopping import BUDGET, DETERMINISTIC, MAX_TRIALS, PRECISION, Deadline, TrialStopping
+from benchlib.trials.stopping import BUDGET, DETERMINISTIC, MAX_TRIALS, PRECISION, Deadline, TrialStopping
 
 PEAKS = {  # each engine's peak per trial: settles, never settles, never changes
     "benchlib-inplace": [1000.0, 1004.0, 998.0, 1001.0, 1000.0, 999.0],

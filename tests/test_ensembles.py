@@ -344,7 +344,7 @@ def test_run_grid_labels_every_record_with_the_synthetic_data_source(data):
 def test_a_spent_deadline_keeps_each_groups_first_round_and_says_the_rest_stopped_at_the_budget(data):
     import time
 
-    from benchlib.results.stopping import Deadline
+    from benchlib.trials.stopping import Deadline
 
     grid = E.Grid(strategies=("naive", "batched_vmap"), gc_policies=("default", "freeze"), heap_sizes=(0,))
     plan = E.TrainingPlan(steps=3, warmup=1, alloc_steps=0, trials=3)

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping
 
@@ -24,20 +22,17 @@ import pandas as pd
 
 from benchlib.benchmark import Config, Parameter, distinct
 from benchlib.engines import ENGINE_NAMES, case_imports, get_engine
-from benchlib.engines.gradients import (GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, gradient_file,
-                                        saved_gradient_error)
+from benchlib.engines.gradients import GRAD_ERROR_METRIC, GRADIENT_TOLERANCE
 from benchlib.engine_names import MANUAL, MANUAL_SEED
 from benchlib.engines.roles import GRADIENT_ROLE, SAVED_ROLE
-from benchlib.results.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline, TrialStopping
+from benchlib.trials.loop import GRAD_UNCHECKED_METRIC, TrialLoop, TrialSettings, Unit
+from benchlib.trials.stopping import TRIALS_RUN, Deadline
 
 # Time is measured in the same calls as the memory timeline (one fresh process per case), so the
 # sampler thread runs during the timed repeats (its cost is measured by the calibration notebook,
 # see docs/measuring.md); the interval is recorded with every row.
 TIMELINE_INTERVAL_S = 0.002
 ROLE_TIMELINE_COLUMNS = ["case", "engine", "t_s", "bytes", "phase", SAVED_ROLE, GRADIENT_ROLE]
-# Recorded (value 1, the reason in params["message"]) for an engine that ran but whose gradient
-# could not be compared: no manual gradient to compare it with.
-GRAD_UNCHECKED_METRIC = "grad_check_unavailable"
 DTYPES = tuple(GRADIENT_TOLERANCE)  # the dtypes an engine comparison runs in (those with a gradient tolerance)
 REFERENCE_ENGINE = MANUAL  # the lean hand-written gradient: every engine's gradient is checked against it, ratios are to it
 SEED_ENGINE = MANUAL_SEED  # the seed's own hand-written gradient, the second baseline where a workload has one
@@ -130,24 +125,6 @@ def planned_engines(engines: Iterable[str]) -> tuple[list[str], str | None]:
     return [REFERENCE_ENGINE, *engines], (
         f"{REFERENCE_ENGINE} added to the engines: it is the baseline of every ratio and the gradient every "
         "engine is checked against, measured in this run")
-
-
-def trial_order(engines: Iterable[str], trials: int, seed: int | None,
-                first: str = REFERENCE_ENGINE) -> list[tuple[int, str]]:
-    """(trial, engine) in the order the children run: every engine once per round, rounds shuffled by
-    `seed` (A B A B when None) so machine drift falls on all engines alike; `first` (the reference,
-    `manual`) opens the first round, so every other engine's gradient has a reference to be checked against."""
-    from benchlib.results.stats import interleaved_order  # scipy stays out of the case children
-
-    names = list(engines)
-    if not names:
-        return []
-    order = interleaved_order(names, trials, seed=seed)
-    rounds = [order[i * len(names):(i + 1) * len(names)] for i in range(trials)]
-    if first in names:
-        rounds[0].remove(first)
-        rounds[0].insert(0, first)
-    return [(trial, name) for trial, names_of_round in enumerate(rounds) for name in names_of_round]
 
 
 @dataclass
@@ -366,7 +343,8 @@ class Cases:
 def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_seed: int | None = 0,
                     timeout_s: float = 600, progress: Callable[[str], None] | None = print,
                     deadline: Deadline | None = None) -> EngineComparison:
-    """Run `cases.target` for every case and engine, each in a fresh process, up to `trials` times.
+    """Run `cases.target` for every case and engine, each in a fresh process, up to `trials` times,
+    through the one trial loop (`benchlib.trials.TrialLoop`).
 
     `settings` holds dtype, engines (unless `cases.engines` fixes them), repeats, trials, precision,
     warmup and malloc: the values of `comparison_parameters`, i.e. a benchmark's Config, or a plain mapping.
@@ -390,11 +368,9 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
     cases. Only the first trial's memory timeline is kept (later trials sample too, so every
     trial is timed under the same instrument).
     `cases.describe` adds JSON-able facts to every record's params without passing them to the child.
-    The gradient files live in a temporary directory that is deleted before this returns.
     """
-    from benchlib.measure import CaseFailed, IsolationOptions, resolve_device, run_isolated
+    from benchlib.measure import IsolationOptions, resolve_device
     from benchlib.measure.isolation import malloc_environment
-    from benchlib.results import make_record, status_record
 
     benchmark, target, describe = cases.benchmark, cases.target, cases.describe
     dtype, malloc = settings["dtype"], settings.get("malloc")
@@ -411,106 +387,50 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
         progress(f"{benchmark}: {added}")
     timelines, role_timelines = [], []
     options = {} if malloc is None else {"malloc": malloc}
+    loop = TrialLoop(TrialSettings(trials=trials, precision=precision, order_seed=order_seed,
+                                   reference=REFERENCE_ENGINE), progress)
 
-    def note(labels, status, message, params):
-        comparison.records.append(status_record(**labels, status=status.replace(" ", "_"), message=message, params=params))
-        comparison.problems.append({"case": labels["case"], "engine": labels["engine"], "status": status,
-                                    "message": message})
-        if progress:
-            progress(f"{benchmark} {labels['case']} {labels['engine']}: {status}: {message.splitlines()[0]}")
+    def measure(unit: Unit, trial: int, gradient_dir: str):
+        import benchlib.measure  # looked up per call: tests replace run_isolated
 
-    with tempfile.TemporaryDirectory(prefix="benchlib-gradients-") as gradient_root:
-        for index, (case, child_params) in enumerate(cases.params.items()):
-            comparison.case_params[case] = dict(child_params)
-            case_params = {**child_params, **(describe or {}), "trials": trials, "precision": precision,
-                           "order_seed": order_seed}
-            stopping = TrialStopping(precision=precision, max_trials=trials,
-                                     deadline=deadline.share(len(cases.params) - index))
-            gradient_dir = os.path.join(gradient_root, f"case-{index}")
-            os.mkdir(gradient_dir)
-            no_reference = f"{REFERENCE_ENGINE} did not run, so there is no gradient to compare with"
-            labels_of = {name: dict(benchmark=benchmark, case=case, engine=name, device=device.name, dtype=dtype)
-                         for name in engines}
-            runnable = []
-            for engine_name in engines:
-                reason = get_engine(engine_name).not_applicable(device)
-                if reason is None and cases.not_applicable is not None:
-                    reason = cases.not_applicable(engine_name)
-                if reason is None:
-                    runnable.append(engine_name)
-                else:
-                    note(labels_of[engine_name], "not applicable", reason, case_params)
-            failed = set()
-            for position, (trial, engine_name) in enumerate(trial_order(runnable, trials, order_seed)):
-                if engine_name in failed or engine_name in stopping.stopped:
-                    continue
-                if not (index == 0 and position == 0) and not stopping.affords(engine_name):
-                    continue
-                labels = labels_of[engine_name]
-                trial_params = {**case_params, **(cases.engine_params(engine_name, child_params) if cases.engine_params
-                                                  else {}), "trial": trial, "position": position}
-                params = {**child_params, "engine": engine_name, "dtype": dtype, "gradient_dir": gradient_dir}
-                required = cases.memory_required(engine_name, child_params) if cases.memory_required else None
-                started = stopping.now()
-                try:
-                    result = run_isolated(target, params, name=f"{benchmark}/{case}/{engine_name}",
-                                          device=device.name, options=IsolationOptions(
-                                              warmup=warmup, repeats=repeats, track_allocations=False,
-                                              timeline=True, timeout_s=timeout_s,
-                                              timeline_interval_s=TIMELINE_INTERVAL_S, role_timeline=trial == 0,
-                                              memory_required_bytes=required,
-                                              preload=case_imports(engine_name, device), **options))
-                except CaseFailed as error:  # includes MemoryRequirementError: refused before it starts
-                    skipped = f" (its {trials - trial - 1} later trial(s) skipped)" if trial < trials - 1 else ""
-                    which = f"trial {trial + 1} of {trials}: " if trials > 1 else ""
-                    note(labels, "failed", f"{which}{error}{skipped}", trial_params)
-                    failed.add(engine_name)
-                    if engine_name == REFERENCE_ENGINE and no_reference is not None:
-                        no_reference = f"{REFERENCE_ENGINE} failed, so there is no gradient to compare with"
-                    continue
-                record_params = {**trial_params, **child_start_params(result.environment),
-                                 "timeline_interval_s": TIMELINE_INTERVAL_S}
-                measurement = result.measurement
-                checks = dict(result.checks)
-                if engine_name == REFERENCE_ENGINE:
-                    no_reference = None
-                elif no_reference is None:
-                    checks[GRAD_ERROR_METRIC] = saved_gradient_error(gradient_dir, engine_name, REFERENCE_ENGINE)
-                    gradient_file(gradient_dir, engine_name).unlink()
-                comparison.records += measurement.records(benchmark=benchmark, case=case, engine=engine_name,
-                                                          dtype=dtype, params=record_params)
-                comparison.records += [
-                    make_record(**labels, metric=metric, value=value, params=record_params)
-                    for metric, value in checks.items()
-                ]
-                if engine_name != REFERENCE_ENGINE and no_reference is not None:
-                    comparison.records.append(make_record(**labels, metric=GRAD_UNCHECKED_METRIC, value=1.0,
-                                                          params={**record_params, "message": no_reference}))
-                if measurement.timeline is not None and trial == 0:
-                    timelines.append(measurement.timeline.assign(case=case, engine=engine_name))
-                if result.role_timeline is not None:
-                    role_timelines.append(result.role_timeline.assign(case=case, engine=engine_name))
-                if progress:
-                    progress(f"{benchmark} {case} {engine_name} trial {trial + 1}/{trials}: {measurement}"
-                             + "".join(f", {k} {v:.3g}" for k, v in checks.items())
-                             + (f", gradient not checked: {no_reference}"
-                                if engine_name != REFERENCE_ENGINE and no_reference is not None else ""))
-                reason = stopping.add(engine_name, float(measurement.peak_bytes or 0), stopping.now() - started)
-                if reason not in (None, MAX_TRIALS) and progress:
-                    progress(f"{benchmark} {case} {engine_name}: stopped after {trial + 1} trial(s) ({reason})")
-            for engine_name in runnable:
-                if engine_name in failed:
-                    continue
-                facts = stopping.summary(engine_name)
-                if facts["trials_run"] == 0:
-                    note(labels_of[engine_name], "not run", "the budget ran out before its first trial "
-                         "(benchlib run --budget)", case_params)
-                    continue
-                count = facts.pop("trials_run")
-                comparison.records.append(make_record(**labels_of[engine_name], metric=TRIALS_RUN, value=float(count),
-                                                      params={**case_params, **facts}))
-                if facts["stop"] == BUDGET and progress:
-                    progress(f"{benchmark} {case} {engine_name}: stopped after {count} trial(s) (budget)")
+        child_params = comparison.case_params[unit.labels["case"]]
+        required = cases.memory_required(unit.engine, child_params) if cases.memory_required else None
+        return benchlib.measure.run_isolated(
+            target, {**child_params, "engine": unit.engine, "dtype": dtype, "gradient_dir": gradient_dir},
+            name=f"{benchmark}/{unit.labels['case']}/{unit.engine}", device=device.name,
+            options=IsolationOptions(warmup=warmup, repeats=repeats, track_allocations=False, timeline=True,
+                                     timeout_s=timeout_s, timeline_interval_s=TIMELINE_INTERVAL_S,
+                                     role_timeline=trial == 0, memory_required_bytes=required,
+                                     preload=case_imports(unit.engine, device), **options))
+
+    def keep(unit: Unit, trial: int, result) -> None:
+        labels = dict(case=unit.labels["case"], engine=unit.engine)
+        if result.measurement.timeline is not None and trial == 0:
+            timelines.append(result.measurement.timeline.assign(**labels))
+        if result.role_timeline is not None:
+            role_timelines.append(result.role_timeline.assign(**labels))
+
+    for index, (case, child_params) in enumerate(cases.params.items()):
+        comparison.case_params[case] = dict(child_params)
+        case_params = {**child_params, **(describe or {}), "trials": trials, "precision": precision,
+                       "order_seed": order_seed}
+        units = []
+        for engine_name in engines:
+            unit = Unit(group=case, engine=engine_name, name=f"{benchmark} {case}", params=case_params,
+                        labels=dict(benchmark=benchmark, case=case, engine=engine_name, device=device.name,
+                                    dtype=dtype),
+                        trial_params={**(cases.engine_params(engine_name, child_params) if cases.engine_params
+                                         else {}), "timeline_interval_s": TIMELINE_INTERVAL_S})
+            reason = get_engine(engine_name).not_applicable(device)
+            if reason is None and cases.not_applicable is not None:
+                reason = cases.not_applicable(engine_name)
+            if reason is None:
+                units.append(unit)
+            else:
+                loop.note(unit, "not applicable", reason)
+        loop.run(units, measure, deadline=deadline.share(len(cases.params) - index), first_always_runs=index == 0,
+                 keep=keep)
+    comparison.records, comparison.problems = loop.records, loop.problems
     if timelines:
         comparison.timelines = pd.concat(timelines, ignore_index=True)[["case", "engine", "t_s", "bytes", "phase"]]
     if role_timelines:
@@ -521,12 +441,3 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
         raise AllCasesFailed(f"{benchmark}: all {len(failed)} case(s) failed; the first, {first['engine']} "
                              f"({first['case']}): {first['message']}")
     return comparison
-
-
-CHILD_PARAMS = ("malloc_policy", "malloc_env", "isolation")
-
-
-def child_start_params(environment: Mapping) -> dict:
-    """How the child was started, for the record's params: its allocator policy and the variables it set,
-    and whether it was forked from a template or a fresh interpreter (`IsolatedResult.environment`)."""
-    return {key: environment[key] for key in CHILD_PARAMS if key in environment}

@@ -28,7 +28,7 @@ from benchlib.results.stats import (
     ratio_of_medians,
 )
 from benchlib.results.store import load_records, resolve_run
-from benchlib.results.stopping import stops_by_variant
+from benchlib.trials.stopping import stops_by_variant
 from benchlib.units import unit_scale
 
 KEY_COLUMNS = ("benchmark", "case", "dimension", "variant", "device", "dtype", "metric")

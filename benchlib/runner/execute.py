@@ -30,7 +30,7 @@ from benchlib.results.report import summary_lines, write_report
 from benchlib.results.compare import noise_table, noise_text
 from benchlib.results.seed_verdicts import save_verdicts, seed_verdicts, verdict_text
 from benchlib.measure.forkserver import isolation_mode
-from benchlib.results.stopping import DEADLINE_ENV
+from benchlib.trials.stopping import DEADLINE_ENV
 from benchlib.results.store import (
     FIGURE_PNG_ENV,
     RUN_INFO,

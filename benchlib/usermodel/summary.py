@@ -15,7 +15,7 @@ from benchlib.units import format_bytes, format_seconds
 from benchlib.results.compare import trial_values
 from benchlib.results.report import SUMMARY_COLUMN
 from benchlib.results.stats import median_interval, ratio_of_medians
-from benchlib.results.stopping import DETERMINISTIC, MAX_TRIALS, PRECISION
+from benchlib.trials.stopping import DETERMINISTIC, MAX_TRIALS, PRECISION
 from benchlib.usermodel.arrays import ARRAY_ENGINES
 from benchlib.usermodel.engines import ENGINES
 

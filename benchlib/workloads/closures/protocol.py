@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterator
 from benchlib.engines.gradients import GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, max_relative_error
 from benchlib.measure import attribute_allocations, count_allocations, resolve_device, time_call
 from benchlib.results import make_record, status_record
-from benchlib.results.stopping import Deadline, TrialStopping
+from benchlib.trials.stopping import Deadline, TrialStopping
 from benchlib.workloads.closures.spec import (
     NAME, MWE_DTYPES, ORDERS, INITIAL, RERUN, NEW, RESETUP, STEPS, PAIRS, N_SAMPLES, BATCH_SIZE, GRADS_IDENTICAL,
     NOT_APPLICABLE, TRACKER_CASE, Protocol,

@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 
 from benchlib.measure import torch_threads
-from benchlib.results.stopping import Deadline
+from benchlib.trials.stopping import Deadline
 from benchlib.workloads import lenet
 from benchlib.workloads.ensembles.config import PER_NET_STRATEGIES, EnsembleConfig
 from benchlib.workloads.ensembles.floor import calibration_flop_rate, flop_floor, flop_floor_records, matmul_flops

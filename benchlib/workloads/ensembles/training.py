@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from benchlib.results import make_record
-from benchlib.results.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline, TrialStopping
+from benchlib.trials.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline, TrialStopping
 from benchlib.results.derived import step_summaries
 from benchlib.workloads.ensembles.config import STRATEGIES, GC_POLICIES, EnsembleConfig, initial_parameters
 from benchlib.workloads.ensembles.strategies import Strategy, STRATEGY_CLASSES, make_strategy

@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchlib.results.stopping import DETERMINISTIC, MAX_TRIALS, PRECISION, relative_half_width, stop_reason
+from benchlib.trials.stopping import DETERMINISTIC, MAX_TRIALS, PRECISION, relative_half_width, stop_reason
 
 
 def stops_after(sequence, **rule):

@@ -1,0 +1,183 @@
+"""The one trial loop: every engine of a comparison in fresh processes, interleaved, stopped by `TrialStopping`.
+
+Engine comparisons of the built-in benchmarks and a model file's engines (one version or several)
+run through `TrialLoop`: the order (rounds of every unit, shuffled by a seed, each group's reference
+first), a deadline that skips what it cannot afford (the first child always runs, so there is a
+baseline), a failure that skips the unit's later trials, each gradient checked against the group's
+reference, and the records that say what happened (`trials_run`, `failed`, `not run`,
+`not applicable`). The caller says how one trial is measured (`measure`) and keeps what only it needs
+(timelines, attributions) through `keep`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from benchlib.engines.gradients import GRAD_ERROR_METRIC, gradient_file, saved_gradient_error
+from benchlib.trials.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline, TrialStopping
+
+# Recorded (value 1, the reason in params["message"]) for an engine that ran but whose gradient
+# could not be compared: no reference gradient to compare it with.
+GRAD_UNCHECKED_METRIC = "grad_check_unavailable"
+CHILD_PARAMS = ("malloc_policy", "malloc_env", "isolation")
+NOT_RUN_MESSAGE = "the budget ran out before its first trial (benchlib run --budget)"
+
+K = TypeVar("K")
+
+
+def trial_order(units: Iterable[K], trials: int, seed: int | None,
+                opens: Callable[[K], bool] = lambda unit: False) -> list[tuple[int, K]]:
+    """(trial, unit) in the order the children run: every unit once per round, rounds shuffled by
+    `seed` (A B A B when None) so machine drift falls on every unit alike; in the first round the
+    units `opens` picks (each group's reference) come first, so every other unit's gradient has a
+    reference to be checked against."""
+    from benchlib.results.stats import interleaved_order  # scipy stays out of the case children
+
+    units = list(units)
+    if not units:
+        return []
+    positions = interleaved_order(list(range(len(units))), trials, seed=seed)
+    rounds = [[units[i] for i in positions[r * len(units):(r + 1) * len(units)]] for r in range(trials)]
+    rounds[0].sort(key=lambda unit: not opens(unit))  # stable: the rest keep their shuffled order
+    return [(trial, unit) for trial, round_units in enumerate(rounds) for unit in round_units]
+
+
+def child_start_params(environment: Mapping) -> dict:
+    """How the child was started, for the record's params: its allocator policy and the variables it set,
+    and whether it was forked from a template or a fresh interpreter (`IsolatedResult.environment`)."""
+    return {key: environment[key] for key in CHILD_PARAMS if key in environment}
+
+
+@dataclass(frozen=True)
+class Unit:
+    """What trials are run for: one engine on one group (a case, a model file's version).
+
+    Units of one group share a reference gradient. `labels` are its records' (benchmark, case, engine,
+    device, dtype); `params` every record of it carries; `trial_params` what a trial's records add
+    (facts of the engine's set-up, say); `name` how progress lines name its group."""
+
+    group: Hashable
+    engine: str
+    labels: Mapping[str, Any]
+    params: Mapping[str, Any]
+    name: str
+    trial_params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrialSettings:
+    """How trials run: at most `trials` per unit, stopping once the peak's interval is within `precision`
+    (0: every trial), rounds shuffled by `order_seed`, gradients checked against `reference`'s."""
+
+    trials: int
+    precision: float
+    order_seed: int | None
+    reference: str
+
+
+class TrialLoop:
+    """Runs units' trials and keeps their records, and `problems` (failed, not run, not applicable) as the
+    tables that list them want them: {case, engine, status, message}."""
+
+    def __init__(self, settings: TrialSettings, progress: Callable[[str], None] | None = print):
+        self.settings, self.progress = settings, progress
+        self.records: list[dict] = []
+        self.problems: list[dict] = []
+
+    def _say(self, line: str) -> None:
+        if self.progress is not None:
+            self.progress(line)
+
+    def note(self, unit: Unit, status: str, message: str, params: Mapping | None = None) -> None:
+        """A unit that did not measure: status "not applicable", "failed" or "not run", with the reason."""
+        from benchlib.results import status_record
+
+        self.records.append(status_record(**unit.labels, status=status.replace(" ", "_"), message=message,
+                                          params=dict(unit.params if params is None else params)))
+        self.problems.append({"case": unit.labels["case"], "engine": unit.engine, "status": status,
+                              "message": message})
+        self._say(f"{unit.name} {unit.engine}: {status}: {message.splitlines()[0]}")
+
+    def run(self, units: Sequence[Unit], measure: Callable[[Unit, int, str], Any], *,
+            deadline: Deadline | None = None, first_always_runs: bool = True,
+            keep: Callable[[Unit, int, Any], None] | None = None) -> None:
+        """Every unit's trials, interleaved. `measure(unit, trial, gradient_dir)` runs one trial in a fresh
+        process and returns its `IsolatedResult` (raising `CaseFailed` when it fails); its check saves
+        the gradient into `gradient_dir` (one per group, deleted before this returns). `keep(unit, trial,
+        result)` sees every measured trial. A unit stops at its `TrialStopping` reason, its first failure,
+        or the deadline (`first_always_runs`: except the very first child)."""
+        from benchlib.measure import CaseFailed
+        from benchlib.results import make_record
+
+        settings, trials = self.settings, self.settings.trials
+        stopping = TrialStopping(precision=settings.precision, max_trials=trials, deadline=deadline)
+        keys = {(unit.group, unit.engine): unit for unit in units}
+        groups = list(dict.fromkeys(unit.group for unit in units))
+        no_reference = {group: f"{settings.reference} did not run, so there is no gradient to compare with"
+                        for group in groups}
+        failed: set = set()
+        with tempfile.TemporaryDirectory(prefix="benchlib-gradients-") as root:
+            folders = {group: os.path.join(root, f"group-{index}") for index, group in enumerate(groups)}
+            for folder in folders.values():
+                os.mkdir(folder)
+            order = trial_order(keys, trials, settings.order_seed, opens=lambda key: key[1] == settings.reference)
+            for position, (trial, key) in enumerate(order):
+                unit = keys[key]
+                if key in failed or key in stopping.stopped:
+                    continue
+                if not (first_always_runs and position == 0) and not stopping.affords(key):
+                    continue
+                params = {**unit.params, **unit.trial_params, "trial": trial, "position": position}
+                folder = folders[unit.group]
+                started = stopping.now()
+                try:
+                    result = measure(unit, trial, folder)
+                except CaseFailed as error:  # includes MemoryRequirementError: refused before it starts
+                    skipped = f" (its {trials - trial - 1} later trial(s) skipped)" if trial < trials - 1 else ""
+                    which = f"trial {trial + 1} of {trials}: " if trials > 1 else ""
+                    self.note(unit, "failed", f"{which}{error}{skipped}", params)
+                    failed.add(key)
+                    if unit.engine == settings.reference:
+                        no_reference[unit.group] = f"{settings.reference} failed, so there is no gradient to compare with"
+                    continue
+                params.update(child_start_params(result.environment))
+                checks = dict(result.checks)
+                unchecked = None
+                if unit.engine == settings.reference:
+                    no_reference[unit.group] = None
+                elif no_reference[unit.group] is None:
+                    checks[GRAD_ERROR_METRIC] = saved_gradient_error(folder, unit.engine, settings.reference)
+                    gradient_file(folder, unit.engine).unlink()
+                else:
+                    unchecked = no_reference[unit.group]
+                measurement = result.measurement
+                self.records += measurement.records(**unit.labels, params=params)
+                self.records += [make_record(**unit.labels, metric=metric, value=value, params=params)
+                                 for metric, value in checks.items()]
+                if unchecked is not None:
+                    self.records.append(make_record(**unit.labels, metric=GRAD_UNCHECKED_METRIC, value=1.0,
+                                                    params={**params, "message": unchecked}))
+                if keep is not None:
+                    keep(unit, trial, result)
+                self._say(f"{unit.name} {unit.engine} trial {trial + 1}/{trials}: {measurement}"
+                          + "".join(f", {k} {v:.3g}" for k, v in checks.items())
+                          + (f", gradient not checked: {unchecked}" if unchecked is not None else ""))
+                reason = stopping.add(key, float(measurement.peak_bytes or 0), stopping.now() - started)
+                if reason not in (None, MAX_TRIALS):
+                    self._say(f"{unit.name} {unit.engine}: stopped after {trial + 1} trial(s) ({reason})")
+        for key, unit in keys.items():
+            if key in failed:
+                continue
+            facts = stopping.summary(key)
+            count = facts.pop("trials_run")
+            if count == 0:
+                self.note(unit, "not run", NOT_RUN_MESSAGE)
+                continue
+            self.records.append(make_record(**unit.labels, metric=TRIALS_RUN, value=float(count),
+                                            params={**unit.params, **facts}))
+            if facts["stop"] == BUDGET:
+                self._say(f"{unit.name} {unit.engine}: stopped after {count} trial(s) (budget)")

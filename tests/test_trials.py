@@ -1,0 +1,87 @@
+"""The one trial loop: its order, and the same records whatever runs through it."""
+
+from benchlib.trials import trial_order
+
+MANUAL_FIRST = "manual".__eq__  # the reference opens the first round
+
+
+def test_trial_order_runs_every_engine_once_per_round_manual_first_and_is_reproducible_from_its_seed():
+    engines = ["torch", "autograd", "manual", "benchlib-inplace"]
+    order = trial_order(engines, 4, seed=7, opens=MANUAL_FIRST)
+    assert order == trial_order(engines, 4, seed=7, opens=MANUAL_FIRST)
+    assert order[0] == (0, "manual")
+    rounds = [[name for trial, name in order if trial == t] for t in range(4)]
+    assert all(sorted(names) == sorted(engines) for names in rounds)
+    assert len({tuple(names) for names in rounds[1:]}) > 1  # shuffled, not one fixed order
+    assert [name for _, name in trial_order(["torch", "manual"], 2, seed=None, opens=MANUAL_FIRST)] == ["manual", "torch", "torch", "manual"]
+
+
+def _fake_result(engine, gradient_dir, peak=100):
+    import numpy as np
+
+    from benchlib.engines.gradients import save_gradient
+    from benchlib.measure.core import Measurement
+    from benchlib.measure.isolation import IsolatedResult
+
+    save_gradient(np.ones(2) * (2.0 if engine == "wrong" else 1.0), gradient_dir, engine)
+    measurement = Measurement(name=engine, device="cpu", times_s=(0.01,), gc_count=0, gc_seconds=0.0,
+                              peak_bytes=peak, baseline_bytes=0)
+    return IsolatedResult(engine, measurement, {}, {"isolation": "fork", "ignored": 1})
+
+
+def _units(groups, engines):
+    from benchlib.trials import Unit
+
+    return [Unit(group=group, engine=engine, name=f"b {group}", params={"p": 1}, trial_params={"tp": 2},
+                 labels=dict(benchmark="b", case=group, engine=engine, device="cpu", dtype="float64"))
+            for group in groups for engine in engines]
+
+
+def test_one_loop_checks_each_groups_gradients_against_its_own_reference_and_records_every_outcome():
+    import json
+
+    from benchlib.measure import CaseFailed
+    from benchlib.trials import TrialLoop, TrialSettings
+
+    calls, lines = [], []
+
+    def measure(unit, trial, gradient_dir):
+        calls.append((unit.group, unit.engine, trial))
+        if unit.engine == "broken" or (unit.group, unit.engine) == ("g2", "manual"):
+            raise CaseFailed(unit.engine, "it raised")
+        return _fake_result(unit.engine, gradient_dir)
+
+    loop = TrialLoop(TrialSettings(trials=3, precision=0.0, order_seed=1, reference="manual"), lines.append)
+    loop.run(_units(["g1", "g2"], ["manual", "wrong", "broken"]), measure)
+    # both references open the first round; a failure is tried once, its later trials skipped
+    assert {call[:2] for call in calls[:2]} == {("g1", "manual"), ("g2", "manual")}
+    assert calls.count(("g1", "broken", 0)) == 1 and not any(c[:2] == ("g1", "broken") and c[2] > 0 for c in calls)
+    by = {}
+    for record in loop.records:
+        by.setdefault((record["case"], record["variant"], record["metric"]), []).append(record)
+    assert [r["value"] for r in by["g1", "wrong", "grad_max_rel_err"]] == [1.0, 1.0, 1.0]  # against g1's manual
+    assert ("g2", "wrong", "grad_max_rel_err") not in by
+    assert len(by["g2", "wrong", "grad_check_unavailable"]) == 3  # g2's manual failed: said, never compared
+    assert by["g1", "manual", "trials_run"][0]["value"] == 3.0
+    failed = {(p["case"], p["engine"]) for p in loop.problems if p["status"] == "failed"}
+    assert failed == {("g1", "broken"), ("g2", "manual"), ("g2", "broken")}
+    params = json.loads(by["g1", "wrong", "peak_bytes"][0]["params"])
+    assert params["p"] == 1 and params["tp"] == 2 and params["isolation"] == "fork" and "ignored" not in params
+    assert "trial" in params and "position" in params
+    assert any("gradient not checked" in line for line in lines)
+
+
+def test_the_loop_lists_what_the_deadline_left_unrun_and_always_runs_the_first_child():
+    from benchlib.trials import Deadline, TrialLoop, TrialSettings
+
+    calls = []
+
+    def measure(unit, trial, gradient_dir):
+        calls.append(unit.engine)
+        return _fake_result(unit.engine, gradient_dir)
+
+    loop = TrialLoop(TrialSettings(trials=2, precision=0.0, order_seed=None, reference="manual"), None)
+    loop.run(_units(["g"], ["torch", "manual"]), measure, deadline=Deadline(at=0.0))
+    assert calls == ["manual"]
+    assert [(p["engine"], p["status"]) for p in loop.problems] == [("torch", "not run")]
+    assert [r["metric"] for r in loop.records if r["variant"] == "torch"] == ["not_run"]
