@@ -5,6 +5,7 @@ import time
 import pytest
 import torch
 
+import benchlib.measure.case_child as case_child
 import benchlib.measure.isolation as isolation
 from benchlib.measure import (DEFAULT_MALLOC_POLICY, MALLOC_POLICIES, CaseFailed, IsolationOptions,
                               MemoryRequirementError, run_isolated)
@@ -169,19 +170,19 @@ def test_the_child_primes_cuda_before_the_case_is_set_up(tmp_path, monkeypatch):
     import json
 
     events = []
-    monkeypatch.setattr(isolation, "resolve_device", lambda spec: isolation.Device("cuda", 0))
-    monkeypatch.setattr(isolation, "prime_cuda_libraries", lambda device: events.append(("prime", device.name)))
+    monkeypatch.setattr(case_child, "resolve_device", lambda spec: case_child.Device("cuda", 0))
+    monkeypatch.setattr(case_child, "prime_cuda_libraries", lambda device: events.append(("prime", device.name)))
 
     def load_case(target, device, params):
         events.append(("set-up", target))
         raise RuntimeError("stop before measuring")
 
-    monkeypatch.setattr(isolation, "_load_case", load_case)
+    monkeypatch.setattr(case_child, "_load_case", load_case)
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"parent_pid": os.getppid(), "sys_path": [], "device": "cuda:0",
                                 "target": "isolation_targets:cuda_allocate", "params": {}}))
-    monkeypatch.setattr(isolation, "die_with_parent", lambda pid: None)
-    assert isolation.child_main(str(spec), str(tmp_path / "result.json")) == 1
+    monkeypatch.setattr(case_child, "die_with_parent", lambda pid: None)
+    assert case_child.child_main(str(spec), str(tmp_path / "result.json")) == 1
     assert events == [("prime", "cuda:0"), ("set-up", "isolation_targets:cuda_allocate")]
     assert "stop before measuring" in json.loads((tmp_path / "result.json").read_text())["error"]
 

@@ -14,7 +14,7 @@ import pandas as pd
 import psutil
 import pytest
 
-from benchlib.measure.isolation import CASE_PROCESS_NAME  # a case's process, forked or a fresh interpreter
+from benchlib.measure.case_child import CASE_PROCESS_NAME  # a case's process, forked or a fresh interpreter
 from benchlib.results import Run, list_runs, load_records, load_run_info, make_record
 from benchlib.results.store import RecordsUnreadable, run_state
 from benchlib.runner import run

@@ -8,7 +8,8 @@ from .allocations import (AllocationTracker, AllocationTrackingUnavailable, Allo
 from .core import Measurement, StepTimes, measure, measure_steps, time_call
 from .devices import Device, DeviceError, resolve_device, torch_threads
 from .gcmonitor import GCMonitor, GCPause, tracked_objects
-from .isolation import (DEFAULT_MALLOC_POLICY, MALLOC_POLICIES, Case, CaseFailed,
+from .case_child import Case
+from .isolation import (DEFAULT_MALLOC_POLICY, MALLOC_POLICIES, CaseFailed,
                         IsolatedResult, IsolationOptions, MemoryRequirementError, run_isolated)
 from .timeline import MemoryTimeline, mark
 

@@ -30,7 +30,7 @@ from importlib import import_module
 ISOLATION_ENV = "BENCHLIB_ISOLATION"
 FORK, SPAWN = "fork", "spawn"
 MODES = (FORK, SPAWN)
-PRELOAD = ("numpy", "benchlib.measure.isolation")  # what every isolated child imports before its case
+PRELOAD = ("numpy", "benchlib.measure.case_child")  # what every isolated child imports before its case
 KEEP = 3  # templates alive at once (one holds ~0.4 GB once torch is imported)
 START_TIMEOUT_S = 300
 # Set per call, not at process start: a template is shared across values of these.
@@ -191,9 +191,9 @@ def run_in_template(env: dict[str, str], warning_filter: str, preload: tuple[str
 
 
 def _serve(parent_pid: int, preload: list[str]) -> None:
-    from benchlib.measure import isolation
+    from benchlib.measure import case_child
 
-    isolation.die_with_parent(parent_pid)
+    case_child.die_with_parent(parent_pid)
     # The protocol keeps private copies of stdin/stdout; what imports print goes nowhere.
     requests, replies = os.fdopen(os.dup(0), "r"), os.fdopen(os.dup(1), "w", buffering=1)
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -222,7 +222,7 @@ def _serve(parent_pid: int, preload: list[str]) -> None:
         template = os.getpid()
         pid = os.fork()
         if pid == 0:
-            isolation.die_with_parent(template)
+            case_child.die_with_parent(template)
             _child(request, requests, replies, devnull, code_pages)
         del code_pages
         replies.write(json.dumps({"pid": pid}) + "\n")
@@ -297,7 +297,7 @@ def _child(request: dict, requests, replies, devnull: int, code_pages: list) -> 
     status = 1
     try:
         os.setsid()
-        from benchlib.measure.isolation import child_main, name_process  # imported by the template already
+        from benchlib.measure.case_child import child_main, name_process  # imported by the template already
 
         name_process()
         requests.close()

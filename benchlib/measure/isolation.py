@@ -1,7 +1,7 @@
 """Run one case in a new process of its own, so that its memory figures start from a clean heap.
 
 The parent writes a JSON spec, has a warm template fork the child (`forkserver`; with
-`BENCHLIB_ISOLATION=spawn`, runs `python -m benchlib.measure.isolation SPEC RESULT` instead) and
+`BENCHLIB_ISOLATION=spawn`, runs `python -m benchlib.measure.case_child SPEC RESULT` instead) and
 reads the JSON result back (never pickle). The child resolves the device, imports the target
 "module:function", calls it with `device=` and the params to set the case up, takes the baseline
 after that set-up, measures, then runs the case's check on the last result. When asked, and when
@@ -17,18 +17,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import traceback
 from dataclasses import dataclass
-from importlib import import_module
-from typing import Any, Callable, ContextManager, Mapping
-
-from benchlib.results.environment import allocator_env
-from benchlib.results.store import write_json_atomic
+from typing import Any
 
 from . import forkserver
-from .core import Measurement, _check_counts, measure_with_result
-from .devices import Device, prime_cuda_libraries, resolve_device
-from .timeline import MemoryTimeline, timeline_from_json, timeline_to_json
+from .core import Measurement, _check_counts
+from .devices import Device, resolve_device
+from .timeline import timeline_from_json
 
 MALLOC_POLICIES: dict[str, dict[str, str]] = {
     # Fixed mmap threshold: every buffer >= 128 KiB is its own mapping, returned to the OS when
@@ -46,19 +41,7 @@ DEFAULT_MALLOC_POLICY = "mmap-128k"
 _TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _TAIL_CHARS = 4000
 # benchlib.measure imports this module before runpy runs it as __main__; harmless here.
-_RUNPY_WARNING = "ignore:'benchlib.measure.isolation' found in sys.modules:RuntimeWarning"
-
-
-@dataclass(frozen=True)
-class Case:
-    """What a target returns: `fn()` is measured; `check(result_of_last_call)` -> {name: float};
-    `roles()`, if given, a context manager whose value is a gauge, a callable giving the bytes
-    the engine holds now by role (e.g. {"saved": ..., "gradients": ...}), for the role timeline;
-    if the context manager has `metrics()`, what it returns after that call joins the checks."""
-
-    fn: Callable[[], Any]
-    check: Callable[[Any], dict] | None = None
-    roles: Callable[[], ContextManager[Callable[[], Mapping[str, int]]]] | None = None
+_RUNPY_WARNING = "ignore:'benchlib.measure.case_child' found in sys.modules:RuntimeWarning"
 
 
 @dataclass(frozen=True)
@@ -248,7 +231,7 @@ def _run_child(spec: dict, spec_path: str, result_path: str, output_path: str, e
     # open would otherwise keep us waiting after the child itself has finished.
     with open(output_path, "a") as output_file:
         proc = subprocess.Popen(
-            [sys.executable, "-W", _RUNPY_WARNING, "-m", "benchlib.measure.isolation", spec_path, result_path],
+            [sys.executable, "-W", _RUNPY_WARNING, "-m", "benchlib.measure.case_child", spec_path, result_path],
             env=env, stdin=subprocess.DEVNULL, stdout=output_file, stderr=subprocess.STDOUT,
             start_new_session=True)
         try:
@@ -270,128 +253,3 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass  # the whole session has exited already
     except AttributeError:  # no process groups (Windows): the child alone
         proc.kill()
-
-
-# ---------------------------------------------------------------- child side
-
-
-def _load_case(target: str, device: Device, params: dict) -> Case:
-    module_name, func_name = target.split(":")
-    func = getattr(import_module(module_name), func_name, None)
-    if func is None:
-        raise AttributeError(f"module {module_name!r} has no function {func_name!r}")
-    case = func(device=device, **params)
-    if not isinstance(case, Case):
-        raise TypeError(f"{target} must return benchlib.measure.Case(fn, check=None), "
-                        f"got {type(case).__name__}")
-    return case
-
-
-def _checks(case: Case, result: Any) -> dict[str, float]:
-    if case.check is None:
-        return {}
-    checks = case.check(result)
-    if not isinstance(checks, dict):
-        raise TypeError(f"a case's check must return a dict of name -> float, "
-                        f"got {type(checks).__name__}")
-    return {str(k): float(v) for k, v in checks.items()}
-
-
-def _role_timeline(case: Case, device: Device, interval_s: float):
-    """One more call of the case, its memory sampled with the case's role gauge read alongside;
-    the heap is handed back first, as before a measured call (`Device.reset_peak`), so the two
-    timelines start from the same kind of baseline. Returns the frame and the role metrics the
-    gauge's context gives for that call (`metrics()`, e.g. torch's saved bytes; {} without one), so
-    a gauge that hooks into the engine is paid for once, not again by the check."""
-    device.reset_peak()
-    context = case.roles()
-    with context as gauge, MemoryTimeline(device, interval_s, gauge=gauge) as timeline:
-        case.fn()
-        device.synchronize()
-    metrics = getattr(context, "metrics", None)
-    return timeline.frame(), ({} if metrics is None else {str(k): float(v) for k, v in metrics().items()})
-
-
-def _environment(spec: dict, device: Device) -> dict:
-    torch = sys.modules.get("torch")
-    return {
-        "pid": os.getpid(),
-        "python": sys.executable,
-        "malloc_policy": spec["malloc_policy"],
-        "malloc_env": spec["malloc_env"],
-        "allocator_env": allocator_env(),
-        "torch_threads": torch.get_num_threads() if torch is not None else None,
-        "device": device.describe(),
-    }
-
-
-PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15  # linux/prctl.h
-CASE_PROCESS_NAME = "benchlib-case"  # what `ps` and psutil call a case's process, however it started
-
-
-def name_process() -> None:
-    """Name this process `CASE_PROCESS_NAME` (Linux), so a case's process can be told from its template."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, CASE_PROCESS_NAME.encode())
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Have the kernel kill this process when its parent dies (Linux), so a case never outlives
-    the kernel or runner that started it and computes through the next notebook's measurements.
-    If the parent is already gone (it died before this call), exit at once."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent_pid:
-        os._exit(1)
-
-
-def child_main(spec_path: str, result_path: str) -> int:
-    """Run the case described in `spec_path`; write the outcome to `result_path` as JSON."""
-    with open(spec_path) as f:
-        spec = json.load(f)
-    if "parent_pid" in spec:  # a spawned child; a forked one tied itself to its template already
-        die_with_parent(spec["parent_pid"])
-    name_process()
-    sys.path.extend(p for p in spec["sys_path"] if p not in sys.path)
-    try:
-        device = resolve_device(spec["device"])
-        prime_cuda_libraries(device)  # cuBLAS's per-thread workspaces are no part of any case's peak
-        case = _load_case(spec["target"], device, spec["params"])
-        measurement, last = measure_with_result(
-            case.fn, device=device, warmup=spec["warmup"], repeats=spec["repeats"],
-            track_allocations=spec["track_allocations"], timeline=spec["timeline"],
-            timeline_interval_s=spec["timeline_interval_s"], name=spec["name"], sites=spec["sites"],
-            attribute=spec.get("attribute", False))
-        checks = _checks(case, last)
-        del last
-        roles = None
-        if spec["role_timeline"] and case.roles is not None:
-            frame, role_metrics = _role_timeline(case, device, spec["timeline_interval_s"])
-            roles = timeline_to_json(frame)
-            checks.update(role_metrics)
-        outcome = {"ok": True, "measurement": measurement.to_dict(), "checks": checks,
-                   "environment": _environment(spec, device), "role_timeline": roles}
-    except Exception as err:
-        outcome = {"ok": False, "error": f"{type(err).__name__}: {err}",
-                   "traceback": traceback.format_exc()}
-    write_json_atomic(outcome, result_path)
-    return 0 if outcome["ok"] else 1
-
-
-if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit("usage: python -m benchlib.measure.isolation SPEC_JSON RESULT_JSON")
-    # Run the imported module's child_main, not this __main__ copy, so that the Case class a
-    # target returns is the one isinstance() checks against.
-    from benchlib.measure.isolation import child_main as _child_main
-
-    _status = _child_main(sys.argv[1], sys.argv[2])
-    # The result is written: exit now, without interpreter shutdown, so that threads the case
-    # left running or a hang in library teardown cannot turn a finished case into a timeout.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(_status)
