@@ -216,7 +216,9 @@ class Benchmark:
     and kinds of variant its records use that benchlib does not know yet: declaring the benchmark
     registers them, so a new benchmark needs no edit to `benchlib.results`. `summarize(records)`, if
     given, builds the headline table instead of the medians of the `headline` metrics; a `summary`
-    column of one line per row is what `benchlib run` prints first after the run.
+    column of one line per row is what `benchlib run` prints first after the run. `yardstick` marks a
+    benchmark that measures the machine rather than the code: a full run takes it first, and
+    `benchlib compare` reads its timings as the machine's own drift between two runs.
     """
 
     name: str
@@ -234,6 +236,7 @@ class Benchmark:
     metrics: tuple[tuple[str, str, str, str], ...] = ()
     dimensions: Mapping[str, str] = field(default_factory=dict)
     summarize: Callable | None = None
+    yardstick: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "parameters", tuple(self.parameters))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 from importlib.metadata import entry_points
@@ -22,7 +22,6 @@ from importlib.metadata import entry_points
 from benchlib.benchmark import Benchmark, DeclarationError
 
 ENTRY_POINT_GROUP = "benchlib.benchmarks"
-FIRST = "calibration"  # measures the machine the others are read against: a full run takes it first
 
 
 class RegistryError(DeclarationError):
@@ -58,11 +57,11 @@ def _builtin_targets() -> list[str]:
 
 @lru_cache(maxsize=1)
 def benchmarks() -> dict[str, Benchmark]:
-    """Every declared benchmark by name: the built-ins (calibration first, then by name), then the
+    """Every declared benchmark by name: the built-ins (yardsticks first, then by name), then the
     entry points in name order."""
     found: dict[str, tuple[Benchmark, str]] = {}
     builtin = sorted(((_load(target, "built-in"), "built-in", target) for target in _builtin_targets()),
-                     key=lambda source: (source[0].name != FIRST, source[0].name))
+                     key=lambda source: (not source[0].yardstick, source[0].name))
     sources = list(builtin)
     for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         where = f"entry point {entry.name!r} of group {ENTRY_POINT_GROUP}"
@@ -103,3 +102,10 @@ def resolve(name_or_path: str | Sequence[str]) -> Benchmark:
 def verdict_rules() -> tuple:
     """The seed rules of every declared benchmark."""
     return tuple(rule for benchmark in benchmarks().values() for rule in benchmark.verdicts)
+
+
+def yardsticks(declared: Mapping[str, Benchmark] | None = None) -> tuple[str, ...]:
+    """The benchmarks declared `yardstick` (of `declared`, default every one): they measure the machine,
+    so they run first and their timings are what `compare` reads as the machine's drift."""
+    return tuple(name for name, benchmark in (benchmarks() if declared is None else declared).items()
+                 if benchmark.yardstick)

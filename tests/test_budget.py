@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import benchlib.measure
-from benchlib.engines.comparison import Cases, compare_engines
+from benchlib.trials.cases import Cases, compare_engines
 from benchlib.engines.gradients import save_gradient
 from benchlib.measure.core import Measurement
 from benchlib.measure.isolation import IsolatedResult

@@ -13,7 +13,7 @@ import torch
 import benchlib.measure
 from benchlib.engines import ENGINE_NAMES, ENGINES, NotApplicableError, get_engine
 from benchlib.engines import namespaces
-from benchlib.engines.comparison import (
+from benchlib.trials.cases import (
     Cases,
     EngineComparison,
     GradientMismatch,

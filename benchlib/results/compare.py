@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pandas as pd
 from scipy.stats import mannwhitneyu
 
 from benchlib.results.derived import with_step_summaries
+from benchlib.results.metrics import TRIALS_RUN
 from benchlib.results.stats import (
     BETTER,
     DEFAULT_ALPHA,
@@ -28,7 +30,6 @@ from benchlib.results.stats import (
     ratio_of_medians,
 )
 from benchlib.results.store import load_records, resolve_run
-from benchlib.trials.stopping import stops_by_variant
 from benchlib.units import unit_scale
 
 KEY_COLUMNS = ("benchmark", "case", "dimension", "variant", "device", "dtype", "metric")
@@ -319,19 +320,17 @@ def compact_table(comparison: pd.DataFrame, width: int = TABLE_WIDTH) -> list[st
     return lines
 
 
-YARDSTICK_BENCHMARK = "calibration"  # measures the machine, not the code: its drift is the sitting's
-
-
-def machine_drift(comparison: pd.DataFrame) -> str | None:
+def machine_drift(comparison: pd.DataFrame, yardsticks: Iterable[str]) -> str | None:
     """One line on how much the machine itself moved between the runs: the median and range of the
-    calibration timings' B/A (rates inverted, so above 1 means B's machine was slower), or None
-    when either run lacks calibration."""
-    rows = comparison[(comparison["benchmark"] == YARDSTICK_BENCHMARK) & comparison[UNIT_COLUMN].isin(TIMED_UNITS)
+    timings' B/A of the `yardsticks` (benchmarks that measure the machine, not the code: `registry.yardsticks`;
+    rates inverted, so above 1 means B's machine was slower), or None when either run lacks them."""
+    yardsticks = list(yardsticks)
+    rows = comparison[comparison["benchmark"].isin(yardsticks) & comparison[UNIT_COLUMN].isin(TIMED_UNITS)
                       & ~comparison[METRIC_NAME].str.contains("gc_") & comparison["ratio"].notna()]
     if rows.empty:
         return None
     slowdown = np.where(rows[UNIT_COLUMN] == "s", rows["ratio"], 1 / rows["ratio"])
-    return (f"machine drift: calibration took {np.median(slowdown):.2f}x as long in B as in A (median of "
+    return (f"machine drift: {', '.join(sorted(set(rows['benchmark'])))} took {np.median(slowdown):.2f}x as long in B as in A (median of "
             f"{len(rows)}, range {slowdown.min():.2f}-{slowdown.max():.2f}x); timing ratios within that "
             f"range are the machine's sitting, not the code")
 
@@ -339,3 +338,11 @@ def machine_drift(comparison: pd.DataFrame) -> str | None:
 def any_worse(comparison: pd.DataFrame) -> bool:
     """Whether any metric is significantly worse beyond the threshold (the CI gate)."""
     return bool((comparison["label"] == WORSE).any())
+
+
+def stops_by_variant(records) -> dict[tuple[str, str, str], str]:
+    """From a run's records: (benchmark, case, variant) -> "N trials, reason" of its `trials_run` record."""
+    rows = records[records["metric"] == TRIALS_RUN]
+    return {(row.benchmark, row.case, row.variant):
+            f"{int(row.value)} trial{'' if row.value == 1 else 's'}, {json.loads(row.params)['stop']}"
+            for row in rows.itertuples()}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+TRIALS_RUN = "trials_run"  # the record of how many trials a case ran; params.stop says why (benchlib.trials)
 KINDS = ("time", "memory", "count", "rate", "ratio", "loss", "check", "status", "setting")
 UNITS = ("s", "B", "count", "", "ratio", "B/s", "FLOP/s", "model-samples/s")
 
@@ -103,7 +104,7 @@ for _name, _unit, _kind, _meaning in (
       for name in ("parameter", "optimizer_state", "input", "temporary", "activation", "gradient", "autograd_detail",
                    "unknown")],
     ("torch_peak_bytes", "B", "memory", "the sum of torch.profiler's categories at that moment: torch's peak"),
-    ("trials_run", "count", "setting", "trials a case ran before it stopped; params.stop says why (precision: its "
+    (TRIALS_RUN, "count", "setting", "trials a case ran before it stopped; params.stop says why (precision: its "
      "peak's 95% interval within params.precision of the median; deterministic: identical trials; max_trials: the "
      "cap; budget: the time --budget left), params.precision_reached the relative half-width it reached"),
     # case outcomes and checks

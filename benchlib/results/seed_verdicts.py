@@ -18,10 +18,9 @@ from typing import Callable, Mapping
 import numpy as np
 import pandas as pd
 
-from benchlib.results.compare import VALUE_COLUMN, trial_values
+from benchlib.results.compare import VALUE_COLUMN, stops_by_variant, trial_values
 from benchlib.results.derived import with_step_summaries
 from benchlib.results.stats import median_interval, ratio_of_medians
-from benchlib.trials.stopping import stops_by_variant
 from benchlib.results.store import resolve_run, write_parquet_atomic
 
 REPRODUCED, REFUTED, INCONCLUSIVE = "reproduced", "refuted", "inconclusive"

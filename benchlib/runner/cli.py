@@ -11,7 +11,7 @@ from pathlib import Path
 
 from benchlib.runner.execute import EXIT_INTERRUPTED, run
 from benchlib.runner.sweep import parse_grid
-from benchlib.runner.notebooks import RunnerError, parse_assignment, select_notebooks
+from benchlib.runner.notebooks import RunnerError, declared, parse_assignment, select_notebooks
 
 EXIT_REFUSED = 2
 
@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
         "run", parents=[debug],
         help="execute notebooks into a new run directory",
         description=(
-            "Execute benchmarks (all declared ones when none is named, calibration first), each in a fresh "
+            "Execute benchmarks (all declared ones when none is named, the yardstick (calibration) first), each in a fresh "
             "kernel, with device and results_dir injected. Every name and value is checked by the benchmark's "
             "declaration before anything runs. Exit status: 0 all ok, 1 a notebook failed, partly failed or timed "
             "out, 2 refused or a file could not be written, 130 interrupted (Ctrl-C, SIGTERM, SIGHUP)."
@@ -212,6 +212,7 @@ WORSE_NAMED = 20  # worse metrics named on stderr; the table lists them all
 
 def _compare(arguments: argparse.Namespace) -> int:
     """Print the comparison; exit 1 when any metric is significantly worse beyond the threshold."""
+    from benchlib import registry
     from benchlib.results.compare import WORSE, any_worse, compact_table, compare_runs, headline, machine_drift
 
     comparison = compare_runs(arguments.run_a, arguments.run_b, root=arguments.out, threshold=arguments.threshold,
@@ -230,7 +231,7 @@ def _compare(arguments: argparse.Namespace) -> int:
             print(comparison.drop(columns=["config"]).to_string(index=False))
         else:
             print("\n".join(compact_table(comparison)))
-        drift = machine_drift(comparison)
+        drift = machine_drift(comparison, registry.yardsticks(declared()))
         print(drift or "machine drift: unknown (calibration is not in both runs)")
         print(_verdict_changes(arguments))
     if any_worse(comparison):

@@ -8,8 +8,10 @@ every notebook saves: records, a headline table of the declared headline metrics
 from __future__ import annotations
 
 import math
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -64,3 +66,17 @@ def run_declared(name: str | list[str], parameters: Mapping[str, Any], *, device
         run.save_figure(figures[figure_name], f"{benchmark.name}_{figure_name}")
     print(f"{benchmark.name}: {len(frame)} records in {run.path}")
     return Outcome(frame, headline, figures)
+
+
+def run_model_file(config, *, device: str = "auto", results_dir: str = ""):
+    """The your_model notebook's run: `config` names the model file (empty: `benchlib new`'s example) and whether
+    to run at its QUICK values; records, summary and figures saved in `results_dir`."""
+    from benchlib.usermodel import load_model_file
+    from benchlib.usermodel.template import TEMPLATE
+
+    with tempfile.TemporaryDirectory(prefix="benchlib-example-") as folder:
+        path = Path(config.model_file or Path(folder) / "my_model.py")
+        if not config.model_file:
+            path.write_text(TEMPLATE, encoding="utf-8")
+        values = load_model_file(path).quick if config.quick else {}
+        return run_declared(str(path), values, device=device, results_dir=results_dir)

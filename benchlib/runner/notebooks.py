@@ -23,7 +23,6 @@ from benchlib import registry
 from benchlib.benchmark import INJECTED, Benchmark, DeclarationError, Parameter, ParameterError
 from benchlib.results.store import find_project_root
 
-FIRST_NOTEBOOK = "calibration"  # the ceilings the others compare against: run it first
 # Runs a benchmark declared with `measure` (no notebook of its own) in a kernel like any other.
 DECLARED_NOTEBOOK = Path(__file__).with_name("declared.ipynb")
 
@@ -70,12 +69,13 @@ def find_project_notebooks() -> Path:
 
 
 def available_notebooks(notebooks_dir: Path) -> dict[str, Path]:
-    """Notebook name -> path, calibration first, then alphabetical."""
+    """Notebook name -> path, the yardsticks' first (`registry.yardsticks`), then alphabetical."""
     if not notebooks_dir.is_dir():
         what = "is a file, not a directory" if notebooks_dir.exists() else "does not exist"
         raise RunnerError(f"notebooks directory {str(notebooks_dir)!r} {what}")
     paths = {path.stem: path for path in sorted(notebooks_dir.glob("*.ipynb"))}
-    return dict(sorted(paths.items(), key=lambda item: (item[0] != FIRST_NOTEBOOK, item[0])))
+    first = registry.yardsticks(declared())
+    return dict(sorted(paths.items(), key=lambda item: (item[0] not in first, item[0])))
 
 
 def declared() -> dict[str, Benchmark]:

@@ -12,10 +12,10 @@ from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 
+from benchlib.results.metrics import TRIALS_RUN  # noqa: F401 (re-exported: the record a trial loop writes)
 from benchlib.results.stats import median_interval
 
 PRECISION, DETERMINISTIC, MAX_TRIALS, BUDGET = "precision", "deterministic", "max_trials", "budget"
-TRIALS_RUN = "trials_run"  # the record of how many trials a case ran; params.stop says why
 DEADLINE_ENV = "BENCHLIB_DEADLINE"  # set by `benchlib run --budget` in each notebook's kernel
 MIN_TRIALS = 3  # fewer give no interval worth the name: two trials bound the median by themselves
 
@@ -109,13 +109,3 @@ class TrialStopping:
         reached = relative_half_width(figures) if len(figures) > 1 else math.nan
         return {"trials_run": len(figures), "stop": self.stopped.get(unit, MAX_TRIALS), "precision": self.precision,
                 "precision_reached": reached}
-
-
-def stops_by_variant(records) -> dict[tuple[str, str, str], str]:
-    """From a run's records: (benchmark, case, variant) -> "N trials, reason" of its `trials_run` record."""
-    import json
-
-    rows = records[records["metric"] == TRIALS_RUN]
-    return {(row.benchmark, row.case, row.variant):
-            f"{int(row.value)} trial{'' if row.value == 1 else 's'}, {json.loads(row.params)['stop']}"
-            for row in rows.itertuples()}

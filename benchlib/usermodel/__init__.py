@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchlib.benchmark import Benchmark, DeclarationError, Parameter, ParameterError
-from benchlib.engines.comparison import PRECISION, trials_parameter
+from benchlib.trials.cases import PRECISION, trials_parameter
 from benchlib.usermodel.case import ROLE_METRICS
 from benchlib.results.plots.usermodel import memory_by_role, peak_intervals
 from benchlib.usermodel.arrays import ARRAY_FORM_RUN, ArrayModelFile, array_form, check_array_form

@@ -326,6 +326,7 @@ def _memory(config, device) -> int:
 
 BENCHMARK = Benchmark(
     name="calibration",
+    yardstick=True,  # the machine's ceilings the others are read against: runs first, gives compare its drift
     question="What are this device's ceilings (matmul FLOP/s, copy bandwidth), and what do our instruments cost?",
     notebook="calibration.ipynb",
     cases="matrix-product FLOP/s and copy bandwidth per library and size, and what the timeline sampler and the "

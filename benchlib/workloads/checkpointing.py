@@ -16,7 +16,7 @@ from benchlib.autodiff import ops
 from benchlib.autodiff.checkpoint import revolve_cost
 from benchlib.engines import get_engine
 from benchlib.benchmark import Benchmark, Config, Parameter
-from benchlib.engines.comparison import Cases, EngineComparison, compare_engines, comparison_parameters
+from benchlib.trials.cases import Cases, EngineComparison, compare_engines, comparison_parameters
 from benchlib.engines.gradients import save_gradient
 from benchlib.engine_names import BENCHLIB_CHECKPOINT, MANUAL
 from benchlib.measure import Case

@@ -22,7 +22,7 @@ import numpy as np
 
 from benchlib.benchmark import Benchmark, Config, Parameter, ParameterError, Seed
 from benchlib.engines import ENGINE_NAMES, get_engine
-from benchlib.engines.comparison import Cases, EngineComparison, comparison_parameters, comparison_rules, compare_engines
+from benchlib.trials.cases import Cases, EngineComparison, comparison_parameters, comparison_rules, compare_engines
 from benchlib.engines.gradients import save_gradient
 from benchlib.engines.namespaces import segmentation_params
 from benchlib.engine_names import BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, MANUAL_SEED

@@ -28,7 +28,7 @@ import pandas as pd
 
 from benchlib.engines import ENGINE_NAMES, get_engine
 from benchlib.benchmark import Benchmark, Config, Parameter, Seed, distinct
-from benchlib.engines.comparison import Cases, EngineComparison, comparison_parameters, comparison_rules, compare_engines
+from benchlib.trials.cases import Cases, EngineComparison, comparison_parameters, comparison_rules, compare_engines
 from benchlib.engines.gradients import save_gradient
 from benchlib.engines.namespaces import segmentation_params
 from benchlib.engine_names import AUTOGRAD, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, MANUAL_SEED, TORCH

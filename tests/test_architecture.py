@@ -1,0 +1,76 @@
+"""The rules of docs/architecture.md that a reading of the source can check: imports point down the
+layers, only the measuring and scheduling code reads a clock, and "which benchmark runs first" is
+said by a declaration, not by a name written in the runner."""
+
+import ast
+import pathlib
+import re
+
+import benchlib
+
+PACKAGE = pathlib.Path(benchlib.__file__).parent
+# Bottom to top; a part may import its own layer's other modules and anything in a lower layer.
+LAYERS = (
+    ("units", "source_files", "engine_names"),
+    ("results", "autodiff"),
+    ("measure",),
+    ("benchmark",),
+    ("engines",),
+    ("trials",),
+    ("usermodel",),
+    ("workloads",),
+    ("registry",),
+    ("runner", "pytest_plugin"),
+    ("__init__",),
+)
+RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
+
+
+def _part(path: pathlib.Path) -> str:
+    return path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+
+
+def _imported_parts(tree: ast.AST):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.startswith("benchlib"):
+            parts = node.module.split(".")
+            if len(parts) > 1:
+                yield node.lineno, parts[1]
+            else:
+                yield from ((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name.split(".")[1]) for alias in node.names
+                        if alias.name.startswith("benchlib."))
+
+
+def test_every_part_of_the_package_has_a_layer():
+    parts = {_part(path) for path in PACKAGE.rglob("*.py")}
+    assert parts <= set(RANK), f"give these a layer in LAYERS and docs/architecture.md: {sorted(parts - set(RANK))}"
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    upward = []
+    for path in PACKAGE.rglob("*.py"):
+        me = _part(path)
+        for line, target in _imported_parts(ast.parse(path.read_text(encoding="utf-8"))):
+            if target in RANK and RANK[target] > RANK[me]:
+                upward.append(f"{path.relative_to(PACKAGE)}:{line} imports {target}")
+    assert upward == []
+
+
+def test_only_measure_and_the_schedulers_read_a_clock():
+    """A figure is timed by benchlib.measure, so a fix to the loop is made once; runner (timeouts, the
+    budget) and trials (the deadline) read the wall clock to decide what runs, never to make a figure."""
+    clock = re.compile(r"perf_counter|time\.time\(|monotonic|process_time|import time\b|from time import")
+    schedulers = {"measure", "runner", "trials"}
+    readers = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
+                     if _part(path) not in schedulers and clock.search(path.read_text(encoding="utf-8")))
+    assert readers == []
+
+
+def test_which_benchmark_runs_first_is_declared_not_named():
+    from benchlib import registry
+
+    assert list(registry.benchmarks())[0] in registry.yardsticks() == ("calibration",)
+    for module in ("registry.py", "runner/notebooks.py", "results/compare.py"):
+        assert not re.search(r"[\"']calibration[\"']", (PACKAGE / module).read_text(encoding="utf-8")), module
