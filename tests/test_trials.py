@@ -16,7 +16,7 @@ def test_trial_order_runs_every_engine_once_per_round_manual_first_and_is_reprod
     assert [name for _, name in trial_order(["torch", "manual"], 2, seed=None, opens=MANUAL_FIRST)] == ["manual", "torch", "torch", "manual"]
 
 
-def _fake_result(engine, gradient_dir, peak=100):
+def _fake_result(engine, gradient_dir, peak=100, checks=None):
     import numpy as np
 
     from benchlib.engines.gradients import save_gradient
@@ -26,7 +26,7 @@ def _fake_result(engine, gradient_dir, peak=100):
     save_gradient(np.ones(2) * (2.0 if engine == "wrong" else 1.0), gradient_dir, engine)
     measurement = Measurement(name=engine, device="cpu", times_s=(0.01,), gc_count=0, gc_seconds=0.0,
                               peak_bytes=peak, baseline_bytes=0)
-    return IsolatedResult(engine, measurement, {}, {"isolation": "fork", "ignored": 1})
+    return IsolatedResult(engine, measurement, dict(checks or {}), {"isolation": "fork", "ignored": 1})
 
 
 def _units(groups, engines):
@@ -49,26 +49,50 @@ def test_one_loop_checks_each_groups_gradients_against_its_own_reference_and_rec
         calls.append((unit.group, unit.engine, trial))
         if unit.engine == "broken" or (unit.group, unit.engine) == ("g2", "manual"):
             raise CaseFailed(unit.engine, "it raised")
-        return _fake_result(unit.engine, gradient_dir)
+        stochastic = unit.group == "g3" and unit.engine == "manual"  # its gradient changes with the seed
+        return _fake_result(unit.engine, gradient_dir, checks={"grad_seed_dependent": 1.0} if stochastic else None)
 
     loop = TrialLoop(TrialSettings(trials=3, precision=0.0, order_seed=1, reference="manual"), lines.append)
-    loop.run(_units(["g1", "g2"], ["manual", "wrong", "broken"]), measure)
+    loop.run(_units(["g1", "g2", "g3"], ["manual", "wrong", "broken"]), measure)
     # both references open the first round; a failure is tried once, its later trials skipped
-    assert {call[:2] for call in calls[:2]} == {("g1", "manual"), ("g2", "manual")}
+    assert {call[:2] for call in calls[:3]} == {("g1", "manual"), ("g2", "manual"), ("g3", "manual")}
     assert calls.count(("g1", "broken", 0)) == 1 and not any(c[:2] == ("g1", "broken") and c[2] > 0 for c in calls)
     by = {}
     for record in loop.records:
         by.setdefault((record["case"], record["variant"], record["metric"]), []).append(record)
-    assert [r["value"] for r in by["g1", "wrong", "grad_max_rel_err"]] == [1.0, 1.0, 1.0]  # against g1's manual
+    # against g1's manual: off by 100%, not the same maths: measured, kept, failed, not tried again
+    assert [r["value"] for r in by["g1", "wrong", "grad_max_rel_err"]] == [1.0]
+    assert len(by["g1", "wrong", "time"]) == 1 and ("g1", "wrong", "trials_run") not in by
     assert ("g2", "wrong", "grad_max_rel_err") not in by
     assert len(by["g2", "wrong", "grad_check_unavailable"]) == 3  # g2's manual failed: said, never compared
+    # g3's reference is stochastic: the same 100% is "not comparable", neither a pass nor a failure
+    unchecked = [json.loads(r["params"])["message"] for r in by["g3", "wrong", "grad_check_unavailable"]]
+    assert len(unchecked) == 3 and all(m.startswith("not comparable: the step is stochastic") for m in unchecked)
+    assert ("g3", "wrong", "grad_max_rel_err") not in by and by["g3", "wrong", "trials_run"][0]["value"] == 3.0
     assert by["g1", "manual", "trials_run"][0]["value"] == 3.0
-    failed = {(p["case"], p["engine"]) for p in loop.problems if p["status"] == "failed"}
-    assert failed == {("g1", "broken"), ("g2", "manual"), ("g2", "broken")}
+    failed = {(p["case"], p["engine"]): p["message"] for p in loop.problems if p["status"] == "failed"}
+    assert set(failed) == {("g1", "broken"), ("g1", "wrong"), ("g2", "manual"), ("g2", "broken"), ("g3", "broken")}
+    assert "past the float64 tolerance 1e-10: not the same maths" in failed["g1", "wrong"]
     params = json.loads(by["g1", "wrong", "peak_bytes"][0]["params"])
     assert params["p"] == 1 and params["tp"] == 2 and params["isolation"] == "fork" and "ignored" not in params
     assert "trial" in params and "position" in params
     assert any("gradient not checked" in line for line in lines)
+
+
+def test_a_child_that_says_its_engine_cannot_run_the_code_is_not_applicable_not_failed():
+    from benchlib.measure import CaseNotApplicable
+    from benchlib.trials import TrialLoop, TrialSettings
+
+    def measure(unit, trial, gradient_dir):
+        if unit.engine == "torch.func":
+            raise CaseNotApplicable(unit.engine, "torch.func cannot transform this step: because")
+        return _fake_result(unit.engine, gradient_dir)
+
+    loop = TrialLoop(TrialSettings(trials=2, precision=0.0, order_seed=None, reference="manual"), None)
+    loop.run(_units(["g"], ["manual", "torch.func"]), measure)
+    assert loop.problems == [{"case": "g", "engine": "torch.func", "status": "not applicable",
+                              "message": "torch.func cannot transform this step: because"}]
+    assert [r["metric"] for r in loop.records if r["variant"] == "torch.func"] == ["not_applicable"]
 
 
 def test_the_loop_lists_what_the_deadline_left_unrun_and_always_runs_the_first_child():

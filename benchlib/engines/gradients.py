@@ -17,6 +17,17 @@ GRAD_ERROR_METRIC = "grad_max_rel_err"
 # contributions cost thousands of float32 rounding errors where they cancel (the RNN's bias
 # gradients at T=200 reach 7e-5); a wrong gradient is off by far more than either bound.
 GRADIENT_TOLERANCE = {"float32": 1e-3, "float64": 1e-10}
+# Model files may train in half precision: 8 (bfloat16) or 11 (float16) bits of mantissa.
+HALF_PRECISION_TOLERANCE = {"bfloat16": 5e-2, "float16": 1e-2}
+# A reference's check sets it (1) when its own gradient changes with the random seed: the step draws
+# random numbers (dropout), so another engine's gradient equals it only if it draws the same ones.
+SEED_DEPENDENT_METRIC = "grad_seed_dependent"
+
+
+def gradient_tolerance(dtype: str) -> float | None:
+    """The largest `max_relative_error` a gradient in `dtype` may have and still be the same maths, or None
+    for a dtype without one (its error is recorded, not judged)."""
+    return GRADIENT_TOLERANCE.get(dtype, HALF_PRECISION_TOLERANCE.get(dtype))
 
 
 def _leaves(gradient) -> list:

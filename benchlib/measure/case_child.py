@@ -22,6 +22,12 @@ from .devices import Device, prime_cuda_libraries, resolve_device
 from .timeline import MemoryTimeline, timeline_to_json
 
 
+class NotApplicable(Exception):
+    """Raised by a case's set-up or call when its engine cannot run this code at all (torch.func and an
+    old-style autograd.Function, say): the parent records the case as not applicable, with this
+    message, instead of failed. A bug in the user's code stays an ordinary exception: a failure."""
+
+
 @dataclass(frozen=True)
 class Case:
     """What a target returns: `fn()` is measured; `check(result_of_last_call)` -> {name: float};
@@ -135,6 +141,8 @@ def child_main(spec_path: str, result_path: str) -> int:
             checks.update(role_metrics)
         outcome = {"ok": True, "measurement": measurement.to_dict(), "checks": checks,
                    "environment": _environment(spec, device), "role_timeline": roles}
+    except NotApplicable as err:
+        outcome = {"ok": False, "not_applicable": str(err)}
     except Exception as err:
         outcome = {"ok": False, "error": f"{type(err).__name__}: {err}",
                    "traceback": traceback.format_exc()}

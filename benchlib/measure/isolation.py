@@ -69,6 +69,10 @@ class CaseFailed(RuntimeError):
         super().__init__(message)
 
 
+class CaseNotApplicable(CaseFailed):
+    """The case's engine cannot run its code (the child raised `NotApplicable`): `reason` says why."""
+
+
 class MemoryRequirementError(CaseFailed):
     """The case declared more memory than the device has available; it was not started."""
 
@@ -202,6 +206,8 @@ def run_isolated(target: str, params: dict | None = None, *, name: str, device: 
             raise CaseFailed(name, _crash_reason(returncode), output=output)
         with open(result_path) as f:
             result = json.load(f)
+    if not result["ok"] and "not_applicable" in result:
+        raise CaseNotApplicable(name, result["not_applicable"], output=output)
     if not result["ok"]:
         raise CaseFailed(name, f"the child raised {result['error']}",
                          child_traceback=result["traceback"], output=output)

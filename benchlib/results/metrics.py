@@ -113,7 +113,10 @@ for _name, _unit, _kind, _meaning in (
     ("not_applicable", "", "status", "the case cannot run here; params.message says why (value 1)"),
     ("not_run", "", "status", "the case was not run; params.message says why, e.g. the budget ran out (value 1)"),
     ("grad_max_rel_err", "", "check", "max |g - g_reference| / max |g_reference| of a gradient"),
-    ("grad_check_unavailable", "", "status", "no reference gradient to compare with; params.message says why"),
+    ("grad_check_unavailable", "", "status", "no reference gradient to compare with, or none it can be compared with "
+     "(not comparable: a stochastic step drawn differently); params.message says why"),
+    ("grad_seed_dependent", "", "check", "1 when the reference's own gradient changes with the random seed (the "
+     "step draws random numbers, e.g. dropout), else 0"),
     ("grads_identical", "", "check", "1 when two gradients are bit-identical, else 0"),
     ("x_scale", "", "setting", "scale applied to the dot chain's input so its values stay finite"),
     # checkpointing

@@ -17,7 +17,8 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from benchlib.engines.gradients import GRAD_ERROR_METRIC, gradient_file, saved_gradient_error
+from benchlib.engines.gradients import (GRAD_ERROR_METRIC, SEED_DEPENDENT_METRIC, gradient_file, gradient_tolerance,
+                                        saved_gradient_error)
 from benchlib.trials.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline, TrialStopping
 
 # Recorded (value 1, the reason in params["message"]) for an engine that ran but whose gradient
@@ -102,6 +103,22 @@ class TrialLoop:
                               "message": message})
         self._say(f"{unit.name} {unit.engine}: {status}: {message.splitlines()[0]}")
 
+    def _judge(self, unit: Unit, error: float, seed_dependent: bool) -> tuple[str | None, str | None]:
+        """(not comparable, mismatch): why `unit`'s gradient cannot be judged against the reference's, or why
+        it is not the same maths (past its dtype's tolerance, or NaN); (None, None) when it agrees."""
+        reference, dtype = self.settings.reference, unit.labels["dtype"]
+        tolerance = gradient_tolerance(dtype)
+        if tolerance is None or error <= tolerance:
+            return None, None
+        if seed_dependent:
+            stochastic = unit.params.get("stochastic_modules")
+            named = f": {', '.join(stochastic)}" if stochastic else ""
+            return (f"not comparable: the step is stochastic ({reference}'s own gradient changes with the random "
+                    f"seed{named}), and {unit.engine} draws its random numbers differently (its gradient differs by "
+                    f"{error:.2g})"), None
+        return None, (f"its gradient differs from {reference}'s by {error:.3g} (max relative error), past the "
+                      f"{dtype} tolerance {tolerance:g}: not the same maths")
+
     def run(self, units: Sequence[Unit], measure: Callable[[Unit, int, str], Any], *,
             deadline: Deadline | None = None, first_always_runs: bool = True,
             keep: Callable[[Unit, int, Any], None] | None = None) -> None:
@@ -110,7 +127,7 @@ class TrialLoop:
         the gradient into `gradient_dir` (one per group, deleted before this returns). `keep(unit, trial,
         result)` sees every measured trial. A unit stops at its `TrialStopping` reason, its first failure,
         or the deadline (`first_always_runs`: except the very first child)."""
-        from benchlib.measure import CaseFailed
+        from benchlib.measure import CaseFailed, CaseNotApplicable
         from benchlib.results import make_record
 
         settings, trials = self.settings, self.settings.trials
@@ -119,6 +136,7 @@ class TrialLoop:
         groups = list(dict.fromkeys(unit.group for unit in units))
         no_reference = {group: f"{settings.reference} did not run, so there is no gradient to compare with"
                         for group in groups}
+        seed_dependent = dict.fromkeys(groups, False)
         failed: set = set()
         with tempfile.TemporaryDirectory(prefix="benchlib-gradients-") as root:
             folders = {group: os.path.join(root, f"group-{index}") for index, group in enumerate(groups)}
@@ -136,6 +154,13 @@ class TrialLoop:
                 started = stopping.now()
                 try:
                     result = measure(unit, trial, folder)
+                except CaseNotApplicable as error:  # the engine cannot run this code: no failure, no trials
+                    self.note(unit, "not applicable", error.reason)
+                    failed.add(key)
+                    if unit.engine == settings.reference:
+                        no_reference[unit.group] = f"{settings.reference} does not apply, so there is no gradient " \
+                                                   "to compare with"
+                    continue
                 except CaseFailed as error:  # includes MemoryRequirementError: refused before it starts
                     skipped = f" (its {trials - trial - 1} later trial(s) skipped)" if trial < trials - 1 else ""
                     which = f"trial {trial + 1} of {trials}: " if trials > 1 else ""
@@ -146,12 +171,16 @@ class TrialLoop:
                     continue
                 params.update(child_start_params(result.environment))
                 checks = dict(result.checks)
-                unchecked = None
+                unchecked = mismatch = None
                 if unit.engine == settings.reference:
                     no_reference[unit.group] = None
+                    seed_dependent[unit.group] = bool(checks.get(SEED_DEPENDENT_METRIC))
                 elif no_reference[unit.group] is None:
-                    checks[GRAD_ERROR_METRIC] = saved_gradient_error(folder, unit.engine, settings.reference)
+                    error = saved_gradient_error(folder, unit.engine, settings.reference)
                     gradient_file(folder, unit.engine).unlink()
+                    unchecked, mismatch = self._judge(unit, error, seed_dependent[unit.group])
+                    if unchecked is None:
+                        checks[GRAD_ERROR_METRIC] = error
                 else:
                     unchecked = no_reference[unit.group]
                 measurement = result.measurement
@@ -166,6 +195,10 @@ class TrialLoop:
                 self._say(f"{unit.name} {unit.engine} trial {trial + 1}/{trials}: {measurement}"
                           + "".join(f", {k} {v:.3g}" for k, v in checks.items())
                           + (f", gradient not checked: {unchecked}" if unchecked is not None else ""))
+                if mismatch is not None:  # measured, kept, and failed: its later trials would only repeat it
+                    self.note(unit, "failed", mismatch, params)
+                    failed.add(key)
+                    continue
                 reason = stopping.add(key, float(measurement.peak_bytes or 0), stopping.now() - started)
                 if reason not in (None, MAX_TRIALS):
                     self._say(f"{unit.name} {unit.engine}: stopped after {trial + 1} trial(s) ({reason})")

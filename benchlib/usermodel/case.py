@@ -13,13 +13,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchlib.engines.gradients import save_gradient
+from benchlib.engines.gradients import SEED_DEPENDENT_METRIC, gradient_tolerance, max_relative_error, save_gradient
 from benchlib.engine_names import TORCH_FUNC
 from benchlib.engines.roles import GRADIENT_METRIC, SAVED_METRIC, SavedTensors
 from benchlib.measure import Case
 from benchlib.measure.torch_categories import torch_categories
-from benchlib.usermodel.engines import LiveBytes, Step, storage_bytes
-from benchlib.usermodel.loader import ModelFile, guarded, read_model_file
+from benchlib.usermodel.engines import REFERENCE, LiveBytes, Step, storage_bytes
+from benchlib.usermodel.loader import SEED, ModelFile, guarded, read_model_file
+
+STEP_SEED = SEED + 2  # the random stream every engine's checked step starts from (dropout masks alike)
 
 PARAMETER_METRIC = "role_parameter_bytes"
 OPTIMIZER_METRIC = "role_optimizer_bytes"
@@ -46,14 +48,26 @@ def _roles(step: Step) -> dict[str, float]:
     return {**roles, GRADIENT_METRIC: float(gradients.peak_bytes), SAVED_METRIC: float(saved.peak_bytes)}
 
 
-def _gradient(model_file: ModelFile, engine: str, values: dict, device: Any) -> list:
-    """The gradient `engine`'s step computes on a fresh seeded model, in the order of named_parameters."""
+def _gradient(model_file: ModelFile, engine: str, values: dict, device: Any, seed: int = STEP_SEED) -> list:
+    """The gradient `engine`'s step computes on a fresh seeded model, in the order of named_parameters,
+    its random stream seeded with `seed` first, so engines that draw alike draw the same numbers."""
+    import torch
+
     model, batch = model_file.build(values, device.torch)
     step = Step(engine, model, batch, model_file.loss, model_file.optimizer)
     captured = {}
+    torch.manual_seed(seed)
     with step.observe(lambda name, gradient: captured.__setitem__(name, gradient.detach().cpu().clone())):
         step()
     return [captured[name] for name, _ in step.named]
+
+
+def _seed_dependent(model_file: ModelFile, values: dict, device: Any, gradient: list) -> float:
+    """1 when the reference's gradient under another seed differs beyond its tolerance (the step draws
+    random numbers), else 0: what tells "not comparable" from "not the same maths"."""
+    again = _gradient(model_file, REFERENCE, values, device, seed=STEP_SEED + 1)
+    tolerance = gradient_tolerance(str(gradient[0].dtype).removeprefix("torch.")) if gradient else None
+    return float(bool(gradient) and not max_relative_error(again, gradient) <= (tolerance or 0.0))
 
 
 def case(*, device, path: str, engine: str, values: dict, gradient_dir: str, categories: bool = False) -> Case:
@@ -65,7 +79,11 @@ def case(*, device, path: str, engine: str, values: dict, gradient_dir: str, cat
 
     def check(_result) -> dict[str, float]:
         roles = guarded(model_file, what, _roles, step)
-        save_gradient(guarded(model_file, what, _gradient, model_file, engine, values, device), gradient_dir, engine)
+        gradient = guarded(model_file, what, _gradient, model_file, engine, values, device)
+        save_gradient(gradient, gradient_dir, engine)
+        if engine == REFERENCE:
+            roles[SEED_DEPENDENT_METRIC] = guarded(model_file, what, _seed_dependent, model_file, values, device,
+                                                   gradient)
         if categories:  # torch's own view of one more step, beside the roles (`--attribute`)
             roles.update(guarded(model_file, what, torch_categories, step, device.name))
         return roles

@@ -9,14 +9,14 @@ torch) in the parent. A `Form` says what differs between the torch form and the 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from benchlib.benchmark import Config
 from benchlib.engines import case_imports
 from benchlib.trials import Deadline, TrialLoop, TrialSettings, Unit
 from benchlib.engine_names import TORCH_CHECKPOINT
-from benchlib.usermodel.engines import ENGINES, REFERENCE, checkpoint_plan, not_applicable
+from benchlib.usermodel.engines import ENGINES, REFERENCE, checkpoint_plan, not_applicable, stochastic_modules
 from benchlib.usermodel.loader import ModelFile
 
 TARGET = "benchlib.usermodel.case:case"
@@ -33,6 +33,7 @@ class Plan:
     reasons: dict[str, str]  # engine -> why it does not apply
     dtype: str
     engine_params: dict[str, dict]  # engine -> extra params its records carry
+    params: dict = field(default_factory=dict)  # facts of the file at these values every record carries
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,10 @@ def _torch_plan(model_file: ModelFile, values: dict, device) -> Plan:
     first = next(model.parameters(), None)
     reasons = {engine: reason for engine in ENGINES
                if (reason := not_applicable(engine, model, model_file.optimizer is not None)) is not None}
+    stochastic = stochastic_modules(model)
     return Plan(reasons, str(first.dtype).removeprefix("torch.") if first is not None else "float32",
-                {TORCH_CHECKPOINT: {"checkpoint": checkpoint_plan(model)}})
+                {TORCH_CHECKPOINT: checkpoint_plan(model) or {}},
+                {"stochastic_modules": stochastic} if stochastic else {})
 
 
 TORCH_FORM = Form(TARGET, ENGINES, REFERENCE, _torch_plan, torch_categories=True)
@@ -86,6 +89,7 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
         except Exception as error:  # the user's code fails at these values: every case fails alike
             message = model_file.user_error(error, "building the case (at the run's values)")
             status, plan = "failed", Plan(dict.fromkeys(engines, message), "float32", {})
+        base.update(plan.params)
         for engine in engines:
             labels[version, engine] = dict(benchmark=name, case=cases[version], engine=engine, device=device.name,
                                            dtype=plan.dtype)

@@ -2,10 +2,10 @@
 
 `torch`: eager autograd, `loss(model, *batch).backward()`, then the optimizer's step. `torch.func`:
 `torch.func.grad` over `functional_call` of the parameters. `torch-checkpoint`: eager autograd with
-non-reentrant `torch.utils.checkpoint` where torch users put it: about √n segments of an
-`nn.Sequential` model; else on the model's repeated blocks, its longest `nn.Sequential` (√n segments)
-or `nn.ModuleList` (each block, as transformer stacks are checkpointed); else each top-level child
-whose forward takes one tensor. `fused-optimizer`: one optimizer per parameter, stepped from
+non-reentrant `torch.utils.checkpoint` where torch users put it (`checkpoint_targets`): every stack of
+repeated blocks wherever it lives (block by block; a `Sequential` of four or more in √n segments); else
+the model's own or its longest `nn.Sequential` (√n segments); else each top-level child whose forward
+takes one tensor. `fused-optimizer`: one optimizer per parameter, stepped from
 its post-accumulate-grad hook, its gradient freed right after (NaiveGAflux's idea): the gradients
 never all exist at once. Every step ends with no gradient held, so steps do not accumulate.
 """
@@ -15,9 +15,11 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import re
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -26,6 +28,24 @@ from benchlib.engine_names import FUSED_OPTIMIZER, TORCH, TORCH_CHECKPOINT, TORC
 ENGINES = (TORCH, TORCH_FUNC, TORCH_CHECKPOINT, FUSED_OPTIMIZER)
 REFERENCE = TORCH  # every other engine's gradient is checked against eager torch's
 Observer = Callable[[str, torch.Tensor], None]
+# What torch says when torch.func meets code it cannot transform (an autograd.Function without
+# setup_context, an in-place update of a captured tensor, a tensor without storage): the engine does
+# not apply to the file; the file is not wrong.
+TRANSFORM_LIMIT = re.compile(r"functorch|torch\.func|setup_context|\btransforms?\b|doesn't have storage")
+
+
+def stochastic_modules(model: torch.nn.Module) -> list[str]:
+    """The modules of `model` that draw random numbers in training mode: dropout layers with p > 0 and
+    layers with a `dropout` probability > 0 (recurrent stacks, attention). Their gradients depend on
+    the random stream, so a comparison of gradients needs the same draws."""
+    found = []
+    for name, module in model.named_modules():
+        if not module.training:
+            continue
+        p = getattr(module, "p", None) if "dropout" in type(module).__name__.lower() else getattr(module, "dropout", None)
+        if isinstance(p, (int, float)) and not isinstance(p, bool) and p > 0:
+            found.append(name or type(module).__name__)
+    return found
 
 
 def checkpointable_children(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -43,36 +63,92 @@ def checkpointable_children(model: torch.nn.Module) -> list[tuple[str, torch.nn.
     return found
 
 
-def repeated_blocks(model: torch.nn.Module) -> tuple[str, torch.nn.Module] | None:
-    """The model's longest `nn.Sequential` or `nn.ModuleList` below the top (of two blocks or more; the
-    first met of that length): where the activations that checkpointing saves are made."""
-    found = None
+def _one_type_of_block(module: torch.nn.Module) -> bool:
+    children = list(module.children())
+    return len(children) >= 2 and len({type(child) for child in children}) == 1
+
+
+def block_stacks(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """Every `nn.Sequential` or `nn.ModuleList` of two or more blocks of one type, wherever it lives (a
+    ResNet's `layer1`..`layer4`, a transformer's `encoder.layers`), outermost first and none inside
+    another: the repeated blocks torch users checkpoint. A mixed container (`Linear, GELU, Linear`) is
+    one block's insides, not a stack."""
+    found: list[tuple[str, torch.nn.Module]] = []
     for name, module in model.named_modules():
-        if name and isinstance(module, (torch.nn.Sequential, torch.nn.ModuleList)) and len(module) >= 2 \
-                and (found is None or len(module) > len(found[1])):
-            found = (name, module)
+        inside = any(not outer or name.startswith(f"{outer}.") for outer, _ in found)
+        if not inside and isinstance(module, (torch.nn.Sequential, torch.nn.ModuleList)) and _one_type_of_block(module):
+            found.append((name, module))
     return found
 
 
-def checkpoint_plan(model: torch.nn.Module) -> str | None:
-    """What torch-checkpoint checkpoints in `model`, in words; None when nothing can be."""
-    if isinstance(model, torch.nn.Sequential) and len(model):
-        return f"checkpoint_sequential, {_segments(model)} segments of {len(model)} modules"
-    blocks = repeated_blocks(model)
-    if blocks is not None:
-        name, module = blocks
-        if isinstance(module, torch.nn.Sequential):
-            return f"checkpoint_sequential of {name}, {_segments(module)} segments of {len(module)} modules"
-        return f"checkpoint of each of the {len(module)} blocks of {name} (nn.ModuleList)"
-    children = checkpointable_children(model)
-    return f"checkpoint of each of {', '.join(name for name, _ in children)}" if children else None
+@dataclass(frozen=True)
+class CheckpointTarget:
+    """One module torch-checkpoint wraps: `segments` > 1 runs it as `checkpoint_sequential` in that many
+    segments (torch checkpoints all but the last), else each of its blocks (or itself, `whole`) is checkpointed."""
+
+    path: str
+    module: torch.nn.Module
+    segments: int = 0
+    whole: bool = False
+
+    def checkpointed(self) -> list[str]:
+        """The paths of the modules (or segments) whose activations are recomputed."""
+        where = self.path or "(model)"
+        if self.segments > 1:
+            return [f"{where} segment {index + 1}/{self.segments}" for index in range(self.segments - 1)]
+        if self.whole:
+            return [where]
+        return [f"{self.path}.{name}" if self.path else name for name, _ in self.module.named_children()]
+
+    def words(self) -> str:
+        kind = type(self.module).__name__
+        if self.segments > 1:
+            return (f"checkpoint_sequential{f' of {self.path}' if self.path else ''}, {self.segments} segments of "
+                    f"{len(self.module)} modules")
+        if self.whole:
+            return self.path
+        return f"checkpoint of each of the {len(list(self.module.children()))} blocks of {self.path or 'the model'} (nn.{kind})"
+
+
+def checkpoint_targets(model: torch.nn.Module) -> list[CheckpointTarget]:
+    """What torch-checkpoint wraps in `model`, where torch users put checkpoints: every stack of repeated
+    blocks (`block_stacks`; a `Sequential` of four or more in about √n segments, else block by block);
+    else the model's own, or its longest, mixed `nn.Sequential` in √n segments; else each top-level child
+    whose forward takes one tensor. Empty when nothing can be."""
+    stacks = block_stacks(model)
+    if not stacks:
+        longest = max(((name, module) for name, module in model.named_modules()
+                       if isinstance(module, torch.nn.Sequential) and (len(module) >= 2 or module is model)),
+                      key=lambda item: (item[1] is model, len(item[1])), default=None)
+        stacks = [longest] if longest is not None else []
+    targets = []
+    for name, module in stacks:
+        segments = _segments(module) if isinstance(module, torch.nn.Sequential) else 0
+        targets.append(CheckpointTarget(name, module, segments if segments > 1 or module is model else 0))
+    if targets:
+        return targets
+    return [CheckpointTarget(name, child, whole=True) for name, child in checkpointable_children(model)]
+
+
+def checkpoint_plan(model: torch.nn.Module) -> dict | None:
+    """What torch-checkpoint checkpoints in `model`, as its records carry it: `checkpoint` in words,
+    `checkpoint_modules` (the paths recomputed in backward) and `checkpoint_segments` (how many); None
+    when nothing can be."""
+    targets = checkpoint_targets(model)
+    if not targets:
+        return None
+    whole = [target.path for target in targets if target.whole]
+    words = [target.words() for target in targets if not target.whole]
+    words += [f"checkpoint of each of {', '.join(whole)}"] if whole else []
+    modules = [path for target in targets for path in target.checkpointed()]
+    return {"checkpoint": "; ".join(words), "checkpoint_modules": modules, "checkpoint_segments": len(modules)}
 
 
 def not_applicable(engine: str, model: torch.nn.Module, has_optimizer: bool) -> str | None:
     """Why `engine` cannot run this file's step, or None."""
     if engine == FUSED_OPTIMIZER and not has_optimizer:
         return "the file declares no optimizer(parameters): there is no optimizer step to fuse into backward"
-    if engine == TORCH_CHECKPOINT and checkpoint_plan(model) is None:
+    if engine == TORCH_CHECKPOINT and not checkpoint_targets(model):
         return (f"the model ({type(model).__name__}) is not an nn.Sequential, holds no nn.Sequential or "
                 "nn.ModuleList of two blocks or more, and has no top-level child whose forward takes one tensor: "
                 "nothing to checkpoint")
@@ -84,21 +160,24 @@ def _segments(model: torch.nn.Sequential) -> int:
 
 
 def _checkpoint(model: torch.nn.Module) -> None:
+    """Wrap `checkpoint_targets(model)` in non-reentrant checkpoints (random state preserved: dropout
+    draws the same masks in recomputation)."""
     from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
-    def in_segments(sequential: torch.nn.Sequential) -> None:
-        segments = _segments(sequential)
-        sequential.forward = lambda x: checkpoint_sequential(sequential, segments, x, use_reentrant=False)
+    def wrap(module: torch.nn.Module) -> None:
+        module.forward = functools.partial(checkpoint, module.forward, use_reentrant=False)
 
-    if isinstance(model, torch.nn.Sequential):
-        in_segments(model)
-        return
-    blocks = repeated_blocks(model)
-    if blocks is not None and isinstance(blocks[1], torch.nn.Sequential):
-        in_segments(blocks[1])
-        return
-    for child in blocks[1] if blocks is not None else (child for _, child in checkpointable_children(model)):
-        child.forward = functools.partial(checkpoint, child.forward, use_reentrant=False)
+    for target in checkpoint_targets(model):
+        if target.segments > 1:
+            sequential, segments = target.module, target.segments
+            sequential.forward = functools.partial(
+                lambda sequential, segments, x: checkpoint_sequential(sequential, segments, x, use_reentrant=False),
+                sequential, segments)
+        elif target.whole:
+            wrap(target.module)
+        else:
+            for block in target.module.children():
+                wrap(block)
 
 
 class _Loss(torch.nn.Module):
@@ -147,9 +226,21 @@ class Step:
         fused.step()
         fused.zero_grad(set_to_none=True)
 
+    def _transformed(self) -> dict:
+        """torch.func's gradient; an error that is torch.func's limit, not the file's, is `NotApplicable`."""
+        from benchlib.measure.case_child import NotApplicable
+
+        try:
+            return self.grad(self.detached, self.buffers)
+        except Exception as error:
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            if TRANSFORM_LIMIT.search(str(error)):
+                raise NotApplicable(f"torch.func cannot transform this step: {first}") from error
+            raise
+
     def __call__(self) -> None:
         if self.engine == TORCH_FUNC:
-            gradients = self.grad(self.detached, self.buffers)
+            gradients = self._transformed()
             for (name, p), key in zip(self.named, self.detached):
                 if self.observer is not None:
                     self.observer(name, gradients[key])

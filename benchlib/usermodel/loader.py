@@ -81,9 +81,14 @@ def user_error(path: Path, error: BaseException, function: str) -> str:
 
 
 def guarded(model_file, what: str, fn, *args):
-    """`fn(*args)`; an exception in it becomes a UserCodeError naming the file's line that raised it."""
+    """`fn(*args)`; an exception in it becomes a UserCodeError naming the file's line that raised it (but
+    `NotApplicable`: an engine that cannot run the code, which the run records as not applicable)."""
+    from benchlib.measure.case_child import NotApplicable
+
     try:
         return fn(*args)
+    except NotApplicable:  # the engine cannot run this code: not the file's error
+        raise
     except Exception as error:
         raise UserCodeError(model_file.user_error(error, what)) from error
 

@@ -14,17 +14,21 @@ from benchlib.engines.roles import GRADIENT_METRIC, SAVED_METRIC
 from benchlib.units import format_bytes, format_seconds
 from benchlib.results.compare import trial_values
 from benchlib.results.report import SUMMARY_COLUMN
-from benchlib.results.stats import median_interval, ratio_of_medians
-from benchlib.trials.stopping import DETERMINISTIC, MAX_TRIALS, PRECISION
+from benchlib.results.stats import median_interval, noise_flags, ratio_of_medians
+from benchlib.trials import DETERMINISTIC, GRAD_UNCHECKED_METRIC, MAX_TRIALS, PRECISION
 from benchlib.usermodel.arrays import ARRAY_ENGINES
 from benchlib.usermodel.engines import ENGINES
 
 # The roles a step allocates (in the peak above the baseline), by the words a summary line uses.
 STEP_ROLES = {SAVED_METRIC: "saved activations", GRADIENT_METRIC: "gradients"}
 TRACKED = "tracked_peak_bytes"  # the allocation pass's peak: byte-exact, the same for the same code path
+# Below this a step's resident peak counts 4 KiB pages and the heap glibc keeps (buffers under the 128 KiB
+# mmap threshold are never returned) more than its tensors: the tracked peak decides there.
+RESIDENT_RESOLUTION = 1 << 20
 ORDER = {engine: index for index, engine in enumerate(dict.fromkeys((*ENGINES, *ARRAY_ENGINES)))}  # either form's
 COLUMNS = ["version", "engine", "status", "trials", "peak_bytes", "peak_low", "peak_high", "peak_ratio", "peak_ratio_low",
-           "peak_ratio_high", "tracked_peak_bytes", "stop", "largest_role", "largest_role_bytes", "time_s", GRAD_ERROR_METRIC, SUMMARY_COLUMN]
+           "peak_ratio_high", "tracked_peak_bytes", "stop", "largest_role", "largest_role_bytes", "time_s", "time_low", "time_high", GRAD_ERROR_METRIC,
+           SUMMARY_COLUMN]
 
 
 def _interval(values: np.ndarray) -> tuple[float, float, float]:
@@ -59,17 +63,44 @@ def _stop_text(group: pd.DataFrame) -> tuple[str, str]:
     return reason, f"  {count} trial{'' if count == 1 else 's'} ({words})"
 
 
+def deciding_peak(samples: dict) -> tuple[str, str]:
+    """Which peak ranks the engines and makes the ratios, and the words that say so: the resident peak
+    (what the process really held), unless an engine's resident peak sits below `RESIDENT_RESOLUTION`,
+    where pages and the allocator's retained heap count more than the step's tensors; then the tracked
+    peak (the allocators' own count, byte-exact), where every engine has one."""
+    small = [engine for engine, metrics in samples.items() if not np.median(metrics["peak_bytes"]) >= RESIDENT_RESOLUTION]
+    if small and all(TRACKED in metrics and np.all(metrics[TRACKED] > 0) for metrics in samples.values()):
+        return TRACKED, (f"tracked peak (resident peaks below {format_bytes(RESIDENT_RESOLUTION)} are at page "
+                         "resolution)")
+    return "peak_bytes", "resident peak"
+
+
+def _noise_words(times: np.ndarray) -> str:
+    """The noise flag beside a time: its trials spread too widely to read a difference from (`noise_flags`)."""
+    flags = noise_flags(times) if times.size >= 2 else []
+    return f" (noisy: {flags[0]})" if flags else ""
+
+
+def _unchecked_words(group: pd.DataFrame) -> str:
+    """Why an engine's gradient was not compared (no reference, or not comparable), said once."""
+    rows = group[group["metric"] == GRAD_UNCHECKED_METRIC]
+    return f"  gradient {json.loads(rows['params'].iloc[0])['message']}" if len(rows) else ""
+
+
+def _wrapped_words(group: pd.DataFrame) -> str:
+    """What torch-checkpoint wrapped, from its records (none for other engines)."""
+    params = json.loads(group["params"].iloc[0])
+    if "checkpoint" not in params:
+        return ""
+    return f"  wrapped: {params['checkpoint']} ({params.get('checkpoint_segments', '?')} recomputed)"
+
+
 def _version_rows(records: pd.DataFrame, samples: dict, prefix: str) -> list[dict]:
     """Per engine of one version: peak above the baseline with its 95% interval over trials, the tracked
     peak (the allocators' count, byte-exact), the ratio to the engine with the lowest peak (with interval),
     the step role that holds the most, time per step; or why it did not run. `summary` is the row as one line."""
     rows = []
-    peak_metric = "peak_bytes"
-    # a tiny step can peak below RSS's page resolution: 0 bytes is no denominator; the tracked peak has none
-    if any(not np.all(metrics["peak_bytes"] > 0) for metrics in samples.values()) and samples and all(
-            TRACKED in metrics and np.all(metrics[TRACKED] > 0) for metrics in samples.values()):
-        peak_metric = TRACKED
-    by = "" if peak_metric == "peak_bytes" else " by tracked peak"
+    peak_metric, by = deciding_peak(samples)
     best = min(samples, key=lambda engine: np.median(samples[engine][peak_metric]), default=None)
     comparable = best is not None and bool(np.all(samples[best][peak_metric] > 0))
     # the array form measures no roles: its lines say nothing of them rather than "not measured" on each
@@ -89,26 +120,32 @@ def _version_rows(records: pd.DataFrame, samples: dict, prefix: str) -> list[dic
                                         else (math.nan, math.nan, math.nan))
         roles = {role: float(np.median(metrics[role])) for role in STEP_ROLES if role in metrics}
         role = max(roles, key=roles.get, default=None)
-        time_s = float(np.median(metrics["time"]))
+        time_s, time_low, time_high = _interval(metrics["time"])
         error = float(np.max(metrics[GRAD_ERROR_METRIC])) if GRAD_ERROR_METRIC in metrics else math.nan
         if not comparable:
             ratio_text = "lowest" if engine == best else "no ratio (the lowest peak is 0: below the resolution)"
         else:
-            ratio_text = f"best{by}" if engine == best else \
-                f"{ratio:.2f}x{_bracket(ratio_low, ratio_high, '{:.2f}'.format)} the best{by}"
-        role_text = (f"  mostly {STEP_ROLES[role]} ({format_bytes(int(roles[role]))})" if role
-                     else "  roles not measured" if any_roles else "")
+            ratio_text = f"best by {by}" if engine == best else \
+                f"{ratio:.2f}x{_bracket(ratio_low, ratio_high, '{:.2f}'.format)} the best" \
+                + (" by tracked peak" if peak_metric == TRACKED else "")
+        unmeasured = [words for metric, words in STEP_ROLES.items() if metric not in roles]
+        role_text = ("" if not any_roles else "  roles not measured" if not role
+                     else f"  {STEP_ROLES[role]} {format_bytes(int(roles[role]))} ({', '.join(unmeasured)} not measured)"
+                     if unmeasured else f"  mostly {STEP_ROLES[role]} ({format_bytes(int(roles[role]))})")
         stop, stop_words = _stop_text(group)
+        failure = (json.loads(statuses["params"].iloc[0])["message"].splitlines()[0] if len(statuses) else "")
         line = (f"{prefix}{engine:<19} peak +{format_bytes(int(peak))}{_bracket(low, high, lambda v: format_bytes(int(v)))}"
                 + ("" if math.isnan(tracked) else f" (tracked {format_bytes(int(tracked))})")
-                + f"  {ratio_text}{role_text}  {format_seconds(time_s)}/step"
-                + ("" if math.isnan(error) else f"  grad err {error:.1e}") + stop_words
-                + (" (failed in a later trial)" if len(statuses) else ""))
+                + f"  {ratio_text}{role_text}  {format_seconds(time_s)}{_bracket(time_low, time_high, format_seconds)}/step"
+                + _noise_words(metrics["time"])
+                + ("" if math.isnan(error) else f"  grad err {error:.1e}") + _unchecked_words(group) + stop_words
+                + _wrapped_words(group) + (f"  FAILED: {failure}" if failure else ""))
         rows.append({"engine": engine, "status": "ok" if not len(statuses) else "partial",
                      "trials": int(metrics["time"].size), "peak_bytes": peak, "peak_low": low, "peak_high": high,
                      "peak_ratio": ratio, "peak_ratio_low": ratio_low, "peak_ratio_high": ratio_high,
                      "tracked_peak_bytes": tracked, "stop": stop, "largest_role": STEP_ROLES.get(role, ""), "largest_role_bytes": roles.get(role, math.nan),
-                     "time_s": time_s, GRAD_ERROR_METRIC: error, SUMMARY_COLUMN: line})
+                     "time_s": time_s, "time_low": time_low, "time_high": time_high, GRAD_ERROR_METRIC: error,
+                     SUMMARY_COLUMN: line})
     return sorted(rows, key=lambda row: ORDER.get(row["engine"], len(ORDER)))
 
 
