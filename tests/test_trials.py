@@ -109,3 +109,23 @@ def test_the_loop_lists_what_the_deadline_left_unrun_and_always_runs_the_first_c
     assert calls == ["manual"]
     assert [(p["engine"], p["status"]) for p in loop.problems] == [("torch", "not run")]
     assert [r["metric"] for r in loop.records if r["variant"] == "torch"] == ["not_run"]
+
+
+def test_the_same_gradient_with_another_optimizer_step_is_not_applicable_and_its_figures_are_not_kept():
+    import numpy as np
+
+    from benchlib.engines.gradients import UPDATE, save_gradient
+    from benchlib.trials import TrialLoop, TrialSettings
+
+    def measure(unit, trial, gradient_dir):
+        save_gradient(np.ones(2) * (3.0 if unit.engine == "fused" else 1.0), gradient_dir, unit.engine, of=UPDATE)
+        return _fake_result(unit.engine, gradient_dir)
+
+    loop = TrialLoop(TrialSettings(trials=2, precision=0.0, order_seed=None, reference="manual"), None)
+    loop.run(_units(["g"], ["manual", "fused", "same"]), measure)
+    problems = {p["engine"]: (p["status"], p["message"]) for p in loop.problems}
+    assert list(problems) == ["fused"] and problems["fused"][0] == "not applicable"
+    assert "the update its optimizer step makes differs by 2" in problems["fused"][1]
+    assert [r["metric"] for r in loop.records if r["variant"] == "fused"] == ["not_applicable"]
+    same = [r["value"] for r in loop.records if r["variant"] == "same" and r["metric"] == "update_max_rel_err"]
+    assert same == [0.0, 0.0]

@@ -38,23 +38,28 @@ def _as_float64(array) -> np.ndarray:
     return np.asarray(Engine.to_numpy(array), dtype=np.float64)
 
 
-def gradient_file(directory: str | os.PathLike, engine: str) -> Path:
-    """Where `engine`'s gradient is saved in `directory`."""
-    return Path(directory) / f"{engine}.npz"
+UPDATE_ERROR_METRIC = "update_max_rel_err"
+UPDATE = "update"  # what `save_gradient(..., of=UPDATE)` saves: the update the optimizer's step made
 
 
-def save_gradient(gradient, directory: str | os.PathLike, engine: str) -> None:
-    """Save a gradient (one array or a tuple of them, NumPy or torch) as `<engine>.npz`, no pickle.
+def gradient_file(directory: str | os.PathLike, engine: str, of: str = "") -> Path:
+    """Where `engine`'s gradient (or, `of=UPDATE`, the update its step made) is saved in `directory`."""
+    return Path(directory) / f"{engine}{f'.{of}' if of else ''}.npz"
+
+
+def save_gradient(gradient, directory: str | os.PathLike, engine: str, of: str = "") -> None:
+    """Save a gradient (one array or a tuple of them, NumPy or torch) as `<engine>.npz`, no pickle; with
+    `of=UPDATE`, the update the optimizer's step made, which the parent compares as it does gradients.
 
     Called by a case's check in the isolation child, after the measurement.
     """
     arrays = {f"g{index}": Engine.to_numpy(leaf) for index, leaf in enumerate(_leaves(gradient))}
-    np.savez(gradient_file(directory, engine), **arrays)
+    np.savez(gradient_file(directory, engine, of), **arrays)
 
 
-def load_gradient(directory: str | os.PathLike, engine: str) -> list[np.ndarray]:
-    """The arrays `save_gradient` saved for `engine`, in order."""
-    path = gradient_file(directory, engine)
+def load_gradient(directory: str | os.PathLike, engine: str, of: str = "") -> list[np.ndarray]:
+    """The arrays `save_gradient` saved for `engine` (and `of`), in order."""
+    path = gradient_file(directory, engine, of)
     if not path.is_file():
         raise FileNotFoundError(f"no gradient saved for {engine!r} ({path}): the case's check must call "
                                 "benchlib.engines.gradients.save_gradient(result, gradient_dir, engine)")
@@ -62,9 +67,9 @@ def load_gradient(directory: str | os.PathLike, engine: str) -> list[np.ndarray]
         return [saved[f"g{index}"] for index in range(len(saved.files))]
 
 
-def saved_gradient_error(directory: str | os.PathLike, engine: str, reference: str = MANUAL) -> float:
-    """`max_relative_error` of `engine`'s saved gradient against `reference`'s."""
-    return max_relative_error(load_gradient(directory, engine), load_gradient(directory, reference))
+def saved_gradient_error(directory: str | os.PathLike, engine: str, reference: str = MANUAL, of: str = "") -> float:
+    """`max_relative_error` of `engine`'s saved gradient (or `of`) against `reference`'s."""
+    return max_relative_error(load_gradient(directory, engine, of), load_gradient(directory, reference, of))
 
 
 def max_relative_error(gradient, reference) -> float:

@@ -115,6 +115,9 @@ for _name, _unit, _kind, _meaning in (
     ("grad_max_rel_err", "", "check", "max |g - g_reference| / max |g_reference| of a gradient"),
     ("grad_check_unavailable", "", "status", "no reference gradient to compare with, or none it can be compared with "
      "(not comparable: a stochastic step drawn differently); params.message says why"),
+    ("update_max_rel_err", "", "check", "max |u - u_reference| / max |u_reference| of the update the optimizer's "
+     "step made to the parameters (after minus before; model files with an optimizer): the same step, not only the "
+     "same gradient"),
     ("grad_seed_dependent", "", "check", "1 when the reference's own gradient changes with the random seed (the "
      "step draws random numbers, e.g. dropout), else 0"),
     ("grads_identical", "", "check", "1 when two gradients are bit-identical, else 0"),

@@ -17,8 +17,8 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from benchlib.engines.gradients import (GRAD_ERROR_METRIC, SEED_DEPENDENT_METRIC, gradient_file, gradient_tolerance,
-                                        saved_gradient_error)
+from benchlib.engines.gradients import (GRAD_ERROR_METRIC, SEED_DEPENDENT_METRIC, UPDATE, UPDATE_ERROR_METRIC,
+                                        gradient_file, gradient_tolerance, saved_gradient_error)
 from benchlib.trials.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline, TrialStopping
 
 # Recorded (value 1, the reason in params["message"]) for an engine that ran but whose gradient
@@ -45,6 +45,19 @@ def trial_order(units: Iterable[K], trials: int, seed: int | None,
     rounds = [[units[i] for i in positions[r * len(units):(r + 1) * len(units)]] for r in range(trials)]
     rounds[0].sort(key=lambda unit: not opens(unit))  # stable: the rest keep their shuffled order
     return [(trial, unit) for trial, round_units in enumerate(rounds) for unit in round_units]
+
+
+def _saved_errors(folder: str, engine: str, reference: str) -> dict[str, float]:
+    """`engine`'s saved gradient against `reference`'s, and, where both saved one, the optimizer
+    step's update; the engine's files are deleted once read."""
+    errors = {GRAD_ERROR_METRIC: saved_gradient_error(folder, engine, reference)}
+    gradient_file(folder, engine).unlink()
+    update = gradient_file(folder, engine, UPDATE)
+    if update.is_file():
+        if gradient_file(folder, reference, UPDATE).is_file():
+            errors[UPDATE_ERROR_METRIC] = saved_gradient_error(folder, engine, reference, of=UPDATE)
+        update.unlink()
+    return errors
 
 
 def child_start_params(environment: Mapping) -> dict:
@@ -103,21 +116,31 @@ class TrialLoop:
                               "message": message})
         self._say(f"{unit.name} {unit.engine}: {status}: {message.splitlines()[0]}")
 
-    def _judge(self, unit: Unit, error: float, seed_dependent: bool) -> tuple[str | None, str | None]:
-        """(not comparable, mismatch): why `unit`'s gradient cannot be judged against the reference's, or why
-        it is not the same maths (past its dtype's tolerance, or NaN); (None, None) when it agrees."""
+    def _judge(self, unit: Unit, errors: Mapping[str, float], seed_dependent: bool) -> tuple[str | None, str]:
+        """How `unit`'s gradient (and update) compare with the reference's: (None, "") when they agree within
+        the dtype's tolerance; ("not comparable", why) when the reference is stochastic; ("not applicable",
+        why) when the gradient agrees but the optimizer's step does not (the engine cannot make this file's
+        step); ("failed", why) otherwise: not the same maths (NaN included)."""
         reference, dtype = self.settings.reference, unit.labels["dtype"]
         tolerance = gradient_tolerance(dtype)
-        if tolerance is None or error <= tolerance:
-            return None, None
+        past = {metric: error for metric, error in errors.items()
+                if tolerance is not None and not error <= tolerance}
+        if not past:
+            return None, ""
         if seed_dependent:
             stochastic = unit.params.get("stochastic_modules")
             named = f": {', '.join(stochastic)}" if stochastic else ""
-            return (f"not comparable: the step is stochastic ({reference}'s own gradient changes with the random "
-                    f"seed{named}), and {unit.engine} draws its random numbers differently (its gradient differs by "
-                    f"{error:.2g})"), None
-        return None, (f"its gradient differs from {reference}'s by {error:.3g} (max relative error), past the "
-                      f"{dtype} tolerance {tolerance:g}: not the same maths")
+            worst = max(past.values())
+            return "not comparable", (f"not comparable: the step is stochastic ({reference}'s own gradient changes with "
+                                      f"the random seed{named}), and {unit.engine} draws its random numbers "
+                                      f"differently (it differs by {worst:.2g})")
+        if GRAD_ERROR_METRIC not in past:
+            return "not applicable", (f"its gradient agrees with {reference}'s but the update its optimizer step makes "
+                                      f"differs by {past[UPDATE_ERROR_METRIC]:.3g} (the {dtype} tolerance is "
+                                      f"{tolerance:g}): the file's optimizer step couples parameters (clipping by "
+                                      f"their global norm, say), which {unit.engine} cannot make one parameter at a time")
+        return "failed", (f"its gradient differs from {reference}'s by {past[GRAD_ERROR_METRIC]:.3g} (max relative "
+                          f"error), past the {dtype} tolerance {tolerance:g}: not the same maths")
 
     def run(self, units: Sequence[Unit], measure: Callable[[Unit, int, str], Any], *,
             deadline: Deadline | None = None, first_always_runs: bool = True,
@@ -172,15 +195,22 @@ class TrialLoop:
                 params.update(child_start_params(result.environment))
                 checks = dict(result.checks)
                 unchecked = mismatch = None
+                verdict = None
                 if unit.engine == settings.reference:
                     no_reference[unit.group] = None
                     seed_dependent[unit.group] = bool(checks.get(SEED_DEPENDENT_METRIC))
                 elif no_reference[unit.group] is None:
-                    error = saved_gradient_error(folder, unit.engine, settings.reference)
-                    gradient_file(folder, unit.engine).unlink()
-                    unchecked, mismatch = self._judge(unit, error, seed_dependent[unit.group])
-                    if unchecked is None:
-                        checks[GRAD_ERROR_METRIC] = error
+                    errors = _saved_errors(folder, unit.engine, settings.reference)
+                    verdict, why = self._judge(unit, errors, seed_dependent[unit.group])
+                    if verdict == "not applicable":  # a different step: its figures would invite a comparison
+                        self.note(unit, "not applicable", why)
+                        failed.add(key)
+                        continue
+                    if verdict == "not comparable":
+                        unchecked = why
+                    else:
+                        checks.update(errors)
+                        mismatch = why if verdict == "failed" else None
                 else:
                     unchecked = no_reference[unit.group]
                 measurement = result.measurement

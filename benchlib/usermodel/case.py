@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchlib.engines.gradients import SEED_DEPENDENT_METRIC, gradient_tolerance, max_relative_error, save_gradient
+from benchlib.engines.gradients import (SEED_DEPENDENT_METRIC, UPDATE, gradient_tolerance, max_relative_error,
+                                        save_gradient)
 from benchlib.engine_names import TORCH_FUNC
 from benchlib.engines.roles import GRADIENT_METRIC, SAVED_METRIC, SavedTensors
 from benchlib.measure import Case
@@ -48,24 +49,32 @@ def _roles(step: Step) -> dict[str, float]:
     return {**roles, GRADIENT_METRIC: float(gradients.peak_bytes), SAVED_METRIC: float(saved.peak_bytes)}
 
 
-def _gradient(model_file: ModelFile, engine: str, values: dict, device: Any, seed: int = STEP_SEED) -> list:
+def _gradient(model_file: ModelFile, engine: str, values: dict, device: Any,
+              seed: int = STEP_SEED) -> tuple[list, list | None]:
     """The gradient `engine`'s step computes on a fresh seeded model, in the order of named_parameters,
-    its random stream seeded with `seed` first, so engines that draw alike draw the same numbers."""
+    its random stream seeded with `seed` first, so engines that draw alike draw the same numbers; and,
+    when the file has an optimizer, the update its step made to the parameters (after minus before; None
+    without one): an engine that regroups the optimizer (fused-optimizer) must make the same update, not
+    only the same gradient. The update, not the parameters, is compared: a small learning rate would
+    otherwise hide any difference under the parameters' own size."""
     import torch
 
     model, batch = model_file.build(values, device.torch)
     step = Step(engine, model, batch, model_file.loss, model_file.optimizer)
     captured = {}
+    before = [p.detach().cpu().clone() for _, p in step.named]
     torch.manual_seed(seed)
     with step.observe(lambda name, gradient: captured.__setitem__(name, gradient.detach().cpu().clone())):
         step()
-    return [captured[name] for name, _ in step.named]
+    update = ([p.detach().cpu() - old for (_, p), old in zip(step.named, before)]
+              if model_file.optimizer is not None else None)
+    return [captured[name] for name, _ in step.named], update
 
 
 def _seed_dependent(model_file: ModelFile, values: dict, device: Any, gradient: list) -> float:
     """1 when the reference's gradient under another seed differs beyond its tolerance (the step draws
     random numbers), else 0: what tells "not comparable" from "not the same maths"."""
-    again = _gradient(model_file, REFERENCE, values, device, seed=STEP_SEED + 1)
+    again, _ = _gradient(model_file, REFERENCE, values, device, seed=STEP_SEED + 1)
     tolerance = gradient_tolerance(str(gradient[0].dtype).removeprefix("torch.")) if gradient else None
     return float(bool(gradient) and not max_relative_error(again, gradient) <= (tolerance or 0.0))
 
@@ -79,8 +88,10 @@ def case(*, device, path: str, engine: str, values: dict, gradient_dir: str, cat
 
     def check(_result) -> dict[str, float]:
         roles = guarded(model_file, what, _roles, step)
-        gradient = guarded(model_file, what, _gradient, model_file, engine, values, device)
+        gradient, update = guarded(model_file, what, _gradient, model_file, engine, values, device)
         save_gradient(gradient, gradient_dir, engine)
+        if update is not None:
+            save_gradient(update, gradient_dir, engine, of=UPDATE)
         if engine == REFERENCE:
             roles[SEED_DEPENDENT_METRIC] = guarded(model_file, what, _seed_dependent, model_file, values, device,
                                                    gradient)

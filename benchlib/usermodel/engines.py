@@ -115,16 +115,15 @@ def checkpoint_targets(model: torch.nn.Module) -> list[CheckpointTarget]:
     blocks (`block_stacks`; a `Sequential` of four or more in about √n segments, else block by block);
     else the model's own, or its longest, mixed `nn.Sequential` in √n segments; else each top-level child
     whose forward takes one tensor. Empty when nothing can be."""
-    stacks = block_stacks(model)
-    if not stacks:
+    targets = [CheckpointTarget(name, module, _segments(module) if isinstance(module, torch.nn.Sequential)
+                                and len(module) >= 4 else 0) for name, module in block_stacks(model)]
+    if not targets:  # no repeated blocks: the model's own, or its longest, mixed Sequential in √n segments
         longest = max(((name, module) for name, module in model.named_modules()
                        if isinstance(module, torch.nn.Sequential) and (len(module) >= 2 or module is model)),
                       key=lambda item: (item[1] is model, len(item[1])), default=None)
-        stacks = [longest] if longest is not None else []
-    targets = []
-    for name, module in stacks:
-        segments = _segments(module) if isinstance(module, torch.nn.Sequential) else 0
-        targets.append(CheckpointTarget(name, module, segments if segments > 1 or module is model else 0))
+        if longest is not None:
+            segments = _segments(longest[1])
+            targets = [CheckpointTarget(*longest, segments if segments > 1 else 0)]
     if targets:
         return targets
     return [CheckpointTarget(name, child, whole=True) for name, child in checkpointable_children(model)]

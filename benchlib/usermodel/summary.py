@@ -24,7 +24,7 @@ STEP_ROLES = {SAVED_METRIC: "saved activations", GRADIENT_METRIC: "gradients"}
 TRACKED = "tracked_peak_bytes"  # the allocation pass's peak: byte-exact, the same for the same code path
 # Below this a step's resident peak counts 4 KiB pages and the heap glibc keeps (buffers under the 128 KiB
 # mmap threshold are never returned) more than its tensors: the tracked peak decides there.
-RESIDENT_RESOLUTION = 1 << 20
+RESIDENT_RESOLUTION = 1_000_000
 ORDER = {engine: index for index, engine in enumerate(dict.fromkeys((*ENGINES, *ARRAY_ENGINES)))}  # either form's
 COLUMNS = ["version", "engine", "status", "trials", "peak_bytes", "peak_low", "peak_high", "peak_ratio", "peak_ratio_low",
            "peak_ratio_high", "tracked_peak_bytes", "stop", "largest_role", "largest_role_bytes", "time_s", "time_low", "time_high", GRAD_ERROR_METRIC,
