@@ -205,3 +205,31 @@ def test_the_resident_peak_decides_best_unless_it_sits_at_page_resolution():
     lines = dict(zip(table["engine"], table["summary"]))
     assert "best by tracked peak (resident peaks below" in lines[TORCH]
     assert all("ms [1.000 ms, 1.000 ms]/step" in line for line in lines.values())  # time with its interval
+
+
+OWN_STEP = CLIPPED.replace("class ClippedSGD", "class _Unused") + """
+
+def step(model, optimizer, x, y):
+    optimizer.zero_grad()
+    loss(model, x, y).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+    optimizer.step()
+"""
+
+
+def test_a_files_own_step_runs_as_written_where_it_can_and_is_not_applicable_where_it_cannot(tmp_path):
+    from benchlib.usermodel.compare import TORCH_FORM
+    from benchlib.usermodel.loader import check_form
+
+    model_file, cpu = _file(tmp_path, OWN_STEP.replace("return ClippedSGD(", "return torch.optim.SGD(")), \
+        resolve_device("cpu")
+    check_form(model_file, {})
+    plan = TORCH_FORM.plan(model_file, {}, cpu)
+    assert set(plan.reasons) == {TORCH_FUNC, FUSED_OPTIMIZER}
+    assert "runs its own backward" in plan.reasons[TORCH_FUNC] and "calls its optimizer" in plan.reasons[FUSED_OPTIMIZER]
+    reference, reference_update = _gradient(model_file, TORCH, {}, cpu)
+    gradient, update = _gradient(model_file, TORCH_CHECKPOINT, {}, cpu)
+    assert max_relative_error(gradient, reference) <= 1e-6 and max_relative_error(update, reference_update) <= 1e-6
+    # the step as written: clipped by the global norm to 0.1, so the update is lr * 0.1 at most in norm
+    norm = torch.sqrt(sum((u ** 2).sum() for u in reference_update))
+    assert float(norm) <= 0.1 * 0.1 + 1e-6

@@ -60,7 +60,7 @@ def _gradient(model_file: ModelFile, engine: str, values: dict, device: Any,
     import torch
 
     model, batch = model_file.build(values, device.torch)
-    step = Step(engine, model, batch, model_file.loss, model_file.optimizer)
+    step = Step(engine, model, batch, model_file.loss, model_file.optimizer, model_file.step)
     captured = {}
     before = [p.detach().cpu().clone() for _, p in step.named]
     torch.manual_seed(seed)
@@ -83,7 +83,7 @@ def case(*, device, path: str, engine: str, values: dict, gradient_dir: str, cat
     model_file = read_model_file(path)
     model, batch = guarded(model_file, "model or batch (building the case)", model_file.build, values, device.torch)
     step = guarded(model_file, f"{engine}'s set-up (optimizer)", Step, engine, model, batch, model_file.loss,
-                    model_file.optimizer)
+                    model_file.optimizer, model_file.step)
     what = f"the {engine} step"
 
     def check(_result) -> dict[str, float]:

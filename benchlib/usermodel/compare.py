@@ -52,7 +52,8 @@ def _torch_plan(model_file: ModelFile, values: dict, device) -> Plan:
     model, _ = model_file.build(values)
     first = next(model.parameters(), None)
     reasons = {engine: reason for engine in ENGINES
-               if (reason := not_applicable(engine, model, model_file.optimizer is not None)) is not None}
+               if (reason := not_applicable(engine, model, model_file.optimizer is not None,
+                                            model_file.step is not None)) is not None}
     stochastic = stochastic_modules(model)
     return Plan(reasons, str(first.dtype).removeprefix("torch.") if first is not None else "float32",
                 {TORCH_CHECKPOINT: checkpoint_plan(model) or {}},

@@ -143,8 +143,15 @@ def checkpoint_plan(model: torch.nn.Module) -> dict | None:
     return {"checkpoint": "; ".join(words), "checkpoint_modules": modules, "checkpoint_segments": len(modules)}
 
 
-def not_applicable(engine: str, model: torch.nn.Module, has_optimizer: bool) -> str | None:
-    """Why `engine` cannot run this file's step, or None."""
+def not_applicable(engine: str, model: torch.nn.Module, has_optimizer: bool, has_step: bool = False) -> str | None:
+    """Why `engine` cannot run this file's step, or None. A file's own `step` is run as written by the
+    engines that differentiate eagerly (torch, torch-checkpoint); the others would compute another step."""
+    if has_step and engine == TORCH_FUNC:
+        return ("the file's step(model, optimizer, *batch) runs its own backward; torch.func differentiates loss "
+                "with grad() and cannot run that step as written")
+    if has_step and engine == FUSED_OPTIMIZER:
+        return ("the file's step(model, optimizer, *batch) calls its optimizer itself; fused-optimizer steps one "
+                "optimizer per parameter from backward and cannot run that step as written")
     if engine == FUSED_OPTIMIZER and not has_optimizer:
         return "the file declares no optimizer(parameters): there is no optimizer step to fuse into backward"
     if engine == TORCH_CHECKPOINT and not checkpoint_targets(model):
@@ -191,15 +198,16 @@ class _Loss(torch.nn.Module):
 
 
 class Step:
-    """One training step of `engine`; calling it runs forward, backward and (if any) the optimizer step.
+    """One training step of `engine`; calling it runs forward, backward and (if any) the optimizer step,
+    or, given the file's own `step`, that step as written (torch and torch-checkpoint only).
 
     `observe(fn)` calls `fn(name, gradient)` as each parameter's gradient is complete, for one
     extra step outside the measured ones: the gradient check and the gradient role read it.
     """
 
     def __init__(self, engine: str, model: torch.nn.Module, batch: tuple, loss: Callable,
-                 optimizer: Callable | None):
-        self.engine, self.model, self.batch, self.loss = engine, model, batch, loss
+                 optimizer: Callable | None, step: Callable | None = None):
+        self.engine, self.model, self.batch, self.loss, self.step = engine, model, batch, loss, step
         self.named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         self.observer: Observer | None = None
         if engine == FUSED_OPTIMIZER:
@@ -246,6 +254,11 @@ class Step:
                 if self.optimizers:
                     p.grad = gradients[key]
             del gradients
+        elif self.step is not None:  # the file's own step: backward, clipping, the optimizer's step, as written
+            self.step(self.model, self.optimizers[0] if self.optimizers else None, *self.batch)
+            for _, p in self.named:
+                p.grad = None
+            return
         else:
             self.loss(self.model, *self.batch).backward()
         if self.engine == FUSED_OPTIMIZER:

@@ -6,6 +6,7 @@ array form's own checks are in `benchlib.usermodel.arrays`.
     def batch(**params) -> a tensor or a tuple of tensors
     def loss(model, *batch) -> a 0-dim tensor
     def optimizer(parameters) -> torch.optim.Optimizer     # optional: a step then includes its step
+    def step(model, optimizer, *batch) -> None             # optional: the whole training step, as written
     NAME = "my_model"; PARAMETERS = {"width": 256}; QUICK = {"width": 16}   # optional
 
 The file is imported under a module name of its own (its folder first on sys.path, as `python
@@ -28,7 +29,8 @@ from typing import Any
 
 REQUIRED = ("model", "batch", "loss")
 FORM = ("model(**params) -> torch.nn.Module, batch(**params) -> tensor or tuple of tensors, "
-        "loss(model, *batch) -> 0-dim tensor, and optionally optimizer(parameters) -> torch.optim.Optimizer")
+        "loss(model, *batch) -> 0-dim tensor, and optionally optimizer(parameters) -> torch.optim.Optimizer and "
+        "step(model, optimizer, *batch), the whole training step")
 ARRAY_FORM = ("params(**params) -> tuple of NumPy arrays (differentiated), data(**params) -> tuple of NumPy "
               "arrays, loss(xp, *params, *data) -> scalar")
 SEED = 0  # every process builds the same initial model and batch: gradients compare across engines
@@ -50,6 +52,7 @@ class ModelFile:
     optimizer: Callable | None
     parameters: dict[str, Any]
     quick: dict[str, Any]
+    step: Callable | None = None  # the file's own training step (backward, clipping, schedulers...), if any
 
     def user_error(self, error: BaseException, function: str) -> str:
         return user_error(self.path, error, function)
@@ -153,6 +156,15 @@ def _check_signatures(path: Path, module, parameters: Mapping[str, Any]) -> None
             signature(path, optimizer, "optimizer").bind(object())
         except TypeError as error:
             raise refuse(path, f"optimizer must accept one argument, optimizer(parameters): {error}") from None
+    step = getattr(module, "step", None)
+    if step is not None:
+        if not callable(step):
+            raise refuse(path, "step must be a function step(model, optimizer, *batch): the whole training step")
+        taken = [p for p in signature(path, step, "step").parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+        if len(taken) < 2 and not any(p.kind == p.VAR_POSITIONAL for p in taken):
+            raise refuse(path, f"step{signature(path, step, 'step')} must accept (model, optimizer, *batch): the "
+                               "model, the optimizer (None without one), then the batch's tensors")
 
 
 def _dict(path: Path, module, name: str) -> dict[str, Any]:
@@ -205,7 +217,7 @@ def torch_form(path: Path, module) -> ModelFile:
     name, parameters, quick = declared(path, module)
     _check_signatures(path, module, parameters)
     return ModelFile(path, name, module.model, module.batch, module.loss, getattr(module, "optimizer", None),
-                     parameters, quick)
+                     parameters, quick, getattr(module, "step", None))
 
 
 def read_model_file(path: str | Path) -> ModelFile:
@@ -214,7 +226,8 @@ def read_model_file(path: str | Path) -> ModelFile:
 
 
 def check_form(model_file: ModelFile, values: Mapping[str, Any]) -> None:
-    """Build the model and batch at `values` and call loss (and optimizer) once: what each returns is the form's."""
+    """Build the model and batch at `values` and call loss (and optimizer, and step) once: what each returns is the
+    form's."""
     import torch
 
     path = model_file.path
@@ -254,6 +267,11 @@ def check_form(model_file: ModelFile, values: Mapping[str, Any]) -> None:
             raise ModelFileError(model_file.user_error(error, "optimizer(parameters)")) from error
         if not isinstance(made_optimizer, torch.optim.Optimizer):
             raise refuse(path, f"optimizer(parameters) must return a torch.optim.Optimizer, got {kind(made_optimizer)}")
+    if model_file.step is not None:
+        try:
+            model_file.step(module, made_optimizer if model_file.optimizer is not None else None, *tensors)
+        except Exception as error:
+            raise ModelFileError(model_file.user_error(error, "step(model, optimizer, *batch)")) from error
 
 
 def kind(value: Any) -> str:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-FUNCTIONS = ("model", "batch", "loss", "optimizer")
+FUNCTIONS = ("model", "batch", "loss", "optimizer", "step")
 VALUES = ("NAME", "PARAMETERS", "QUICK")
 
 TEMPLATE = '''"""My model, measured by benchlib: `benchlib run THIS_FILE --quick` for a first look.
@@ -50,6 +50,15 @@ def loss(model, images, labels):
 def optimizer(parameters):
     """Optional. Without it a step is forward and backward only (and fused-optimizer does not apply)."""
     return torch.optim.Adam(parameters, lr=1e-3)
+
+
+# Optional: your whole training step, measured as written by torch and torch-checkpoint (torch.func and
+# fused-optimizer cannot run your own backward and optimizer calls, and say so). Uncomment to use it:
+# def step(model, optimizer, images, labels):
+#     optimizer.zero_grad()
+#     loss(model, images, labels).backward()
+#     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+#     optimizer.step()
 '''
 
 ARRAY_TEMPLATE = '''"""My model in the array form, measured by benchlib: `benchlib run THIS_FILE --quick` for a first look.
@@ -97,7 +106,7 @@ def loss(xp, W1, b1, W2, b2, x, y):
 
 
 def write_model_file(form: Mapping[str, Any], folder: str | Path) -> Path:
-    """The torch form's functions and values (`model`, `batch`, `loss`, optional `optimizer`, `NAME`,
+    """The torch form's functions and values (`model`, `batch`, `loss`, optional `optimizer` and `step`, `NAME`,
     `PARAMETERS`, `QUICK`) as a model file in `folder`: each function by its source, so it may use only
     torch and its arguments (the measured children import the file, not this process's objects)."""
     unknown = sorted(set(form) - {*FUNCTIONS, *VALUES})
