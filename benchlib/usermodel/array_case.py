@@ -2,7 +2,8 @@
 
 The child re-reads the file, builds the seeded params and data, hands them to the engine in its
 own library and device (`Engine.asarray`), and measures one gradient of the loss with respect to
-every params array; the check saves the last gradient for the parent to compare with torch's.
+every params array; the check saves the last gradient for the parent to compare with torch's and, for
+benchlib's own engines, reads memory by role (saved values, gradients) off the tape of the last call.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from benchlib.engine_names import TORCH, TORCH_FUNC
 from benchlib.engines import get_engine
 from benchlib.engines.gradients import save_gradient
+from benchlib.engines.roles import tape_roles
 from benchlib.measure import Case
 from benchlib.usermodel.arrays import engine_namespace, read_array_file
 from benchlib.usermodel.loader import guarded
@@ -34,6 +36,6 @@ def case(*, device, path: str, engine: str, values: dict, gradient_dir: str) -> 
 
     def check(result) -> dict[str, float]:
         save_gradient(result, gradient_dir, engine)
-        return {}
+        return tape_roles(gradient)  # benchlib's engines: saved values and gradients at the peak, from the tape
 
     return Case(lambda: guarded(model_file, f"the {engine} gradient", gradient, *arrays), check)
