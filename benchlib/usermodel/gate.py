@@ -239,7 +239,7 @@ def measure_step(model: str | Path, engine: str = "torch", *, params: dict | Non
                  device: str = "cpu", sites: bool = True, timeout_s: float = 600) -> StepCost:
     """One `engine` step of the model file at `model` (its PARAMETERS, the QUICK ones with `quick`, then
     `params`), measured in a fresh process: a warm-up step, then one under the allocation tracker."""
-    from benchlib.measure import CaseFailed, IsolationOptions, resolve_device, run_isolated
+    from benchlib.measure import CaseFailed, CaseNotApplicable, IsolationOptions, resolve_device, run_isolated
     from benchlib.measure.allocations import memray_available
     from benchlib.usermodel import declare_model_files
 
@@ -262,6 +262,8 @@ def measure_step(model: str | Path, engine: str = "torch", *, params: dict | Non
                                   options=IsolationOptions(warmup=1, repeats=1, track_allocations=True, timeline=False,
                                                            sites=sites, timeout_s=timeout_s,
                                                            preload=case_imports(engine, target)))
+        except CaseNotApplicable as refused:  # the engine cannot run this code (torch.func's limits)
+            raise GateError(f"{engine} does not apply to {model_file.path}: {refused.reason}") from None
         except CaseFailed as failed:
             raise GateError(f"{model_file.path} under {engine}: {failed.reason}"
                             + (f"\n{failed.child_traceback.strip().splitlines()[-1]}" if failed.child_traceback else "")
