@@ -93,10 +93,15 @@ def resolve(name_or_path: str | Sequence[str]) -> Benchmark:
     from benchlib.usermodel import load_model_files
 
     benchmark = load_model_files([name_or_path] if isinstance(name_or_path, str) else name_or_path)
-    if benchmark.name in benchmarks():
-        raise RegistryError(f"{name_or_path}: NAME {benchmark.name!r} is a declared benchmark's; give the file "
-                            "another NAME")
+    refuse_declared_name(benchmark, name_or_path)
     return benchmark
+
+
+def refuse_declared_name(benchmark: Benchmark, source: str | Sequence[str]) -> None:
+    """A model file may not take a declared benchmark's NAME (`RegistryError`), as a duplicate entry point may not."""
+    if benchmark.name in benchmarks():
+        raise RegistryError(f"{source}: NAME {benchmark.name!r} is a declared benchmark's; give the file "
+                            "another NAME")
 
 
 def verdict_rules() -> tuple:

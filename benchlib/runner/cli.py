@@ -343,6 +343,8 @@ def _print_chain(error: BaseException) -> None:
         error = error.__cause__ or error.__context__
     for link in reversed(chain):
         traceback.print_exception(type(link), link, link.__traceback__, chain=False)
+        if getattr(link, "child_traceback", ""):  # raised in a child process: where, in that child
+            print(f"--- in the child process ---\n{link.child_traceback.rstrip()}", file=sys.stderr)
 
 
 def _params(assignments: Sequence[str]) -> dict[str, str]:

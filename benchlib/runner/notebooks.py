@@ -100,16 +100,28 @@ def _spec(name: str, path: Path) -> NotebookSpec:
     return NotebookSpec(known, path.resolve()) if known is not None else inspect(name, path)
 
 
-def model_file_spec(*names: str) -> NotebookSpec:
-    """Model files (paths ending in .py; several: versions of one NAME) as one benchmark run by the
-    generic notebook; refused, saying why, when a file is not in the torch form."""
-    from benchlib.usermodel import ModelFileError
+def _is_model_file(name: str) -> bool:
+    path = Path(name)
+    return name.endswith(".py") or (path.is_file() and path.suffix != ".ipynb")
 
-    try:
-        benchmark = registry.resolve(names[0] if len(names) == 1 else list(names))
-    except (ModelFileError, DeclarationError) as error:
-        raise RunnerError(str(error)) from error
-    return NotebookSpec(benchmark, DECLARED_NOTEBOOK, sources=tuple(Path(name).expanduser().resolve() for name in names))
+
+def model_file_specs(groups: Sequence[Sequence[str]]) -> list[NotebookSpec]:
+    """Each group of model files (paths ending in .py; several: versions of one NAME) as one benchmark run by
+    the generic notebook, every group read and checked in one child process (`benchlib.usermodel.planning`:
+    the user's code never runs in the runner's); the first refusal is raised, saying why."""
+    from benchlib.usermodel.planning import declare_in_child
+
+    specs = []
+    for group, answer in zip(groups, declare_in_child(groups)):
+        if isinstance(answer, Exception):
+            raise RunnerError(str(answer)) from answer
+        try:
+            registry.refuse_declared_name(answer, group[0] if len(group) == 1 else list(group))
+        except DeclarationError as error:
+            raise RunnerError(str(error)) from error
+        specs.append(NotebookSpec(answer, DECLARED_NOTEBOOK,
+                                  sources=tuple(Path(name).expanduser().resolve() for name in group)))
+    return specs
 
 
 def select_notebooks(names: Sequence[str], notebooks_dir: Path | None = None) -> list[NotebookSpec]:
@@ -136,10 +148,13 @@ def select_notebooks(names: Sequence[str], notebooks_dir: Path | None = None) ->
         return list(specs.values())
     selected: dict[str, NotebookSpec] = {}
     unknown = []
+    model_files = [name for name in names if _is_model_file(name)]
+    read = dict(zip(model_files, model_file_specs([[name] for name in model_files]))) if model_files else {}
+    versions: dict[str, list[str]] = {}  # NAME -> its files, where several share one
     for name in names:
         path = Path(name)
-        if name.endswith(".py") or (path.is_file() and path.suffix != ".ipynb"):
-            spec = model_file_spec(name)
+        if name in read:
+            spec = read[name]
             if spec.name in selected and not selected[spec.name].sources:
                 raise RunnerError(f"{selected[spec.name].path} and {name} are both named {spec.name!r}; give the "
                                   "file another NAME to run them together")
@@ -147,7 +162,8 @@ def select_notebooks(names: Sequence[str], notebooks_dir: Path | None = None) ->
                 paths = [*selected[spec.name].sources, *spec.sources]
                 if len(set(paths)) < len(paths):
                     raise RunnerError(f"{name} is given twice")
-                spec = model_file_spec(*map(str, paths))
+                versions.setdefault(spec.name, [str(source) for source in selected[spec.name].sources]).append(name)
+                spec = NotebookSpec(spec.benchmark, spec.path, sources=tuple(paths))
             selected[spec.name] = spec
             continue
         if os.sep in name or (os.altsep and os.altsep in name) or (name.endswith(".ipynb") and path.is_file()):
@@ -169,6 +185,9 @@ def select_notebooks(names: Sequence[str], notebooks_dir: Path | None = None) ->
             selected[stem] = _spec(stem, local)
         else:
             unknown.append(stem)
+    if versions:  # versions of one NAME: read together once more, so the checks between them run too
+        for spec in model_file_specs(list(versions.values())):
+            selected[spec.name] = spec
     if unknown:
         listing = ", ".join(dict.fromkeys([*declared(), *(available_notebooks(folder) if folder.is_dir() else {})]))
         raise RunnerError(f"unknown benchmark(s): {', '.join(unknown)}; known: {listing or 'none'} "

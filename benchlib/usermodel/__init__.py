@@ -100,24 +100,31 @@ def declare_model_files(paths: Sequence[str | Path]) -> tuple[Benchmark, list, F
         (check_array_form if arrays else check_form)(
             each, {name: list(v) if isinstance(v, tuple) else v for name, v in quick.items()})
     versions = dict(zip(version_labels([f.path for f in files]), files))
-    names = " and ".join(f.path.name for f in files)
+    return declaration(files, arrays, functools.partial(measure_model_files, versions, form)), files, form
+
+
+def declaration(files: Sequence, arrays: bool, measure) -> Benchmark:
+    """The benchmark of model files already read and checked: `files` give path, name, parameters and
+    quick (the files themselves, or their facts as a child that checked them reported them:
+    `benchlib.usermodel.planning`), `measure` measures them."""
+    model_file, form = files[0], ARRAY_FORM_RUN if arrays else TORCH_FORM
+    names = " and ".join(Path(f.path).name for f in files)
     step = "one gradient of the loss with respect to the params arrays" if arrays else \
         "one training step (forward, backward and, when the file declares one, the optimizer's step)"
     roles = "" if arrays else ", memory by role"
-    benchmark = Benchmark(
+    return Benchmark(
         name=model_file.name,
         question=f"What does one gradient step of {names} cost in memory, allocations and time, "
                  "under each engine?",
         cases=f"{step} per engine, each in fresh processes, `trials` times interleaved (across versions too): peak, "
               f"time, both allocation counts, GC pauses{roles} and the gradient's error against eager torch",
-        parameters=parameters,
-        measure=functools.partial(measure_model_files, versions, form),
+        parameters=_parameters(model_file, form),
+        measure=measure,
         headline=HEADLINE,
         metrics=ROLE_METRICS,
         summarize=summary_table,
         figures={"peak": peak_intervals} if arrays else {"peak": peak_intervals, "roles": memory_by_role},
     )
-    return benchmark, files, form
 
 
 __all__ = ["ModelFileError", "declare_model_files", "load_model_file", "load_model_files", "read_model_file", "version_labels"]

@@ -1,0 +1,166 @@
+"""Model files read and checked in a child process, so the runner never runs the user's code itself.
+
+Reading a model file imports it (its module-level code runs) and the form check calls its `model`,
+`batch` and `loss`: code that may exit the process, hang, or leave a thread running. `benchlib run`
+plans in its own process, so all of that happens here instead, in `python -m
+benchlib.usermodel.planning`, under a time limit: the child reads and checks the files
+(`declare_model_files`, exactly as in-process) and sends back their facts (paths, NAME, form,
+PARAMETERS, QUICK) as JSON; the parent builds the same `Benchmark` from them (`declaration`), whose
+`measure` reads the files again where it runs: in the notebook's kernel, itself a child.
+Each group of files is read once per call; `declare_in_child` takes several groups at once.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchlib.benchmark import Benchmark, DeclarationError
+from benchlib.usermodel.loader import ModelFileError
+
+FORM_CHECK_TIMEOUT_S = 120.0  # importing a file and one loss call at its QUICK values; BENCHLIB_FORM_CHECK_TIMEOUT
+TIMEOUT_ENV = "BENCHLIB_FORM_CHECK_TIMEOUT"
+
+
+@dataclass(frozen=True)
+class FileFacts:
+    """What the parent needs of a model file that a child read: no code of the user's."""
+
+    path: Path
+    name: str
+    parameters: dict[str, Any]
+    quick: dict[str, Any]
+
+
+def _measure_reading(paths: Sequence[str], *args, **kwargs):
+    """Measure the files, read where this runs (the kernel): the parent never imported them."""
+    from benchlib.usermodel import load_model_files
+
+    return load_model_files(paths).measure(*args, **kwargs)
+
+
+def _facts(group: Sequence[str]) -> dict:
+    """In the child: the group read and checked as in-process, reported as JSON-able facts."""
+    from benchlib.usermodel import declare_model_files
+    from benchlib.usermodel.arrays import ArrayModelFile
+
+    _, files, _ = declare_model_files(group)
+    return {"arrays": isinstance(files[0], ArrayModelFile),
+            "files": [{"path": str(f.path), "name": f.name, "parameters": f.parameters, "quick": f.quick}
+                      for f in files]}
+
+
+def _stray_threads() -> list[str]:
+    return [thread.name for thread in threading.enumerate()
+            if thread is not threading.main_thread() and not thread.daemon and thread.is_alive()]
+
+
+def child_main(result_path: str) -> None:
+    """Read groups of paths (JSON on stdin), write one outcome per group to `result_path`, and leave at
+    once: a thread the user's code started cannot keep this process, and says so."""
+    groups = json.load(sys.stdin)
+    outcomes = []
+    for group in groups:
+        try:
+            outcome = _facts(group)
+            json.dumps(outcome, allow_nan=False)
+        except (ModelFileError, DeclarationError) as error:
+            outcome = {"error": str(error), "traceback": traceback.format_exc()}
+        except (TypeError, ValueError) as error:  # PARAMETERS that JSON cannot carry
+            outcome = {"error": f"{group[0]}: PARAMETERS and QUICK must be numbers, strings, booleans or lists of "
+                                f"them ({error})", "traceback": traceback.format_exc()}
+        except Exception as error:  # noqa: BLE001 - the user's code: name it; --debug shows the traceback
+            outcome = {"error": f"{group[0]}: reading the file raised {type(error).__name__}: {error}",
+                       "traceback": traceback.format_exc()}
+        outcomes.append(outcome)
+    stray = _stray_threads()
+    if stray:
+        outcomes = [{"error": f"{', '.join(map(str, groups[0]))}: the file's code started thread(s) {', '.join(stray)} "
+                              "that are still running after the form check; benchlib's processes would never exit "
+                              "(make them daemon threads, or start them inside a function benchlib does not call)"}
+                    for _ in groups]
+    with open(result_path, "w", encoding="utf-8") as f:
+        json.dump(outcomes, f)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def timeout_s() -> float:
+    """The form check's time limit: `BENCHLIB_FORM_CHECK_TIMEOUT` seconds, else `FORM_CHECK_TIMEOUT_S`."""
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    try:
+        value = float(text) if text else FORM_CHECK_TIMEOUT_S
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1e9:
+        raise ModelFileError(f"{TIMEOUT_ENV} must be a number of seconds > 0, got {text!r}")
+    return value
+
+
+def declare_in_child(groups: Sequence[Sequence[str]]) -> list[Benchmark | ModelFileError]:
+    """Per group of model-file paths (versions of one NAME), its `Benchmark`, or the `ModelFileError` that
+    says why the files were refused, all read and checked in one child under the time limit. A child
+    that exits before it answers, hangs or is killed refuses every group, naming what happened."""
+    from benchlib.usermodel import declaration
+
+    limit = timeout_s()
+    with tempfile.TemporaryDirectory(prefix="benchlib-plan-") as folder:
+        result_path, output_path = Path(folder) / "result.json", Path(folder) / "output.txt"
+        with open(output_path, "w") as output:
+            process = subprocess.Popen([sys.executable, "-m", "benchlib.usermodel.planning", str(result_path)],
+                                       stdin=subprocess.PIPE, stdout=output, stderr=subprocess.STDOUT,
+                                       start_new_session=True, text=True)
+            try:
+                process.communicate(json.dumps([list(map(str, group)) for group in groups]), timeout=limit)
+            except subprocess.TimeoutExpired:
+                _kill(process)
+                reason = (f"did not finish within {limit:g} s (importing it and building the model and batch at the "
+                          f"QUICK values, one loss call); set {TIMEOUT_ENV} for a slower file")
+                return [ModelFileError(f"{', '.join(map(str, group))}: the form check {reason}") for group in groups]
+            except BaseException:  # Ctrl-C: nothing of the user's keeps running
+                _kill(process)
+                raise
+        said = output_path.read_text(errors="replace").strip()
+        if not result_path.is_file():
+            why = (f"ended with exit status {process.returncode}" if process.returncode >= 0
+                   else f"was killed by {signal.Signals(-process.returncode).name}")
+            tail = f"; its last output: {said[-500:]}" if said else ""
+            return [ModelFileError(f"{', '.join(map(str, group))}: the process checking the file {why} before it "
+                                   f"answered (does the file's code exit the process, e.g. os._exit or sys.exit?){tail}")
+                    for group in groups]
+        outcomes = json.loads(result_path.read_text(encoding="utf-8"))
+    answers: list[Benchmark | ModelFileError] = []
+    for group, outcome in zip(groups, outcomes):
+        if "error" in outcome:
+            refusal = ModelFileError(outcome["error"])
+            refusal.child_traceback = outcome.get("traceback", "")  # what `benchlib --debug` shows
+            answers.append(refusal)
+            continue
+        files = [FileFacts(Path(f["path"]), f["name"], f["parameters"], f["quick"]) for f in outcome["files"]]
+        answers.append(declaration(files, outcome["arrays"],
+                                   functools.partial(_measure_reading, [str(f.path) for f in files])))
+    return answers
+
+
+def _kill(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    process.wait()
+
+
+if __name__ == "__main__":
+    child_main(sys.argv[1])
