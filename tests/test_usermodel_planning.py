@@ -1,0 +1,58 @@
+"""A model file is read and checked in a child process: whatever its code does to a process (exit it,
+hang, leave a thread running) it does to that child, and the runner refuses the file saying so."""
+
+import pytest
+
+from benchlib.usermodel import ModelFileError, load_model_file
+from benchlib.usermodel.planning import declare_in_child
+
+HEAD = "import torch\n\ndef model():\n    return torch.nn.Linear(2, 1)\n\ndef batch():\n    return torch.randn(3, 2)\n\n"
+GOOD = HEAD + "def loss(model, x):\n    return model(x).sum()\n"
+
+
+def _write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_the_child_declares_the_same_benchmark_as_reading_the_file_here(tmp_path):
+    path = _write(tmp_path, "fine.py", GOOD.replace("import torch\n", "import torch\nPARAMETERS = {'w': [1, 2]}\n")
+                  .replace("def model():", "def model(w):").replace("def batch():", "def batch(w):"))
+    (declared,) = declare_in_child([[path]])
+    here = load_model_file(path)
+    assert declared.name == here.name == "fine" and declared.describe_parameters() == here.describe_parameters()
+    assert declared.question == here.question and declared.headline == here.headline
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("def loss(model, x):\n    import os\n    os._exit(0)\n", "ended with exit status 0 before it answered"),
+    ("import threading, time\nthreading.Thread(target=time.sleep, args=(600,), name='poller').start()\n"
+     "def loss(model, x):\n    return model(x).sum()\n", "started thread(s) poller that are still running"),
+    ("def loss(model, x):\n    return model(x)\n", "must return a 0-dim tensor"),
+])
+def test_a_file_whose_code_breaks_its_process_is_refused_saying_how(tmp_path, body, expected):
+    good, bad = _write(tmp_path, "good.py", GOOD), _write(tmp_path, "bad.py", HEAD + body)
+    answers = declare_in_child([[bad]])
+    assert isinstance(answers[0], ModelFileError) and expected in str(answers[0])
+    if "thread" not in expected and "exit" not in expected:  # a refusal of one group leaves the others read
+        assert [type(a).__name__ for a in declare_in_child([[bad], [good]])] == ["ModelFileError", "Benchmark"]
+
+
+def test_a_file_that_hangs_is_refused_at_the_time_limit(tmp_path, monkeypatch):
+    monkeypatch.setenv("BENCHLIB_FORM_CHECK_TIMEOUT", "3")
+    path = _write(tmp_path, "hangs.py", HEAD + "def loss(model, x):\n    while True:\n        pass\n")
+    (answer,) = declare_in_child([[path]])
+    assert isinstance(answer, ModelFileError) and "did not finish within 3 s" in str(answer)
+    monkeypatch.setenv("BENCHLIB_FORM_CHECK_TIMEOUT", "soon")
+    with pytest.raises(ModelFileError, match="BENCHLIB_FORM_CHECK_TIMEOUT must be a number of seconds"):
+        declare_in_child([[path]])
+
+
+def test_benchlib_run_refuses_a_file_that_exits_the_process_with_exit_2_and_no_run(tmp_path, capsys):
+    from benchlib.runner.cli import main
+
+    path = _write(tmp_path, "exits.py", HEAD + "def loss(model, x):\n    raise SystemExit(0)\n")
+    assert main(["run", path, "--out", str(tmp_path / "out")]) == 2
+    assert "the process checking the file ended with exit status 0 before it answered" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
