@@ -390,9 +390,27 @@ def load_run_info(run: str | os.PathLike | Run, root: str | os.PathLike | None =
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: the run directory has no run.json")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        info = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise RecordsUnreadable(f"{path}: cannot read run.json ({type(error).__name__}: {error})") from None
+    if not isinstance(info, dict):
+        raise RecordsUnreadable(f"{path}: run.json holds a JSON {type(info).__name__}, not an object of the run's "
+                                "facts (run_id, environment, notebooks...)")
+    return info
+
+
+def refuse_overwriting_run_data(path: str | os.PathLike, page: str) -> Path:
+    """`path`, where a command is about to write its page named `page` (history.html); a `ValueError`
+    (exit 2) when it is a directory, or an existing file inside a run other than such a page (run.json,
+    records, a report), so no command replaces a run's data."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory; give the page's file name (e.g. {path / page})")
+    in_run = next((parent for parent in list(path.parents)[:3] if (parent / RUN_INFO).is_file()), None)
+    if path.exists() and path.name != page and in_run is not None:
+        raise ValueError(f"{path} is a file of the run {in_run}; writing the page there would replace its data "
+                         f"(give another path, e.g. {path.parent / page})")
+    return path
 
 
 def load_records(run: str | os.PathLike | Run, root: str | os.PathLike | None = None) -> pd.DataFrame:

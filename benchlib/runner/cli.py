@@ -250,8 +250,10 @@ def _history(arguments: argparse.Namespace) -> int:
     from benchlib.results.history import (HISTORY_PAGE, MIN_RUNS, SERIES_COLUMNS, HistoryError, answer, build_series,
                                           find_steps, history_page, latest_regressions, looked_at, read_history,
                                           step_table)
-    from benchlib.results.store import default_results_root, write_text_atomic
+    from benchlib.results.store import default_results_root, refuse_overwriting_run_data, write_text_atomic
 
+    if arguments.html is not None:  # refused before anything is read, not after the answer is printed
+        refuse_overwriting_run_data(arguments.html, HISTORY_PAGE)
     history = read_history(arguments.runs, arguments.out)
     for message in history.skipped:
         print(f"skipped: {message}", file=sys.stderr)
@@ -274,7 +276,8 @@ def _history(arguments: argparse.Namespace) -> int:
         with pd.option_context("display.width", 250, "display.max_columns", None, "display.max_colwidth", 90):
             print(step_table(steps).to_string(index=False))
     latest = series.sort_values("started").iloc[-1]
-    page = arguments.html or history.paths[latest["run_id"]].parent / HISTORY_PAGE
+    page = refuse_overwriting_run_data(arguments.html or history.paths[latest["run_id"]].parent / HISTORY_PAGE,
+                                       HISTORY_PAGE)
     write_text_atomic(history_page(series, steps, by=arguments.by, skipped=history.skipped), page)
     print(f"page: {page}")
     return 1 if history.unreadable or not latest_regressions(steps).empty else 0

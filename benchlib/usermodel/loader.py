@@ -192,9 +192,10 @@ def declared(path: Path, module) -> tuple[str, dict[str, Any], dict[str, Any]]:
     unknown = sorted(set(quick) - set(parameters))
     if unknown:
         raise refuse(path, f"QUICK names {', '.join(unknown)}, which PARAMETERS does not declare")
-    name = getattr(module, "NAME", re.sub(r"\W", "_", path.stem))
-    if not isinstance(name, str) or not name.isidentifier():
-        raise refuse(path, f"NAME must be an identifier (letters, digits, _), got {name!r}"
+    name = getattr(module, "NAME", re.sub(r"[^0-9A-Za-z_]", "_", path.stem))
+    if not isinstance(name, str) or not (name.isascii() and name.isidentifier()):
+        raise refuse(path, f"NAME must be an ASCII identifier (letters a-z, A-Z, digits, _; not a digit first: it names "
+                           f"files, records and report sections), got {name!r}"
                             + ("" if hasattr(module, "NAME") else "; set NAME, the file's stem is not one"))
     return name, parameters, quick
 
