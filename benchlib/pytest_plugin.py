@@ -76,6 +76,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             _marker_limits(item)
         except (GateError, TypeError) as error:
             raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.{MARKER}: {error}") from None
+        if item.get_closest_marker(MARKER) is not None and "gradient_step" not in getattr(item, "fixturenames", ()):
+            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.{MARKER} limits the steps the gradient_step fixture "
+                                    "measures, and this test does not use it: nothing would be checked")
 
 
 class GradientStep:
@@ -92,6 +95,7 @@ class GradientStep:
         self._save = config.getoption("--benchlib-save-baselines")
         self._device = config.getoption("--benchlib-device")
         self._limits = _marker_limits(request.node)
+        self.calls = 0  # steps measured: a marked test that measured none checked nothing
 
     def _model_path(self, model: str | Path | Mapping[str, Any]) -> Path:
         """A path (relative: to the test file's folder, else to the current one), or a mapping of the torch
@@ -115,6 +119,7 @@ class GradientStep:
         from benchlib.usermodel.loader import ModelFileError
 
         test_id = self._request.node.nodeid
+        self.calls += 1
         try:
             limits = self._limits.merged(Limits.parse(peak, allocations, python_allocations, growth))
             cost = measure_step(self._model_path(model), engine, params=params, quick=quick, device=self._device)
@@ -132,10 +137,15 @@ class GradientStep:
 
 
 @pytest.fixture
-def gradient_step(request: pytest.FixtureRequest) -> GradientStep:
+def gradient_step(request: pytest.FixtureRequest):
     """Measure a model file's gradient step under one engine in a fresh process, and check it against
-    the test's `limit_gradient_step` marker and the stored baseline."""
-    return GradientStep(request)
+    the test's `limit_gradient_step` marker and the stored baseline. A marked test that measured no step
+    errors at teardown: its limits checked nothing."""
+    step = GradientStep(request)
+    yield step
+    if step.calls == 0 and request.node.get_closest_marker(MARKER) is not None:
+        pytest.fail(f"@pytest.mark.{MARKER} limits this test's gradient steps, but it never called "
+                    "gradient_step(...): nothing was checked", pytrace=False)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:

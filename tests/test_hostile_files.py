@@ -50,3 +50,22 @@ def test_a_model_file_with_a_non_ascii_stem_gets_an_ascii_name_and_a_non_ascii_n
     path.write_text('NAME = "mödel"\n' + body)
     with pytest.raises(ModelFileError, match="NAME must be an ASCII identifier"):
         read_model_file(path)
+
+
+def test_a_reader_that_leaves_early_does_not_change_the_exit_status():
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-m", "benchlib.runner.cli", "list"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    process.stdout.close()  # gone before the first line: every write meets a closed pipe
+    _, error = process.communicate(timeout=120)
+    assert process.returncode == 0, error.decode()
+    assert b"Broken pipe" not in error and b"Exception ignored" not in error
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "0", "1e12"])
+def test_a_timeout_that_is_not_a_finite_number_of_seconds_is_refused_before_anything_runs(tmp_path, value, capsys):
+    assert main(["run", "dot_chain", "--quick", "--timeout", value, "--out", str(tmp_path / "out")]) == 2
+    assert "--timeout must be a number of seconds > 0 and at most" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

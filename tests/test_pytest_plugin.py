@@ -102,3 +102,39 @@ def test_a_device_that_is_not_here_is_a_usage_error(pytester):
     result = pytester.runpytest_subprocess("--benchlib-device", "gpu7")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--benchlib-device gpu7: malformed device 'gpu7'; valid forms:" in result.stderr.str()
+
+
+def test_an_infinite_limit_is_a_usage_error_not_an_internal_error(pytester):
+    pytester.makepyfile(test_bad=textwrap.dedent('''
+        import pytest
+
+        @pytest.mark.limit_gradient_step(peak="1e999 GB")
+        def test_anything(gradient_step):
+            pass
+    '''))
+    result = pytester.runpytest_subprocess()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*is not a finite memory size*"])
+
+
+def test_a_marker_whose_test_measures_no_step_never_passes(pytester):
+    pytester.makepyfile(test_unchecked=textwrap.dedent('''
+        import pytest
+
+        @pytest.mark.limit_gradient_step(peak="1 B")
+        def test_forgot_the_fixture():
+            pass
+    '''))
+    result = pytester.runpytest_subprocess()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*this test does not use it: nothing would be checked*"])
+    pytester.makepyfile(test_unchecked=textwrap.dedent('''
+        import pytest
+
+        @pytest.mark.limit_gradient_step(peak="1 B")
+        def test_never_called(gradient_step):
+            pass
+    '''))
+    result = pytester.runpytest_subprocess()
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*never called gradient_step(...): nothing was checked*"])

@@ -56,3 +56,19 @@ def test_benchlib_run_refuses_a_file_that_exits_the_process_with_exit_2_and_no_r
     assert main(["run", path, "--out", str(tmp_path / "out")]) == 2
     assert "the process checking the file ended with exit status 0 before it answered" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_step_whose_loss_is_nan_fails_every_engine_and_the_notebook_reads_failed(tmp_path, capsys):
+    import json
+
+    from benchlib.results import load_run_info
+    from benchlib.runner.cli import main
+
+    path = _write(tmp_path, "nan.py", HEAD + "def loss(model, x):\n    return model(x).sum() * float('nan')\n")
+    assert main(["run", path, "--quick", "-p", "trials=1", "-p", "engines=torch,torch.func", "--device", "cpu",
+                 "--out", str(tmp_path / "out")]) == 1
+    (run,) = (tmp_path / "out").iterdir()
+    entry = load_run_info(run)["notebooks"]["nan"]
+    assert entry["status"] == "failed"  # every case failed: nothing measured is not a partial answer
+    assert "the gradient holds NaN or inf (in weight, bias)" in json.dumps(entry)

@@ -42,6 +42,20 @@ UPDATE_ERROR_METRIC = "update_max_rel_err"
 UPDATE = "update"  # what `save_gradient(..., of=UPDATE)` saves: the update the optimizer's step made
 
 
+class NonFiniteGradient(ValueError):
+    """A gradient holding NaN or inf: the step did not compute a usable gradient (a NaN loss, an overflow)."""
+
+
+def require_finite(gradient, names=None) -> None:
+    """Raise `NonFiniteGradient` naming the arrays (by `names`, else their index) that hold NaN or inf."""
+    leaves = _leaves(gradient)
+    bad = [str(names[index]) if names is not None else f"array {index}"
+           for index, leaf in enumerate(leaves) if not np.all(np.isfinite(_as_float64(leaf)))]
+    if bad:
+        raise NonFiniteGradient(f"the gradient holds NaN or inf (in {', '.join(bad[:5])}"
+                                f"{' ...' if len(bad) > 5 else ''}): the loss is not finite at these values, or overflows")
+
+
 def gradient_file(directory: str | os.PathLike, engine: str, of: str = "") -> Path:
     """Where `engine`'s gradient (or, `of=UPDATE`, the update its step made) is saved in `directory`."""
     return Path(directory) / f"{engine}{f'.{of}' if of else ''}.npz"

@@ -4,6 +4,7 @@ model file, list past runs, compare two runs, find the steps in a history of run
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -412,9 +413,55 @@ def one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {error} (--debug shows the traceback)"
 
 
+class _ReaderSafe:
+    """stdout whose reader may leave early (`benchlib compare A B | head -1`): what follows is dropped, so
+    the command still finishes and exits with its own status instead of failing on a broken pipe."""
+
+    def __init__(self, stream):
+        self._stream, self._gone = stream, False
+
+    def _reader_left(self) -> None:
+        self._gone = True
+        try:  # later flushes, the interpreter's last one included, go nowhere instead of failing again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+        except (OSError, ValueError):
+            pass
+
+    def write(self, text: str) -> int:
+        if not self._gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._reader_left()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._reader_left()
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `benchlib` command; returns the exit status (README, "Exit status"): an
-    error ends as one line, `benchlib: error: ...`, and 2; its traceback only with --debug."""
+    error ends as one line, `benchlib: error: ...`, and 2; its traceback only with --debug. Output to a
+    reader that left early changes no exit status."""
+    stdout = sys.stdout
+    sys.stdout = _ReaderSafe(stdout)
+    try:
+        return _main(argv)
+    finally:
+        try:
+            sys.stdout.flush()
+        finally:
+            sys.stdout = stdout
+
+
+def _main(argv: Sequence[str] | None) -> int:
     arguments = _parser().parse_args(argv)
     try:
         return _command(arguments, argv)

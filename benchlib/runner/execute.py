@@ -20,11 +20,11 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 import pandas as pd
 
-from benchlib.results import Run, default_results_root, load_records
+from benchlib.results import STATUSES, Run, default_results_root, load_records
 from benchlib.results.environment import file_provenance
 from benchlib.results.report import summary_lines, write_report
 from benchlib.results.compare import noise_table, noise_text
@@ -70,6 +70,7 @@ from benchlib.runner.notebooks import (
 )
 
 EXIT_INTERRUPTED = 130
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a watchdog's wait must be a finite number the clock can take
 ATTRIBUTE = "attribute"  # the parameter of the benchmarks that offer an attribution pass (--attribute sets it)
 FAILED_CASE_METRIC = "failed"  # the status records a workload saves for a case that failed
 NOT_RUN_CASE_METRIC = "not_run"  # ... and for a case the --budget left no time for
@@ -161,11 +162,20 @@ def check_values(planned: Sequence[tuple[NotebookSpec, dict[str, Any]]], device:
             raise RunnerError(str(refused)) from None
 
 
-def case_outcomes(run_path: Path, since: float) -> tuple[list[str], list[str], int]:
-    """From the records a notebook saved (fragments written since `since`): one line per failed
-    case ('engine (case): first line of its error'), the data sources its records name, and how many
-    cases were not run (the --budget ran out before them)."""
-    failures, sources, not_run = [], [], 0
+class CaseOutcomes(NamedTuple):
+    """What a notebook's saved records say of its cases: one line per failed case ('engine (case): first
+    line of its error'), the data sources its records name, how many cases were not run (the --budget
+    ran out before them), and how many measured values it saved (0 with failures: the notebook failed)."""
+
+    failures: list[str]
+    sources: list[str]
+    not_run: int
+    measured: int = 0
+
+
+def case_outcomes(run_path: Path, since: float) -> CaseOutcomes:
+    """`CaseOutcomes` from the record fragments a notebook wrote since `since`."""
+    failures, sources, not_run, measured = [], [], 0, 0
     for fragment in sorted((run_path / "records").glob("*.parquet")):
         if fragment.stat().st_mtime < since:
             continue
@@ -180,7 +190,8 @@ def case_outcomes(run_path: Path, since: float) -> tuple[list[str], list[str], i
             failures.append(f"{row.variant} ({row.case}): {message[0][:200] if message else 'failed'}")
         sources += [source for source in dict.fromkeys(params.map(lambda p: p.get("data"))) if isinstance(source, str)]
         not_run += int((frame["metric"] == NOT_RUN_CASE_METRIC).sum())
-    return failures, list(dict.fromkeys(sources)), not_run
+        measured += int((~frame["metric"].isin(STATUSES)).sum())
+    return CaseOutcomes(failures, list(dict.fromkeys(sources)), not_run, measured)
 
 
 def last_duration(root: Path, notebook: str, quick: bool) -> float | None:
@@ -356,8 +367,9 @@ def run(notebooks: Sequence[str] = (), *, options: RunOptions | None = None, **o
         raise RunnerError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     if scheduler and executor != "dask":
         raise RunnerError("--scheduler goes with --executor dask")
-    if options.timeout_s is not None and not options.timeout_s > 0:
-        raise RunnerError(f"--timeout must be a number of seconds > 0, got {options.timeout_s:g}")
+    if options.timeout_s is not None and not (0 < options.timeout_s <= MAX_TIMEOUT_S):
+        raise RunnerError(f"--timeout must be a number of seconds > 0 and at most {MAX_TIMEOUT_S:g} (a week; leave it "
+                          f"out for no limit), got {options.timeout_s:g}")
     if options.budget_s is not None:
         if not (options.budget_s > 0 and math.isfinite(options.budget_s)):
             raise RunnerError(f"--budget must be a number of minutes > 0, got {options.budget_s / 60:g}")
@@ -517,9 +529,9 @@ class _RunLoop:
         or anything a Dask worker ran), whose records are merged into the run's."""
         in_points = in_points or bool(execution.point)
         point_dir = self.run_.path / "points" / execution.key
-        failures, sources, not_run = case_outcomes(point_dir if in_points else self.run_.path, since)
+        failures, sources, not_run, measured = case_outcomes(point_dir if in_points else self.run_.path, since)
         if failures and status == "ok":
-            status = "partial"
+            status = "partial" if measured else FAILED  # nothing measured at all: not a partial answer
             error = f"{len(failures)} case(s) failed: " + "; ".join(failures[:3]) + (" ..." if len(failures) > 3 else "")
         if in_points:
             try:

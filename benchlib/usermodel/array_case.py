@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from benchlib.engine_names import TORCH, TORCH_FUNC
 from benchlib.engines import get_engine
-from benchlib.engines.gradients import save_gradient
+from benchlib.engines.gradients import require_finite, save_gradient
 from benchlib.engines.roles import tape_roles
 from benchlib.measure import Case
 from benchlib.usermodel.arrays import engine_namespace, read_array_file
@@ -35,6 +35,7 @@ def case(*, device, path: str, engine: str, values: dict, gradient_dir: str) -> 
     gradient = _gradient_maker(engine)(lambda *inputs: model_file.loss(xp, *inputs), tuple(range(len(params))))
 
     def check(result) -> dict[str, float]:
+        require_finite(result)  # a NaN step fails, never passes unnoticed
         save_gradient(result, gradient_dir, engine)
         return tape_roles(gradient)  # benchlib's engines: saved values and gradients at the peak, from the tape
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchlib.engines.gradients import (SEED_DEPENDENT_METRIC, UPDATE, gradient_tolerance, max_relative_error,
-                                        save_gradient)
+                                        require_finite, save_gradient)
 from benchlib.engine_names import TORCH_FUNC
 from benchlib.engines.roles import GRADIENT_METRIC, SAVED_METRIC, SavedTensors
 from benchlib.measure import Case
@@ -89,6 +89,7 @@ def case(*, device, path: str, engine: str, values: dict, gradient_dir: str, cat
     def check(_result) -> dict[str, float]:
         roles = guarded(model_file, what, _roles, step)
         gradient, update = guarded(model_file, what, _gradient, model_file, engine, values, device)
+        require_finite(gradient, [name for name, _ in step.named])  # a NaN step fails, never passes unnoticed
         save_gradient(gradient, gradient_dir, engine)
         if update is not None:
             save_gradient(update, gradient_dir, engine, of=UPDATE)

@@ -12,6 +12,7 @@ the glue to pytest.
 from __future__ import annotations
 
 import json
+import math
 import re
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -42,13 +43,16 @@ def parse_bytes(value: Any) -> int:
     """A byte limit: a number of bytes, or text with a unit ("64 MiB", "0.5 GB", "800kB")."""
     valid = "a number of bytes, or a number with a unit: B, kB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB " \
             "(powers of 1024), e.g. '64 MiB' or '0.5 GB'"
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf:
         return int(value)
     match = _QUANTITY.match(value) if isinstance(value, str) else None
     unit = match.group(2).lower() if match else ""
     if match is None or (unit and unit not in BYTE_UNITS):
         raise GateError(f"{value!r} is not a memory size; valid: {valid}")
-    return int(float(match.group(1)) * BYTE_UNITS[unit or "b"])
+    size = float(match.group(1)) * BYTE_UNITS[unit or "b"]
+    if not math.isfinite(size):
+        raise GateError(f"{value!r} is not a finite memory size; valid: {valid}")
+    return int(size)
 
 
 def parse_count(value: Any) -> int:
