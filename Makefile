@@ -1,5 +1,6 @@
 # Set-up lives here so that a fresh clone needs only `make bench` or `make test`.
 # VENV may point at an existing environment (e.g. one holding a CUDA build of torch 2.13.0).
+# The exact versions come from constraints.txt; the package itself declares ranges (pyproject.toml).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -10,10 +11,10 @@ ARGS ?=
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	@touch $@
 
 ## Run every notebook on the best available device; results land in results/<run-id>/.
