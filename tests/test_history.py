@@ -196,3 +196,19 @@ def test_real_runs_of_a_model_file_whose_width_doubles_step_and_exit_one(tmp_pat
                 and "→" in line)
     assert f"{commits[2]} → {commits[3]}" in line and "worse (latest)" in line
     assert (out / "history.html").is_file()
+
+
+def test_a_copied_run_directory_is_one_run_counted_once_and_named(tmp_path, capsys):
+    import shutil
+
+    _write_runs(tmp_path, [1000.0] * 4)
+    assert main(["history", "--out", str(tmp_path)]) == 0
+    assert "no step in 1 series over 4 runs" in capsys.readouterr().out
+    shutil.copytree(tmp_path / "20261104-100000-test", tmp_path / "zz-copy")
+    assert main(["history", "--out", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert "no step in 1 series over 4 runs" in captured.out
+    assert "zz-copy: a copy of run 20261104-100000-test" in captured.err
+    assert main(["runs", "--out", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert str(tmp_path / "zz-copy") in captured.out and "share a run id (20261104-100000-test)" in captured.err

@@ -71,7 +71,8 @@ def point_commit(info: Mapping[str, Any], benchmark: str, case: str) -> str | No
 
 def read_history(runs: Sequence[str | os.PathLike] = (), root: str | os.PathLike | None = None) -> History:
     """The records of `runs` (ids under `root` or directories), or of every run under `root`. A run
-    whose run.json or records cannot be read, or that holds no records, is skipped with a message.
+    whose run.json or records cannot be read, or that holds no records, is skipped with a message; so is a
+    second directory of one run id (a copy), counted once.
     Training cells' step summaries are derived here, run by run (a cell is named within its run)."""
     if runs:
         try:
@@ -98,8 +99,12 @@ def read_history(runs: Sequence[str | os.PathLike] = (), root: str | os.PathLike
         for name, declared in (info.get("benchmarks") or {}).items():
             headlines.setdefault(name, [])
             headlines[name] += [m for m in declared.get("headline") or () if m not in headlines[name]]
+        run_id = info.get("run_id") or path.name
+        if run_id in run_paths:  # a copied run directory: the same run, counted once, its copy named
+            skipped.append(f"{path}: a copy of run {run_id} (also at {run_paths[run_id]}): counted once")
+            continue
         commits = {key: point_commit(info, *key) for key in set(zip(records["benchmark"], records["case"]))}
-        run_paths[info.get("run_id") or path.name] = path
+        run_paths[run_id] = path
         frames.append(records.assign(run_id=info.get("run_id") or path.name, started_at=info.get("started_at"),
                                      commit=[commits[key] for key in zip(records["benchmark"], records["case"])]))
     return History(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), headlines, skipped, run_paths,

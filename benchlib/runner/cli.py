@@ -195,12 +195,16 @@ def _runs(root: Path | None) -> int:
     if runs.empty:
         print(f"no runs yet in {root}")
         return 0
-    shown = runs.drop(columns=["path"])
+    copies = runs["run_id"].duplicated(keep=False)
+    shown = runs if copies.any() else runs.drop(columns=["path"])  # one id in two places: the paths tell them apart
     if not shown["problem"].astype(bool).any():
         shown = shown.drop(columns=["problem"])
     with pd.option_context("display.width", 250, "display.max_columns", None, "display.max_colwidth", 90):
         print(f"runs in {root}:")
         print(shown.to_string(index=False))
+    if copies.any():
+        print(f"benchlib: {int(copies.sum())} directories share a run id ({', '.join(sorted(set(runs['run_id'][copies])))}):"
+              " copies of one run; `history` counts each once", file=sys.stderr)
     problems = int(runs["problem"].astype(bool).sum())
     if problems:  # listed, and the exit says so: answered, but some runs cannot be read
         print(f"benchlib: {problems} run(s) with files that cannot be read (the problem column)", file=sys.stderr)
