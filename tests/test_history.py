@@ -87,7 +87,7 @@ def _write_runs(root, peaks, *, commits=True, headline=("peak_bytes",)):
     for index, peak in enumerate(peaks):
         run_id = f"2026110{index + 1}-100000-test"
         git = {"commit": f"{index:x}" * 40, "dirty": False} if commits else {"commit": None, "dirty": None}
-        run = Run(root / run_id, {"run_id": run_id, "started_at": f"2026-11-0{index + 1}T10:00:00+00:00",
+        run = Run(root / run_id, {"run_id": run_id, "started_at": f"2026-11-0{index + 1}T10:00:00+00:00", "notebooks": {},
                                   "environment": {"git": git}, "benchmarks": {"mlp": {"headline": list(headline)}}})
         run.write_info()
         run.save_records([make_record(benchmark="mlp", case="step", engine="torch", device="cpu", dtype="float32",

@@ -67,5 +67,16 @@ def test_a_reader_that_leaves_early_does_not_change_the_exit_status():
 @pytest.mark.parametrize("value", ["inf", "nan", "0", "1e12"])
 def test_a_timeout_that_is_not_a_finite_number_of_seconds_is_refused_before_anything_runs(tmp_path, value, capsys):
     assert main(["run", "dot_chain", "--quick", "--timeout", value, "--out", str(tmp_path / "out")]) == 2
-    assert "--timeout must be a number of seconds > 0 and at most" in capsys.readouterr().err
+    assert "--timeout must be a number of seconds > 0, got" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_run_json_without_its_facts_or_looping_on_itself_is_listed_with_its_problem(tmp_path):
+    _run(tmp_path, "bare", {"ended_at": "2026-01-01T00:01:00"})
+    looping = tmp_path / "loop"
+    looping.mkdir()
+    (looping / "run.json").symlink_to(looping / "run.json")
+    runs = list_runs(tmp_path).set_index("path")
+    bare = runs.loc[str(tmp_path / "bare")]
+    assert bare["state"] == "incomplete" and "run.json lacks run_id, started_at, environment, notebooks" in bare["problem"]
+    assert "run.json is a link that leads nowhere" in runs.loc[str(looping), "problem"]

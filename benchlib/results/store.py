@@ -440,6 +440,7 @@ def reference_records(benchmark: str, project: Path | None = None) -> tuple[str,
 
 
 RUN_MARKERS = (RUN_INFO, RECORDS, "records", "notebooks")  # what makes a directory a run's
+RUN_FACTS = {"run_id": str, "started_at": str, "environment": dict, "notebooks": dict}  # every run.json holds them
 
 
 def _runner_alive(info: Mapping[str, Any]) -> bool | None:
@@ -470,21 +471,28 @@ def list_runs(root: str | os.PathLike | None = None) -> pd.DataFrame:
         raise FileNotFoundError(f"no results directory {str(root)!r}")
     rows = []
     for directory in sorted(path for path in Path(root).iterdir() if path.is_dir() and not path.name.startswith(".")):
-        if not any((directory / marker).exists() for marker in RUN_MARKERS):
-            continue
+        if not any((directory / marker).exists() or (directory / marker).is_symlink() for marker in RUN_MARKERS):
+            continue  # (a dangling or looping link is still a run's file: listed with its problem, never hidden)
         row = {"run_id": directory.name, "state": "", "started_at": None, "ended_at": None, "device": None,
                "host": None, "git_commit": None, "notebooks": 0, "failed": 0, "records": 0, "problem": "",
                "path": str(directory)}
         problems = []
         try:
+            if (directory / RUN_INFO).is_symlink() and not (directory / RUN_INFO).exists():
+                raise RecordsUnreadable(f"{RUN_INFO} is a link that leads nowhere (dangling, or a loop)")
             info = load_run_info(directory)
         except (FileNotFoundError, RecordsUnreadable) as error:
             problems.append(str(error).replace(str(directory) + os.sep, ""))
             info = {}
+        lacking = [key for key, kind in RUN_FACTS.items() if info and not isinstance(info.get(key), kind)]
+        if lacking:
+            problems.append(f"{RUN_INFO} lacks {', '.join(lacking)} (or holds them in the wrong shape)")
+            info = {key: value for key, value in info.items() if key not in lacking}
         environment = info.get("environment", {})
         notebooks = info.get("notebooks", {})
         row.update(
-            run_id=info.get("run_id", directory.name), state=run_state(info) if info else "unreadable",
+            run_id=info.get("run_id", directory.name),
+            state="incomplete" if lacking else run_state(info) if info else "unreadable",
             started_at=info.get("started_at"), ended_at=info.get("ended_at"), device=info.get("device"),
             host=environment.get("host"), git_commit=(environment.get("git", {}).get("commit") or "")[:12] or None,
             notebooks=len(notebooks),

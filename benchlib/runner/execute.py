@@ -368,8 +368,8 @@ def run(notebooks: Sequence[str] = (), *, options: RunOptions | None = None, **o
     if scheduler and executor != "dask":
         raise RunnerError("--scheduler goes with --executor dask")
     if options.timeout_s is not None and not (0 < options.timeout_s <= MAX_TIMEOUT_S):
-        raise RunnerError(f"--timeout must be a number of seconds > 0 and at most {MAX_TIMEOUT_S:g} (a week; leave it "
-                          f"out for no limit), got {options.timeout_s:g}")
+        raise RunnerError(f"--timeout must be a number of seconds > 0, got {options.timeout_s:g} (at most "
+                          f"{MAX_TIMEOUT_S:g}, a week; leave it out for no limit)")
     if options.budget_s is not None:
         if not (options.budget_s > 0 and math.isfinite(options.budget_s)):
             raise RunnerError(f"--budget must be a number of minutes > 0, got {options.budget_s / 60:g}")
