@@ -18,6 +18,7 @@ LAYERS = (
     ("engines",),
     ("trials",),
     ("usermodel",),
+    ("zoo",),
     ("workloads",),
     ("registry",),
     ("runner", "pytest_plugin"),

@@ -10,7 +10,7 @@ import torch
 
 from benchlib.autodiff import ACCUMULATE_MODES, grad, ops, value_and_grad
 from benchlib.autodiff.checkpoint import SqrtSegments, TapeProfile, revolve_cost, revolve_cost_closed_form
-from benchlib.workloads import graph_shapes
+from benchlib.zoo import graph_shapes
 
 from test_autodiff import PROGRAM_SEEDS, _dot_chain, _generate_program, _run_program
 

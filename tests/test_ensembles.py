@@ -16,7 +16,7 @@ from benchlib.measure.devices import heap_trim_available
 from benchlib.results import make_record, records_frame
 from benchlib.results.derived import STEP_SUMMARIES, with_step_summaries
 from benchlib.workloads import ensembles as E
-from benchlib.workloads.mnist_data import synthetic_mnist
+from benchlib.zoo.mnist_data import synthetic_mnist
 
 CPU = resolve_device("cpu")
 SMALL = E.EnsembleConfig(n_nets=4, hidden=6, batch=16, lr=1e-2, seed=3)

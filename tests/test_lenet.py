@@ -9,7 +9,7 @@ from benchlib.measure import resolve_device
 from benchlib.results import records_frame
 from benchlib.results.plots.ensembles import lenet_epochs
 from benchlib.workloads import lenet as L
-from benchlib.workloads.mnist_data import synthetic_mnist
+from benchlib.zoo.mnist_data import synthetic_mnist
 
 CPU = resolve_device("cpu")
 TINY = L.LeNetConfig(n_models=3, batch=16, epochs=2, step_limit=2, seed=4)

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchlib.workloads import mnist_data
-from benchlib.workloads.mnist_data import (MNISTDataError, MNISTSources, default_data_dir, download_mnist, load_mnist,
+from benchlib.zoo import mnist_data
+from benchlib.zoo.mnist_data import (MNISTDataError, MNISTSources, default_data_dir, download_mnist, load_mnist,
                                           read_idx, synthetic_mnist, write_idx)
 
 

@@ -18,7 +18,7 @@ from benchlib import autodiff
 from benchlib.autodiff import ops
 from benchlib.measure import Case
 
-TARGET = "benchlib.workloads.graph_shapes:case"
+TARGET = "benchlib.zoo.graph_shapes:case"
 
 
 def _chain(x, z, steps):
