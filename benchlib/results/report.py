@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import nbformat
 import pandas as pd
 
 from benchlib.results.seed_verdicts import QUICK_CAVEAT, load_verdicts
@@ -65,6 +64,8 @@ def notebook_question(run_path: Path, notebook: str, info: Mapping[str, Any]) ->
         if not path.is_file():
             continue
         try:
+            import nbformat  # here, not at import: it costs a second (its schema checks) to every importer
+
             cells = nbformat.read(path, as_version=4).cells
         except Exception:  # an unreadable notebook must not stop the report; the section says so
             return f"(the notebook {path.name} could not be read)"

@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import nbformat
-
 from benchlib import registry
 from benchlib.benchmark import INJECTED, Benchmark, DeclarationError, Parameter, ParameterError
 from benchlib.results.store import find_project_root
@@ -204,6 +202,8 @@ def _literal(source: str) -> tuple[Any, bool]:
 
 def _quick_sizes(path: Path) -> dict[str, Any] | None:
     """QUICK from the cell tagged `quick`, which must hold only `QUICK = {...}` (a literal)."""
+    import nbformat  # imported where a notebook is read: a second of schema set-up that refusals need not pay
+
     notebook = nbformat.read(path, as_version=4)
     cells = [cell for cell in notebook.cells if "quick" in cell.get("metadata", {}).get("tags", [])]
     if not cells:
@@ -226,6 +226,8 @@ def _quick_sizes(path: Path) -> dict[str, Any] | None:
 
 
 def _first_paragraph(path: Path) -> str:
+    import nbformat
+
     for cell in nbformat.read(path, as_version=4).cells:
         if cell.cell_type == "markdown" and cell.source.strip():
             return re.sub(r"[*`#]", "", cell.source.strip().split("\n\n")[0]).strip()

@@ -14,8 +14,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-import papermill
-
 from benchlib.runner.kernels import kernel_environment
 
 KERNEL_NAME = "python3"
@@ -91,6 +89,8 @@ def execute_notebook(source: Path | str, output: Path | str, parameters: Mapping
     the end, (TIMED_OUT, what happened) when the limit stopped it, else (FAILED, the error as
     `error_text` tells it); a KeyboardInterrupt (Ctrl-C, or a signal turned into one) is not a
     failure and propagates."""
+    import papermill  # here, not at import: it brings nbformat (a second), which planning and refusals need not pay
+
     deadline = _Deadline(kernel_manager_class, timeout_s)
     try:
         with kernel_environment(kernel_env), deadline:
