@@ -1,0 +1,176 @@
+"""The results commands of `benchlib`: runs, compare, history, report and merge-records, each a thin
+adapter from its parsed arguments to `benchlib.results` (the parser and the run/list/new commands are
+in `benchlib.runner.cli`). Each returns the command's exit status (README, "Exit status")."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from benchlib.runner.notebooks import RunnerError, declared
+
+
+def report_command(run_name: str, root: Path | None) -> int:
+    from benchlib.registry import verdict_rules
+    from benchlib.results.report import write_report
+    from benchlib.results.seed_verdicts import load_verdicts, save_verdicts, seed_verdicts
+    from benchlib.results.store import RecordsUnreadable, load_records, resolve_run
+
+    path = resolve_run(run_name, root)
+    unjudged = None
+    if load_verdicts(path) is None:  # an older or unfinished run: judge its records now, as a finished run does
+        try:
+            save_verdicts(seed_verdicts(load_records(path), verdict_rules()), path)
+        except RecordsUnreadable as error:  # the page is still written, without verdicts: answered, not whole
+            unjudged = error
+    print(write_report(path))
+    if unjudged is not None:
+        print(f"benchlib: no verdicts: {unjudged}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def runs_command(root: Path | None) -> int:
+    import pandas as pd
+
+    from benchlib.results import default_results_root, list_runs
+
+    root = root or default_results_root()
+    try:
+        runs = list_runs(root)
+    except FileNotFoundError as missing:
+        raise RunnerError(f"{missing} (--out names the directory that holds runs)") from None
+    if runs.empty:
+        print(f"no runs yet in {root}")
+        return 0
+    copies = runs["run_id"].duplicated(keep=False)
+    shown = runs if copies.any() else runs.drop(columns=["path"])  # one id in two places: the paths tell them apart
+    if not shown["problem"].astype(bool).any():
+        shown = shown.drop(columns=["problem"])
+    with pd.option_context("display.width", 250, "display.max_columns", None, "display.max_colwidth", 90):
+        print(f"runs in {root}:")
+        print(shown.to_string(index=False))
+    if copies.any():
+        print(f"benchlib: {int(copies.sum())} directories share a run id ({', '.join(sorted(set(runs['run_id'][copies])))}):"
+              " copies of one run; `history` counts each once", file=sys.stderr)
+    problems = int(runs["problem"].astype(bool).sum())
+    if problems:  # listed, and the exit says so: answered, but some runs cannot be read
+        print(f"benchlib: {problems} run(s) with files that cannot be read (the problem column)", file=sys.stderr)
+        return 1
+    return 0
+
+
+WORSE_NAMED = 20  # worse metrics named on stderr; the table lists them all
+
+
+def compare_command(arguments: argparse.Namespace) -> int:
+    """Print the comparison; exit 1 when any metric is significantly worse beyond the threshold."""
+    from benchlib import registry
+    from benchlib.results.compare import WORSE, any_worse, compact_table, compare_runs, headline, machine_drift
+
+    comparison = compare_runs(arguments.run_a, arguments.run_b, root=arguments.out, threshold=arguments.threshold,
+                              metrics=arguments.metric, benchmarks=arguments.benchmark)
+    if comparison.empty:
+        raise RunnerError("nothing to compare: no metric with the same benchmark, case, engine, device, dtype "
+                          "and config is in both runs")
+    if arguments.format == "csv":
+        print(comparison.to_csv(index=False), end="")
+    elif arguments.format == "json":
+        print(comparison.to_json(orient="records", indent=1))
+    else:
+        # the answer first (counts, worst regressions); the table leaves out the config JSON (csv and json keep it)
+        print("\n".join(headline(comparison)), end="\n\n")
+        if arguments.full:
+            print(comparison.drop(columns=["config"]).to_string(index=False))
+        else:
+            print("\n".join(compact_table(comparison)))
+        drift = machine_drift(comparison, registry.yardsticks(declared()))
+        print(drift or "machine drift: unknown (calibration is not in both runs)")
+        print(verdict_changes(arguments))
+    if any_worse(comparison):
+        worse = comparison[comparison["label"] == WORSE]
+        names = [f"{row.benchmark}/{row.case}/{row.variant}/{row.metric}" for row in worse.itertuples()]
+        more = f", and {len(names) - WORSE_NAMED} more (see the table)" if len(names) > WORSE_NAMED else ""
+        print(f"benchlib: {len(names)} worse in B: {', '.join(names[:WORSE_NAMED])}{more}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def history_command(arguments: argparse.Namespace) -> int:
+    """Print the steps and write history.html; exit 1 when any series' latest step is a regression."""
+    import pandas as pd
+
+    from benchlib.results.history import (HISTORY_PAGE, MIN_RUNS, SERIES_COLUMNS, HistoryError, answer, build_series,
+                                          find_steps, history_page, latest_regressions, looked_at, read_history,
+                                          step_table)
+    from benchlib.results.store import default_results_root, refuse_overwriting_run_data, write_text_atomic
+
+    if arguments.html is not None:  # refused before anything is read, not after the answer is printed
+        refuse_overwriting_run_data(arguments.html, HISTORY_PAGE)
+    history = read_history(arguments.runs, arguments.out)
+    for message in history.skipped:
+        print(f"skipped: {message}", file=sys.stderr)
+    if history.records.empty:
+        where = "the runs given" if arguments.runs else str(arguments.out or default_results_root())
+        raise HistoryError(f"no runs with records in {where}"
+                           + (f" ({len(history.skipped)} skipped, named above)" if history.skipped else ""))
+    series = build_series(history.records, headlines=history.headlines, benchmarks=arguments.benchmark,
+                          metrics=arguments.metric, by=arguments.by)
+    if series.empty:
+        raise HistoryError("the runs hold no headline metric with a better direction (--metric names others)")
+    if looked_at(series).empty:
+        most = int(series.groupby(SERIES_COLUMNS)["run_id"].nunique().max())
+        raise HistoryError(f"fewer than {MIN_RUNS} runs in every series (the most: {most} of {series['run_id'].nunique()} "
+                           "runs read): a step needs runs on both sides of it to tell it from noise")
+    steps = find_steps(series, threshold=arguments.threshold)
+    print(answer(steps, series))
+    if not steps.empty:
+        print()
+        with pd.option_context("display.width", 250, "display.max_columns", None, "display.max_colwidth", 90):
+            print(step_table(steps).to_string(index=False))
+    latest = series.sort_values("started").iloc[-1]
+    page = refuse_overwriting_run_data(arguments.html or history.paths[latest["run_id"]].parent / HISTORY_PAGE,
+                                       HISTORY_PAGE)
+    write_text_atomic(history_page(series, steps, by=arguments.by, skipped=history.skipped), page)
+    print(f"page: {page}")
+    return 1 if history.unreadable or not latest_regressions(steps).empty else 0
+
+
+def verdict_changes(arguments: argparse.Namespace) -> str:
+    """The seed verdicts that differ between the two runs, one line each (or why none can be told)."""
+    from benchlib.results.seed_verdicts import changed_verdicts, load_verdicts
+
+    tables = [load_verdicts(run, arguments.out) for run in (arguments.run_a, arguments.run_b)]
+    if any(table is None for table in tables):
+        return "verdicts: not compared (a run has no verdicts.parquet; `benchlib report RUN` writes it)"
+    if arguments.benchmark:
+        tables = [table[table["benchmark"].isin(arguments.benchmark)] for table in tables]
+    changed = changed_verdicts(*tables)
+    if changed.empty:
+        return "verdicts: none changed"
+    lines = [f"verdicts: {len(changed)} changed"]
+    for row in changed.itertuples():
+        where = ", ".join(part for part in (row.group, row.grid_point) if isinstance(part, str) and part)
+        lines.append(f"  {row.verdict_a} -> {row.verdict_b}  {row.benchmark}: {row.claim}" + (f" [{where}]" if where else ""))
+    return "\n".join(lines)
+
+
+def merge_records_command(run_name: str, root: Path | None) -> int:
+    from benchlib.results import Run
+    from benchlib.results.store import RecordsKept, resolve_run
+
+    path = resolve_run(run_name, root)
+    if not any((path / "records").glob("*.parquet")):
+        raise RunnerError(f"{path / 'records'} holds no per-notebook records: nothing to merge; records.parquet is left as it is")
+    try:
+        skipped = Run(path, {"run_id": path.name}).refresh_records(skip_unreadable=True)
+    except RecordsKept as kept:
+        for message in kept.skipped:
+            print(f"skipped: {message}", file=sys.stderr)
+        print(f"benchlib: {kept}", file=sys.stderr)
+        return 1
+    for message in skipped:
+        print(f"skipped: {message}", file=sys.stderr)
+    print(f"{path / 'records.parquet'} rebuilt from {path / 'records'}" + (f" ({len(skipped)} file(s) skipped)" if skipped else ""))
+    return 1 if skipped else 0
