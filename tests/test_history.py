@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from benchlib.results import Run, make_record
-from benchlib.results.history import build_series, find_steps, point_commit
+from benchlib.results.history import build_series, find_steps, point_commit, series_name
 from benchlib.runner.cli import main
 
 
@@ -212,3 +212,14 @@ def test_a_copied_run_directory_is_one_run_counted_once_and_named(tmp_path, caps
     assert main(["runs", "--out", str(tmp_path)]) == 0
     captured = capsys.readouterr()
     assert str(tmp_path / "zz-copy") in captured.out and "share a run id (20261104-100000-test)" in captured.err
+
+
+def test_a_second_machine_at_the_same_commit_is_its_own_series_not_a_step():
+    fast = _records([1000.0] * 4, commits=["c1"] * 4).assign(host="fast-box")
+    slow = _records([2000.0] * 4, commits=["c1"] * 4).assign(host="slow-box", run_id=lambda f: f["run_id"] + "-slow")
+    series = build_series(pd.concat([fast, slow]))
+    assert set(series["host"]) == {"fast-box", "slow-box"}
+    assert find_steps(series, threshold=0.05).empty  # one commit, two machines: no regression
+    names = {series_name(row) for row in series.itertuples()}
+    assert names == {"mlp/step/torch/peak_bytes on fast-box", "mlp/step/torch/peak_bytes on slow-box"}
+    assert set(build_series(fast)["host"]) == {""}  # one machine: no host in the names

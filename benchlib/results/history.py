@@ -29,7 +29,8 @@ from benchlib.results.store import RecordsUnreadable, list_runs, load_records, l
 
 BY_COMMIT, BY_TIME = "commit", "time"
 MIN_RUNS = 3  # a step needs a run on one side and a run to tell it from noise on the other
-SERIES_COLUMNS = [*KEY_COLUMNS, UNIT_COLUMN, CONFIG_COLUMN]
+HOST_COLUMN = "host"  # the machine a run measured on: one series per host, so a change of machine is no step
+SERIES_COLUMNS = [*KEY_COLUMNS, UNIT_COLUMN, CONFIG_COLUMN, HOST_COLUMN]
 # PELT's penalty per change point, in units of the scaled medians' variance, times log(points) (BIC-like):
 # on medians of pure noise at one trial sigma it fires in under 5% of series of 8 or more points, and the
 # interval check after it removes most of those.
@@ -105,7 +106,9 @@ def read_history(runs: Sequence[str | os.PathLike] = (), root: str | os.PathLike
             continue
         commits = {key: point_commit(info, *key) for key in set(zip(records["benchmark"], records["case"]))}
         run_paths[run_id] = path
+        environment = info.get("environment") if isinstance(info.get("environment"), dict) else {}
         frames.append(records.assign(run_id=info.get("run_id") or path.name, started_at=info.get("started_at"),
+                                     host=str(environment.get("host") or "an unnamed host"),
                                      commit=[commits[key] for key in zip(records["benchmark"], records["case"])]))
     return History(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), headlines, skipped, run_paths,
                    unreadable)
@@ -121,13 +124,17 @@ def build_series(records: pd.DataFrame, *, headlines: Mapping[str, Sequence[str]
     """One row per series and run: the series' key (`SERIES_COLUMNS`), `run_id`, `started_at`, `commit`,
     `trials` (the run's values, `trial_values`) and their `median`, with `position` its place in the series.
 
-    `records` hold `run_id`, `started_at` and `commit` per row (`read_history`). A benchmark's series are
+    `records` hold `run_id`, `started_at`, `commit` and `host` per row (`read_history`); each host is a
+    series of its own (a second machine at one commit is not a step), named in the series' name only
+    where the history spans several hosts. A benchmark's series are
     its `headlines` metrics, or every judged metric where none are known, or `metrics` when given. `by`
     commit puts the runs of one commit together, commits in the order of their first run; by time, runs
     by start alone. Unknown names, and runs without a commit when ordering by commit, are refused."""
     if by not in (BY_COMMIT, BY_TIME):
         raise HistoryError(f"--by must be {BY_COMMIT} or {BY_TIME}, got {by!r}")
     records = records[judged(records)]
+    if HOST_COLUMN not in records:  # records of one unnamed machine
+        records = records.assign(**{HOST_COLUMN: ""})
     for column, names in (("benchmark", benchmarks), ("metric", metrics)):  # a typo must not read as "no step"
         held = sorted(set(records[column]))
         unknown = [name for name in names if name not in held]
@@ -158,6 +165,8 @@ def build_series(records: pd.DataFrame, *, headlines: Mapping[str, Sequence[str]
         order = [*SERIES_COLUMNS, "started", "run_id"]
     series = series.sort_values(order, kind="stable").drop(columns=["commit_started"], errors="ignore")
     series["position"] = series.groupby(SERIES_COLUMNS).cumcount()
+    if series[HOST_COLUMN].nunique() < 2:  # one machine: nothing to tell apart, no host in the names
+        series[HOST_COLUMN] = ""
     return series.reset_index(drop=True)
 
 
@@ -249,8 +258,10 @@ def latest_regressions(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def series_name(row: Any) -> str:
-    """benchmark/case/variant/metric, the way `compare` names a metric."""
-    return f"{row.benchmark}/{row.case}/{row.variant}/{row.metric}"
+    """benchmark/case/variant/metric, the way `compare` names a metric, and the host where the history
+    spans several (`build_series` keeps it only then)."""
+    host = getattr(row, HOST_COLUMN, "")
+    return f"{row.benchmark}/{row.case}/{row.variant}/{row.metric}" + (f" on {host}" if host else "")
 
 
 def format_value(value: float, unit: str) -> str:
