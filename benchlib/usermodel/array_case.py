@@ -8,8 +8,7 @@ benchlib's own engines, reads memory by role (saved values, gradients) off the t
 
 from __future__ import annotations
 
-from benchlib.engine_names import TORCH, TORCH_FUNC
-from benchlib.engines import get_engine
+from benchlib.engines.functional import array_engine, gradient_maker
 from benchlib.engines.gradients import require_finite, save_gradient
 from benchlib.engines.roles import tape_roles
 from benchlib.measure import Case
@@ -17,22 +16,13 @@ from benchlib.usermodel.arrays import engine_namespace, read_array_file
 from benchlib.usermodel.loader import guarded
 
 
-def _gradient_maker(engine: str):
-    """`(fun, argnums) -> gradient function`: the registry's engine, or torch.func.grad."""
-    if engine == TORCH_FUNC:
-        import torch.func
-
-        return lambda fun, argnums: torch.func.grad(fun, argnums)
-    return get_engine(engine).gradient
-
-
 def case(*, device, path: str, engine: str, values: dict, gradient_dir: str) -> Case:
     model_file = read_array_file(path)
     params, data = guarded(model_file, "params or data (building the case)", model_file.build, values)
-    arrays_engine = get_engine(TORCH if engine == TORCH_FUNC else engine)
+    arrays_engine = array_engine(engine)
     arrays = [arrays_engine.asarray(array, device) for array in (*params, *data)]
     xp = engine_namespace(engine, device.name)
-    gradient = _gradient_maker(engine)(lambda *inputs: model_file.loss(xp, *inputs), tuple(range(len(params))))
+    gradient = gradient_maker(engine)(lambda *inputs: model_file.loss(xp, *inputs), tuple(range(len(params))))
 
     def check(result) -> dict[str, float]:
         require_finite(result)  # a NaN step fails, never passes unnoticed

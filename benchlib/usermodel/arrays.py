@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from benchlib.engines import get_engine
+from benchlib.engines.functional import array_engine
 from benchlib.engine_names import AUTOGRAD, BENCHLIB_CHECKPOINT, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, TORCH, TORCH_FUNC
 from benchlib.usermodel.compare import Form, Plan
 from benchlib.engines.namespaces import OP_NAMES
@@ -88,7 +89,7 @@ def read_array_file(path: str | Path) -> ArrayModelFile:
 @functools.lru_cache(maxsize=None)
 def engine_namespace(engine: str, device: str = "cpu"):
     """The `xp` `engine` hands the loss on `device` (torch.func: torch's)."""
-    return get_engine(TORCH if engine == TORCH_FUNC else engine).namespace(device)
+    return array_engine(engine).namespace(device)
 
 
 class _UnknownName(AttributeError):
@@ -169,7 +170,7 @@ def _plan(model_file: ArrayModelFile, values: dict, device) -> Plan:
     reasons = {engine: f"its namespace has no xp.{', xp.'.join(missing)}, which the loss uses"
                for engine, missing in lacking(probe.used).items()}
     for engine in ARRAY_ENGINES:
-        reason = get_engine(TORCH if engine == TORCH_FUNC else engine).not_applicable(device)
+        reason = array_engine(engine).not_applicable(device)
         if engine == TORCH_FUNC and reason is None:
             import torch
 

@@ -8,8 +8,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from benchlib.engine_names import TORCH, TORCH_FUNC
 from benchlib.engines import Engine, get_engine
-from benchlib.engine_names import TORCH
+from benchlib.engines.functional import array_engine, torch_func_gradient
 from benchlib.measure import resolve_device
 from benchlib.workloads.closures.spec import (
     COMPILE_ENGINE, FUNC_ENGINE, VALID_ENGINES, COMPILE_BACKENDS, Protocol,
@@ -55,12 +56,6 @@ class CompileCounter:
         import torch._inductor.config as inductor_config
 
         return {"backend": self.backend, "fx_graph_cache": bool(inductor_config.fx_graph_cache)}
-
-
-def _torch_func_gradient(fun: Callable, argnum) -> Callable:
-    import torch.func
-
-    return torch.func.grad(fun, argnums=argnum)
 
 
 def _identity(fn: Callable) -> Callable:
@@ -117,7 +112,7 @@ def make_engine(name: str, device, backend: str = Protocol.backend) -> ClosureEn
         torch_engine = get_engine(TORCH)
         return ClosureEngine(name, torch_engine, device, torch_engine.gradient, compiler.wrap, compiler)
     if name == FUNC_ENGINE:
-        return ClosureEngine(name, get_engine(TORCH), device, _torch_func_gradient)
+        return ClosureEngine(name, array_engine(TORCH_FUNC), device, torch_func_gradient)
     engine = get_engine(name)
     return ClosureEngine(name, engine, device, engine.gradient)
 
