@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from benchlib.engines import get_engine
 from benchlib.engines.functional import array_engine
 from benchlib.engine_names import AUTOGRAD, BENCHLIB_CHECKPOINT, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, TORCH, TORCH_FUNC
 from benchlib.usermodel.compare import Form, Plan
