@@ -70,21 +70,27 @@ def deciding_peak(samples: dict) -> tuple[str, str]:
     peak (the allocators' own count, byte-exact), where every engine has one."""
     small = [engine for engine, metrics in samples.items() if not np.median(metrics["peak_bytes"]) >= RESIDENT_RESOLUTION]
     if small and all(TRACKED in metrics and np.all(metrics[TRACKED] > 0) for metrics in samples.values()):
-        return TRACKED, (f"tracked peak (resident peaks below {format_bytes(RESIDENT_RESOLUTION)} are at page "
-                         "resolution)")
+        return TRACKED, f"tracked peak (resident < {format_bytes(RESIDENT_RESOLUTION)}: page resolution)"
     return "peak_bytes", "resident peak"
 
 
 def _noise_words(times: np.ndarray) -> str:
     """The noise flag beside a time: its trials spread too widely to read a difference from (`noise_flags`)."""
     flags = noise_flags(times) if times.size >= 2 else []
-    return f" (noisy: {flags[0]})" if flags else ""
+    return f" (noisy: {flags[0].split(' > ')[0]})" if flags else ""
 
 
 def _unchecked_words(group: pd.DataFrame) -> str:
-    """Why an engine's gradient was not compared (no reference, or not comparable), said once."""
+    """Why an engine's gradient was not compared, in a few words (its records hold the whole reason):
+    not comparable (a stochastic step, its modules named), or no reference to compare with."""
     rows = group[group["metric"] == GRAD_UNCHECKED_METRIC]
-    return f"  gradient {json.loads(rows['params'].iloc[0])['message']}" if len(rows) else ""
+    if not len(rows):
+        return ""
+    message, params = json.loads(rows["params"].iloc[0])["message"], json.loads(group["params"].iloc[0])
+    if message.startswith("not comparable"):
+        modules = params.get("stochastic_modules")
+        return f"  grad not comparable (stochastic step{': ' + ', '.join(modules) if modules else ''})"
+    return f"  grad not checked ({message})"
 
 
 def _wrapped_words(group: pd.DataFrame) -> str:
