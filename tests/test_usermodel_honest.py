@@ -203,7 +203,7 @@ def test_the_resident_peak_decides_best_unless_it_sits_at_page_resolution():
     assert "best by resident peak" in lines[TORCH_FUNC] and "1.33x [1.33, 1.33] the best" in lines[TORCH]
     table = summary_table(records_frame(rows(TORCH, 8e5, 5e6) + rows(TORCH_FUNC, 6e5, 7e6)))
     lines = dict(zip(table["engine"], table["summary"]))
-    assert "best by tracked peak (resident peaks below" in lines[TORCH]
+    assert "best by tracked peak (resident < 1.000 MB: page resolution)" in lines[TORCH]
     assert all("ms [1.000 ms, 1.000 ms]/step" in line for line in lines.values())  # time with its interval
 
 
