@@ -601,8 +601,8 @@ class _RunLoop:
                 try:  # a notebook's failure is a result to record; the others still run
                     status, error = execute_notebook(
                         execution.spec.path, output, parameters, cwd=execution.spec.path.parent,
-                        kernel_manager_class=kernel_manager, kernel_env=environment, stdout_file=lines,
-                        stderr_file=lines, timeout_s=self.timeout_s)
+                        kernel_manager_class=kernel_manager, kernel_env=environment, output_lines=lines,
+                        timeout_s=self.timeout_s)
                 except KeyboardInterrupt as interrupt:
                     reason = interrupt.signal_name if isinstance(interrupt, Terminated) else "KeyboardInterrupt"
                     self._interrupted(index, [execution], time.perf_counter() - started, reason)

@@ -81,11 +81,11 @@ class _Deadline:
 
 
 def execute_notebook(source: Path | str, output: Path | str, parameters: Mapping[str, Any], *, cwd: Path | str,
-                     kernel_manager_class: type, kernel_env: Mapping[str, str],
-                     stdout_file: TextIO | None = None, stderr_file: TextIO | None = None,
+                     kernel_manager_class: type, kernel_env: Mapping[str, str], output_lines: TextIO | None = None,
                      timeout_s: float | None = None) -> tuple[str, str | None]:
     """Execute `source` into `output` in the `KERNEL_NAME` kernel, with `kernel_env` in the kernel's
-    environment, for at most `timeout_s` seconds (None: no limit). Returns (OK, None) when it ran to
+    environment, for at most `timeout_s` seconds (None: no limit); what its cells print (stdout and stderr
+    alike) goes to `output_lines`. Returns (OK, None) when it ran to
     the end, (TIMED_OUT, what happened) when the limit stopped it, else (FAILED, the error as
     `error_text` tells it); a KeyboardInterrupt (Ctrl-C, or a signal turned into one) is not a
     failure and propagates."""
@@ -96,7 +96,7 @@ def execute_notebook(source: Path | str, output: Path | str, parameters: Mapping
         with kernel_environment(kernel_env), deadline:
             papermill.execute_notebook(
                 str(source), str(output), parameters=dict(parameters), kernel_name=KERNEL_NAME, language=LANGUAGE,
-                progress_bar=False, stdout_file=stdout_file, stderr_file=stderr_file, cwd=str(cwd),
+                progress_bar=False, stdout_file=output_lines, stderr_file=output_lines, cwd=str(cwd),
                 kernel_manager_class=deadline.kernel_manager_class)
     except Exception as failure:  # a notebook's failure is a result to record, not to raise
         if deadline.fired.is_set():
