@@ -223,3 +223,14 @@ def test_a_second_machine_at_the_same_commit_is_its_own_series_not_a_step():
     names = {series_name(row) for row in series.itertuples()}
     assert names == {"mlp/step/torch/peak_bytes on fast-box", "mlp/step/torch/peak_bytes on slow-box"}
     assert set(build_series(fast)["host"]) == {""}  # one machine: no host in the names
+
+
+def test_a_runs_machine_is_its_hardware_not_its_host_name():
+    from benchlib.results.history import machine
+
+    info = {"environment": {"host": "runner-8f2c", "cpu": {"model": "AMD EPYC 7B13"},
+                            "gpu": {"devices": [{"name": "NVIDIA H100"}]}}}
+    assert machine(info) == "AMD EPYC 7B13 + NVIDIA H100"
+    assert machine({**info, "environment": {**info["environment"], "host": "runner-91aa"}}) == machine(info)
+    assert machine({"environment": {"cpu": {"model": "x"}, "gpu": {"available": False}}}) == "x"
+    assert machine({}) == machine({"environment": "not a dict"}) == ""

@@ -68,7 +68,8 @@ def test_one_loop_checks_each_groups_gradients_against_its_own_reference_and_rec
     # g3's reference is stochastic: the same 100% is "not comparable", neither a pass nor a failure
     unchecked = [json.loads(r["params"])["message"] for r in by["g3", "wrong", "grad_check_unavailable"]]
     assert len(unchecked) == 3 and all(m.startswith("not comparable: the step is stochastic") for m in unchecked)
-    assert ("g3", "wrong", "grad_max_rel_err") not in by and by["g3", "wrong", "trials_run"][0]["value"] == 3.0
+    assert [r["value"] for r in by["g3", "wrong", "grad_max_rel_err"]] == [1.0] * 3  # recorded, not judged
+    assert by["g3", "wrong", "trials_run"][0]["value"] == 3.0
     assert by["g1", "manual", "trials_run"][0]["value"] == 3.0
     failed = {(p["case"], p["engine"]): p["message"] for p in loop.problems if p["status"] == "failed"}
     assert set(failed) == {("g1", "broken"), ("g1", "wrong"), ("g2", "manual"), ("g2", "broken"), ("g3", "broken")}
@@ -121,11 +122,34 @@ def test_the_same_gradient_with_another_optimizer_step_is_not_applicable_and_its
         save_gradient(np.ones(2) * (3.0 if unit.engine == "fused" else 1.0), gradient_dir, unit.engine, of=UPDATE)
         return _fake_result(unit.engine, gradient_dir)
 
+    from dataclasses import replace
+
+    units = [replace(unit, regroups_optimizer="it steps each parameter alone") if unit.engine == "fused" else unit
+             for unit in _units(["g"], ["manual", "fused", "same"])]
     loop = TrialLoop(TrialSettings(trials=2, precision=0.0, order_seed=None, reference="manual"), None)
-    loop.run(_units(["g"], ["manual", "fused", "same"]), measure)
+    loop.run(units, measure)
     problems = {p["engine"]: (p["status"], p["message"]) for p in loop.problems}
     assert list(problems) == ["fused"] and problems["fused"][0] == "not applicable"
     assert "the update its optimizer step makes differs by 2" in problems["fused"][1]
     assert [r["metric"] for r in loop.records if r["variant"] == "fused"] == ["not_applicable"]
     same = [r["value"] for r in loop.records if r["variant"] == "same" and r["metric"] == "update_max_rel_err"]
     assert same == [0.0, 0.0]
+    # an engine that does not regroup the optimizer and makes another step is wrong, not inapplicable
+    loop = TrialLoop(TrialSettings(trials=2, precision=0.0, order_seed=None, reference="manual"), None)
+    loop.run(_units(["g"], ["manual", "fused"]), measure)
+    assert [(p["engine"], p["status"]) for p in loop.problems] == [("fused", "failed")]
+    assert "not the same step" in loop.problems[0]["message"]
+
+
+def test_an_engine_measured_then_failed_is_one_row_in_the_summary_and_it_reads_failed():
+    from benchlib.results import make_record
+    from benchlib.trials.cases import EngineComparison
+
+    labels = dict(benchmark="b", case="c", device="cpu", dtype="float64")
+    records = [make_record(**labels, engine=engine, metric=metric, value=value, params={"trial": 0})
+               for engine in ("manual", "torch") for metric, value in (("time", 1.0), ("peak_bytes", 100.0))]
+    comparison = EngineComparison("b", "cpu", "float64", records=records, problems=[
+        {"case": "c", "engine": "torch", "status": "failed", "message": "not the same maths"}])
+    summary = comparison.summary().set_index("engine")
+    assert list(summary.index) == ["manual", "torch"]
+    assert summary.loc["torch", "status"] == "failed" and summary.loc["torch", "reason"] == "not the same maths"

@@ -29,7 +29,7 @@ from benchlib.results.store import RecordsUnreadable, list_runs, load_records, l
 
 BY_COMMIT, BY_TIME = "commit", "time"
 MIN_RUNS = 3  # a step needs a run on one side and a run to tell it from noise on the other
-HOST_COLUMN = "host"  # the machine a run measured on: one series per host, so a change of machine is no step
+HOST_COLUMN = "host"  # the machine a run measured on: one series per machine, so a change of machine is no step
 SERIES_COLUMNS = [*KEY_COLUMNS, UNIT_COLUMN, CONFIG_COLUMN, HOST_COLUMN]
 # PELT's penalty per change point, in units of the scaled medians' variance, times log(points) (BIC-like):
 # on medians of pure noise at one trial sigma it fires in under 5% of series of 8 or more points, and the
@@ -106,12 +106,21 @@ def read_history(runs: Sequence[str | os.PathLike] = (), root: str | os.PathLike
             continue
         commits = {key: point_commit(info, *key) for key in set(zip(records["benchmark"], records["case"]))}
         run_paths[run_id] = path
-        environment = info.get("environment") if isinstance(info.get("environment"), dict) else {}
         frames.append(records.assign(run_id=info.get("run_id") or path.name, started_at=info.get("started_at"),
-                                     host=str(environment.get("host") or "an unnamed host"),
+                                     host=machine(info),
                                      commit=[commits[key] for key in zip(records["benchmark"], records["case"])]))
     return History(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), headlines, skipped, run_paths,
                    unreadable)
+
+
+def machine(info: Mapping[str, Any]) -> str:
+    """The machine a run measured on, by its hardware (CPU model, and the GPUs where any): stable where
+    host names are not (CI runners and containers get a new one each run); "" where run.json says none."""
+    environment = info.get("environment") if isinstance(info.get("environment"), dict) else {}
+    cpu = environment.get("cpu") if isinstance(environment.get("cpu"), dict) else {}
+    gpu = environment.get("gpu") if isinstance(environment.get("gpu"), dict) else {}
+    gpus = [str(device.get("name")) for device in gpu.get("devices") or () if isinstance(device, dict)]
+    return " + ".join(part for part in (str(cpu.get("model") or ""), ", ".join(gpus)) if part)
 
 
 def judged(records: pd.DataFrame) -> pd.Series:
@@ -124,9 +133,9 @@ def build_series(records: pd.DataFrame, *, headlines: Mapping[str, Sequence[str]
     """One row per series and run: the series' key (`SERIES_COLUMNS`), `run_id`, `started_at`, `commit`,
     `trials` (the run's values, `trial_values`) and their `median`, with `position` its place in the series.
 
-    `records` hold `run_id`, `started_at`, `commit` and `host` per row (`read_history`); each host is a
-    series of its own (a second machine at one commit is not a step), named in the series' name only
-    where the history spans several hosts. A benchmark's series are
+    `records` hold `run_id`, `started_at`, `commit` and `host` per row (`read_history`: the `machine`, by
+    its hardware); each machine is a series of its own (a second machine at one commit is not a step),
+    named in the series' name only where the history spans several. A benchmark's series are
     its `headlines` metrics, or every judged metric where none are known, or `metrics` when given. `by`
     commit puts the runs of one commit together, commits in the order of their first run; by time, runs
     by start alone. Unknown names, and runs without a commit when ordering by commit, are refused."""

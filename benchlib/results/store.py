@@ -490,13 +490,15 @@ def list_runs(root: str | os.PathLike | None = None) -> pd.DataFrame:
             info = {key: value for key, value in info.items() if key not in lacking}
         environment = info.get("environment", {})
         notebooks = info.get("notebooks", {})
+        git = environment.get("git") if isinstance(environment.get("git"), dict) else {}
         row.update(
             run_id=info.get("run_id", directory.name),
             state="incomplete" if lacking else run_state(info) if info else "unreadable",
             started_at=info.get("started_at"), ended_at=info.get("ended_at"), device=info.get("device"),
-            host=environment.get("host"), git_commit=(environment.get("git", {}).get("commit") or "")[:12] or None,
+            host=environment.get("host"), git_commit=str(git.get("commit") or "")[:12] or None,
             notebooks=len(notebooks),
-            failed=sum(1 for entry in notebooks.values() if entry.get("status") in ("failed", "partial", "timed out", "interrupted")),
+            failed=sum(1 for entry in notebooks.values()
+                       if isinstance(entry, dict) and entry.get("status") in ("failed", "partial", "timed out", "interrupted")),
         )
         records_path = directory / RECORDS
         if records_path.exists():

@@ -264,7 +264,11 @@ class _ReaderSafe:
     def _reader_left(self) -> None:
         self._gone = True
         try:  # later flushes, the interpreter's last one included, go nowhere instead of failing again
-            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, self._stream.fileno())
+            finally:
+                os.close(devnull)
         except (OSError, ValueError):
             pass
 

@@ -86,7 +86,7 @@ def compare_command(arguments: argparse.Namespace) -> int:
         else:
             print("\n".join(compact_table(comparison)))
         drift = machine_drift(comparison, registry.yardsticks(declared()))
-        print(drift or "machine drift: unknown (calibration is not in both runs)")
+        print(drift or "machine drift: unknown (no yardstick benchmark, such as calibration, is in both runs)")
         print(verdict_changes(arguments))
     if any_worse(comparison):
         worse = comparison[comparison["label"] == WORSE]

@@ -282,7 +282,12 @@ def summarize(frame: pd.DataFrame, problems: Iterable[Mapping] = ()) -> pd.DataF
                      GRAD_ERROR_METRIC: float(np.max(by_metric[GRAD_ERROR_METRIC])) if GRAD_ERROR_METRIC in by_metric
                      else math.nan,
                      "reason": "".join(f"gradient not checked: {json.loads(p)['message']}" for p in unchecked[:1])})
+    measured = {(row["case"], row["engine"]): row for row in rows}
     for problem in problems:
+        row = measured.get((problem["case"], problem["engine"]))
+        if row is not None:  # measured, then failed (a wrong gradient, a later trial): one row, never `ok`
+            row.update(status=problem["status"], reason=problem["message"])
+            continue
         rows.append({"case": problem["case"], "engine": problem["engine"], "status": problem["status"], "trials": 0,
                      "stop": "",
                      "peak_bytes": math.nan, "time_s": math.nan, GRAD_ERROR_METRIC: math.nan,
@@ -360,7 +365,8 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
     `manual` is added when not asked for (`planned_engines`: the baseline of every ratio, said in
     `notes` and by `progress`) and opens the first round; every other engine's saved gradient is
     compared with manual's (`grad_max_rel_err`) in every trial, or recorded as not checked
-    (`grad_check_unavailable`, with the reason) when manual failed. A case that fails (exception, crash,
+    (`grad_check_unavailable`, with the reason) when manual failed; one past its dtype's tolerance fails
+    that engine (its measured rows kept, its later trials skipped, its summary row `failed`). A case that fails (exception, crash,
     timeout, or more memory than is available) becomes a `failed` record with its error and its
     later trials are skipped; an engine that cannot run on the device becomes a `not_applicable`
     record with the reason (so does one `cases.not_applicable(engine)` gives a reason

@@ -11,6 +11,7 @@ reference, and the records that say what happened (`trials_run`, `failed`, `not 
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
@@ -19,6 +20,7 @@ from typing import Any, TypeVar
 
 from benchlib.engines.gradients import (GRAD_ERROR_METRIC, SEED_DEPENDENT_METRIC, UPDATE, UPDATE_ERROR_METRIC,
                                         gradient_file, gradient_tolerance, saved_gradient_error)
+from benchlib.results.stats import interleaved_order
 from benchlib.trials.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline, TrialStopping
 
 # Recorded (value 1, the reason in params["message"]) for an engine that ran but whose gradient
@@ -36,8 +38,6 @@ def trial_order(units: Iterable[K], trials: int, seed: int | None,
     `seed` (A B A B when None) so machine drift falls on every unit alike; in the first round the
     units `opens` picks (each group's reference) come first, so every other unit's gradient has a
     reference to be checked against."""
-    from benchlib.results.stats import interleaved_order  # scipy stays out of the case children
-
     units = list(units)
     if not units:
         return []
@@ -80,6 +80,9 @@ class Unit:
     params: Mapping[str, Any]
     name: str
     trial_params: Mapping[str, Any] = field(default_factory=dict)
+    # Why another optimizer step with the same gradient means this engine does not apply (fused-optimizer
+    # steps one optimizer per parameter); None: another step is a failure like a wrong gradient.
+    regroups_optimizer: str | None = None
 
 
 @dataclass(frozen=True)
@@ -132,13 +135,16 @@ class TrialLoop:
             named = f": {', '.join(stochastic)}" if stochastic else ""
             worst = max(past.values())
             return "not comparable", (f"not comparable: the step is stochastic ({reference}'s own gradient changes with "
-                                      f"the random seed{named}), and {unit.engine} draws its random numbers "
-                                      f"differently (it differs by {worst:.2g})")
-        if GRAD_ERROR_METRIC not in past:
+                                      f"the random seed{named}), and {unit.engine}'s differs from it by {worst:.2g} "
+                                      "from the same seed: other random draws cannot be told from other maths here")
+        update = past.get(UPDATE_ERROR_METRIC)
+        if GRAD_ERROR_METRIC not in past and unit.regroups_optimizer and update is not None and math.isfinite(update):
             return "not applicable", (f"its gradient agrees with {reference}'s but the update its optimizer step makes "
-                                      f"differs by {past[UPDATE_ERROR_METRIC]:.3g} (the {dtype} tolerance is "
-                                      f"{tolerance:g}): the file's optimizer step couples parameters (clipping by "
-                                      f"their global norm, say), which {unit.engine} cannot make one parameter at a time")
+                                      f"differs by {update:.3g} (the {dtype} tolerance is {tolerance:g}): "
+                                      f"{unit.regroups_optimizer}")
+        if GRAD_ERROR_METRIC not in past:
+            return "failed", (f"its gradient agrees with {reference}'s but the update its optimizer step makes differs "
+                              f"by {update:.3g} (the {dtype} tolerance is {tolerance:g}): not the same step")
         return "failed", (f"its gradient differs from {reference}'s by {past[GRAD_ERROR_METRIC]:.3g} (max relative "
                           f"error), past the {dtype} tolerance {tolerance:g}: not the same maths")
 
@@ -180,7 +186,7 @@ class TrialLoop:
                 except CaseNotApplicable as error:  # the engine cannot run this code: no failure, no trials
                     self.note(unit, "not applicable", error.reason)
                     failed.add(key)
-                    if unit.engine == settings.reference:
+                    if unit.engine == settings.reference and no_reference[unit.group] is not None:
                         no_reference[unit.group] = f"{settings.reference} does not apply, so there is no gradient " \
                                                    "to compare with"
                     continue
@@ -189,7 +195,7 @@ class TrialLoop:
                     which = f"trial {trial + 1} of {trials}: " if trials > 1 else ""
                     self.note(unit, "failed", f"{which}{error}{skipped}", params)
                     failed.add(key)
-                    if unit.engine == settings.reference:
+                    if unit.engine == settings.reference and no_reference[unit.group] is not None:  # never measured
                         no_reference[unit.group] = f"{settings.reference} failed, so there is no gradient to compare with"
                     continue
                 params.update(child_start_params(result.environment))
@@ -206,10 +212,10 @@ class TrialLoop:
                         self.note(unit, "not applicable", why)
                         failed.add(key)
                         continue
+                    checks.update(errors)  # the measured differences, whatever they are judged
                     if verdict == "not comparable":
                         unchecked = why
                     else:
-                        checks.update(errors)
                         mismatch = why if verdict == "failed" else None
                 else:
                     unchecked = no_reference[unit.group]

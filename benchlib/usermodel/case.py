@@ -92,6 +92,7 @@ def case(*, device, path: str, engine: str, values: dict, gradient_dir: str, cat
         require_finite(gradient, [name for name, _ in step.named])  # a NaN step fails, never passes unnoticed
         save_gradient(gradient, gradient_dir, engine)
         if update is not None:
+            require_finite(update, [name for name, _ in step.named])
             save_gradient(update, gradient_dir, engine, of=UPDATE)
         if engine == REFERENCE:
             roles[SEED_DEPENDENT_METRIC] = guarded(model_file, what, _seed_dependent, model_file, values, device,

@@ -16,7 +16,8 @@ from benchlib.benchmark import Config
 from benchlib.engines import case_imports
 from benchlib.trials import Deadline, TrialLoop, TrialSettings, Unit
 from benchlib.engine_names import TORCH_CHECKPOINT
-from benchlib.usermodel.engines import ENGINES, REFERENCE, checkpoint_plan, not_applicable, stochastic_modules
+from benchlib.usermodel.engines import (ENGINES, REFERENCE, REGROUPS_OPTIMIZER, checkpoint_plan, not_applicable,
+                                       stochastic_modules)
 from benchlib.usermodel.loader import ModelFile
 
 TARGET = "benchlib.usermodel.case:case"
@@ -96,7 +97,8 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
                                            dtype=plan.dtype)
             unit = Unit(group=version, engine=engine, labels=labels[version, engine], params=base,
                         name=f"{name} {version}" if several else name,
-                        trial_params=plan.engine_params.get(engine, {}))
+                        trial_params=plan.engine_params.get(engine, {}),
+                        regroups_optimizer=REGROUPS_OPTIMIZER.get(engine))
             if engine in plan.reasons:
                 loop.note(unit, status, plan.reasons[engine])
             else:

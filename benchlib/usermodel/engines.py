@@ -27,6 +27,10 @@ from benchlib.engine_names import FUSED_OPTIMIZER, TORCH, TORCH_CHECKPOINT, TORC
 
 ENGINES = (TORCH, TORCH_FUNC, TORCH_CHECKPOINT, FUSED_OPTIMIZER)
 REFERENCE = TORCH  # every other engine's gradient is checked against eager torch's
+# Engines whose optimizer step is not the file's even with the same gradient, and why: another update then
+# means the engine does not apply to this file (for any other engine it is a failure).
+REGROUPS_OPTIMIZER = {FUSED_OPTIMIZER: "fused-optimizer steps one optimizer per parameter, and the file's optimizer "
+                                       "step couples parameters (clipping by their global norm, say)"}
 Observer = Callable[[str, torch.Tensor], None]
 # What torch says when torch.func meets code it cannot transform (an autograd.Function without
 # setup_context, an in-place update of a captured tensor, a tensor without storage): the engine does

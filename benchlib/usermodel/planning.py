@@ -74,22 +74,23 @@ def child_main(result_path: str) -> None:
     for group in groups:
         try:
             outcome = _facts(group)
-            json.dumps(outcome, allow_nan=False)
         except (ModelFileError, DeclarationError) as error:
             outcome = {"error": str(error), "traceback": traceback.format_exc()}
-        except (TypeError, ValueError) as error:  # PARAMETERS that JSON cannot carry
-            outcome = {"error": f"{group[0]}: PARAMETERS and QUICK must be numbers, strings, booleans or lists of "
-                                f"them ({error})", "traceback": traceback.format_exc()}
         except Exception as error:  # noqa: BLE001 - the user's code: name it; --debug shows the traceback
             outcome = {"error": f"{group[0]}: reading the file raised {type(error).__name__}: {error}",
                        "traceback": traceback.format_exc()}
+        if "error" not in outcome:
+            try:
+                json.dumps(outcome, allow_nan=False)
+            except (TypeError, ValueError) as error:  # PARAMETERS that JSON cannot carry
+                outcome = {"error": f"{group[0]}: PARAMETERS and QUICK must be numbers, strings, booleans or lists of "
+                                    f"them ({error})"}
+        stray = _stray_threads()
+        if stray and "error" not in outcome:  # this group's code started them: its refusal, no other's
+            outcome = {"error": f"{', '.join(map(str, group))}: the file's code started thread(s) {', '.join(stray)} "
+                                "that are still running after the form check; benchlib's processes would never exit "
+                                "(make them daemon threads, or start them inside a function benchlib does not call)"}
         outcomes.append(outcome)
-    stray = _stray_threads()
-    if stray:
-        outcomes = [{"error": f"{', '.join(map(str, groups[0]))}: the file's code started thread(s) {', '.join(stray)} "
-                              "that are still running after the form check; benchlib's processes would never exit "
-                              "(make them daemon threads, or start them inside a function benchlib does not call)"}
-                    for _ in groups]
     with open(result_path, "w", encoding="utf-8") as f:
         json.dump(outcomes, f)
     sys.stdout.flush()
@@ -125,13 +126,11 @@ def declare_in_child(groups: Sequence[Sequence[str]]) -> list[Benchmark | ModelF
             try:
                 process.communicate(json.dumps([list(map(str, group)) for group in groups]), timeout=limit)
             except subprocess.TimeoutExpired:
-                _kill(process)
                 reason = (f"did not finish within {limit:g} s (importing it and building the model and batch at the "
                           f"QUICK values, one loss call); set {TIMEOUT_ENV} for a slower file")
                 return [ModelFileError(f"{', '.join(map(str, group))}: the form check {reason}") for group in groups]
-            except BaseException:  # Ctrl-C: nothing of the user's keeps running
+            finally:  # answered, timed out or interrupted: nothing the file's code started keeps running
                 _kill(process)
-                raise
         said = output_path.read_text(errors="replace").strip()
         if not result_path.is_file():
             why = (f"ended with exit status {process.returncode}" if process.returncode >= 0
