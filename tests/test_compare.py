@@ -6,6 +6,7 @@ import pytest
 
 from benchlib.results import Run, make_record
 from benchlib.results.compare import compare_records, compare_runs
+from benchlib.results.stats import compare_times
 from benchlib.runner.cli import main
 
 TIMES = np.linspace(1.0, 1.1, 12)
@@ -113,6 +114,14 @@ def test_timings_from_one_process_without_trials_never_gate_however_far_they_mov
     assert row.label == "inconclusive" and np.isnan(row.p_value) and row.ratio == pytest.approx(1.7)
     with_trials = compare_records(_trials("time", "s", TIMES), _trials("time", "s", TIMES * 1.7))
     assert with_trials["label"].tolist() == ["worse"]
+
+
+def test_a_gc_pause_that_did_not_happen_in_one_trial_is_compared_not_refused():
+    # a zero pause is a measurement: the rank test takes it, and no ratio is divided by it
+    row = compare_records(_trials("gc_time", "s", [1e-4, 2e-4]), _trials("gc_time", "s", [0.0, 1e-4]))
+    assert row["label"].tolist() == ["noisy"] and row["median_b"].tolist() == [5e-5]
+    assert compare_times([0.0] * 5, [0.0] * 5).verdict == "same"
+    assert compare_times([0.0] * 5, [1e-3] * 5).verdict == "differ"
 
 
 def test_tight_sizes_gate_on_their_ranges_and_loose_ones_or_context_do_not():

@@ -106,8 +106,8 @@ def compare_times(a: Sequence[float], b: Sequence[float], *, alpha: float = DEFA
     if not min_effect >= 0:
         raise ValueError(f"min_effect must be >= 0, got {min_effect!r}")
     sample_a, sample_b = _sample(a, "a"), _sample(b, "b")
-    if np.any(sample_a <= 0) or np.any(sample_b <= 0):
-        raise ValueError("times must be positive (seconds)")
+    if np.any(sample_a < 0) or np.any(sample_b < 0):
+        raise ValueError("times must be >= 0 (seconds; a GC pause that did not happen is 0)")
     median_a, median_b = float(np.median(sample_a)), float(np.median(sample_b))
     if smallest_p_value(sample_a.size, sample_b.size) >= alpha:
         return TimeVerdict(UNTESTABLE, median_a, median_b, math.nan, alpha, min_effect)
@@ -115,7 +115,7 @@ def compare_times(a: Sequence[float], b: Sequence[float], *, alpha: float = DEFA
         p_value = 1.0  # every value tied: no evidence of a difference (scipy would return nan)
     else:
         p_value = float(mannwhitneyu(sample_a, sample_b, alternative="two-sided").pvalue)
-    effect = abs(median_b / median_a - 1.0)
+    effect = abs(median_b / median_a - 1.0) if median_a > 0 else (math.inf if median_b > 0 else 0.0)
     verdict = DIFFER if p_value < alpha and effect >= min_effect else SAME
     return TimeVerdict(verdict, median_a, median_b, p_value, alpha, min_effect)
 
