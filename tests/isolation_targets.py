@@ -163,3 +163,10 @@ def torch_process_facts(device):
     import torch  # noqa: F401
 
     return process_facts(device)
+
+
+def cuda_grow(device, n=1_000_000, count=4):
+    """Tensors kept until the call returns, each larger than the last: the allocator takes new segments."""
+    import torch
+
+    return Case(lambda: [torch.ones(n * (i + 1), dtype=torch.float32, device=device.torch) for i in range(count)])

@@ -18,6 +18,7 @@ from benchlib.results.environment import allocator_env
 from benchlib.results.store import write_json_atomic
 
 from .core import measure_with_result
+from .cuda_snapshot import record_snapshot
 from .devices import Device, prime_cuda_libraries, resolve_device
 from .timeline import MemoryTimeline, timeline_to_json
 
@@ -139,6 +140,8 @@ def child_main(spec_path: str, result_path: str) -> int:
             frame, role_metrics = _role_timeline(case, device, spec["timeline_interval_s"])
             roles = timeline_to_json(frame)
             checks.update(role_metrics)
+        if spec.get("cuda_snapshot") and device.is_cuda:  # last: recording shapes no measured number
+            record_snapshot(case.fn, device, spec["cuda_snapshot"])
         outcome = {"ok": True, "measurement": measurement.to_dict(), "checks": checks,
                    "environment": _environment(spec, device), "role_timeline": roles}
     except NotApplicable as err:

@@ -17,9 +17,10 @@ from .timeline import MemoryTimeline, timeline_from_json, timeline_to_json
 
 _FIELDS = ("name", "device", "times_s", "gc_count", "gc_seconds", "alloc_count", "alloc_bytes",
            "alloc_source", "alloc_count_python", "alloc_bytes_python", "alloc_floor", "alloc_floor_python",
-           "peak_bytes", "baseline_bytes", "tracked_peak_bytes", "peak_sites", "attribution", "timeline")
+           "peak_bytes", "baseline_bytes", "tracked_peak_bytes", "peak_sites", "attribution", "timeline",
+           "cuda_allocator")
 # may be missing from a dict written before they existed
-_OPTIONAL_FIELDS = ("attribution", "alloc_floor", "alloc_floor_python")
+_OPTIONAL_FIELDS = ("attribution", "alloc_floor", "alloc_floor_python", "cuda_allocator")
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class Measurement:
     peak_sites: tuple | None = None  # PeakSite dicts of that pass, with `sites` (`measure(..., sites=True)`)
     attribution: dict | None = field(default=None, compare=False, repr=False)  # Attribution.to_dict() of the extra pass (`attribute`)
     timeline: Any = field(default=None, compare=False, repr=False)
+    cuda_allocator: dict | None = None  # the caching allocator over the timed calls (`Device.allocator_view`; CUDA)
 
     @property
     def median_s(self) -> float:
@@ -122,6 +124,9 @@ class Measurement:
         rows += [make_record(**labels, params=params if floor is None else {**params, "floor": floor},
                              metric=metric, value=float(value), unit=unit)
                  for metric, value, unit, floor in quantities if value is not None]
+        rows += [make_record(**labels, params=params, metric=metric, value=float(value),
+                             unit="B" if metric.endswith("_bytes") else "count")
+                 for metric, value in (self.cuda_allocator or {}).items()]
         if self.attribution is not None:
             from benchlib.results.sites import attribution_records
 
@@ -143,7 +148,8 @@ class StepTimes:
     `gc_pauses[i]` holds the `GCPause`s that began in step i; `gc_count`, `gc_s` and
     `gc_generations` are per-step views of them. `peak_bytes` is the highest level above
     `baseline_bytes` over all steps (None where the platform cannot reset a peak, or when
-    `track_peak=False`); `result` is the last step's value.
+    `track_peak=False`); `cuda_allocator` the caching allocator's view of the steps (CUDA with
+    `track_peak`: `Device.allocator_view`); `result` is the last step's value.
     """
 
     step_s: tuple
@@ -152,6 +158,7 @@ class StepTimes:
     peak_bytes: int | None
     timeline: Any = field(default=None, compare=False, repr=False)
     result: Any = field(default=None, compare=False, repr=False)
+    cuda_allocator: dict | None = None
 
     @property
     def gc_count(self) -> tuple:
@@ -197,10 +204,10 @@ def measure_steps(step: Callable[[int], Any], n: int, *, device: str | Device = 
         raise ValueError(f"timeline_interval_s must be > 0, got {timeline_interval_s!r}")
     dev = resolve_device(device)
     dev.synchronize()
-    baseline = None
+    baseline = counters = None
     if track_peak:
         dev.reset_peak()
-        baseline = dev.memory_in_use()
+        baseline, counters = dev.memory_in_use(), dev.allocator_counters()
     times, step_pauses = [], []
     result = None
     recorder = MemoryTimeline(dev, timeline_interval_s) if timeline else None
@@ -223,7 +230,8 @@ def measure_steps(step: Callable[[int], Any], n: int, *, device: str | Device = 
     peak = dev.peak_memory() if track_peak else None
     return StepTimes(step_s=tuple(times), gc_pauses=tuple(step_pauses), baseline_bytes=baseline,
                      peak_bytes=None if peak is None else max(0, peak - baseline),
-                     timeline=None if recorder is None else recorder.frame(), result=result)
+                     timeline=None if recorder is None else recorder.frame(), result=result,
+                     cuda_allocator=dev.allocator_view(counters))
 
 
 def measure_with_result(fn: Callable[[], Any], *, device: str | Device = "cpu", warmup: int = 1,
@@ -269,7 +277,7 @@ def measure_with_result(fn: Callable[[], Any], *, device: str | Device = "cpu", 
         tracked_peak_bytes=None if allocations is None else allocations.peak_bytes,
         peak_sites=None if allocations is None or allocations.sites is None else
         tuple(dataclasses.asdict(site) for site in allocations.sites),
-        attribution=attribution, timeline=steps.timeline)
+        attribution=attribution, timeline=steps.timeline, cuda_allocator=steps.cuda_allocator)
     return measurement, steps.result
 
 

@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass
 from functools import lru_cache
 
+from benchlib.results.metrics import CUDA_ALLOC_RETRIES, CUDA_MALLOC_COUNT, CUDA_RESERVED_PEAK, CUDA_RESERVED_UNUSED
+
 VALID_FORMS = '"auto", "cpu", "cuda", "cuda:N" (N a device index)'
 _SPEC = re.compile(r"^(auto|cpu|cuda(?::(\d+))?)$")
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -141,6 +143,16 @@ def cuda_stat(index: int, stat: str, field: str) -> int:
     return int(stats[stat]["all"][field]) if stats else 0
 
 
+def _allocator_counters(index: int) -> dict[str, int]:
+    """Cumulative counters of the caching allocator: segments it took from the driver (one cudaMalloc
+    each) and the times it freed its cache and retried a failed cudaMalloc (fragmentation's symptom)."""
+    stats = _torch().cuda.memory_stats_as_nested_dict(index)
+    if not stats:
+        return {CUDA_MALLOC_COUNT: 0, CUDA_ALLOC_RETRIES: 0}
+    return {CUDA_MALLOC_COUNT: int(stats["segment"]["all"]["allocated"]),
+            CUDA_ALLOC_RETRIES: int(stats.get("num_alloc_retries", 0))}
+
+
 @dataclass(frozen=True)
 class Device:
     """A resolved device; `name` is what records carry ("cpu", "cuda:0")."""
@@ -200,6 +212,24 @@ class Device:
         if self.is_cuda:
             return int(_torch().cuda.max_memory_allocated(self.index))
         return _read_vm_hwm() if hwm_resettable() else None
+
+    def allocator_counters(self) -> dict[str, int] | None:
+        """The caching allocator's cumulative counters (CUDA; None on the CPU, which has no such allocator)."""
+        return _allocator_counters(self.index) if self.is_cuda else None
+
+    def allocator_view(self, before: dict[str, int] | None) -> dict[str, int] | None:
+        """What the caching allocator did since `before` (`allocator_counters`, read after `reset_peak`):
+        the reserved peak (absolute: what an out-of-memory error is about), reserved bytes holding no
+        tensor at the peak (reserved peak minus allocated peak: the cache and its rounding, an upper
+        bound where the two peaks fall apart in time), cudaMalloc calls and cache-flush retries.
+        None on the CPU."""
+        if not self.is_cuda or before is None:
+            return None
+        torch, after = _torch(), self.allocator_counters()
+        reserved = int(torch.cuda.max_memory_reserved(self.index))
+        return {CUDA_RESERVED_PEAK: reserved,
+                CUDA_RESERVED_UNUSED: max(0, reserved - int(torch.cuda.max_memory_allocated(self.index))),
+                **{name: after[name] - before[name] for name in (CUDA_MALLOC_COUNT, CUDA_ALLOC_RETRIES)}}
 
     def describe(self) -> dict:
         """What records and run metadata say about this device."""

@@ -137,6 +137,7 @@ class IsolationOptions:
     memory_required_bytes: int | None = None
     sites: bool = False  # the allocation pass also groups the live allocations at its peak by line
     attribute: bool = False  # one more traced call after the others: allocation sites (Measurement.attribution)
+    cuda_snapshot: str | None = None  # on CUDA, one more call with the allocator's history: its snapshot's path
     preload: tuple[str, ...] = ()  # modules the case's set-up imports anyway (torch for a torch engine): a fork
     # template holds them already (`forkserver`); a fresh interpreter imports them in set-up as before
 
@@ -152,6 +153,8 @@ class IsolationOptions:
                 isinstance(self.memory_required_bytes, (int, float)) and self.memory_required_bytes >= 0):
             raise ValueError(f"memory_required_bytes must be a number of bytes >= 0 or None, "
                              f"got {self.memory_required_bytes!r}")
+        if self.cuda_snapshot is not None and not (isinstance(self.cuda_snapshot, str) and self.cuda_snapshot):
+            raise ValueError(f"cuda_snapshot must be a file path or None, got {self.cuda_snapshot!r}")
         malloc_environment(self.malloc)  # an unknown policy is refused, naming the valid ones
         if not (isinstance(self.preload, tuple) and all(isinstance(m, str) and m for m in self.preload)):
             raise ValueError(f"preload must be a tuple of module names, got {self.preload!r}")
@@ -189,7 +192,8 @@ def run_isolated(target: str, params: dict | None = None, *, name: str, device: 
             "warmup": options.warmup, "repeats": options.repeats, "track_allocations": options.track_allocations,
             "timeline": options.timeline, "timeline_interval_s": options.timeline_interval_s,
             "role_timeline": bool(options.role_timeline), "sites": bool(options.sites),
-            "attribute": bool(options.attribute), "malloc_policy": options.malloc, "malloc_env": policy_env,
+            "attribute": bool(options.attribute), "cuda_snapshot": options.cuda_snapshot,
+            "malloc_policy": options.malloc, "malloc_env": policy_env,
             "sys_path": [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p)]}
     env = {**os.environ, **policy_env}
     with tempfile.TemporaryDirectory(prefix="benchlib-case-") as tmp:

@@ -66,6 +66,11 @@ class MetricRegistry:
 
 
 METRICS = MetricRegistry()
+# The caching allocator's own view of the timed calls (benchlib.measure.devices.Device.allocator_view; CUDA only)
+CUDA_RESERVED_PEAK = "cuda_reserved_peak_bytes"
+CUDA_RESERVED_UNUSED = "cuda_reserved_unused_bytes"
+CUDA_MALLOC_COUNT = "cuda_malloc_count"
+CUDA_ALLOC_RETRIES = "cuda_alloc_retries"
 
 for _name, _unit, _kind, _meaning in (
     # benchlib.measure.Measurement
@@ -84,6 +89,14 @@ for _name, _unit, _kind, _meaning in (
     ("tracked_peak_bytes", "B", "memory", "most bytes live at once in the allocation pass, as the allocators saw them "
      "(memray on CPU, the caching allocator on CUDA): the same for a given code path, unlike the resident peak"),
     ("baseline_bytes", "B", "memory", "memory in use just before the first timed call"),
+    (CUDA_RESERVED_PEAK, "B", "memory", "the caching allocator's reserved peak over the timed calls, absolute "
+     "(what an out-of-memory error is about: tensors plus the cache and its block rounding)"),
+    (CUDA_RESERVED_UNUSED, "B", "memory", "reserved peak minus allocated peak: bytes reserved but holding no "
+     "tensor at the peak (fragmentation and rounding; an upper bound where the two peaks fall apart in time)"),
+    (CUDA_MALLOC_COUNT, "count", "count", "segments the caching allocator took from the driver in the timed calls "
+     "(one cudaMalloc each; 0 once its cache holds a step)"),
+    (CUDA_ALLOC_RETRIES, "count", "count", "times a cudaMalloc failed in the timed calls and the allocator freed its "
+     "cache to retry (fragmentation under memory pressure: each retry synchronises the device)"),
     # allocation sites (benchlib.results.sites; an attribution pass, --attribute)
     ("site_bytes", "B", "memory", "bytes one source line accounts for in an attribution pass (repeat = its rank): "
      "live at the pass's peak (params.kind peak), freed soon after being made (temporary) or allocated in all "

@@ -212,18 +212,14 @@ def _run_link(run_path: Path, text: str) -> str:
     return f"<a href='{html.escape(quote(text, safe='/'))}'>{html.escape(text)}</a>"
 
 
-def _attributed_records(run_path: Path) -> pd.DataFrame | None:
-    """The run's records of attribution passes (--attribute), None when it has none or they cannot be read."""
-    from benchlib.results.sites import ATTRIBUTION_METRICS
+def _records(run_path: Path) -> pd.DataFrame | None:
+    """The run's records, None when it has none or they cannot be read (the page still shows everything else)."""
     from benchlib.results.store import load_records
 
     try:
-        records = load_records(run_path)
-    except Exception:  # no records, or unreadable ones: the page still shows everything else
+        return load_records(run_path)
+    except Exception:
         return None
-    if not records["metric"].isin(ATTRIBUTION_METRICS).any():
-        return None
-    return records
 
 
 def _sites_html(records: pd.DataFrame, benchmark: str, figure_specs: list[dict[str, Any]]) -> str:
@@ -285,7 +281,11 @@ def build_report(run: str | os.PathLike) -> str:
                      + (table_html(noise.drop(columns=["dimension", "device", "unit"])) if not noise.empty
                         else "<p>None flagged.</p>"))
 
-    attributed = _attributed_records(run_path)
+    from benchlib.results.reporters.cuda import allocator_section
+    from benchlib.results.sites import ATTRIBUTION_METRICS
+
+    records = _records(run_path)
+    attributed = records if records is not None and records["metric"].isin(ATTRIBUTION_METRICS).any() else None
     for section in sections:
         entry = info.get("notebooks", {}).get(section, {})
         parts.append(f"<h2 id='{esc(section)}'>{esc(section)}</h2>")
@@ -313,6 +313,8 @@ def build_report(run: str | os.PathLike) -> str:
             figure_json = json.loads((run_path / "figures" / f"{name}.json").read_text(encoding="utf-8"))
             figure_specs.append({"id": figure_id, "name": name, "figure": figure_json})
             parts.append(f"<div class='figure' id='{figure_id}' data-name='{esc(name)}'></div>")
+        if records is not None and section in notebooks:
+            parts.append(allocator_section(records, section.split("@")[0], run_path))
         if attributed is not None and section in notebooks:
             parts.append(_sites_html(attributed, section.split("@")[0], figure_specs))
 

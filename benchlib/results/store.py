@@ -26,6 +26,7 @@ from benchlib.results.records import (SCHEMA_VERSION, SCHEMA_VERSION_KEY, Record
 
 RUN_INFO = "run.json"
 RECORDS = "records.parquet"
+CUDA_SNAPSHOT_FOLDER = "cuda_snapshots"  # a run's CUDA allocator snapshots (benchlib.measure.cuda_snapshot)
 RESULTS_ROOT_ENV = "BENCHLIB_RESULTS"
 FIGURE_PNG_ENV = "BENCHLIB_FIGURE_PNG"  # "1": save_figure also writes figures/<name>.png (benchlib run --png)
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

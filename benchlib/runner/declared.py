@@ -52,12 +52,15 @@ def run_declared(name: str | list[str], parameters: Mapping[str, Any], *, device
     """Measure benchmark `name` (or a model file's path, or the paths of versions of one) with `parameters` on `device` and save its results
     into `results_dir`."""
     from benchlib.measure import resolve_device
+    from benchlib.measure.cuda_snapshot import snapshot_folder
+    from benchlib.results.store import CUDA_SNAPSHOT_FOLDER
 
     benchmark = registry.resolve(name)
     config = benchmark.config(parameters)
     resolved = resolve_device(device)
     run = Run.open(results_dir, device=resolved)
-    frame = run.save_records(benchmark.measure(config, resolved), benchmark.name)
+    with snapshot_folder(run.path / CUDA_SNAPSHOT_FOLDER):  # on CUDA, each engine's allocator snapshot
+        frame = run.save_records(benchmark.measure(config, resolved), benchmark.name)
     headline = benchmark.summarize(frame) if benchmark.summarize else headline_table(frame, benchmark.headline)
     run.save_table(headline, f"{benchmark.name}{HEADLINE_SUFFIX}")
     figures = {}

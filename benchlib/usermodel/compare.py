@@ -72,6 +72,7 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
     `step`; several are one case each, named by version."""
     from benchlib.measure import IsolationOptions
     from benchlib.measure.allocations import memray_available
+    from benchlib.measure.cuda_snapshot import snapshot_path
 
     first = next(iter(versions.values()))
     values = {name: config.plain()[name] for name in first.parameters}
@@ -111,13 +112,15 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
         import benchlib.measure  # looked up per call: tests replace run_isolated
 
         traced = attribute and trial == 0  # the attribution passes: sites, and torch's categories
+        case_name = f"{name}/{cases[unit.group]}/{unit.engine}"
+        snapshot = snapshot_path(case_name, device) if trial == 0 else None
         return benchlib.measure.run_isolated(
             form.target, {"path": str(versions[unit.group].path), "engine": unit.engine, "values": values,
                           "gradient_dir": gradient_dir,
                           **({"categories": True} if traced and form.torch_categories else {})},
-            name=f"{name}/{cases[unit.group]}/{unit.engine}", device=device.name,
+            name=case_name, device=device.name,
             options=IsolationOptions(warmup=WARMUP, repeats=STEPS, track_allocations=track, timeline=False,
-                                     attribute=traced, preload=case_imports(unit.engine, device)))
+                                     attribute=traced, cuda_snapshot=snapshot, preload=case_imports(unit.engine, device)))
 
     def keep(unit: Unit, trial: int, result) -> None:
         if result.measurement.attribution is not None:
