@@ -148,6 +148,7 @@ def test_bad_arguments_are_refused_before_spawning(kwargs, error, message, monke
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.cuda
 def test_cuda_child_measures_on_the_gpu():
     result = run_isolated("isolation_targets:cuda_allocate", {"n": 1_000_000}, name="gpu",
                           device="cuda", options=IsolationOptions(track_allocations=True))
@@ -157,6 +158,7 @@ def test_cuda_child_measures_on_the_gpu():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.cuda
 def test_cuda_first_call_peak_leaves_out_the_cublas_workspaces():
     """warmup=0: the first measured product and its gradient; cuBLAS's workspaces (32 MiB a thread on an
     H100) were made at the child's set-up, so the peak holds the 64 x 64 float32 buffers alone."""

@@ -540,6 +540,7 @@ def test_a_gauge_may_not_shadow_the_timelines_own_columns():
 # ---------------------------------------------------------------- CUDA
 
 @needs_cuda
+@pytest.mark.cuda
 def test_cuda_device_and_allocations():
     dev = resolve_device("cuda")
     assert dev.name == f"cuda:{torch.cuda.current_device()}" and dev.torch.type == "cuda"
@@ -549,6 +550,7 @@ def test_cuda_device_and_allocations():
 
 
 @needs_cuda
+@pytest.mark.cuda
 def test_cuda_measure_peak_and_timeline():
     dev = resolve_device("cuda")
 
