@@ -157,6 +157,31 @@ def test_summary_lines_of_a_headline_table_open_the_report_and_the_wide_table_fo
     assert "peak_bytes" in section and ">summary<" not in section
 
 
+def test_a_notebook_that_wrote_another_benchmarks_records_holds_its_answers_figures_and_cuda_view(tmp_path):
+    # the your_model notebook runs a model file named my_mlp: what it saves is named after my_mlp
+    run = Run.create(tmp_path, "cuda:0")
+    run.record_notebook("your_model", status="ok", duration_s=1.0, benchmarks=["my_mlp"])
+    run.save_records([make_record(benchmark="my_mlp", case="step", engine="torch", device="cuda:0", dtype="float32",
+                                  metric=metric, value=value, unit=unit)
+                      for metric, value, unit in (("cuda_reserved_peak_bytes", 8e6, "B"),
+                                                  ("cuda_reserved_unused_bytes", 2e6, "B"),
+                                                  ("cuda_malloc_count", 3, "count"), ("cuda_alloc_retries", 0, "count"))],
+                     "my_mlp")
+    run.save_table(pd.DataFrame({"engine": ["torch"], "summary": ["torch  peak +8 MB  best"]}), "my_mlp_headline")
+    run.save_figure(go.Figure(go.Bar(x=["torch"], y=[8])), "my_mlp_peak")
+    (run.path / "cuda_snapshots").mkdir()
+    (run.path / "cuda_snapshots" / "my_mlp-step-torch.pickle").write_bytes(b"")
+    page = build_report(run.path)
+    assert "other figures" not in page and "torch  peak +8 MB  best" in page.split("id='answers'")[1]
+    section = page.split("<h2 id='your_model'>")[1]
+    assert "data-name='my_mlp_peak'" in section and "my_mlp_headline" in section
+    cuda = section.split("<h3>CUDA caching allocator</h3>")[1]
+    assert "<td>8.000 MB</td>" in cuda and "<td>25%</td>" in cuda and "<td>3</td>" in cuda
+    assert "href='cuda_snapshots/my_mlp-step-torch.pickle'>step-torch</a>" in cuda
+    assert group_by_notebook(["my_mlp_peak", "my_mlp2_peak"], ["your_model"], {"your_model": ["my_mlp"]}) == {
+        "your_model": ["my_mlp_peak"], "other figures": ["my_mlp2_peak"]}
+
+
 @pytest.mark.parametrize("output", ["javascript:alert(1)", " javascript:alert(1)", "https://example.com/x.ipynb",
                                     "../../elsewhere.ipynb", "/etc/passwd", "//example.com/x"])
 def test_only_a_relative_path_inside_the_run_becomes_a_link(tmp_path, output):

@@ -41,6 +41,7 @@ def test_a_notebook_whose_cases_partly_failed_is_partial_and_the_run_exits_1(tmp
     assert entry["failed_cases"] == ["torch (c): case 'cases/c/torch' failed: the child raised RuntimeError: "
                                      "torch fails on purpose"]
     assert entry["error"].startswith("1 case(s) failed: torch (c)")
+    assert entry["benchmarks"] == ["cases"]  # the records it wrote: what the report's section holds
     summary = capsys.readouterr().out
     assert "partial" in summary and "torch fails on purpose" in summary
     assert set(load_records(run_dir)["variant"]) == {"manual", "torch"}  # manual's measurement is kept

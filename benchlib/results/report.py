@@ -36,18 +36,30 @@ def figure_names(run_path: Path) -> list[str]:
     return sorted(path.stem for path in (run_path / "figures").glob("*.json"))
 
 
-def group_by_notebook(names: Sequence[str], notebooks: Sequence[str]) -> dict[str, list[str]]:
-    """Figure or table names under the notebook whose name is their longest prefix; the rest under 'other figures'.
+def group_by_notebook(names: Sequence[str], notebooks: Sequence[str],
+                      benchmarks: Mapping[str, Sequence[str]] | None = None) -> dict[str, list[str]]:
+    """Figure or table names under the notebook whose name, or the name of a benchmark it wrote (`benchmarks`,
+    run.json's), is their longest prefix; the rest under 'other figures'.
 
-    Notebooks name what they save after themselves (`dot_chain_peak`), so no extra index is needed.
+    Notebooks name what they save after themselves (`dot_chain_peak`) or after their benchmark (the your_model
+    notebook saves `my_mlp_peak` for a model file named my_mlp), so no extra index is needed.
     """
     groups: dict[str, list[str]] = {notebook: [] for notebook in notebooks}
-    by_length = sorted(notebooks, key=len, reverse=True)
+    owners = {notebook: notebook for notebook in notebooks}
+    for notebook, written in (benchmarks or {}).items():
+        owners.update({benchmark: notebook for benchmark in written if benchmark not in owners})
+    by_length = sorted(owners, key=len, reverse=True)
     for name in names:
-        owner = next((nb for nb in by_length if name == nb or name.startswith(f"{nb}_")),
-                     GRID_SECTION if name.startswith("grid_") else _OTHER)
+        prefix = next((p for p in by_length if name == p or name.startswith(f"{p}_")), None)
+        owner = owners[prefix] if prefix else GRID_SECTION if name.startswith("grid_") else _OTHER
         groups.setdefault(owner, []).append(name)
     return groups
+
+
+def written_benchmarks(info: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Per notebook, the benchmarks whose records it wrote (run.json; none in runs made before it was kept)."""
+    return {name: [b for b in entry.get("benchmarks") or [] if isinstance(b, str)]
+            for name, entry in info.get("notebooks", {}).items() if isinstance(entry, Mapping)}
 
 
 def notebook_question(run_path: Path, notebook: str, info: Mapping[str, Any]) -> str:
@@ -246,18 +258,24 @@ def build_report(run: str | os.PathLike) -> str:
     run_path = resolve_run(run)
     info = load_run_info(run_path)
     notebooks = list(info.get("notebooks", {}))
-    figures = group_by_notebook(figure_names(run_path), notebooks)
+    written = written_benchmarks(info)
+    owned = {*notebooks, *(b for names in written.values() for b in names)}
+    # records of a benchmark no notebook claims (a model file's, in runs made before run.json named them): a section
+    unclaimed = sorted(path.stem for path in (run_path / "records").glob("*.parquet") if path.stem not in owned)
+    figures = group_by_notebook(figure_names(run_path), [*notebooks, *unclaimed], written)
     table_names = sorted(path.stem for path in (run_path / "tables").glob("*.parquet"))
-    tables = group_by_notebook(table_names, notebooks)
+    tables = group_by_notebook(table_names, [*notebooks, *unclaimed], written)
     figure_specs: list[dict[str, Any]] = []
     esc = html.escape
 
     parts = [f"<h1>benchlib run {esc(info.get('run_id', run_path.name))}</h1>"]
     parts.append(f"<p class='env'>started {esc(str(info.get('started_at')))}, ended {esc(str(info.get('ended_at') or 'not finished'))}</p>")
     parts += [f"<p class='env'>{esc(line)}</p>" for line in _environment_lines(info)]
-    sections = [name for name in figures if figures[name] or name in notebooks]
+    sections = [name for name in figures if figures[name] or name in notebooks or tables.get(name)]
     parts.append("<nav>" + "".join(f"<a href='#{esc(name)}'>{esc(name)}</a>" for name in sections) + "</nav>")
-    answers = {section: summary_lines(run_path, section) for section in sections}
+    answers = {section: [line for name in tables.get(section, []) if name.endswith(HEADLINE_SUFFIX)
+                         for line in summary_lines(run_path, name.removesuffix(HEADLINE_SUFFIX))]
+               for section in sections}
     if any(answers.values()):  # the answer first: one line per engine of every benchmark that gives them
         parts.append("<h2 id='answers'>Answers</h2>" + "".join(
             f"<p><a href='#{esc(section)}'>{esc(section)}</a></p><pre class='answer'>{esc(chr(10).join(lines))}</pre>"
@@ -313,10 +331,12 @@ def build_report(run: str | os.PathLike) -> str:
             figure_json = json.loads((run_path / "figures" / f"{name}.json").read_text(encoding="utf-8"))
             figure_specs.append({"id": figure_id, "name": name, "figure": figure_json})
             parts.append(f"<div class='figure' id='{figure_id}' data-name='{esc(name)}'></div>")
-        if records is not None and section in notebooks:
-            parts.append(allocator_section(records, section.split("@")[0], run_path))
-        if attributed is not None and section in notebooks:
-            parts.append(_sites_html(attributed, section.split("@")[0], figure_specs))
+        benchmarks = [section.split("@")[0], *written.get(section, [])]
+        for benchmark in dict.fromkeys(benchmarks):
+            if records is not None:
+                parts.append(allocator_section(records, benchmark, run_path))
+            if attributed is not None:
+                parts.append(_sites_html(attributed, benchmark, figure_specs))
 
     return html_page(f"benchlib run {info.get('run_id', run_path.name)}", parts, figure_specs)
 

@@ -165,20 +165,23 @@ def check_values(planned: Sequence[tuple[NotebookSpec, dict[str, Any]]], device:
 class CaseOutcomes(NamedTuple):
     """What a notebook's saved records say of its cases: one line per failed case ('engine (case): first
     line of its error'), the data sources its records name, how many cases were not run (the --budget
-    ran out before them), and how many measured values it saved (0 with failures: the notebook failed)."""
+    ran out before them), how many measured values it saved (0 with failures: the notebook failed), and the
+    benchmarks whose records it wrote (a model file's notebook writes its model's: the report's section)."""
 
     failures: list[str]
     sources: list[str]
     not_run: int
     measured: int = 0
+    benchmarks: tuple[str, ...] = ()
 
 
 def case_outcomes(run_path: Path, since: float) -> CaseOutcomes:
     """`CaseOutcomes` from the record fragments a notebook wrote since `since`."""
-    failures, sources, not_run, measured = [], [], 0, 0
+    failures, sources, not_run, measured, benchmarks = [], [], 0, 0, []
     for fragment in sorted((run_path / "records").glob("*.parquet")):
         if fragment.stat().st_mtime < since:
             continue
+        benchmarks.append(fragment.stem)
         try:
             frame = read_records_file(fragment)
         except RecordsUnreadable as error:  # an unreadable fragment is itself a failure to report
@@ -191,7 +194,7 @@ def case_outcomes(run_path: Path, since: float) -> CaseOutcomes:
         sources += [source for source in dict.fromkeys(params.map(lambda p: p.get("data"))) if isinstance(source, str)]
         not_run += int((frame["metric"] == NOT_RUN_CASE_METRIC).sum())
         measured += int((~frame["metric"].isin(STATUSES)).sum())
-    return CaseOutcomes(failures, list(dict.fromkeys(sources)), not_run, measured)
+    return CaseOutcomes(failures, list(dict.fromkeys(sources)), not_run, measured, tuple(benchmarks))
 
 
 def last_duration(root: Path, notebook: str, quick: bool) -> float | None:
@@ -529,7 +532,7 @@ class _RunLoop:
         or anything a Dask worker ran), whose records are merged into the run's."""
         in_points = in_points or bool(execution.point)
         point_dir = self.run_.path / "points" / execution.key
-        failures, sources, not_run, measured = case_outcomes(point_dir if in_points else self.run_.path, since)
+        failures, sources, not_run, measured, benchmarks = case_outcomes(point_dir if in_points else self.run_.path, since)
         if failures and status == "ok":
             status = "partial" if measured else FAILED  # nothing measured at all: not a partial answer
             error = f"{len(failures)} case(s) failed: " + "; ".join(failures[:3]) + (" ..." if len(failures) > 3 else "")
@@ -543,6 +546,7 @@ class _RunLoop:
         self.run_.record_notebook(
             execution.key, status=status, duration_s=round(duration, 3), ended_at=now_iso(), error=error,
             failed_cases=failures, not_run_cases=not_run, data_source=data_source, orphans_killed=list(orphans),
+            benchmarks=list(benchmarks),
             output=str(output.relative_to(self.run_.path)) if output.exists() else None)
         parameters = _parameters(self.run_, execution, self.injected)
         self.result.notebooks.append(NotebookResult(execution.key, status, duration, parameters, error,
