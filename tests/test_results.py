@@ -133,13 +133,15 @@ def test_version_1_records_load_with_engine_as_their_dimension_and_unknown_versi
 
 
 def test_committed_reference_run_still_loads_with_todays_dimensions():
-    loaded = reference_records("dot_chain")
+    loaded = reference_records("dot_chain", device="cpu")
     assert loaded is not None and set(loaded[1]["dimension"]) == {"engine"} and "manual" in set(loaded[1]["variant"])
-    ensembles = reference_records("mnist_ensembles")[1]
+    ensembles = reference_records("mnist_ensembles", device="cpu")[1]
     dimensions = dict(zip(ensembles["variant"], ensembles["dimension"]))
     assert (dimensions["naive"], dimensions["vmap"], dimensions["python-gc"], dimensions["flop_floor"]) == (
         "strategy", "mode", "collector", "bound")
-    assert set(reference_records("calibration")[1]["dimension"]) == {"library"}
+    assert set(reference_records("calibration", device="cpu")[1]["dimension"]) == {"library"}
+    gpu = reference_records("dot_chain", device="cuda:0")  # the GPU's own reference, never the CPU's
+    assert gpu is not None and gpu[0].endswith("-cuda-0") and set(gpu[1]["device"]) == {"cuda:0"}
 
 
 def test_records_frame_names_missing_and_unknown_fields():
@@ -304,4 +306,5 @@ def test_reference_records_come_from_the_newest_committed_reference_run_that_hol
                                             metric="peak_bytes", value=value, unit="B")], "b")
     run_id, records = reference_records("b", project=tmp_path)
     assert run_id == "20260102-000000-a-cpu" and records["value"].tolist() == [2.0]
+    assert reference_records("b", project=tmp_path, device="cuda:0") is None  # no run on that kind of device
     assert reference_records("other", project=tmp_path) is None

@@ -425,14 +425,19 @@ def load_records(run: str | os.PathLike | Run, root: str | os.PathLike | None = 
 REFERENCE_DIR = Path("results") / "reference"  # committed reference runs, under the project root
 
 
-def reference_records(benchmark: str, project: Path | None = None) -> tuple[str, pd.DataFrame] | None:
+def reference_records(benchmark: str, project: Path | None = None,
+                      device: str | None = None) -> tuple[str, pd.DataFrame] | None:
     """(run_id, records of `benchmark`) from the newest committed reference run that holds them
     (`results/reference/<run-id>/` of the project), or None: notebooks compare with measured
-    reference figures, never with numbers typed in."""
+    reference figures, never with numbers typed in. With `device` ("cpu", "cuda:0"...), only runs on
+    that kind of device count: a CPU run's ratios are no reference for a GPU's."""
     project = project or find_project_root() or find_project_root(Path(__file__).resolve().parent)
     if project is None:
         return None
+    kind = None if device is None else str(device).split(":")[0]
     for info_path in sorted((project / REFERENCE_DIR).glob(f"*/{RUN_INFO}"), reverse=True):
+        if kind is not None and str(load_run_info(info_path.parent).get("device", "")).split(":")[0] != kind:
+            continue
         records = load_records(info_path.parent)
         rows = records[records["benchmark"] == benchmark]
         if not rows.empty:
