@@ -18,9 +18,15 @@ TORCH_COMPILE = "torch.compile"
 TORCH_FUNC = "torch.func"
 # Not in the registry: a user model file's engine, the optimizer step fused into backward (NaiveGAflux's idea)
 FUSED_OPTIMIZER = "fused-optimizer"
+# Not in the registry: a model file's memory techniques (docs/engines.md)
+TORCH_SAC = "torch-sac"  # selective activation checkpointing: matmul outputs saved, the rest recomputed
+TORCH_AUTOCAST = "torch-autocast"  # the forward pass under autocast to bfloat16
+TORCH_MICROBATCH = "torch-microbatch"  # the batch in micro-batches, gradients accumulated
+TORCH_OFFLOAD = "torch-offload"  # saved activations on the host (save_on_cpu), CUDA only
 
 TORCH_AUTOGRAD = (TORCH, TORCH_CHECKPOINT)  # the registry's engines that differentiate with torch.autograd
 
 __all__ = ["MANUAL", "MANUAL_SEED", "BENCHLIB_INPLACE", "BENCHLIB_DEFERRED", "BENCHLIB_CHECKPOINT", "AUTOGRAD",
            "TORCH", "TORCH_CHECKPOINT", "TORCH_COMPILE", "TORCH_FUNC", "FUSED_OPTIMIZER",
+           "TORCH_SAC", "TORCH_AUTOCAST", "TORCH_MICROBATCH", "TORCH_OFFLOAD",
            "TORCH_AUTOGRAD"]

@@ -15,9 +15,9 @@ from typing import Any
 from benchlib.benchmark import Config
 from benchlib.engines import case_imports
 from benchlib.trials import Deadline, TrialLoop, TrialSettings, Unit
-from benchlib.engine_names import TORCH_CHECKPOINT
-from benchlib.usermodel.engines import (ENGINES, REFERENCE, REGROUPS_OPTIMIZER, checkpoint_plan, not_applicable,
-                                       stochastic_modules)
+from benchlib.engine_names import TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_MICROBATCH, TORCH_SAC
+from benchlib.usermodel.engines import (AUTOCAST_DTYPE, ENGINES, MICROBATCHES, REFERENCE, REGROUPS_OPTIMIZER,
+                                       SAC_SAVED_OPS, checkpoint_plan, not_applicable, stochastic_modules)
 from benchlib.usermodel.loader import ModelFile
 
 TARGET = "benchlib.usermodel.case:case"
@@ -35,6 +35,8 @@ class Plan:
     dtype: str
     engine_params: dict[str, dict]  # engine -> extra params its records carry
     params: dict = field(default_factory=dict)  # facts of the file at these values every record carries
+    engine_dtypes: dict[str, str] = field(default_factory=dict)  # engine -> the dtype it computes in, where not
+    # `dtype` (autocast): its records carry it, and its gradient is judged with that dtype's tolerance
 
 
 @dataclass(frozen=True)
@@ -54,11 +56,14 @@ def _torch_plan(model_file: ModelFile, values: dict, device) -> Plan:
     first = next(model.parameters(), None)
     reasons = {engine: reason for engine in ENGINES
                if (reason := not_applicable(engine, model, model_file.optimizer is not None,
-                                            model_file.step is not None)) is not None}
+                                            model_file.step is not None, device.kind)) is not None}
     stochastic = stochastic_modules(model)
+    sac = checkpoint_plan(model) or {}
     return Plan(reasons, str(first.dtype).removeprefix("torch.") if first is not None else "float32",
-                {TORCH_CHECKPOINT: checkpoint_plan(model) or {}},
-                {"stochastic_modules": stochastic} if stochastic else {})
+                {TORCH_CHECKPOINT: sac, TORCH_SAC: {**sac, "sac_saved_ops": list(SAC_SAVED_OPS)},
+                 TORCH_AUTOCAST: {"autocast": AUTOCAST_DTYPE, "update_compared": False}, TORCH_MICROBATCH: {"microbatches": MICROBATCHES}},
+                {"stochastic_modules": stochastic} if stochastic else {},
+                engine_dtypes={TORCH_AUTOCAST: AUTOCAST_DTYPE})
 
 
 TORCH_FORM = Form(TARGET, ENGINES, REFERENCE, _torch_plan, torch_categories=True)
@@ -95,7 +100,7 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
         base.update(plan.params)
         for engine in engines:
             labels[version, engine] = dict(benchmark=name, case=cases[version], engine=engine, device=device.name,
-                                           dtype=plan.dtype)
+                                           dtype=plan.engine_dtypes.get(engine, plan.dtype))
             unit = Unit(group=version, engine=engine, labels=labels[version, engine], params=base,
                         name=f"{name} {version}" if several else name,
                         trial_params=plan.engine_params.get(engine, {}),

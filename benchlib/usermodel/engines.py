@@ -1,4 +1,4 @@
-"""The four ways a model file's step runs, each over one model, batch and (optional) optimizer.
+"""The ways a model file's step runs, each over one model, batch and (optional) optimizer.
 
 `torch`: eager autograd, `loss(model, *batch).backward()`, then the optimizer's step. `torch.func`:
 `torch.func.grad` over `functional_call` of the parameters. `torch-checkpoint`: eager autograd with
@@ -7,7 +7,13 @@ repeated blocks wherever it lives (block by block; a `Sequential` of four or mor
 the model's own or its longest `nn.Sequential` (√n segments); else each top-level child whose forward
 takes one tensor. `fused-optimizer`: one optimizer per parameter, stepped from
 its post-accumulate-grad hook, its gradient freed right after (NaiveGAflux's idea): the gradients
-never all exist at once. Every step ends with no gradient held, so steps do not accumulate.
+never all exist at once. The memory techniques a PyTorch user reaches for when a step does not fit
+(docs/engines.md): `torch-sac`, selective activation checkpointing over torch-checkpoint's targets
+(matrix-product and convolution outputs saved, everything else recomputed); `torch-autocast`, the
+forward pass under autocast to bfloat16; `torch-microbatch`, the batch in `MICROBATCHES` equal parts
+with gradients accumulated (the loss scaled to the full batch's); `torch-offload`, saved activations
+moved to pinned host memory (`save_on_cpu`, CUDA only). Every step ends with no gradient held, so steps
+do not accumulate.
 """
 
 from __future__ import annotations
@@ -18,15 +24,24 @@ import math
 import re
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
 
-from benchlib.engine_names import FUSED_OPTIMIZER, TORCH, TORCH_CHECKPOINT, TORCH_FUNC
+from benchlib.engine_names import (FUSED_OPTIMIZER, TORCH, TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_FUNC,
+                                   TORCH_MICROBATCH, TORCH_OFFLOAD, TORCH_SAC)
 
-ENGINES = (TORCH, TORCH_FUNC, TORCH_CHECKPOINT, FUSED_OPTIMIZER)
+ENGINES = (TORCH, TORCH_FUNC, TORCH_CHECKPOINT, FUSED_OPTIMIZER, TORCH_SAC, TORCH_AUTOCAST, TORCH_MICROBATCH,
+           TORCH_OFFLOAD)
 REFERENCE = TORCH  # every other engine's gradient is checked against eager torch's
+HOOKED = (TORCH, TORCH_CHECKPOINT, TORCH_SAC, TORCH_AUTOCAST, TORCH_MICROBATCH, TORCH_OFFLOAD)  # eager autograd:
+# gradients are observed by post-accumulate-grad hooks
+AUTOCAST_DTYPE = "bfloat16"  # on CPU and CUDA alike; float16 would need a gradient scaler
+MICROBATCHES = 4
+# The aten ops whose outputs torch-sac saves (expensive to recompute); every other op is recomputed
+SAC_SAVED_OPS = ("mm", "addmm", "bmm", "baddbmm", "convolution", "_scaled_dot_product_flash_attention",
+                 "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
 # Engines whose optimizer step is not the file's even with the same gradient, and why: another update then
 # means the engine does not apply to this file (for any other engine it is a failure).
 REGROUPS_OPTIMIZER = {FUSED_OPTIMIZER: "fused-optimizer steps one optimizer per parameter, and the file's optimizer "
@@ -147,9 +162,25 @@ def checkpoint_plan(model: torch.nn.Module) -> dict | None:
     return {"checkpoint": "; ".join(words), "checkpoint_modules": modules, "checkpoint_segments": len(modules)}
 
 
-def not_applicable(engine: str, model: torch.nn.Module, has_optimizer: bool, has_step: bool = False) -> str | None:
-    """Why `engine` cannot run this file's step, or None. A file's own `step` is run as written by the
-    engines that differentiate eagerly (torch, torch-checkpoint); the others would compute another step."""
+def not_applicable(engine: str, model: torch.nn.Module, has_optimizer: bool, has_step: bool = False,
+                   device_kind: str = "cpu") -> str | None:
+    """Why `engine` cannot run this file's step on a `device_kind` device, or None. A file's own `step` is
+    run as written by the engines that change only how the model's forward saves (torch, torch-checkpoint,
+    torch-sac, torch-offload); the others would compute another step."""
+    if has_step and engine in (TORCH_AUTOCAST, TORCH_MICROBATCH):
+        how = "under autocast" if engine == TORCH_AUTOCAST else "on micro-batches"
+        return (f"the file's step(model, optimizer, *batch) runs its own forward and backward; {engine} cannot run "
+                f"that step {how} as written")
+    if engine == TORCH_OFFLOAD and device_kind != "cuda":
+        return ("activations already live on the host: save_on_cpu would copy them from host memory to host memory "
+                "(it applies on CUDA)")
+    if engine == TORCH_AUTOCAST:
+        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+        if dtype != torch.float32:
+            return (f"autocast lowers float32 operations to {AUTOCAST_DTYPE}; this model's parameters are "
+                    f"{str(dtype).removeprefix('torch.')}")
+    if engine == TORCH_SAC and not hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts"):
+        return f"selective activation checkpointing needs torch 2.4 or later; this is torch {torch.__version__}"
     if has_step and engine == TORCH_FUNC:
         return ("the file's step(model, optimizer, *batch) runs its own backward; torch.func differentiates loss "
                 "with grad() and cannot run that step as written")
@@ -158,7 +189,7 @@ def not_applicable(engine: str, model: torch.nn.Module, has_optimizer: bool, has
                 "optimizer per parameter from backward and cannot run that step as written")
     if engine == FUSED_OPTIMIZER and not has_optimizer:
         return "the file declares no optimizer(parameters): there is no optimizer step to fuse into backward"
-    if engine == TORCH_CHECKPOINT and not checkpoint_targets(model):
+    if engine in (TORCH_CHECKPOINT, TORCH_SAC) and not checkpoint_targets(model):
         return (f"the model ({type(model).__name__}) is not an nn.Sequential, holds no nn.Sequential or "
                 "nn.ModuleList of two blocks or more, and has no top-level child whose forward takes one tensor: "
                 "nothing to checkpoint")
@@ -169,25 +200,100 @@ def _segments(model: torch.nn.Sequential) -> int:
     return max(1, round(math.sqrt(len(model))))
 
 
-def _checkpoint(model: torch.nn.Module) -> None:
+def _sac_contexts():
+    """The contexts of selective activation checkpointing: the outputs of `SAC_SAVED_OPS` saved, every
+    other op recomputed in backward (pointwise ops, norms, activations: cheap to recompute)."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    saved = {packet for name in SAC_SAVED_OPS if (packet := getattr(torch.ops.aten, name, None)) is not None}
+
+    def policy(_ctx, op, *_args, **_kwargs):
+        return CheckpointPolicy.MUST_SAVE if getattr(op, "overloadpacket", op) in saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def _segments_checkpointed(checkpoint: Callable, modules: list[torch.nn.Module], segments: int, x):
+    """`checkpoint_sequential`'s split: `segments` runs of len // segments modules, every run but the last
+    through `checkpoint`, the last (with the remainder) as is."""
+    size = len(modules) // segments
+
+    def run(part):
+        def forward(value):
+            for module in part:
+                value = module(value)
+            return value
+        return forward
+
+    for start in range(0, size * (segments - 1), size):
+        x = checkpoint(run(modules[start:start + size]), x)
+    return run(modules[size * (segments - 1):])(x)
+
+
+def _checkpoint(model: torch.nn.Module, selective: bool = False) -> None:
     """Wrap `checkpoint_targets(model)` in non-reentrant checkpoints (random state preserved: dropout
-    draws the same masks in recomputation)."""
-    from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+    draws the same masks in recomputation); `selective`, with torch-sac's policy (`_sac_contexts`)."""
+    from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-    def wrap(module: torch.nn.Module) -> None:
-        module.forward = functools.partial(checkpoint, module.forward, use_reentrant=False)
-
+    checkpoint = functools.partial(torch_checkpoint, use_reentrant=False,
+                                   **({"context_fn": _sac_contexts} if selective else {}))
     for target in checkpoint_targets(model):
         if target.segments > 1:
-            sequential, segments = target.module, target.segments
-            sequential.forward = functools.partial(
-                lambda sequential, segments, x: checkpoint_sequential(sequential, segments, x, use_reentrant=False),
-                sequential, segments)
+            target.module.forward = functools.partial(_segments_checkpointed, checkpoint, list(target.module),
+                                                      target.segments)
         elif target.whole:
-            wrap(target.module)
+            target.module.forward = functools.partial(checkpoint, target.module.forward)
         else:
             for block in target.module.children():
-                wrap(block)
+                block.forward = functools.partial(checkpoint, block.forward)
+
+
+def split_batch(batch: tuple, parts: int) -> list[tuple]:
+    """The batch as `parts` equal micro-batches along the first dimension of its tensors (those of the
+    first tensor's length; anything else is passed whole to each), or NotApplicable."""
+    from benchlib.measure.case_child import NotApplicable
+
+    tensors = [item for item in batch if isinstance(item, torch.Tensor) and item.dim() > 0]
+    if not tensors:
+        raise NotApplicable("the batch holds no tensor with a batch dimension to split into micro-batches")
+    size = tensors[0].shape[0]
+    if size < parts or size % parts:
+        raise NotApplicable(f"the batch of {size} samples does not split into {parts} equal micro-batches")
+    split = [item.chunk(parts) if isinstance(item, torch.Tensor) and item.dim() > 0 and item.shape[0] == size
+             else None for item in batch]
+    return [tuple(item if chunks is None else chunks[index] for item, chunks in zip(batch, split))
+            for index in range(parts)]
+
+
+def microbatch_scale(model: torch.nn.Module, loss: Callable, batch: tuple, chunks: list[tuple]) -> float:
+    """What each micro-batch's loss is multiplied by so that the accumulated gradient is the full batch's:
+    1/k when the batch's loss is the mean of its k micro-batches' losses, 1 when it is their sum, else
+    NotApplicable (the loss uses statistics of the whole batch, BatchNorm's say). Checked once, without
+    gradients, dropout off, the random stream and the model's buffers left as they were."""
+    from benchlib.measure.case_child import NotApplicable
+
+    stochastic = {name for name in stochastic_modules(model)}
+    dropping = [module for name, module in model.named_modules() if (name or type(module).__name__) in stochastic]
+    buffers = [(buffer, buffer.clone()) for buffer in model.buffers()]
+    try:
+        for module in dropping:
+            module.train(False)
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            whole = float(loss(model, *batch))
+            parts = [float(loss(model, *chunk)) for chunk in chunks]
+    finally:
+        for module in dropping:
+            module.train(True)
+        for buffer, saved in buffers:
+            buffer.copy_(saved)
+    total, count = sum(parts), len(parts)
+    if math.isclose(whole, total / count, rel_tol=1e-4, abs_tol=1e-7):
+        return 1.0 / count
+    if math.isclose(whole, total, rel_tol=1e-4, abs_tol=1e-7):
+        return 1.0
+    raise NotApplicable(f"the batch's loss ({whole:.6g}) is neither the mean ({total / count:.6g}) nor the sum "
+                        f"({total:.6g}) of its {count} micro-batches' losses: the step uses statistics of the whole "
+                        "batch (BatchNorm, say), so micro-batches would compute another step")
 
 
 class _Loss(torch.nn.Module):
@@ -220,8 +326,14 @@ class Step:
                 p.register_post_accumulate_grad_hook(functools.partial(self._fused_step, name, fused))
         else:
             self.optimizers = [optimizer(p for _, p in self.named)] if optimizer is not None else []
-        if engine == TORCH_CHECKPOINT:
-            _checkpoint(model)
+        if engine in (TORCH_CHECKPOINT, TORCH_SAC):
+            _checkpoint(model, selective=engine == TORCH_SAC)
+        self.final_pass = True  # False while a micro-batch other than the last runs: its gradients are partial
+        if engine == TORCH_MICROBATCH:
+            self.chunks = split_batch(batch, MICROBATCHES)
+            self.scale = microbatch_scale(model, loss, batch, self.chunks)
+        first = next((p for _, p in self.named), None)
+        self.device_type = first.device.type if first is not None else "cpu"
         if engine == TORCH_FUNC:
             wrapper = _Loss(model, loss)
             self.detached = {f"model.{name}": p.detach() for name, p in self.named}
@@ -259,12 +371,25 @@ class Step:
                     p.grad = gradients[key]
             del gradients
         elif self.step is not None:  # the file's own step: backward, clipping, the optimizer's step, as written
-            self.step(self.model, self.optimizers[0] if self.optimizers else None, *self.batch)
+            with self._saving():
+                self.step(self.model, self.optimizers[0] if self.optimizers else None, *self.batch)
             for _, p in self.named:
                 p.grad = None
             return
+        elif self.engine == TORCH_MICROBATCH:
+            for index, chunk in enumerate(self.chunks):
+                self.final_pass = index == len(self.chunks) - 1
+                (self.loss(self.model, *chunk) * self.scale).backward()
+        elif self.engine == TORCH_AUTOCAST:
+            with torch.autocast(self.device_type, dtype=getattr(torch, AUTOCAST_DTYPE)):
+                loss = self.loss(self.model, *self.batch)
+            loss.backward()
+            del loss
         else:
-            self.loss(self.model, *self.batch).backward()
+            with self._saving():
+                loss = self.loss(self.model, *self.batch)
+            loss.backward()
+            del loss
         if self.engine == FUSED_OPTIMIZER:
             return
         for optimizer in self.optimizers:
@@ -273,11 +398,21 @@ class Step:
         for _, p in self.named:
             p.grad = None
 
+    def _saving(self):
+        """Where the forward pass saves for backward: on the host for torch-offload, else as torch does."""
+        if self.engine == TORCH_OFFLOAD:
+            return torch.autograd.graph.save_on_cpu(pin_memory=True)
+        return nullcontext()
+
+    def _observed(self, fn: Observer, name: str, parameter: torch.Tensor) -> None:
+        if self.final_pass:  # a post-accumulate-grad hook must return None
+            fn(name, parameter.grad)
+
     @contextmanager
     def observe(self, fn: Observer) -> Iterator[None]:
         handles = []
-        if self.engine in (TORCH, TORCH_CHECKPOINT):
-            handles = [p.register_post_accumulate_grad_hook(functools.partial(_observed, fn, name))
+        if self.engine in HOOKED:
+            handles = [p.register_post_accumulate_grad_hook(functools.partial(self._observed, fn, name))
                        for name, p in self.named]
         self.observer = fn
         try:
@@ -286,10 +421,6 @@ class Step:
             self.observer = None
             for handle in handles:
                 handle.remove()
-
-
-def _observed(fn: Observer, name: str, parameter: torch.Tensor) -> None:
-    fn(name, parameter.grad)  # a post-accumulate-grad hook must return None
 
 
 class LiveBytes:

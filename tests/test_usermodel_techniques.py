@@ -1,0 +1,83 @@
+"""The memory techniques as model-file engines: each computes eager torch's gradient (within its dtype's
+tolerance), and says why where it cannot apply, before any step is measured."""
+
+import pytest
+import torch
+from torch import nn
+
+from benchlib.engine_names import (TORCH, TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_MICROBATCH, TORCH_OFFLOAD,
+                                   TORCH_SAC)
+from benchlib.engines.gradients import gradient_tolerance, max_relative_error
+from benchlib.measure.case_child import NotApplicable
+from benchlib.usermodel.engines import AUTOCAST_DTYPE, MICROBATCHES, Step, microbatch_scale, not_applicable, split_batch
+
+
+def blocks(depth=4, width=16, norm=None, dtype=torch.float32):
+    torch.manual_seed(0)
+    layers = [nn.Linear(8, width)]
+    layers += [nn.Sequential(nn.Linear(width, width), nn.GELU(), norm(width) if norm else nn.Identity())
+               for _ in range(depth)]
+    return nn.Sequential(*layers, nn.Linear(width, 3)).to(dtype)
+
+
+def data(n=12, dtype=torch.float32):
+    generator = torch.Generator().manual_seed(1)
+    return torch.randn(n, 8, generator=generator, dtype=dtype), torch.randint(0, 3, (n,), generator=generator)
+
+
+def mean_loss(model, x, y):
+    return nn.functional.cross_entropy(model(x), y)
+
+
+def sum_loss(model, x, y):
+    return nn.functional.cross_entropy(model(x), y, reduction="sum")
+
+
+def gradient(engine, loss=mean_loss, model=None, batch=None):
+    step = Step(engine, model or blocks(), batch or data(), loss, None)
+    captured = {}
+    with step.observe(lambda name, g: captured.__setitem__(name, g.detach().clone())):
+        step()
+    return [captured[name] for name, _ in step.named]
+
+
+@pytest.mark.parametrize("engine", [TORCH_SAC, TORCH_MICROBATCH, TORCH_CHECKPOINT])
+@pytest.mark.parametrize("loss", [mean_loss, sum_loss])
+def test_recomputing_and_microbatching_engines_compute_eager_torchs_gradient(engine, loss):
+    assert max_relative_error(gradient(engine, loss), gradient(TORCH, loss)) <= gradient_tolerance("float32")
+
+
+def test_autocast_computes_the_gradient_within_bfloat16s_tolerance_and_not_exactly():
+    error = max_relative_error(gradient(TORCH_AUTOCAST), gradient(TORCH))
+    assert 0 < error <= gradient_tolerance(AUTOCAST_DTYPE)
+
+
+def test_each_micro_batch_loss_is_scaled_to_the_full_batchs_reduction():
+    model, batch = blocks(), data()
+    chunks = split_batch(batch, MICROBATCHES)
+    assert [chunk[0].shape[0] for chunk in chunks] == [3] * MICROBATCHES
+    assert microbatch_scale(model, mean_loss, batch, chunks) == 1 / MICROBATCHES
+    assert microbatch_scale(model, sum_loss, batch, chunks) == 1.0
+    before = torch.get_rng_state()
+    norm = blocks(norm=nn.BatchNorm1d)
+    running = norm[1][2].running_mean.clone()
+    with pytest.raises(NotApplicable, match="neither the mean .* nor the sum .* statistics of the whole batch"):
+        microbatch_scale(norm, mean_loss, batch, chunks)
+    assert torch.equal(norm[1][2].running_mean, running) and torch.equal(torch.get_rng_state(), before)
+
+
+@pytest.mark.parametrize("n, message", [(10, "10 samples does not split into 4 equal"), (2, "2 samples")])
+def test_a_batch_that_does_not_split_evenly_is_not_applicable(n, message):
+    with pytest.raises(NotApplicable, match=message):
+        Step(TORCH_MICROBATCH, blocks(), data(n), mean_loss, None)
+
+
+def test_where_a_technique_cannot_apply_it_says_why():
+    model = blocks()
+    assert "already live on the host" in not_applicable(TORCH_OFFLOAD, model, False, device_kind="cpu")
+    assert not_applicable(TORCH_OFFLOAD, model, False, device_kind="cuda") is None
+    assert "parameters are float64" in not_applicable(TORCH_AUTOCAST, blocks(dtype=torch.float64), False)
+    for engine in (TORCH_AUTOCAST, TORCH_MICROBATCH):
+        assert "runs its own forward and backward" in not_applicable(engine, model, True, has_step=True)
+    assert not_applicable(TORCH_SAC, model, True, has_step=True) is None  # it changes only what forward saves
+    assert "nothing to checkpoint" in not_applicable(TORCH_SAC, nn.Linear(2, 2), False)
