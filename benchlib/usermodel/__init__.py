@@ -16,7 +16,7 @@ from pathlib import Path
 from benchlib.benchmark import Benchmark, DeclarationError, Parameter, ParameterError
 from benchlib.trials.cases import PRECISION, trials_parameter
 from benchlib.usermodel.case import ROLE_METRICS
-from benchlib.results.plots.usermodel import memory_by_role, peak_intervals
+from benchlib.results.plots.usermodel import frontier, memory_by_role, peak_intervals
 from benchlib.usermodel.arrays import ARRAY_FORM_RUN, ArrayModelFile, array_form, check_array_form
 from benchlib.usermodel.compare import TORCH_FORM, Form, measure_model_files
 from benchlib.usermodel.loader import (ModelFileError, check_form, is_array_form, open_model_file, read_model_file,
@@ -114,8 +114,8 @@ def declaration(files: Sequence, arrays: bool, measure) -> Benchmark:
     roles = "" if arrays else ", memory by role"
     return Benchmark(
         name=model_file.name,
-        question=f"What does one gradient step of {names} cost in memory, allocations and time, "
-                 "under each engine?",
+        question=f"What does one gradient step of {names} cost in memory, allocations and time under each "
+                 "engine, and which gets it under a memory level fastest?",
         cases=f"{step} per engine, each in fresh processes, `trials` times interleaved (across versions too): peak, "
               f"time, both allocation counts, GC pauses{roles} and the gradient's error against eager torch",
         parameters=_parameters(model_file, form),
@@ -123,7 +123,7 @@ def declaration(files: Sequence, arrays: bool, measure) -> Benchmark:
         headline=HEADLINE,
         metrics=ROLE_METRICS,
         summarize=summary_table,
-        figures={"peak": peak_intervals} if arrays else {"peak": peak_intervals, "roles": memory_by_role},
+        figures={"frontier": frontier, "peak": peak_intervals, **({} if arrays else {"roles": memory_by_role})},
     )
 
 

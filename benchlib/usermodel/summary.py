@@ -13,29 +13,19 @@ from benchlib.engines.gradients import GRAD_ERROR_METRIC
 from benchlib.engines.roles import GRADIENT_METRIC, SAVED_METRIC
 from benchlib.units import format_bytes, format_seconds
 from benchlib.results.compare import trial_values
+from benchlib.results.frontier import TRACKED, _interval, deciding_peak, frontier_frame
 from benchlib.results.report import SUMMARY_COLUMN
-from benchlib.results.stats import median_interval, noise_flags, ratio_of_medians
+from benchlib.results.stats import noise_flags, ratio_of_medians
 from benchlib.trials import DETERMINISTIC, GRAD_UNCHECKED_METRIC, MAX_TRIALS, PRECISION
 from benchlib.usermodel.arrays import ARRAY_ENGINES
 from benchlib.usermodel.engines import ENGINES
 
 # The roles a step allocates (in the peak above the baseline), by the words a summary line uses.
 STEP_ROLES = {SAVED_METRIC: "saved activations", GRADIENT_METRIC: "gradients"}
-TRACKED = "tracked_peak_bytes"  # the allocation pass's peak: byte-exact, the same for the same code path
-# Below this a step's resident peak counts 4 KiB pages and the heap glibc keeps (buffers under the 128 KiB
-# mmap threshold are never returned) more than its tensors: the tracked peak decides there.
-RESIDENT_RESOLUTION = 1_000_000
 ORDER = {engine: index for index, engine in enumerate(dict.fromkeys((*ENGINES, *ARRAY_ENGINES)))}  # either form's
 COLUMNS = ["version", "engine", "status", "trials", "peak_bytes", "peak_low", "peak_high", "peak_ratio", "peak_ratio_low",
            "peak_ratio_high", "tracked_peak_bytes", "stop", "largest_role", "largest_role_bytes", "time_s", "time_low", "time_high", GRAD_ERROR_METRIC,
            SUMMARY_COLUMN]
-
-
-def _interval(values: np.ndarray) -> tuple[float, float, float]:
-    if values.size < 2:
-        return float(np.median(values)), math.nan, math.nan
-    interval = median_interval(values)
-    return interval.ratio, interval.ci_low, interval.ci_high
 
 
 def _ratio(best: np.ndarray, own: np.ndarray) -> tuple[float, float, float]:
@@ -61,17 +51,6 @@ def _stop_text(group: pd.DataFrame) -> tuple[str, str]:
              MAX_TRIALS: f"the cap{f', peak {within}' if within else ''}"}.get(reason, reason)
     count = int(stop["value"].iloc[0])
     return reason, f"  {count} trial{'' if count == 1 else 's'} ({words})"
-
-
-def deciding_peak(samples: dict) -> tuple[str, str]:
-    """Which peak ranks the engines and makes the ratios, and the words that say so: the resident peak
-    (what the process really held), unless an engine's resident peak sits below `RESIDENT_RESOLUTION`,
-    where pages and the allocator's retained heap count more than the step's tensors; then the tracked
-    peak (the allocators' own count, byte-exact), where every engine has one."""
-    small = [engine for engine, metrics in samples.items() if not np.median(metrics["peak_bytes"]) >= RESIDENT_RESOLUTION]
-    if small and all(TRACKED in metrics and np.all(metrics[TRACKED] > 0) for metrics in samples.values()):
-        return TRACKED, f"tracked peak (resident < {format_bytes(RESIDENT_RESOLUTION)}: page resolution)"
-    return "peak_bytes", "resident peak"
 
 
 def _noise_words(times: np.ndarray) -> str:
@@ -173,9 +152,28 @@ def _versus(samples: dict, version: str, baseline: str) -> list[dict]:
     return rows
 
 
+def _frontier_rows(records: pd.DataFrame, version: str, prefix: str) -> list[dict]:
+    """The answer to "which engine gets the step under a memory level, fastest?": the frontier engines
+    (`frontier_frame`) from the lowest peak up, each the fastest of those that fit under its peak."""
+    frame = frontier_frame(records)
+    frame = frame[frame["pareto"]].sort_values("peak")
+    if len(frame) < 1 or frontier_frame(records)["engine"].nunique() < 2:
+        return []
+    by = "tracked" if frame["peak_metric"].iloc[0] == TRACKED else "resident"
+    rows = [{"version": version, "status": "frontier",
+             SUMMARY_COLUMN: f"{prefix}fastest within a memory level ({by} peak; engines whose gradient was checked):"}]
+    for row in frame.itertuples():
+        time = f"{format_seconds(row.time)}{_bracket(row.time_low, row.time_high, format_seconds)}/step"
+        rows.append({"version": version, "engine": row.engine, "status": "frontier", "trials": row.trials,
+                     "peak_bytes": row.peak, "peak_low": row.peak_low, "peak_high": row.peak_high,
+                     "time_s": row.time, "time_low": row.time_low, "time_high": row.time_high,
+                     SUMMARY_COLUMN: f"{prefix}  up to {format_bytes(int(row.peak)):>10}: {row.engine:<19} {time}"})
+    return rows
+
+
 def summary_table(records: pd.DataFrame) -> pd.DataFrame:
-    """The rows of every version (a case each; one version is case `step`), then each later version
-    against the first, engine by engine."""
+    """The rows of every version (a case each; one version is case `step`) with its frontier (the fastest
+    engine under each memory level), then each later version against the first, engine by engine."""
     versions = list(dict.fromkeys(records["case"]))
     samples, rows = {}, []
     for version in versions:
@@ -187,6 +185,7 @@ def summary_table(records: pd.DataFrame) -> pd.DataFrame:
                 samples[version][engine] = metrics
         prefix = f"{version}: " if len(versions) > 1 else ""
         rows += [{"version": version, **row} for row in _version_rows(group, samples[version], prefix)]
+        rows += _frontier_rows(group, version, prefix)
     for version in versions[1:]:
         rows += _versus(samples, version, versions[0])
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -10,7 +10,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from benchlib.engine_names import (AUTOGRAD, BENCHLIB_CHECKPOINT, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, FUSED_OPTIMIZER,
-                                   MANUAL, MANUAL_SEED, TORCH, TORCH_CHECKPOINT, TORCH_COMPILE, TORCH_FUNC)
+                                   MANUAL, MANUAL_SEED, TORCH, TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_COMPILE,
+                                   TORCH_FUNC, TORCH_MICROBATCH, TORCH_OFFLOAD, TORCH_SAC)
 
 # One palette for every series the notebooks draw, by the groups of names that share a figure:
 # within a group every name has a colour of its own, dark enough to read on white; names of
@@ -28,7 +29,11 @@ SERIES_COLORS = {
         TORCH_CHECKPOINT: "#e377c2",
         TORCH_COMPILE: "#ff7f0e",
         TORCH_FUNC: "#8c564b",
-        FUSED_OPTIMIZER: "#9467bd",  # a user model file's engine
+        FUSED_OPTIMIZER: "#9467bd",  # a user model file's engines, from here on
+        TORCH_SAC: "#c51b7d",
+        TORCH_AUTOCAST: "#d4a017",
+        TORCH_MICROBATCH: "#1a9850",
+        TORCH_OFFLOAD: "#5f6b7a",
         "numpy": "#b8860b",  # calibration's library variant, not an engine
     },
     "strategies": {  # mnist_ensembles

@@ -89,3 +89,46 @@ def memory_by_role(records: pd.DataFrame) -> go.Figure:
                  y_title="memory (MB)")
     fig.update_layout(barmode="stack")
     return _annotate(fig, _notes(records))
+
+
+def frontier(records: pd.DataFrame) -> go.Figure:
+    """Which engine gets the step under a memory level, and what does it cost in time? Each engine's peak
+    against its time per step, both medians with 95% intervals over trials; the frontier engines (no other
+    beats them on both) filled and joined, the others hollow, those whose gradient could not be checked grey."""
+    from benchlib.results.frontier import TRACKED, frontier_frame
+
+    table = frontier_frame(records)
+    several = table["case"].nunique() > 1
+    fig = go.Figure()
+    for index, (case, part) in enumerate(table.groupby("case", sort=False)):
+        line = part[part["pareto"]].sort_values("peak")
+        color = VERSION_COLORS[index % len(VERSION_COLORS)]
+        if len(line) > 1:
+            fig.add_trace(go.Scatter(x=line["time"] * 1e3, y=line["peak"] / MB, mode="lines", line=dict(
+                color=color if several else "#bbbbbb", dash="dot", shape="hv"), name=f"{case} frontier" if several
+                else "frontier", hoverinfo="skip"))
+        for row in part.itertuples():
+            marker_color = engine_color(row.engine) if row.checked else "#9e9e9e"
+            label = row.engine + ("" if row.checked else " (gradient not checked)")
+            fig.add_trace(go.Scatter(
+                x=[row.time * 1e3], y=[row.peak / MB], mode="markers+text", text=[label], textposition="top right",
+                name=f"{case}: {label}" if several else label, showlegend=False,
+                marker=dict(size=12, color=marker_color if row.pareto else "white",
+                            line=dict(color=marker_color, width=2), symbol="circle" if row.checked else "x"),
+                error_x=dict(type="data", array=[_half(row.time_high, row.time) * 1e3],
+                             arrayminus=[_half(row.time, row.time_low) * 1e3], color=marker_color),
+                error_y=dict(type="data", array=[_half(row.peak_high, row.peak) / MB],
+                             arrayminus=[_half(row.peak, row.peak_low) / MB], color=marker_color),
+                hovertemplate=(f"{label}: %{{y:.3f}} MB at %{{x:.2f}} ms/step over {row.trials} trials"
+                               f"{' (frontier)' if row.pareto else ''}<extra></extra>")))
+    which = "tracked" if (table["peak_metric"] == TRACKED).any() else "resident"
+    apply_layout(fig, title=f"Memory against time per step (median, 95% interval; {which} peak); filled: the frontier",
+                 x_title="time per step (ms)", y_title=f"{which} peak above baseline (MB)", height=480)
+    fig.update_xaxes(rangemode="tozero")
+    fig.update_yaxes(rangemode="tozero")
+    return _annotate(fig, _notes(records))
+
+
+def _half(high: float, low: float) -> float:
+    """One side of an error bar; 0 where there is no interval (one trial)."""
+    return 0.0 if np.isnan(high) or np.isnan(low) else max(0.0, high - low)
