@@ -61,7 +61,7 @@ def _torch_plan(model_file: ModelFile, values: dict, device) -> Plan:
     sac = checkpoint_plan(model) or {}
     return Plan(reasons, str(first.dtype).removeprefix("torch.") if first is not None else "float32",
                 {TORCH_CHECKPOINT: sac, TORCH_SAC: {**sac, "sac_saved_ops": list(SAC_SAVED_OPS)},
-                 TORCH_AUTOCAST: {"autocast": AUTOCAST_DTYPE, "update_compared": False}, TORCH_MICROBATCH: {"microbatches": MICROBATCHES}},
+                 TORCH_AUTOCAST: {"autocast": AUTOCAST_DTYPE, "update_compared": False}, TORCH_MICROBATCH: {"microbatches": MICROBATCHES, "update_compared": False}},
                 {"stochastic_modules": stochastic} if stochastic else {},
                 engine_dtypes={TORCH_AUTOCAST: AUTOCAST_DTYPE})
 
