@@ -97,6 +97,16 @@ for _name, _unit, _kind, _meaning in (
      "(one cudaMalloc each; 0 once its cache holds a step)"),
     (CUDA_ALLOC_RETRIES, "count", "count", "times a cudaMalloc failed in the timed calls and the allocator freed its "
      "cache to retry (fragmentation under memory pressure: each retry synchronises the device)"),
+    # `benchlib fit` (benchlib.usermodel.fit): the largest value of a parameter under a memory limit
+    ("fit_total_bytes", "B", "memory", "total memory of one step at params.value of the parameter params.scale: on CUDA "
+     "the allocator's reserved peak, on the CPU the process's resident high-water mark (params.total says which)"),
+    ("predicted_total_bytes", "B", "memory", "the size model's total at params.value (params.model: linear or quadratic)"),
+    ("fit_check_error", "ratio", "check", "relative error of the size model, fitted to the smaller points, at the "
+     "largest measured one: how far its extrapolation was off where it could be checked"),
+    ("max_fitting", "", "setting", "the largest value of params.scale whose predicted total stays under params.limit "
+     "bytes (0: not even the smallest value measured)"),
+    ("fit_verify_error", "ratio", "check", "(predicted - measured) / measured total at the largest fitting value, "
+     "measured for real (`benchlib fit --verify`; params.predicted, params.measured)"),
     # allocation sites (benchlib.results.sites; an attribution pass, --attribute)
     ("site_bytes", "B", "memory", "bytes one source line accounts for in an attribution pass (repeat = its rank): "
      "live at the pass's peak (params.kind peak), freed soon after being made (temporary) or allocated in all "

@@ -139,6 +139,28 @@ def _parser() -> argparse.ArgumentParser:
     report_parser.add_argument("run", metavar="RUN", help="a run id (under --out) or a run directory")
     report_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root (default: results/)")
 
+    fit_parser = commands.add_parser(
+        "fit", parents=[debug], help="the largest batch (or sequence length) a model file's step fits in a memory limit",
+        description="Measure the step of a model file under each engine at an eighth, a quarter, a half and all of "
+                    "the --scale parameter's value (one fresh process each), fit each engine's total memory with a "
+                    "linear or quadratic size model (the one that predicts the largest point best from the others), "
+                    "and print the largest value predicted to fit --memory, the fastest engine first. Total memory: "
+                    "the allocator's reserved peak on CUDA, the process's resident high-water mark on the CPU. "
+                    "Exit status: 0 some engine fits, 1 none fits at the smallest value, 2 refused.")
+    fit_parser.add_argument("file", metavar="FILE", help="a model file in the torch form (see `benchlib new`)")
+    fit_parser.add_argument("--memory", required=True, metavar="SIZE", help="the limit: '24 GB', '80 GiB', bytes")
+    fit_parser.add_argument("--scale", required=True, metavar="PARAM",
+                            help="an integer parameter of the file that memory grows with (batch_size, seq_len)")
+    fit_parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    fit_parser.add_argument("--engines", default=None, metavar="A,B", help="engines to fit (default: all of the form's)")
+    fit_parser.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
+                            help="a parameter value, as for run (the --scale one sets the largest value measured)")
+    fit_parser.add_argument("--verify", action="store_true",
+                            help="measure the best engine at its largest fitting value (where this machine has the "
+                                 "memory) and print predicted against measured")
+    fit_parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                            help="root for the run directory its records and report go to (default: results/)")
+
     merge_parser = commands.add_parser(
         "merge-records", parents=[debug], help="rebuild a run's records.parquet from its per-notebook records/*.parquet",
         description="Rebuild RUN/records.parquet from RUN/records/*.parquet (e.g. after a crash or a corrupt file); "
@@ -238,6 +260,12 @@ def _command(arguments: argparse.Namespace, argv: Sequence[str] | None) -> int:
         return results_commands.report_command(arguments.run, arguments.out)
     if arguments.command == "merge-records":
         return results_commands.merge_records_command(arguments.run, arguments.out)
+    if arguments.command == "fit":
+        from benchlib.runner.fit_command import fit_command
+
+        return fit_command(arguments.file, memory=arguments.memory, scale=arguments.scale, device=arguments.device,
+                           engines=arguments.engines, params=_params(arguments.param), verify=arguments.verify,
+                           out=arguments.out)
     if arguments.command == "new":
         return _new(arguments.file, arguments.form)
     return _run(arguments, argv)

@@ -132,3 +132,39 @@ def frontier(records: pd.DataFrame) -> go.Figure:
 def _half(high: float, low: float) -> float:
     """One side of an error bar; 0 where there is no interval (one trial)."""
     return 0.0 if np.isnan(high) or np.isnan(low) else max(0.0, high - low)
+
+
+def fit_figure(records: pd.DataFrame) -> go.Figure:
+    """`benchlib fit`: where does each engine's total memory cross the limit? Per engine its measured totals
+    (markers) and its size model's prediction (line) against the scale parameter, the limit as a line, the
+    largest fitting value marked."""
+    import json
+
+    measured = records[records["metric"] == "fit_total_bytes"]
+    predicted = records[records["metric"] == "predicted_total_bytes"]
+    largest = records[records["metric"] == "max_fitting"]
+    params = json.loads(measured["params"].iloc[0]) if len(measured) else {}
+    scale, limit = params.get("scale", "value"), params.get("limit")
+    fig = go.Figure()
+    for engine, rows in measured.groupby("variant", sort=False):
+        color = engine_color(engine)
+        values = rows["params"].map(lambda text: json.loads(text)["value"])
+        fig.add_trace(go.Scatter(x=values, y=rows["value"] / MB, mode="markers", name=f"{engine} measured",
+                                 legendgroup=engine, marker=dict(color=color, size=9),
+                                 hovertemplate=f"{engine}: %{{y:.1f}} MB at {scale}=%{{x}}<extra>measured</extra>"))
+        curve = predicted[predicted["variant"] == engine]
+        if len(curve):
+            model = json.loads(curve["params"].iloc[0]).get("model", "")
+            x = curve["params"].map(lambda text: json.loads(text)["value"])
+            fig.add_trace(go.Scatter(x=x, y=curve["value"] / MB, mode="lines", name=f"{engine} {model} model",
+                                     legendgroup=engine, line=dict(color=color, dash="dash"),
+                                     hovertemplate=f"{engine}: %{{y:.1f}} MB at {scale}=%{{x}}<extra>predicted</extra>"))
+        best = largest[largest["variant"] == engine]["value"]
+        if len(curve) and len(best) and 0 < best.iloc[0] <= x.max():
+            fig.add_vline(x=float(best.iloc[0]), line=dict(color=color, dash="dot", width=1))
+    if limit is not None:
+        fig.add_hline(y=limit / MB, line=dict(color="#d62728", width=2),
+                      annotation_text=f"limit {limit / MB:,.0f} MB", annotation_position="top left")
+    apply_layout(fig, title=f"Total memory of one step against {scale}: measured, and each engine's size model "
+                            "(dotted: its largest fitting value)", x_title=scale, y_title="total memory (MB)", height=480)
+    return fig

@@ -1,0 +1,319 @@
+"""`benchlib fit`: the largest value of an integer parameter (a batch size, a sequence length) at which a
+model file's step fits a memory limit, under each engine, predicted and checked.
+
+Each engine's step is measured at a few values of the parameter (an eighth, a quarter, a half and all of
+the value it is given), one fresh process each. Its total memory is then fitted by a size model. Two
+models are tried: linear in the parameter (a batch) and quadratic (attention over a sequence length).
+Each is fitted to the smaller points and judged by how well it predicts the largest measured one, so the
+model is checked, not assumed. The chosen model, refitted to every point, says where the total crosses
+the limit. `verify` measures the best engine at that value when the machine has the memory, and reports
+predicted against measured.
+
+Total memory, defined once: on CUDA the caching allocator's reserved peak (`cuda_reserved_peak_bytes`),
+which is what an out-of-memory error is about; on the CPU the step process's resident high-water mark
+(its resident memory before the step plus the step's peak above it), which includes the interpreter and
+torch, since those must fit too.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchlib.results.metrics import CUDA_RESERVED_PEAK
+from benchlib.units import format_bytes, format_seconds
+
+FRACTIONS = (1 / 8, 1 / 4, 1 / 2, 1)  # of the parameter's given value: the points measured
+MIN_POINTS = 3  # a model checked on a held-out point needs two to fit and one to predict
+WARMUP, STEPS = 1, 3
+LINEAR, QUADRATIC = "linear", "quadratic"
+SEARCH_LIMIT = 2 ** 40  # the largest value `max_fitting` looks at: a total that does not grow fits "at any value"
+
+
+class FitError(ValueError):
+    """A fit that cannot be asked as written (an unknown or non-integer parameter, a value too small to
+    measure at three points, a size that does not parse): refused before anything is measured."""
+
+
+@dataclass(frozen=True)
+class SizeModel:
+    """total(v) as a polynomial in v (`coefficients`, highest power first, np.polyval's order), chosen by
+    `check_error`: the relative error with which, fitted to the other points, it predicted the largest."""
+
+    kind: str
+    coefficients: tuple[float, ...]
+    check_error: float
+
+    def __call__(self, value: float) -> float:
+        return float(np.polyval(self.coefficients, value))
+
+    def largest_under(self, limit: float, start: int) -> int | None:
+        """The largest integer v >= `start` whose predicted total is at most `limit` (None when not even
+        `start`; `SEARCH_LIMIT` when the total does not reach the limit there)."""
+        if self(start) > limit:
+            return None
+        low, high = start, start
+        while high < SEARCH_LIMIT and self(high) <= limit:
+            low, high = high, high * 2
+        if self(high) <= limit:
+            return SEARCH_LIMIT
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if self(middle) <= limit else (low, middle)
+        return low
+
+
+def choose_model(values: Sequence[float], totals: Sequence[float]) -> SizeModel:
+    """The size model of one engine: linear, or quadratic where it predicts the largest point better from
+    the others (four points or more). Refitted to every point once chosen."""
+    x, y = np.asarray(values, float), np.asarray(totals, float)
+    if x.size < MIN_POINTS:
+        raise FitError(f"a size model needs {MIN_POINTS} measured points, got {x.size}")
+    order = np.argsort(x)
+    x, y = x[order], y[order]
+    candidates = [(LINEAR, 1)] + ([(QUADRATIC, 2)] if x.size >= 4 else [])
+    errors = {}
+    for kind, degree in candidates:
+        predicted = float(np.polyval(np.polyfit(x[:-1], y[:-1], degree), x[-1]))
+        errors[kind] = abs(predicted - y[-1]) / y[-1] if y[-1] else math.inf
+    kind = min(errors, key=errors.get)
+    degree = dict(candidates)[kind]
+    return SizeModel(kind, tuple(float(c) for c in np.polyfit(x, y, degree)), errors[kind])
+
+
+@dataclass
+class EngineFit:
+    """One engine: its measured points (value, total bytes, seconds per step), its size model, and the
+    largest value predicted to fit; `reason` where it could not be fitted (not applicable, failed)."""
+
+    engine: str
+    points: list[tuple[int, int, float]] = field(default_factory=list)
+    model: SizeModel | None = None
+    max_fitting: int | None = None
+    reason: str = ""
+
+    def seconds_per_sample(self, value: int) -> tuple[float, str]:
+        """Time per step over the value, measured at the largest measured value at or below `value` (per-sample
+        time falls as the value grows, so beyond the points this is an upper bound, and the label says where)."""
+        at = max((point for point in self.points if point[0] <= value), default=self.points[0])
+        return at[2] / at[0], "measured" if at[0] == value else f"measured at {at[0]}"
+
+
+@dataclass
+class FitResult:
+    """`fit`'s answer: every engine's fit, the best (the largest value, then the least time per sample),
+    and, with `verify`, the best engine measured at its value."""
+
+    name: str
+    scale: str
+    limit: int
+    device: str
+    total: str
+    engines: list[EngineFit]
+    verified: dict | None = None
+
+    @property
+    def fitted(self) -> list[EngineFit]:
+        return [fit for fit in self.engines if fit.max_fitting is not None]
+
+    @property
+    def best(self) -> EngineFit | None:
+        return max(self.fitted, key=lambda fit: (fit.max_fitting, -fit.seconds_per_sample(fit.max_fitting)[0]),
+                   default=None)
+
+    def lines(self) -> list[str]:
+        """The answer first, then one line per engine, then the verification."""
+        limit = format_bytes(self.limit)
+        best = self.best
+        if best is None:
+            lines = [f"{self.name}: no engine fits {limit} ({self.total}) even at the smallest {self.scale} measured"]
+        else:
+            seconds, label = best.seconds_per_sample(best.max_fitting)
+            lines = [f"{self.name}: the largest {self.scale} under {limit} ({self.total}) is "
+                     f"{_value(best.max_fitting)}, with {best.engine} ({format_seconds(seconds)} per sample, {label})"]
+        for fit in self.engines:
+            if fit.model is None:
+                lines.append(f"  {fit.engine:<19} {fit.reason}")
+                continue
+            measured = ", ".join(f"{v}: {format_bytes(total)}" for v, total, _ in fit.points)
+            where = ("does not fit at the smallest value measured" if fit.max_fitting is None else
+                     f"up to {self.scale}={_value(fit.max_fitting)}")
+            per = ""
+            if fit.max_fitting is not None:
+                seconds, label = fit.seconds_per_sample(fit.max_fitting)
+                per = f"  {format_seconds(seconds)} per sample ({label})"
+            lines.append(f"  {fit.engine:<19} {where}{per}  {fit.model.kind} model, predicted the largest point "
+                         f"within {100 * fit.model.check_error:.1f}%  (measured {measured})")
+        if self.verified:
+            v = self.verified
+            lines.append(f"verified: {v['engine']} at {self.scale}={v['value']}: predicted {format_bytes(v['predicted'])}, "
+                         f"measured {format_bytes(v['measured'])} (error {100 * v['error']:+.1f}%)")
+        return lines
+
+    def curve_values(self, fit: EngineFit) -> list[int]:
+        """Where the records hold the model's prediction: the measured values, the largest fitting one, and
+        a grid out to a little past it (at most 8x the largest measured value), for the figure's curve."""
+        measured = [v for v, _, _ in fit.points]
+        reach = min(max(fit.max_fitting or 0, max(measured)) * 1.25, 8 * max(measured))
+        grid = {int(round(v)) for v in np.linspace(min(measured), reach, 24)}
+        return sorted(grid | set(measured) | ({fit.max_fitting} if fit.max_fitting and fit.max_fitting < SEARCH_LIMIT
+                                              else set()))
+
+    def records(self) -> list[dict]:
+        """Tidy rows: per engine and measured value its total, per engine the model's check error and the
+        largest fitting value, and the verification's error."""
+        from benchlib.results import make_record
+
+        rows = []
+        for fit in self.engines:
+            labels = dict(benchmark=self.name, case=f"fit {self.scale}", engine=fit.engine, device=self.device,
+                          dtype="float32")
+            common = {"scale": self.scale, "limit": self.limit, "total": self.total}
+            for value, total, seconds in fit.points:
+                rows.append(make_record(**labels, metric="fit_total_bytes", value=float(total), unit="B",
+                                        params={**common, "value": value}))
+                rows.append(make_record(**labels, metric="time", value=seconds, unit="s", params={**common, "value": value}))
+            if fit.model is not None:
+                for value in self.curve_values(fit):
+                    rows.append(make_record(**labels, metric="predicted_total_bytes", value=fit.model(value), unit="B",
+                                            params={**common, "value": value, "model": fit.model.kind}))
+                rows.append(make_record(**labels, metric="fit_check_error", value=fit.model.check_error, unit="ratio",
+                                        params={**common, "model": fit.model.kind}))
+                rows.append(make_record(**labels, metric="max_fitting", value=float(fit.max_fitting or 0), unit="",
+                                        params={**common, "model": fit.model.kind}))
+            if self.verified and self.verified["engine"] == fit.engine:
+                rows.append(make_record(**labels, metric="fit_verify_error", value=self.verified["error"], unit="ratio",
+                                        params={**common, "value": self.verified["value"],
+                                                "predicted": self.verified["predicted"],
+                                                "measured": self.verified["measured"]}))
+        return rows
+
+
+def _value(value: int) -> str:
+    return "any value" if value >= SEARCH_LIMIT else str(value)
+
+
+def scale_points(value: Any, scale: str) -> list[int]:
+    """The values of `scale` measured: `FRACTIONS` of its given value, distinct, at least 1."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FitError(f"--scale {scale}: its value is {value!r}; a scale parameter is an integer (a batch size, "
+                       "a sequence length)")
+    points = sorted({max(1, round(value * fraction)) for fraction in FRACTIONS})
+    if len(points) < MIN_POINTS:
+        raise FitError(f"--scale {scale}={value} gives only {len(points)} distinct values to measure "
+                       f"({points}); give a value of 8 or more with -p {scale}=N")
+    return points
+
+
+def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engines: Sequence[str] | None = None,
+        params: Mapping[str, Any] | None = None, verify: bool = False,
+        progress: Callable[[str], None] = print) -> FitResult:
+    """Fit every engine of the model file at `path` (the torch form) to the memory limit `memory` (bytes,
+    or "24 GB", "80 GiB"...) over the integer parameter `scale`; see the module's docstring."""
+    from benchlib.measure import resolve_device
+    from benchlib.usermodel import declare_model_files
+    from benchlib.usermodel.gate import parse_bytes
+    from benchlib.usermodel.compare import TORCH_FORM
+
+    try:
+        limit = parse_bytes(memory)
+    except ValueError as error:
+        raise FitError(f"--memory: {error}") from None
+    benchmark, (model_file,), form = declare_model_files([path])
+    if form is not TORCH_FORM:
+        raise FitError(f"{model_file.path}: fit takes a model file in the torch form (this one is in the array form)")
+    if scale not in model_file.parameters:
+        raise FitError(f"--scale {scale!r} is not a parameter of {model_file.path.name}; its parameters: "
+                       f"{', '.join(model_file.parameters) or 'none'}")
+    chosen = list(engines or form.engines)
+    unknown = [engine for engine in chosen if engine not in form.engines]
+    if unknown:
+        raise FitError(f"unknown engine(s) {', '.join(unknown)}; valid: {', '.join(form.engines)}")
+    by_name = {parameter.name: parameter for parameter in benchmark.parameters}
+    typed = {name: by_name[name].parse(value) if isinstance(value, str) and name in by_name else value
+             for name, value in (params or {}).items()}  # -p text, as `run` reads it
+    values = benchmark.config(typed).plain()
+    values = {name: values[name] for name in model_file.parameters}
+    points = scale_points(values[scale], scale)
+    target = resolve_device(device)
+    total = "the allocator's reserved peak" if target.is_cuda else "the process's resident high-water mark"
+    fits = [EngineFit(engine) for engine in chosen]
+    plan_reasons = form.plan(model_file, values, target).reasons
+    for engine_fit in fits:
+        engine_fit.reason = plan_reasons.get(engine_fit.engine, "")
+    skipped: dict[str, list[str]] = {fit.engine: [] for fit in fits}
+    for value in points:
+        for engine_fit in fits:
+            if engine_fit.reason:
+                continue
+            outcome = _measure(model_file, engine_fit.engine, {**values, scale: value}, target)
+            if isinstance(outcome, str):  # at this value only (micro-batches need a multiple of their count)
+                skipped[engine_fit.engine].append(f"{scale}={value}: {outcome}")
+                progress(f"{model_file.name} {engine_fit.engine} {scale}={value}: {outcome}")
+                continue
+            engine_fit.points.append((value, *outcome))
+            progress(f"{model_file.name} {engine_fit.engine} {scale}={value}: {format_bytes(outcome[0])}, "
+                     f"{format_seconds(outcome[1])}/step")
+    for engine_fit in fits:
+        if len(engine_fit.points) < MIN_POINTS and not engine_fit.reason:
+            engine_fit.reason = (f"{len(engine_fit.points)} of {len(points)} values measured, {MIN_POINTS} needed: "
+                                 + "; ".join(skipped[engine_fit.engine]))
+        if not engine_fit.reason:
+            engine_fit.model = choose_model([v for v, _, _ in engine_fit.points], [t for _, t, _ in engine_fit.points])
+            smallest_total = engine_fit.points[0][1]
+            engine_fit.max_fitting = (None if smallest_total > limit
+                                      else engine_fit.model.largest_under(limit, engine_fit.points[0][0]))
+    result = FitResult(model_file.name, scale, limit, target.name, total, fits)
+    best = result.best
+    if verify and best is not None:
+        result.verified = _verify(model_file, best, {**values}, scale, target, progress)
+    return result
+
+
+def _measure(model_file, engine: str, values: dict, device) -> tuple[int, float] | str:
+    """(total bytes, median seconds per step) of one engine's step at `values`, in a fresh process, or why not."""
+    from benchlib.engines import case_imports
+    from benchlib.measure import CaseFailed, CaseNotApplicable, IsolationOptions, run_isolated
+    from benchlib.usermodel.compare import TARGET
+
+    with tempfile.TemporaryDirectory(prefix="benchlib-fit-") as gradients:
+        try:
+            result = run_isolated(TARGET, {"path": str(model_file.path), "engine": engine, "values": values,
+                                           "gradient_dir": gradients},
+                                  name=f"{model_file.name}/{engine}", device=device.name,
+                                  options=IsolationOptions(warmup=WARMUP, repeats=STEPS, timeline=False,
+                                                           preload=case_imports(engine, device)))
+        except CaseNotApplicable as refused:
+            return f"not applicable: {refused.reason}"
+        except CaseFailed as failed:
+            return f"failed: {failed.reason}"
+    measurement = result.measurement
+    if device.is_cuda:
+        return int(measurement.cuda_allocator[CUDA_RESERVED_PEAK]), measurement.median_s
+    return int((measurement.baseline_bytes or 0) + (measurement.peak_bytes or 0)), measurement.median_s
+
+
+def _verify(model_file, best: EngineFit, values: dict, scale: str, device, progress) -> dict | None:
+    """The best engine measured at its largest fitting value, where this machine has the memory for it."""
+    from benchlib.measure.isolation import available_memory
+
+    value = best.max_fitting
+    predicted = best.model(value)
+    available = available_memory(device)
+    if value >= SEARCH_LIMIT or predicted > available:
+        progress(f"verify: {best.engine} at {scale}={_value(value)} needs {format_bytes(int(predicted))}; "
+                 f"{device.name} has {format_bytes(available)} available: not measured")
+        return None
+    outcome = _measure(model_file, best.engine, {**values, scale: value}, device)
+    if isinstance(outcome, str):
+        progress(f"verify: {best.engine} at {scale}={value}: {outcome}")
+        return None
+    measured = outcome[0]
+    return {"engine": best.engine, "value": value, "predicted": int(predicted), "measured": measured,
+            "error": (predicted - measured) / measured}
