@@ -15,9 +15,13 @@ from benchlib.engine_names import FUSED_OPTIMIZER, TORCH, TORCH_CHECKPOINT, TORC
 from benchlib.results import load_records, load_run_info
 from benchlib.runner.cli import main
 from benchlib.usermodel import load_model_file, read_model_file
-from benchlib.usermodel.engines import ENGINES, LiveBytes, Step, not_applicable
+from benchlib.usermodel.engines import LiveBytes, Step, not_applicable
 from benchlib.usermodel.loader import ModelFileError
 from benchlib.usermodel.template import TEMPLATE
+
+# The engines these tests pin; the memory techniques have their own (test_usermodel_techniques.py)
+ENGINES = (TORCH, TORCH_FUNC, TORCH_CHECKPOINT, FUSED_OPTIMIZER)
+PINNED = ("-p", "engines=" + ",".join(ENGINES))
 
 GOOD = """
 import torch
@@ -211,7 +215,7 @@ def benchlib(*args, cwd):
 @pytest.mark.slow
 def test_a_model_file_runs_end_to_end_with_quick(tmp_path):
     write(tmp_path, GOOD + OPTIMIZER)
-    done = benchlib("run", "model.py", "--quick", "--device", "cpu", "--out", "out", cwd=tmp_path)
+    done = benchlib("run", "model.py", "--quick", *PINNED, "--device", "cpu", "--out", "out", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     run = next((tmp_path / "out").iterdir())
     records = load_records(run)
@@ -243,7 +247,8 @@ def test_an_error_in_the_users_code_fails_that_case_and_keeps_the_others(tmp_pat
                                     "    parameters = list(parameters)\n    assert len(parameters) > 1, 'one optimizer for "
                                     "the whole model'\n    return torch.optim.SGD(parameters, lr=0.1)")
     write(tmp_path, text)
-    done = benchlib("run", "model.py", "--quick", "-p", "trials=1", "--device", "cpu", "--out", "out", cwd=tmp_path)
+    done = benchlib("run", "model.py", "--quick", "-p", "trials=1", *PINNED, "--device", "cpu", "--out", "out",
+                    cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     records = load_records(next((tmp_path / "out").iterdir()))
     status = {row.variant: (row.metric, json.loads(row.params)["message"])

@@ -131,7 +131,7 @@ def test_profile_returns_records_summary_and_figures(tmp_path):
     assert set(profile.records["benchmark"]) == {"inline"} and profile.path.parent == tmp_path
     assert json.loads(profile.records["params"].iloc[0])["width"] == 4
     assert profile.lines[0].startswith("torch") and "peak +" in profile.lines[0]
-    assert set(profile.figures) == {"peak", "roles"}
+    assert set(profile.figures) == {"frontier", "peak", "roles"}
 
 
 def test_figures_draw_every_version_and_engine_with_intervals():

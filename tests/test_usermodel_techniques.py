@@ -81,3 +81,30 @@ def test_where_a_technique_cannot_apply_it_says_why():
         assert "runs its own forward and backward" in not_applicable(engine, model, True, has_step=True)
     assert not_applicable(TORCH_SAC, model, True, has_step=True) is None  # it changes only what forward saves
     assert "nothing to checkpoint" in not_applicable(TORCH_SAC, nn.Linear(2, 2), False)
+
+
+@pytest.mark.slow
+def test_a_run_of_the_techniques_records_each_checked_or_not_applicable_and_ends_with_the_frontier(tmp_path, capsys):
+    import json
+    import textwrap
+
+    from benchlib.results import load_records
+    from benchlib.runner.cli import main
+    from test_usermodel import GOOD, OPTIMIZER
+
+    (tmp_path / "model.py").write_text(textwrap.dedent(GOOD + OPTIMIZER))
+    engines = "torch,torch-sac,torch-autocast,torch-microbatch,torch-offload"
+    assert main(["run", str(tmp_path / "model.py"), "--quick", "-p", "n=8", "-p", f"engines={engines}",
+                 "--device", "cpu", "--out", str(tmp_path / "out")]) == 0
+    records = load_records(next((tmp_path / "out").iterdir()))
+    measured = set(records[records["metric"] == "time"]["variant"])
+    assert measured == {TORCH, TORCH_SAC, TORCH_AUTOCAST, TORCH_MICROBATCH}
+    (offload,) = records[records["metric"] == "not_applicable"].itertuples()
+    assert offload.variant == TORCH_OFFLOAD and "already live on the host" in json.loads(offload.params)["message"]
+    assert set(records[records["variant"] == TORCH_AUTOCAST]["dtype"]) == {AUTOCAST_DTYPE}
+    errors = records[records["metric"] == "grad_max_rel_err"].set_index("variant")["value"]
+    assert (errors[[TORCH_SAC, TORCH_MICROBATCH]] <= gradient_tolerance("float32")).all()
+    assert (errors[TORCH_AUTOCAST] <= gradient_tolerance(AUTOCAST_DTYPE)).all()
+    assert "update_max_rel_err" not in set(records[records["variant"].isin([TORCH_AUTOCAST, TORCH_MICROBATCH])]["metric"])
+    printed = capsys.readouterr().out
+    assert "fastest within a memory level" in printed
