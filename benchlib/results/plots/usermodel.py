@@ -110,9 +110,9 @@ def frontier(records: pd.DataFrame) -> go.Figure:
         for row in part.itertuples():
             marker_color = engine_color(row.engine) if row.checked else "#9e9e9e"
             label = row.engine + ("" if row.checked else " (gradient not checked)")
-            fig.add_trace(go.Scatter(
-                x=[row.time * 1e3], y=[row.peak / MB], mode="markers+text", text=[label], textposition="top right",
-                name=f"{case}: {label}" if several else label, showlegend=False,
+            fig.add_trace(go.Scatter(  # the answer's engines are named on the plot, every engine in the legend
+                x=[row.time * 1e3], y=[row.peak / MB], mode="markers+text" if row.pareto else "markers",
+                text=[row.engine], textposition="top right", name=f"{case}: {label}" if several else label,
                 marker=dict(size=12, color=marker_color if row.pareto else "white",
                             line=dict(color=marker_color, width=2), symbol="circle" if row.checked else "x"),
                 error_x=dict(type="data", array=[_half(row.time_high, row.time) * 1e3],
@@ -124,8 +124,10 @@ def frontier(records: pd.DataFrame) -> go.Figure:
     which = "tracked" if (table["peak_metric"] == TRACKED).any() else "resident"
     apply_layout(fig, title=f"Memory against time per step (median, 95% interval; {which} peak); filled: the frontier",
                  x_title="time per step (ms)", y_title=f"{which} peak above baseline (MB)", height=480)
-    fig.update_xaxes(rangemode="tozero")
+    right = np.nanmax(np.fmax(table["time_high"].to_numpy(float), table["time"].to_numpy(float))) if len(table) else 1.0
+    fig.update_xaxes(range=[0, right * 1e3 * 1.25])  # room for the names right of the points
     fig.update_yaxes(rangemode="tozero")
+    fig.update_layout(legend=dict(orientation="v", yanchor="top", y=1, xanchor="left", x=1.02))
     return _annotate(fig, _notes(records))
 
 
