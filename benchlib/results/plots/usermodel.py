@@ -164,9 +164,17 @@ def fit_figure(records: pd.DataFrame) -> go.Figure:
         best = largest[largest["variant"] == engine]["value"]
         if len(curve) and len(best) and 0 < best.iloc[0] <= x.max():
             fig.add_vline(x=float(best.iloc[0]), line=dict(color=color, dash="dot", width=1))
+    for row in records[records["metric"] == "fit_verify_error"].itertuples():
+        check = json.loads(row.params)
+        fig.add_trace(go.Scatter(x=[check["value"]], y=[check["measured"] / MB], mode="markers",
+                                 name=f"{row.variant} verified ({100 * row.value:+.1f}%)", legendgroup=row.variant,
+                                 marker=dict(color=engine_color(row.variant), size=14, symbol="star"),
+                                 hovertemplate=f"{row.variant}: %{{y:.1f}} MB measured at {scale}=%{{x}}, predicted "
+                                               f"{check['predicted'] / MB:.1f} MB<extra>verified</extra>"))
     if limit is not None:
         fig.add_hline(y=limit / MB, line=dict(color="#d62728", width=2),
                       annotation_text=f"limit {limit / MB:,.0f} MB", annotation_position="top left")
-    apply_layout(fig, title=f"Total memory of one step against {scale}: measured, and each engine's size model "
-                            "(dotted: its largest fitting value)", x_title=scale, y_title="total memory (MB)", height=480)
+    apply_layout(fig, title=f"Total memory of one step against {scale} (dotted: each engine's largest fitting value)",
+                 x_title=scale, y_title="total memory (MB)", height=480)
+    fig.update_layout(legend=dict(orientation="v", yanchor="top", y=1, xanchor="left", x=1.02))
     return fig
