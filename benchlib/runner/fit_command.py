@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ def fit_command(file: str, *, memory: str, scale: str, device: str, engines: str
     from benchlib.usermodel.fit import fit
 
     chosen = [name.strip() for name in engines.split(",") if name.strip()] if engines else None
+    started = time.monotonic()
     result = fit(file, memory=memory, scale=scale, device=device, engines=chosen, params=params, verify=verify)
     print("\n".join(result.lines()))
     name = f"{result.name}_fit"
@@ -31,7 +33,8 @@ def fit_command(file: str, *, memory: str, scale: str, device: str, engines: str
     frame = run.save_records(result.records(), result.name)
     run.save_table(pd.DataFrame({SUMMARY_COLUMN: result.lines()}), f"{result.name}{HEADLINE_SUFFIX}")
     run.save_figure(fit_figure(frame), name)
-    run.record_notebook(name, status="ok", benchmarks=[result.name], path=str(Path(file).resolve()))
+    run.record_notebook(name, status="ok", benchmarks=[result.name], path=str(Path(file).resolve()),
+                        duration_s=round(time.monotonic() - started, 3))
     run.finish(interrupted=False)
     print(f"report: {write_report(run.path)}")
     return EXIT_FITS if result.best is not None else EXIT_NONE_FITS
