@@ -341,19 +341,26 @@ def test_run_grid_labels_every_record_with_the_synthetic_data_source(data):
     assert abs(naive_counts[0] - naive_counts[1]) < 10 * SMALL.n_nets, naive_counts
 
 
-def test_a_spent_deadline_keeps_each_groups_first_round_and_says_the_rest_stopped_at_the_budget(data):
+def test_a_spent_deadline_keeps_the_first_round_and_lists_the_cells_it_could_not_afford_as_not_run(data):
     import time
 
     from benchlib.trials.stopping import Deadline
 
     grid = E.Grid(strategies=("naive", "batched_vmap"), gc_policies=("default", "freeze"), heap_sizes=(0,))
     plan = E.TrainingPlan(steps=3, warmup=1, alloc_steps=0, trials=3)
-    results = E.run_grid(data, device=CPU, config=SMALL, grid=grid, plan=plan, deadline=Deadline(time.time() - 1))
+    skipped = []
+    results = E.run_grid(data, device=CPU, config=SMALL, grid=grid, plan=plan, deadline=Deadline(time.time() - 1),
+                         not_run=skipped)
+    # the first group's first round always runs (some answer); the next group's would only overrun the budget
     assert sorted((r.labels["gc_policy"], r.strategy, r.labels["trial"]) for r in results) == [
-        (policy, strategy, 0) for policy in ("default", "freeze") for strategy in ("batched_vmap", "naive")]
+        ("default", "batched_vmap", 0), ("default", "naive", 0)]
+    assert sorted(skipped) == [("batched_vmap", "freeze", 0), ("naive", "freeze", 0)]
     stops = {(row["case"], row["variant"]): (row["value"], json.loads(row["params"])["stop"])
              for row in E.trials_run_records(results, plan.trials, CPU)}
-    assert len(stops) == 4 and set(stops.values()) == {(1.0, "budget")}
+    assert len(stops) == 2 and set(stops.values()) == {(1.0, "budget")}
+    rows = E.not_run_records(skipped, CPU, {"data": "synthetic"})
+    assert [row["metric"] for row in rows] == ["not_run", "not_run"]
+    assert {row["case"].split("|")[1] for row in rows} == {"gc=freeze"} and "budget" in json.loads(rows[0]["params"])["message"]
     full = E.run_grid(data, device=CPU, config=SMALL, grid=grid, plan=replace(plan, trials=2))
     assert {json.loads(row["params"])["stop"] for row in E.trials_run_records(full, 2, CPU)} == {"max_trials"}
 

@@ -69,7 +69,7 @@ from benchlib.workloads.ensembles.gc_policies import (
 )
 from benchlib.workloads.ensembles.training import (
     Grid, TrainingPlan, TrainResult, train, run_grid, thread_sweep, cycle_sweep, summary_frame, steps_frame,
-    pauses_frame, trials_run_records,
+    pauses_frame, trials_run_records, not_run_records,
 )
 from benchlib.workloads.ensembles.floor import (
     matmul_flops, calibration_flop_rate, flop_floor, flop_floor_records,

@@ -19,7 +19,7 @@ from benchlib.workloads.ensembles.floor import calibration_flop_rate, flop_floor
 from benchlib.workloads.ensembles.gc_policies import collection_pause_records, full_collection_pauses
 from benchlib.workloads.ensembles.training import (
     Grid, TrainingPlan, cell_medians, cycle_sweep, pauses_frame, run_grid, steps_frame, summary_frame, thread_sweep,
-    trials_run_records,
+    trials_run_records, not_run_records,
 )
 
 
@@ -77,12 +77,16 @@ def _measure_study(config: Any, data, *, device, calibration, save, progress) ->
     shown = lambda result: progress(progress_line(result))  # noqa: E731
     grid = Grid(strategies=config.strategies, gc_policies=config.gc_policies, heap_sizes=config.heap_sizes)
     # under --budget, the main grid's later trials get half the notebook's time; the rest runs as declared
+    skipped: list = []
     results = run_grid(data, device=device, config=ensemble, grid=grid, plan=plan, progress=shown,
-                       deadline=Deadline.from_environment().share(2))
+                       deadline=Deadline.from_environment().share(2), not_run=skipped)
     study.trials, study.steps = summary_frame(results), steps_frame(results)
     study.summary = cell_medians(study.trials)
     study.records += [row for result in results for row in result.records(device)]
     study.records += trials_run_records(results, plan.trials, device)
+    study.records += not_run_records(skipped, device, labels)
+    for strategy, policy, heap in skipped:
+        progress(f"{strategy}|gc={policy}|heap={heap}: not run: the budget ran out before it started")
     if save is not None:
         save(study.records)
 

@@ -228,13 +228,16 @@ def run_grid(
     sweep: str | None = None,
     progress=None,
     deadline: Deadline | None = None,
+    not_run: list | None = None,
 ) -> list[TrainResult]:
     """Every cell of ``grid``, each from the same initial parameters and batches, ``plan.trials``
     times: within a policy and heap the strategies run in rounds shuffled by ``plan.order_seed``
     (`interleaved_order`), so drift falls on all of them alike; the labels carry `trial`, `trials`,
     `order_seed` and `position`. The allocation pass runs in the first trial only (its counts do not
     drift). Under a ``deadline`` (`benchlib run --budget`), the policy x heap groups share the time
-    left; a group's first round always runs, a later trial only if it fits at the group's mean so far.
+    left; the first group's first round always runs, a later group's first round cell only if the time
+    left affords it at that strategy's mean in the groups before (else its (strategy, gc policy, heap) is
+    appended to ``not_run``), and a later trial only if it fits at the group's mean so far.
 
     ``sweep`` names a side experiment (e.g. "threads") in the labels and case names, so its cells
     never share a case name with the main grid's. ``progress`` is called with each finished result.
@@ -265,6 +268,7 @@ def run_grid(
     order = interleaved_order(list(strategies), plan.trials, seed=plan.order_seed)
     results, groups = [], len(grid.heap_sizes) * len(grid.gc_policies)
     deadline = deadline or Deadline()
+    first_rounds: dict[str, list[float]] = {}  # seconds of each strategy's first-round cells, across groups
     for heap_size in grid.heap_sizes:
         with long_lived_heap(data, heap_size):
             for policy_name in grid.gc_policies:
@@ -273,6 +277,10 @@ def run_grid(
                 for position, name in enumerate(order):
                     trial = position // len(strategies)
                     if trial > 0 and not budget.affords(name):
+                        continue
+                    if trial == 0 and first_rounds.get(name) and deadline.left() < np.mean(first_rounds[name]):
+                        if not_run is not None:
+                            not_run.append((name, policy_name, heap_size))
                         continue
                     started = budget.now()
                     n_steps = plan.steps_of(name)
@@ -295,9 +303,24 @@ def run_grid(
                         strategy.close()
                     results.append(result)
                     budget.add(name, 0.0, budget.now() - started)
+                    if trial == 0:
+                        first_rounds.setdefault(name, []).append(budget.now() - started)
                     if progress is not None:
                         progress(result)
     return results
+
+
+def not_run_records(cells: Sequence[tuple[str, str, int]], device, labels: dict) -> list[dict]:
+    """A `not_run` status record per grid cell the --budget did not reach (`run_grid(..., not_run=)`), named
+    as its case would have been, so the run lists what it could not afford."""
+    from benchlib.results import status_record
+
+    threads = torch.get_num_threads()
+    return [status_record(status="not_run", message="the budget ran out before it started (benchlib run --budget)",
+                          benchmark=NAME, case=f"{strategy}|gc={policy}|heap={heap}|threads={threads}",
+                          strategy=strategy, device=device, dtype="float32",
+                          params={**labels, "strategy": strategy, "gc_policy": policy, "heap_objects": heap})
+            for strategy, policy, heap in cells]
 
 
 def trials_run_records(results: Sequence[TrainResult], trials: int, device) -> list[dict]:
