@@ -91,6 +91,16 @@ def _parser() -> argparse.ArgumentParser:
                             help="torch: an nn.Module, a batch and a loss; arrays: NumPy arrays and a loss over xp, "
                                  "run under benchlib's engines, HIPS autograd, torch and torch.func (default: torch)")
 
+    notebooks_parser = commands.add_parser(
+        "notebooks", parents=[debug], help="copy the built-in notebooks into a folder, to open in JupyterLab",
+        description="Copy the built-in notebooks (those `benchlib list` names) into DIR, created if missing; a "
+                    "notebook already there is never overwritten (exit 2, nothing copied). Open them with "
+                    "`jupyter lab DIR`; their results go to ./results of the folder you run in.")
+    notebooks_parser.add_argument("folder", type=Path, metavar="DIR", help="where to copy them")
+    notebooks_parser.add_argument("--notebooks-dir", type=Path, default=None, metavar="DIR",
+                                  help="where the notebooks are (default: the project's notebooks/, else the "
+                                       "installed copy's)")
+
     runs_parser = commands.add_parser("runs", parents=[debug], help="past runs under the results directory",
                                       description="List every run under the results root with its state and problems; "
                                                   "exit status 1 when a run's files cannot be read (the problem column).")
@@ -186,6 +196,27 @@ def _list(names: Sequence[str], notebooks_dir: Path | None) -> int:
     return 0
 
 
+def _copy_notebooks(folder: Path, notebooks_dir: Path | None) -> int:
+    import shutil
+
+    from benchlib.runner.notebooks import available_notebooks, find_project_notebooks
+
+    source = notebooks_dir or find_project_notebooks()
+    notebooks = available_notebooks(source)
+    taken = [name for name in notebooks if (folder / f"{name}.ipynb").exists()]
+    if taken:
+        raise RunnerError(f"{folder} already holds {', '.join(f'{name}.ipynb' for name in taken)}; benchlib notebooks "
+                          "never overwrites a notebook (choose an empty folder)")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, path in notebooks.items():
+            shutil.copyfile(path, folder / f"{name}.ipynb")
+    except OSError as error:
+        raise RunnerError(f"{folder} cannot be written: {error.strerror}") from None
+    print(f"copied {len(notebooks)} notebooks from {source} to {folder}: {', '.join(notebooks)}")
+    return 0
+
+
 def _new(path: Path, form: str) -> int:
     from benchlib.usermodel.template import ARRAY_TEMPLATE, TEMPLATE
 
@@ -268,6 +299,8 @@ def _command(arguments: argparse.Namespace, argv: Sequence[str] | None) -> int:
                            out=arguments.out)
     if arguments.command == "new":
         return _new(arguments.file, arguments.form)
+    if arguments.command == "notebooks":
+        return _copy_notebooks(arguments.folder, arguments.notebooks_dir)
     return _run(arguments, argv)
 
 

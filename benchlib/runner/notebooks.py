@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,10 +61,34 @@ class NotebookSpec:
         return {**config, **injected}
 
 
+INSTALLED_NOTEBOOKS = Path("share") / "benchlib" / "notebooks"  # the wheel's data files (pyproject.toml)
+
+
+def installed_notebooks() -> Path | None:
+    """Where an installed copy of benchlib (a wheel, not an editable checkout) keeps its built-in notebooks,
+    whatever the scheme: where its install record says, under the environment's prefix, the user base, or
+    beside the package (pip --target)."""
+    import site
+    from importlib import metadata
+
+    candidates = []
+    try:
+        candidates += [Path(str(file.locate())).parent for file in metadata.files("benchlib") or []
+                       if file.suffix == ".ipynb" and INSTALLED_NOTEBOOKS.as_posix() in file.as_posix()][:1]
+    except metadata.PackageNotFoundError:
+        pass
+    candidates += [Path(sys.prefix) / INSTALLED_NOTEBOOKS, Path(site.getuserbase()) / INSTALLED_NOTEBOOKS,
+                   Path(__file__).resolve().parents[2] / INSTALLED_NOTEBOOKS]
+    return next((folder.resolve() for folder in candidates if any(folder.glob("*.ipynb"))), None)
+
+
 def find_project_notebooks() -> Path:
-    """`notebooks/` of the project containing the working directory, else the one beside the package."""
+    """`notebooks/` of the project containing the working directory, else those of the installed copy, else
+    the folder beside the package (a checkout)."""
     project = find_project_root()
-    return (project or Path(__file__).resolve().parents[2]) / "notebooks"
+    if project is not None:
+        return project / "notebooks"
+    return installed_notebooks() or Path(__file__).resolve().parents[2] / "notebooks"
 
 
 def available_notebooks(notebooks_dir: Path) -> dict[str, Path]:
