@@ -22,7 +22,7 @@ LAYERS = (
     ("workloads",),
     ("registry",),
     ("runner", "pytest_plugin"),
-    ("__init__",),
+    ("__init__", "__main__"),
 )
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 
