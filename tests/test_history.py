@@ -133,9 +133,10 @@ def test_bad_input_is_refused_with_one_line(tmp_path, capsys):
         refused("--out", str(tmp_path / "four"), "--metric", "peak")
     assert "unknown benchmark dot; the runs hold: mlp" in refused("--out", str(tmp_path / "four"), "--benchmark", "dot")
     assert "--threshold" in refused("--out", str(tmp_path / "four"), "--threshold", "0")
-    _write_runs(tmp_path / "nogit", [1000.0] * 4, commits=False)
-    error = refused("--out", str(tmp_path / "nogit"))
-    assert "without a recorded commit: 20261101-100000-test, 20261102-100000-test" in error and "--by time" in error
+    _write_runs(tmp_path / "nogit", [1000.0] * 4, commits=False)  # made outside git: placed by start time, and said
+    assert main(["history", "--out", str(tmp_path / "nogit")]) == 0
+    assert "4 run(s) without a recorded commit (made outside git) are placed by their start time: " \
+           "20261101-100000-test, 20261102-100000-test" in capsys.readouterr().out
     assert main(["history", "--out", str(tmp_path / "nogit"), "--by", "time"]) == 0
 
 

@@ -137,8 +137,9 @@ def build_series(records: pd.DataFrame, *, headlines: Mapping[str, Sequence[str]
     its hardware); each machine is a series of its own (a second machine at one commit is not a step),
     named in the series' name only where the history spans several. A benchmark's series are
     its `headlines` metrics, or every judged metric where none are known, or `metrics` when given. `by`
-    commit puts the runs of one commit together, commits in the order of their first run; by time, runs
-    by start alone. Unknown names, and runs without a commit when ordering by commit, are refused."""
+    commit puts the runs of one commit together, commits in the order of their first run (a run without a
+    recorded commit, made outside git, stands alone at its start time: `without_commit` names them); by
+    time, runs by start alone. Unknown names are refused."""
     if by not in (BY_COMMIT, BY_TIME):
         raise HistoryError(f"--by must be {BY_COMMIT} or {BY_TIME}, got {by!r}")
     records = records[judged(records)]
@@ -156,10 +157,6 @@ def build_series(records: pd.DataFrame, *, headlines: Mapping[str, Sequence[str]
     if not metrics and headlines:
         chosen = records["benchmark"].map(lambda name: list(headlines.get(name) or ()))
         records = records[[not wanted or metric in wanted for metric, wanted in zip(records["metric"], chosen)]]
-    if by == BY_COMMIT and records["commit"].isna().any():
-        missing = sorted(set(records.loc[records["commit"].isna(), "run_id"]))
-        raise HistoryError(f"run(s) without a recorded commit: {', '.join(missing)}; --by time orders runs by their "
-                           "start time alone")
     rows = []
     for key, group in with_config(records).groupby(SERIES_COLUMNS, sort=True):
         for (run_id, started_at), run_rows in group.groupby(["run_id", "started_at"], sort=False, dropna=False):
@@ -167,8 +164,9 @@ def build_series(records: pd.DataFrame, *, headlines: Mapping[str, Sequence[str]
             rows.append([*key, run_id, started_at, run_rows["commit"].iloc[0], values, float(np.median(values))])
     series = pd.DataFrame(rows, columns=[*SERIES_COLUMNS, "run_id", "started_at", "commit", "trials", "median"])
     series["started"] = pd.to_datetime(series["started_at"], utc=True, errors="coerce")
-    if by == BY_COMMIT:
-        series["commit_started"] = series.groupby([*SERIES_COLUMNS, "commit"], dropna=False)["started"].transform("min")
+    if by == BY_COMMIT:  # a run without a commit is a group of its own, so it falls at its own start time
+        group = series["commit"].where(series["commit"].notna(), "run " + series["run_id"])
+        series["commit_started"] = series.groupby([*SERIES_COLUMNS, group])["started"].transform("min")
         order = [*SERIES_COLUMNS, "commit_started", "started", "run_id"]
     else:
         order = [*SERIES_COLUMNS, "started", "run_id"]
@@ -177,6 +175,11 @@ def build_series(records: pd.DataFrame, *, headlines: Mapping[str, Sequence[str]
     if series[HOST_COLUMN].nunique() < 2:  # one machine: nothing to tell apart, no host in the names
         series[HOST_COLUMN] = ""
     return series.reset_index(drop=True)
+
+
+def without_commit(series: pd.DataFrame) -> list[str]:
+    """The runs of `series` with no recorded commit (made outside a git repository): ordered by start time."""
+    return sorted(set(series.loc[series["commit"].isna(), "run_id"]))
 
 
 def noise_scale(trials: Sequence[np.ndarray], medians: np.ndarray, threshold: float) -> float:

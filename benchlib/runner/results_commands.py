@@ -103,7 +103,7 @@ def history_command(arguments: argparse.Namespace) -> int:
 
     from benchlib.results.history import (HISTORY_PAGE, MIN_RUNS, SERIES_COLUMNS, HistoryError, answer, build_series,
                                           find_steps, history_page, latest_regressions, looked_at, read_history,
-                                          step_table)
+                                          step_table, without_commit)
     from benchlib.results.store import default_results_root, refuse_overwriting_run_data, write_text_atomic
 
     if arguments.html is not None:  # refused before anything is read, not after the answer is printed
@@ -125,6 +125,10 @@ def history_command(arguments: argparse.Namespace) -> int:
                            "runs read): a step needs runs on both sides of it to tell it from noise")
     steps = find_steps(series, threshold=arguments.threshold)
     print(answer(steps, series))
+    unrecorded = without_commit(series) if arguments.by == "commit" else []
+    if unrecorded:
+        print(f"{len(unrecorded)} run(s) without a recorded commit (made outside git) are placed by their start time: "
+              f"{', '.join(unrecorded[:5])}{' ...' if len(unrecorded) > 5 else ''}")
     if not steps.empty:
         print()
         with pd.option_context("display.width", 250, "display.max_columns", None, "display.max_colwidth", 90):
