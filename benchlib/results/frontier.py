@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from benchlib.results.compare import trial_values
+from benchlib.results.metrics import GRAD_UNCHECKED_METRIC
 from benchlib.results.stats import median_interval
 from benchlib.units import format_bytes
 
@@ -18,7 +19,6 @@ TRACKED = "tracked_peak_bytes"  # the allocation pass's peak: byte-exact, the sa
 # Below this a step's resident peak counts 4 KiB pages and the heap glibc keeps (buffers under the 128 KiB
 # mmap threshold are never returned) more than its tensors: the tracked peak decides there.
 RESIDENT_RESOLUTION = 1_000_000
-UNCHECKED = "grad_check_unavailable"  # trials.GRAD_UNCHECKED_METRIC: the gradient could not be compared
 FRONTIER_COLUMNS = ["case", "engine", "peak_metric", "peak", "peak_low", "peak_high", "time", "time_low",
                     "time_high", "trials", "checked", "pareto"]
 
@@ -34,7 +34,8 @@ def deciding_peak(samples: dict) -> tuple[str, str]:
     return "peak_bytes", "resident peak"
 
 
-def _interval(values: np.ndarray) -> tuple[float, float, float]:
+def median_with_interval(values: np.ndarray) -> tuple[float, float, float]:
+    """The median and its 95% interval over trials (nan bounds for one trial: no interval)."""
     if values.size < 2:
         return float(np.median(values)), math.nan, math.nan
     interval = median_interval(values)
@@ -54,14 +55,14 @@ def frontier_frame(records: pd.DataFrame) -> pd.DataFrame:
             metrics = {metric: trial_values(rows_of) for metric, rows_of in group.groupby("metric")}
             if "time" in metrics and "peak_bytes" in metrics:
                 samples[engine] = metrics
-                checked[engine] = UNCHECKED not in metrics
+                checked[engine] = GRAD_UNCHECKED_METRIC not in metrics
         if not samples:
             continue
         peak_metric, _ = deciding_peak(samples)
         part = []
         for engine, metrics in samples.items():
-            peak, peak_low, peak_high = _interval(metrics[peak_metric])
-            time, time_low, time_high = _interval(metrics["time"])
+            peak, peak_low, peak_high = median_with_interval(metrics[peak_metric])
+            time, time_low, time_high = median_with_interval(metrics["time"])
             part.append([case, engine, peak_metric, peak, peak_low, peak_high, time, time_low, time_high,
                          int(metrics["time"].size), checked[engine], False])
         for row in part:

@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 TRIALS_RUN = "trials_run"  # the record of how many trials a case ran; params.stop says why (benchlib.trials)
+# Recorded (value 1, the reason in params["message"]) for an engine that ran but whose gradient could not be
+# compared (benchlib.trials): no reference gradient, or a stochastic step drawn differently
+GRAD_UNCHECKED_METRIC = "grad_check_unavailable"
 KINDS = ("time", "memory", "count", "rate", "ratio", "loss", "check", "status", "setting")
 UNITS = ("s", "B", "count", "", "ratio", "B/s", "FLOP/s", "model-samples/s")
 
@@ -136,7 +139,7 @@ for _name, _unit, _kind, _meaning in (
     ("not_applicable", "", "status", "the case cannot run here; params.message says why (value 1)"),
     ("not_run", "", "status", "the case was not run; params.message says why, e.g. the budget ran out (value 1)"),
     ("grad_max_rel_err", "", "check", "max |g - g_reference| / max |g_reference| of a gradient"),
-    ("grad_check_unavailable", "", "status", "no reference gradient to compare with, or none it can be compared with "
+    (GRAD_UNCHECKED_METRIC, "", "status", "no reference gradient to compare with, or none it can be compared with "
      "(not comparable: a stochastic step drawn differently); params.message says why"),
     ("update_max_rel_err", "", "check", "max |u - u_reference| / max |u_reference| of the update the optimizer's "
      "step made to the parameters (after minus before; model files with an optimizer): the same step, not only the "

@@ -20,12 +20,10 @@ from typing import Any, TypeVar
 
 from benchlib.engines.gradients import (GRAD_ERROR_METRIC, SEED_DEPENDENT_METRIC, UPDATE, UPDATE_ERROR_METRIC,
                                         gradient_file, gradient_tolerance, saved_gradient_error)
+from benchlib.results.metrics import GRAD_UNCHECKED_METRIC
 from benchlib.results.stats import interleaved_order
 from benchlib.trials.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline, TrialStopping
 
-# Recorded (value 1, the reason in params["message"]) for an engine that ran but whose gradient
-# could not be compared: no reference gradient to compare it with.
-GRAD_UNCHECKED_METRIC = "grad_check_unavailable"
 CHILD_PARAMS = ("malloc_policy", "malloc_env", "isolation")
 NOT_RUN_MESSAGE = "the budget ran out before its first trial (benchlib run --budget)"
 

@@ -272,7 +272,7 @@ def microbatch_scale(model: torch.nn.Module, loss: Callable, batch: tuple, chunk
     gradients, dropout off, the random stream and the model's buffers left as they were."""
     from benchlib.measure.case_child import NotApplicable
 
-    stochastic = {name for name in stochastic_modules(model)}
+    stochastic = set(stochastic_modules(model))
     dropping = [module for name, module in model.named_modules() if (name or type(module).__name__) in stochastic]
     buffers = [(buffer, buffer.clone()) for buffer in model.buffers()]
     try:

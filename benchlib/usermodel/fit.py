@@ -272,7 +272,7 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
     result = FitResult(model_file.name, scale, limit, target.name, total, fits)
     best = result.best
     if verify and best is not None:
-        result.verified = _verify(model_file, best, {**values}, scale, target, progress)
+        result.verified = _verify(model_file, best, values, scale, target, progress)
     return result
 
 

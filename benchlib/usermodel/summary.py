@@ -13,7 +13,7 @@ from benchlib.engines.gradients import GRAD_ERROR_METRIC
 from benchlib.engines.roles import GRADIENT_METRIC, SAVED_METRIC
 from benchlib.units import format_bytes, format_seconds
 from benchlib.results.compare import trial_values
-from benchlib.results.frontier import TRACKED, _interval, deciding_peak, frontier_frame
+from benchlib.results.frontier import TRACKED, deciding_peak, frontier_frame, median_with_interval
 from benchlib.results.report import SUMMARY_COLUMN
 from benchlib.results.stats import noise_flags, ratio_of_medians
 from benchlib.trials import DETERMINISTIC, GRAD_UNCHECKED_METRIC, MAX_TRIALS, PRECISION
@@ -99,13 +99,13 @@ def _version_rows(records: pd.DataFrame, samples: dict, prefix: str) -> list[dic
                          SUMMARY_COLUMN: f"{prefix}{engine:<19} {status.replace('_', ' ')}: {message}"})
             continue
         metrics = samples[engine]
-        peak, low, high = _interval(metrics["peak_bytes"])
+        peak, low, high = median_with_interval(metrics["peak_bytes"])
         tracked = float(np.median(metrics[TRACKED])) if TRACKED in metrics else math.nan
         ratio, ratio_low, ratio_high = (_ratio(samples[best][peak_metric], metrics[peak_metric]) if comparable
                                         else (math.nan, math.nan, math.nan))
         roles = {role: float(np.median(metrics[role])) for role in STEP_ROLES if role in metrics}
         role = max(roles, key=roles.get, default=None)
-        time_s, time_low, time_high = _interval(metrics["time"])
+        time_s, time_low, time_high = median_with_interval(metrics["time"])
         error = float(np.max(metrics[GRAD_ERROR_METRIC])) if GRAD_ERROR_METRIC in metrics else math.nan
         if not comparable:
             ratio_text = "lowest" if engine == best else "no ratio (the lowest peak is 0: below the resolution)"
@@ -155,9 +155,9 @@ def _versus(samples: dict, version: str, baseline: str) -> list[dict]:
 def _frontier_rows(records: pd.DataFrame, version: str, prefix: str) -> list[dict]:
     """The answer to "which engine gets the step under a memory level, fastest?": the frontier engines
     (`frontier_frame`) from the lowest peak up, each the fastest of those that fit under its peak."""
-    frame = frontier_frame(records)
-    frame = frame[frame["pareto"]].sort_values("peak")
-    if len(frame) < 1 or frontier_frame(records)["engine"].nunique() < 2:
+    every = frontier_frame(records)
+    frame = every[every["pareto"]].sort_values("peak")
+    if frame.empty or every["engine"].nunique() < 2:
         return []
     by = "tracked" if frame["peak_metric"].iloc[0] == TRACKED else "resident"
     rows = [{"version": version, "status": "frontier",
