@@ -210,11 +210,11 @@ class Benchmark:
     (steps > warmup, budgets <= depth, engines valid for a dtype); `memory(config, device)` is the
     bytes the sizes need on `device`, refused above `MEMORY_HEADROOM` of what is available.
     `headline` names the metrics its summary leads with; `verdicts` are its seed rules
-    (`benchlib.results.seed_verdicts.RatioRule` / `SlopeRule`); `figures` maps a figure's name to a
+    (`benchlib.analysis.seed_verdicts.RatioRule` / `SlopeRule`); `figures` maps a figure's name to a
     builder of the run's records frame (drawn by the generic notebook; a notebook draws its own).
     `metrics` ((name, unit, kind, meaning), ...) and `dimensions` ({name: meaning}) are the metrics
     and kinds of variant its records use that benchlib does not know yet: declaring the benchmark
-    registers them, so a new benchmark needs no edit to `benchlib.results`. `summarize(records)`, if
+    registers them, so a new benchmark needs no edit to `benchlib.records`. `summarize(records)`, if
     given, builds the headline table instead of the medians of the `headline` metrics; a `summary`
     column of one line per row is what `benchlib run` prints first after the run. `yardstick` marks a
     benchmark that measures the machine rather than the code: a full run takes it first, and
@@ -263,8 +263,8 @@ class Benchmark:
 
     def _register(self) -> None:
         """Its new metrics and dimensions into the records' registries (the same meaning twice is fine)."""
-        from benchlib.results.metrics import METRICS, MetricError
-        from benchlib.results.records import DIMENSIONS
+        from benchlib.records.metrics import METRICS, MetricError
+        from benchlib.records.schema import DIMENSIONS
 
         try:
             for metric in self.metrics:

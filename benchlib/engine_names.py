@@ -1,6 +1,6 @@
 """Every engine's name, written once: records on disk carry these strings, so they never change.
 
-This module imports nothing and sits below every layer, so any of them may import it, `benchlib.results`
+This module imports nothing and sits below every layer, so any of them may import it, `benchlib.records`
 (the lowest) included, without importing `benchlib.engines`. The registry, `benchlib.engines.ENGINES`,
 builds its engines under these names.
 """

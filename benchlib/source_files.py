@@ -1,6 +1,6 @@
 """Where a line of code lives, as a reader finds it: whether a frame's file is the user's own code or a
 library's (Python's, an installed package's, benchlib's), and a short name for it. Imports nothing of
-benchlib, so the instrument (`benchlib.measure`) and the records (`benchlib.results`) both use it."""
+benchlib, so the instrument (`benchlib.measure`) and the records (`benchlib.records`) both use it."""
 
 from __future__ import annotations
 

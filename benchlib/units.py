@@ -1,5 +1,5 @@
 """Numbers as the tables and lines show them: seconds, counts and bytes (decimal units). Imports nothing,
-so the instrument and the records (`benchlib.measure`, `benchlib.results`) both use it."""
+so the instrument and the records (`benchlib.measure`, `benchlib.records`) both use it."""
 
 from __future__ import annotations
 

@@ -12,8 +12,10 @@ PACKAGE = pathlib.Path(benchlib.__file__).parent
 # Bottom to top; a part may import its own layer's other modules and anything in a lower layer.
 LAYERS = (
     ("units", "source_files", "engine_names"),
-    ("results", "autodiff"),
+    ("records", "autodiff"),
+    ("analysis",),
     ("measure",),
+    ("report",),
     ("benchmark",),
     ("engines",),
     ("trials",),
@@ -73,5 +75,5 @@ def test_which_benchmark_runs_first_is_declared_not_named():
     from benchlib import registry
 
     assert list(registry.benchmarks())[0] in registry.yardsticks() == ("calibration",)
-    for module in ("registry.py", "runner/notebooks.py", "results/compare.py"):
+    for module in ("registry.py", "runner/notebooks.py", "analysis/compare.py"):
         assert not re.search(r"[\"']calibration[\"']", (PACKAGE / module).read_text(encoding="utf-8")), module

@@ -11,7 +11,7 @@ from benchlib.trials.cases import Cases, compare_engines
 from benchlib.engines.gradients import save_gradient
 from benchlib.measure.core import Measurement
 from benchlib.measure.isolation import IsolatedResult
-from benchlib.results.seed_verdicts import INCONCLUSIVE, RatioRule, seed_verdicts
+from benchlib.analysis.seed_verdicts import INCONCLUSIVE, RatioRule, seed_verdicts
 from benchlib.trials.stopping import BUDGET, DETERMINISTIC, MAX_TRIALS, PRECISION, Deadline, TrialStopping
 
 PEAKS = {  # each engine's peak per trial: settles, never settles, never changes
@@ -119,7 +119,7 @@ def test_an_inconclusive_verdict_says_why_and_how_its_trials_stopped(fake_childr
 
 
 def test_a_model_files_summary_says_which_engine_the_budget_left_unrun():
-    from benchlib.results import make_record, records_frame, status_record
+    from benchlib.records import make_record, records_frame, status_record
     from benchlib.usermodel.summary import summary_table
 
     labels = dict(benchmark="m", case="step", device="cpu", dtype="float32")
@@ -134,7 +134,7 @@ def test_a_model_files_summary_says_which_engine_the_budget_left_unrun():
 
 
 def test_compare_says_how_each_sides_trials_stopped(fake_children):
-    from benchlib.results.compare import compare_records
+    from benchlib.analysis.compare import compare_records
 
     a = _compare(trials=6, precision=0.02).frame()
     b = _compare(trials=4, precision=0.0).frame()
@@ -165,7 +165,7 @@ def test_the_closures_notebook_draws_what_the_budget_measured_and_names_the_rest
     import io
     import time
 
-    from benchlib.results import load_records
+    from benchlib.records import load_records
     from benchlib.runner import run
 
     monkeypatch.setenv("BENCHLIB_DEADLINE", repr(time.time() - 1))  # the kernel inherits it: one combination runs

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from benchlib.autodiff.checkpoint import revolve_cost
-from benchlib.results.plots.checkpointing import budget_table, tradeoff_figure
+from benchlib.report.plots.checkpointing import budget_table, tradeoff_figure
 from benchlib.workloads import checkpointing
 
 

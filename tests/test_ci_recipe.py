@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchlib.results.store import load_records, write_records_atomic
+from benchlib.records.store import load_records, write_records_atomic
 
 from test_pytest_plugin import LEAN, WASTEFUL
 

@@ -9,9 +9,9 @@ import pytest
 
 from benchlib.engines.gradients import GRADIENT_TOLERANCE, max_relative_error
 from benchlib.measure import count_allocations
-from benchlib.results import make_record, records_frame
-from benchlib.results.plots.closures import steps_figure
-from benchlib.results.plots.common import engine_color
+from benchlib.records import make_record, records_frame
+from benchlib.report.plots.closures import steps_figure
+from benchlib.report.plots.common import engine_color
 from benchlib.workloads import closures
 from benchlib.workloads.closures import INITIAL, NEW, RERUN, RESETUP, STEPS
 

@@ -4,9 +4,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from benchlib.results import Run, make_record
-from benchlib.results.compare import compare_records, compare_runs
-from benchlib.results.stats import compare_times
+from benchlib.records import Run, make_record
+from benchlib.analysis.compare import compare_records, compare_runs
+from benchlib.analysis.stats import compare_times
 from benchlib.runner.cli import main
 
 TIMES = np.linspace(1.0, 1.1, 12)
@@ -69,7 +69,7 @@ def _timed(values_by_trial, engine="torch"):
 
 
 def test_trial_values_take_one_median_per_trial_and_every_row_without_trials():
-    from benchlib.results.compare import trial_values
+    from benchlib.analysis.compare import trial_values
 
     assert trial_values(_timed([[1.0, 9.0, 1.0], [2.0], [3.0, 3.0]])).tolist() == [1.0, 2.0, 3.0]
     plain = pd.DataFrame([make_record(benchmark="b", case="c", engine="torch", device="cpu", dtype="float64",
@@ -78,7 +78,7 @@ def test_trial_values_take_one_median_per_trial_and_every_row_without_trials():
 
 
 def test_noise_table_flags_a_planted_outlier_and_a_loaded_start_but_not_steady_trials():
-    from benchlib.results.compare import noise_table, noise_text
+    from benchlib.analysis.compare import noise_table, noise_text
 
     steady = [[1.0], [1.01], [0.99], [1.0], [1.02]]
     assert noise_table(_timed(steady)).empty
@@ -140,7 +140,7 @@ def test_tight_sizes_gate_on_their_ranges_and_loose_ones_or_context_do_not():
 
 
 def test_machine_drift_reads_the_calibration_timings_of_both_runs():
-    from benchlib.results.compare import machine_drift
+    from benchlib.analysis.compare import machine_drift
 
     def calibration(seconds, rate):
         rows = _trials("time", "s", seconds)
@@ -178,7 +178,7 @@ def test_the_table_answers_first_counts_and_worst_regressions(tmp_path, capsys):
 
 
 def test_the_default_table_fits_120_columns_and_reads_what_moved_first():
-    from benchlib.results.compare import compact_table
+    from benchlib.analysis.compare import compact_table
 
     comparison = pd.DataFrame([
         {"benchmark": "a_benchmark_with_a_rather_long_name_indeed", "case": "case_" + "x" * 60, "variant": "torch",

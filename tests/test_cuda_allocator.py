@@ -10,7 +10,7 @@ import torch
 from benchlib.measure import IsolationOptions, Measurement, run_isolated
 from benchlib.measure.cuda_snapshot import snapshot_folder, snapshot_path
 from benchlib.measure.devices import Device
-from benchlib.results.metrics import METRICS
+from benchlib.records.metrics import METRICS
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 VIEW = {"cuda_reserved_peak_bytes": 8_388_608, "cuda_reserved_unused_bytes": 4_388_608,

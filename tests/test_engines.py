@@ -31,7 +31,7 @@ from benchlib.engines.gradients import (
     saved_gradient_error,
 )
 from benchlib.measure import Device
-from benchlib.results import make_record, records_frame
+from benchlib.records import make_record, records_frame
 
 CPU = Device("cpu")
 CUDA = Device("cuda", 0)
@@ -399,7 +399,7 @@ def _timelines():
 
 
 def test_memory_timeline_figure_draws_each_engine_with_a_marker_where_each_phase_begins():
-    from benchlib.results.plots import gradients
+    from benchlib.report.plots import gradients
 
     records = records_frame(_records("manual", 8e6, 1.0) + [make_record(
         benchmark="b", case="c", engine="autograd", device="cuda:0", dtype="float32", metric="not_applicable",
@@ -416,7 +416,7 @@ def test_memory_timeline_figure_draws_each_engine_with_a_marker_where_each_phase
 
 
 def test_peak_bars_label_each_engine_with_its_ratio_to_manual():
-    from benchlib.results.plots import gradients
+    from benchlib.report.plots import gradients
 
     figure = gradients.peak_bars(records_frame(_records("manual", 100e6, 1.0) + _records("benchlib-deferred", 197e6, 1.0)))
     assert [(bar.x[0], bar.y[0], bar.text[0]) for bar in figure.data] == [
@@ -424,7 +424,7 @@ def test_peak_bars_label_each_engine_with_its_ratio_to_manual():
 
 
 def test_sweep_lines_read_the_swept_parameter_from_params():
-    from benchlib.results.plots import gradients
+    from benchlib.report.plots import gradients
 
     rows = []
     for T, peak in ((10, 1e6), (20, 2e6)):

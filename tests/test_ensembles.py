@@ -13,8 +13,8 @@ import torch
 
 from benchlib.measure import Device, resolve_device
 from benchlib.measure.devices import heap_trim_available
-from benchlib.results import make_record, records_frame
-from benchlib.results.derived import STEP_SUMMARIES, with_step_summaries
+from benchlib.records import make_record, records_frame
+from benchlib.analysis.derived import STEP_SUMMARIES, with_step_summaries
 from benchlib.workloads import ensembles as E
 from benchlib.zoo.mnist_data import synthetic_mnist
 
@@ -525,7 +525,7 @@ def _synthetic_gc_experiment():
 
 
 def test_cycles_table_counts_collections_per_generation_and_rates_p99_against_no_cycles():
-    from benchlib.results.reporters.ensembles import cycles_table
+    from benchlib.report.tables.ensembles import cycles_table
 
     summary, pauses = _synthetic_gc_experiment()
     in_warmup = pauses.iloc[:1].assign(step=0, generation=1)  # left out, as the step statistics leave warm-up out
@@ -540,8 +540,8 @@ def test_cycles_table_counts_collections_per_generation_and_rates_p99_against_no
 
 
 def test_the_full_collection_fit_leaves_out_young_and_frozen_pauses_and_the_figure_draws_it():
-    from benchlib.results.plots.ensembles import cycle_traces, pauses_vs_tracked
-    from benchlib.results.reporters.ensembles import full_collection_fit, pause_slope_text
+    from benchlib.report.plots.ensembles import cycle_traces, pauses_vs_tracked
+    from benchlib.report.tables.ensembles import full_collection_fit, pause_slope_text
 
     _, pauses = _synthetic_gc_experiment()
     experiment = pd.DataFrame({"repeat": [0, 0, 0, 0, 0], "generation": [2, 2, 2, 2, 0], "collected": 0,
@@ -572,7 +572,7 @@ def test_the_full_collection_fit_leaves_out_young_and_frozen_pauses_and_the_figu
 
 
 def test_the_headline_table_gives_each_batched_strategy_its_gain_floor_factor_and_spread():
-    from benchlib.results.reporters.ensembles import batched_gain
+    from benchlib.report.tables.ensembles import batched_gain
 
     rows = [{"data": "synthetic", "gc_policy": "default", "heap_objects": 0, "strategy": strategy, "trial": trial,
              "throughput": throughput * (1 + 0.01 * trial), "step_time_median": 0.002, "step_time_p99": 0.002 * spread}

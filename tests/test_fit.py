@@ -8,7 +8,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from benchlib.results import load_records, load_run_info
+from benchlib.records import load_records, load_run_info
 from benchlib.runner.cli import main
 from benchlib.usermodel import fit as fitting
 from benchlib.usermodel.loader import read_model_file

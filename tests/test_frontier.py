@@ -4,9 +4,9 @@ on both peak and time, the answer lines that lead the summary, and the figure.""
 import pandas as pd
 import pytest
 
-from benchlib.results import make_record
-from benchlib.results.frontier import frontier_frame
-from benchlib.results.plots.usermodel import frontier
+from benchlib.records import make_record
+from benchlib.analysis.frontier import frontier_frame
+from benchlib.report.plots.usermodel import frontier
 from benchlib.usermodel.summary import summary_table
 
 # engine: (resident peaks in MB over trials, times in ms); "slowfat" is beaten by torch on both

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from benchlib.results import Run, make_record
-from benchlib.results.history import build_series, find_steps, point_commit, series_name
+from benchlib.records import Run, make_record
+from benchlib.analysis.history import build_series, find_steps, point_commit, series_name
 from benchlib.runner.cli import main
 
 
@@ -227,7 +227,7 @@ def test_a_second_machine_at_the_same_commit_is_its_own_series_not_a_step():
 
 
 def test_a_runs_machine_is_its_hardware_not_its_host_name():
-    from benchlib.results.history import machine
+    from benchlib.analysis.history import machine
 
     info = {"environment": {"host": "runner-8f2c", "cpu": {"model": "AMD EPYC 7B13"},
                             "gpu": {"devices": [{"name": "NVIDIA H100"}]}}}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchlib.results.store import RecordsUnreadable, list_runs, load_run_info
+from benchlib.records.store import RecordsUnreadable, list_runs, load_run_info
 from benchlib.runner.cli import main
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from benchlib.measure import resolve_device
-from benchlib.results import records_frame
-from benchlib.results.plots.ensembles import lenet_epochs
+from benchlib.records import records_frame
+from benchlib.report.plots.ensembles import lenet_epochs
 from benchlib.workloads import lenet as L
 from benchlib.zoo.mnist_data import synthetic_mnist
 

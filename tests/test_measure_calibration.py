@@ -6,8 +6,8 @@ import nbformat
 import pytest
 import torch
 
-from benchlib.results import records_frame
-from benchlib.results.plots import calibration as plots
+from benchlib.records import records_frame
+from benchlib.report.plots import calibration as plots
 from benchlib.workloads import calibration
 
 NOTEBOOK = "notebooks/calibration.ipynb"
@@ -113,7 +113,7 @@ def test_notebook_is_thin_parameterized_and_without_outputs():
 
 
 def test_overhead_frame_labels_each_instrument():
-    from benchlib.results import make_record
+    from benchlib.records import make_record
 
     labels = dict(benchmark="calibration", engine="torch", device="cpu", dtype="float32",
                   metric="time_ratio", unit="ratio")

@@ -9,8 +9,8 @@ from benchlib.engines import get_engine
 from benchlib.engine_names import TORCH_AUTOGRAD
 from benchlib.engines.roles import GRADIENT_METRIC, SAVED_METRIC, SavedTensors, role_gauge, tape_roles
 from benchlib.measure import resolve_device
-from benchlib.results import make_record
-from benchlib.results.plots.gradients import peak_by_role, role_frame, role_timelines
+from benchlib.records import make_record
+from benchlib.report.plots.gradients import peak_by_role, role_frame, role_timelines
 from benchlib.workloads import dot_chain
 
 D, DEPTH = 4, 9

@@ -14,8 +14,8 @@ hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is a dev depen
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
 from benchlib.benchmark import Parameter, ParameterError  # noqa: E402
-from benchlib.results import Run, load_records, make_record  # noqa: E402
-from benchlib.results.store import RecordsKept, read_records_file, rows_held, write_records_atomic  # noqa: E402
+from benchlib.records import Run, load_records, make_record  # noqa: E402
+from benchlib.records.store import RecordsKept, read_records_file, rows_held, write_records_atomic  # noqa: E402
 from benchlib.runner.notebooks import RunnerError, parse_assignment  # noqa: E402
 from benchlib.runner.sweep import parse_grid  # noqa: E402
 

@@ -13,8 +13,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from benchlib.results import Run, make_record
-from benchlib.results.report import build_report, group_by_notebook, write_report
+from benchlib.records import Run, make_record
+from benchlib.report.page import build_report, group_by_notebook, write_report
 from benchlib.runner.cli import main
 
 NOTEBOOKS = Path(__file__).parent / "notebooks"

@@ -1,4 +1,4 @@
-"""benchlib.results: record validation, atomic writes, run directories, run.json, loading runs."""
+"""benchlib.records: record validation, atomic writes, run directories, run.json, loading runs."""
 
 import json
 import os
@@ -13,7 +13,7 @@ import plotly.io
 import pytest
 import torch
 
-from benchlib.results import (
+from benchlib.records import (
     METRICS,
     RECORD_COLUMNS,
     SCHEMA_VERSION,
@@ -30,7 +30,7 @@ from benchlib.results import (
     status_record,
     write_parquet_atomic,
 )
-from benchlib.results.store import RecordsUnreadable, new_run_dir
+from benchlib.records.store import RecordsUnreadable, new_run_dir
 
 
 def record(**overrides):
@@ -294,7 +294,7 @@ def test_default_results_root_walks_up_to_the_project(tmp_path, monkeypatch):
 
 
 def test_reference_records_come_from_the_newest_committed_reference_run_that_holds_them(tmp_path):
-    from benchlib.results import reference_records
+    from benchlib.records import reference_records
 
     (tmp_path / "pyproject.toml").write_text("")
     (tmp_path / "notebooks").mkdir()

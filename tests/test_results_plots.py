@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from benchlib.results import make_record, records_frame
-from benchlib.results.plots.common import ENGINE_COLORS, PALETTE, SERIES_COLORS, engine_color, log_ticks, ratio_frame
+from benchlib.records import make_record, records_frame
+from benchlib.report.plots.common import ENGINE_COLORS, PALETTE, SERIES_COLORS, engine_color, log_ticks, ratio_frame
 
 
 def rows(engine, case, values, metric="peak_bytes"):

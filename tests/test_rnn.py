@@ -119,7 +119,7 @@ def test_memory_requirement_grows_with_T_by_a_weight_matrix_for_deferred_only():
 
 
 def test_growth_per_step_is_the_slope_of_the_measured_peak_against_T_in_W_buffers():
-    from benchlib.results import make_record, records_frame
+    from benchlib.records import make_record, records_frame
 
     w_bytes = 32 * 32 * 4
     rows = []

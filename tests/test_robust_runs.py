@@ -15,8 +15,8 @@ import psutil
 import pytest
 
 from benchlib.measure.case_child import CASE_PROCESS_NAME  # a case's process, forked or a fresh interpreter
-from benchlib.results import Run, list_runs, load_records, load_run_info, make_record
-from benchlib.results.store import RecordsUnreadable, run_state
+from benchlib.records import Run, list_runs, load_records, load_run_info, make_record
+from benchlib.records.store import RecordsUnreadable, run_state
 from benchlib.runner import run
 from benchlib.runner.cli import main
 from benchlib.runner.execute import case_outcomes, last_duration
@@ -221,7 +221,7 @@ def test_typed_parameters_in_run_json_and_the_eta_basis(tmp_path, monkeypatch):
 
 
 def test_the_default_results_root_is_the_projects_from_any_directory(tmp_path, monkeypatch):
-    from benchlib.results import default_results_root
+    from benchlib.records import default_results_root
 
     monkeypatch.delenv("BENCHLIB_RESULTS")
     monkeypatch.chdir(tmp_path)
@@ -404,7 +404,7 @@ def sleeper_notebook(folder: Path) -> Path:
     notebook.cells = [
         parameters,
         nbformat.v4.new_code_cell(
-            "from benchlib.results import Run, make_record\n"
+            "from benchlib.records import Run, make_record\n"
             "Run.open(results_dir, device=device).save_records([make_record(benchmark='sleeper', case='c', engine='e', "
             "device='cpu', dtype='float64', metric='time', value=1.0, unit='s')], 'sleeper')"),
         nbformat.v4.new_code_cell("import time\ntime.sleep(seconds)"),
@@ -493,7 +493,7 @@ def test_a_broken_run_gives_one_line_naming_the_file_and_the_documented_exit(com
 def test_a_full_disk_is_named_and_leaves_records_as_they_were(tmp_path, monkeypatch, capsys):
     import errno
 
-    from benchlib.results import store
+    from benchlib.records import store
 
     run_ = two_row_run(tmp_path)
     before = (run_.path / "records.parquet").read_bytes()

@@ -10,7 +10,7 @@ import nbformat
 import pytest
 import torch
 
-from benchlib.results import load_records, load_run_info
+from benchlib.records import load_records, load_run_info
 from benchlib.runner import RunnerError, plan, run
 from benchlib.runner.cli import main
 
@@ -135,7 +135,7 @@ def test_interrupt_keeps_what_was_written(tmp_path, monkeypatch, capsys):
 
 
 def test_cli_runs_lists_past_runs(tmp_path, capsys):
-    from benchlib.results import Run
+    from benchlib.records import Run
 
     assert main(["runs", "--out", str(tmp_path)]) == 0
     assert "no runs yet" in capsys.readouterr().out

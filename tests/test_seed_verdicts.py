@@ -7,8 +7,8 @@ import pytest
 import pandas as pd
 
 from benchlib.registry import verdict_rules
-from benchlib.results import make_record
-from benchlib.results.seed_verdicts import (
+from benchlib.records import make_record
+from benchlib.analysis.seed_verdicts import (
     INCONCLUSIVE,
     REFUTED,
     REPRODUCED,
@@ -77,7 +77,7 @@ def test_ensemble_rules_read_throughput_up_and_peak_down():
 
 
 def test_grid_points_are_judged_apart_never_pooled():
-    from benchlib.results import make_record, records_frame
+    from benchlib.records import make_record, records_frame
 
     rows = []
     for size, deferred in ((10, 2000.0), (20, 8000.0)):

@@ -11,8 +11,8 @@ import pytest
 
 from benchlib.measure import Measurement, attribute_allocations, measure
 from benchlib.measure.allocations import memray_available
-from benchlib.results import records_frame
-from benchlib.results.sites import (DIFF_BYTES, SITE_BYTES, attribution_cost, diff_records, diff_sites, diff_table,
+from benchlib.records import records_frame
+from benchlib.analysis.sites import (DIFF_BYTES, SITE_BYTES, attribution_cost, diff_records, diff_sites, diff_table,
                                     own_first, site_table)
 
 needs_memray = pytest.mark.skipif(not memray_available(), reason="memray is not installed")
@@ -170,7 +170,7 @@ def loss(model, x, y):
 
 @needs_memray
 def test_attribute_names_the_users_line_holding_the_peak_in_records_and_report(tmp_path, capsys):
-    from benchlib.results import load_records
+    from benchlib.records import load_records
     from benchlib.runner.cli import main
 
     path = tmp_path / "wide.py"

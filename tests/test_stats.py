@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from benchlib.results.stats import (
+from benchlib.analysis.stats import (
     DIFFER,
     SAME,
     UNTESTABLE,
@@ -101,7 +101,7 @@ def test_bad_input_is_refused_with_what_is_valid(call, message):
 
 # --- intervals, judge, noise flags, interleaving ---------------------------------------------
 
-from benchlib.results.stats import (  # noqa: E402
+from benchlib.analysis.stats import (  # noqa: E402
     BETTER,
     INCONCLUSIVE,
     WORSE,
@@ -171,7 +171,7 @@ def test_interleaving_alternates_without_a_seed_and_is_reproducible_from_one():
 
 
 def test_a_line_fit_recovers_an_exact_slope_and_its_interval_covers_a_noisy_one():
-    from benchlib.results.stats import linear_fit
+    from benchlib.analysis.stats import linear_fit
 
     exact = linear_fit([0, 1, 2, 3], [1.0, 3.0, 5.0, 7.0])
     assert (exact.slope, exact.intercept, exact.n, exact.x_low, exact.x_high) == pytest.approx((2.0, 1.0, 4, 0, 3))
@@ -187,7 +187,7 @@ def test_a_line_fit_recovers_an_exact_slope_and_its_interval_covers_a_noisy_one(
 
 
 def test_a_robust_line_fit_ignores_one_burst_that_moves_least_squares():
-    from benchlib.results.stats import linear_fit
+    from benchlib.analysis.stats import linear_fit
 
     x = np.repeat([4e5, 4.6e5, 5.2e5, 6.4e5], 5)
     y = 0.1 + 1e-7 * x

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchlib.results import load_records, load_run_info
+from benchlib.records import load_records, load_run_info
 from benchlib.runner import RunnerError
 from benchlib.runner.cli import main
 from benchlib.runner.sweep import execute_remote, parse_grid, unpack_point

@@ -6,9 +6,9 @@ import torch
 
 from benchlib.engine_names import TORCH
 from benchlib.measure.torch_categories import CATEGORIES, torch_categories
-from benchlib.results import make_record, records_frame
-from benchlib.results.metrics import METRICS
-from benchlib.results.reporters.sites import categories_table
+from benchlib.records import make_record, records_frame
+from benchlib.records.metrics import METRICS
+from benchlib.report.tables.sites import categories_table
 from benchlib.usermodel.case import ROLE_METRICS
 from benchlib.usermodel.engines import Step
 

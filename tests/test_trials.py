@@ -142,7 +142,7 @@ def test_the_same_gradient_with_another_optimizer_step_is_not_applicable_and_its
 
 
 def test_an_engine_measured_then_failed_is_one_row_in_the_summary_and_it_reads_failed():
-    from benchlib.results import make_record
+    from benchlib.records import make_record
     from benchlib.trials.cases import EngineComparison
 
     labels = dict(benchmark="b", case="c", device="cpu", dtype="float64")

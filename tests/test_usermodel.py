@@ -12,7 +12,7 @@ import torch
 
 from benchlib.engines.gradients import GRADIENT_TOLERANCE, max_relative_error
 from benchlib.engine_names import FUSED_OPTIMIZER, TORCH, TORCH_CHECKPOINT, TORCH_FUNC
-from benchlib.results import load_records, load_run_info
+from benchlib.records import load_records, load_run_info
 from benchlib.runner.cli import main
 from benchlib.usermodel import load_model_file, read_model_file
 from benchlib.usermodel.engines import LiveBytes, Step, not_applicable
@@ -280,7 +280,7 @@ def test_an_engine_that_cannot_run_the_users_code_is_not_applicable_and_the_run_
 
 
 def test_a_lowest_peak_of_zero_bytes_gives_no_ratio_instead_of_failing_the_run():
-    from benchlib.results import make_record, records_frame
+    from benchlib.records import make_record, records_frame
     from benchlib.usermodel.summary import summary_table
 
     def rows(engine, peaks):
@@ -295,7 +295,7 @@ def test_a_lowest_peak_of_zero_bytes_gives_no_ratio_instead_of_failing_the_run()
 
 
 def test_below_the_resident_resolution_the_ratio_is_of_the_tracked_peaks():
-    from benchlib.results import make_record, records_frame
+    from benchlib.records import make_record, records_frame
     from benchlib.usermodel.summary import summary_table
 
     def rows(engine, peak, tracked):

@@ -178,7 +178,7 @@ def benchlib(*args, cwd):
 @pytest.mark.slow
 def test_a_residual_numpy_chain_runs_end_to_end_under_every_engine(tmp_path):
     from benchlib.engines.gradients import GRADIENT_TOLERANCE
-    from benchlib.results import load_records
+    from benchlib.records import load_records
     from benchlib.usermodel.arrays import ARRAY_ENGINES
 
     write(tmp_path, RESIDUAL)

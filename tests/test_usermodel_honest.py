@@ -189,7 +189,7 @@ def test_torch_checkpoint_wraps_the_repeated_blocks_wherever_they_live_and_says_
 
 
 def test_the_resident_peak_decides_best_unless_it_sits_at_page_resolution():
-    from benchlib.results import make_record, records_frame
+    from benchlib.records import make_record, records_frame
     from benchlib.usermodel.summary import summary_table
 
     def rows(engine, peak, tracked):

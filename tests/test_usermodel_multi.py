@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 import benchlib
-from benchlib.results import load_records, load_run_info
-from benchlib.results.plots.usermodel import memory_by_role, peak_frame, peak_intervals
+from benchlib.records import load_records, load_run_info
+from benchlib.report.plots.usermodel import memory_by_role, peak_frame, peak_intervals
 from benchlib.runner.cli import main
 from benchlib.runner.notebooks import find_project_notebooks, select_notebooks
 from benchlib.usermodel import version_labels

@@ -62,7 +62,7 @@ def test_benchlib_run_refuses_a_file_that_exits_the_process_with_exit_2_and_no_r
 def test_a_step_whose_loss_is_nan_fails_every_engine_and_the_notebook_reads_failed(tmp_path, capsys):
     import json
 
-    from benchlib.results import load_run_info
+    from benchlib.records import load_run_info
     from benchlib.runner.cli import main
 
     path = _write(tmp_path, "nan.py", HEAD + "def loss(model, x):\n    return model(x).sum() * float('nan')\n")

@@ -88,7 +88,7 @@ def test_a_run_of_the_techniques_records_each_checked_or_not_applicable_and_ends
     import json
     import textwrap
 
-    from benchlib.results import load_records
+    from benchlib.records import load_records
     from benchlib.runner.cli import main
     from test_usermodel import GOOD, OPTIMIZER
 

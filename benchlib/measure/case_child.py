@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from importlib import import_module
 from typing import Any, Callable, ContextManager, Mapping
 
-from benchlib.results.environment import allocator_env
-from benchlib.results.store import write_json_atomic
+from benchlib.records.environment import allocator_env
+from benchlib.records.store import write_json_atomic
 
 from .core import measure_with_result
 from .cuda_snapshot import record_snapshot

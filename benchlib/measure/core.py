@@ -102,11 +102,11 @@ class Measurement:
         return cls(**values)
 
     def records(self, **labels) -> list[dict]:
-        """Tidy rows via benchlib.results.make_record: one per timed repeat, then one per
+        """Tidy rows via benchlib.records.make_record: one per timed repeat, then one per
         measured quantity; an allocation count's row holds the tracker's floor subtracted from it in
         params.floor. `labels` are make_record's (benchmark, engine, dtype, params...); case defaults
         to this measurement's name and device to its device."""
-        from benchlib.results import make_record
+        from benchlib.records import make_record
 
         labels.setdefault("case", self.name)
         labels.setdefault("device", self.device)
@@ -128,7 +128,7 @@ class Measurement:
                              unit="B" if metric.endswith("_bytes") else "count")
                  for metric, value in (self.cuda_allocator or {}).items()]
         if self.attribution is not None:
-            from benchlib.results.sites import attribution_records
+            from benchlib.analysis.sites import attribution_records
 
             rows += attribution_records(self.attribution, params=params, **labels)
         return rows

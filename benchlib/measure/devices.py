@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from functools import lru_cache
 
-from benchlib.results.metrics import CUDA_ALLOC_RETRIES, CUDA_MALLOC_COUNT, CUDA_RESERVED_PEAK, CUDA_RESERVED_UNUSED
+from benchlib.records.metrics import CUDA_ALLOC_RETRIES, CUDA_MALLOC_COUNT, CUDA_RESERVED_PEAK, CUDA_RESERVED_UNUSED
 
 VALID_FORMS = '"auto", "cpu", "cuda", "cuda:N" (N a device index)'
 _SPEC = re.compile(r"^(auto|cpu|cuda(?::(\d+))?)$")

@@ -17,9 +17,9 @@ from typing import Any
 import pandas as pd
 
 from benchlib import registry
-from benchlib.results import Run
-from benchlib.results.report import HEADLINE_SUFFIX
-from benchlib.results.stats import median_interval
+from benchlib.records import Run
+from benchlib.report.page import HEADLINE_SUFFIX
+from benchlib.analysis.stats import median_interval
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def run_declared(name: str | list[str], parameters: Mapping[str, Any], *, device
     into `results_dir`."""
     from benchlib.measure import resolve_device
     from benchlib.measure.cuda_snapshot import snapshot_folder
-    from benchlib.results.store import CUDA_SNAPSHOT_FOLDER
+    from benchlib.records.store import CUDA_SNAPSHOT_FOLDER
 
     benchmark = registry.resolve(name)
     config = benchmark.config(parameters)

@@ -1,7 +1,7 @@
 """Batch runs: validate everything, then execute notebooks through papermill into one run directory.
 
 Each notebook gets `device` (resolved) and `results_dir` (the run directory) injected, writes its
-records and figures through `benchlib.results.Run.open(results_dir)`, and is executed into
+records and figures through `benchlib.records.Run.open(results_dir)`, and is executed into
 `<run>/notebooks/<name>.ipynb`. A failing notebook is recorded with its error and the rest run;
 a notebook that ran to the end but whose cases partly failed (its workload saved `failed` status
 records) is `partial`, never `ok`. run.json is rewritten (atomically) before and after every
@@ -24,14 +24,14 @@ from typing import Any, NamedTuple, TextIO
 
 import pandas as pd
 
-from benchlib.results import STATUSES, Run, default_results_root, load_records
-from benchlib.results.environment import file_provenance
-from benchlib.results.report import summary_lines, write_report
-from benchlib.results.compare import noise_table, noise_text
-from benchlib.results.seed_verdicts import save_verdicts, seed_verdicts, verdict_text
+from benchlib.records import STATUSES, Run, default_results_root, load_records
+from benchlib.records.environment import file_provenance
+from benchlib.report.page import summary_lines, write_report
+from benchlib.analysis.compare import noise_table, noise_text
+from benchlib.analysis.seed_verdicts import save_verdicts, seed_verdicts, verdict_text
 from benchlib.measure.forkserver import isolation_mode
 from benchlib.trials.stopping import DEADLINE_ENV
-from benchlib.results.store import (
+from benchlib.records.store import (
     FIGURE_PNG_ENV,
     RUN_INFO,
     check_static_export,
@@ -664,7 +664,7 @@ def _merge_point_records(results_run: Run, execution: Execution, point_dir: Path
 
 def _save_grid_figures(results_run: Run) -> None:
     """One "metric against parameter" figure per benchmark and headline metric, from the merged records."""
-    from benchlib.results.plots.sweep import GRID_METRICS, grid_figure
+    from benchlib.report.plots.sweep import GRID_METRICS, grid_figure
 
     records = results_run.load_records()
     if records.empty:

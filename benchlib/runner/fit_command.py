@@ -15,11 +15,11 @@ def fit_command(file: str, *, memory: str, scale: str, device: str, engines: str
     import pandas as pd
 
     from benchlib.measure import resolve_device
-    from benchlib.results.report import HEADLINE_SUFFIX, SUMMARY_COLUMN
-    from benchlib.results import Run
-    from benchlib.results.plots.usermodel import fit_figure
-    from benchlib.results.report import write_report
-    from benchlib.results.store import default_results_root
+    from benchlib.report.page import HEADLINE_SUFFIX, SUMMARY_COLUMN
+    from benchlib.records import Run
+    from benchlib.report.plots.usermodel import fit_figure
+    from benchlib.report.page import write_report
+    from benchlib.records.store import default_results_root
     from benchlib.usermodel.fit import fit
 
     chosen = [name.strip() for name in engines.split(",") if name.strip()] if engines else None

@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from benchlib.results.report import HEADLINE_SUFFIX, SUMMARY_COLUMN
+from benchlib.report.page import HEADLINE_SUFFIX, SUMMARY_COLUMN
 from benchlib.usermodel.template import write_model_file
 
 @dataclass(frozen=True)
@@ -30,14 +30,14 @@ class Profile:
     def sites(self) -> pd.DataFrame:
         """With `attribute=True`: one row per allocation site (engine as `variant`, kind peak, temporary or
         allocated, site, function, bytes, count, share; the user's own lines marked `own`); else empty."""
-        from benchlib.results.sites import site_table
+        from benchlib.analysis.sites import site_table
 
         return site_table(self.records)
 
     @property
     def diffs(self) -> pd.DataFrame:
         """With `attribute=True`: each engine's sites at the peak against eager torch's, site by site."""
-        from benchlib.results.sites import diff_table
+        from benchlib.analysis.sites import diff_table
 
         return diff_table(self.records)
 
@@ -53,7 +53,7 @@ def profile(model: str | Path | Mapping[str, Any], *, engines: Sequence[str] | N
     a fresh run directory under `out` (default results/); `params` override its PARAMETERS. `attribute`
     adds the attribution pass (`benchlib run --attribute`): `Profile.sites` and `Profile.diffs`."""
     from benchlib import registry
-    from benchlib.results import load_records
+    from benchlib.records import load_records
     from benchlib.runner.execute import run
 
     with tempfile.TemporaryDirectory(prefix="benchlib-profile-") as folder:

@@ -1,5 +1,5 @@
 """The results commands of `benchlib`: runs, compare, history, report and merge-records, each a thin
-adapter from its parsed arguments to `benchlib.results` (the parser and the run/list/new commands are
+adapter from its parsed arguments to `benchlib.records` (the parser and the run/list/new commands are
 in `benchlib.runner.cli`). Each returns the command's exit status (README, "Exit status")."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from benchlib.runner.notebooks import RunnerError, declared
 
 def report_command(run_name: str, root: Path | None) -> int:
     from benchlib.registry import verdict_rules
-    from benchlib.results.report import write_report
-    from benchlib.results.seed_verdicts import load_verdicts, save_verdicts, seed_verdicts
-    from benchlib.results.store import RecordsUnreadable, load_records, resolve_run
+    from benchlib.report.page import write_report
+    from benchlib.analysis.seed_verdicts import load_verdicts, save_verdicts, seed_verdicts
+    from benchlib.records.store import RecordsUnreadable, load_records, resolve_run
 
     path = resolve_run(run_name, root)
     unjudged = None
@@ -34,7 +34,7 @@ def report_command(run_name: str, root: Path | None) -> int:
 def runs_command(root: Path | None) -> int:
     import pandas as pd
 
-    from benchlib.results import default_results_root, list_runs
+    from benchlib.records import default_results_root, list_runs
 
     root = root or default_results_root()
     try:
@@ -67,7 +67,7 @@ WORSE_NAMED = 20  # worse metrics named on stderr; the table lists them all
 def compare_command(arguments: argparse.Namespace) -> int:
     """Print the comparison; exit 1 when any metric is significantly worse beyond the threshold."""
     from benchlib import registry
-    from benchlib.results.compare import WORSE, any_worse, compact_table, compare_runs, headline, machine_drift
+    from benchlib.analysis.compare import WORSE, any_worse, compact_table, compare_runs, headline, machine_drift
 
     comparison = compare_runs(arguments.run_a, arguments.run_b, root=arguments.out, threshold=arguments.threshold,
                               metrics=arguments.metric, benchmarks=arguments.benchmark)
@@ -101,10 +101,10 @@ def history_command(arguments: argparse.Namespace) -> int:
     """Print the steps and write history.html; exit 1 when any series' latest step is a regression."""
     import pandas as pd
 
-    from benchlib.results.history import (HISTORY_PAGE, MIN_RUNS, SERIES_COLUMNS, HistoryError, answer, build_series,
-                                          find_steps, history_page, latest_regressions, looked_at, read_history,
-                                          step_table, without_commit)
-    from benchlib.results.store import default_results_root, refuse_overwriting_run_data, write_text_atomic
+    from benchlib.analysis.history import (MIN_RUNS, SERIES_COLUMNS, HistoryError, answer, build_series, find_steps,
+                                           latest_regressions, looked_at, read_history, without_commit)
+    from benchlib.report.history import HISTORY_PAGE, history_page, step_table
+    from benchlib.records.store import default_results_root, refuse_overwriting_run_data, write_text_atomic
 
     if arguments.html is not None:  # refused before anything is read, not after the answer is printed
         refuse_overwriting_run_data(arguments.html, HISTORY_PAGE)
@@ -143,7 +143,7 @@ def history_command(arguments: argparse.Namespace) -> int:
 
 def verdict_changes(arguments: argparse.Namespace) -> str:
     """The seed verdicts that differ between the two runs, one line each (or why none can be told)."""
-    from benchlib.results.seed_verdicts import changed_verdicts, load_verdicts
+    from benchlib.analysis.seed_verdicts import changed_verdicts, load_verdicts
 
     tables = [load_verdicts(run, arguments.out) for run in (arguments.run_a, arguments.run_b)]
     if any(table is None for table in tables):
@@ -161,8 +161,8 @@ def verdict_changes(arguments: argparse.Namespace) -> str:
 
 
 def merge_records_command(run_name: str, root: Path | None) -> int:
-    from benchlib.results import Run
-    from benchlib.results.store import RecordsKept, resolve_run
+    from benchlib.records import Run
+    from benchlib.records.store import RecordsKept, resolve_run
 
     path = resolve_run(run_name, root)
     if not any((path / "records").glob("*.parquet")):

@@ -130,7 +130,7 @@ def pack_point(results_dir: Path, executed: Path, summary: Mapping[str, Any]) ->
 
 def unpack_point(data: bytes, results_dir: Path, executed: Path) -> dict[str, Any]:
     """Write a packed point into the run (each file atomically); return its summary."""
-    from benchlib.results.store import _atomic_write
+    from benchlib.records.store import _atomic_write
 
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
         summary = json.loads(archive.read(POINT_SUMMARY))

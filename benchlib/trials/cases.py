@@ -148,7 +148,7 @@ class EngineComparison:
         return not any(p["status"] == "failed" for p in self.problems) and self.gradient_mismatches().empty
 
     def frame(self) -> pd.DataFrame:
-        from benchlib.results import records_frame
+        from benchlib.records import records_frame
 
         return records_frame(self.records)
 
@@ -203,7 +203,7 @@ class EngineComparison:
             ["benchmark", "device", "dtype", *ROLE_TIMELINE_COLUMNS]]
 
     def save(self, run) -> None:
-        """Save into `run` (a `benchlib.results.Run`) the records and, as tables, both kinds of
+        """Save into `run` (a `benchlib.records.Run`) the records and, as tables, both kinds of
         timeline: `<benchmark>_timelines` and `<benchmark>_role_timelines`."""
         run.save_records(self.records, self.benchmark)
         run.save_table(self.timeline_frame(), f"{self.benchmark}_timelines")
@@ -264,7 +264,7 @@ def summarize(frame: pd.DataFrame, problems: Iterable[Mapping] = ()) -> pd.DataF
     Each ratio is a ratio of medians over trials with its 95% bootstrap interval (`*_low`, `*_high`;
     NaN with a single trial a side, which gives a point, not an interval).
     """
-    from benchlib.results.compare import trial_values
+    from benchlib.analysis.compare import trial_values
 
     columns = SUMMARY_COLUMNS
     rows, samples = [], {}
@@ -310,7 +310,7 @@ def summarize(frame: pd.DataFrame, problems: Iterable[Mapping] = ()) -> pd.DataF
 
 def _fill_ratios(table: pd.DataFrame, index, reference: dict | None, own: dict | None, ratios, *, itself: bool) -> None:
     """Each (metric, column) of `ratios`: own over reference, a ratio of medians with its interval."""
-    from benchlib.results.stats import ratio_of_medians
+    from benchlib.analysis.stats import ratio_of_medians
 
     if reference is None or own is None:
         return

@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 
 from benchlib.engines.gradients import (GRAD_ERROR_METRIC, SEED_DEPENDENT_METRIC, UPDATE, UPDATE_ERROR_METRIC,
                                         gradient_file, gradient_tolerance, saved_gradient_error)
-from benchlib.results.metrics import GRAD_UNCHECKED_METRIC
-from benchlib.results.stats import interleaved_order
+from benchlib.records.metrics import GRAD_UNCHECKED_METRIC
+from benchlib.analysis.stats import interleaved_order
 from benchlib.trials.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline, TrialStopping
 
 CHILD_PARAMS = ("malloc_policy", "malloc_env", "isolation")
@@ -109,7 +109,7 @@ class TrialLoop:
 
     def note(self, unit: Unit, status: str, message: str, params: Mapping | None = None) -> None:
         """A unit that did not measure: status "not applicable", "failed" or "not run", with the reason."""
-        from benchlib.results import status_record
+        from benchlib.records import status_record
 
         self.records.append(status_record(**unit.labels, status=status.replace(" ", "_"), message=message,
                                           params=dict(unit.params if params is None else params)))
@@ -155,7 +155,7 @@ class TrialLoop:
         result)` sees every measured trial. A unit stops at its `TrialStopping` reason, its first failure,
         or the deadline (`first_always_runs`: except the very first child)."""
         from benchlib.measure import CaseFailed, CaseNotApplicable
-        from benchlib.results import make_record
+        from benchlib.records import make_record
 
         settings, trials = self.settings, self.settings.trials
         stopping = TrialStopping(precision=settings.precision, max_trials=trials, deadline=deadline)

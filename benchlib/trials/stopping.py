@@ -12,8 +12,8 @@ from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 
-from benchlib.results.metrics import TRIALS_RUN  # noqa: F401 (re-exported: the record a trial loop writes)
-from benchlib.results.stats import median_interval
+from benchlib.records.metrics import TRIALS_RUN  # noqa: F401 (re-exported: the record a trial loop writes)
+from benchlib.analysis.stats import median_interval
 
 PRECISION, DETERMINISTIC, MAX_TRIALS, BUDGET = "precision", "deterministic", "max_trials", "budget"
 DEADLINE_ENV = "BENCHLIB_DEADLINE"  # set by `benchlib run --budget` in each notebook's kernel

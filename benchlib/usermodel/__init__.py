@@ -16,7 +16,7 @@ from pathlib import Path
 from benchlib.benchmark import Benchmark, DeclarationError, Parameter, ParameterError
 from benchlib.trials.cases import PRECISION, trials_parameter
 from benchlib.usermodel.case import ROLE_METRICS
-from benchlib.results.plots.usermodel import frontier, memory_by_role, peak_intervals
+from benchlib.report.plots.usermodel import frontier, memory_by_role, peak_intervals
 from benchlib.usermodel.arrays import ARRAY_FORM_RUN, ArrayModelFile, array_form, check_array_form
 from benchlib.usermodel.compare import TORCH_FORM, Form, measure_model_files
 from benchlib.usermodel.loader import (ModelFileError, check_form, is_array_form, open_model_file, read_model_file,

@@ -146,7 +146,7 @@ def site_diffs(attributions: Mapping[tuple[str, str], dict], labels: Mapping[tup
     """Diff records (kind `diff`) of the attribution passes, per version: each engine's peak sites against
     the reference engine's (by line and function), and each later version's against the first version's
     under the same engine (by function and the innermost frame: the files and their lines differ)."""
-    from benchlib.results.sites import diff_records, diff_sites, pass_sites
+    from benchlib.analysis.sites import diff_records, diff_sites, pass_sites
 
     out: dict[str, list[dict]] = {}
     versions = list(dict.fromkeys(version for version, _ in attributions))

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from benchlib.results.metrics import CUDA_RESERVED_PEAK
+from benchlib.records.metrics import CUDA_RESERVED_PEAK
 from benchlib.units import format_bytes, format_seconds
 
 FRACTIONS = (1 / 8, 1 / 4, 1 / 2, 1)  # of the parameter's given value: the points measured
@@ -168,7 +168,7 @@ class FitResult:
     def records(self) -> list[dict]:
         """Tidy rows: per engine and measured value its total, per engine the model's check error and the
         largest fitting value, and the verification's error."""
-        from benchlib.results import make_record
+        from benchlib.records import make_record
 
         rows = []
         for fit in self.engines:

@@ -12,10 +12,10 @@ import pandas as pd
 from benchlib.engines.gradients import GRAD_ERROR_METRIC
 from benchlib.engines.roles import GRADIENT_METRIC, SAVED_METRIC
 from benchlib.units import format_bytes, format_seconds
-from benchlib.results.compare import trial_values
-from benchlib.results.frontier import TRACKED, deciding_peak, frontier_frame, median_with_interval
-from benchlib.results.report import SUMMARY_COLUMN
-from benchlib.results.stats import noise_flags, ratio_of_medians
+from benchlib.analysis.compare import trial_values
+from benchlib.analysis.frontier import TRACKED, deciding_peak, frontier_frame, median_with_interval
+from benchlib.report.page import SUMMARY_COLUMN
+from benchlib.analysis.stats import noise_flags, ratio_of_medians
 from benchlib.trials import DETERMINISTIC, GRAD_UNCHECKED_METRIC, MAX_TRIALS, PRECISION
 from benchlib.usermodel.arrays import ARRAY_ENGINES
 from benchlib.usermodel.engines import ENGINES

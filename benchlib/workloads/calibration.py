@@ -11,7 +11,7 @@
 
 Overhead ratios interleave plain and instrumented calls round by round, in a shuffled order,
 so drift in the machine's speed affects both sides alike. Every function returns tidy records
-(benchlib.results.make_record); `run_calibration` runs them all.
+(benchlib.records.make_record); `run_calibration` runs them all.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import torch
 from benchlib.benchmark import Benchmark, Config, Parameter
 from benchlib.measure import (AllocationTracker, Device, count_allocations, measure, measure_steps, resolve_device,
                               time_call, torch_threads)
-from benchlib.results import make_record
+from benchlib.records import make_record
 
 MATMUL_DTYPES = ("float32", "float64")
 

@@ -28,7 +28,7 @@ from benchlib.engines.namespaces import segmentation_params
 from benchlib.engine_names import BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, MANUAL_SEED
 from benchlib.engines.roles import role_gauge, tape_roles
 from benchlib.measure import Case, mark
-from benchlib.results.seed_verdicts import RatioRule
+from benchlib.analysis.seed_verdicts import RatioRule
 
 SEED_SIZES = {"D": 1000, "depth": 100}
 DATA_SEED = 0  # the seed of x and z: every engine differentiates the same data

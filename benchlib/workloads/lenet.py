@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchlib.results import make_record
+from benchlib.records import make_record
 from benchlib.workloads.mnist_training import NAME, load_average, minibatch_indices
 
 MODES = ("sequential", "threads", "vmap")

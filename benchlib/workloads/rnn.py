@@ -34,7 +34,7 @@ from benchlib.engines.namespaces import segmentation_params
 from benchlib.engine_names import AUTOGRAD, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, MANUAL_SEED, TORCH
 from benchlib.engines.roles import role_gauge, tape_roles
 from benchlib.measure import MALLOC_POLICIES, Case, mark
-from benchlib.results.seed_verdicts import RatioRule, SlopeRule
+from benchlib.analysis.seed_verdicts import RatioRule, SlopeRule
 
 SEED_SIZES = {"batch": 16, "hidden": 1024, "T": 50}
 DATA_SEED = 0  # the seed of the weights and inputs: every engine differentiates the same data

@@ -18,7 +18,7 @@ Each step's first call is its cold measurement, followed by warm-up calls; the w
 calls of the four steps are then timed round-robin. Times and allocations come from separate
 passes (tracing slows code), each starting from fresh set-ups and, for torch.compile, from
 `torch._dynamo.reset()`. `run` gathers every MWE x engine x order; `seed_table` and
-`verdict_table` turn the records into the notebook's tables (verdicts: `benchlib.results.stats`).
+`verdict_table` turn the records into the notebook's tables (verdicts: `benchlib.analysis.stats`).
 
 Modules: `spec` (names and settings), `engines`, `mwes`, `protocol` (passes and records), `tables`.
 """
@@ -43,7 +43,7 @@ from benchlib.workloads.closures.tables import (
 )
 
 from benchlib.benchmark import Benchmark, Parameter, Seed, distinct
-from benchlib.results.seed_verdicts import RatioRule
+from benchlib.analysis.seed_verdicts import RatioRule
 
 
 def _rules(config) -> None:

@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterator
 
 from benchlib.engines.gradients import GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, max_relative_error
 from benchlib.measure import attribute_allocations, count_allocations, resolve_device, time_call
-from benchlib.results import make_record, status_record
+from benchlib.records import make_record, status_record
 from benchlib.trials.stopping import Deadline, TrialStopping
 from benchlib.workloads.closures.spec import (
     NAME, MWE_DTYPES, ORDERS, INITIAL, RERUN, NEW, RESETUP, STEPS, PAIRS, N_SAMPLES, BATCH_SIZE, GRADS_IDENTICAL,
@@ -128,7 +128,7 @@ def attribution_records(passes: dict, mwe: str, engine: str, order: str, device,
     """The attribution pass's site records per step, and per warm verdict pair the site-by-site diff of
     the two steps' allocations (kind `diff`): by function and innermost frame, since the two closures are
     the same code at other lines."""
-    from benchlib.results.sites import attribution_records as site_records, diff_records, diff_sites, pass_sites
+    from benchlib.analysis.sites import attribution_records as site_records, diff_records, diff_sites, pass_sites
 
     first, second = ORDERS[order]
     setups = {INITIAL: first, RERUN: first, NEW: second, RESETUP: first}

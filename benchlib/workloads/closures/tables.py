@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from benchlib.engines.gradients import GRAD_ERROR_METRIC
-from benchlib.results.stats import DEFAULT_ALPHA, DEFAULT_MIN_EFFECT, compare_counts, compare_times
+from benchlib.analysis.stats import DEFAULT_ALPHA, DEFAULT_MIN_EFFECT, compare_counts, compare_times
 from benchlib.workloads.closures.spec import (
     NAME, ORDERS, STEPS, PHASES, PAIRS, VALID_ENGINES, GRADS_IDENTICAL, NOT_APPLICABLE,
 )
@@ -57,7 +57,7 @@ def _phase_columns(group: pd.DataFrame, phase: str, unit: str, scale: float, low
 def seed_table(frame: pd.DataFrame) -> pd.DataFrame:
     """The seed's table: per MWE, order, engine and step, allocations, bytes and times, cold and warm.
 
-    Allocations and bytes are floors over identical calls (see `benchlib.results.stats.compare_counts`), with
+    Allocations and bytes are floors over identical calls (see `benchlib.analysis.stats.compare_counts`), with
     their range; times are medians with quartiles (warm) or min and max over passes (cold)."""
     rows = []
     expanded = expand_cases(frame)

@@ -79,7 +79,7 @@ from benchlib.workloads.ensembles.study import Study, progress_line, run_study, 
 import math
 
 from benchlib.benchmark import Benchmark, Parameter, Seed, distinct, exceeds
-from benchlib.results.seed_verdicts import RatioRule
+from benchlib.analysis.seed_verdicts import RatioRule
 from benchlib.workloads.lenet import MODES
 
 MNIST_SAMPLES = 60_000  # the training split, when real digits are found

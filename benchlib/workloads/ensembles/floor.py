@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from benchlib.results import make_record
+from benchlib.records import make_record
 from benchlib.workloads.ensembles.config import EnsembleConfig
 from benchlib.workloads.mnist_training import NAME
 
@@ -14,7 +14,7 @@ from benchlib.workloads.mnist_training import NAME
 def matmul_flops(device, n: int = 1024, repeats: int = 5) -> float:
     """Measured float32 torch matmul FLOP/s on ``device`` when the run has no calibration records:
     the calibration workload's own measurement (same method), read the same way."""
-    from benchlib.results import records_frame
+    from benchlib.records import records_frame
     from benchlib.workloads import calibration
 
     rows = calibration.matmul_flops(device, sizes=[n], dtypes=["float32"], repeats=repeats)

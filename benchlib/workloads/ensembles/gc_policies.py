@@ -8,7 +8,7 @@ import gc
 
 import torch
 
-from benchlib.results import make_record
+from benchlib.records import make_record
 from benchlib.workloads.ensembles.config import GC_POLICIES, RAISED_THRESHOLDS
 from benchlib.workloads.mnist_training import NAME
 

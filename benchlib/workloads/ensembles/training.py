@@ -12,9 +12,9 @@ from types import MappingProxyType
 import numpy as np
 import torch
 
-from benchlib.results import make_record
+from benchlib.records import make_record
 from benchlib.trials.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline, TrialStopping
-from benchlib.results.derived import step_summaries
+from benchlib.analysis.derived import step_summaries
 from benchlib.workloads.ensembles.config import STRATEGIES, GC_POLICIES, EnsembleConfig, initial_parameters
 from benchlib.workloads.ensembles.strategies import Strategy, STRATEGY_CLASSES, make_strategy
 from benchlib.workloads.ensembles.cycles import StepCycles
@@ -81,7 +81,7 @@ class TrainResult:
     def records(self, device) -> list[dict]:
         """Tidy rows of what was measured: one per step and metric (repeat = step index), and the
         allocation pass and peak. Summaries (median, p99, throughput...) are derived from the steps
-        by `benchlib.results.derived`, not stored."""
+        by `benchlib.analysis.derived`, not stored."""
         common = dict(benchmark=NAME, case=self.case(), strategy=self.strategy, device=device,
                       dtype="float32", params=self.labels)
         rows = [make_record(metric=metric, value=value, unit=unit, **common) for metric, value, unit in (
@@ -263,7 +263,7 @@ def run_grid(
     init = initial_parameters(config)
     longest = max(plan.steps_of(s) for s in strategies)
     all_batches = minibatch_indices(len(data), config.batch, longest + plan.alloc_steps, config.seed).to(torch_device)
-    from benchlib.results.stats import interleaved_order
+    from benchlib.analysis.stats import interleaved_order
 
     order = interleaved_order(list(strategies), plan.trials, seed=plan.order_seed)
     results, groups = [], len(grid.heap_sizes) * len(grid.gc_policies)
@@ -313,7 +313,7 @@ def run_grid(
 def not_run_records(cells: Sequence[tuple[str, str, int]], device, labels: dict) -> list[dict]:
     """A `not_run` status record per grid cell the --budget did not reach (`run_grid(..., not_run=)`), named
     as its case would have been, so the run lists what it could not afford."""
-    from benchlib.results import status_record
+    from benchlib.records import status_record
 
     threads = torch.get_num_threads()
     return [status_record(status="not_run", message="the budget ran out before it started (benchlib run --budget)",

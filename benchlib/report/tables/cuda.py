@@ -10,8 +10,8 @@ from urllib.parse import quote
 
 import pandas as pd
 
-from benchlib.results.metrics import CUDA_ALLOC_RETRIES, CUDA_MALLOC_COUNT, CUDA_RESERVED_PEAK, CUDA_RESERVED_UNUSED
-from benchlib.results.store import CUDA_SNAPSHOT_FOLDER
+from benchlib.records.metrics import CUDA_ALLOC_RETRIES, CUDA_MALLOC_COUNT, CUDA_RESERVED_PEAK, CUDA_RESERVED_UNUSED
+from benchlib.records.store import CUDA_SNAPSHOT_FOLDER
 from benchlib.units import format_bytes
 
 VIEW_METRICS = (CUDA_RESERVED_PEAK, CUDA_RESERVED_UNUSED, CUDA_MALLOC_COUNT, CUDA_ALLOC_RETRIES)

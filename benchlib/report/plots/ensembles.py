@@ -10,7 +10,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from benchlib.results.plots.common import apply_layout, engine_colors, legend_right, log_axis
+from benchlib.report.plots.common import apply_layout, engine_colors, legend_right, log_axis
 
 def _data_label(frame: pd.DataFrame) -> str:
     return "data=" + "+".join(sorted(frame["data"].astype(str).unique()))
@@ -92,7 +92,7 @@ def throughput_vs_floor(per_trial: pd.DataFrame, *, ceiling: float, ceiling_sour
 
     `per_trial` is `summary_frame` (one row per cell and trial): bars are medians over trials, error
     bars their min and max, labels the gain over naive with its 95% interval."""
-    from benchlib.results.stats import ratio_of_medians
+    from benchlib.analysis.stats import ratio_of_medians
 
     cells = per_trial[(per_trial["gc_policy"] == gc_policy) & (per_trial["heap_objects"] == heap_objects)]
     if cells.empty:

@@ -21,8 +21,8 @@ from urllib.parse import quote
 
 import pandas as pd
 
-from benchlib.results.seed_verdicts import QUICK_CAVEAT, load_verdicts
-from benchlib.results.store import RUN_INFO, load_run_info, resolve_run, write_text_atomic
+from benchlib.analysis.seed_verdicts import QUICK_CAVEAT, load_verdicts
+from benchlib.records.store import RUN_INFO, load_run_info, resolve_run, write_text_atomic
 
 REPORT = "report.html"
 HEADLINE_SUFFIX = "_headline"  # tables/<notebook>_headline.parquet are shown in the notebook's section
@@ -226,7 +226,7 @@ def _run_link(run_path: Path, text: str) -> str:
 
 def _records(run_path: Path) -> pd.DataFrame | None:
     """The run's records, None when it has none or they cannot be read (the page still shows everything else)."""
-    from benchlib.results.store import load_records
+    from benchlib.records.store import load_records
 
     try:
         return load_records(run_path)
@@ -236,7 +236,7 @@ def _records(run_path: Path) -> pd.DataFrame | None:
 
 def _sites_html(records: pd.DataFrame, benchmark: str, figure_specs: list[dict[str, Any]]) -> str:
     """A section's "Where the peak is": sites, diffs and the capture's cost, its figures added to the page's."""
-    from benchlib.results.reporters.sites import sites_section
+    from benchlib.report.tables.sites import sites_section
 
     try:
         section = sites_section(records, benchmark)
@@ -299,8 +299,8 @@ def build_report(run: str | os.PathLike) -> str:
                      + (table_html(noise.drop(columns=["dimension", "device", "unit"])) if not noise.empty
                         else "<p>None flagged.</p>"))
 
-    from benchlib.results.reporters.cuda import allocator_section
-    from benchlib.results.sites import ATTRIBUTION_METRICS
+    from benchlib.report.tables.cuda import allocator_section
+    from benchlib.analysis.sites import ATTRIBUTION_METRICS
 
     records = _records(run_path)
     attributed = records if records is not None and records["metric"].isin(ATTRIBUTION_METRICS).any() else None

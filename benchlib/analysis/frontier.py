@@ -10,9 +10,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from benchlib.results.compare import trial_values
-from benchlib.results.metrics import GRAD_UNCHECKED_METRIC
-from benchlib.results.stats import median_interval
+from benchlib.analysis.compare import trial_values
+from benchlib.records.metrics import GRAD_UNCHECKED_METRIC
+from benchlib.analysis.stats import median_interval
 from benchlib.units import format_bytes
 
 TRACKED = "tracked_peak_bytes"  # the allocation pass's peak: byte-exact, the same for the same code path

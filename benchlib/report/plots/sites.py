@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from benchlib.results.plots.common import apply_layout, engine_color
+from benchlib.report.plots.common import apply_layout, engine_color
 
 SHOWN_SITES = 10
 

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from benchlib.units import format_bytes, format_count
-from benchlib.results.sites import ALL_SITES, NATIVE_SITE, attribution_cost, diff_table, own_first, site_table
+from benchlib.analysis.sites import ALL_SITES, NATIVE_SITE, attribution_cost, diff_table, own_first, site_table
 
 CASES_SHOWN = 2  # cases whose top-site tables the page shows (closures have dozens; records keep all)
 SITES_SHOWN = 8  # sites per engine in a table
@@ -128,7 +128,7 @@ def categories_table(records: pd.DataFrame, case: str) -> pd.DataFrame:
 def sites_section(records: pd.DataFrame, benchmark: str) -> list[Any]:
     """The section's parts in page order: HTML strings and plotly figures; [] when `benchmark` has no
     attribution records."""
-    from benchlib.results.plots.sites import peak_sites_figure
+    from benchlib.report.plots.sites import peak_sites_figure
 
     rows = records[records["benchmark"] == benchmark]
     sites = _engines_first(site_table(rows))
@@ -176,7 +176,7 @@ def sites_section(records: pd.DataFrame, benchmark: str) -> list[Any]:
                          "temporary bytes of the engine's pass.</p>" + _table(_site_rows(churn)))
     if len(cases) > CASES_SHOWN:
         parts.append(f"<p>{len(cases) - CASES_SHOWN} more case(s) have sites in the records "
-                     "(<code>benchlib.results.sites.site_table(records)</code>).</p>")
+                     "(<code>benchlib.analysis.sites.site_table(records)</code>).</p>")
     if not diffs.empty:
         parts.append(_diff_html(diffs))
     return parts

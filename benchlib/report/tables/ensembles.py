@@ -40,7 +40,7 @@ def batched_gain(per_trial: pd.DataFrame, *, ceiling: float | None = None) -> pd
     model-samples/s), how many times below it the strategy runs (`below_floor`: ceiling over its
     median throughput, interval over trials); its p99/median step time (median over trials). The
     closing note's three targets read off one row."""
-    from benchlib.results.stats import median_interval, ratio_of_medians
+    from benchlib.analysis.stats import median_interval, ratio_of_medians
 
     nan = float("nan")
     rows = []
@@ -89,7 +89,7 @@ def cycles_table(per_trial: pd.DataFrame, pauses: pd.DataFrame) -> pd.DataFrame:
     of any trial (all after warm-up), and the p99's ratio to the same policy without cycles with its
     95% interval over trials. `per_trial` is `summary_frame` of the experiment, `pauses` its
     `pauses_frame`."""
-    from benchlib.results.stats import ratio_of_medians
+    from benchlib.analysis.stats import ratio_of_medians
 
     held = per_trial["cycle_bytes_max"] if "cycle_bytes_max" in per_trial else pd.Series(float("nan"), per_trial.index)
     cells = with_display_units(per_trial).assign(held_MB=held.where(per_trial["cycles"] > 0, 0.0) / 1e6,
@@ -124,12 +124,12 @@ def cycles_table(per_trial: pd.DataFrame, pauses: pd.DataFrame) -> pd.DataFrame:
 def full_collection_fit(experiment_pauses: pd.DataFrame):
     """The pause of a full collection against the tracked objects it walked: a robust (Theil-Sen)
     line through the `gc.collect()` experiment's pauses over each long-lived heap, not frozen
-    (`benchlib.results.stats.LinearFit`, slope in seconds per object), or None with fewer than three
+    (`benchlib.analysis.stats.LinearFit`, slope in seconds per object), or None with fewer than three
     such pauses at two object counts. Those collections find no garbage, so the line is the cost of
     walking; the training steps' full collections also free what they find, and frozen ones walk a
     handful of objects. The interval reflects the scatter of one sitting's pauses, not drift
     between sittings."""
-    from benchlib.results.stats import linear_fit
+    from benchlib.analysis.stats import linear_fit
 
     walked = experiment_pauses[(experiment_pauses["generation"] == 2) & ~experiment_pauses["frozen"].astype(bool)] \
         if len(experiment_pauses) else experiment_pauses

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from benchlib.engine_names import MANUAL, MANUAL_SEED
-from benchlib.results.plots.common import apply_layout, engine_color, legend_right, ratio_frame
+from benchlib.report.plots.common import apply_layout, engine_color, legend_right, ratio_frame
 
 MB = 1e6
 PHASE_SYMBOLS = {"forward": "circle-open", "backward": "diamond"}

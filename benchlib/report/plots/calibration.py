@@ -6,7 +6,7 @@ import json
 import pandas as pd
 import plotly.graph_objects as go
 
-from benchlib.results.plots.common import apply_layout, engine_color
+from benchlib.report.plots.common import apply_layout, engine_color
 
 _DASH = {"float32": "solid", "float64": "dash"}
 

@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from benchlib.results.plots.common import apply_layout
+from benchlib.report.plots.common import apply_layout
 from benchlib.units import unit_scale
-from benchlib.results.stats import WORSE
+from benchlib.analysis.stats import WORSE
 
 POINT_COLOR, TRIAL_COLOR, LEVEL_COLOR = "#1f77b4", "#9e9e9e", "#555555"
 STEP_COLORS = {WORSE: "#b42318"}  # a regression in red, an improvement in green

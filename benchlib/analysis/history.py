@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from benchlib.results.compare import (CONFIG_COLUMN, CONTEXT_METRICS, KEY_COLUMNS, LOWER_IS_BETTER_BY_UNIT,
+from benchlib.analysis.compare import (CONFIG_COLUMN, CONTEXT_METRICS, KEY_COLUMNS, LOWER_IS_BETTER_BY_UNIT,
                                       UNIT_COLUMN, VALUE_COLUMN, trial_values, with_config)
-from benchlib.results.derived import with_step_summaries
+from benchlib.analysis.derived import with_step_summaries
 from benchlib.units import unit_scale
-from benchlib.results.stats import BETTER, WORSE, ratio_of_medians
-from benchlib.results.store import RecordsUnreadable, list_runs, load_records, load_run_info, resolve_run
+from benchlib.analysis.stats import BETTER, WORSE, ratio_of_medians
+from benchlib.records.store import RecordsUnreadable, list_runs, load_records, load_run_info, resolve_run
 
 BY_COMMIT, BY_TIME = "commit", "time"
 MIN_RUNS = 3  # a step needs a run on one side and a run to tell it from noise on the other
@@ -298,52 +298,3 @@ def answer(steps: pd.DataFrame, series: pd.DataFrame) -> str:
     more = f" (and {len(regressions) - 1} more series)" if len(regressions) > 1 else ""
     return (f"{head}; latest step in {series_name(worst)} is a regression: {worst.ratio:.3g}x "
             f"[{worst.ci_low:.3g}, {worst.ci_high:.3g}] at run {worst.to_run} (commit {worst.to_commit}){more}")
-
-
-def step_table(steps: pd.DataFrame) -> pd.DataFrame:
-    """The steps as the terminal and the page show them, one line each."""
-    return pd.DataFrame({
-        "series": [series_name(row) for row in steps.itertuples()],
-        "from run → to run": [f"{row.from_run} → {row.to_run}" for row in steps.itertuples()],
-        "commits": [f"{row.from_commit or '?'} → {row.to_commit or '?'}" for row in steps.itertuples()],
-        "before → after (median)": [f"{format_value(row.median_before, row.unit)} → "
-                                     f"{format_value(row.median_after, row.unit)}" for row in steps.itertuples()],
-        "ratio [95% interval]": [f"{row.ratio:.3g}x [{row.ci_low:.3g}, {row.ci_high:.3g}]"
-                                 for row in steps.itertuples()],
-        "label": [row.label + (" (latest)" if row.latest else "") for row in steps.itertuples()],
-    })
-
-
-HISTORY_PAGE = "history.html"
-
-
-def history_page(series: pd.DataFrame, steps: pd.DataFrame, *, by: str = BY_COMMIT, skipped: Sequence[str] = ()) -> str:
-    """history.html: the answer, the steps' table, then one figure per series that stepped, and the
-    runs read (and those skipped), so the page alone says what it was told from."""
-    import html
-    import json
-
-    from benchlib.results.plots.history import step_figure
-    from benchlib.results.report import html_page, table_html
-
-    parts = ["<h1>benchlib history</h1>",
-             f"<pre class='answer' style='white-space: pre-wrap'>{html.escape(answer(steps, series))}</pre>"]
-    if not steps.empty:
-        parts.append("<h2 id='steps'>Steps</h2><p>A step is a change point of the runs' medians (ruptures, PELT) "
-                     "whose ratio after/before, over the pooled trials of the runs on either side, has a 95% "
-                     "interval without 1 and moves by more than the threshold.</p>" + table_html(step_table(steps)))
-    figure_specs = []
-    for key, stepped in steps.groupby(SERIES_COLUMNS, sort=False):
-        points = series[(series[SERIES_COLUMNS] == pd.Series(key, index=SERIES_COLUMNS)).all(axis=1)]
-        figure_id = f"figure-{len(figure_specs)}"
-        figure = step_figure(points, stepped, name=series_name(points.iloc[0]), by=by)
-        figure_specs.append({"id": figure_id, "name": series_name(stepped.iloc[0]), "figure": json.loads(figure.to_json())})
-        parts.append(f"<div class='figure' id='{figure_id}'></div>")
-    runs = (series.groupby(["run_id", "started_at"], dropna=False)
-            .agg(started=("started", "first"), commits=("commit", lambda c: ", ".join(sorted(set(c.dropna())))))
-            .reset_index().sort_values(["started", "run_id"]).drop(columns="started"))
-    parts.append(f"<h2 id='runs'>Runs read ({len(runs)})</h2>" + table_html(runs))
-    if skipped:
-        parts.append("<h2 id='skipped'>Runs skipped</h2><ul>"
-                     + "".join(f"<li>{html.escape(message)}</li>" for message in skipped) + "</ul>")
-    return html_page("benchlib history", parts, figure_specs)

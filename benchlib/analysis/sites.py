@@ -53,7 +53,7 @@ def attribution_records(attribution: Mapping[str, Any], *, params: Mapping[str, 
                         kept: int = RECORDED, **labels: Any) -> list[dict]:
     """One attribution pass (`Attribution.to_dict()`) as records with `labels` (make_record's) and
     `params` added to each row's own: its cost, its peak, and the `kept` largest sites of each kind."""
-    from benchlib.results import make_record
+    from benchlib.records import make_record
 
     base = dict(params or {})
     shared = {**base, "python_allocators": bool(attribution.get("python_allocators", True))}
@@ -165,7 +165,7 @@ def diff_records(diff: pd.DataFrame, *, a: str, b: str, of: str, kept: int = REC
     so a diff where nothing differs still says so), then per site (the `kept` largest differences that
     are not `same`) a `site_bytes_diff` and a `site_count_diff` row (b - a), params naming the two
     streams (`a`, `b`), which kind of site they compare (`of`) and both sides' bytes and counts."""
-    from benchlib.results import make_record
+    from benchlib.records import make_record
 
     rows = []
     totals = {column: float(diff[column].sum()) for column in ("bytes_a", "bytes_b", "count_a", "count_b")}

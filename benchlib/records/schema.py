@@ -1,7 +1,7 @@
 """The tidy record schema: one row per measured value, validated where it is made.
 
 A record names its benchmark and case, what varies (`dimension`, e.g. engine or strategy) and
-its value (`variant`), the device and dtype, a registered metric (`benchlib.results.metrics`) with
+its value (`variant`), the device and dtype, a registered metric (`benchlib.records.metrics`) with
 its unit, the value, a repeat index and typed parameters (a JSON object).
 
 Validation happens in `make_record` and `records_frame` so that a bad row fails in the
@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from benchlib.results.metrics import METRICS, Metric, MetricError  # noqa: F401  (re-exported)
+from benchlib.records.metrics import METRICS, Metric, MetricError  # noqa: F401  (re-exported)
 
 # Version 2: `dimension` + `variant` (what varies and its value) replace the overloaded `engine`;
 # metric names and units checked against METRICS. Version 1 (no version stamp) is read by
@@ -147,7 +147,7 @@ def _variant(variant: Mapping[str, Any]) -> tuple[str, str]:
     if len(variant) != 1 or next(iter(variant)) not in DIMENSIONS:
         given = ", ".join(f"{key}={value!r}" for key, value in variant.items()) or "none"
         raise RecordError(f"a record names what varies with exactly one of {', '.join(f'{d}=' for d in DIMENSIONS)} "
-                          f"(got {given}); add a new dimension to DIMENSIONS in benchlib.results.records")
+                          f"(got {given}); add a new dimension to DIMENSIONS in benchlib.records.schema")
     (dimension, value), = variant.items()
     return dimension, value
 

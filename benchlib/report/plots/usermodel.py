@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from benchlib.results.compare import trial_values
-from benchlib.results.plots.common import apply_layout, engine_color
-from benchlib.results.plots.gradients import MB, _annotate, _status_notes
-from benchlib.results.stats import median_interval
+from benchlib.analysis.compare import trial_values
+from benchlib.report.plots.common import apply_layout, engine_color
+from benchlib.report.plots.gradients import MB, _annotate, _status_notes
+from benchlib.analysis.stats import median_interval
 
 VERSION_COLORS = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#9d755d", "#e45756")
 # Bottom to top: what the model holds before the step (the baseline), then the step's peak by role.
@@ -95,7 +95,7 @@ def frontier(records: pd.DataFrame) -> go.Figure:
     """Which engine gets the step under a memory level, and what does it cost in time? Each engine's peak
     against its time per step, both medians with 95% intervals over trials; the frontier engines (no other
     beats them on both) filled and joined, the others hollow, those whose gradient could not be checked grey."""
-    from benchlib.results.frontier import TRACKED, frontier_frame
+    from benchlib.analysis.frontier import TRACKED, frontier_frame
 
     table = frontier_frame(records)
     several = table["case"].nunique() > 1

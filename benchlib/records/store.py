@@ -20,8 +20,8 @@ from typing import Any
 
 import pandas as pd
 
-from benchlib.results.environment import capture_environment
-from benchlib.results.records import (SCHEMA_VERSION, SCHEMA_VERSION_KEY, RecordError, arrow_schema, conform,
+from benchlib.records.environment import capture_environment
+from benchlib.records.schema import (SCHEMA_VERSION, SCHEMA_VERSION_KEY, RecordError, arrow_schema, conform,
                                       empty_records_frame, records_frame, upgrade_frame)
 
 RUN_INFO = "run.json"

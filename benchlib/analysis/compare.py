@@ -1,6 +1,6 @@
 """Did a change make things better? Per metric, run B against run A (asv `compare`, pyperf `compare_to`).
 
-The statistics come from `benchlib.results.stats` and take plain arrays; the record columns they are
+The statistics come from `benchlib.analysis.stats` and take plain arrays; the record columns they are
 grouped by are named once, in `KEY_COLUMNS`, `VALUE_COLUMN` and `UNIT_COLUMN`.
 """
 
@@ -16,9 +16,9 @@ import numpy as np
 import pandas as pd
 from scipy.stats import mannwhitneyu
 
-from benchlib.results.derived import with_step_summaries
-from benchlib.results.metrics import TRIALS_RUN
-from benchlib.results.stats import (
+from benchlib.analysis.derived import with_step_summaries
+from benchlib.records.metrics import TRIALS_RUN
+from benchlib.analysis.stats import (
     BETTER,
     DEFAULT_ALPHA,
     INCONCLUSIVE,
@@ -29,7 +29,7 @@ from benchlib.results.stats import (
     noise_flags,
     ratio_of_medians,
 )
-from benchlib.results.store import load_records, resolve_run
+from benchlib.records.store import load_records, resolve_run
 from benchlib.units import unit_scale
 
 KEY_COLUMNS = ("benchmark", "case", "dimension", "variant", "device", "dtype", "metric")

@@ -18,10 +18,10 @@ from typing import Callable, Mapping
 import numpy as np
 import pandas as pd
 
-from benchlib.results.compare import VALUE_COLUMN, stops_by_variant, trial_values
-from benchlib.results.derived import with_step_summaries
-from benchlib.results.stats import median_interval, ratio_of_medians
-from benchlib.results.store import resolve_run, write_parquet_atomic
+from benchlib.analysis.compare import VALUE_COLUMN, stops_by_variant, trial_values
+from benchlib.analysis.derived import with_step_summaries
+from benchlib.analysis.stats import median_interval, ratio_of_medians
+from benchlib.records.store import resolve_run, write_parquet_atomic
 
 REPRODUCED, REFUTED, INCONCLUSIVE = "reproduced", "refuted", "inconclusive"
 VERDICTS = "verdicts.parquet"  # a run's verdict table, beside its records

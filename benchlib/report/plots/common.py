@@ -121,8 +121,8 @@ def ratio_frame(records: pd.DataFrame, *, metric: str, baseline: str, by: Sequen
 
     Ratios are taken within one frame (one run), as the design asks: never against typed-in numbers.
     """
-    from benchlib.results.compare import trial_values
-    from benchlib.results.stats import ratio_of_medians
+    from benchlib.analysis.compare import trial_values
+    from benchlib.analysis.stats import ratio_of_medians
 
     by = list(by)
     rows = records[records["metric"] == metric]

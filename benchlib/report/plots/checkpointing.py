@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from benchlib.engine_names import BENCHLIB_CHECKPOINT, MANUAL
-from benchlib.results.plots.common import apply_layout, engine_color, legend_right
+from benchlib.report.plots.common import apply_layout, engine_color, legend_right
 
 MB = 1e6
 

@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from benchlib.results.plots.common import apply_layout, engine_color, legend_right, log_axis
+from benchlib.report.plots.common import apply_layout, engine_color, legend_right, log_axis
 
 # Per phase: allocation column, time column, the columns bounding the time's bar, unit, what the bar is.
 PHASE_COLUMNS = {

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
-from benchlib.results.plots.common import apply_layout, engine_color, legend_right
+from benchlib.report.plots.common import apply_layout, engine_color, legend_right
 
 # The headline metrics a grid figure is drawn for, with their label and scale.
 GRID_METRICS = {"peak_bytes": ("peak memory above baseline (MB)", 1e-6), "time": ("median time (s)", 1.0)}

@@ -53,7 +53,7 @@ class MetricRegistry:
 
     def __getitem__(self, name: str) -> Metric:
         if name not in self._metrics:
-            raise MetricError(f"unknown metric {name!r}: register it in benchlib.results.metrics "
+            raise MetricError(f"unknown metric {name!r}: register it in benchlib.records.metrics "
                               f"(METRICS.register(name, unit, kind, meaning)); known: {', '.join(sorted(self._metrics))}")
         return self._metrics[name]
 
@@ -110,7 +110,7 @@ for _name, _unit, _kind, _meaning in (
      "bytes (0: not even the smallest value measured)"),
     ("fit_verify_error", "ratio", "check", "(predicted - measured) / measured total at the largest fitting value, "
      "measured for real (`benchlib fit --verify`; params.predicted, params.measured)"),
-    # allocation sites (benchlib.results.sites; an attribution pass, --attribute)
+    # allocation sites (benchlib.analysis.sites; an attribution pass, --attribute)
     ("site_bytes", "B", "memory", "bytes one source line accounts for in an attribution pass (repeat = its rank): "
      "live at the pass's peak (params.kind peak), freed soon after being made (temporary) or allocated in all "
      "(allocated); params.site is file:line, params.function its function, params.own whether it is the user's code"),

@@ -1,10 +1,12 @@
-"""Tidy records, run metadata, atomic storage and loading runs back (parquet and JSON; no pickle)."""
+"""What a run leaves: the metric registry, tidy records and their schema, run metadata, atomic storage
+and loading runs back (parquet and JSON; no pickle). The measuring code writes through it; judging
+(`benchlib.analysis`) and showing (`benchlib.report`) read it."""
 
-from benchlib.results.environment import capture_environment
-from benchlib.results.metrics import METRICS, Metric, MetricError
-from benchlib.results.records import (DIMENSIONS, RECORD_COLUMNS, SCHEMA_VERSION, STATUSES, RecordError, make_record,
+from benchlib.records.environment import capture_environment
+from benchlib.records.metrics import METRICS, Metric, MetricError
+from benchlib.records.schema import (DIMENSIONS, RECORD_COLUMNS, SCHEMA_VERSION, STATUSES, RecordError, make_record,
                                       params_json, records_frame, status_record)
-from benchlib.results.store import (
+from benchlib.records.store import (
     Run,
     default_results_root,
     list_runs,
