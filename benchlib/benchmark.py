@@ -214,7 +214,9 @@ class Benchmark:
     builder of the run's records frame (drawn by the generic notebook; a notebook draws its own).
     `metrics` ((name, unit, kind, meaning), ...) and `dimensions` ({name: meaning}) are the metrics
     and kinds of variant its records use that benchlib does not know yet: declaring the benchmark
-    registers them, so a new benchmark needs no edit to `benchlib.records`. `summarize(records)`, if
+    registers them, so a new benchmark needs no edit to `benchlib.records`; `colors` ({series: colour})
+    are its own series' colours in every figure (`benchlib.report.palette`; engines have theirs).
+    `summarize(records)`, if
     given, builds the headline table instead of the medians of the `headline` metrics; a `summary`
     column of one line per row is what `benchlib run` prints first after the run. `yardstick` marks a
     benchmark that measures the machine rather than the code: a full run takes it first, and
@@ -235,6 +237,7 @@ class Benchmark:
     figures: Mapping[str, Callable] = field(default_factory=dict)
     metrics: tuple[tuple[str, str, str, str], ...] = ()
     dimensions: Mapping[str, str] = field(default_factory=dict)
+    colors: Mapping[str, str] = field(default_factory=dict)
     summarize: Callable | None = None
     yardstick: bool = False
 
@@ -262,9 +265,10 @@ class Benchmark:
         self._register()
 
     def _register(self) -> None:
-        """Its new metrics and dimensions into the records' registries (the same meaning twice is fine)."""
+        """Its new metrics, dimensions and colours into the shared registries (the same meaning twice is fine)."""
         from benchlib.records.metrics import METRICS, MetricError
         from benchlib.records.schema import DIMENSIONS
+        from benchlib.report.palette import PaletteError, register
 
         try:
             for metric in self.metrics:
@@ -275,6 +279,10 @@ class Benchmark:
             if DIMENSIONS.setdefault(dimension, meaning) != meaning:
                 raise DeclarationError(f"benchmark {self.name!r}: dimension {dimension!r} is already declared as "
                                        f"{DIMENSIONS[dimension]!r}")
+        try:
+            register(self.name, self.colors)
+        except PaletteError as error:
+            raise DeclarationError(f"benchmark {self.name!r}: colors: {error}") from None
 
     def __repr__(self) -> str:
         return f"Benchmark({self.name!r})"

@@ -77,3 +77,31 @@ def test_which_benchmark_runs_first_is_declared_not_named():
     assert list(registry.benchmarks())[0] in registry.yardsticks() == ("calibration",)
     for module in ("registry.py", "runner/notebooks.py", "analysis/compare.py"):
         assert not re.search(r"[\"']calibration[\"']", (PACKAGE / module).read_text(encoding="utf-8")), module
+
+
+def test_no_benchmark_is_named_outside_its_own_module():
+    """A benchmark's metrics, dimensions, colours, verdicts and figures are declared with it, so nothing
+    central names it. The one exception is frozen history: the upgrade of version-1 records, whose old
+    columns differ by benchmark and never change again."""
+    from benchlib import registry
+
+    upgrade = PACKAGE / "records" / "schema.py"
+    named = []
+    for name, benchmark in registry.benchmarks().items():
+        module = registry_module_path(benchmark)
+        literal = re.compile(rf"[\"']{re.escape(name)}[\"']")
+        for path in PACKAGE.rglob("*.py"):
+            if path == upgrade or path == module or module in path.parents:
+                continue
+            named += [f"{path.relative_to(PACKAGE)} names {name!r}"] if literal.search(path.read_text(encoding="utf-8")) else []
+    assert named == []
+
+
+def registry_module_path(benchmark) -> pathlib.Path:
+    """The file (or package folder) whose BENCHMARK is `benchmark`."""
+    import sys
+
+    module = next(module for name, module in list(sys.modules.items())
+                  if name.startswith("benchlib.workloads.") and getattr(module, "BENCHMARK", None) is benchmark)
+    path = pathlib.Path(module.__file__)
+    return path.parent if path.name == "__init__.py" else path

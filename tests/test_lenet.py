@@ -8,7 +8,7 @@ import torch
 from benchlib.measure import resolve_device
 from benchlib.records import records_frame
 from benchlib.report.plots.ensembles import lenet_epochs
-from benchlib.workloads import lenet as L
+from benchlib.workloads.ensembles import lenet as L
 from benchlib.zoo.mnist_data import synthetic_mnist
 
 CPU = resolve_device("cpu")

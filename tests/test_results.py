@@ -71,9 +71,9 @@ def test_make_record_rejects_bad_fields(overrides, message):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"metric": "peak_byte"}, "unknown metric 'peak_byte': register it"),
+        ({"metric": "peak_byte"}, "unknown metric 'peak_byte': declare it with its benchmark"),
         ({"unit": "s"}, "metric 'peak_bytes' is in 'B', got unit 's'"),
-        ({"strategy": "naive"}, "exactly one of engine=, library=, strategy="),
+        ({"strategy": "naive"}, "a record names what varies with exactly one of engine="),
     ],
 )
 def test_make_record_checks_metric_registry_and_one_varying_dimension(overrides, message):

@@ -5,7 +5,10 @@ import math
 import pytest
 
 from benchlib.records import make_record, records_frame
-from benchlib.report.plots.common import ENGINE_COLORS, PALETTE, SERIES_COLORS, engine_color, log_ticks, ratio_frame
+from benchlib import registry
+from benchlib.benchmark import Benchmark, DeclarationError
+from benchlib.report.palette import PALETTE, SERIES_COLORS, known_colors
+from benchlib.report.plots.common import engine_color, log_ticks, ratio_frame
 
 
 def rows(engine, case, values, metric="peak_bytes"):
@@ -17,11 +20,23 @@ def rows(engine, case, values, metric="peak_bytes"):
 
 
 def test_engine_colours_are_fixed_for_known_engines_and_stable_for_others():
+    registry.benchmarks()  # every declaration's own colours registered
     for group, colors in SERIES_COLORS.items():  # names drawn together never share a colour
         assert len(set(colors.values())) == len(colors), group
-    assert not set(ENGINE_COLORS.values()) & set(PALETTE)  # a hashed name never looks like a fixed engine
-    assert engine_color("torch") == ENGINE_COLORS["torch"]
+    assert not set(known_colors().values()) & set(PALETTE)  # a hashed name never looks like a fixed one
+    assert engine_color("torch") == SERIES_COLORS["engines"]["torch"]
+    assert engine_color("naive") == SERIES_COLORS["mnist_ensembles"]["naive"]  # declared with its benchmark
     assert engine_color("jax") in PALETTE and engine_color("jax") == engine_color("jax")
+
+
+def test_a_benchmark_declares_its_own_series_colours_and_cannot_recolour_another_s():
+    declared = Benchmark(name="colour_probe", question="?", parameters=(), measure=lambda config, device: [],
+                         colors={"probe-series": "#010203"})
+    assert engine_color("probe-series") == "#010203" and declared.colors["probe-series"] == "#010203"
+    with pytest.raises(DeclarationError, match="'torch' is already drawn in"):
+        Benchmark(name="colour_thief", question="?", parameters=(), measure=lambda config, device: [],
+                  colors={"torch": "#010204"})
+    SERIES_COLORS.pop("colour_probe")
 
 
 def test_ratio_frame_divides_medians_by_the_baseline_in_each_case():

@@ -1,9 +1,11 @@
 """The metric registry: every metric a record may carry, with its unit, kind and meaning.
 
 `make_record` checks each record's metric here, so a typo or a unit that disagrees fails in the
-workload that made it. A new metric is one `METRICS.register(...)` line (in this module for the
-workbench's own; a workload outside it may register its own at import). Store raw values: a
-median, a ratio or a share that can be computed from stored values is derived in `results`.
+workload that made it. This module holds the metrics every benchmark shares (a measurement's,
+the CUDA allocator's, allocation sites', case outcomes and gradient checks, memory by role); a
+benchmark declares its own (`Benchmark(metrics=...)`), which registers them when it is declared.
+Store raw values: a median, a ratio or a share that can be computed from stored values is
+derived when read (`benchlib.analysis`, `benchlib.report`).
 """
 
 from __future__ import annotations
@@ -53,8 +55,8 @@ class MetricRegistry:
 
     def __getitem__(self, name: str) -> Metric:
         if name not in self._metrics:
-            raise MetricError(f"unknown metric {name!r}: register it in benchlib.records.metrics "
-                              f"(METRICS.register(name, unit, kind, meaning)); known: {', '.join(sorted(self._metrics))}")
+            raise MetricError(f"unknown metric {name!r}: declare it with its benchmark (Benchmark(metrics=((name, unit, "
+                              f"kind, meaning), ...))); known: {', '.join(sorted(self._metrics))}")
         return self._metrics[name]
 
     def __iter__(self):
@@ -100,16 +102,6 @@ for _name, _unit, _kind, _meaning in (
      "(one cudaMalloc each; 0 once its cache holds a step)"),
     (CUDA_ALLOC_RETRIES, "count", "count", "times a cudaMalloc failed in the timed calls and the allocator freed its "
      "cache to retry (fragmentation under memory pressure: each retry synchronises the device)"),
-    # `benchlib fit` (benchlib.usermodel.fit): the largest value of a parameter under a memory limit
-    ("fit_total_bytes", "B", "memory", "total memory of one step at params.value of the parameter params.scale: on CUDA "
-     "the allocator's reserved peak, on the CPU the process's resident high-water mark (params.total says which)"),
-    ("predicted_total_bytes", "B", "memory", "the size model's total at params.value (params.model: linear or quadratic)"),
-    ("fit_check_error", "ratio", "check", "relative error of the size model, fitted to the smaller points, at the "
-     "largest measured one: how far its extrapolation was off where it could be checked"),
-    ("max_fitting", "", "setting", "the largest value of params.scale whose predicted total stays under params.limit "
-     "bytes (0: not even the smallest value measured)"),
-    ("fit_verify_error", "ratio", "check", "(predicted - measured) / measured total at the largest fitting value, "
-     "measured for real (`benchlib fit --verify`; params.predicted, params.measured)"),
     # allocation sites (benchlib.analysis.sites; an attribution pass, --attribute)
     ("site_bytes", "B", "memory", "bytes one source line accounts for in an attribution pass (repeat = its rank): "
      "live at the pass's peak (params.kind peak), freed soon after being made (temporary) or allocated in all "
@@ -146,79 +138,9 @@ for _name, _unit, _kind, _meaning in (
      "same gradient"),
     ("grad_seed_dependent", "", "check", "1 when the reference's own gradient changes with the random seed (the "
      "step draws random numbers, e.g. dropout), else 0"),
-    ("grads_identical", "", "check", "1 when two gradients are bit-identical, else 0"),
-    ("x_scale", "", "setting", "scale applied to the dot chain's input so its values stay finite"),
-    # checkpointing
+    # memory by role (benchlib.engines.roles; the tape's engines, torch's saved-tensor hooks, model files)
     ("role_saved_bytes", "B", "memory", "forward values held for the backward pass: at the tape's peak (benchlib), "
                                         "or packed by torch's saved-tensor hooks in one call (torch)"),
     ("role_gradient_bytes", "B", "memory", "gradient buffers at the tape's peak (benchlib engines)"),
-    ("recomputed_nodes", "count", "count", "tape nodes recomputed in one checkpointed backward pass"),
-    ("saved_bytes_peak", "B", "memory", "peak bytes of saved activations on the checkpointed tape"),
-    ("peak_total_bytes", "B", "memory", "peak bytes held by the checkpointed tape, snapshots included"),
-    ("revolve_recomputations", "count", "count", "recomputations Revolve predicts for the same chain and budget"),
-    # calibration
-    ("flop_rate", "FLOP/s", "rate", "matrix-product floating-point operations per second"),
-    ("bandwidth", "B/s", "rate", "bytes read plus written per second by a copy"),
-    ("time_plain", "s", "time", "one call without the instrument under calibration"),
-    ("time_instrumented", "s", "time", "one call with the instrument under calibration"),
-    ("time_ratio", "ratio", "ratio", "median instrumented time / median plain time"),
-    ("time_ratio_min", "ratio", "ratio", "fastest instrumented time / fastest plain time"),
-    ("sample_time", "s", "time", "one memory read of the timeline sampler"),
-    # mnist_ensembles: per step and per cell
-    ("step_time", "s", "time", "one training step (repeat = step index; warm-up steps included)"),
-    ("step_gc_pauses", "count", "count", "GC collections that began in one step"),
-    ("step_gc_time", "s", "time", "seconds of GC pauses in one step"),
-    ("step_loss", "", "loss", "mean loss over the nets in one step"),
-    ("step_time_median", "s", "time", "median step time after warm-up"),
-    ("step_time_p99", "s", "time", "99th percentile step time after warm-up"),
-    ("step_time_max", "s", "time", "slowest step after warm-up"),
-    ("throughput", "model-samples/s", "rate", "samples times nets trained per second after warm-up"),
-    ("gc_share", "", "ratio", "share of the timed seconds spent in GC pauses"),
-    ("gc_pauses", "count", "count", "GC collections after warm-up"),
-    ("step_gc_time_max", "s", "time", "longest GC time of one step after warm-up"),
-    ("step_memory_max", "B", "memory", "highest memory in use after a step, after warm-up, above the cell's start"),
-    ("cycle_bytes_max", "B", "memory", "most bytes uncollected reference cycles held after a step, after warm-up"),
-    ("alloc_count_per_step", "count", "count", "allocations per step (a separate traced pass of several steps, less the "
-     "tracker's floor, over its steps)"),
-    ("alloc_bytes_per_step", "B", "memory", "bytes allocated per step (a separate traced pass)"),
-    ("alloc_count_python_per_step", "count", "count", "Python-allocator allocations per step (the same traced pass, "
-     "less the floor, over its steps)"),
-    ("alloc_bytes_python_per_step", "B", "memory", "bytes of those Python-allocator allocations per step"),
-    ("final_loss", "", "loss", "mean loss over the nets at the last step"),
-    ("gc_pause_time", "s", "time", "one collection's pause (repeat = the pause's index in its cell or case)"),
-    ("gc_pause_generation", "count", "count", "the generation one collection collected (repeat = pause index)"),
-    ("gc_pause_collected", "count", "count", "unreachable objects one collection freed (repeat = pause index)"),
-    ("gc_pause_uncollectable", "count", "count", "objects one collection found but could not free (repeat = pause index)"),
-    ("gc_pause_tracked", "count", "count", "tracked objects one collection walked: its generation and the younger ones (repeat = pause index)"),
-    ("gc_pause_step", "count", "count", "the training step in which one collection began (repeat = pause index)"),
-    ("step_memory", "B", "memory", "memory in use after one step above the cell's start (RSS on CPU, allocated on CUDA; repeat = step index)"),
-    ("step_cycle_bytes", "B", "memory", "bytes of step tensors held by reference cycles not yet collected, after one step (repeat = step index)"),
-    ("floor_step_s", "s", "time", "FLOP floor of one ensemble step at the measured FLOP rate"),
-    ("ceiling_model_samples_per_s", "model-samples/s", "rate", "throughput ceiling at the measured FLOP rate"),
-    # mnist_ensembles: LeNet5 epochs
-    ("epoch_time", "s", "time", "one epoch (repeat = epoch)"),
-    ("epoch_gc_time", "s", "time", "seconds of GC pauses in one epoch"),
-    ("epoch_gc_pauses", "count", "count", "GC collections in one epoch"),
-    ("epoch_loss", "", "loss", "mean loss of the models over the epoch's last step"),
-    ("epoch_alloc_count_est", "count", "count", "allocations per step (traced pass) times the epoch's steps"),
-    ("epoch_alloc_bytes_est", "B", "memory", "bytes per step (traced pass) times the epoch's steps"),
-    ("epoch_alloc_count_python_est", "count", "count", "Python-allocator allocations per step (traced pass) times the epoch's steps"),
-    # identical_closures
-    ("cold_time", "s", "time", "the first call of a step"),
-    ("warm_time", "s", "time", "a later call of a step (after warm-up)"),
-    ("cold_alloc_count", "count", "count", "allocations of a step's first call, less the tracker's floor (as "
-     "alloc_count: raw = value + params.floor)"),
-    ("cold_alloc_bytes", "B", "memory", "bytes allocated by a step's first call"),
-    ("warm_alloc_count", "count", "count", "allocations of a later call of a step, less the tracker's floor (as "
-     "alloc_count: raw = value + params.floor)"),
-    ("warm_alloc_bytes", "B", "memory", "bytes allocated by a later call of a step"),
-    ("cold_alloc_count_python", "count", "count", "Python-allocator allocations of a step's first call, less the "
-     "tracker's floor (as alloc_count_python: raw = value + params.floor)"),
-    ("warm_alloc_count_python", "count", "count", "Python-allocator allocations of a later call of a step, less the "
-     "tracker's floor (as alloc_count_python: raw = value + params.floor)"),
-    ("cold_compiles", "count", "count", "graphs torch.compile compiled in a step's first call"),
-    ("warm_compiles", "count", "count", "graphs torch.compile compiled in later calls"),
-    ("recompiles", "count", "count", "compiles for a code object that already held a compiled entry"),
-    ("cache_entries", "count", "count", "compiled entries of the step's code object afterwards"),
 ):
     METRICS.register(_name, _unit, _kind, _meaning)

@@ -43,14 +43,8 @@ RECORD_COLUMNS: tuple[str, ...] = (
 
 # What a record's `variant` may name: pass it to make_record by this keyword (engine="torch",
 # strategy="naive", mode="vmap"...); the keyword becomes `dimension`, its value `variant`.
-DIMENSIONS: dict[str, str] = {
+DIMENSIONS: dict[str, str] = {  # the shared one; a benchmark declares its own (`Benchmark(dimensions=...)`)
     "engine": "a gradient engine of benchlib.engines (or one of a workload's own engine adapters)",
-    "library": "an array library timed on its own (numpy, torch)",
-    "strategy": "a way to train the same ensemble (mnist_ensembles)",
-    "mode": "a way to run the same models (LeNet5: sequential, threads, vmap)",
-    "collector": "Python's garbage collector measured on its own",
-    "bound": "a computed bound, not a run (the FLOP floor)",
-    "tracker": "the allocation tracker measured on itself",
 }
 
 # One constructor, `status_record`, writes these: a case that ran (ok), failed, or could not run here.
@@ -147,7 +141,7 @@ def _variant(variant: Mapping[str, Any]) -> tuple[str, str]:
     if len(variant) != 1 or next(iter(variant)) not in DIMENSIONS:
         given = ", ".join(f"{key}={value!r}" for key, value in variant.items()) or "none"
         raise RecordError(f"a record names what varies with exactly one of {', '.join(f'{d}=' for d in DIMENSIONS)} "
-                          f"(got {given}); add a new dimension to DIMENSIONS in benchlib.records.schema")
+                          f"(got {given}); declare a new one with its benchmark (Benchmark(dimensions={{name: meaning}}))")
     (dimension, value), = variant.items()
     return dimension, value
 

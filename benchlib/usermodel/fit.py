@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from benchlib.records.metrics import CUDA_RESERVED_PEAK
+from benchlib.records.metrics import CUDA_RESERVED_PEAK, METRICS
 from benchlib.units import format_bytes, format_seconds
 
 FRACTIONS = (1 / 8, 1 / 4, 1 / 2, 1)  # of the parameter's given value: the points measured
@@ -34,6 +34,19 @@ MIN_POINTS = 3  # a model checked on a held-out point needs two to fit and one t
 WARMUP, STEPS = 1, 3
 LINEAR, QUADRATIC = "linear", "quadratic"
 SEARCH_LIMIT = 2 ** 40  # the largest value `max_fitting` looks at: a total that does not grow fits "at any value"
+FIT_METRICS = (  # what a fit records: a command's, not a benchmark's, so registered where it is made
+    ("fit_total_bytes", "B", "memory", "total memory of one step at params.value of the parameter params.scale: on CUDA "
+     "the allocator's reserved peak, on the CPU the process's resident high-water mark (params.total says which)"),
+    ("predicted_total_bytes", "B", "memory", "the size model's total at params.value (params.model: linear or quadratic)"),
+    ("fit_check_error", "ratio", "check", "relative error of the size model, fitted to the smaller points, at the "
+     "largest measured one: how far its extrapolation was off where it could be checked"),
+    ("max_fitting", "", "setting", "the largest value of params.scale whose predicted total stays under params.limit "
+     "bytes (0: not even the smallest value measured)"),
+    ("fit_verify_error", "ratio", "check", "(predicted - measured) / measured total at the largest fitting value, "
+     "measured for real (`benchlib fit --verify`; params.predicted, params.measured)"),
+)
+for _metric in FIT_METRICS:
+    METRICS.register(*_metric)
 
 
 class FitError(ValueError):

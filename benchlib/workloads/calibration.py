@@ -343,4 +343,16 @@ BENCHMARK = Benchmark(
     ),
     memory=_memory,
     headline=("flop_rate", "bandwidth", "time_ratio"),
+    metrics=(
+        ("flop_rate", "FLOP/s", "rate", "matrix-product floating-point operations per second"),
+        ("bandwidth", "B/s", "rate", "bytes read plus written per second by a copy"),
+        ("time_plain", "s", "time", "one call without the instrument under calibration"),
+        ("time_instrumented", "s", "time", "one call with the instrument under calibration"),
+        ("time_ratio", "ratio", "ratio", "median instrumented time / median plain time"),
+        ("time_ratio_min", "ratio", "ratio", "fastest instrumented time / fastest plain time"),
+        ("sample_time", "s", "time", "one memory read of the timeline sampler"),
+    ),
+    dimensions={"library": "an array library timed on its own (numpy, torch)",
+                "tracker": "the allocation tracker measured on itself"},
+    colors={"numpy": "#b8860b"},  # the library variant beside torch (an engine colour)
 )

@@ -98,4 +98,10 @@ BENCHMARK = Benchmark(
     rules=lambda config: check_budgets(config.budgets, config.depth),
     memory=lambda config, device: dot_chain.memory_required_bytes(MANUAL, config.D, config.depth, config.dtype),
     headline=("peak_bytes", "time", "recomputed_nodes"),
+    metrics=(  # the tape's exact counters and Revolve's prediction
+        ("recomputed_nodes", "count", "count", "tape nodes recomputed in one checkpointed backward pass"),
+        ("saved_bytes_peak", "B", "memory", "peak bytes of saved activations on the checkpointed tape"),
+        ("peak_total_bytes", "B", "memory", "peak bytes held by the checkpointed tape, snapshots included"),
+        ("revolve_recomputations", "count", "count", "recomputations Revolve predicts for the same chain and budget"),
+    ),
 )

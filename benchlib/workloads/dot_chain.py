@@ -203,6 +203,7 @@ BENCHMARK = Benchmark(
         RatioRule("dot_chain", "autograd #219: in-place accumulation peaks at the seed's own hand-written gradient",
                   "peak_bytes", BENCHLIB_INPLACE, MANUAL_SEED, 0.9, 1.1),
     ),
+    metrics=(("x_scale", "", "setting", "scale applied to the dot chain's input so its values stay finite"),),
 )
 
 

@@ -2,61 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Iterable, Sequence
 
 import pandas as pd
 import plotly.graph_objects as go
 
-from benchlib.engine_names import (AUTOGRAD, BENCHLIB_CHECKPOINT, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, FUSED_OPTIMIZER,
-                                   MANUAL, MANUAL_SEED, TORCH, TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_COMPILE,
-                                   TORCH_FUNC, TORCH_MICROBATCH, TORCH_OFFLOAD, TORCH_SAC)
+from benchlib.report.palette import color as engine_color
 
-# One palette for every series the notebooks draw, by the groups of names that share a figure:
-# within a group every name has a colour of its own, dark enough to read on white; names of
-# different groups never meet in one figure, so hues repeat across groups. Any other name gets
-# a stable colour from PALETTE, which shares none of these.
-SERIES_COLORS = {
-    "engines": {  # dot_chain, rnn_fanout, identical_closures (with its torch variants), calibration
-        MANUAL: "#222222",
-        MANUAL_SEED: "#8c8c8c",
-        BENCHLIB_INPLACE: "#1f77b4",
-        BENCHLIB_DEFERRED: "#6a3d9a",
-        BENCHLIB_CHECKPOINT: "#0f8b8d",
-        AUTOGRAD: "#2ca02c",
-        TORCH: "#d62728",
-        TORCH_CHECKPOINT: "#e377c2",
-        TORCH_COMPILE: "#ff7f0e",
-        TORCH_FUNC: "#8c564b",
-        FUSED_OPTIMIZER: "#9467bd",  # a user model file's engines, from here on
-        TORCH_SAC: "#c51b7d",
-        TORCH_AUTOCAST: "#d4a017",
-        TORCH_MICROBATCH: "#1a9850",
-        TORCH_OFFLOAD: "#5f6b7a",
-        "numpy": "#b8860b",  # calibration's library variant, not an engine
-    },
-    "strategies": {  # mnist_ensembles
-        "naive": "#d62728",
-        "buffers_reused": "#ff7f0e",
-        "step_in_backward": "#9467bd",
-        "batched_vmap": "#1f77b4",
-        "batched_hand": "#2ca02c",
-        "batched_fused": "#0f8b8d",
-    },
-    "lenet modes": {"sequential": "#d62728", "threads": "#ff7f0e", "vmap": "#1f77b4"},
-}
-ENGINE_COLORS = {name: color for group in SERIES_COLORS.values() for name, color in group.items()}
-PALETTE = ("#17becf", "#7f7f7f", "#bcbd22", "#393b79", "#843c39", "#637939", "#7b4173")
 TEMPLATE = "plotly_white"
-
-
-def engine_color(engine: str) -> str:
-    """A colour for `engine` that is the same in every figure, notebook and run."""
-    if engine in ENGINE_COLORS:
-        return ENGINE_COLORS[engine]
-    digest = hashlib.sha256(engine.encode("utf-8")).digest()
-    return PALETTE[digest[0] % len(PALETTE)]
 
 
 def engine_colors(engines: Iterable[str]) -> dict[str, str]:

@@ -92,4 +92,24 @@ BENCHMARK = Benchmark(
                                         ("warm_alloc_count_python", "warm Python allocations", 0.99, 1.01),
                                         ("warm_time", "warm time", 0.9, 1.1),
                                         ("cold_time", "first-call time", 0.8, 1.25))),
+    metrics=(
+        ("cold_time", "s", "time", "the first call of a step"),
+        ("warm_time", "s", "time", "a later call of a step (after warm-up)"),
+        ("cold_alloc_count", "count", "count", "allocations of a step's first call, less the tracker's floor (as "
+         "alloc_count: raw = value + params.floor)"),
+        ("cold_alloc_bytes", "B", "memory", "bytes allocated by a step's first call"),
+        ("warm_alloc_count", "count", "count", "allocations of a later call of a step, less the tracker's floor (as "
+         "alloc_count: raw = value + params.floor)"),
+        ("warm_alloc_bytes", "B", "memory", "bytes allocated by a later call of a step"),
+        ("cold_alloc_count_python", "count", "count", "Python-allocator allocations of a step's first call, less the "
+         "tracker's floor (as alloc_count_python: raw = value + params.floor)"),
+        ("warm_alloc_count_python", "count", "count", "Python-allocator allocations of a later call of a step, less the "
+         "tracker's floor (as alloc_count_python: raw = value + params.floor)"),
+        ("cold_compiles", "count", "count", "graphs torch.compile compiled in a step's first call"),
+        ("warm_compiles", "count", "count", "graphs torch.compile compiled in later calls"),
+        ("recompiles", "count", "count", "compiles for a code object that already held a compiled entry"),
+        ("cache_entries", "count", "count", "compiled entries of the step's code object afterwards"),
+        ("grads_identical", "", "check", "1 when two gradients are bit-identical, else 0"),
+    ),
+    dimensions={"tracker": "the allocation tracker measured on itself"},
 )

@@ -51,10 +51,11 @@ allocations) are recorded per step but left out of the summaries.
 Modules: `config` (shape, initial parameters, minibatch order), `strategies`, `gc_policies`
 (policies, long-lived heap, full-collection pauses, pause records), `cycles` (the kept-exception cycles),
 `training` (the loop, grid, thread sweep, GC experiment), `floor`, `study` (the notebook's whole measurement
-from its config). The benchmark name, the minibatch order and the load average, shared with `lenet`, are
-`benchlib.workloads.mnist_training`'s (outside this package, so `lenet` imports them without this __init__).
+from its config), `lenet` (the 5 LeNet5s). The benchmark name, the minibatch order and the load average, shared with `lenet`, are
+`common`'s.
 """
-from benchlib.workloads.mnist_training import NAME, load_average, minibatch_indices
+from benchlib.workloads.ensembles import recorded
+from benchlib.workloads.ensembles.common import NAME, load_average, minibatch_indices
 from benchlib.workloads.ensembles.config import (
     STRATEGIES, GC_POLICIES, RAISED_THRESHOLDS, PER_NET_STRATEGIES, PARAM_NAMES, EnsembleConfig,
     initial_parameters,
@@ -80,7 +81,7 @@ import math
 
 from benchlib.benchmark import Benchmark, Parameter, Seed, distinct, exceeds
 from benchlib.analysis.seed_verdicts import RatioRule
-from benchlib.workloads.lenet import MODES
+from benchlib.workloads.ensembles.lenet import MODES
 
 MNIST_SAMPLES = 60_000  # the training split, when real digits are found
 MNIST_PIXELS = 28 * 28
@@ -164,4 +165,7 @@ BENCHMARK = Benchmark(
         RatioRule(NAME, "NaiveGAflux: the optimiser step inside backward lowers peak gradient memory",
                   "peak_bytes", "step_in_backward", "naive", 0.0, 0.95, where=_DEFAULT_CELL, per=_PER_HEAP),
     ),
+    metrics=recorded.METRICS,
+    dimensions=recorded.DIMENSIONS,
+    colors=recorded.COLORS,
 )

@@ -1,5 +1,5 @@
 """The ensemble's shape and optimiser settings and its seeded initial parameters (the minibatch
-order, shared with `lenet`, is `benchlib.workloads.mnist_training`'s)."""
+order, shared with `lenet`, is `benchlib.workloads.ensembles.common`'s)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import torch
 
 from benchlib.records import make_record
 from benchlib.workloads.ensembles.config import EnsembleConfig
-from benchlib.workloads.mnist_training import NAME
+from benchlib.workloads.ensembles.common import NAME
 
 
 def matmul_flops(device, n: int = 1024, repeats: int = 5) -> float:
@@ -26,9 +26,11 @@ def calibration_flop_rate(records, device_name: str, threads: int | None = None)
     notebook's ``flop_rate`` rows) on ``device_name``; None when the run has none. With ``threads``,
     only rows measured at that many torch threads: a floor taken at another thread count than the
     training's would be off by about their ratio on CPU."""
+    from benchlib.workloads import calibration
+
     if records is None or len(records) == 0:
         return None
-    rows = records[(records["benchmark"] == "calibration") & (records["metric"] == "flop_rate")
+    rows = records[(records["benchmark"] == calibration.BENCHMARK.name) & (records["metric"] == "flop_rate")
                    & (records["variant"] == "torch") & (records["dtype"] == "float32")
                    & (records["device"] == device_name)]
     if threads is not None:

@@ -10,7 +10,7 @@ import torch
 
 from benchlib.records import make_record
 from benchlib.workloads.ensembles.config import GC_POLICIES, RAISED_THRESHOLDS
-from benchlib.workloads.mnist_training import NAME
+from benchlib.workloads.ensembles.common import NAME
 
 
 class GCPolicy:

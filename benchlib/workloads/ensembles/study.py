@@ -13,7 +13,7 @@ import torch
 
 from benchlib.measure import torch_threads
 from benchlib.trials.stopping import Deadline
-from benchlib.workloads import lenet
+from benchlib.workloads.ensembles import lenet
 from benchlib.workloads.ensembles.config import PER_NET_STRATEGIES, EnsembleConfig
 from benchlib.workloads.ensembles.floor import calibration_flop_rate, flop_floor, flop_floor_records, matmul_flops
 from benchlib.workloads.ensembles.gc_policies import collection_pause_records, full_collection_pauses

@@ -19,7 +19,7 @@ from benchlib.workloads.ensembles.config import STRATEGIES, GC_POLICIES, Ensembl
 from benchlib.workloads.ensembles.strategies import Strategy, STRATEGY_CLASSES, make_strategy
 from benchlib.workloads.ensembles.cycles import StepCycles
 from benchlib.workloads.ensembles.gc_policies import GCPolicy, long_lived_heap, pause_frame, pause_records
-from benchlib.workloads.mnist_training import NAME, load_average, minibatch_indices
+from benchlib.workloads.ensembles.common import NAME, load_average, minibatch_indices
 
 
 @dataclass

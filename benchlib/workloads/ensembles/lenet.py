@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchlib.records import make_record
-from benchlib.workloads.mnist_training import NAME, load_average, minibatch_indices
+from benchlib.workloads.ensembles.common import NAME, load_average, minibatch_indices
 
 MODES = ("sequential", "threads", "vmap")
 

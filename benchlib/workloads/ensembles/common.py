@@ -1,8 +1,6 @@
-"""What the mnist_ensembles notebook's two workloads share: the ensembles package and `lenet`.
-
-The benchmark name their records carry, the seeded minibatch order, and the machine's load
-average at a cell's start. It sits below both and outside the ensembles package, so `lenet`
-imports it without running `benchlib.workloads.ensembles`' __init__ (whose `study` imports `lenet`).
+"""What the ensembles' two workloads share (the 200 small nets and `lenet`): the benchmark name their
+records carry, the seeded minibatch order, and the machine's load average at a cell's start. It imports
+nothing of the package, so the package's __init__ (whose `study` imports `lenet`) may import it first.
 """
 
 from __future__ import annotations
