@@ -105,3 +105,19 @@ def registry_module_path(benchmark) -> pathlib.Path:
                   if name.startswith("benchlib.workloads.") and getattr(module, "BENCHMARK", None) is benchmark)
     path = pathlib.Path(module.__file__)
     return path.parent if path.name == "__init__.py" else path
+
+
+def test_no_function_takes_more_than_eight_parameters():
+    """Past eight, the parameters want a name of their own (an options object, a result that says
+    what did not run): the count a caller must hold in mind stays small."""
+    wide = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args
+                named = [a.arg for a in args.posonlyargs + args.args]
+                count = (len(named) + len(args.kwonlyargs) + bool(args.vararg) + bool(args.kwarg)
+                         - bool(named and named[0] in ("self", "cls")))
+                if count > 8:
+                    wide.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name} takes {count}")
+    assert wide == []

@@ -348,9 +348,8 @@ def test_a_spent_deadline_keeps_the_first_round_and_lists_the_cells_it_could_not
 
     grid = E.Grid(strategies=("naive", "batched_vmap"), gc_policies=("default", "freeze"), heap_sizes=(0,))
     plan = E.TrainingPlan(steps=3, warmup=1, alloc_steps=0, trials=3)
-    skipped = []
-    results = E.run_grid(data, device=CPU, config=SMALL, grid=grid, plan=plan, deadline=Deadline(time.time() - 1),
-                         not_run=skipped)
+    results = E.run_grid(data, device=CPU, config=SMALL, grid=grid, plan=plan, deadline=Deadline(time.time() - 1))
+    skipped = results.not_run
     # the first group's first round always runs (some answer); the next group's would only overrun the budget
     assert sorted((r.labels["gc_policy"], r.strategy, r.labels["trial"]) for r in results) == [
         ("default", "batched_vmap", 0), ("default", "naive", 0)]

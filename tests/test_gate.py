@@ -96,7 +96,7 @@ def test_the_line_holding_the_peak_is_found_with_its_bytes():
         return float(kept.size)
 
     line = allocate.__code__.co_firstlineno + 1
-    measured = measure(allocate, repeats=1, sites=True)
+    measured = measure(allocate, repeats=1, track_allocations="sites")
     top = measured.peak_sites[0]
     assert (top["file"], top["line"], top["function"]) == (__file__, line, "allocate")
     assert 3_000_000 <= top["bytes"] < 3_000_000 + 1024  # the buffer and its array object

@@ -295,7 +295,8 @@ def test_measure_allocation_pass_is_separate_from_timed_repeats():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(repeats=0), "repeats must be an integer >= 1"),
     (dict(warmup=-1), "warmup must be an integer >= 0"),
-    (dict(timeline=True, timeline_interval_s=0), "timeline_interval_s must be > 0"),
+    (dict(timeline=0), "timeline must be True, False or a sampling interval in seconds > 0"),
+    (dict(track_allocations="lines"), "track_allocations must be True, False or 'sites'"),
     (dict(device="gpu"), "valid forms"),
 ])
 def test_measure_refuses_bad_arguments_before_calling(kwargs, message):

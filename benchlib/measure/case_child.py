@@ -17,7 +17,7 @@ from typing import Any, Callable, ContextManager, Mapping
 from benchlib.records.environment import allocator_env
 from benchlib.records.store import write_json_atomic
 
-from .core import measure_with_result
+from .core import SITES, measure_with_result
 from .cuda_snapshot import record_snapshot
 from .devices import Device, prime_cuda_libraries, resolve_device
 from .timeline import MemoryTimeline, timeline_to_json
@@ -130,8 +130,8 @@ def child_main(spec_path: str, result_path: str) -> int:
         case = _load_case(spec["target"], device, spec["params"])
         measurement, last = measure_with_result(
             case.fn, device=device, warmup=spec["warmup"], repeats=spec["repeats"],
-            track_allocations=spec["track_allocations"], timeline=spec["timeline"],
-            timeline_interval_s=spec["timeline_interval_s"], name=spec["name"], sites=spec["sites"],
+            track_allocations=SITES if spec["track_allocations"] and spec["sites"] else spec["track_allocations"],
+            timeline=spec["timeline"] and spec["timeline_interval_s"], name=spec["name"],
             attribute=spec.get("attribute", False))
         checks = _checks(case, last)
         del last

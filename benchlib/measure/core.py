@@ -42,7 +42,7 @@ class Measurement:
     peak_bytes: int | None = None
     baseline_bytes: int | None = None
     tracked_peak_bytes: int | None = None  # the allocation pass's peak (allocations.Allocations.peak_bytes)
-    peak_sites: tuple | None = None  # PeakSite dicts of that pass, with `sites` (`measure(..., sites=True)`)
+    peak_sites: tuple | None = None  # PeakSite dicts of that pass (`measure(..., track_allocations="sites")`)
     attribution: dict | None = field(default=None, compare=False, repr=False)  # Attribution.to_dict() of the extra pass (`attribute`)
     timeline: Any = field(default=None, compare=False, repr=False)
     cuda_allocator: dict | None = None  # the caching allocator over the timed calls (`Device.allocator_view`; CUDA)
@@ -181,8 +181,23 @@ class StepTimes:
         return float(sum(self.gc_s))
 
 
+TIMELINE_INTERVAL_S = 0.002  # seconds between a memory timeline's samples when `timeline=True`
+SITES = "sites"  # track_allocations=SITES: the traced call's counts and the lines holding its peak
+
+
+def timeline_interval(timeline: bool | float) -> float | None:
+    """Seconds between samples for `timeline` (True: `TIMELINE_INTERVAL_S`; a number: itself), None for none."""
+    if timeline is False or timeline is None:
+        return None
+    if timeline is True:
+        return TIMELINE_INTERVAL_S
+    if isinstance(timeline, (int, float)) and timeline > 0:
+        return float(timeline)
+    raise ValueError(f"timeline must be True, False or a sampling interval in seconds > 0, got {timeline!r}")
+
+
 def measure_steps(step: Callable[[int], Any], n: int, *, device: str | Device = "cpu",
-                  track_peak: bool = True, timeline: bool = False, timeline_interval_s: float = 0.002,
+                  track_peak: bool = True, timeline: bool | float = False,
                   after_step: Callable[[int, Any], None] | None = None,
                   count_tracked: bool = False) -> StepTimes:
     """The one measuring loop: `step(i)` for i in 0..n-1, each timed with the device synchronised
@@ -200,8 +215,7 @@ def measure_steps(step: Callable[[int], Any], n: int, *, device: str | Device = 
         raise TypeError(f"step must be callable with the step index, got {type(step).__name__}")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n (steps) must be an integer >= 1, got {n!r}")
-    if timeline and not timeline_interval_s > 0:
-        raise ValueError(f"timeline_interval_s must be > 0, got {timeline_interval_s!r}")
+    interval = timeline_interval(timeline)
     dev = resolve_device(device)
     dev.synchronize()
     baseline = counters = None
@@ -210,7 +224,7 @@ def measure_steps(step: Callable[[int], Any], n: int, *, device: str | Device = 
         baseline, counters = dev.memory_in_use(), dev.allocator_counters()
     times, step_pauses = [], []
     result = None
-    recorder = MemoryTimeline(dev, timeline_interval_s) if timeline else None
+    recorder = MemoryTimeline(dev, interval) if interval else None
     # The timeline's thread starts and stops outside the GC monitor: collections its set-up
     # triggers are the instrument's, not the measured code's.
     with recorder or nullcontext(), GCMonitor(count_tracked=count_tracked) as gc_monitor:
@@ -235,15 +249,16 @@ def measure_steps(step: Callable[[int], Any], n: int, *, device: str | Device = 
 
 
 def measure_with_result(fn: Callable[[], Any], *, device: str | Device = "cpu", warmup: int = 1,
-                        repeats: int = 5, track_allocations: bool = True, timeline: bool = False,
-                        timeline_interval_s: float = 0.002,
-                        name: str = "", sites: bool = False, attribute: bool = False) -> tuple[Measurement, Any]:
+                        repeats: int = 5, track_allocations: bool | str = True, timeline: bool | float = False,
+                        name: str = "", attribute: bool = False) -> tuple[Measurement, Any]:
     """`measure`, also returning the last timed repeat's result (for a case's check)."""
     if not callable(fn):
         raise TypeError(f"fn must be callable with no arguments, got {type(fn).__name__}")
     _check_counts(warmup, repeats)
-    if timeline and not timeline_interval_s > 0:
-        raise ValueError(f"timeline_interval_s must be > 0, got {timeline_interval_s!r}")
+    timeline_interval(timeline)
+    if track_allocations not in (True, False, SITES):
+        raise ValueError(f"track_allocations must be True, False or {SITES!r} (the lines holding the bytes live at "
+                         f"the traced call's peak too), got {track_allocations!r}")
     dev = resolve_device(device)
     if attribute and not memray_available():
         raise AllocationTrackingUnavailable(
@@ -258,9 +273,8 @@ def measure_with_result(fn: Callable[[], Any], *, device: str | Device = "cpu", 
         result = None
         result = fn()
     result = None
-    steps = measure_steps(lambda _: fn(), repeats, device=dev, timeline=timeline,
-                          timeline_interval_s=timeline_interval_s)
-    allocations = count_allocations(fn, dev, sites=sites) if track_allocations else None
+    steps = measure_steps(lambda _: fn(), repeats, device=dev, timeline=timeline)
+    allocations = count_allocations(fn, dev, sites=track_allocations == SITES) if track_allocations else None
     # The attribution pass comes after every other pass, so it changes none of their numbers.
     attribution = attribute_allocations(fn).to_dict() if attribute else None  # buffers: system allocator
     measurement = Measurement(
@@ -292,15 +306,15 @@ def time_call(fn: Callable[[], Any], device: str | Device = "cpu") -> float:
 
 
 def measure(fn: Callable[[], Any], *, device: str | Device = "cpu", warmup: int = 1,
-            repeats: int = 5, track_allocations: bool = True, timeline: bool = False,
-            timeline_interval_s: float = 0.002, name: str = "", sites: bool = False,
-            attribute: bool = False) -> Measurement:
+            repeats: int = 5, track_allocations: bool | str = True, timeline: bool | float = False,
+            name: str = "", attribute: bool = False) -> Measurement:
     """Warm-up calls, timed repeats (GC pauses, peak above the baseline taken just before the
-    first repeat, optional memory timeline), then, if asked, one allocation-tracing call (its
-    tracked peak, and with `sites` the lines holding the bytes live at that peak), then with
+    first repeat, optional memory timeline: `timeline=True` samples every `TIMELINE_INTERVAL_S`, a
+    number is the interval in seconds), then, if asked, one allocation-tracing call (its tracked
+    peak, and with `track_allocations="sites"` the lines holding the bytes live at that peak), then with
     `attribute` one more traced call, the attribution pass (`Measurement.attribution`: sites at its
     peak, temporaries and all allocations by site, and what the pass cost)."""
     measurement, _ = measure_with_result(
         fn, device=device, warmup=warmup, repeats=repeats, track_allocations=track_allocations,
-        timeline=timeline, timeline_interval_s=timeline_interval_s, name=name, sites=sites, attribute=attribute)
+        timeline=timeline, name=name, attribute=attribute)
     return measurement

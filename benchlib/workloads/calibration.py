@@ -220,7 +220,7 @@ def sampler_overhead(device="cpu", intervals_s=(0.001, 0.002, 0.01), rounds: int
     def sampled(interval: float) -> Callable[[], float]:
         def run() -> float:
             m = measure(fn, device=device, warmup=0, repeats=1, track_allocations=False,
-                        timeline=True, timeline_interval_s=interval)
+                        timeline=interval)
             samples[interval] += len(m.timeline)
             return m.times_s[0]
         return run

@@ -77,9 +77,9 @@ def _measure_study(config: Any, data, *, device, calibration, save, progress) ->
     shown = lambda result: progress(progress_line(result))  # noqa: E731
     grid = Grid(strategies=config.strategies, gc_policies=config.gc_policies, heap_sizes=config.heap_sizes)
     # under --budget, the main grid's later trials get half the notebook's time; the rest runs as declared
-    skipped: list = []
     results = run_grid(data, device=device, config=ensemble, grid=grid, plan=plan, progress=shown,
-                       deadline=Deadline.from_environment().share(2), not_run=skipped)
+                       deadline=Deadline.from_environment().share(2))
+    skipped = results.not_run
     study.trials, study.steps = summary_frame(results), steps_frame(results)
     study.summary = cell_medians(study.trials)
     study.records += [row for result in results for row in result.records(device)]

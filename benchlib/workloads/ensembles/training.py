@@ -218,6 +218,15 @@ def train(
     return result
 
 
+class GridResults(list):
+    """The `TrainResult`s of a grid's cells, and in `not_run` the (strategy, gc policy, heap) cells the
+    deadline did not reach: what did not run is part of what a grid returns."""
+
+    def __init__(self, *results):
+        super().__init__(*results)
+        self.not_run: list[tuple[str, str, int]] = []
+
+
 def run_grid(
     data,
     *,
@@ -228,8 +237,7 @@ def run_grid(
     sweep: str | None = None,
     progress=None,
     deadline: Deadline | None = None,
-    not_run: list | None = None,
-) -> list[TrainResult]:
+) -> "GridResults":
     """Every cell of ``grid``, each from the same initial parameters and batches, ``plan.trials``
     times: within a policy and heap the strategies run in rounds shuffled by ``plan.order_seed``
     (`interleaved_order`), so drift falls on all of them alike; the labels carry `trial`, `trials`,
@@ -237,7 +245,7 @@ def run_grid(
     drift). Under a ``deadline`` (`benchlib run --budget`), the policy x heap groups share the time
     left; the first group's first round always runs, a later group's first round cell only if the time
     left affords it at that strategy's mean in the groups before (else its (strategy, gc policy, heap) is
-    appended to ``not_run``), and a later trial only if it fits at the group's mean so far.
+    in the results' ``not_run``), and a later trial only if it fits at the group's mean so far.
 
     ``sweep`` names a side experiment (e.g. "threads") in the labels and case names, so its cells
     never share a case name with the main grid's. ``progress`` is called with each finished result.
@@ -266,7 +274,7 @@ def run_grid(
     from benchlib.analysis.stats import interleaved_order
 
     order = interleaved_order(list(strategies), plan.trials, seed=plan.order_seed)
-    results, groups = [], len(grid.heap_sizes) * len(grid.gc_policies)
+    results, groups = GridResults(), len(grid.heap_sizes) * len(grid.gc_policies)
     deadline = deadline or Deadline()
     first_rounds: dict[str, list[float]] = {}  # seconds of each strategy's first-round cells, across groups
     for heap_size in grid.heap_sizes:
@@ -279,8 +287,7 @@ def run_grid(
                     if trial > 0 and not budget.affords(name):
                         continue
                     if trial == 0 and first_rounds.get(name) and deadline.left() < np.mean(first_rounds[name]):
-                        if not_run is not None:
-                            not_run.append((name, policy_name, heap_size))
+                        results.not_run.append((name, policy_name, heap_size))
                         continue
                     started = budget.now()
                     n_steps = plan.steps_of(name)
@@ -311,7 +318,7 @@ def run_grid(
 
 
 def not_run_records(cells: Sequence[tuple[str, str, int]], device, labels: dict) -> list[dict]:
-    """A `not_run` status record per grid cell the --budget did not reach (`run_grid(..., not_run=)`), named
+    """A `not_run` status record per grid cell the --budget did not reach (`GridResults.not_run`), named
     as its case would have been, so the run lists what it could not afford."""
     from benchlib.records import status_record
 
