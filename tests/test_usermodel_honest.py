@@ -219,7 +219,7 @@ def step(model, optimizer, x, y):
 
 
 def test_a_files_own_step_runs_as_written_where_it_can_and_is_not_applicable_where_it_cannot(tmp_path):
-    from benchlib.usermodel.compare import TORCH_FORM
+    from benchlib.usermodel.measuring import TORCH_FORM
     from benchlib.usermodel.loader import check_form
 
     model_file, cpu = _file(tmp_path, OWN_STEP.replace("return ClippedSGD(", "return torch.optim.SGD(")), \

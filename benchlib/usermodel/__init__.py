@@ -4,7 +4,7 @@
 the array form, `benchlib.usermodel.arrays`), types its PARAMETERS by their defaults, and, before
 anything is measured, builds its pieces at the QUICK values (small, so cheap) and calls loss once:
 a loss that returns a non-scalar is refused there, not in the middle of a run. The benchmark it
-returns measures every engine of the form in fresh processes (`benchlib.usermodel.compare`).
+returns measures every engine of the form in fresh processes (`benchlib.usermodel.measuring`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from benchlib.trials.cases import PRECISION, trials_parameter
 from benchlib.usermodel.case import ROLE_METRICS
 from benchlib.report.plots.usermodel import frontier, memory_by_role, peak_intervals
 from benchlib.usermodel.arrays import ARRAY_FORM_RUN, ArrayModelFile, array_form, check_array_form
-from benchlib.usermodel.compare import TORCH_FORM, Form, measure_model_files
+from benchlib.usermodel.measuring import TORCH_FORM, Form, measure_model_files
 from benchlib.usermodel.loader import (ModelFileError, check_form, is_array_form, open_model_file, read_model_file,
                                        torch_form)
 from benchlib.usermodel.summary import summary_table

@@ -25,7 +25,7 @@ import numpy as np
 
 from benchlib.engines.functional import array_engine
 from benchlib.engine_names import AUTOGRAD, BENCHLIB_CHECKPOINT, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, TORCH, TORCH_FUNC
-from benchlib.usermodel.compare import Form, Plan
+from benchlib.usermodel.measuring import Form, Plan
 from benchlib.engines.namespaces import OP_NAMES
 from benchlib.usermodel.loader import ARRAY_FORM, SEED, ModelFileError, declared, kind, open_model_file, refuse, signature, user_error
 

@@ -232,7 +232,7 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
     from benchlib.measure import resolve_device
     from benchlib.usermodel import declare_model_files
     from benchlib.usermodel.gate import parse_bytes
-    from benchlib.usermodel.compare import TORCH_FORM
+    from benchlib.usermodel.measuring import TORCH_FORM
 
     try:
         limit = parse_bytes(memory)
@@ -293,7 +293,7 @@ def _measure(model_file, engine: str, values: dict, device) -> tuple[int, float]
     """(total bytes, median seconds per step) of one engine's step at `values`, in a fresh process, or why not."""
     from benchlib.engines import case_imports
     from benchlib.measure import CaseFailed, CaseNotApplicable, IsolationOptions, run_isolated
-    from benchlib.usermodel.compare import TARGET
+    from benchlib.usermodel.measuring import TARGET
 
     with tempfile.TemporaryDirectory(prefix="benchlib-fit-") as gradients:
         try:
