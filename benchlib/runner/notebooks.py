@@ -310,6 +310,17 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     return name.strip(), value
 
 
+def parse_assignments(texts: Sequence[str]) -> dict[str, str]:
+    """`-p NAME=VALUE` assignments as a dict; a name given twice is refused (which one would win is a guess)."""
+    params: dict[str, str] = {}
+    for text in texts:
+        name, value = parse_assignment(text)
+        if name in params:
+            raise RunnerError(f"-p {name} is given twice ({params[name]!r} and {value!r}); give each parameter once")
+        params[name] = value
+    return params
+
+
 def check_value(spec: NotebookSpec, name: str, value: Any) -> Any:
     """`value` as parameter `name` of `spec` holds it, or a RunnerError saying what is valid."""
     try:

@@ -1,14 +1,79 @@
 """The results commands of `benchlib`: runs, compare, history, report and merge-records, each a thin
-adapter from its parsed arguments to `benchlib.records` (the parser and the run/list/new commands are
-in `benchlib.runner.cli`). Each returns the command's exit status (README, "Exit status")."""
+adapter from its parsed arguments to `benchlib.records`, `benchlib.analysis` and `benchlib.report`. Each
+returns the command's exit status (README, "Exit status")."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from benchlib.runner.notebooks import RunnerError, declared
+
+
+def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:
+    runs_parser = commands.add_parser("runs", parents=common, help="past runs under the results directory",
+                                      description="List every run under the results root with its state and problems; "
+                                                  "exit status 1 when a run's files cannot be read (the problem column).")
+    runs_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root (default: results/)")
+
+    compare_parser = commands.add_parser(
+        "compare", parents=common, help="run B against run A per metric: ratio with 95%% interval, p, better/worse/same/noisy")
+    compare_parser.add_argument("run_a", metavar="RUN_A", help="run id or run directory (the baseline)")
+    compare_parser.add_argument("run_b", metavar="RUN_B",
+                                help="run id or run directory (the candidate); `latest` is the newest run under --out")
+    compare_parser.add_argument("--metric", action="append", default=[], help="only this metric (repeatable)")
+    compare_parser.add_argument("--benchmark", action="append", default=[], help="only this benchmark (repeatable)")
+    compare_parser.add_argument("--threshold", type=float, default=0.05, help="minimum relative change (default 0.05)")
+    compare_parser.add_argument("--format", choices=("table", "csv", "json"), default="table",
+                                help="table: the answer, then one line per metric within 120 columns (default); csv, "
+                                     "json: every column")
+    compare_parser.add_argument("--full", action="store_true",
+                                help="with --format table, every column of every metric (wide)")
+    compare_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root for run ids")
+
+    history_parser = commands.add_parser(
+        "history", parents=common, help="each headline metric over many runs: where it stepped, by how much, better or worse",
+        description="Each headline metric of the runs (or every run under --out) as a series, one point per run "
+                    "(the median of its trials), in commit order; change points (ruptures) checked by a ratio of "
+                    "medians with 95%% interval. Prints the steps and writes history.html beside the runs. Exit "
+                    "status: 0 no step, or every series' latest step an improvement; 1 a series' latest step is a "
+                    "regression, or a run could not be read (named, left out); 2 bad input (no runs, fewer than 3 runs of any series, unknown names, runs without "
+                    "a commit under --by commit).")
+    history_parser.add_argument("runs", nargs="*", metavar="RUN",
+                                help="run ids (under --out) or run directories (default: every run under --out)")
+    history_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root (default: results/)")
+    history_parser.add_argument("--benchmark", action="append", default=[], help="only this benchmark (repeatable)")
+    history_parser.add_argument("--metric", action="append", default=[],
+                                help="only this metric, headline or not (repeatable; default: each benchmark's headline)")
+    history_parser.add_argument("--threshold", type=float, default=0.05,
+                                help="minimum relative change of a step (default 0.05)")
+    history_parser.add_argument("--by", choices=("commit", "time"), default="commit",
+                                help="order runs by the commit they measured (runs of one commit together, commits "
+                                     "by their first run; the default) or by start time alone")
+    history_parser.add_argument("--html", type=Path, default=None, metavar="PATH",
+                                help="where to write the page (default: history.html in the runs' results root)")
+
+    report_parser = commands.add_parser(
+        "report", parents=common, help="(re)write a run's report.html", description="Write RUN/report.html: environment, verdicts, every figure."
+    )
+    report_parser.add_argument("run", metavar="RUN", help="a run id (under --out) or a run directory")
+    report_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root (default: results/)")
+
+    merge_parser = commands.add_parser(
+        "merge-records", parents=common, help="rebuild a run's records.parquet from its per-notebook records/*.parquet",
+        description="Rebuild RUN/records.parquet from RUN/records/*.parquet (e.g. after a crash or a corrupt file); "
+                    "unreadable files are named and skipped, with exit status 1. records.parquet is never replaced by fewer rows "
+                    "than it holds (exit 1, the old file kept); no records/ to merge from is exit 2.")
+    merge_parser.add_argument("run", metavar="RUN", help="a run id (under --out) or a run directory")
+    merge_parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="results root (default: results/)")
+    runs_parser.set_defaults(handler=lambda arguments: runs_command(arguments.out))
+    compare_parser.set_defaults(handler=compare_command)
+    history_parser.set_defaults(handler=history_command)
+    report_parser.set_defaults(handler=lambda arguments: report_command(arguments.run, arguments.out))
+    merge_parser.set_defaults(handler=lambda arguments: merge_records_command(arguments.run, arguments.out))
+
 
 
 def report_command(run_name: str, root: Path | None) -> int:

@@ -1,0 +1,97 @@
+"""`benchlib new` and `benchlib fit`: write a commented example model file; the largest value of a model
+file's parameter that fits a memory limit, printed, with its records, figure and report in a run directory."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchlib.runner.notebooks import RunnerError, parse_assignments
+
+EXIT_FITS, EXIT_NONE_FITS = 0, 1
+
+
+def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:
+    new_parser = commands.add_parser(
+        "new", parents=common, help="write a commented example model file to run with `benchlib run FILE`")
+    new_parser.add_argument("file", type=Path, metavar="FILE", help="the .py file to write (never overwritten)")
+    new_parser.add_argument("--form", choices=("torch", "arrays"), default="torch",
+                            help="torch: an nn.Module, a batch and a loss; arrays: NumPy arrays and a loss over xp, "
+                                 "run under benchlib's engines, HIPS autograd, torch and torch.func (default: torch)")
+    new_parser.set_defaults(handler=lambda arguments: _new(arguments.file, arguments.form))
+
+    fit_parser = commands.add_parser(
+        "fit", parents=common, help="the largest batch (or sequence length) a model file's step fits in a memory limit",
+        description="Measure the step of a model file under each engine at an eighth, a quarter, a half and all of "
+                    "the --scale parameter's value (one fresh process each), fit each engine's total memory with a "
+                    "linear or quadratic size model (the one that predicts the largest point best from the others), "
+                    "and print the largest value predicted to fit --memory, the fastest engine first. Total memory: "
+                    "the allocator's reserved peak on CUDA, the process's resident high-water mark on the CPU. "
+                    "Exit status: 0 some engine fits, 1 none fits at the smallest value, 2 refused.")
+    fit_parser.add_argument("file", metavar="FILE", help="a model file in the torch form (see `benchlib new`)")
+    fit_parser.add_argument("--memory", required=True, metavar="SIZE", help="the limit: '24 GB', '80 GiB', bytes")
+    fit_parser.add_argument("--scale", required=True, metavar="PARAM",
+                            help="an integer parameter of the file that memory grows with (batch_size, seq_len)")
+    fit_parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    fit_parser.add_argument("--engines", default=None, metavar="A,B", help="engines to fit (default: all of the form's)")
+    fit_parser.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
+                            help="a parameter value, as for run (the --scale one sets the largest value measured)")
+    fit_parser.add_argument("--verify", action="store_true",
+                            help="measure the best engine at its largest fitting value (where this machine has the "
+                                 "memory) and print predicted against measured")
+    fit_parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                            help="root for the run directory its records and report go to (default: results/)")
+    fit_parser.set_defaults(handler=lambda arguments: fit_command(
+        arguments.file, memory=arguments.memory, scale=arguments.scale, device=arguments.device,
+        engines=arguments.engines, params=parse_assignments(arguments.param), verify=arguments.verify,
+        out=arguments.out))
+
+
+def _new(path: Path, form: str) -> int:
+    from benchlib.usermodel.template import ARRAY_TEMPLATE, TEMPLATE
+
+    if path.suffix != ".py":
+        raise RunnerError(f"{path}: a model file ends in .py")
+    try:
+        with open(path, "x", encoding="utf-8") as file:
+            file.write(ARRAY_TEMPLATE if form == "arrays" else TEMPLATE)
+    except FileExistsError:
+        raise RunnerError(f"{path} exists; benchlib new never overwrites a file (choose another name)") from None
+    except OSError as error:
+        raise RunnerError(f"{path} cannot be written: {error.strerror}") from None
+    print(f"wrote {path}; try it: benchlib run {path} --quick")
+    return 0
+
+
+def fit_command(file: str, *, memory: str, scale: str, device: str, engines: str | None, params: dict[str, Any],
+                verify: bool, out: Path | None) -> int:
+    """Fit, print, save; 0 when some engine fits, 1 when none fits at the smallest value (refusals raise)."""
+    import pandas as pd
+
+    from benchlib.measure import resolve_device
+    from benchlib.report.page import HEADLINE_SUFFIX, SUMMARY_COLUMN
+    from benchlib.records import Run
+    from benchlib.report.plots.usermodel import fit_figure
+    from benchlib.report.page import write_report
+    from benchlib.records.store import default_results_root
+    from benchlib.usermodel.fit import fit
+
+    chosen = [name.strip() for name in engines.split(",") if name.strip()] if engines else None
+    started = time.monotonic()
+    result = fit(file, memory=memory, scale=scale, device=device, engines=chosen, params=params, verify=verify)
+    print("\n".join(result.lines()))
+    name = f"{result.name}_fit"
+    question = f"What is the largest {scale} at which {Path(file).name}'s step fits in {memory}, and under which engine?"
+    run = Run.create(out or default_results_root(), resolve_device(device).name, notebooks={},
+                     benchmarks={name: {"question": question}}, command=["benchlib", "fit", file])
+    frame = run.save_records(result.records(), result.name)
+    run.save_table(pd.DataFrame({SUMMARY_COLUMN: result.lines()}), f"{result.name}{HEADLINE_SUFFIX}")
+    run.save_figure(fit_figure(frame), name)
+    run.record_notebook(name, status="ok", benchmarks=[result.name], path=str(Path(file).resolve()),
+                        duration_s=round(time.monotonic() - started, 3))
+    run.finish(interrupted=False)
+    print(f"report: {write_report(run.path)}")
+    return EXIT_FITS if result.best is not None else EXIT_NONE_FITS
