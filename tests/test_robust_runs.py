@@ -19,7 +19,7 @@ from benchlib.records import Run, list_runs, load_records, load_run_info, make_r
 from benchlib.records.store import RecordsUnreadable, run_state
 from benchlib.runner import run
 from benchlib.runner.cli import main
-from benchlib.runner.execute import case_outcomes, last_duration
+from benchlib.runner.outcomes import case_outcomes, last_duration
 
 NOTEBOOKS = Path(__file__).parent / "notebooks"
 PROJECT = Path(__file__).parents[1]

@@ -10,7 +10,7 @@ import traceback
 from collections.abc import Sequence
 
 from benchlib.runner.commands import FAMILIES
-from benchlib.runner.execute import EXIT_INTERRUPTED
+from benchlib.runner.outcomes import EXIT_INTERRUPTED
 
 EXIT_REFUSED = 2
 

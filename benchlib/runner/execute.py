@@ -18,14 +18,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, NamedTuple, TextIO
+from typing import Any, TextIO
 
 import pandas as pd
 
-from benchlib.records import STATUSES, Run, default_results_root, load_records
-from benchlib.records.environment import file_provenance
+from benchlib.records import Run, default_results_root, load_records
 from benchlib.report.page import summary_lines, write_report
 from benchlib.analysis.compare import noise_table, noise_text
 from benchlib.analysis.seed_verdicts import save_verdicts, seed_verdicts, verdict_text
@@ -33,7 +32,6 @@ from benchlib.measure.forkserver import isolation_mode
 from benchlib.trials.stopping import DEADLINE_ENV
 from benchlib.records.store import (
     FIGURE_PNG_ENV,
-    RUN_INFO,
     check_static_export,
     now_iso,
     RecordsKept,
@@ -41,6 +39,10 @@ from benchlib.records.store import (
     read_records_file,
     write_records_atomic,
 )
+from benchlib.runner.outcomes import (NotebookResult, RunResult, case_outcomes, last_duration,
+                                      model_file_provenance)
+from benchlib.runner.preflight import (ATTRIBUTE, check_attribution_available, check_kernel, check_out_dir,
+                                       check_values, plan, resolve_run_device, with_attribute)
 from benchlib.runner.kernels import (
     ProgressLines,
     Terminated,
@@ -49,7 +51,7 @@ from benchlib.runner.kernels import (
     reap_orphans,
     terminate_as_interrupt,
 )
-from benchlib.runner.papermill_exec import FAILED, KERNEL_NAME, TIMED_OUT, execute_notebook
+from benchlib.runner.papermill_exec import FAILED, TIMED_OUT, execute_notebook
 from benchlib.runner.sweep import (
     BENCHMARK_SLOT,
     EXECUTORS,
@@ -59,21 +61,13 @@ from benchlib.runner.sweep import (
     expand,
     unpack_point,
 )
-from benchlib.benchmark import INJECTED, ParameterError
 from benchlib.registry import verdict_rules
 from benchlib.runner.notebooks import (
-    NotebookSpec,
     RunnerError,
-    check_value,
-    coerce_text,
     select_notebooks,
 )
 
-EXIT_INTERRUPTED = 130
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a watchdog's wait must be a finite number the clock can take
-ATTRIBUTE = "attribute"  # the parameter of the benchmarks that offer an attribution pass (--attribute sets it)
-FAILED_CASE_METRIC = "failed"  # the status records a workload saves for a case that failed
-NOT_RUN_CASE_METRIC = "not_run"  # ... and for a case the --budget left no time for
 # Kernels save each figure as plotly JSON *and* HTML (plotly.js once per notebook), so executed
 # notebooks show their figures in nbconvert and repository previews, not only in Jupyter.
 PORTABLE_FIGURES = {"PLOTLY_RENDERER": "plotly_mimetype+notebook"}
@@ -82,203 +76,6 @@ PORTABLE_FIGURES = {"PLOTLY_RENDERER": "plotly_mimetype+notebook"}
 BUDGET_RESERVE_SHARE, BUDGET_RESERVE_S = 0.2, 20.0
 # With --png, figures are also saved as PNG files and embedded as PNG in the executed notebooks.
 PNG_FIGURES = {"PLOTLY_RENDERER": "plotly_mimetype+notebook+png", FIGURE_PNG_ENV: "1"}
-
-
-@dataclass(frozen=True)
-class NotebookResult:
-    """How one notebook went: status is 'ok', 'partial' (it ran, some cases failed), 'failed',
-    'timed out' (stopped by --timeout), 'interrupted' or 'not run'."""
-
-    name: str
-    status: str
-    duration_s: float
-    parameters: dict[str, Any]
-    error: str | None = None
-    output: Path | None = None
-    data_source: str | None = None
-
-
-@dataclass
-class RunResult:
-    """The outcome of `run`: where the results are and each notebook's result, in order."""
-
-    run_id: str
-    path: Path
-    notebooks: list[NotebookResult] = field(default_factory=list)
-    interrupted: bool = False
-    report: Path | None = None
-
-    @property
-    def ok(self) -> bool:
-        return not self.interrupted and all(result.status == "ok" for result in self.notebooks)
-
-    @property
-    def exit_code(self) -> int:
-        """0 when every notebook ran cleanly, 130 when interrupted, else 1 (a failed or partial notebook)."""
-        if self.interrupted:
-            return EXIT_INTERRUPTED
-        return 0 if self.ok else 1
-
-    def summary(self) -> str:
-        """The table printed at the end: notebook, status, duration (and the error of a failed one)."""
-        width = max([len("notebook")] + [len(result.name) for result in self.notebooks])
-        lines = [f"{'notebook':<{width}}  {'status':<11}  {'duration':>9}"]
-        for result in self.notebooks:
-            line = f"{result.name:<{width}}  {result.status:<11}  {result.duration_s:>7.1f} s"
-            if result.data_source:
-                line += f"  data={result.data_source}"
-            if result.error:
-                line += f"  {result.error.splitlines()[0][:120]}"
-            lines.append(line)
-        lines.append(f"results: {self.path}")
-        return "\n".join(lines)
-
-
-def _check_out_dir(root: Path) -> None:
-    """Refuse an output root that cannot be created or written, before anything runs."""
-    existing = root
-    while not existing.exists():
-        if existing.is_symlink():  # mkdir would say only "File exists"
-            raise RunnerError(f"--out {str(root)!r}: {str(existing)!r} is a symbolic link to {os.readlink(existing)!r}, "
-                              "which does not exist; create its target or give another directory")
-        existing = existing.parent
-    if not existing.is_dir():
-        raise RunnerError(f"--out {str(root)!r} cannot be created: {str(existing)!r} is a file, not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise RunnerError(f"--out {str(root)!r} is not writable ({str(existing)!r} refuses writes); choose a directory you can write")
-    for directory in (root.resolve(), *root.resolve().parents):
-        if (directory / RUN_INFO).is_file():
-            raise RunnerError(f"--out {str(root)!r} is inside the run {str(directory)!r}; runs are not nested: "
-                              f"give the directory that holds runs (e.g. {str(directory.parent)!r})")
-
-
-def check_values(planned: Sequence[tuple[NotebookSpec, dict[str, Any]]], device: Any) -> None:
-    """Each benchmark's full parameter set (defaults, then the planned values) by its declaration:
-    every value, the rules between them, and the memory the sizes need on `device`."""
-    for spec, values in planned:
-        try:
-            spec.benchmark.config(values, device=device)
-        except ParameterError as refused:
-            raise RunnerError(str(refused)) from None
-
-
-class CaseOutcomes(NamedTuple):
-    """What a notebook's saved records say of its cases: one line per failed case ('engine (case): first
-    line of its error'), the data sources its records name, how many cases were not run (the --budget
-    ran out before them), how many measured values it saved (0 with failures: the notebook failed), and the
-    benchmarks whose records it wrote (a model file's notebook writes its model's: the report's section)."""
-
-    failures: list[str]
-    sources: list[str]
-    not_run: int
-    measured: int = 0
-    benchmarks: tuple[str, ...] = ()
-
-
-def case_outcomes(run_path: Path, since: float) -> CaseOutcomes:
-    """`CaseOutcomes` from the record fragments a notebook wrote since `since`."""
-    failures, sources, not_run, measured, benchmarks = [], [], 0, 0, []
-    for fragment in sorted((run_path / "records").glob("*.parquet")):
-        if fragment.stat().st_mtime < since:
-            continue
-        benchmarks.append(fragment.stem)
-        try:
-            frame = read_records_file(fragment)
-        except RecordsUnreadable as error:  # an unreadable fragment is itself a failure to report
-            failures.append(f"{fragment.name}: unreadable records ({error})")
-            continue
-        params = frame["params"].map(lambda text: json.loads(text) if text else {})
-        for row, row_params in zip(frame[frame["metric"] == FAILED_CASE_METRIC].itertuples(), params[frame["metric"] == FAILED_CASE_METRIC]):
-            message = (row_params.get("message") or "").strip().splitlines()
-            failures.append(f"{row.variant} ({row.case}): {message[0][:200] if message else 'failed'}")
-        sources += [source for source in dict.fromkeys(params.map(lambda p: p.get("data"))) if isinstance(source, str)]
-        not_run += int((frame["metric"] == NOT_RUN_CASE_METRIC).sum())
-        measured += int((~frame["metric"].isin(STATUSES)).sum())
-    return CaseOutcomes(failures, list(dict.fromkeys(sources)), not_run, measured, tuple(benchmarks))
-
-
-def last_duration(root: Path, notebook: str, quick: bool) -> float | None:
-    """How long `notebook` took in the most recent finished run under `root` with the same --quick:
-    the basis of the ETA."""
-    best: tuple[str, float] | None = None
-    for info_path in root.glob(f"*/{RUN_INFO}"):
-        try:
-            info = json.loads(info_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        entry = info.get("notebooks", {}).get(notebook, {})
-        if info.get("quick") == quick and entry.get("status") == "ok" and entry.get("duration_s"):
-            started = str(entry.get("started_at", ""))
-            if best is None or started > best[0]:
-                best = (started, float(entry["duration_s"]))
-    return best[1] if best else None
-
-
-def _check_kernel() -> None:
-    """papermill must run the notebooks with this Python, or the results would describe another environment."""
-    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-
-    try:
-        spec = KernelSpecManager().get_kernel_spec(KERNEL_NAME)
-    except NoSuchKernel:
-        raise RunnerError(f"no Jupyter kernel {KERNEL_NAME!r}; install ipykernel in this environment ({sys.executable})") from None
-    program = spec.argv[0]
-    # jupyter_client replaces a bare python/python3/python3.X with sys.executable.
-    bare = {"python", f"python{sys.version_info[0]}", f"python{sys.version_info[0]}.{sys.version_info[1]}"}
-    if program not in bare and Path(program).resolve() != Path(sys.executable).resolve():
-        raise RunnerError(
-            f"the {KERNEL_NAME!r} kernel ({spec.resource_dir}) runs {program}, not this Python ({sys.executable}); "
-            f"remove that kernelspec or run `{sys.executable} -m ipykernel install --sys-prefix`"
-        )
-
-
-def _resolve_device(device: str) -> Any:
-    from benchlib.measure import DeviceError, resolve_device
-
-    try:
-        return resolve_device(device)
-    except DeviceError as error:
-        raise RunnerError(f"--device {device!r}: {error}") from error
-
-
-def _allocator_policy() -> str | None:
-    from benchlib.measure import DEFAULT_MALLOC_POLICY
-
-    return DEFAULT_MALLOC_POLICY
-
-
-def plan(
-    notebooks: Sequence[str],
-    *,
-    params: Mapping[str, Any],
-    quick: bool,
-    notebooks_dir: Path | None = None,
-) -> list[tuple[NotebookSpec, dict[str, Any]]]:
-    """Each selected benchmark with the values it will get beyond its defaults (QUICK, then
-    `params`), all checked by its declaration.
-
-    A name in `params` goes to every selected benchmark that declares it and must be declared by
-    at least one; a str value is read as on the command line (a literal where it parses as one).
-    """
-    specs = select_notebooks(notebooks, notebooks_dir)
-    for name in params:
-        if name in INJECTED:
-            raise RunnerError(f"{name} is set by the runner: use --device for device and --out for results_dir")
-        if not any(name in spec.parameters for spec in specs):
-            listing = "\n".join(f"{spec.name}:\n{spec.describe_parameters()}" for spec in specs)
-            raise RunnerError(f"unknown parameter {name!r}; the selected benchmarks take:\n{listing}")
-    planned = []
-    for spec in specs:
-        values: dict[str, Any] = {}
-        if quick:
-            if not spec.has_quick:
-                raise RunnerError(f"--quick: {spec.path.name} has no cell tagged 'quick' holding QUICK = {{...}}")
-            values.update(spec.benchmark.quick)
-        for name, value in params.items():
-            if name in spec.parameters:
-                values[name] = coerce_text(spec, name, value) if isinstance(value, str) else check_value(spec, name, value)
-        planned.append((spec, values))
-    return planned
 
 
 @dataclass(frozen=True)
@@ -312,39 +109,10 @@ class RunOptions:
         return replace(options or cls(), **overrides)
 
 
-def _with_attribute(notebooks: Sequence[str], notebooks_dir: Path | None, params: Mapping[str, Any] | None,
-                    stream: TextIO) -> dict[str, Any]:
-    """`params` with `attribute` on for the selected benchmarks that declare it; refused when none does."""
-    specs = select_notebooks(notebooks, notebooks_dir)
-    offering = [spec.name for spec in specs if ATTRIBUTE in spec.parameters]
-    if not offering:
-        raise RunnerError(f"--attribute: none of {', '.join(spec.name for spec in specs)} has an attribution pass; "
-                          "model files (benchlib run my_model.py --attribute) and identical_closures have one")
-    others = [spec.name for spec in specs if ATTRIBUTE not in spec.parameters]
-    if others:
-        print(f"--attribute: allocation sites for {', '.join(offering)}; {', '.join(others)} run as usual "
-              "(no attribution pass)", file=stream, flush=True)
-    return {**dict(params or {}), ATTRIBUTE: True}
+def _allocator_policy() -> str | None:
+    from benchlib.measure import DEFAULT_MALLOC_POLICY
 
-
-def _check_attribution_available(names: Sequence[str]) -> None:
-    """An attribution pass reads memray's records: refused before anything runs where memray is missing."""
-    from benchlib.measure.allocations import memray_available
-
-    if not memray_available():
-        raise RunnerError(f"--attribute ({', '.join(names)}): allocation sites are captured with memray, which is not "
-                          "installed in this environment (Linux and macOS: pip install memray); run without --attribute")
-
-
-def _model_files(planned: Sequence[tuple[NotebookSpec, dict[str, Any]]]) -> dict[str, Any]:
-    """run.json's provenance of each model file: by NAME, or by NAME/version for versions of one."""
-    from benchlib.usermodel import version_labels
-
-    files = {}
-    for spec, _ in planned:
-        labels = [spec.name] if len(spec.sources) == 1 else [f"{spec.name}/{v}" for v in version_labels(spec.sources)]
-        files.update({label: file_provenance(source) for label, source in zip(labels, spec.sources)})
-    return files
+    return DEFAULT_MALLOC_POLICY
 
 
 def run(notebooks: Sequence[str] = (), *, options: RunOptions | None = None, **overrides: Any) -> RunResult:
@@ -383,17 +151,18 @@ def run(notebooks: Sequence[str] = (), *, options: RunOptions | None = None, **o
         isolation_mode()  # BENCHLIB_ISOLATION, read by every isolated case: refused here, before any notebook
     except ValueError as error:
         raise RunnerError(str(error)) from None
+    specs = select_notebooks(notebooks, notebooks_dir)  # model files read and checked here, once
     if options.attribute:
-        params = _with_attribute(notebooks, notebooks_dir, params, stream)
-    planned = plan(notebooks, params=dict(params or {}), quick=quick, notebooks_dir=notebooks_dir)
+        params = with_attribute(specs, params, stream)
+    planned = plan(specs, params=dict(params or {}), quick=quick)
     attributed = [spec.name for spec, values in planned if values.get(ATTRIBUTE)]
     if attributed:
-        _check_attribution_available(attributed)
+        check_attribution_available(attributed)
     executions = expand(planned, dict(grid or {}), dict(params or {}))
-    resolved = _resolve_device(device)
+    resolved = resolve_run_device(device)
     check_values([(execution.spec, execution.values) for execution in executions], resolved)
-    _check_out_dir(root)
-    _check_kernel()
+    check_out_dir(root)
+    check_kernel()
     if options.png:
         try:
             check_static_export()
@@ -413,7 +182,7 @@ def run(notebooks: Sequence[str] = (), *, options: RunOptions | None = None, **o
         executor=executor if executor == "local" else f"dask ({scheduler or 'local cluster'})",
         notebooks_dir=str(notebooks_dir.resolve()) if notebooks_dir else None,
         benchmarks={spec.name: spec.benchmark.summary() for spec, _ in planned},
-        model_files=_model_files(planned),
+        model_files=model_file_provenance(planned),
         command=list(options.command) if options.command is not None else None,
         attributed=attributed,
         budget_s=options.budget_s,

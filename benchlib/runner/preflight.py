@@ -1,0 +1,129 @@
+"""Everything `benchlib run` checks before anything runs: the benchmarks' values by their declarations
+(`plan`, `check_values`, memory included), the output root, the Jupyter kernel, the device, and the
+attribution pass's tracker. Each refusal is a `RunnerError` that says what is valid."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from benchlib.benchmark import INJECTED, ParameterError
+from benchlib.records.store import RUN_INFO
+from benchlib.runner.notebooks import NotebookSpec, RunnerError, check_value, coerce_text
+from benchlib.runner.papermill_exec import KERNEL_NAME
+
+ATTRIBUTE = "attribute"  # the parameter of the benchmarks that offer an attribution pass (--attribute sets it)
+
+
+def check_out_dir(root: Path) -> None:
+    """Refuse an output root that cannot be created or written, before anything runs."""
+    existing = root
+    while not existing.exists():
+        if existing.is_symlink():  # mkdir would say only "File exists"
+            raise RunnerError(f"--out {str(root)!r}: {str(existing)!r} is a symbolic link to {os.readlink(existing)!r}, "
+                              "which does not exist; create its target or give another directory")
+        existing = existing.parent
+    if not existing.is_dir():
+        raise RunnerError(f"--out {str(root)!r} cannot be created: {str(existing)!r} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise RunnerError(f"--out {str(root)!r} is not writable ({str(existing)!r} refuses writes); choose a directory you can write")
+    for directory in (root.resolve(), *root.resolve().parents):
+        if (directory / RUN_INFO).is_file():
+            raise RunnerError(f"--out {str(root)!r} is inside the run {str(directory)!r}; runs are not nested: "
+                              f"give the directory that holds runs (e.g. {str(directory.parent)!r})")
+
+
+def check_values(planned: Sequence[tuple[NotebookSpec, dict[str, Any]]], device: Any) -> None:
+    """Each benchmark's full parameter set (defaults, then the planned values) by its declaration:
+    every value, the rules between them, and the memory the sizes need on `device`."""
+    for spec, values in planned:
+        try:
+            spec.benchmark.config(values, device=device)
+        except ParameterError as refused:
+            raise RunnerError(str(refused)) from None
+
+
+def check_kernel() -> None:
+    """papermill must run the notebooks with this Python, or the results would describe another environment."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        spec = KernelSpecManager().get_kernel_spec(KERNEL_NAME)
+    except NoSuchKernel:
+        raise RunnerError(f"no Jupyter kernel {KERNEL_NAME!r}; install ipykernel in this environment ({sys.executable})") from None
+    program = spec.argv[0]
+    # jupyter_client replaces a bare python/python3/python3.X with sys.executable.
+    bare = {"python", f"python{sys.version_info[0]}", f"python{sys.version_info[0]}.{sys.version_info[1]}"}
+    if program not in bare and Path(program).resolve() != Path(sys.executable).resolve():
+        raise RunnerError(
+            f"the {KERNEL_NAME!r} kernel ({spec.resource_dir}) runs {program}, not this Python ({sys.executable}); "
+            f"remove that kernelspec or run `{sys.executable} -m ipykernel install --sys-prefix`"
+        )
+
+
+def resolve_run_device(device: str) -> Any:
+    from benchlib.measure import DeviceError, resolve_device
+
+    try:
+        return resolve_device(device)
+    except DeviceError as error:
+        raise RunnerError(f"--device {device!r}: {error}") from error
+
+
+def plan(
+    specs: Sequence[NotebookSpec],
+    *,
+    params: Mapping[str, Any],
+    quick: bool,
+) -> list[tuple[NotebookSpec, dict[str, Any]]]:
+    """Each selected benchmark (`select_notebooks`, resolved once) with the values it will get beyond its
+    defaults (QUICK, then `params`), all checked by its declaration.
+
+    A name in `params` goes to every selected benchmark that declares it and must be declared by
+    at least one; a str value is read as on the command line (a literal where it parses as one).
+    """
+    for name in params:
+        if name in INJECTED:
+            raise RunnerError(f"{name} is set by the runner: use --device for device and --out for results_dir")
+        if not any(name in spec.parameters for spec in specs):
+            listing = "\n".join(f"{spec.name}:\n{spec.describe_parameters()}" for spec in specs)
+            raise RunnerError(f"unknown parameter {name!r}; the selected benchmarks take:\n{listing}")
+    planned = []
+    for spec in specs:
+        values: dict[str, Any] = {}
+        if quick:
+            if not spec.has_quick:
+                raise RunnerError(f"--quick: {spec.path.name} has no cell tagged 'quick' holding QUICK = {{...}}")
+            values.update(spec.benchmark.quick)
+        for name, value in params.items():
+            if name in spec.parameters:
+                values[name] = coerce_text(spec, name, value) if isinstance(value, str) else check_value(spec, name, value)
+        planned.append((spec, values))
+    return planned
+
+
+def with_attribute(specs: Sequence[NotebookSpec], params: Mapping[str, Any] | None, stream: TextIO) -> dict[str, Any]:
+    """`params` with `attribute` on for the selected benchmarks that declare it; refused when none does."""
+    offering = [spec.name for spec in specs if ATTRIBUTE in spec.parameters]
+    if not offering:
+        raise RunnerError(f"--attribute: none of {', '.join(spec.name for spec in specs)} has an attribution pass; "
+                          "model files (benchlib run my_model.py --attribute) and identical_closures have one")
+    others = [spec.name for spec in specs if ATTRIBUTE not in spec.parameters]
+    if others:
+        print(f"--attribute: allocation sites for {', '.join(offering)}; {', '.join(others)} run as usual "
+              "(no attribution pass)", file=stream, flush=True)
+    return {**dict(params or {}), ATTRIBUTE: True}
+
+
+def check_attribution_available(names: Sequence[str]) -> None:
+    """An attribution pass reads memray's records: refused before anything runs where memray is missing."""
+    from benchlib.measure.allocations import memray_available
+
+    if not memray_available():
+        raise RunnerError(f"--attribute ({', '.join(names)}): allocation sites are captured with memray, which is not "
+                          "installed in this environment (Linux and macOS: pip install memray); run without --attribute")
+
+
