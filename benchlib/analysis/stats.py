@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from scipy.stats import mannwhitneyu
 
 DIFFER = "differ"
 SAME = "same"
@@ -114,6 +113,8 @@ def compare_times(a: Sequence[float], b: Sequence[float], *, alpha: float = DEFA
     if np.ptp(np.concatenate([sample_a, sample_b])) == 0:
         p_value = 1.0  # every value tied: no evidence of a difference (scipy would return nan)
     else:
+        from scipy.stats import mannwhitneyu  # scipy.stats takes ~0.4 s to import: only where a test is made
+
         p_value = float(mannwhitneyu(sample_a, sample_b, alternative="two-sided").pvalue)
     effect = abs(median_b / median_a - 1.0) if median_a > 0 else (math.inf if median_b > 0 else 0.0)
     verdict = DIFFER if p_value < alpha and effect >= min_effect else SAME

@@ -10,7 +10,6 @@ import traceback
 from collections.abc import Sequence
 
 from benchlib.runner.commands import FAMILIES
-from benchlib.runner.outcomes import EXIT_INTERRUPTED
 
 EXIT_REFUSED = 2
 
@@ -110,6 +109,8 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         return arguments.handler(arguments)
     except KeyboardInterrupt:
+        from benchlib.runner.outcomes import EXIT_INTERRUPTED
+
         print("benchlib: interrupted; everything written so far is kept", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as error:  # every command's errors end here, so none prints a traceback without --debug

@@ -25,9 +25,6 @@ from typing import Any, TextIO
 import pandas as pd
 
 from benchlib.records import Run, default_results_root, load_records
-from benchlib.report.page import summary_lines, write_report
-from benchlib.analysis.compare import noise_table, noise_text
-from benchlib.analysis.seed_verdicts import save_verdicts, seed_verdicts, verdict_text
 from benchlib.measure.forkserver import isolation_mode
 from benchlib.trials.stopping import DEADLINE_ENV
 from benchlib.records.store import (
@@ -62,10 +59,7 @@ from benchlib.runner.sweep import (
     unpack_point,
 )
 from benchlib.registry import verdict_rules
-from benchlib.runner.notebooks import (
-    RunnerError,
-    select_notebooks,
-)
+from benchlib.runner.notebooks import NotebookSpec, RunnerError, select_notebooks
 
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a watchdog's wait must be a finite number the clock can take
 # Kernels save each figure as plotly JSON *and* HTML (plotly.js once per notebook), so executed
@@ -213,6 +207,18 @@ def run(notebooks: Sequence[str] = (), *, options: RunOptions | None = None, **o
     if grid:
         _save_grid_figures(results_run)
     results_run.finish(interrupted=False, data_sources={r.name: r.data_source for r in result.notebooks if r.data_source})
+    _conclude(results_run, result, planned, stream)
+    return result
+
+
+def _conclude(results_run: Run, result: RunResult, planned: Sequence[tuple[NotebookSpec, dict[str, Any]]],
+              stream: TextIO) -> None:
+    """After the notebooks: each benchmark's summary lines, the run's table, the seed verdicts, the noise
+    table and the report (imported here: a refused run never loads scipy or the page builder)."""
+    from benchlib.analysis.compare import noise_table, noise_text
+    from benchlib.analysis.seed_verdicts import save_verdicts, seed_verdicts, verdict_text
+    from benchlib.report.page import summary_lines, write_report
+
     for spec, _ in planned:  # the summary first: a benchmark's one line per variant, where its headline has them
         lines = summary_lines(results_run.path, spec.name)
         if lines:
@@ -228,7 +234,6 @@ def run(notebooks: Sequence[str] = (), *, options: RunOptions | None = None, **o
     print(noise_text(noise), file=stream, flush=True)
     result.report = write_report(results_run.path)
     print(f"report: {result.report}", file=stream, flush=True)
-    return result
 
 
 def _parameters(results_run: Run, execution: Execution, injected: Mapping[str, str]) -> dict[str, Any]:
@@ -292,6 +297,8 @@ class _RunLoop:
         self.run_.finish(interrupted=True, interrupted_by=reason)  # one write of run.json with every final state
         self.say(f"[{index}/{len(self.executions)}] {', '.join(e.key for e in stopped)}: interrupted ({reason})")
         self.say(self.result.summary())
+        from benchlib.report.page import write_report
+
         self.result.report = write_report(self.run_.path)
         self.say(f"report (partial run): {self.result.report}")
 

@@ -9,122 +9,25 @@ returns measures every engine of the form in fresh processes (`benchlib.usermode
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Sequence
-from pathlib import Path
+import importlib
 
-from benchlib.benchmark import Benchmark, DeclarationError, Parameter, ParameterError
-from benchlib.trials.cases import PRECISION, trials_parameter
-from benchlib.usermodel.case import ROLE_METRICS
-from benchlib.report.plots.usermodel import frontier, memory_by_role, peak_intervals
-from benchlib.usermodel.arrays import ARRAY_FORM_RUN, ArrayModelFile, array_form, check_array_form
-from benchlib.usermodel.measuring import TORCH_FORM, Form, measure_model_files
-from benchlib.usermodel.loader import (ModelFileError, check_form, is_array_form, open_model_file, read_model_file,
-                                       torch_form)
-from benchlib.usermodel.summary import summary_table
-
-TRIALS = trials_parameter(5)
-ATTRIBUTE = Parameter("attribute", False, "one more traced pass per engine (in its first trial, after the measured "
-                                          "ones): the lines holding the peak, temporaries, diffs between engines "
-                                          "(`benchlib run --attribute`)")
-HEADLINE = ("peak_bytes", "tracked_peak_bytes", "time", "alloc_count", "alloc_count_python", "gc_time")
+# Public names and the module that holds each: imported when first asked for, so that a process that
+# only plans (the runner refusing a bad file, `usermodel.planning`'s parent side) never imports torch.
+_HOMES = {
+    "ModelFileError": "loader",
+    "read_model_file": "loader",
+    "declaration": "declare",
+    "declare_model_files": "declare",
+    "load_model_file": "declare",
+    "load_model_files": "declare",
+    "version_labels": "declare",
+}
 
 
-def _engine_choice(form: Form) -> Parameter:
-    return Parameter("engines", tuple(form.engines), "the engines to measure", choices=form.engines)
+def __getattr__(name: str):
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _parameters(model_file, form: Form) -> tuple[Parameter, ...]:
-    own = (TRIALS, PRECISION, _engine_choice(form), ATTRIBUTE)  # benchlib's parameters of every model file
-    parameters = []
-    for name, default in model_file.parameters.items():
-        if name in {each.name for each in own}:
-            raise ModelFileError(f"{model_file.path}: PARAMETERS[{name!r}] is benchlib's own ({name}: "
-                                 f"{next(each.help for each in own if each.name == name)}); give yours another name")
-        quick = {"quick": model_file.quick[name]} if name in model_file.quick else {}
-        try:
-            parameters.append(Parameter(name, default, f"from {model_file.path.name}'s PARAMETERS", **quick))
-        except (DeclarationError, ParameterError) as error:
-            raise ModelFileError(f"{model_file.path}: PARAMETERS[{name!r}] = {default!r}"
-                                 + (f", QUICK {model_file.quick[name]!r}" if quick else "") + f": {error}") from None
-    return (*parameters, *own)
-
-
-def version_labels(paths: Sequence[str | Path]) -> list[str]:
-    """Each file's version: its stem, or its path where two stems are the same."""
-    stems = [Path(path).stem for path in paths]
-    return [stem if stems.count(stem) == 1 else str(path) for stem, path in zip(stems, paths)]
-
-
-def load_model_file(path: str | Path) -> Benchmark:
-    """The benchmark a model file declares, its form checked by one loss call at the QUICK values."""
-    return load_model_files([path])
-
-
-def _read(path: str | Path):
-    """The file, read in its form: the array form's pieces where it declares them, else the torch form's."""
-    path, module = open_model_file(path)
-    return array_form(path, module) if is_array_form(module) else torch_form(path, module)
-
-
-def _form_name(model_file) -> str:
-    return "array form" if isinstance(model_file, ArrayModelFile) else "torch form"
-
-
-def load_model_files(paths: Sequence[str | Path]) -> Benchmark:
-    """One benchmark of the files (versions of one NAME, of one form, at the same PARAMETERS and QUICK),
-    each file's form checked by one loss call at the QUICK values."""
-    return declare_model_files(paths)[0]
-
-
-def declare_model_files(paths: Sequence[str | Path]) -> tuple[Benchmark, list, Form]:
-    """`load_model_files`' benchmark, with the files read and their form (for one engine's step alone)."""
-    files = [_read(path) for path in paths]
-    model_file = files[0]
-    for other in files[1:]:
-        if other.name != model_file.name:
-            raise ModelFileError(f"{other.path}: NAME {other.name!r} is not {model_file.path.name}'s {model_file.name!r}; "
-                                 "versions of one benchmark share a NAME (run different NAMEs as separate arguments)")
-        if _form_name(other) != _form_name(model_file):
-            raise ModelFileError(f"{other.path}: it is of the {_form_name(other)}, {model_file.path.name} of the "
-                                 f"{_form_name(model_file)}; versions of one benchmark are of one form, so their "
-                                 "engines are the same")
-        if (other.parameters, other.quick) != (model_file.parameters, model_file.quick):
-            raise ModelFileError(f"{other.path}: PARAMETERS or QUICK differ from {model_file.path}'s; versions of one "
-                                 "benchmark run at the same values, so their ratio compares the code alone")
-    arrays = isinstance(model_file, ArrayModelFile)
-    form = ARRAY_FORM_RUN if arrays else TORCH_FORM
-    parameters = _parameters(model_file, form)
-    quick = {p.name: p.quick if p.has_quick else p.default for p in parameters[:len(model_file.parameters)]}
-    for each in files:
-        (check_array_form if arrays else check_form)(
-            each, {name: list(v) if isinstance(v, tuple) else v for name, v in quick.items()})
-    versions = dict(zip(version_labels([f.path for f in files]), files))
-    return declaration(files, arrays, functools.partial(measure_model_files, versions, form)), files, form
-
-
-def declaration(files: Sequence, arrays: bool, measure) -> Benchmark:
-    """The benchmark of model files already read and checked: `files` give path, name, parameters and
-    quick (the files themselves, or their facts as a child that checked them reported them:
-    `benchlib.usermodel.planning`), `measure` measures them."""
-    model_file, form = files[0], ARRAY_FORM_RUN if arrays else TORCH_FORM
-    names = " and ".join(Path(f.path).name for f in files)
-    step = "one gradient of the loss with respect to the params arrays" if arrays else \
-        "one training step (forward, backward and, when the file declares one, the optimizer's step)"
-    roles = "" if arrays else ", memory by role"
-    return Benchmark(
-        name=model_file.name,
-        question=f"What does one gradient step of {names} cost in memory, allocations and time under each "
-                 "engine, and which gets it under a memory level fastest?",
-        cases=f"{step} per engine, each in fresh processes, `trials` times interleaved (across versions too): peak, "
-              f"time, both allocation counts, GC pauses{roles} and the gradient's error against eager torch",
-        parameters=_parameters(model_file, form),
-        measure=measure,
-        headline=HEADLINE,
-        metrics=ROLE_METRICS,
-        summarize=summary_table,
-        figures={"frontier": frontier, "peak": peak_intervals, **({} if arrays else {"roles": memory_by_role})},
-    )
-
-
-__all__ = ["ModelFileError", "declare_model_files", "load_model_file", "load_model_files", "read_model_file", "version_labels"]
+__all__ = sorted(_HOMES)

@@ -114,8 +114,6 @@ def declare_in_child(groups: Sequence[Sequence[str]]) -> list[Benchmark | ModelF
     """Per group of model-file paths (versions of one NAME), its `Benchmark`, or the `ModelFileError` that
     says why the files were refused, all read and checked in one child under the time limit. A child
     that exits before it answers, hangs or is killed refuses every group, naming what happened."""
-    from benchlib.usermodel import declaration
-
     limit = timeout_s()
     with tempfile.TemporaryDirectory(prefix="benchlib-plan-") as folder:
         result_path, output_path = Path(folder) / "result.json", Path(folder) / "output.txt"
@@ -147,6 +145,8 @@ def declare_in_child(groups: Sequence[Sequence[str]]) -> list[Benchmark | ModelF
             refusal.child_traceback = outcome.get("traceback", "")  # what `benchlib --debug` shows
             answers.append(refusal)
             continue
+        from benchlib.usermodel.declare import declaration  # torch and the figures: only for a file that passed
+
         files = [FileFacts(Path(f["path"]), f["name"], f["parameters"], f["quick"]) for f in outcome["files"]]
         answers.append(declaration(files, outcome["arrays"],
                                    functools.partial(_measure_reading, [str(f.path) for f in files])))
