@@ -34,6 +34,19 @@ def test_child_returns_measurement_checks_and_environment():
     assert env["device"]["device"] == "cpu" and "torch_threads" in env
 
 
+def test_a_trial_says_where_its_time_went_phase_by_phase():
+    started = time.perf_counter()
+    result = run_isolated("isolation_targets:with_roles", {"n": 1000}, name="roles",
+                          options=IsolationOptions(track_allocations=True, role_timeline=True, timeline=False))
+    wall = time.perf_counter() - started
+    phases = result.measurement.phase_s
+    assert list(phases) == ["setup", "warmup", "timed", "allocation_pass", "check", "role_pass", "process"]
+    assert all(seconds >= 0 for seconds in phases.values())
+    assert sum(phases.values()) <= wall  # the phases partition the call: none is counted twice
+    plain = run_isolated("isolation_targets:allocate", {"n": 10}, name="plain", options=IsolationOptions(timeline=False))
+    assert set(plain.measurement.phase_s) == {"setup", "warmup", "timed", "check", "process"}
+
+
 def test_a_role_timeline_is_one_more_call_read_with_the_cases_gauge_only_when_asked():
     n = 1_000_000
     result = run_isolated("isolation_targets:with_roles", {"n": n}, name="roles",

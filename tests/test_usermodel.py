@@ -224,6 +224,10 @@ def test_a_model_file_runs_end_to_end_with_quick(tmp_path):
         rows = records[records["variant"] == engine]
         assert {"peak_bytes", "time", "alloc_count", "alloc_count_python", "gc_time", "role_parameter_bytes",
                 "role_gradient_bytes"} <= set(rows["metric"]), engine
+        harness = rows[rows["metric"].str.startswith("harness_")]  # where each trial's time went, phase by phase
+        assert set(harness["metric"]) == {"harness_process_time", "harness_setup_time", "harness_warmup_time",
+                                          "harness_timed_time", "harness_allocation_pass_time", "harness_check_time"}
+        assert (harness.groupby("metric").size() == 2).all() and (harness["value"] >= 0).all()
         trials = rows[rows["metric"] != "trials_run"]  # the stopping record is per engine, not per trial
         assert {json.loads(p)["trial"] for p in trials["params"]} == {0, 1}
         (stop,) = rows.loc[rows["metric"] == "trials_run", "params"].map(json.loads)

@@ -17,7 +17,7 @@ import pandas as pd
 from scipy.stats import mannwhitneyu
 
 from benchlib.analysis.derived import with_step_summaries
-from benchlib.records.metrics import TRIALS_RUN
+from benchlib.records.metrics import HARNESS_PHASES, TRIALS_RUN, harness_metric
 from benchlib.analysis.stats import (
     BETTER,
     DEFAULT_ALPHA,
@@ -62,7 +62,9 @@ CONTEXT_METRICS = frozenset({"baseline_bytes", "gc_pause_time", "gc_pause_genera
                              "gc_pause_uncollectable", "gc_pause_tracked", "gc_pause_step",
                              # an attribution pass (--attribute): where the bytes went, and what capturing it cost
                              "trials_run", "site_bytes", "site_count", "site_bytes_diff", "site_count_diff", "attribution_call_time",
-                             "attribution_read_time", "attribution_peak_bytes", "attribution_unattributed_bytes"})
+                             "attribution_read_time", "attribution_peak_bytes", "attribution_unattributed_bytes",
+                             # the instrument's own time, phase by phase (a slower harness is no regression of the code)
+                             *(harness_metric(phase) for phase in HARNESS_PHASES)})
 
 # Params that describe one measurement rather than the configuration measured: the trial's place in
 # its order (and how many trials there were, so runs with different trial counts still match), the
@@ -223,10 +225,10 @@ def noise_table(records: pd.DataFrame, *, load_average: float | None = None, cor
     """Measurements not to trust, pyperf style: one row per key whose trials (`trial_values`, at least
     two) spread too much or hold a robust outlier (`noise_flags`), plus every timed key when the load
     average at the run's start exceeded the cores. Timed keys only (counts and bytes do not drift), and
-    not GC pause times (mostly zero, a pause is an event, not noise)."""
+    not GC pause times (mostly zero, a pause is an event, not noise) nor context (the harness's own phases)."""
     rows = []
-    timed = records[records[UNIT_COLUMN].isin(TIMED_UNITS)
-                    & ~records[METRIC_NAME].str.contains("gc_")].dropna(subset=[VALUE_COLUMN])
+    timed = records[records[UNIT_COLUMN].isin(TIMED_UNITS) & ~records[METRIC_NAME].str.contains("gc_")
+                    & ~records[METRIC_NAME].isin(CONTEXT_METRICS)].dropna(subset=[VALUE_COLUMN])
     for key, group in with_config(timed).groupby([*KEY_COLUMNS, UNIT_COLUMN, CONFIG_COLUMN], sort=False):
         values = trial_values(group)
         if values.size < 2 or not np.all(np.isfinite(values)) or not np.all(values > 0):

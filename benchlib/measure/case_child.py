@@ -5,6 +5,7 @@ Both sides import this module, and it imports neither, so there is no circle bet
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 from importlib import import_module
+from time import perf_counter
 from typing import Any, Callable, ContextManager, Mapping
 
 from benchlib.records.environment import allocator_env
@@ -127,21 +129,28 @@ def child_main(spec_path: str, result_path: str) -> int:
     try:
         device = resolve_device(spec["device"])
         prime_cuda_libraries(device)  # cuBLAS's per-thread workspaces are no part of any case's peak
+        started = perf_counter()
         case = _load_case(spec["target"], device, spec["params"])
+        setup_s = perf_counter() - started
         measurement, last = measure_with_result(
             case.fn, device=device, warmup=spec["warmup"], repeats=spec["repeats"],
             track_allocations=SITES if spec["track_allocations"] and spec["sites"] else spec["track_allocations"],
             timeline=spec["timeline"] and spec["timeline_interval_s"], name=spec["name"],
             attribute=spec.get("attribute", False))
+        phases, started = {"setup": setup_s, **measurement.phase_s}, perf_counter()
         checks = _checks(case, last)
         del last
+        phases["check"], started = perf_counter() - started, perf_counter()
         roles = None
         if spec["role_timeline"] and case.roles is not None:
             frame, role_metrics = _role_timeline(case, device, spec["timeline_interval_s"])
             roles = timeline_to_json(frame)
             checks.update(role_metrics)
+            phases["role_pass"], started = perf_counter() - started, perf_counter()
         if spec.get("cuda_snapshot") and device.is_cuda:  # last: recording shapes no measured number
             record_snapshot(case.fn, device, spec["cuda_snapshot"])
+            phases["snapshot"] = perf_counter() - started
+        measurement = dataclasses.replace(measurement, phase_s=phases)
         outcome = {"ok": True, "measurement": measurement.to_dict(), "checks": checks,
                    "environment": _environment(spec, device), "role_timeline": roles}
     except NotApplicable as err:

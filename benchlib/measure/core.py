@@ -18,9 +18,9 @@ from .timeline import MemoryTimeline, timeline_from_json, timeline_to_json
 _FIELDS = ("name", "device", "times_s", "gc_count", "gc_seconds", "alloc_count", "alloc_bytes",
            "alloc_source", "alloc_count_python", "alloc_bytes_python", "alloc_floor", "alloc_floor_python",
            "peak_bytes", "baseline_bytes", "tracked_peak_bytes", "peak_sites", "attribution", "timeline",
-           "cuda_allocator")
+           "cuda_allocator", "phase_s")
 # may be missing from a dict written before they existed
-_OPTIONAL_FIELDS = ("attribution", "alloc_floor", "alloc_floor_python", "cuda_allocator")
+_OPTIONAL_FIELDS = ("attribution", "alloc_floor", "alloc_floor_python", "cuda_allocator", "phase_s")
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,8 @@ class Measurement:
     attribution: dict | None = field(default=None, compare=False, repr=False)  # Attribution.to_dict() of the extra pass (`attribute`)
     timeline: Any = field(default=None, compare=False, repr=False)
     cuda_allocator: dict | None = None  # the caching allocator over the timed calls (`Device.allocator_view`; CUDA)
+    # seconds of each phase that made it ({phase: s}, `records.metrics.HARNESS_PHASES`): the instrument's own cost
+    phase_s: dict | None = field(default=None, compare=False, repr=False)
 
     @property
     def median_s(self) -> float:
@@ -268,15 +270,22 @@ def measure_with_result(fn: Callable[[], Any], *, device: str | Device = "cpu", 
             "track_allocations=True needs memray on CPU (Linux/macOS only); install it or pass "
             "track_allocations=False")
 
+    phases, started = {}, perf_counter()
     result = None
     for _ in range(warmup):
         result = None
         result = fn()
     result = None
+    phases["warmup"], started = perf_counter() - started, perf_counter()
     steps = measure_steps(lambda _: fn(), repeats, device=dev, timeline=timeline)
+    phases["timed"], started = perf_counter() - started, perf_counter()
     allocations = count_allocations(fn, dev, sites=track_allocations == SITES) if track_allocations else None
+    if track_allocations:
+        phases["allocation_pass"], started = perf_counter() - started, perf_counter()
     # The attribution pass comes after every other pass, so it changes none of their numbers.
     attribution = attribute_allocations(fn).to_dict() if attribute else None  # buffers: system allocator
+    if attribute:
+        phases["attribution_pass"] = perf_counter() - started
     measurement = Measurement(
         name=name, device=dev.name, times_s=steps.step_s, gc_count=steps.gc_count_total,
         gc_seconds=steps.gc_seconds,
@@ -291,7 +300,7 @@ def measure_with_result(fn: Callable[[], Any], *, device: str | Device = "cpu", 
         tracked_peak_bytes=None if allocations is None else allocations.peak_bytes,
         peak_sites=None if allocations is None or allocations.sites is None else
         tuple(dataclasses.asdict(site) for site in allocations.sites),
-        attribution=attribution, timeline=steps.timeline, cuda_allocator=steps.cuda_allocator)
+        attribution=attribution, timeline=steps.timeline, cuda_allocator=steps.cuda_allocator, phase_s=phases)
     return measurement, steps.result
 
 

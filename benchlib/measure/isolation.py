@@ -10,6 +10,7 @@ gauge at every sample: memory by role on the allocator's clock, outside the meas
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any
 
 from . import forkserver
@@ -196,6 +198,7 @@ def run_isolated(target: str, params: dict | None = None, *, name: str, device: 
             "malloc_policy": options.malloc, "malloc_env": policy_env,
             "sys_path": [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p)]}
     env = {**os.environ, **policy_env}
+    started = perf_counter()
     with tempfile.TemporaryDirectory(prefix="benchlib-case-") as tmp:
         spec_path, result_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "result.json")
         output_path = os.path.join(tmp, "output.txt")
@@ -215,8 +218,11 @@ def run_isolated(target: str, params: dict | None = None, *, name: str, device: 
     if not result["ok"]:
         raise CaseFailed(name, f"the child raised {result['error']}",
                          child_traceback=result["traceback"], output=output)
+    measurement = Measurement.from_dict(result["measurement"])
+    phases = dict(measurement.phase_s or {})  # the child's; the rest of the wall time is the process's own
+    phases["process"] = max(0.0, perf_counter() - started - sum(phases.values()))
     roles = result["role_timeline"]
-    return IsolatedResult(name=name, measurement=Measurement.from_dict(result["measurement"]),
+    return IsolatedResult(name=name, measurement=dataclasses.replace(measurement, phase_s=phases),
                           checks=result["checks"], environment={**result["environment"], "isolation": isolation},
                           role_timeline=None if roles is None else timeline_from_json(roles))
 

@@ -16,6 +16,28 @@ TRIALS_RUN = "trials_run"  # the record of how many trials a case ran; params.st
 # Recorded (value 1, the reason in params["message"]) for an engine that ran but whose gradient could not be
 # compared (benchlib.trials): no reference gradient, or a stochastic step drawn differently
 GRAD_UNCHECKED_METRIC = "grad_check_unavailable"
+# Where an isolated trial's time went (benchlib.measure: the child times its phases, the parent the rest):
+# the instrument's own cost beside what it measured. Each phase is a metric of its own, `harness_<phase>_time`.
+HARNESS_PHASES = {
+    "process": "starting the case's process (fork from the warm template, or a fresh interpreter), preloading "
+               "and handing over spec and result, and its exit: the trial's wall time less its other phases",
+    "setup": "importing the case's module and building what it measures (the model, the batch, the engine)",
+    "warmup": "the warm-up calls",
+    "timed": "the timed calls: what the figures are made of",
+    "allocation_pass": "the traced call that counts allocations (memray, or the CUDA caching allocator's counters)",
+    "attribution_pass": "the traced call that attributes the peak to source lines, and reading its records (--attribute)",
+    "check": "the case's check after the measured calls (a gradient saved, the tape's counters, memory by role)",
+    "role_pass": "the one more call sampled with the engine's role gauge (the first trial of an engine comparison)",
+    "snapshot": "the one more step under the CUDA caching allocator's history (a model file on CUDA, first trial)",
+}
+
+
+def harness_metric(phase: str) -> str:
+    """The metric of one phase of an isolated trial (`HARNESS_PHASES`)."""
+    if phase not in HARNESS_PHASES:
+        raise MetricError(f"unknown harness phase {phase!r}; the phases are {', '.join(HARNESS_PHASES)}")
+    return f"harness_{phase}_time"
+
 KINDS = ("time", "memory", "count", "rate", "ratio", "loss", "check", "status", "setting")
 UNITS = ("s", "B", "count", "", "ratio", "B/s", "FLOP/s", "model-samples/s")
 
@@ -142,5 +164,7 @@ for _name, _unit, _kind, _meaning in (
     ("role_saved_bytes", "B", "memory", "forward values held for the backward pass: at the tape's peak (benchlib), "
                                         "or packed by torch's saved-tensor hooks in one call (torch)"),
     ("role_gradient_bytes", "B", "memory", "gradient buffers at the tape's peak (benchlib engines)"),
+    *[(harness_metric(phase), "s", "time", f"one trial's seconds, {meaning} (params.trial says which)")
+      for phase, meaning in HARNESS_PHASES.items()],
 ):
     METRICS.register(_name, _unit, _kind, _meaning)

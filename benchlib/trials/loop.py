@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from benchlib.engines.gradients import (GRAD_ERROR_METRIC, SEED_DEPENDENT_METRIC, UPDATE, UPDATE_ERROR_METRIC,
                                         gradient_file, gradient_tolerance, saved_gradient_error)
-from benchlib.records.metrics import GRAD_UNCHECKED_METRIC
+from benchlib.records.metrics import GRAD_UNCHECKED_METRIC, harness_metric
 from benchlib.analysis.stats import interleaved_order
 from benchlib.trials.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline, TrialStopping
 
@@ -221,6 +221,8 @@ class TrialLoop:
                 self.records += measurement.records(**unit.labels, params=params)
                 self.records += [make_record(**unit.labels, metric=metric, value=value, params=params)
                                  for metric, value in checks.items()]
+                self.records += [make_record(**unit.labels, metric=harness_metric(phase), value=seconds,
+                                             params=params) for phase, seconds in (measurement.phase_s or {}).items()]
                 if unchecked is not None:
                     self.records.append(make_record(**unit.labels, metric=GRAD_UNCHECKED_METRIC, value=1.0,
                                                     params={**params, "message": unchecked}))
