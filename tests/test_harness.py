@@ -37,3 +37,14 @@ def test_phase_table_of_records_without_phases_is_empty():
     records = records_frame([make_record(benchmark="b", case="c", engine="torch", device="cpu", dtype="float32",
                                          metric="time", value=1.0)])
     assert phase_table(records).empty
+
+
+def test_the_run_summary_and_the_report_say_where_the_trials_time_went():
+    from benchlib.report.tables.harness import harness_line, harness_section
+
+    records = records_frame(_rows("torch", timed=1.0, process=3.0, allocation_pass=4.0))
+    assert harness_line(records) == ("instrument: 2 isolated trial(s) took 16.00 s: allocation pass 50%, process 38%, "
+                                     "timed 12% (timed: the calls the figures are made of)")
+    section = harness_section(records)
+    assert "Where the trials' time went" in section and "<td>allocation pass</td>" in section
+    assert harness_line(records_frame([])) == harness_section(records_frame([])) == ""

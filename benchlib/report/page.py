@@ -300,9 +300,12 @@ def build_report(run: str | os.PathLike) -> str:
                         else "<p>None flagged.</p>"))
 
     from benchlib.report.tables.cuda import allocator_section
+    from benchlib.report.tables.harness import harness_section
     from benchlib.analysis.sites import ATTRIBUTION_METRICS
 
     records = _records(run_path)
+    if records is not None:
+        parts.append(harness_section(records))
     attributed = records if records is not None and records["metric"].isin(ATTRIBUTION_METRICS).any() else None
     for section in sections:
         entry = info.get("notebooks", {}).get(section, {})

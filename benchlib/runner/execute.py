@@ -218,6 +218,7 @@ def _conclude(results_run: Run, result: RunResult, planned: Sequence[tuple[Noteb
     from benchlib.analysis.compare import noise_table, noise_text
     from benchlib.analysis.seed_verdicts import save_verdicts, seed_verdicts, verdict_text
     from benchlib.report.page import summary_lines, write_report
+    from benchlib.report.tables.harness import harness_line
 
     for spec, _ in planned:  # the summary first: a benchmark's one line per variant, where its headline has them
         lines = summary_lines(results_run.path, spec.name)
@@ -232,6 +233,9 @@ def _conclude(results_run: Run, result: RunResult, planned: Sequence[tuple[Noteb
     noise = noise_table(records, load_average=cpu.get("load_average_1m_at_start"), cores=cpu.get("usable_cores"))
     results_run.save_table(noise, "noise")
     print(noise_text(noise), file=stream, flush=True)
+    instrument = harness_line(records)
+    if instrument:
+        print(instrument, file=stream, flush=True)
     result.report = write_report(results_run.path)
     print(f"report: {result.report}", file=stream, flush=True)
 
