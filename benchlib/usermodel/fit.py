@@ -291,8 +291,9 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
 
 def _measure(model_file, engine: str, values: dict, device) -> tuple[int, float] | str:
     """(total bytes, median seconds per step) of one engine's step at `values`, in a fresh process, or why not."""
+    from benchlib.engines import case_imports
     from benchlib.measure import CaseFailed, CaseNotApplicable, IsolationOptions, run_isolated
-    from benchlib.usermodel.measuring import TARGET, step_imports
+    from benchlib.usermodel.measuring import TARGET
 
     with tempfile.TemporaryDirectory(prefix="benchlib-fit-") as gradients:
         try:
@@ -300,7 +301,7 @@ def _measure(model_file, engine: str, values: dict, device) -> tuple[int, float]
                                            "gradient_dir": gradients},
                                   name=f"{model_file.name}/{engine}", device=device.name,
                                   options=IsolationOptions(warmup=WARMUP, repeats=STEPS, timeline=False,
-                                                           preload=step_imports(model_file, engine, device)))
+                                                           preload=case_imports(engine, device)))
         except CaseNotApplicable as refused:
             return f"not applicable: {refused.reason}"
         except CaseFailed as failed:

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchlib.usermodel.measuring import step_imports
+from benchlib.engines import case_imports
 from benchlib.engines.roles import GRADIENT_METRIC, SAVED_METRIC
 from benchlib.measure.allocations import PeakSite
 from benchlib.source_files import is_library
@@ -265,7 +265,7 @@ def measure_step(model: str | Path, engine: str = "torch", *, params: dict | Non
                                   name=f"{model_file.name}/{engine}", device=target.name,
                                   options=IsolationOptions(warmup=1, repeats=1, track_allocations=True, timeline=False,
                                                            sites=sites, timeout_s=timeout_s,
-                                                           preload=step_imports(model_file, engine, target)))
+                                                           preload=case_imports(engine, target)))
         except CaseNotApplicable as refused:  # the engine cannot run this code (torch.func's limits)
             raise GateError(f"{engine} does not apply to {model_file.path}: {refused.reason}") from None
         except CaseFailed as failed:

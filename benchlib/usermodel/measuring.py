@@ -125,7 +125,7 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
                           **({"categories": True} if traced and form.torch_categories else {})},
             name=case_name, device=device.name,
             options=IsolationOptions(warmup=WARMUP, repeats=STEPS, track_allocations=track, timeline=False,
-                                     attribute=traced, cuda_snapshot=snapshot, preload=step_imports(versions[unit.group], unit.engine, device)))
+                                     attribute=traced, cuda_snapshot=snapshot, preload=case_imports(unit.engine, device)))
 
     def keep(unit: Unit, trial: int, result) -> None:
         if result.measurement.attribution is not None:
@@ -139,16 +139,6 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
     for version, rows in site_diffs(attributions, labels, cases, form.reference).items():
         records[version] += rows
     return [record for version in versions for record in records[version]]
-
-
-def step_imports(model_file, engine: str, device) -> tuple[str, ...]:
-    """What the step's set-up imports anyway, for its fork template to preload (`engines.case_imports`): torch
-    for a torch engine, and torch._dynamo where the file has an optimizer, which torch.optim's first optimizer
-    imports (about a second of every trial's set-up, measured by the trial's `setup` phase, otherwise)."""
-    imports = case_imports(engine, device)
-    if "torch" in imports and getattr(model_file, "optimizer", None) is not None:
-        imports += ("torch._dynamo",)
-    return imports
 
 
 def site_diffs(attributions: Mapping[tuple[str, str], dict], labels: Mapping[tuple[str, str], dict],
