@@ -1,2 +1,2 @@
 """Presentation: report.html (`page`), history.html (`history`), the plotly figure builders (`plots`) and
-the tables and text reporters (`tables`). Takes tidy frames; measures nothing and decides nothing."""
+the tables and text (`tables`). Takes tidy frames; measures nothing and decides nothing."""
