@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
+from benchlib.lazy_exports import lazy_exports
 
 # Public names and the module that holds each, imported when first asked for: the `benchlib` command
 # refuses a bad name or file before papermill, pandas or torch is imported.
@@ -18,11 +18,7 @@ _HOMES = {
     "select_notebooks": "notebooks",
 }
 
-
-def __getattr__(name: str):
-    if name in _HOMES:
-        return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _HOMES)
 
 
 __all__ = sorted(_HOMES)

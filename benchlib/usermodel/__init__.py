@@ -9,7 +9,7 @@ returns measures every engine of the form in fresh processes (`benchlib.usermode
 
 from __future__ import annotations
 
-import importlib
+from benchlib.lazy_exports import lazy_exports
 
 # Public names and the module that holds each: imported when first asked for, so that a process that
 # only plans (the runner refusing a bad file, `usermodel.planning`'s parent side) never imports torch.
@@ -23,11 +23,7 @@ _HOMES = {
     "version_labels": "declare",
 }
 
-
-def __getattr__(name: str):
-    if name in _HOMES:
-        return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _HOMES)
 
 
 __all__ = sorted(_HOMES)
