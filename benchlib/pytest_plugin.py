@@ -68,15 +68,20 @@ def _marker_limits(item: pytest.Item):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every marker's limits are parsed before any test runs: one that does not parse stops the session."""
+    """Every marker's limits are parsed before any test runs: one that does not parse stops the session. A
+    session without the marker imports nothing of benchlib (the gate's modules import torch: a second of every
+    pytest run where the plugin is installed)."""
+    marked = [item for item in items if item.get_closest_marker(MARKER) is not None]
+    if not marked:
+        return
     from benchlib.usermodel.gate import GateError
 
-    for item in items:
+    for item in marked:
         try:
             _marker_limits(item)
         except (GateError, TypeError) as error:
             raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.{MARKER}: {error}") from None
-        if item.get_closest_marker(MARKER) is not None and "gradient_step" not in getattr(item, "fixturenames", ()):
+        if "gradient_step" not in getattr(item, "fixturenames", ()):
             raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.{MARKER} limits the steps the gradient_step fixture "
                                     "measures, and this test does not use it: nothing would be checked")
 

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from benchlib.measure import IsolationOptions, forkserver, run_isolated
+from benchlib.measure import IsolationOptions, forkserver, prepare_isolation, run_isolated
 
 pytestmark = pytest.mark.slow
 FACTS = dict(name="facts", options=IsolationOptions(timeline=False))
@@ -92,3 +92,14 @@ def test_without_a_pagemap_to_map_the_code_again_every_case_spawns(monkeypatch):
     monkeypatch.setattr(forkserver, "FORK_SUPPORTED", False)
     checks, how = facts("fork", monkeypatch)
     assert how == "spawn" and checks["ppid"] == os.getpid()
+
+
+def test_a_template_started_ahead_serves_the_first_case_even_after_the_import_path_grows(tmp_path, monkeypatch):
+    # the gate starts the template before it imports the model file, whose folder joins sys.path
+    monkeypatch.setenv(forkserver.ISOLATION_ENV, "fork")
+    options = IsolationOptions(timeline=False, preload=("json",))
+    prepare_isolation(options)
+    started = [template.pid for key, template in forkserver._templates.items() if key[2] == ("json",)]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = run_isolated("isolation_targets:process_facts", name="facts", options=options)
+    assert len(started) == 1 and result.checks["ppid"] == started[0]

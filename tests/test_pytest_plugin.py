@@ -44,6 +44,17 @@ def test_the_plugin_is_registered_for_every_test_suite():
     assert "benchlib.pytest_plugin" in {entry.value for entry in entry_points(group="pytest11")}
 
 
+def test_a_suite_without_the_marker_imports_neither_the_gate_nor_torch(pytester):
+    # the plugin is installed in every suite of the environment: it must cost them nothing
+    pytester.makepyfile(test_plain=textwrap.dedent('''
+        import sys
+
+        def test_plain():
+            assert "benchlib.usermodel.gate" not in sys.modules and "torch" not in sys.modules
+    '''))
+    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
 @pytest.mark.slow
 def test_a_users_suite_fails_the_wasteful_version_under_two_engines(pytester):
     pytester.makepyfile(mlp=LEAN, test_memory=TESTS)

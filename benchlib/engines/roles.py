@@ -18,6 +18,8 @@ from benchlib.engine_names import TORCH_AUTOGRAD
 
 SAVED_METRIC = "role_saved_bytes"
 GRADIENT_METRIC = "role_gradient_bytes"
+PARAMETER_METRIC = "role_parameter_bytes"  # a model file's parameters, held before every step
+OPTIMIZER_METRIC = "role_optimizer_bytes"  # its optimizer's state, likewise
 SAVED_ROLE, GRADIENT_ROLE = "saved", "gradients"  # the gauges' role names: columns of a role timeline
 
 

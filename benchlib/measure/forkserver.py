@@ -33,8 +33,9 @@ MODES = (FORK, SPAWN)
 PRELOAD = ("numpy", "benchlib.measure.case_child")  # what every isolated child imports before its case
 KEEP = 3  # templates alive at once (one holds ~0.4 GB once torch is imported)
 START_TIMEOUT_S = 300
-# Set per call, not at process start: a template is shared across values of these.
-PER_CALL_ENV = frozenset({"PYTEST_CURRENT_TEST", "BENCHLIB_DEADLINE"})
+# Set per call, not at process start: a template is shared across values of these. TORCHINDUCTOR_CACHE_DIR is
+# set by torch itself in whichever process imports its compiler (the template too, to the same default).
+PER_CALL_ENV = frozenset({"PYTEST_CURRENT_TEST", "BENCHLIB_DEADLINE", "TORCHINDUCTOR_CACHE_DIR"})
 # A forked child must re-map its template's code pages (`_mapped_code_pages`): without /proc's pagemap it could not.
 FORK_SUPPORTED = hasattr(os, "fork") and os.path.exists("/proc/self/pagemap")
 PAGEMAP_CHUNK = 8192  # pages per pagemap read: 64 KiB buffers, below glibc's mmap threshold, so the
@@ -69,6 +70,12 @@ class Template:
             start_new_session=True, bufsize=0)
         self.pid = self.process.pid
         self._buffer = b""
+        self.ready = False
+
+    def wait_ready(self) -> None:
+        """Wait until the template has imported what it preloads (it started doing so when made)."""
+        if self.ready:
+            return
         try:
             ready = self._reply(START_TIMEOUT_S)
         except (TimeoutError, TemplateUnavailable) as error:
@@ -77,6 +84,7 @@ class Template:
         if ready.get("ready") is not True:
             self.close()
             raise TemplateUnavailable(f"the template did not start: {ready.get('error', ready)}")
+        self.ready = True
 
     def _said(self) -> str:
         """The end of what the template wrote to stderr, for a message."""
@@ -160,26 +168,53 @@ if FORK_SUPPORTED:
     os.register_at_fork(after_in_child=lambda: (_templates.clear(), _failed.clear()))  # a forked copy owns none
 
 
+def _key(env: dict[str, str], preload: tuple[str, ...]) -> tuple:
+    """What a template is started with: its interpreter, working directory (the first entry of its import path),
+    preload and start-up environment. Not this process's sys.path: a child extends its own from the spec."""
+    return (sys.executable, os.getcwd(), tuple(preload),
+            tuple(sorted((k, v) for k, v in env.items() if k not in PER_CALL_ENV)))
+
+
+def _template(key: tuple, env: dict[str, str], warning_filter: str, preload: tuple[str, ...]) -> Template:
+    """The live template for `key`, started now if there is none (not waited for), as the most recently used;
+    the least recently used is closed when more than `KEEP` would be alive. Called with `_lock` held."""
+    template = _templates.pop(key, None)
+    if template is None or not template.alive():
+        template = Template(env, warning_filter, preload)
+    _templates[key] = template
+    while len(_templates) > KEEP:
+        _templates.popitem(last=False)[1].close()
+    return template
+
+
+def start_template(env: dict[str, str], warning_filter: str, preload: tuple[str, ...]) -> None:
+    """Start the template `run_in_template` would use for these, without waiting for it: its imports then
+    overlap the caller's own work (a model file's import, planning) instead of delaying the first case."""
+    key = _key(env, preload)
+    with _lock:
+        if key not in _failed:
+            try:
+                _template(key, env, warning_filter, preload)
+            except OSError:  # it could not even be started: the first case says so, or spawns
+                pass
+
+
 def run_in_template(env: dict[str, str], warning_filter: str, preload: tuple[str, ...], spec_path: str,
                     result_path: str, output_path: str, module: str, timeout_s: float) -> tuple[int, bool]:
     """Run the spec in a child of the template for this interpreter, path, start-up environment and
     preload, starting that template when first needed (the least recently used one is closed when
     more than `KEEP` would be alive). TemplateUnavailable: run it some other way."""
-    key = (sys.executable, tuple(sys.path), tuple(preload),
-           tuple(sorted((k, v) for k, v in env.items() if k not in PER_CALL_ENV)))
+    key = _key(env, preload)
     with _lock:
         if key in _failed:
             raise TemplateUnavailable(_failed[key])
-        template = _templates.pop(key, None)
-        if template is None or not template.alive():
-            try:
-                template = Template(env, warning_filter, preload)
-            except TemplateUnavailable as error:
-                _failed[key] = str(error)
-                raise
-        _templates[key] = template
-        while len(_templates) > KEEP:
-            _templates.popitem(last=False)[1].close()
+        template = _template(key, env, warning_filter, preload)
+        try:
+            template.wait_ready()
+        except TemplateUnavailable as error:
+            _templates.pop(key, None)
+            _failed[key] = str(error)
+            raise
         try:
             return template.run(spec_path, result_path, output_path, env, module, timeout_s)
         except TemplateRefused as error:

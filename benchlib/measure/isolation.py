@@ -227,6 +227,15 @@ def run_isolated(target: str, params: dict | None = None, *, name: str, device: 
                           role_timeline=None if roles is None else timeline_from_json(roles))
 
 
+def prepare_isolation(options: IsolationOptions = IsolationOptions()) -> None:
+    """Start the fork template that `run_isolated` with these options will fork from, without waiting: call it
+    before work of your own (importing a model file, planning) so the template's imports run beside it. Does
+    nothing where cases start fresh interpreters (`BENCHLIB_ISOLATION=spawn`)."""
+    if forkserver.isolation_mode() == forkserver.FORK:
+        policy_env = malloc_environment(options.malloc)
+        forkserver.start_template({**os.environ, **policy_env}, _RUNPY_WARNING, options.preload)
+
+
 def _run_child(spec: dict, spec_path: str, result_path: str, output_path: str, env: dict[str, str],
                timeout_s: float, preload: tuple[str, ...]) -> tuple[int, bool, str]:
     """Start the child and wait for it: forked from a warm template (`forkserver`), or a fresh

@@ -16,7 +16,7 @@ from typing import Any
 from benchlib.engines.gradients import (SEED_DEPENDENT_METRIC, UPDATE, gradient_tolerance, max_relative_error,
                                         require_finite, save_gradient)
 from benchlib.engine_names import TORCH_AUTOCAST, TORCH_FUNC, TORCH_MICROBATCH, TORCH_OFFLOAD
-from benchlib.engines.roles import GRADIENT_METRIC, SAVED_METRIC, SavedTensors
+from benchlib.engines.roles import GRADIENT_METRIC, OPTIMIZER_METRIC, PARAMETER_METRIC, SAVED_METRIC, SavedTensors
 from benchlib.measure import Case
 from benchlib.measure.torch_categories import torch_categories
 from benchlib.usermodel.engines import REFERENCE, LiveBytes, Step, storage_bytes
@@ -29,8 +29,6 @@ STEP_SEED = SEED + 2  # the random stream every engine's checked step starts fro
 # bit-identical to eager's (bfloat16; another order of summation), while optimizers that normalise each entry
 # (Adam) move an entry near zero by up to 2 lr when its rounding changes: an error that says nothing of the maths.
 UPDATE_NOT_COMPARED = (TORCH_AUTOCAST, TORCH_MICROBATCH)
-PARAMETER_METRIC = "role_parameter_bytes"
-OPTIMIZER_METRIC = "role_optimizer_bytes"
 ROLE_METRICS = (
     (PARAMETER_METRIC, "B", "memory", "the model's parameters (held before every step: in the baseline, not the peak)"),
     (OPTIMIZER_METRIC, "B", "memory", "the optimizer's state (held before every step: in the baseline, not the peak)"),

@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from benchlib.engines import case_imports
-from benchlib.engines.roles import GRADIENT_METRIC, SAVED_METRIC
+from benchlib.engines.roles import GRADIENT_METRIC, OPTIMIZER_METRIC, PARAMETER_METRIC, SAVED_METRIC
 from benchlib.measure.allocations import PeakSite
 from benchlib.source_files import is_library
 from benchlib.units import format_bytes, format_count
-from benchlib.usermodel.case import OPTIMIZER_METRIC, PARAMETER_METRIC
 
 ROLE_NAMES = {PARAMETER_METRIC: "parameters", GRADIENT_METRIC: "gradients", SAVED_METRIC: "saved activations",
               OPTIMIZER_METRIC: "optimizer state"}
@@ -32,6 +31,11 @@ BYTE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _QUANTITY = re.compile(r"^\s*((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*$")
 BASELINE_FORMAT = 1
+# What a torch step's set-up imports anyway: torch.optim imports torch._dynamo on first use (0.8 s on a 2-core
+# machine). The gate's template imports it beside the model file's import here, and its children skip it. A gate
+# judges bytes and counts, which this does not move; `benchlib run` keeps it out of its templates, because step
+# times measured in children of a template that imported it were a few percent slower (docs/running.md).
+GATE_PRELOAD = ("torch._dynamo",)
 
 
 class GateError(ValueError):
@@ -242,17 +246,24 @@ class Baselines:
 def measure_step(model: str | Path, engine: str = "torch", *, params: dict | None = None, quick: bool = False,
                  device: str = "cpu", sites: bool = True, timeout_s: float = 600) -> StepCost:
     """One `engine` step of the model file at `model` (its PARAMETERS, the QUICK ones with `quick`, then
-    `params`), measured in a fresh process: a warm-up step, then one under the allocation tracker."""
-    from benchlib.measure import CaseFailed, CaseNotApplicable, IsolationOptions, resolve_device, run_isolated
+    `params`), measured in a fresh process: a warm-up step, then one under the allocation tracker. The
+    template that process forks from starts first, so its imports overlap the model file's here."""
+    from benchlib.measure import (CaseFailed, CaseNotApplicable, IsolationOptions, prepare_isolation, resolve_device,
+                                  run_isolated)
     from benchlib.measure.allocations import memray_available
-    from benchlib.usermodel import declare_model_files
+
+    target = resolve_device(device)
+    torch_imports = case_imports(engine, target)
+    options = IsolationOptions(warmup=1, repeats=1, track_allocations=True, timeline=False, sites=sites,
+                               timeout_s=timeout_s, preload=torch_imports + GATE_PRELOAD if torch_imports else ())
+    prepare_isolation(options)
+    from benchlib.usermodel import declare_model_files  # torch and the model file: beside the template's imports
 
     benchmark, (model_file,), form = declare_model_files([model])
     if engine not in form.engines:
         raise GateError(f"{engine!r} is not an engine of {model_file.path.name}'s form; valid: {', '.join(form.engines)}")
     values = benchmark.config({**(benchmark.quick if quick else {}), **(params or {})}).plain()
     values = {name: values[name] for name in model_file.parameters}
-    target = resolve_device(device)
     if not target.is_cuda and not memray_available():
         raise GateError("a gate on CPU counts allocations with memray (Linux and macOS): pip install memray")
     reason = form.plan(model_file, values, target).reasons.get(engine)
@@ -262,10 +273,7 @@ def measure_step(model: str | Path, engine: str = "torch", *, params: dict | Non
         try:
             result = run_isolated(form.target, {"path": str(model_file.path), "engine": engine, "values": values,
                                                 "gradient_dir": gradients},
-                                  name=f"{model_file.name}/{engine}", device=target.name,
-                                  options=IsolationOptions(warmup=1, repeats=1, track_allocations=True, timeline=False,
-                                                           sites=sites, timeout_s=timeout_s,
-                                                           preload=case_imports(engine, target)))
+                                  name=f"{model_file.name}/{engine}", device=target.name, options=options)
         except CaseNotApplicable as refused:  # the engine cannot run this code (torch.func's limits)
             raise GateError(f"{engine} does not apply to {model_file.path}: {refused.reason}") from None
         except CaseFailed as failed:

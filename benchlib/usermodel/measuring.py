@@ -75,10 +75,11 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
     processes each, all interleaved by the one trial loop (`benchlib.trials.TrialLoop`). Every version
     is of one form, whose `Form` gives the engines, the reference and the child. One version is case
     `step`; several are one case each, named by version."""
-    from benchlib.measure import IsolationOptions
+    from benchlib.measure import IsolationOptions, prepare_isolation
     from benchlib.measure.allocations import memray_available
     from benchlib.measure.cuda_snapshot import snapshot_path
 
+    prepare_isolation(IsolationOptions(preload=case_imports(form.reference, device)))  # starts beside the plans
     first = next(iter(versions.values()))
     values = {name: config.plain()[name] for name in first.parameters}
     trials, name = config.trials, first.name
