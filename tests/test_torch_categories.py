@@ -9,7 +9,7 @@ from benchlib.measure.torch_categories import CATEGORIES, torch_categories
 from benchlib.records import make_record, records_frame
 from benchlib.records.metrics import METRICS
 from benchlib.report.tables.sites import categories_table
-from benchlib.usermodel.case import ROLE_METRICS
+from benchlib.usermodel.case import CASE_METRICS
 from benchlib.usermodel.engines import Step
 
 
@@ -28,7 +28,7 @@ def test_torch_sees_the_parameters_and_the_batch_with_their_exact_bytes():
 
 
 def test_the_report_lines_up_roles_and_categories_per_engine():
-    for metric in ROLE_METRICS:  # a model file's benchmark registers them when it is declared
+    for metric in CASE_METRICS:  # a model file's benchmark registers them when it is declared
         METRICS.register(*metric)
 
     def row(engine, metric, value):

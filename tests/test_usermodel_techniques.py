@@ -5,8 +5,9 @@ import pytest
 import torch
 from torch import nn
 
-from benchlib.engine_names import (TORCH, TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_MICROBATCH, TORCH_OFFLOAD,
-                                   TORCH_SAC)
+from benchlib.engine_names import (TORCH, TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_COMPILE, TORCH_MICROBATCH,
+                                   TORCH_OFFLOAD, TORCH_SAC)
+from benchlib.usermodel import engines as usermodel_engines
 from benchlib.engines.gradients import gradient_tolerance, max_relative_error
 from benchlib.measure.case_child import NotApplicable
 from benchlib.usermodel.engines import AUTOCAST_DTYPE, MICROBATCHES, Step, microbatch_scale, not_applicable, split_batch
@@ -77,10 +78,70 @@ def test_where_a_technique_cannot_apply_it_says_why():
     assert "already live on the host" in not_applicable(TORCH_OFFLOAD, model, False, device_kind="cpu")
     assert not_applicable(TORCH_OFFLOAD, model, False, device_kind="cuda") is None
     assert "parameters are float64" in not_applicable(TORCH_AUTOCAST, blocks(dtype=torch.float64), False)
-    for engine in (TORCH_AUTOCAST, TORCH_MICROBATCH):
+    for engine in (TORCH_AUTOCAST, TORCH_MICROBATCH, TORCH_COMPILE):
         assert "runs its own forward and backward" in not_applicable(engine, model, True, has_step=True)
     assert not_applicable(TORCH_SAC, model, True, has_step=True) is None  # it changes only what forward saves
     assert "nothing to checkpoint" in not_applicable(TORCH_SAC, nn.Linear(2, 2), False)
+
+
+class CountingBackend:
+    """A torch.compile backend that runs the traced graphs as they are and counts how many it was handed."""
+
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, graph, example_inputs):
+        self.graphs += 1
+        return graph.forward
+
+
+@pytest.fixture
+def counting_backend(monkeypatch):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    backend = CountingBackend()
+    monkeypatch.setattr(usermodel_engines, "COMPILE_BACKEND", backend)
+    yield backend
+    torch._dynamo.reset()
+
+
+def test_compile_happens_in_the_set_up_and_never_in_a_step(counting_backend):
+    step = Step(TORCH_COMPILE, blocks(), data(), mean_loss, lambda parameters: torch.optim.SGD(parameters, lr=0.1))
+    compiled = counting_backend.graphs
+    assert compiled >= 1 and step.compile_s > 0
+    assert all(p.grad is None for _, p in step.named)  # the compiling call's gradients are not left for the step
+    for _ in range(3):
+        step()
+    assert counting_backend.graphs == compiled
+
+
+def test_compile_computes_eager_torchs_gradient(counting_backend):
+    assert max_relative_error(gradient(TORCH_COMPILE), gradient(TORCH)) <= gradient_tolerance("float32")
+
+
+def test_a_compiler_failure_is_not_applicable_and_the_files_own_error_stays_its_own(monkeypatch):
+    import torch._dynamo
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    def failing(graph, example_inputs):
+        raise RuntimeError("no C++ compiler found")
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(usermodel_engines, "COMPILE_BACKEND", failing)
+    with pytest.raises(NotApplicable, match="torch.compile could not compile this step: BackendCompilerFailed"):
+        Step(TORCH_COMPILE, blocks(), data(), mean_loss, None)
+    assert issubclass(BackendCompilerFailed, torch._dynamo.exc.TorchDynamoException)
+
+    def wrong(model, x, y):
+        return nn.functional.cross_entropy(model(x[:, :5]), y)  # a shape error of the file's own
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(usermodel_engines, "COMPILE_BACKEND", CountingBackend())
+    with pytest.raises(Exception) as raised:
+        Step(TORCH_COMPILE, blocks(), data(), wrong, None)
+    assert not isinstance(raised.value, NotApplicable)
+    torch._dynamo.reset()
 
 
 @pytest.mark.slow
@@ -93,18 +154,20 @@ def test_a_run_of_the_techniques_records_each_checked_or_not_applicable_and_ends
     from test_usermodel import GOOD, OPTIMIZER
 
     (tmp_path / "model.py").write_text(textwrap.dedent(GOOD + OPTIMIZER))
-    engines = "torch,torch-sac,torch-autocast,torch-microbatch,torch-offload"
+    engines = "torch,torch-sac,torch-autocast,torch-microbatch,torch-offload,torch.compile"
     assert main(["run", str(tmp_path / "model.py"), "--quick", "-p", "n=8", "-p", f"engines={engines}",
                  "--device", "cpu", "--out", str(tmp_path / "out")]) == 0
     records = load_records(next((tmp_path / "out").iterdir()))
     measured = set(records[records["metric"] == "time"]["variant"])
-    assert measured == {TORCH, TORCH_SAC, TORCH_AUTOCAST, TORCH_MICROBATCH}
+    assert measured == {TORCH, TORCH_SAC, TORCH_AUTOCAST, TORCH_MICROBATCH, TORCH_COMPILE}
+    compile_times = records[records["metric"] == "compile_time"]
+    assert set(compile_times["variant"]) == {TORCH_COMPILE} and len(compile_times) == 2  # one per trial, apart
     (offload,) = records[records["metric"] == "not_applicable"].itertuples()
     assert offload.variant == TORCH_OFFLOAD and "already live on the host" in json.loads(offload.params)["message"]
     assert set(records[records["variant"] == TORCH_AUTOCAST]["dtype"]) == {AUTOCAST_DTYPE}
     errors = records[records["metric"] == "grad_max_rel_err"].set_index("variant")["value"]
-    assert (errors[[TORCH_SAC, TORCH_MICROBATCH]] <= gradient_tolerance("float32")).all()
+    assert (errors[[TORCH_SAC, TORCH_MICROBATCH, TORCH_COMPILE]] <= gradient_tolerance("float32")).all()
     assert (errors[TORCH_AUTOCAST] <= gradient_tolerance(AUTOCAST_DTYPE)).all()
-    assert "update_max_rel_err" not in set(records[records["variant"].isin([TORCH_AUTOCAST, TORCH_MICROBATCH])]["metric"])
+    assert "update_max_rel_err" not in set(records[records["variant"].isin([TORCH_AUTOCAST, TORCH_MICROBATCH, TORCH_COMPILE])]["metric"])
     printed = capsys.readouterr().out
     assert "fastest within a memory level" in printed

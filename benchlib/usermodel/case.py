@@ -15,7 +15,7 @@ from typing import Any
 
 from benchlib.engines.gradients import (SEED_DEPENDENT_METRIC, UPDATE, gradient_tolerance, max_relative_error,
                                         require_finite, save_gradient)
-from benchlib.engine_names import TORCH_AUTOCAST, TORCH_FUNC, TORCH_MICROBATCH, TORCH_OFFLOAD
+from benchlib.engine_names import TORCH_AUTOCAST, TORCH_COMPILE, TORCH_FUNC, TORCH_MICROBATCH, TORCH_OFFLOAD
 from benchlib.engines.roles import GRADIENT_METRIC, OPTIMIZER_METRIC, PARAMETER_METRIC, SAVED_METRIC, SavedTensors
 from benchlib.measure import Case
 from benchlib.measure.torch_categories import torch_categories
@@ -24,14 +24,18 @@ from benchlib.usermodel.loader import SEED, ModelFile, guarded, read_model_file
 
 STEP_SEED = SEED + 2  # the random stream every engine's checked step starts from (dropout masks alike)
 
-# Engines whose optimizer update is not compared with eager torch's, only their gradient. Both step the file's
-# own optimizer once on the gradient they computed, so the update adds no check; and their gradient is not
-# bit-identical to eager's (bfloat16; another order of summation), while optimizers that normalise each entry
-# (Adam) move an entry near zero by up to 2 lr when its rounding changes: an error that says nothing of the maths.
-UPDATE_NOT_COMPARED = (TORCH_AUTOCAST, TORCH_MICROBATCH)
-ROLE_METRICS = (
+# Engines whose optimizer update is not compared with eager torch's, only their gradient. Each steps the file's
+# own optimizer once on the gradient it computed, so the update adds no check; and their gradient is not
+# bit-identical to eager's (bfloat16; another order of summation; fused kernels), while optimizers that normalise
+# each entry (Adam) move an entry near zero by up to 2 lr when its rounding changes: an error that says nothing of
+# the maths (torch.compile on a small transformer with AdamW: gradient 1.2e-6 from eager's, update 0.018).
+UPDATE_NOT_COMPARED = (TORCH_AUTOCAST, TORCH_MICROBATCH, TORCH_COMPILE)
+COMPILE_METRIC = "compile_time"
+CASE_METRICS = (  # what a model file's case records beyond the shared metrics
     (PARAMETER_METRIC, "B", "memory", "the model's parameters (held before every step: in the baseline, not the peak)"),
     (OPTIMIZER_METRIC, "B", "memory", "the optimizer's state (held before every step: in the baseline, not the peak)"),
+    (COMPILE_METRIC, "s", "time", "torch.compile's first forward and backward, which trace and compile the step: in "
+                                  "the set-up, never in a measured step (later trials may find torch's compile cache warm)"),
 )
 
 
@@ -92,6 +96,8 @@ def case(*, device, path: str, engine: str, values: dict, gradient_dir: str, cat
 
     def check(_result) -> dict[str, float]:
         roles = guarded(model_file, what, _roles, step)
+        if step.compile_s is not None:
+            roles[COMPILE_METRIC] = step.compile_s
         gradient, update = guarded(model_file, what, _gradient, model_file, engine, values, device)
         require_finite(gradient, [name for name, _ in step.named])  # a NaN step fails, never passes unnoticed
         save_gradient(gradient, gradient_dir, engine)

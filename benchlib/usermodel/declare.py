@@ -10,7 +10,7 @@ from pathlib import Path
 
 from benchlib.benchmark import Benchmark, DeclarationError, Parameter, ParameterError
 from benchlib.trials.cases import PRECISION, trials_parameter
-from benchlib.usermodel.case import ROLE_METRICS
+from benchlib.usermodel.case import CASE_METRICS
 from benchlib.report.plots.usermodel import frontier, memory_by_role, peak_intervals
 from benchlib.usermodel.arrays import ARRAY_FORM_RUN, ArrayModelFile, array_form, check_array_form
 from benchlib.usermodel.measuring import TORCH_FORM, Form, measure_model_files
@@ -115,7 +115,7 @@ def declaration(files: Sequence, arrays: bool, measure) -> Benchmark:
         parameters=_parameters(model_file, form),
         measure=measure,
         headline=HEADLINE,
-        metrics=ROLE_METRICS,
+        metrics=CASE_METRICS,
         summarize=summary_table,
         figures={"frontier": frontier, "peak": peak_intervals, **({} if arrays else {"roles": memory_by_role})},
     )

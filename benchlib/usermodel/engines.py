@@ -29,14 +29,15 @@ from dataclasses import dataclass
 
 import torch
 
-from benchlib.engine_names import (FUSED_OPTIMIZER, TORCH, TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_FUNC,
-                                   TORCH_MICROBATCH, TORCH_OFFLOAD, TORCH_SAC)
+from benchlib.engine_names import (FUSED_OPTIMIZER, TORCH, TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_COMPILE,
+                                   TORCH_FUNC, TORCH_MICROBATCH, TORCH_OFFLOAD, TORCH_SAC)
 
 ENGINES = (TORCH, TORCH_FUNC, TORCH_CHECKPOINT, FUSED_OPTIMIZER, TORCH_SAC, TORCH_AUTOCAST, TORCH_MICROBATCH,
-           TORCH_OFFLOAD)
+           TORCH_OFFLOAD, TORCH_COMPILE)
 REFERENCE = TORCH  # every other engine's gradient is checked against eager torch's
-HOOKED = (TORCH, TORCH_CHECKPOINT, TORCH_SAC, TORCH_AUTOCAST, TORCH_MICROBATCH, TORCH_OFFLOAD)  # eager autograd:
-# gradients are observed by post-accumulate-grad hooks
+HOOKED = (TORCH, TORCH_CHECKPOINT, TORCH_SAC, TORCH_AUTOCAST, TORCH_MICROBATCH, TORCH_OFFLOAD, TORCH_COMPILE)
+# ^ gradients accumulate in eager autograd (a compiled backward is one node of it): observed by post-accumulate hooks
+COMPILE_BACKEND = "inductor"  # torch.compile's default; the tests swap in a counting fake
 AUTOCAST_DTYPE = "bfloat16"  # on CPU and CUDA alike; float16 would need a gradient scaler
 MICROBATCHES = 4
 # The aten ops whose outputs torch-sac saves (expensive to recompute); every other op is recomputed
@@ -167,8 +168,9 @@ def not_applicable(engine: str, model: torch.nn.Module, has_optimizer: bool, has
     """Why `engine` cannot run this file's step on a `device_kind` device, or None. A file's own `step` is
     run as written by the engines that change only how the model's forward saves (torch, torch-checkpoint,
     torch-sac, torch-offload); the others would compute another step."""
-    if has_step and engine in (TORCH_AUTOCAST, TORCH_MICROBATCH):
-        how = "under autocast" if engine == TORCH_AUTOCAST else "on micro-batches"
+    if has_step and engine in (TORCH_AUTOCAST, TORCH_MICROBATCH, TORCH_COMPILE):
+        how = {TORCH_AUTOCAST: "under autocast", TORCH_MICROBATCH: "on micro-batches",
+               TORCH_COMPILE: "compiled (it compiles loss(model, *batch))"}[engine]
         return (f"the file's step(model, optimizer, *batch) runs its own forward and backward; {engine} cannot run "
                 f"that step {how} as written")
     if engine == TORCH_OFFLOAD and device_kind != "cuda":
@@ -334,6 +336,10 @@ class Step:
             self.scale = microbatch_scale(model, loss, batch, self.chunks)
         first = next((p for _, p in self.named), None)
         self.device_type = first.device.type if first is not None else "cpu"
+        self.compile_s = None
+        if engine == TORCH_COMPILE:
+            self.compiled = torch.compile(_Loss(model, loss), backend=COMPILE_BACKEND)
+            self.compile_s = self._compile(str(first.device) if first is not None else "cpu")
         if engine == TORCH_FUNC:
             wrapper = _Loss(model, loss)
             self.detached = {f"model.{name}": p.detach() for name, p in self.named}
@@ -348,6 +354,24 @@ class Step:
             self.observer(name, parameter.grad)
         fused.step()
         fused.zero_grad(set_to_none=True)
+
+    def _compile(self, device: str) -> float:
+        """Seconds of the compiled loss's first forward and backward, which trace and compile it: here, in the
+        set-up, so no measured step pays them. The gradients it leaves are dropped. A failure of the compiler
+        (no C++ compiler, an op it cannot trace) means the engine does not apply; any other error is the file's."""
+        from benchlib.measure import time_call
+        from benchlib.measure.case_child import NotApplicable
+
+        try:
+            return time_call(lambda: self.compiled(*self.batch).backward(), device)
+        except Exception as error:
+            if not _compiler_error(error):
+                raise
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise NotApplicable(f"torch.compile could not compile this step: {type(error).__name__}: {first}") from error
+        finally:
+            for _, p in self.named:
+                p.grad = None
 
     def _transformed(self) -> dict:
         """torch.func's gradient; an error that is torch.func's limit, not the file's, is `NotApplicable`."""
@@ -380,6 +404,10 @@ class Step:
             for index, chunk in enumerate(self.chunks):
                 self.final_pass = index == len(self.chunks) - 1
                 (self.loss(self.model, *chunk) * self.scale).backward()
+        elif self.engine == TORCH_COMPILE:
+            loss = self.compiled(*self.batch)
+            loss.backward()
+            del loss
         elif self.engine == TORCH_AUTOCAST:
             with torch.autocast(self.device_type, dtype=getattr(torch, AUTOCAST_DTYPE)):
                 loss = self.loss(self.model, *self.batch)
@@ -421,6 +449,14 @@ class Step:
             self.observer = None
             for handle in handles:
                 handle.remove()
+
+
+def _compiler_error(error: BaseException) -> bool:
+    """Whether `error` is torch.compile's (dynamo's or its backend's), not the model file's own."""
+    from torch._dynamo.exc import TorchDynamoException, TorchRuntimeError
+
+    return isinstance(error, TorchDynamoException) and not isinstance(error, TorchRuntimeError) or \
+        type(error).__module__.startswith("torch._inductor")
 
 
 class LiveBytes:

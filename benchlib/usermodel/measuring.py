@@ -15,9 +15,10 @@ from typing import Any
 from benchlib.benchmark import Config
 from benchlib.engines import case_imports
 from benchlib.trials import Deadline, TrialLoop, TrialSettings, Unit
-from benchlib.engine_names import TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_MICROBATCH, TORCH_SAC
-from benchlib.usermodel.engines import (AUTOCAST_DTYPE, ENGINES, MICROBATCHES, REFERENCE, REGROUPS_OPTIMIZER,
-                                       SAC_SAVED_OPS, checkpoint_plan, not_applicable, stochastic_modules)
+from benchlib.engine_names import TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_COMPILE, TORCH_MICROBATCH, TORCH_SAC
+from benchlib.usermodel.engines import (AUTOCAST_DTYPE, COMPILE_BACKEND, ENGINES, MICROBATCHES, REFERENCE,
+                                       REGROUPS_OPTIMIZER, SAC_SAVED_OPS, checkpoint_plan, not_applicable,
+                                       stochastic_modules)
 from benchlib.usermodel.loader import ModelFile
 
 TARGET = "benchlib.usermodel.case:case"
@@ -61,7 +62,8 @@ def _torch_plan(model_file: ModelFile, values: dict, device) -> Plan:
     sac = checkpoint_plan(model) or {}
     return Plan(reasons, str(first.dtype).removeprefix("torch.") if first is not None else "float32",
                 {TORCH_CHECKPOINT: sac, TORCH_SAC: {**sac, "sac_saved_ops": list(SAC_SAVED_OPS)},
-                 TORCH_AUTOCAST: {"autocast": AUTOCAST_DTYPE, "update_compared": False}, TORCH_MICROBATCH: {"microbatches": MICROBATCHES, "update_compared": False}},
+                 TORCH_AUTOCAST: {"autocast": AUTOCAST_DTYPE, "update_compared": False}, TORCH_MICROBATCH: {"microbatches": MICROBATCHES, "update_compared": False},
+                 TORCH_COMPILE: {"compile_backend": str(COMPILE_BACKEND), "update_compared": False}},
                 {"stochastic_modules": stochastic} if stochastic else {},
                 engine_dtypes={TORCH_AUTOCAST: AUTOCAST_DTYPE})
 
