@@ -23,10 +23,14 @@ TORCH_SAC = "torch-sac"  # selective activation checkpointing: matmul outputs sa
 TORCH_AUTOCAST = "torch-autocast"  # the forward pass under autocast to bfloat16
 TORCH_MICROBATCH = "torch-microbatch"  # the batch in micro-batches, gradients accumulated
 TORCH_OFFLOAD = "torch-offload"  # saved activations on the host (save_on_cpu), CUDA only
+# torch.compile with the partitioner's activation memory budget below its default 1.0 (all it would save): one engine
+# per budget, so each is a point of its own on the frontier
+COMPILE_BUDGETS = (0.5, 0.1, 0.0)
+TORCH_COMPILE_BUDGETS = {f"torch.compile-budget-{budget:g}": budget for budget in COMPILE_BUDGETS}
 
 TORCH_AUTOGRAD = (TORCH, TORCH_CHECKPOINT)  # the registry's engines that differentiate with torch.autograd
 
 __all__ = ["MANUAL", "MANUAL_SEED", "BENCHLIB_INPLACE", "BENCHLIB_DEFERRED", "BENCHLIB_CHECKPOINT", "AUTOGRAD",
            "TORCH", "TORCH_CHECKPOINT", "TORCH_COMPILE", "TORCH_FUNC", "FUSED_OPTIMIZER",
-           "TORCH_SAC", "TORCH_AUTOCAST", "TORCH_MICROBATCH", "TORCH_OFFLOAD",
+           "TORCH_SAC", "TORCH_AUTOCAST", "TORCH_MICROBATCH", "TORCH_OFFLOAD", "COMPILE_BUDGETS", "TORCH_COMPILE_BUDGETS",
            "TORCH_AUTOGRAD"]

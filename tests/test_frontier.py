@@ -7,7 +7,7 @@ import pytest
 from benchlib.records import make_record
 from benchlib.analysis.frontier import frontier_frame
 from benchlib.report.plots.usermodel import frontier
-from benchlib.usermodel.summary import summary_table
+from benchlib.usermodel.summary import ENGINE_WIDTH, summary_table
 
 # engine: (resident peaks in MB over trials, times in ms); "slowfat" is beaten by torch on both
 ENGINES = {"torch": ((40, 41), (10, 11)), "torch-checkpoint": ((12, 12.5), (14, 15)),
@@ -49,7 +49,7 @@ def test_the_summary_answers_with_the_fastest_engine_under_each_memory_level():
     start = lines.index("fastest within a memory level (resident peak; engines whose gradient was checked):")
     answer = [line.split(":")[1].split()[0] for line in lines[start + 1:]]
     assert answer == ["torch.func", "torch-checkpoint", "torch-microbatch", "torch"]  # lowest peak first
-    assert lines[start + 1].startswith("  up to   5.250 MB: torch.func          41.00 ms [40.00 ms, 42.00 ms]/step")
+    assert lines[start + 1].startswith(f"  up to   5.250 MB: {'torch.func':<{ENGINE_WIDTH}} 41.00 ms [40.00 ms, 42.00 ms]/step")
 
 
 def test_the_figure_draws_every_measured_engine_and_the_frontier_line():

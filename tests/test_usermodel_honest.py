@@ -5,7 +5,8 @@ checkpoints placed on the repeated blocks wherever a model keeps them."""
 import torch
 
 from benchlib.engine_names import (FUSED_OPTIMIZER, TORCH, TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_FUNC, TORCH_MICROBATCH,
-                                   TORCH_OFFLOAD, TORCH_SAC, TORCH_COMPILE)
+                                   TORCH_OFFLOAD, TORCH_SAC, TORCH_COMPILE,
+                                   TORCH_COMPILE_BUDGETS)
 from benchlib.engines.gradients import max_relative_error
 from benchlib.measure import NotApplicable, resolve_device
 from benchlib.usermodel.case import _gradient, case
@@ -228,7 +229,7 @@ def test_a_files_own_step_runs_as_written_where_it_can_and_is_not_applicable_whe
     plan = TORCH_FORM.plan(model_file, {}, cpu)
     # the engines that change only what the forward saves run the file's step as written (offload: CUDA only)
     assert set(plan.reasons) == {TORCH_FUNC, FUSED_OPTIMIZER, TORCH_AUTOCAST, TORCH_MICROBATCH, TORCH_OFFLOAD,
-                                 TORCH_COMPILE}
+                                 TORCH_COMPILE, *TORCH_COMPILE_BUDGETS}
     assert "runs its own backward" in plan.reasons[TORCH_FUNC] and "calls its optimizer" in plan.reasons[FUSED_OPTIMIZER]
     assert "runs its own forward and backward" in plan.reasons[TORCH_MICROBATCH]
     sac, _ = _gradient(model_file, TORCH_SAC, {}, cpu)

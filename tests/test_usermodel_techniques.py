@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from benchlib.engine_names import (TORCH, TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_COMPILE, TORCH_MICROBATCH,
-                                   TORCH_OFFLOAD, TORCH_SAC)
+from benchlib.engine_names import (TORCH, TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_COMPILE, TORCH_COMPILE_BUDGETS,
+                                   TORCH_MICROBATCH, TORCH_OFFLOAD, TORCH_SAC)
 from benchlib.usermodel import engines as usermodel_engines
 from benchlib.engines.gradients import gradient_tolerance, max_relative_error
 from benchlib.measure.case_child import NotApplicable
@@ -142,6 +142,32 @@ def test_a_compiler_failure_is_not_applicable_and_the_files_own_error_stays_its_
         Step(TORCH_COMPILE, blocks(), data(), wrong, None)
     assert not isinstance(raised.value, NotApplicable)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("budget_engine", list(TORCH_COMPILE_BUDGETS))
+def test_a_lower_activation_budget_saves_fewer_bytes_for_the_same_gradient(budget_engine, monkeypatch):
+    import torch._dynamo
+
+    from benchlib.engines.roles import SavedTensors
+
+    # the partitioner the budget steers, without a C++ compiler: the graphs run as aten ops
+    monkeypatch.setattr(usermodel_engines, "COMPILE_BACKEND", "aot_eager_decomp_partition")
+
+    def saved_and_gradient(engine):
+        torch._dynamo.reset()  # one process measures one engine; here each compiles afresh
+        step = Step(engine, blocks(depth=3, width=64), data(n=32), mean_loss, None)
+        saved = SavedTensors(inputs=(*step.batch, *(p for _, p in step.named)))
+        with saved:
+            step()
+        return saved.peak_bytes, gradient(engine)
+
+    try:
+        (full, full_gradient), (budgeted, budgeted_gradient) = map(saved_and_gradient, (TORCH_COMPILE, budget_engine))
+    finally:
+        torch._dynamo.reset()
+    assert budgeted < full  # here 57,732 B at the default budget; 24,964, 388 and 0 at 0.5, 0.1 and 0
+    assert max_relative_error(budgeted_gradient, gradient(TORCH)) <= gradient_tolerance("float32")
+    assert max_relative_error(full_gradient, gradient(TORCH)) <= gradient_tolerance("float32")
 
 
 @pytest.mark.slow

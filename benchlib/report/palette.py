@@ -14,7 +14,8 @@ from collections.abc import Mapping
 
 from benchlib.engine_names import (AUTOGRAD, BENCHLIB_CHECKPOINT, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, FUSED_OPTIMIZER,
                                    MANUAL, MANUAL_SEED, TORCH, TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_COMPILE,
-                                   TORCH_FUNC, TORCH_MICROBATCH, TORCH_OFFLOAD, TORCH_SAC)
+                                   TORCH_COMPILE_BUDGETS, TORCH_FUNC, TORCH_MICROBATCH, TORCH_OFFLOAD,
+                                   TORCH_SAC)
 
 ENGINES = "engines"
 # group -> {series: colour}; `engines` first, then each benchmark that declared colours, by its name
@@ -35,6 +36,7 @@ SERIES_COLORS: dict[str, dict[str, str]] = {
         TORCH_AUTOCAST: "#d4a017",
         TORCH_MICROBATCH: "#1a9850",
         TORCH_OFFLOAD: "#5f6b7a",
+        **dict(zip(TORCH_COMPILE_BUDGETS, ("#fdae6b", "#e6550d", "#8c2d04"))),  # torch.compile's orange, by budget
     },
 }
 PALETTE = ("#17becf", "#7f7f7f", "#bcbd22", "#393b79", "#843c39", "#637939", "#7b4173")

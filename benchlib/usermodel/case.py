@@ -15,11 +15,11 @@ from typing import Any
 
 from benchlib.engines.gradients import (SEED_DEPENDENT_METRIC, UPDATE, gradient_tolerance, max_relative_error,
                                         require_finite, save_gradient)
-from benchlib.engine_names import TORCH_AUTOCAST, TORCH_COMPILE, TORCH_FUNC, TORCH_MICROBATCH, TORCH_OFFLOAD
+from benchlib.engine_names import TORCH_AUTOCAST, TORCH_FUNC, TORCH_MICROBATCH, TORCH_OFFLOAD
 from benchlib.engines.roles import GRADIENT_METRIC, OPTIMIZER_METRIC, PARAMETER_METRIC, SAVED_METRIC, SavedTensors
 from benchlib.measure import Case
 from benchlib.measure.torch_categories import torch_categories
-from benchlib.usermodel.engines import REFERENCE, LiveBytes, Step, storage_bytes
+from benchlib.usermodel.engines import COMPILED, REFERENCE, LiveBytes, Step, storage_bytes
 from benchlib.usermodel.loader import SEED, ModelFile, guarded, read_model_file
 
 STEP_SEED = SEED + 2  # the random stream every engine's checked step starts from (dropout masks alike)
@@ -29,7 +29,7 @@ STEP_SEED = SEED + 2  # the random stream every engine's checked step starts fro
 # bit-identical to eager's (bfloat16; another order of summation; fused kernels), while optimizers that normalise
 # each entry (Adam) move an entry near zero by up to 2 lr when its rounding changes: an error that says nothing of
 # the maths (torch.compile on a small transformer with AdamW: gradient 1.2e-6 from eager's, update 0.018).
-UPDATE_NOT_COMPARED = (TORCH_AUTOCAST, TORCH_MICROBATCH, TORCH_COMPILE)
+UPDATE_NOT_COMPARED = (TORCH_AUTOCAST, TORCH_MICROBATCH, *COMPILED)
 COMPILE_METRIC = "compile_time"
 CASE_METRICS = (  # what a model file's case records beyond the shared metrics
     (PARAMETER_METRIC, "B", "memory", "the model's parameters (held before every step: in the baseline, not the peak)"),

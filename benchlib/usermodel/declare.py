@@ -25,7 +25,10 @@ HEADLINE = ("peak_bytes", "tracked_peak_bytes", "time", "alloc_count", "alloc_co
 
 
 def _engine_choice(form: Form) -> Parameter:
-    return Parameter("engines", tuple(form.engines), "the engines to measure", choices=form.engines)
+    first_look = tuple(engine for engine in form.engines if engine not in form.sweep_engines)
+    return Parameter("engines", tuple(form.engines), "the engines to measure"
+                     + (f" (--quick leaves out {', '.join(form.sweep_engines)})" if form.sweep_engines else ""),
+                     choices=form.engines, **({"quick": first_look} if form.sweep_engines else {}))
 
 
 def _parameters(model_file, form: Form) -> tuple[Parameter, ...]:

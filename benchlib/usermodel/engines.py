@@ -30,12 +30,14 @@ from dataclasses import dataclass
 import torch
 
 from benchlib.engine_names import (FUSED_OPTIMIZER, TORCH, TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_COMPILE,
-                                   TORCH_FUNC, TORCH_MICROBATCH, TORCH_OFFLOAD, TORCH_SAC)
+                                   TORCH_COMPILE_BUDGETS, TORCH_FUNC, TORCH_MICROBATCH, TORCH_OFFLOAD, TORCH_SAC)
 
+COMPILED = {TORCH_COMPILE: 1.0, **TORCH_COMPILE_BUDGETS}  # engine -> the activation memory budget it compiles with
 ENGINES = (TORCH, TORCH_FUNC, TORCH_CHECKPOINT, FUSED_OPTIMIZER, TORCH_SAC, TORCH_AUTOCAST, TORCH_MICROBATCH,
-           TORCH_OFFLOAD, TORCH_COMPILE)
+           TORCH_OFFLOAD, *COMPILED)
+SWEEP_ENGINES = tuple(TORCH_COMPILE_BUDGETS)  # left out of a first look (--quick) and of fit unless named
 REFERENCE = TORCH  # every other engine's gradient is checked against eager torch's
-HOOKED = (TORCH, TORCH_CHECKPOINT, TORCH_SAC, TORCH_AUTOCAST, TORCH_MICROBATCH, TORCH_OFFLOAD, TORCH_COMPILE)
+HOOKED = (TORCH, TORCH_CHECKPOINT, TORCH_SAC, TORCH_AUTOCAST, TORCH_MICROBATCH, TORCH_OFFLOAD, *COMPILED)
 # ^ gradients accumulate in eager autograd (a compiled backward is one node of it): observed by post-accumulate hooks
 COMPILE_BACKEND = "inductor"  # torch.compile's default; the tests swap in a counting fake
 AUTOCAST_DTYPE = "bfloat16"  # on CPU and CUDA alike; float16 would need a gradient scaler
@@ -168,9 +170,9 @@ def not_applicable(engine: str, model: torch.nn.Module, has_optimizer: bool, has
     """Why `engine` cannot run this file's step on a `device_kind` device, or None. A file's own `step` is
     run as written by the engines that change only how the model's forward saves (torch, torch-checkpoint,
     torch-sac, torch-offload); the others would compute another step."""
-    if has_step and engine in (TORCH_AUTOCAST, TORCH_MICROBATCH, TORCH_COMPILE):
-        how = {TORCH_AUTOCAST: "under autocast", TORCH_MICROBATCH: "on micro-batches",
-               TORCH_COMPILE: "compiled (it compiles loss(model, *batch))"}[engine]
+    if has_step and engine in (TORCH_AUTOCAST, TORCH_MICROBATCH, *COMPILED):
+        how = {TORCH_AUTOCAST: "under autocast", TORCH_MICROBATCH: "on micro-batches"}.get(
+            engine, "compiled (it compiles loss(model, *batch))")
         return (f"the file's step(model, optimizer, *batch) runs its own forward and backward; {engine} cannot run "
                 f"that step {how} as written")
     if engine == TORCH_OFFLOAD and device_kind != "cuda":
@@ -337,9 +339,10 @@ class Step:
         first = next((p for _, p in self.named), None)
         self.device_type = first.device.type if first is not None else "cpu"
         self.compile_s = None
-        if engine == TORCH_COMPILE:
+        if engine in COMPILED:
             self.compiled = torch.compile(_Loss(model, loss), backend=COMPILE_BACKEND)
-            self.compile_s = self._compile(str(first.device) if first is not None else "cpu")
+            with torch._functorch.config.patch(activation_memory_budget=COMPILED[engine]):  # read by the partitioner
+                self.compile_s = self._compile(str(first.device) if first is not None else "cpu")
         if engine == TORCH_FUNC:
             wrapper = _Loss(model, loss)
             self.detached = {f"model.{name}": p.detach() for name, p in self.named}
@@ -404,7 +407,7 @@ class Step:
             for index, chunk in enumerate(self.chunks):
                 self.final_pass = index == len(self.chunks) - 1
                 (self.loss(self.model, *chunk) * self.scale).backward()
-        elif self.engine == TORCH_COMPILE:
+        elif self.engine in COMPILED:
             loss = self.compiled(*self.batch)
             loss.backward()
             del loss

@@ -244,7 +244,7 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
     if scale not in model_file.parameters:
         raise FitError(f"--scale {scale!r} is not a parameter of {model_file.path.name}; its parameters: "
                        f"{', '.join(model_file.parameters) or 'none'}")
-    chosen = list(engines or form.engines)
+    chosen = list(engines or [engine for engine in form.engines if engine not in form.sweep_engines])
     unknown = [engine for engine in chosen if engine not in form.engines]
     if unknown:
         raise FitError(f"unknown engine(s) {', '.join(unknown)}; valid: {', '.join(form.engines)}")

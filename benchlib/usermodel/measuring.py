@@ -15,10 +15,10 @@ from typing import Any
 from benchlib.benchmark import Config
 from benchlib.engines import case_imports
 from benchlib.trials import Deadline, TrialLoop, TrialSettings, Unit
-from benchlib.engine_names import TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_COMPILE, TORCH_MICROBATCH, TORCH_SAC
-from benchlib.usermodel.engines import (AUTOCAST_DTYPE, COMPILE_BACKEND, ENGINES, MICROBATCHES, REFERENCE,
-                                       REGROUPS_OPTIMIZER, SAC_SAVED_OPS, checkpoint_plan, not_applicable,
-                                       stochastic_modules)
+from benchlib.engine_names import TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_MICROBATCH, TORCH_SAC
+from benchlib.usermodel.engines import (AUTOCAST_DTYPE, COMPILE_BACKEND, COMPILED, ENGINES, MICROBATCHES, REFERENCE,
+                                       REGROUPS_OPTIMIZER, SAC_SAVED_OPS, SWEEP_ENGINES, checkpoint_plan,
+                                       not_applicable, stochastic_modules)
 from benchlib.usermodel.loader import ModelFile
 
 TARGET = "benchlib.usermodel.case:case"
@@ -50,6 +50,7 @@ class Form:
     reference: str
     plan: Callable[[Any, dict, Any], Plan]
     torch_categories: bool = False  # its child can add torch.profiler's categories (with `attribute`)
+    sweep_engines: tuple[str, ...] = ()  # engines a first look (--quick) and fit leave out unless named
 
 
 def _torch_plan(model_file: ModelFile, values: dict, device) -> Plan:
@@ -63,12 +64,13 @@ def _torch_plan(model_file: ModelFile, values: dict, device) -> Plan:
     return Plan(reasons, str(first.dtype).removeprefix("torch.") if first is not None else "float32",
                 {TORCH_CHECKPOINT: sac, TORCH_SAC: {**sac, "sac_saved_ops": list(SAC_SAVED_OPS)},
                  TORCH_AUTOCAST: {"autocast": AUTOCAST_DTYPE, "update_compared": False}, TORCH_MICROBATCH: {"microbatches": MICROBATCHES, "update_compared": False},
-                 TORCH_COMPILE: {"compile_backend": str(COMPILE_BACKEND), "update_compared": False}},
+                 **{engine: {"compile_backend": str(COMPILE_BACKEND), "activation_memory_budget": budget,
+                             "update_compared": False} for engine, budget in COMPILED.items()}},
                 {"stochastic_modules": stochastic} if stochastic else {},
                 engine_dtypes={TORCH_AUTOCAST: AUTOCAST_DTYPE})
 
 
-TORCH_FORM = Form(TARGET, ENGINES, REFERENCE, _torch_plan, torch_categories=True)
+TORCH_FORM = Form(TARGET, ENGINES, REFERENCE, _torch_plan, torch_categories=True, sweep_engines=SWEEP_ENGINES)
 
 
 def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config, device,

@@ -20,6 +20,8 @@ from benchlib.trials import DETERMINISTIC, GRAD_UNCHECKED_METRIC, MAX_TRIALS, PR
 from benchlib.usermodel.arrays import ARRAY_ENGINES
 from benchlib.usermodel.engines import ENGINES
 
+ENGINE_WIDTH = max(map(len, (*ENGINES, *ARRAY_ENGINES)))  # the engine column: every name fits
+
 # The roles a step allocates (in the peak above the baseline), by the words a summary line uses.
 STEP_ROLES = {SAVED_METRIC: "saved activations", GRADIENT_METRIC: "gradients"}
 ORDER = {engine: index for index, engine in enumerate(dict.fromkeys((*ENGINES, *ARRAY_ENGINES)))}  # either form's
@@ -96,7 +98,7 @@ def _version_rows(records: pd.DataFrame, samples: dict, prefix: str) -> list[dic
             status = statuses["metric"].iloc[0] if len(statuses) else "failed"
             message = json.loads(statuses["params"].iloc[0])["message"].splitlines()[0] if len(statuses) else ""
             rows.append({"engine": engine, "status": status, "trials": 0,
-                         SUMMARY_COLUMN: f"{prefix}{engine:<19} {status.replace('_', ' ')}: {message}"})
+                         SUMMARY_COLUMN: f"{prefix}{engine:<{ENGINE_WIDTH}} {status.replace('_', ' ')}: {message}"})
             continue
         metrics = samples[engine]
         peak, low, high = median_with_interval(metrics["peak_bytes"])
@@ -119,7 +121,7 @@ def _version_rows(records: pd.DataFrame, samples: dict, prefix: str) -> list[dic
                      if unmeasured else f"  mostly {STEP_ROLES[role]} ({format_bytes(int(roles[role]))})")
         stop, stop_words = _stop_text(group)
         failure = (json.loads(statuses["params"].iloc[0])["message"].splitlines()[0] if len(statuses) else "")
-        line = (f"{prefix}{engine:<19} peak +{format_bytes(int(peak))}{_bracket(low, high, lambda v: format_bytes(int(v)))}"
+        line = (f"{prefix}{engine:<{ENGINE_WIDTH}} peak +{format_bytes(int(peak))}{_bracket(low, high, lambda v: format_bytes(int(v)))}"
                 + ("" if math.isnan(tracked) else f" (tracked {format_bytes(int(tracked))})")
                 + f"  {ratio_text}{role_text}  {format_seconds(time_s)}{_bracket(time_low, time_high, format_seconds)}/step"
                 + _noise_words(metrics["time"])
@@ -139,7 +141,7 @@ def _versus(samples: dict, version: str, baseline: str) -> list[dict]:
     rows = []
     for engine in [engine for engine in ORDER if engine in samples[baseline] and engine in samples[version]]:
         before, after = samples[baseline][engine]["peak_bytes"], samples[version][engine]["peak_bytes"]
-        what = f"{version} vs {baseline}: {engine:<19} peak ratio"
+        what = f"{version} vs {baseline}: {engine:<{ENGINE_WIDTH}} peak ratio"
         if not np.all(before > 0):
             rows.append({"version": f"{version} vs {baseline}", "engine": engine, "status": "comparison",
                          SUMMARY_COLUMN: f"{what}: none ({baseline}'s peak is 0: below the resolution)"})
@@ -167,7 +169,7 @@ def _frontier_rows(records: pd.DataFrame, version: str, prefix: str) -> list[dic
         rows.append({"version": version, "status": "frontier", "trials": row.trials,  # the engine is in the line
                      "peak_bytes": row.peak, "peak_low": row.peak_low, "peak_high": row.peak_high,
                      "time_s": row.time, "time_low": row.time_low, "time_high": row.time_high,
-                     SUMMARY_COLUMN: f"{prefix}  up to {format_bytes(int(row.peak)):>10}: {row.engine:<19} {time}"})
+                     SUMMARY_COLUMN: f"{prefix}  up to {format_bytes(int(row.peak)):>10}: {row.engine:<{ENGINE_WIDTH}} {time}"})
     return rows
 
 
