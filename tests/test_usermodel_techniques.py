@@ -84,6 +84,50 @@ def test_where_a_technique_cannot_apply_it_says_why():
     assert "nothing to checkpoint" in not_applicable(TORCH_SAC, nn.Linear(2, 2), False)
 
 
+def test_a_sac_policy_saves_the_ops_it_names_and_computes_the_same_gradient():
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recomputed(TorchDispatchMode):
+        """The aten ops backward runs: a forward op among them was recomputed, not saved."""
+
+        def __init__(self):
+            super().__init__()
+            self.ops = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    def backward_ops(saved_ops):
+        step = Step(TORCH_SAC, blocks(), data(), mean_loss, None, sac_saved_ops=saved_ops)
+        loss = mean_loss(step.model, *step.batch)
+        with Recomputed() as recomputed:
+            loss.backward()
+        return recomputed.ops, [p.grad.clone() for _, p in step.named]
+
+    default, default_gradient = backward_ops(usermodel_engines.SAC_SAVED_OPS)
+    gelu_only, gelu_gradient = backward_ops(("gelu",))
+    assert default["addmm"] == 0 and default["gelu"] > 0  # matrix products saved, activations recomputed
+    assert gelu_only["addmm"] > 0 and gelu_only["gelu"] == 0  # the other way round
+    assert max_relative_error(gelu_gradient, default_gradient) <= gradient_tolerance("float32")
+
+
+def test_a_sac_policy_naming_no_aten_op_is_refused_before_any_case(tmp_path):
+    import textwrap
+
+    from benchlib.benchmark import ParameterError
+    from benchlib.usermodel import load_model_file
+    from test_usermodel import GOOD
+
+    (tmp_path / "model.py").write_text(textwrap.dedent(GOOD))
+    benchmark = load_model_file(tmp_path / "model.py")
+    assert benchmark.config({"sac_saved_ops": ("mm", "gelu")})["sac_saved_ops"] == ("mm", "gelu")
+    with pytest.raises((ValueError, ParameterError), match="'matmull' is no op of torch.ops.aten; valid: aten op"):
+        benchmark.config({"sac_saved_ops": ("mm", "matmull")})
+
+
 class CountingBackend:
     """A torch.compile backend that runs the traced graphs as they are and counts how many it was handed."""
 

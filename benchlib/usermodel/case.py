@@ -19,7 +19,7 @@ from benchlib.engine_names import TORCH_AUTOCAST, TORCH_FUNC, TORCH_MICROBATCH, 
 from benchlib.engines.roles import GRADIENT_METRIC, OPTIMIZER_METRIC, PARAMETER_METRIC, SAVED_METRIC, SavedTensors
 from benchlib.measure import Case
 from benchlib.measure.torch_categories import torch_categories
-from benchlib.usermodel.engines import COMPILED, REFERENCE, LiveBytes, Step, storage_bytes
+from benchlib.usermodel.engines import COMPILED, REFERENCE, SAC_SAVED_OPS, LiveBytes, Step, storage_bytes
 from benchlib.usermodel.loader import SEED, ModelFile, guarded, read_model_file
 
 STEP_SEED = SEED + 2  # the random stream every engine's checked step starts from (dropout masks alike)
@@ -34,8 +34,9 @@ COMPILE_METRIC = "compile_time"
 CASE_METRICS = (  # what a model file's case records beyond the shared metrics
     (PARAMETER_METRIC, "B", "memory", "the model's parameters (held before every step: in the baseline, not the peak)"),
     (OPTIMIZER_METRIC, "B", "memory", "the optimizer's state (held before every step: in the baseline, not the peak)"),
-    (COMPILE_METRIC, "s", "time", "torch.compile's first forward and backward, which trace and compile the step: in "
-                                  "the set-up, never in a measured step (later trials may find torch's compile cache warm)"),
+    (COMPILE_METRIC, "s", "time", "torch.compile's first forward and backward, which trace and compile the step: "
+                                  "in the set-up, never in a measured step (later trials may find torch's compile "
+                                  "cache warm)"),
 )
 
 
@@ -57,8 +58,8 @@ def _roles(step: Step) -> dict[str, float]:
     return {**roles, GRADIENT_METRIC: float(gradients.peak_bytes), SAVED_METRIC: float(saved.peak_bytes)}
 
 
-def _gradient(model_file: ModelFile, engine: str, values: dict, device: Any,
-              seed: int = STEP_SEED) -> tuple[list, list | None]:
+def _gradient(model_file: ModelFile, engine: str, values: dict, device: Any, seed: int = STEP_SEED,
+              sac_saved_ops: tuple = SAC_SAVED_OPS) -> tuple[list, list | None]:
     """The gradient `engine`'s step computes on a fresh seeded model, in the order of named_parameters,
     its random stream seeded with `seed` first, so engines that draw alike draw the same numbers; and,
     when the file has an optimizer, the update its step made to the parameters (after minus before; None
@@ -68,7 +69,7 @@ def _gradient(model_file: ModelFile, engine: str, values: dict, device: Any,
     import torch
 
     model, batch = model_file.build(values, device.torch)
-    step = Step(engine, model, batch, model_file.loss, model_file.optimizer, model_file.step)
+    step = Step(engine, model, batch, model_file.loss, model_file.optimizer, model_file.step, sac_saved_ops)
     captured = {}
     before = [p.detach().cpu().clone() for _, p in step.named]
     torch.manual_seed(seed)
@@ -87,18 +88,22 @@ def _seed_dependent(model_file: ModelFile, values: dict, device: Any, gradient: 
     return float(bool(gradient) and not max_relative_error(again, gradient) <= (tolerance or 0.0))
 
 
-def case(*, device, path: str, engine: str, values: dict, gradient_dir: str, categories: bool = False) -> Case:
+def case(*, device, path: str, engine: str, values: dict, gradient_dir: str, categories: bool = False,
+         sac_saved_ops: list | None = None) -> Case:
+    """`sac_saved_ops`: the aten ops whose outputs torch-sac saves (None: `SAC_SAVED_OPS`)."""
     model_file = read_model_file(path)
+    saved_ops = SAC_SAVED_OPS if sac_saved_ops is None else tuple(sac_saved_ops)
     model, batch = guarded(model_file, "model or batch (building the case)", model_file.build, values, device.torch)
     step = guarded(model_file, f"{engine}'s set-up (optimizer)", Step, engine, model, batch, model_file.loss,
-                    model_file.optimizer, model_file.step)
+                   model_file.optimizer, model_file.step, saved_ops)
     what = f"the {engine} step"
 
     def check(_result) -> dict[str, float]:
         roles = guarded(model_file, what, _roles, step)
         if step.compile_s is not None:
             roles[COMPILE_METRIC] = step.compile_s
-        gradient, update = guarded(model_file, what, _gradient, model_file, engine, values, device)
+        gradient, update = guarded(model_file, what, _gradient, model_file, engine, values, device, STEP_SEED,
+                                   saved_ops)
         require_finite(gradient, [name for name, _ in step.named])  # a NaN step fails, never passes unnoticed
         save_gradient(gradient, gradient_dir, engine)
         if update is not None and engine not in UPDATE_NOT_COMPARED:

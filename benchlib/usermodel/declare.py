@@ -9,10 +9,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchlib.benchmark import Benchmark, DeclarationError, Parameter, ParameterError
+from benchlib.engine_names import TORCH_SAC
 from benchlib.trials.cases import PRECISION, trials_parameter
 from benchlib.usermodel.case import CASE_METRICS
 from benchlib.report.plots.usermodel import frontier, memory_by_role, peak_intervals
 from benchlib.usermodel.arrays import ARRAY_FORM_RUN, ArrayModelFile, array_form, check_array_form
+from benchlib.usermodel.engines import SAC_SAVED_OPS, unknown_aten_ops
 from benchlib.usermodel.measuring import TORCH_FORM, Form, measure_model_files
 from benchlib.usermodel.loader import (ModelFileError, check_form, is_array_form, open_model_file, torch_form)
 from benchlib.usermodel.summary import summary_table
@@ -31,8 +33,21 @@ def _engine_choice(form: Form) -> Parameter:
                      choices=form.engines, **({"quick": first_look} if form.sweep_engines else {}))
 
 
+SAC_POLICY = Parameter("sac_saved_ops", SAC_SAVED_OPS, "the aten ops whose outputs torch-sac saves; every other op "
+                                                      "is recomputed in backward (e.g. -p sac_saved_ops=mm,addmm)")
+
+
+def _sac_rules(config) -> None:
+    """A SAC policy naming an op aten does not have would silently save nothing of it: refused first."""
+    unknown = unknown_aten_ops(config.get("sac_saved_ops", ()))
+    if unknown:
+        raise ValueError(f"sac_saved_ops: {', '.join(map(repr, unknown))} is no op of torch.ops.aten; valid: aten op "
+                         f"names without overload, such as the default {', '.join(SAC_SAVED_OPS)}")
+
+
 def _parameters(model_file, form: Form) -> tuple[Parameter, ...]:
-    own = (TRIALS, PRECISION, _engine_choice(form), ATTRIBUTE)  # benchlib's parameters of every model file
+    own = (TRIALS, PRECISION, _engine_choice(form), ATTRIBUTE,  # benchlib's parameters of every model file
+           *((SAC_POLICY,) if TORCH_SAC in form.engines else ()))
     parameters = []
     for name, default in model_file.parameters.items():
         if name in {each.name for each in own}:
@@ -120,6 +135,7 @@ def declaration(files: Sequence, arrays: bool, measure) -> Benchmark:
         headline=HEADLINE,
         metrics=CASE_METRICS,
         summarize=summary_table,
+        rules=None if arrays else _sac_rules,
         figures={"frontier": frontier, "peak": peak_intervals, **({} if arrays else {"roles": memory_by_role})},
     )
 

@@ -204,12 +204,18 @@ def _segments(model: torch.nn.Sequential) -> int:
     return max(1, round(math.sqrt(len(model))))
 
 
-def _sac_contexts():
-    """The contexts of selective activation checkpointing: the outputs of `SAC_SAVED_OPS` saved, every
-    other op recomputed in backward (pointwise ops, norms, activations: cheap to recompute)."""
+def unknown_aten_ops(names) -> list[str]:
+    """The names in `names` that are no op of `torch.ops.aten` (a SAC policy naming them would save nothing)."""
+    return [name for name in names if not hasattr(torch.ops.aten, name)]
+
+
+def _sac_contexts(saved_ops: tuple[str, ...]):
+    """The contexts of selective activation checkpointing: the outputs of `saved_ops` (aten op names) saved,
+    every other op recomputed in backward (by default, `SAC_SAVED_OPS`: pointwise ops, norms, activations
+    recomputed, cheap; matrix products, convolutions and attention saved)."""
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-    saved = {packet for name in SAC_SAVED_OPS if (packet := getattr(torch.ops.aten, name, None)) is not None}
+    saved = {packet for name in saved_ops if (packet := getattr(torch.ops.aten, name, None)) is not None}
 
     def policy(_ctx, op, *_args, **_kwargs):
         return CheckpointPolicy.MUST_SAVE if getattr(op, "overloadpacket", op) in saved else CheckpointPolicy.PREFER_RECOMPUTE
@@ -234,13 +240,13 @@ def _segments_checkpointed(checkpoint: Callable, modules: list[torch.nn.Module],
     return run(modules[size * (segments - 1):])(x)
 
 
-def _checkpoint(model: torch.nn.Module, selective: bool = False) -> None:
+def _checkpoint(model: torch.nn.Module, saved_ops: tuple[str, ...] | None = None) -> None:
     """Wrap `checkpoint_targets(model)` in non-reentrant checkpoints (random state preserved: dropout
-    draws the same masks in recomputation); `selective`, with torch-sac's policy (`_sac_contexts`)."""
+    draws the same masks in recomputation); given `saved_ops`, selective: torch-sac's policy (`_sac_contexts`)."""
     from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-    checkpoint = functools.partial(torch_checkpoint, use_reentrant=False,
-                                   **({"context_fn": _sac_contexts} if selective else {}))
+    selective = {} if saved_ops is None else {"context_fn": functools.partial(_sac_contexts, tuple(saved_ops))}
+    checkpoint = functools.partial(torch_checkpoint, use_reentrant=False, **selective)
     for target in checkpoint_targets(model):
         if target.segments > 1:
             target.module.forward = functools.partial(_segments_checkpointed, checkpoint, list(target.module),
@@ -320,7 +326,7 @@ class Step:
     """
 
     def __init__(self, engine: str, model: torch.nn.Module, batch: tuple, loss: Callable,
-                 optimizer: Callable | None, step: Callable | None = None):
+                 optimizer: Callable | None, step: Callable | None = None, sac_saved_ops: tuple = SAC_SAVED_OPS):
         self.engine, self.model, self.batch, self.loss, self.step = engine, model, batch, loss, step
         self.named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         self.observer: Observer | None = None
@@ -331,7 +337,7 @@ class Step:
         else:
             self.optimizers = [optimizer(p for _, p in self.named)] if optimizer is not None else []
         if engine in (TORCH_CHECKPOINT, TORCH_SAC):
-            _checkpoint(model, selective=engine == TORCH_SAC)
+            _checkpoint(model, sac_saved_ops if engine == TORCH_SAC else None)
         self.final_pass = True  # False while a micro-batch other than the last runs: its gradients are partial
         if engine == TORCH_MICROBATCH:
             self.chunks = split_batch(batch, MICROBATCHES)

@@ -89,6 +89,8 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
     trials, name = config.trials, first.name
     engines = [engine for engine in form.engines if engine in config.engines]
     several = len(versions) > 1
+    sac_saved_ops = config.get("sac_saved_ops")  # the torch form's SAC policy (`-p sac_saved_ops=mm,addmm`)
+    engine_options = {TORCH_SAC: {"sac_saved_ops": list(sac_saved_ops)}} if sac_saved_ops is not None else {}
     cases = {version: version if several else CASE for version in versions}
     loop = TrialLoop(TrialSettings(trials=trials, precision=float(config.get("precision", 0.0)),
                                    order_seed=ORDER_SEED, reference=form.reference), progress)
@@ -108,7 +110,7 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
                                            dtype=plan.engine_dtypes.get(engine, plan.dtype))
             unit = Unit(group=version, engine=engine, labels=labels[version, engine], params=base,
                         name=f"{name} {version}" if several else name,
-                        trial_params=plan.engine_params.get(engine, {}),
+                        trial_params={**plan.engine_params.get(engine, {}), **engine_options.get(engine, {})},
                         regroups_optimizer=REGROUPS_OPTIMIZER.get(engine))
             if engine in plan.reasons:
                 loop.note(unit, status, plan.reasons[engine])
@@ -126,7 +128,7 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
         snapshot = snapshot_path(case_name, device) if trial == 0 else None
         return benchlib.measure.run_isolated(
             form.target, {"path": str(versions[unit.group].path), "engine": unit.engine, "values": values,
-                          "gradient_dir": gradient_dir,
+                          "gradient_dir": gradient_dir, **engine_options.get(unit.engine, {}),
                           **({"categories": True} if traced and form.torch_categories else {})},
             name=case_name, device=device.name,
             options=IsolationOptions(warmup=WARMUP, repeats=STEPS, track_allocations=track, timeline=False,
