@@ -28,7 +28,7 @@ TORCH_OFFLOAD = "torch-offload"  # saved activations on the host (save_on_cpu), 
 COMPILE_BUDGETS = (0.5, 0.1, 0.0)
 TORCH_COMPILE_BUDGETS = {f"torch.compile-budget-{budget:g}": budget for budget in COMPILE_BUDGETS}
 
-TORCH_AUTOGRAD = (TORCH, TORCH_CHECKPOINT)  # the registry's engines that differentiate with torch.autograd
+TORCH_AUTOGRAD = (TORCH, TORCH_CHECKPOINT, TORCH_SAC)  # the registry's engines that differentiate with torch.autograd
 
 __all__ = ["MANUAL", "MANUAL_SEED", "BENCHLIB_INPLACE", "BENCHLIB_DEFERRED", "BENCHLIB_CHECKPOINT", "AUTOGRAD",
            "TORCH", "TORCH_CHECKPOINT", "TORCH_COMPILE", "TORCH_FUNC", "FUSED_OPTIMIZER",

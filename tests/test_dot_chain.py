@@ -61,7 +61,7 @@ def test_every_engine_agrees_with_manual_through_the_case_and_its_saved_gradient
     assert checks.pop("x_scale") == dot_chain.make_data(12, "float64")[2]
     # the rest says where the peak goes: both roles from benchlib's tape; torch's saved tensors come from
     # the role timeline's call (its gauge's metrics), not from one more call in every check
-    roles = {"autograd": set(), "manual-seed": set(), "torch": set(), "torch-checkpoint": set()}
+    roles = {"autograd": set(), "manual-seed": set(), "torch": set(), "torch-checkpoint": set(), "torch-sac": set()}
     assert set(checks) == roles.get(engine, {"role_saved_bytes", "role_gradient_bytes"})
 
 

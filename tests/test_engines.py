@@ -39,9 +39,9 @@ AUTOMATIC = [name for name in ENGINE_NAMES if not get_engine(name).hand_written]
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 
 
-def test_registry_holds_the_eight_engines_and_refuses_unknown_names():
+def test_registry_holds_the_nine_engines_and_refuses_unknown_names():
     assert ENGINE_NAMES == ("manual", "manual-seed", "benchlib-inplace", "benchlib-deferred", "benchlib-checkpoint",
-                            "autograd", "torch", "torch-checkpoint")
+                            "autograd", "torch", "torch-checkpoint", "torch-sac")
     assert all(ENGINES[name].name == name for name in ENGINE_NAMES)
     with pytest.raises(ValueError, match="valid engines: manual, manual-seed, benchlib-inplace"):
         get_engine("jax")
@@ -60,10 +60,11 @@ def test_autograd_is_not_applicable_on_cuda_and_says_why():
 def test_array_library_per_engine_and_device():
     assert {name: get_engine(name).array_library(CPU) for name in ENGINE_NAMES} == {
         "manual": "numpy", "manual-seed": "numpy", "benchlib-inplace": "numpy", "benchlib-deferred": "numpy",
-        "benchlib-checkpoint": "numpy", "autograd": "numpy", "torch": "torch", "torch-checkpoint": "torch"}
+        "benchlib-checkpoint": "numpy", "autograd": "numpy", "torch": "torch", "torch-checkpoint": "torch",
+        "torch-sac": "torch"}
     assert {name: get_engine(name).array_library(CUDA) for name in ENGINE_NAMES if name != "autograd"} == {
         "manual": "torch", "manual-seed": "torch", "benchlib-inplace": "torch", "benchlib-deferred": "torch", "benchlib-checkpoint": "torch",
-        "torch": "torch", "torch-checkpoint": "torch"}
+        "torch": "torch", "torch-checkpoint": "torch", "torch-sac": "torch"}
 
 
 def test_asarray_keeps_numpy_arrays_and_shares_storage_with_torch_on_cpu():

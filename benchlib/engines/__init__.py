@@ -247,6 +247,14 @@ ENGINES: dict[str, Engine] = {
             _torch_gradient,
             lambda device: namespaces.torch_checkpoint_namespace(),
         ),
+        Engine(
+            TORCH_SAC,
+            "torch-checkpoint's segments under selective checkpointing: matrix products' outputs saved, the rest "
+            "recomputed",
+            "torch",
+            _torch_gradient,
+            lambda device: namespaces.torch_checkpoint_namespace(selective=True),
+        ),
     )
 }
 

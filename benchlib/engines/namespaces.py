@@ -17,7 +17,11 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from benchlib.engine_names import TORCH_CHECKPOINT
+from benchlib.engine_names import TORCH_CHECKPOINT, TORCH_SAC
+
+# The aten ops whose outputs torch-sac saves (expensive to recompute); every other op is recomputed
+SAC_SAVED_OPS = ("mm", "addmm", "bmm", "baddbmm", "convolution", "_scaled_dot_product_flash_attention",
+                 "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
 
 OP_NAMES = ("dot", "matmul", "tanh", "exp", "log", "sqrt", "sum", "mean", "max", "reshape", "transpose", "maximum",
             "relu", "where", "concatenate", "stack", "arange", "mse", "softmax_cross_entropy", "chain")
@@ -165,7 +169,7 @@ def describe_segments(steps: int) -> str:
 def segmentation_params(engine: str, steps: int) -> dict:
     """What the records of `engine` on a chain of `steps` say of its segmentation: torch-checkpoint's
     segments in words and their count; nothing for any other engine."""
-    if engine != TORCH_CHECKPOINT:
+    if engine not in (TORCH_CHECKPOINT, TORCH_SAC):
         return {}
     return {"checkpoint": describe_segments(steps), "checkpoint_segments": len(checkpoint_segments(steps))}
 
@@ -182,21 +186,38 @@ def _prime_checkpoint() -> None:
     torch.autograd.grad(checkpoint(torch.exp, leaf, use_reentrant=False).sum(), leaf)
 
 
-def torch_checkpoint_namespace() -> SimpleNamespace:
+def sac_contexts(saved_ops: tuple[str, ...] = SAC_SAVED_OPS):
+    """The contexts of selective activation checkpointing: the outputs of `saved_ops` (aten op names) saved,
+    every other op recomputed in backward (by default, `SAC_SAVED_OPS`: pointwise ops, norms, activations
+    recomputed, cheap; matrix products, convolutions and attention saved)."""
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    saved = {packet for name in saved_ops if (packet := getattr(torch.ops.aten, name, None)) is not None}
+
+    def policy(_ctx, op, *_args, **_kwargs):
+        return CheckpointPolicy.MUST_SAVE if getattr(op, "overloadpacket", op) in saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def torch_checkpoint_namespace(selective: bool = False) -> SimpleNamespace:
     """torch with `chain` cut into `checkpoint_segments`, each under non-reentrant torch.utils.checkpoint:
     only the state between segments is kept, each segment's inside is recomputed during the backward
-    pass, as benchlib's "sqrt" policy does on its tape. No RNG state is saved (`chain` steps draw no
-    random numbers), and checkpoint's first-call import is paid here (`_prime_checkpoint`)."""
+    pass, as benchlib's "sqrt" policy does on its tape; `selective`: torch-sac's, the outputs of
+    `SAC_SAVED_OPS` inside a segment kept too (`sac_contexts`). No RNG state is saved (`chain` steps draw
+    no random numbers), and checkpoint's first-call import is paid here (`_prime_checkpoint`)."""
     from torch.utils.checkpoint import checkpoint
 
     _prime_checkpoint()
+    options = {"context_fn": sac_contexts} if selective else {}
 
     def chain(step, state, steps: int):
         for length in checkpoint_segments(steps):
-            state = checkpoint(_loop, step, state, length, use_reentrant=False, preserve_rng_state=False)
+            state = checkpoint(_loop, step, state, length, use_reentrant=False, preserve_rng_state=False, **options)
         return state
 
     namespace = torch_namespace()
-    namespace.name = "torch (checkpointed chains)"
+    namespace.name = "torch (selectively checkpointed chains)" if selective else "torch (checkpointed chains)"
     namespace.chain = chain
     return namespace

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from benchlib.engines.namespaces import SAC_SAVED_OPS, sac_contexts
 from benchlib.engine_names import (FUSED_OPTIMIZER, TORCH, TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_COMPILE,
                                    TORCH_COMPILE_BUDGETS, TORCH_FUNC, TORCH_MICROBATCH, TORCH_OFFLOAD, TORCH_SAC)
 
@@ -42,9 +43,6 @@ HOOKED = (TORCH, TORCH_CHECKPOINT, TORCH_SAC, TORCH_AUTOCAST, TORCH_MICROBATCH, 
 COMPILE_BACKEND = "inductor"  # torch.compile's default; the tests swap in a counting fake
 AUTOCAST_DTYPE = "bfloat16"  # on CPU and CUDA alike; float16 would need a gradient scaler
 MICROBATCHES = 4
-# The aten ops whose outputs torch-sac saves (expensive to recompute); every other op is recomputed
-SAC_SAVED_OPS = ("mm", "addmm", "bmm", "baddbmm", "convolution", "_scaled_dot_product_flash_attention",
-                 "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
 # Engines whose optimizer step is not the file's even with the same gradient, and why: another update then
 # means the engine does not apply to this file (for any other engine it is a failure).
 REGROUPS_OPTIMIZER = {FUSED_OPTIMIZER: "fused-optimizer steps one optimizer per parameter, and the file's optimizer "
@@ -209,20 +207,6 @@ def unknown_aten_ops(names) -> list[str]:
     return [name for name in names if not hasattr(torch.ops.aten, name)]
 
 
-def _sac_contexts(saved_ops: tuple[str, ...]):
-    """The contexts of selective activation checkpointing: the outputs of `saved_ops` (aten op names) saved,
-    every other op recomputed in backward (by default, `SAC_SAVED_OPS`: pointwise ops, norms, activations
-    recomputed, cheap; matrix products, convolutions and attention saved)."""
-    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
-
-    saved = {packet for name in saved_ops if (packet := getattr(torch.ops.aten, name, None)) is not None}
-
-    def policy(_ctx, op, *_args, **_kwargs):
-        return CheckpointPolicy.MUST_SAVE if getattr(op, "overloadpacket", op) in saved else CheckpointPolicy.PREFER_RECOMPUTE
-
-    return create_selective_checkpoint_contexts(policy)
-
-
 def _segments_checkpointed(checkpoint: Callable, modules: list[torch.nn.Module], segments: int, x):
     """`checkpoint_sequential`'s split: `segments` runs of len // segments modules, every run but the last
     through `checkpoint`, the last (with the remainder) as is."""
@@ -242,10 +226,10 @@ def _segments_checkpointed(checkpoint: Callable, modules: list[torch.nn.Module],
 
 def _checkpoint(model: torch.nn.Module, saved_ops: tuple[str, ...] | None = None) -> None:
     """Wrap `checkpoint_targets(model)` in non-reentrant checkpoints (random state preserved: dropout
-    draws the same masks in recomputation); given `saved_ops`, selective: torch-sac's policy (`_sac_contexts`)."""
+    draws the same masks in recomputation); given `saved_ops`, selective: torch-sac's policy (`sac_contexts`)."""
     from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-    selective = {} if saved_ops is None else {"context_fn": functools.partial(_sac_contexts, tuple(saved_ops))}
+    selective = {} if saved_ops is None else {"context_fn": functools.partial(sac_contexts, tuple(saved_ops))}
     checkpoint = functools.partial(torch_checkpoint, use_reentrant=False, **selective)
     for target in checkpoint_targets(model):
         if target.segments > 1:
