@@ -165,6 +165,33 @@ def torch_process_facts(device):
     return process_facts(device)
 
 
+def shared_pages() -> int:
+    """Present pages of this process's private writable mappings it still shares with another (its template)."""
+    import numpy as np
+
+    count, pagemap = 0, os.open("/proc/self/pagemap", os.O_RDONLY)
+    with open("/proc/self/maps") as maps:
+        regions = [line.split() for line in maps]
+    for fields in regions:
+        if fields[1] == "rw-p":
+            start, end = (int(bound, 16) for bound in fields[0].split("-"))
+            entries = np.frombuffer(os.pread(pagemap, (end - start) // 4096 * 8, start // 4096 * 8), dtype=np.uint64)
+            count += int(((entries >> np.uint64(63)) & ~(entries >> np.uint64(56)) & np.uint64(1)).sum())
+    os.close(pagemap)
+    return count
+
+
+def dynamo_process_facts(device):
+    """The pages it shares and its resident anonymous bytes once torch._dynamo is imported, as the set-up of a
+    torch.func, checkpointed or optimized step imports it."""
+    import torch._dynamo  # noqa: F401
+
+    shared = shared_pages()
+    with open("/proc/self/status") as status:
+        anon_kb = next(int(line.split()[1]) for line in status if line.startswith("RssAnon:"))
+    return Case(lambda: None, lambda _: {"shared_pages": float(shared), "rss_anon_bytes": float(anon_kb * 1024)})
+
+
 def cuda_grow(device, n=1_000_000, count=4):
     """Tensors kept until the call returns, each larger than the last: the allocator takes new segments."""
     import torch

@@ -39,6 +39,19 @@ def test_a_template_holds_torch_only_for_a_case_that_imports_it_anyway(monkeypat
     assert facts("spawn", monkeypatch, preload=("torch",))[0]["holds_torch"] == 0.0  # set-up would import it
 
 
+def test_a_child_owns_the_pages_of_a_template_that_preloaded_what_a_step_imports_later(monkeypatch):
+    # torch._dynamo is imported during a step, not at start-up: a process that imported it itself shares none of
+    # its pages, so a child of a template that preloaded it takes them as its own before its case, copying only
+    # pages already resident; a template of torch alone leaves them shared, as it did
+    target = "isolation_targets:dynamo_process_facts"
+    owned, _ = facts("fork", monkeypatch, target, ("torch", "torch._dynamo"))
+    left, _ = facts("fork", monkeypatch, target, ("torch",))
+    spawned, _ = facts("spawn", monkeypatch, target)
+    assert owned["shared_pages"] == 0 and left["shared_pages"] > 10_000
+    assert spawned["shared_pages"] < 1_000  # pages read, never written, map the kernel's one zero page
+    assert owned["rss_anon_bytes"] == pytest.approx(spawned["rss_anon_bytes"], rel=0.05)
+
+
 def test_a_module_outside_benchlib_is_imported_by_the_child_so_an_edit_is_never_served_stale(tmp_path,
                                                                                                monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from benchlib.engine_names import (TORCH, TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_COMPILE, TORCH_COMPILE_BUDGETS,
-                                   TORCH_MICROBATCH, TORCH_OFFLOAD, TORCH_SAC)
+from benchlib.engine_names import (FUSED_OPTIMIZER, TORCH, TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_COMPILE,
+                                   TORCH_COMPILE_BUDGETS, TORCH_FUNC, TORCH_MICROBATCH, TORCH_OFFLOAD, TORCH_SAC)
 from benchlib.usermodel import engines as usermodel_engines
 from benchlib.engines.gradients import gradient_tolerance, max_relative_error
 from benchlib.measure.case_child import NotApplicable
@@ -241,3 +241,43 @@ def test_a_run_of_the_techniques_records_each_checked_or_not_applicable_and_ends
     assert "update_max_rel_err" not in set(records[records["variant"].isin([TORCH_AUTOCAST, TORCH_MICROBATCH, TORCH_COMPILE])]["metric"])
     printed = capsys.readouterr().out
     assert "fastest within a memory level" in printed
+
+
+IMPORTS_CHILD = """
+import os, sys, json
+import torch
+import benchlib.usermodel.case as case_module
+from benchlib.measure import resolve_device
+path, gradients = sys.argv[1], sys.argv[2]
+for engine in sys.argv[3:]:
+    pid = os.fork()
+    if pid == 0:
+        case = case_module.case(device=resolve_device("cpu"), path=path, engine=engine, values={}, gradient_dir=gradients)
+        case.fn()
+        print(json.dumps([engine, "torch._dynamo" in sys.modules]), flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)
+"""
+
+
+@pytest.mark.parametrize("has_optimizer", [False, True])
+def test_a_template_preloads_torch_dynamo_exactly_for_the_steps_that_import_it(tmp_path, has_optimizer):
+    # What a fork template preloads must be what the case would import anyway: more would put objects in its
+    # heap that a user's process has not, less leaves 0.8 s of import in every trial's set-up
+    import json
+    import subprocess
+    import sys
+
+    from benchlib.usermodel.engines import step_imports
+
+    path = tmp_path / "model.py"
+    path.write_text("import torch\n\ndef model():\n    return torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(4)))"
+                    "\n\ndef batch():\n    return (torch.randn(8, 4),)\n\ndef loss(model, x):\n    return model(x).square().mean()\n"
+                    + ("\ndef optimizer(parameters):\n    return torch.optim.SGD(parameters, lr=0.1)\n" if has_optimizer else ""))
+    engines = [TORCH, TORCH_FUNC, TORCH_CHECKPOINT, TORCH_SAC, TORCH_AUTOCAST, TORCH_MICROBATCH]
+    engines += [FUSED_OPTIMIZER] if has_optimizer else []
+    out = subprocess.run([sys.executable, "-c", IMPORTS_CHILD, str(path), str(tmp_path), *engines],
+                         capture_output=True, text=True, check=True).stdout
+    imported = dict(json.loads(line) for line in out.splitlines())
+    assert imported == {engine: step_imports(engine, has_optimizer) == ("torch._dynamo",) for engine in engines}
+    assert any(imported.values()) and (has_optimizer or not all(imported.values()))

@@ -7,7 +7,10 @@ case uses it: 1.5-4 s a case on a 2-core machine, more than most cases measure).
 anyway, so a numpy engine's process holds no torch objects for its collector to walk), and, on each
 request, the target's module when it is benchlib's own (a test's or a user's module is imported by
 the child, so an edited file is never served stale). It never runs a tensor operation and never
-initialises CUDA, so the fork is safe. The allocator reads MALLOC_* once, at process start, so each
+initialises CUDA, so the fork is safe. A preload in `LAZY_IMPORTS` is one a process makes during its
+first step, not at start-up; the child of a template that holds one takes every page it inherited as
+its own before its case (`_own_inherited_pages`), so its measured calls never wait on a copy-on-write
+fault, which a process that had imported the module itself would not have taken. The allocator reads MALLOC_* once, at process start, so each
 environment gets its own template (`run_in_template`, at most `KEEP` alive).
 
 `BENCHLIB_ISOLATION=spawn` starts a fresh interpreter per case instead (docs/measuring.md); so does
@@ -38,6 +41,11 @@ START_TIMEOUT_S = 300
 PER_CALL_ENV = frozenset({"PYTEST_CURRENT_TEST", "BENCHLIB_DEADLINE", "TORCHINDUCTOR_CACHE_DIR"})
 # A forked child must re-map its template's code pages (`_mapped_code_pages`): without /proc's pagemap it could not.
 FORK_SUPPORTED = hasattr(os, "fork") and os.path.exists("/proc/self/pagemap")
+# Imported on first use, during a step: torch.optim, torch.func, checkpoint and the compiler import the dynamo
+# stack (0.8 s on a 2-core machine). Preloaded, they leave the child 50,000 pages it shares with the template;
+# steps that wrote to them one by one were 6% slower over their first 200 calls (docs/measuring.md).
+LAZY_IMPORTS = frozenset({"torch._dynamo"})
+MADV_POPULATE_WRITE = 23  # linux/mman.h (Linux 5.14): fault a range in writable, copying what is shared
 PAGEMAP_CHUNK = 8192  # pages per pagemap read: 64 KiB buffers, below glibc's mmap threshold, so the
 # template's own scan cannot raise the dynamic threshold its children inherit (glibc-default policy)
 
@@ -234,6 +242,9 @@ def _serve(parent_pid: int, preload: list[str]) -> None:
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
+    if not _can_own_pages():  # the children import them themselves, as a fresh interpreter would
+        preload = [name for name in preload if name not in LAZY_IMPORTS]
+    own_pages = any(name in LAZY_IMPORTS for name in preload)
     try:
         for name in (*PRELOAD, *preload):
             import_module(name)
@@ -258,7 +269,7 @@ def _serve(parent_pid: int, preload: list[str]) -> None:
         pid = os.fork()
         if pid == 0:
             case_child.die_with_parent(template)
-            _child(request, requests, replies, devnull, code_pages)
+            _child(request, requests, replies, devnull, code_pages, own_pages)
         del code_pages
         replies.write(json.dumps({"pid": pid}) + "\n")
         _, status = os.waitpid(pid, 0)
@@ -309,6 +320,54 @@ def _map_again(pages: list) -> None:
         int(memory[present * PAGE].sum())
 
 
+def _madvise():
+    import ctypes
+
+    madvise = ctypes.CDLL(None, use_errno=True).madvise
+    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    return madvise
+
+
+def _can_own_pages() -> bool:
+    """Whether this kernel has MADV_POPULATE_WRITE, which `_own_inherited_pages` needs."""
+    import ctypes
+
+    buffer = ctypes.create_string_buffer(2 * PAGE)
+    page = -(-ctypes.addressof(buffer) // PAGE) * PAGE  # the first page boundary inside it
+    return _madvise()(page, PAGE, MADV_POPULATE_WRITE) == 0
+
+
+def _own_inherited_pages() -> int:
+    """Copy every present page of this process's private writable mappings that it still shares with its
+    template, in runs of adjacent pages, one system call each (about 0.1 s for a template holding torch and
+    its dynamo stack); the number of pages. Pages never touched stay untouched, so the resident set does not
+    grow; a run unmapped since the scan is refused by the kernel, never written."""
+    import numpy as np
+
+    runs = []
+    pagemap = os.open("/proc/self/pagemap", os.O_RDONLY)
+    try:
+        with open("/proc/self/maps") as maps:
+            regions = [line.split(maxsplit=5) for line in maps]
+        for fields in regions:
+            if fields[1] != "rw-p":
+                continue
+            start, end = (int(bound, 16) for bound in fields[0].split("-"))
+            for chunk in range(start, end, PAGEMAP_CHUNK * PAGE):
+                count = min(PAGEMAP_CHUNK, (end - chunk) // PAGE)
+                entries = np.frombuffer(os.pread(pagemap, count * 8, chunk // PAGE * 8), dtype=np.uint64)
+                shared = ((entries >> np.uint64(63)) & ~(entries >> np.uint64(56)) & np.uint64(1)).astype(np.int8)
+                edges = np.diff(np.concatenate(([0], shared, [0])))
+                runs += [(chunk + first * PAGE, (last - first) * PAGE)
+                         for first, last in zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist())]
+    finally:
+        os.close(pagemap)
+    madvise = _madvise()
+    for address, length in runs:
+        madvise(address, length, MADV_POPULATE_WRITE)
+    return sum(length for _, length in runs) // PAGE
+
+
 def _start_blas_threads() -> None:
     """One small threaded product, so NumPy's BLAS has its worker threads again, as it has after import
     in a fresh interpreter (OpenBLAS stops them before a fork and starts them at the next threaded call,
@@ -325,10 +384,10 @@ def _cuda_initialized() -> bool:
     return bool(torch is not None and torch.cuda.is_initialized())
 
 
-def _child(request: dict, requests, replies, devnull: int, code_pages: list) -> None:
-    """The forked child: its own session first (so a timeout's kill reaches it), then the pages, the
-    output file, working directory, import path and environment a fresh interpreter would have had, then
-    the case."""
+def _child(request: dict, requests, replies, devnull: int, code_pages: list, own_pages: bool) -> None:
+    """The forked child: its own session first (so a timeout's kill reaches it), then the pages (mapped and,
+    with `own_pages`, its own), the output file, working directory, import path and environment a fresh
+    interpreter would have had, then the case."""
     status = 1
     try:
         os.setsid()
@@ -338,6 +397,8 @@ def _child(request: dict, requests, replies, devnull: int, code_pages: list) -> 
         requests.close()
         replies.close()
         _map_again(code_pages)
+        if own_pages:
+            _own_inherited_pages()
         _start_blas_threads()
         output = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(output, 1)

@@ -47,11 +47,20 @@ MICROBATCHES = 4
 # means the engine does not apply to this file (for any other engine it is a failure).
 REGROUPS_OPTIMIZER = {FUSED_OPTIMIZER: "fused-optimizer steps one optimizer per parameter, and the file's optimizer "
                                        "step couples parameters (clipping by their global norm, say)"}
+# torch.optim, torch.func, checkpoint and the compiler import the dynamo stack on first use (0.8 s on a 2-core
+# machine): a fork template preloads it for the cases whose step would (`step_imports`, `forkserver.LAZY_IMPORTS`)
+DYNAMO = "torch._dynamo"
+IMPORT_DYNAMO = (TORCH_FUNC, TORCH_CHECKPOINT, TORCH_SAC, *COMPILED)  # whatever the file; the rest via its optimizer
 Observer = Callable[[str, torch.Tensor], None]
 # What torch says when torch.func meets code it cannot transform (an autograd.Function without
 # setup_context, an in-place update of a captured tensor, a tensor without storage): the engine does
 # not apply to the file; the file is not wrong.
 TRANSFORM_LIMIT = re.compile(r"functorch|torch\.func|setup_context|\btransforms?\b|doesn't have storage")
+
+
+def step_imports(engine: str, has_optimizer: bool) -> tuple[str, ...]:
+    """What an engine's step imports beyond torch the first time it runs (a test runs each engine to check)."""
+    return (DYNAMO,) if engine in IMPORT_DYNAMO or (has_optimizer and engine in ENGINES) else ()
 
 
 def stochastic_modules(model: torch.nn.Module) -> list[str]:

@@ -291,9 +291,8 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
 
 def _measure(model_file, engine: str, values: dict, device) -> tuple[int, float] | str:
     """(total bytes, median seconds per step) of one engine's step at `values`, in a fresh process, or why not."""
-    from benchlib.engines import case_imports
     from benchlib.measure import CaseFailed, CaseNotApplicable, IsolationOptions, run_isolated
-    from benchlib.usermodel.measuring import TARGET
+    from benchlib.usermodel.measuring import TARGET, TORCH_FORM, preload
 
     with tempfile.TemporaryDirectory(prefix="benchlib-fit-") as gradients:
         try:
@@ -301,7 +300,7 @@ def _measure(model_file, engine: str, values: dict, device) -> tuple[int, float]
                                            "gradient_dir": gradients},
                                   name=f"{model_file.name}/{engine}", device=device.name,
                                   options=IsolationOptions(warmup=WARMUP, repeats=STEPS, timeline=False,
-                                                           preload=case_imports(engine, device)))
+                                                           preload=preload(TORCH_FORM, model_file, engine, device)))
         except CaseNotApplicable as refused:
             return f"not applicable: {refused.reason}"
         except CaseFailed as failed:

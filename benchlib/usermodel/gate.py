@@ -32,9 +32,8 @@ BYTE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 _QUANTITY = re.compile(r"^\s*((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*$")
 BASELINE_FORMAT = 1
 # What a torch step's set-up imports anyway: torch.optim imports torch._dynamo on first use (0.8 s on a 2-core
-# machine). The gate's template imports it beside the model file's import here, and its children skip it. A gate
-# judges bytes and counts, which this does not move; `benchlib run` keeps it out of its templates, because step
-# times measured in children of a template that imported it were a few percent slower (docs/running.md).
+# machine). The gate's template imports it beside the model file's import here, before the file says whether it
+# has an optimizer (`benchlib run` asks `step_imports` once it knows); its children own the pages (`forkserver`).
 GATE_PRELOAD = ("torch._dynamo",)
 
 

@@ -18,7 +18,7 @@ from benchlib.trials import Deadline, TrialLoop, TrialSettings, Unit
 from benchlib.engine_names import TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_MICROBATCH, TORCH_SAC
 from benchlib.usermodel.engines import (AUTOCAST_DTYPE, COMPILE_BACKEND, COMPILED, ENGINES, MICROBATCHES, REFERENCE,
                                        REGROUPS_OPTIMIZER, SAC_SAVED_OPS, SWEEP_ENGINES, checkpoint_plan,
-                                       not_applicable, stochastic_modules)
+                                       not_applicable, step_imports, stochastic_modules)
 from benchlib.usermodel.loader import ModelFile
 
 TARGET = "benchlib.usermodel.case:case"
@@ -50,6 +50,8 @@ class Form:
     reference: str
     plan: Callable[[Any, dict, Any], Plan]
     torch_categories: bool = False  # its child can add torch.profiler's categories (with `attribute`)
+    imports: Callable[[Any, str], tuple[str, ...]] = lambda model_file, engine: ()  # what (model file, engine)'s
+    # step imports beyond its array library the first time it runs: its fork template preloads them
     sweep_engines: tuple[str, ...] = ()  # engines a first look (--quick) and fit leave out unless named
 
 
@@ -70,7 +72,17 @@ def _torch_plan(model_file: ModelFile, values: dict, device) -> Plan:
                 engine_dtypes={TORCH_AUTOCAST: AUTOCAST_DTYPE})
 
 
-TORCH_FORM = Form(TARGET, ENGINES, REFERENCE, _torch_plan, torch_categories=True, sweep_engines=SWEEP_ENGINES)
+def _torch_imports(model_file: ModelFile, engine: str) -> tuple[str, ...]:
+    return step_imports(engine, model_file.optimizer is not None)
+
+
+TORCH_FORM = Form(TARGET, ENGINES, REFERENCE, _torch_plan, torch_categories=True, sweep_engines=SWEEP_ENGINES,
+                  imports=_torch_imports)
+
+
+def preload(form: Form, model_file, engine: str, device) -> tuple[str, ...]:
+    """What a fork template preloads for `engine`'s cases of `model_file`: all its set-up and first step import."""
+    return case_imports(engine, device) + form.imports(model_file, engine)
 
 
 def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config, device,
@@ -83,8 +95,8 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
     from benchlib.measure.allocations import memray_available
     from benchlib.measure.cuda_snapshot import snapshot_path
 
-    prepare_isolation(IsolationOptions(preload=case_imports(form.reference, device)))  # starts beside the plans
     first = next(iter(versions.values()))
+    prepare_isolation(IsolationOptions(preload=preload(form, first, form.reference, device)))  # beside the plans
     values = {name: config.plain()[name] for name in first.parameters}
     trials, name = config.trials, first.name
     engines = [engine for engine in form.engines if engine in config.engines]
@@ -132,7 +144,8 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
                           **({"categories": True} if traced and form.torch_categories else {})},
             name=case_name, device=device.name,
             options=IsolationOptions(warmup=WARMUP, repeats=STEPS, track_allocations=track, timeline=False,
-                                     attribute=traced, cuda_snapshot=snapshot, preload=case_imports(unit.engine, device)))
+                                     attribute=traced, cuda_snapshot=snapshot,
+                                     preload=preload(form, versions[unit.group], unit.engine, device)))
 
     def keep(unit: Unit, trial: int, result) -> None:
         if result.measurement.attribution is not None:
