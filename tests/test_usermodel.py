@@ -15,7 +15,7 @@ from benchlib.engine_names import FUSED_OPTIMIZER, TORCH, TORCH_CHECKPOINT, TORC
 from benchlib.records import load_records, load_run_info
 from benchlib.runner.cli import main
 from benchlib.usermodel import load_model_file, read_model_file
-from benchlib.usermodel.engines import ENGINES as ALL_ENGINES, SWEEP_ENGINES, LiveBytes, Step, not_applicable
+from benchlib.usermodel.engines import COMPILED, ENGINES as ALL_ENGINES, LiveBytes, Step, not_applicable
 from benchlib.usermodel.loader import ModelFileError
 from benchlib.usermodel.template import TEMPLATE
 
@@ -120,7 +120,7 @@ def test_versions_of_one_name_at_other_values_are_refused_and_debug_shows_the_tr
 def test_parameters_are_typed_by_their_defaults_with_quick_values_and_trials(tmp_path, capsys):
     text = GOOD.replace('"n": 8}', '"n": 8, "sizes": [1, 2]}').replace("(width, n)", "(width, n, sizes)")
     benchmark = load_model_file(write(tmp_path, text))
-    first_look = tuple(engine for engine in ALL_ENGINES if engine not in SWEEP_ENGINES)  # --quick: no budget sweep
+    first_look = tuple(engine for engine in ALL_ENGINES if engine not in COMPILED)  # --quick: nothing that compiles
     assert benchmark.name == "tiny" and benchmark.quick == {"width": 4, "n": 3, "trials": 2, "engines": first_look}
     assert benchmark.parameter("sizes").default == (1, 2) and benchmark.defaults()["trials"] == 5
     assert main(["list", str(tmp_path / "model.py")]) == 0

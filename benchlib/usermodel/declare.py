@@ -27,10 +27,11 @@ HEADLINE = ("peak_bytes", "tracked_peak_bytes", "time", "alloc_count", "alloc_co
 
 
 def _engine_choice(form: Form) -> Parameter:
-    first_look = tuple(engine for engine in form.engines if engine not in form.sweep_engines)
+    left_out = tuple(engine for engine in form.engines if engine in (*form.sweep_engines, *form.compiling_engines))
+    first_look = tuple(engine for engine in form.engines if engine not in left_out)
     return Parameter("engines", tuple(form.engines), "the engines to measure"
-                     + (f" (--quick leaves out {', '.join(form.sweep_engines)})" if form.sweep_engines else ""),
-                     choices=form.engines, **({"quick": first_look} if form.sweep_engines else {}))
+                     + (f" (--quick leaves out {', '.join(left_out)})" if left_out else ""),
+                     choices=form.engines, **({"quick": first_look} if left_out else {}))
 
 
 SAC_POLICY = Parameter("sac_saved_ops", SAC_SAVED_OPS, "the aten ops whose outputs torch-sac saves; every other op "

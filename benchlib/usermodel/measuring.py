@@ -53,6 +53,8 @@ class Form:
     imports: Callable[[Any, str], tuple[str, ...]] = lambda model_file, engine: ()  # what (model file, engine)'s
     # step imports beyond its array library the first time it runs: its fork template preloads them
     sweep_engines: tuple[str, ...] = ()  # engines a first look (--quick) and fit leave out unless named
+    compiling_engines: tuple[str, ...] = ()  # engines whose set-up compiles (seconds a trial, more than a small
+    # step's whole measurement): a first look leaves them out too unless named
 
 
 def _torch_plan(model_file: ModelFile, values: dict, device) -> Plan:
@@ -77,7 +79,7 @@ def _torch_imports(model_file: ModelFile, engine: str) -> tuple[str, ...]:
 
 
 TORCH_FORM = Form(TARGET, ENGINES, REFERENCE, _torch_plan, torch_categories=True, sweep_engines=SWEEP_ENGINES,
-                  imports=_torch_imports)
+                  compiling_engines=tuple(COMPILED), imports=_torch_imports)
 
 
 def preload(form: Form, model_file, engine: str, device) -> tuple[str, ...]:
