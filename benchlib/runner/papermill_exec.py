@@ -97,7 +97,8 @@ def execute_notebook(source: Path | str, output: Path | str, parameters: Mapping
             papermill.execute_notebook(
                 str(source), str(output), parameters=dict(parameters), kernel_name=KERNEL_NAME, language=LANGUAGE,
                 progress_bar=False, stdout_file=output_lines, stderr_file=output_lines, cwd=str(cwd),
-                kernel_manager_class=deadline.kernel_manager_class)
+                kernel_manager_class=deadline.kernel_manager_class,
+                shutdown_kernel="immediate")  # its cells have saved all; a graceful exit took 2.6 s more
     except Exception as failure:  # a notebook's failure is a result to record, not to raise
         if deadline.fired.is_set():
             return TIMED_OUT, f"stopped after the --timeout of {timeout_s:g} s ({error_text(failure)})"
