@@ -287,8 +287,8 @@ def test_a_case_child_dies_with_the_process_that_started_it_even_when_that_is_ki
         "from benchlib.measure import IsolationOptions, run_isolated\n"
         "run_isolated('isolation_targets:spawns_sleeper', {'seconds': 120}, name='sleeper',\n"
         "             options=IsolationOptions(timeline=False))")],
-        env={**os.environ, "GRANDCHILD_PID_FILE": str(started)})
-    child = wait_for_descendant(parent, CASE_PROCESS_NAME)
+        env={**os.environ, "GRANDCHILD_PID_FILE": str(started), "TMPDIR": str(tmp_path)})  # the killed parent's
+    child = wait_for_descendant(parent, CASE_PROCESS_NAME)  # temporary folder is left in tmp_path, not in /tmp
     deadline = time.monotonic() + 60
     while not (started.is_file() and started.read_text()) and time.monotonic() < deadline:
         time.sleep(0.2)
