@@ -64,7 +64,7 @@ def test_the_best_engine_fits_the_largest_value_and_the_others_say_what_they_giv
     lines = result.lines()
     assert lines[0] == ("tiny: the largest n under 200.6 MB (the process's resident high-water mark) is 402, with "
                         "torch-checkpoint (1.000 ms per sample, measured at 64)")
-    assert "up to n=100" in lines[1] and "linear model" in lines[1]
+    assert "up to n=100" in lines[1] and "model, predicted the largest point within 0.0%" in lines[1]
     records = result.records()
     assert {row["metric"] for row in records} >= {"fit_total_bytes", "predicted_total_bytes", "max_fitting",
                                                    "fit_check_error"}
@@ -113,3 +113,88 @@ def fitting_device():
     from benchlib.measure import resolve_device
 
     return resolve_device("cpu")
+
+
+def test_the_trace_model_is_the_traced_curve_mapped_onto_the_measured_totals_and_is_checked():
+    traced = []
+
+    def trace(value):
+        traced.append(value)
+        return 1000 * value + 50
+
+    points = [(2, 12_050 + 2_000), (4, 14_050 + 2_000), (8, 18_050 + 2_000)]  # measured = traced + 12_000
+    model, peaks = fitting.trace_model(points, trace)
+    assert model.kind == fitting.TRACE and model.check_error == pytest.approx(0, abs=1e-9)
+    assert model(1000) == pytest.approx(1_012_050)
+    assert sorted(traced) == [2, 4, 8, 16, 32, 64] and peaks[64] == 64_050  # the measured values, then 2x, 4x, 8x
+    quadratic, _ = fitting.trace_model(points, lambda value: value * value)  # the allocator's bytes per tensor byte
+    scale, offset = np.polyfit([4, 16, 64], [14_050, 16_050, 20_050], 1)  # and the constant, by least squares
+    assert quadratic(100) == pytest.approx(scale * 10_000 + offset)
+    grown, _ = fitting.trace_model([(2, 1_000 + 2_000), (4, 1_000 + 4_000), (8, 1_000 + 8_000)], lambda value: 800 * value)
+    assert grown.check_error == pytest.approx(0) and grown(100) == pytest.approx(1_000 + 100_000)
+    off, _ = fitting.trace_model([(2, 100), (4, 200), (8, 900)], lambda value: 0)
+    assert off.check_error == pytest.approx(750 / 900)  # the constant of the smaller points misses the largest
+
+
+OWN_ACTIVATIONS = """
+import torch
+
+PARAMETERS = {"n": 8}
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(16, 64), torch.nn.Linear(64, 16)
+
+    def forward(self, x):
+        return self.second(torch.tanh(self.first(x)))
+
+def model(n):
+    return torch.nn.Sequential(Block(), Block())
+
+def batch(n):
+    return (torch.randn(n, 16),)
+
+def loss(model, x):
+    return model(x).square().mean()
+
+def optimizer(parameters):
+    return torch.optim.Adam(parameters, lr=1e-3)
+"""
+
+
+@pytest.mark.filterwarnings("ignore:Expected a tensor")  # the tracker's, about fused-optimizer's freed gradients
+@pytest.mark.parametrize("engine", ["torch", "torch-checkpoint", "fused-optimizer"])
+def test_a_fake_tensor_trace_counts_the_bytes_a_real_step_holds_at_its_peak(tmp_path, engine):
+    # the same tracker over real tensors: the trace under fake tensors must hold the same bytes, taking none
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from benchlib.usermodel.engines import Step
+
+    path = tmp_path / "blocks.py"
+    path.write_text(OWN_ACTIVATIONS)
+    file = read_model_file(path)
+    for n in (4, 32):
+        model, batch = file.build({"n": n})
+        step = Step(engine, model, batch, file.loss, file.optimizer, file.step)
+        step()
+        tracker = MemTracker()
+        tracker.track_external(model, *step.optimizers)
+        with tracker:
+            step()
+        (real,) = tracker.get_tracker_snapshot("peak").values()
+        parameters = sum(p.numel() * p.element_size() for p in model.parameters())
+        assert real["Total"] >= 3 * parameters  # parameters and Adam's two moments at least, gradients besides
+        assert fitting.traced_peak(file, engine, {"n": n}) == real["Total"]
+
+
+def test_a_step_torch_cannot_trace_keeps_the_measured_model_and_says_why(tmp_path, monkeypatch):
+    path = tmp_path / "held.py"  # the batch, a slice of a tensor made at import: real, where the trace is fake
+    path.write_text(OWN_ACTIVATIONS.replace("def batch(n):", "DATA = torch.randn(4096, 16)\n\ndef batch(n):")
+                    .replace("return (torch.randn(n, 16),)", "return (DATA[:n],)"))
+    monkeypatch.setattr(fitting, "_measure", fake_measure({"torch": lambda n: 100 * MB + n * MB}))
+    (engine_fit,) = fit(path, memory="1 GB", scale="n", engines=["torch"], params={"n": 64},
+                        progress=lambda line: None).engines
+    assert engine_fit.model.kind == LINEAR and engine_fit.untraced and not engine_fit.traced
+    assert "not traced: " + engine_fit.untraced in "\n".join(fit(path, memory="1 GB", scale="n", engines=["torch"],
+                                                                   params={"n": 64}, progress=lambda line: None).lines())

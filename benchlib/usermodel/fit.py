@@ -5,8 +5,11 @@ Each engine's step is measured at a few values of the parameter (an eighth, a qu
 the value it is given), one fresh process each. Its total memory is then fitted by a size model. Two
 models are tried: linear in the parameter (a batch) and quadratic (attention over a sequence length).
 Each is fitted to the smaller points and judged by how well it predicts the largest measured one, so the
-model is checked, not assumed. The chosen model, refitted to every point, says where the total crosses
-the limit. `verify` measures the best engine at that value when the machine has the memory, and reports
+model is checked, not assumed. A third, where torch can trace the step under fake tensors (no memory
+taken, `traced_peak`), counts the step's live tensor bytes exactly at the measured values and at 2, 4 and
+8 times the largest: its total is that curve scaled and offset to the measured totals (least squares: the
+offset is the interpreter and torch, the scale what the allocator adds per byte of tensors); it is chosen
+whenever, fitted to the smaller points, it predicts the largest measured one within `TRACE_TRUSTED`. The chosen model, refitted to every point, says where the total crosses the limit. `verify` measures the best engine at that value when the machine has the memory, and reports
 predicted against measured.
 
 Total memory, defined once: on CUDA the caching allocator's reserved peak (`cuda_reserved_peak_bytes`),
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +36,9 @@ from benchlib.units import format_bytes, format_seconds
 FRACTIONS = (1 / 8, 1 / 4, 1 / 2, 1)  # of the parameter's given value: the points measured
 MIN_POINTS = 3  # a model checked on a held-out point needs two to fit and one to predict
 WARMUP, STEPS = 1, 3
-LINEAR, QUADRATIC = "linear", "quadratic"
+LINEAR, QUADRATIC, TRACE = "linear", "quadratic", "trace"
+TRACE_REACH = (2, 4, 8)  # traced beyond the largest measured value, at these multiples of it
+TRACE_TRUSTED = 0.05  # a trace model that predicts the largest measured point this well is chosen
 SEARCH_LIMIT = 2 ** 40  # the largest value `max_fitting` looks at: a total that does not grow fits "at any value"
 FIT_METRICS = (  # what a fit records: a command's, not a benchmark's, so registered where it is made
     ("fit_total_bytes", "B", "memory", "total memory of one step at params.value of the parameter params.scale: on CUDA "
@@ -40,6 +46,8 @@ FIT_METRICS = (  # what a fit records: a command's, not a benchmark's, so regist
     ("predicted_total_bytes", "B", "memory", "the size model's total at params.value (params.model: linear or quadratic)"),
     ("fit_check_error", "ratio", "check", "relative error of the size model, fitted to the smaller points, at the "
      "largest measured one: how far its extrapolation was off where it could be checked"),
+    ("traced_peak_bytes", "B", "memory", "the step's peak of live tensor bytes at params.value, traced under fake "
+     "tensors (no memory taken): what the trace model adds its constant to"),
     ("max_fitting", "", "setting", "the largest value of params.scale whose predicted total stays under params.limit "
      "bytes (0: not even the smallest value measured)"),
     ("fit_verify_error", "ratio", "check", "(predicted - measured) / measured total at the largest fitting value, "
@@ -82,6 +90,66 @@ class SizeModel:
         return low
 
 
+def traced_peak(model_file, engine: str, values: Mapping[str, Any]) -> int:
+    """The peak of live tensor bytes of one `engine` step at `values` (the optimizer's state made by a step
+    before it, as in a measured process), traced under fake tensors, so any value can be asked without its
+    memory; by `torch.distributed._tools.mem_tracker.MemTracker`, torch's own (private) tracker. Raises where
+    torch cannot trace the step (a batch that is not fake, data-dependent control flow, torch.func's wrappers).
+    Arrays the file makes outside torch (numpy) are real: `trace_model` asks at most `TRACE_REACH[-1]` times
+    the largest value measured, whose batch a measured process held in full."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from benchlib.usermodel.engines import Step
+
+    with FakeTensorMode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracker's own, about tensors it skips (None gradients)
+        model, batch = model_file.build(values)  # on the CPU: moving fake parameters is refused; bytes are the same
+        real = [i for i, tensor in enumerate(batch) if not isinstance(tensor, FakeTensor)]
+        if real:
+            raise FitError(f"batch() item(s) {real} are real tensors under fake tensor mode")
+        step = Step(engine, model, batch, model_file.loss, model_file.optimizer, model_file.step)
+        step()
+        tracker = MemTracker()
+        tracker.track_external(model, *step.optimizers)
+        with tracker:
+            step()
+        (categories,) = tracker.get_tracker_snapshot("peak").values()
+    return int(categories["Total"])
+
+
+def trace_model(points: Sequence[tuple[int, int]], trace: Callable[[int], int]) -> tuple[SizeModel, dict[int, int]]:
+    """The trace size model of measured (value, total) points: the traced peaks at the measured values and at
+    `TRACE_REACH` times the largest, as a polynomial (linear, or quadratic where that predicts the farthest
+    traced value better), mapped onto the measured totals by `_affine`; checked by predicting the largest
+    measured total from the others' mapping. Also every traced peak, by value."""
+    measured = sorted(points)
+    largest = measured[-1][0]
+    traced = {value: trace(value) for value in sorted({v for v, _ in measured} | {largest * k for k in TRACE_REACH})}
+    x, y = np.array(list(traced), float), np.array(list(traced.values()), float)
+    errors = {degree: abs(np.polyval(np.polyfit(x[:-1], y[:-1], degree), x[-1]) - y[-1]) / max(y[-1], 1.0)
+              for degree in (1, 2)}
+    curve = np.polyfit(x, y, 1 if errors[1] <= errors[2] else 2)
+    peaks = np.array([traced[value] for value, _ in measured], float)
+    totals = np.array([total for _, total in measured], float)
+    check = _affine(peaks[:-1], totals[:-1])
+    check_error = abs(check[0] * peaks[-1] + check[1] - totals[-1]) / totals[-1]
+    scale, offset = _affine(peaks, totals)
+    coefficients = scale * np.array(curve, float)
+    coefficients[-1] += offset
+    return SizeModel(TRACE, tuple(float(c) for c in coefficients), check_error), traced
+
+
+def _affine(peaks: np.ndarray, totals: np.ndarray) -> tuple[float, float]:
+    """(scale, offset) of total = scale * traced peak + offset by least squares: the offset is what does not grow
+    (the interpreter, torch), the scale what the allocator adds per byte of tensors (1 where it adds nothing).
+    Peaks that do not grow give scale 1 and the mean difference."""
+    if np.ptp(peaks) == 0:
+        return 1.0, float(np.mean(totals - peaks))
+    scale, offset = np.polyfit(peaks, totals, 1)
+    return float(scale), float(offset)
+
+
 def choose_model(values: Sequence[float], totals: Sequence[float]) -> SizeModel:
     """The size model of one engine: linear, or quadratic where it predicts the largest point better from
     the others (four points or more). Refitted to every point once chosen."""
@@ -110,6 +178,8 @@ class EngineFit:
     model: SizeModel | None = None
     max_fitting: int | None = None
     reason: str = ""
+    traced: dict[int, int] = field(default_factory=dict)  # value -> traced peak bytes, where the step was traced
+    untraced: str = ""  # why it was not
 
     def seconds_per_sample(self, value: int) -> tuple[float, str]:
         """Time per step over the value, measured at the largest measured value at or below `value` (per-sample
@@ -162,7 +232,8 @@ class FitResult:
                 seconds, label = fit.seconds_per_sample(fit.max_fitting)
                 per = f"  {format_seconds(seconds)} per sample ({label})"
             lines.append(f"  {fit.engine:<19} {where}{per}  {fit.model.kind} model, predicted the largest point "
-                         f"within {100 * fit.model.check_error:.1f}%  (measured {measured})")
+                         f"within {100 * fit.model.check_error:.1f}%  (measured {measured})"
+                         + (f"  not traced: {fit.untraced}" if fit.untraced else ""))
         if self.verified:
             v = self.verified
             lines.append(f"verified: {v['engine']} at {self.scale}={v['value']}: predicted {format_bytes(v['predicted'])}, "
@@ -192,6 +263,9 @@ class FitResult:
                 rows.append(make_record(**labels, metric="fit_total_bytes", value=float(total), unit="B",
                                         params={**common, "value": value}))
                 rows.append(make_record(**labels, metric="time", value=seconds, unit="s", params={**common, "value": value}))
+            for value, peak in fit.traced.items():
+                rows.append(make_record(**labels, metric="traced_peak_bytes", value=float(peak), unit="B",
+                                        params={**common, "value": value}))
             if fit.model is not None:
                 for value in self.curve_values(fit):
                     rows.append(make_record(**labels, metric="predicted_total_bytes", value=fit.model(value), unit="B",
@@ -279,6 +353,7 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
                                  + "; ".join(skipped[engine_fit.engine]))
         if not engine_fit.reason:
             engine_fit.model = choose_model([v for v, _, _ in engine_fit.points], [t for _, t, _ in engine_fit.points])
+            _trace(engine_fit, model_file, values, scale, progress)
             smallest_total = engine_fit.points[0][1]
             engine_fit.max_fitting = (None if smallest_total > limit
                                       else engine_fit.model.largest_under(limit, engine_fit.points[0][0]))
@@ -287,6 +362,28 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
     if verify and best is not None:
         result.verified = _verify(model_file, best, values, scale, target, progress)
     return result
+
+
+def _trace(engine_fit: EngineFit, model_file, values: dict, scale: str, progress) -> None:
+    """Trace the engine's step (`traced_peak`) and take the trace model where it predicts within `TRACE_TRUSTED`;
+    where torch cannot trace it, say why and keep the measured points' model."""
+    from benchlib.usermodel.engines import COMPILED
+
+    if engine_fit.engine in COMPILED:
+        engine_fit.untraced = "a compiled step is not traced under fake tensors here"
+        return
+    try:
+        model, traced = trace_model([(v, total) for v, total, _ in engine_fit.points],
+                                    lambda value: traced_peak(model_file, engine_fit.engine, {**values, scale: value}))
+    except Exception as error:  # noqa: BLE001 - torch's tracer or the file's code under fake tensors: said, not fatal
+        engine_fit.untraced = f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+        progress(f"{model_file.name} {engine_fit.engine}: not traced ({engine_fit.untraced})")
+        return
+    engine_fit.traced = traced
+    progress(f"{model_file.name} {engine_fit.engine}: traced at {scale}={', '.join(map(str, traced))}; the trace "
+             f"model predicted the largest measured total within {100 * model.check_error:.1f}%")
+    if model.check_error <= TRACE_TRUSTED:
+        engine_fit.model = model
 
 
 def _measure(model_file, engine: str, values: dict, device) -> tuple[int, float] | str:
