@@ -586,3 +586,19 @@ def test_the_headline_table_gives_each_batched_strategy_its_gain_floor_factor_an
     assert table.loc["batched_hand", "p99_over_median"] == pytest.approx(1.9)
     assert table.loc["batched_fused", "throughput"] == pytest.approx(5.05e6)
     assert "below_floor" not in batched_gain(pd.DataFrame(rows)).columns
+
+
+def test_a_policy_other_than_the_default_runs_only_the_strategies_crossed_with_every_policy(data):
+    grid = E.Grid(strategies=("naive", "batched_vmap", "batched_hand"), gc_policies=("default", "manual"),
+                  heap_sizes=(0,), policy_strategies=("naive", "batched_hand"))
+    results = E.run_grid(data, device=CPU, config=SMALL, grid=grid, plan=E.TrainingPlan(steps=3, warmup=1, alloc_steps=0,
+                                                                                         trials=1))
+    assert sorted((r.labels["gc_policy"], r.strategy) for r in results) == [
+        ("default", "batched_hand"), ("default", "batched_vmap"), ("default", "naive"),
+        ("manual", "batched_hand"), ("manual", "naive")]
+
+
+def test_strategies_left_to_the_default_policy_are_refused_when_the_default_policy_is_not_run():
+    with pytest.raises(ValueError, match="run under the default GC policy only, which gc_policies leaves out"):
+        E.BENCHMARK.config({"gc_policies": ["manual"]})
+    assert E.BENCHMARK.config({"gc_policies": ["manual"], "policy_strategies": list(E.STRATEGIES)})

@@ -57,7 +57,7 @@ from its config), `lenet` (the 5 LeNet5s). The benchmark name, the minibatch ord
 from benchlib.workloads.ensembles import recorded
 from benchlib.workloads.ensembles.common import NAME, load_average, minibatch_indices
 from benchlib.workloads.ensembles.config import (
-    STRATEGIES, GC_POLICIES, RAISED_THRESHOLDS, PER_NET_STRATEGIES, PARAM_NAMES, EnsembleConfig,
+    DEFAULT_POLICY, STRATEGIES, GC_POLICIES, RAISED_THRESHOLDS, PER_NET_STRATEGIES, PARAM_NAMES, EnsembleConfig,
     initial_parameters,
 )
 from benchlib.workloads.ensembles.strategies import (
@@ -90,9 +90,13 @@ MNIST_PIXELS = 28 * 28
 def _rules(config) -> None:
     for name in ("steps", "per_net_steps"):
         exceeds(name, config[name], "warmup", config.warmup)
-    for name in ("strategies", "gc_policies", "cycle_strategies", "lenet_modes", "heap_sizes", "pause_heap_sizes",
-                 "cycles", "thread_counts"):
+    for name in ("strategies", "gc_policies", "policy_strategies", "cycle_strategies", "lenet_modes", "heap_sizes",
+                 "pause_heap_sizes", "cycles", "thread_counts"):
         distinct(name, config[name])
+    only_default = [name for name in config.strategies if name not in config.policy_strategies]
+    if only_default and DEFAULT_POLICY not in config.gc_policies:
+        raise ValueError(f"strategies {', '.join(only_default)} run under the {DEFAULT_POLICY} GC policy only, which "
+                         f"gc_policies leaves out: add {DEFAULT_POLICY} to gc_policies, or them to policy_strategies")
 
 
 def _memory(config, device) -> int:
@@ -132,6 +136,9 @@ BENCHMARK = Benchmark(
         Parameter("alloc_steps", 1, "steps of the separate allocation-tracing pass", quick=1, minimum=0),
         Parameter("strategies", STRATEGIES, "training strategies", choices=STRATEGIES),
         Parameter("gc_policies", GC_POLICIES, "GC policies crossed with the strategies", choices=GC_POLICIES),
+        Parameter("policy_strategies", ("naive", "batched_hand"), "the strategies every GC policy runs (the per-model "
+                  "loop and one batched step, which the GC claims compare); the others run under the default policy "
+                  "only", choices=STRATEGIES),
         Parameter("heap_sizes", (0, 60000), "long-lived heap sizes (dataset tuples) of the main grid", quick=(1000,),
                   minimum=0),
         Parameter("pause_heap_sizes", (0, 30000, 60000, 120000), "heap sizes of the full-collection pause fit",

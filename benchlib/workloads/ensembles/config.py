@@ -13,6 +13,7 @@ STRATEGIES = ("naive", "buffers_reused", "step_in_backward", "batched_vmap", "ba
 
 
 GC_POLICIES = ("default", "freeze", "thresholds", "manual")
+DEFAULT_POLICY = GC_POLICIES[0]  # the interpreter's own collector, untouched
 
 
 # The `thresholds` policy: generation 0 collected after 100,000 net new container objects instead of

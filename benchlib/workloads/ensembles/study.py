@@ -75,7 +75,8 @@ def _measure_study(config: Any, data, *, device, calibration, save, progress) ->
     plan = training_plan(config)
     study, labels = Study(), {"data": data.source, "device": device.name}
     shown = lambda result: progress(progress_line(result))  # noqa: E731
-    grid = Grid(strategies=config.strategies, gc_policies=config.gc_policies, heap_sizes=config.heap_sizes)
+    grid = Grid(strategies=config.strategies, gc_policies=config.gc_policies, heap_sizes=config.heap_sizes,
+                policy_strategies=config.policy_strategies)
     # under --budget, the main grid's later trials get half the notebook's time; the rest runs as declared
     results = run_grid(data, device=device, config=ensemble, grid=grid, plan=plan, progress=shown,
                        deadline=Deadline.from_environment().share(2))

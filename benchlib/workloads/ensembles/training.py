@@ -15,7 +15,7 @@ import torch
 from benchlib.records import make_record
 from benchlib.trials.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline, TrialStopping
 from benchlib.analysis.derived import step_summaries
-from benchlib.workloads.ensembles.config import STRATEGIES, GC_POLICIES, EnsembleConfig, initial_parameters
+from benchlib.workloads.ensembles.config import DEFAULT_POLICY, STRATEGIES, GC_POLICIES, EnsembleConfig, initial_parameters
 from benchlib.workloads.ensembles.strategies import Strategy, STRATEGY_CLASSES, make_strategy
 from benchlib.workloads.ensembles.cycles import StepCycles
 from benchlib.workloads.ensembles.gc_policies import GCPolicy, long_lived_heap, pause_frame, pause_records
@@ -101,11 +101,19 @@ class TrainResult:
 
 @dataclass(frozen=True)
 class Grid:
-    """Which cells run: every strategy x GC policy x long-lived heap size (samples held as tuples)."""
+    """Which cells run: every strategy x GC policy x long-lived heap size (samples held as tuples), except that
+    a policy other than the default runs only `policy_strategies` where they are given (None: every strategy)."""
 
     strategies: tuple[str, ...] = STRATEGIES
     gc_policies: tuple[str, ...] = GC_POLICIES
     heap_sizes: tuple[int, ...] = (0,)
+    policy_strategies: tuple[str, ...] | None = None
+
+    def strategies_under(self, policy: str) -> tuple[str, ...]:
+        """The strategies that run under `policy`, in the grid's order."""
+        if policy == DEFAULT_POLICY or self.policy_strategies is None:
+            return self.strategies
+        return tuple(name for name in self.strategies if name in self.policy_strategies)
 
 
 @dataclass(frozen=True)
@@ -273,7 +281,6 @@ def run_grid(
     all_batches = minibatch_indices(len(data), config.batch, longest + plan.alloc_steps, config.seed).to(torch_device)
     from benchlib.analysis.stats import interleaved_order
 
-    order = interleaved_order(list(strategies), plan.trials, seed=plan.order_seed)
     results, groups = GridResults(), len(grid.heap_sizes) * len(grid.gc_policies)
     deadline = deadline or Deadline()
     first_rounds: dict[str, list[float]] = {}  # seconds of each strategy's first-round cells, across groups
@@ -282,8 +289,10 @@ def run_grid(
             for policy_name in grid.gc_policies:
                 budget = TrialStopping(precision=0.0, max_trials=plan.trials, deadline=deadline.share(groups))
                 groups -= 1
+                crossed = grid.strategies_under(policy_name)
+                order = interleaved_order(list(crossed), plan.trials, seed=plan.order_seed)
                 for position, name in enumerate(order):
-                    trial = position // len(strategies)
+                    trial = position // len(crossed)
                     if trial > 0 and not budget.affords(name):
                         continue
                     if trial == 0 and first_rounds.get(name) and deadline.left() < np.mean(first_rounds[name]):
