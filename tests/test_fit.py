@@ -198,3 +198,23 @@ def test_a_step_torch_cannot_trace_keeps_the_measured_model_and_says_why(tmp_pat
     assert engine_fit.model.kind == LINEAR and engine_fit.untraced and not engine_fit.traced
     assert "not traced: " + engine_fit.untraced in "\n".join(fit(path, memory="1 GB", scale="n", engines=["torch"],
                                                                    params={"n": 64}, progress=lambda line: None).lines())
+
+
+def test_verify_finds_the_true_largest_value_by_measurement_from_either_side_of_the_prediction():
+    probed = []
+
+    def measure(value):
+        probed.append(value)
+        return (1000 * value, 0.0) if value != 98 else "failed: on purpose"
+
+    best = fitting.EngineFit("torch", points=[(1, 1000, 0.0), (2, 2000, 0.0), (4, 4000, 0.0)],
+                             model=fitting.SizeModel(LINEAR, (1000.0, 0.0), 0.0))
+    search = lambda predicted: fitting._largest_measured(measure, predicted, 1000 * predicted, 10_500, best, 1e12,  # noqa: E731
+                                                         lambda line: None, "n")
+    assert search(7) == (10, {7: 7000, 8: 8000, 10: 10_000, 11: 11_000, 12: 12_000, 14: 14_000})
+    assert probed == [8, 10, 14, 12, 11]  # up by +1, +2, +4 until over the limit, then halves
+    probed.clear()
+    largest, totals = search(13)
+    assert largest == 10 and 13 in totals and set(probed) <= set(range(4, 13))  # down, from the largest point under
+    assert fitting._largest_measured(measure, 97, 97_000, 200_000, best, 1e12, lambda line: None, "n") is None
+    assert fitting._largest_measured(measure, 7, 7000, 10_500, best, 8500, lambda line: None, "n") is None  # no room

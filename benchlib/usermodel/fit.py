@@ -7,9 +7,9 @@ models are tried: linear in the parameter (a batch) and quadratic (attention ove
 Each is fitted to the smaller points and judged by how well it predicts the largest measured one, so the
 model is checked, not assumed. A third, where torch can trace the step under fake tensors (no memory
 taken, `traced_peak`), counts the step's live tensor bytes exactly at the measured values and at 2, 4 and
-8 times the largest: its total is that curve scaled and offset to the measured totals (least squares: the
-offset is the interpreter and torch, the scale what the allocator adds per byte of tensors); it is chosen
-whenever, fitted to the smaller points, it predicts the largest measured one within `TRACE_TRUSTED`. The chosen model, refitted to every point, says where the total crosses the limit. `verify` measures the best engine at that value when the machine has the memory, and reports
+8 times the largest: its total is that curve plus a constant (the interpreter, torch), or scaled as well (what
+the allocator adds per byte of tensors), whichever predicts the largest measured total better from the
+others; it is chosen whenever that prediction is within `TRACE_TRUSTED`. The chosen model, refitted to every point, says where the total crosses the limit. `verify` measures the best engine at that value when the machine has the memory, and reports
 predicted against measured.
 
 Total memory, defined once: on CUDA the caching allocator's reserved peak (`cuda_reserved_peak_bytes`),
@@ -50,6 +50,8 @@ FIT_METRICS = (  # what a fit records: a command's, not a benchmark's, so regist
      "tensors (no memory taken): what the trace model adds its constant to"),
     ("max_fitting", "", "setting", "the largest value of params.scale whose predicted total stays under params.limit "
      "bytes (0: not even the smallest value measured)"),
+    ("true_max_fitting", "", "check", "the largest value of params.scale whose measured total stays under params.limit, "
+     "searched by measurement from the predicted one (params.predicted; params.searched: value -> total measured)"),
     ("fit_verify_error", "ratio", "check", "(predicted - measured) / measured total at the largest fitting value, "
      "measured for real (`benchlib fit --verify`; params.predicted, params.measured)"),
 )
@@ -121,8 +123,9 @@ def traced_peak(model_file, engine: str, values: Mapping[str, Any]) -> int:
 def trace_model(points: Sequence[tuple[int, int]], trace: Callable[[int], int]) -> tuple[SizeModel, dict[int, int]]:
     """The trace size model of measured (value, total) points: the traced peaks at the measured values and at
     `TRACE_REACH` times the largest, as a polynomial (linear, or quadratic where that predicts the farthest
-    traced value better), mapped onto the measured totals by `_affine`; checked by predicting the largest
-    measured total from the others' mapping. Also every traced peak, by value."""
+    traced value better), mapped onto the measured totals by `_offset` or `_affine`, whichever, fitted to the
+    smaller points, predicts the largest measured total better (its error is the check's). Also every traced
+    peak, by value."""
     measured = sorted(points)
     largest = measured[-1][0]
     traced = {value: trace(value) for value in sorted({v for v, _ in measured} | {largest * k for k in TRACE_REACH})}
@@ -132,20 +135,28 @@ def trace_model(points: Sequence[tuple[int, int]], trace: Callable[[int], int]) 
     curve = np.polyfit(x, y, 1 if errors[1] <= errors[2] else 2)
     peaks = np.array([traced[value] for value, _ in measured], float)
     totals = np.array([total for _, total in measured], float)
-    check = _affine(peaks[:-1], totals[:-1])
-    check_error = abs(check[0] * peaks[-1] + check[1] - totals[-1]) / totals[-1]
-    scale, offset = _affine(peaks, totals)
+    checked = {}
+    for mapping in (_offset, _affine):
+        scale, offset = mapping(peaks[:-1], totals[:-1])
+        checked[mapping] = abs(scale * peaks[-1] + offset - totals[-1]) / totals[-1]
+    mapping = min(checked, key=checked.get)  # the one that predicted the largest measured total better
+    check_error = checked[mapping]
+    scale, offset = mapping(peaks, totals)
     coefficients = scale * np.array(curve, float)
     coefficients[-1] += offset
     return SizeModel(TRACE, tuple(float(c) for c in coefficients), check_error), traced
 
 
+def _offset(peaks: np.ndarray, totals: np.ndarray) -> tuple[float, float]:
+    """(1, offset): total = traced peak + what does not grow (the interpreter, torch), the median difference."""
+    return 1.0, float(np.median(totals - peaks))
+
+
 def _affine(peaks: np.ndarray, totals: np.ndarray) -> tuple[float, float]:
-    """(scale, offset) of total = scale * traced peak + offset by least squares: the offset is what does not grow
-    (the interpreter, torch), the scale what the allocator adds per byte of tensors (1 where it adds nothing).
-    Peaks that do not grow give scale 1 and the mean difference."""
+    """(scale, offset) of total = scale * traced peak + offset by least squares: the scale is what the allocator adds
+    per byte of tensors besides. Peaks that do not grow give `_offset`'s."""
     if np.ptp(peaks) == 0:
-        return 1.0, float(np.mean(totals - peaks))
+        return _offset(peaks, totals)
     scale, offset = np.polyfit(peaks, totals, 1)
     return float(scale), float(offset)
 
@@ -238,6 +249,11 @@ class FitResult:
             v = self.verified
             lines.append(f"verified: {v['engine']} at {self.scale}={v['value']}: predicted {format_bytes(v['predicted'])}, "
                          f"measured {format_bytes(v['measured'])} (error {100 * v['error']:+.1f}%)")
+            if "true_max_fitting" in v:
+                off = v["value"] - v["true_max_fitting"]
+                lines.append(f"measured: the largest {self.scale} under {limit} is {v['true_max_fitting']} "
+                             f"({len(v['searched'])} values measured); the prediction was "
+                             + ("exact" if off == 0 else f"{abs(off)} {'over' if off > 0 else 'under'}"))
         return lines
 
     def curve_values(self, fit: EngineFit) -> list[int]:
@@ -279,6 +295,11 @@ class FitResult:
                                         params={**common, "value": self.verified["value"],
                                                 "predicted": self.verified["predicted"],
                                                 "measured": self.verified["measured"]}))
+                if "true_max_fitting" in self.verified:
+                    rows.append(make_record(**labels, metric="true_max_fitting", value=float(self.verified[
+                        "true_max_fitting"]), unit="", params={**common, "predicted": self.verified["value"],
+                                                               "searched": {str(value): total for value, total in
+                                                                            self.verified["searched"].items()}}))
         return rows
 
 
@@ -360,7 +381,7 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
     result = FitResult(model_file.name, scale, limit, target.name, total, fits)
     best = result.best
     if verify and best is not None:
-        result.verified = _verify(model_file, best, values, scale, target, progress)
+        result.verified = _verify(model_file, best, values, scale, target, limit, progress)
     return result
 
 
@@ -408,8 +429,9 @@ def _measure(model_file, engine: str, values: dict, device) -> tuple[int, float]
     return int((measurement.baseline_bytes or 0) + (measurement.peak_bytes or 0)), measurement.median_s
 
 
-def _verify(model_file, best: EngineFit, values: dict, scale: str, device, progress) -> dict | None:
-    """The best engine measured at its largest fitting value, where this machine has the memory for it."""
+def _verify(model_file, best: EngineFit, values: dict, scale: str, device, limit: int, progress) -> dict | None:
+    """The best engine measured at its largest fitting value, where this machine has the memory for it, then the
+    true largest value found by measurement (`_largest_measured`)."""
     from benchlib.measure.isolation import available_memory
 
     value = best.max_fitting
@@ -424,5 +446,51 @@ def _verify(model_file, best: EngineFit, values: dict, scale: str, device, progr
         progress(f"verify: {best.engine} at {scale}={value}: {outcome}")
         return None
     measured = outcome[0]
-    return {"engine": best.engine, "value": value, "predicted": int(predicted), "measured": measured,
-            "error": (predicted - measured) / measured}
+    verified = {"engine": best.engine, "value": value, "predicted": int(predicted), "measured": measured,
+                "error": (predicted - measured) / measured}
+    largest = _largest_measured(lambda v: _measure(model_file, best.engine, {**values, scale: v}, device),
+                                value, measured, limit, best, available, progress, scale)
+    return verified | ({"true_max_fitting": largest[0], "searched": largest[1]} if largest else {})
+
+
+def _largest_measured(measure: Callable[[int], tuple[int, float] | str], predicted_value: int, predicted_total: int,
+                      limit: int, best: EngineFit, affordable: float, progress, scale: str) -> tuple[int, dict] | None:
+    """The largest value whose measured total stays under `limit`, searched from the predicted value by measurement
+    (one fresh process per value: up by doubling steps, then bisection; down by bisection towards the largest
+    measured point under the limit): (that value, every total measured on the way), or None where a measurement
+    failed or the next value up would not fit this machine (`affordable` bytes)."""
+    totals = {predicted_value: predicted_total}
+
+    def fits(value: int) -> bool | None:
+        if value not in totals:
+            if best.model(value) > affordable:
+                progress(f"verify: {scale}={value} would need more memory than this machine has: search stopped")
+                return None
+            outcome = measure(value)
+            if isinstance(outcome, str):
+                progress(f"verify: {scale}={value}: {outcome}: search stopped")
+                return None
+            totals[value] = outcome[0]
+            progress(f"verify: {best.engine} at {scale}={value}: {format_bytes(outcome[0])} "
+                     f"({'under' if outcome[0] <= limit else 'over'} the limit)")
+        return totals[value] <= limit
+
+    if totals[predicted_value] <= limit:
+        low, high, step = predicted_value, None, 1
+        while high is None:
+            answer = fits(low + step)
+            if answer is None:
+                return None
+            low, high, step = (low + step, None, step * 2) if answer else (low, low + step, step)
+    else:
+        under = [v for v, total, _ in best.points if total <= limit]
+        if not under:
+            return None
+        low, high = max(under), predicted_value
+    while high - low > 1:
+        middle = (low + high) // 2
+        answer = fits(middle)
+        if answer is None:
+            return None
+        low, high = (middle, high) if answer else (low, middle)
+    return low, dict(sorted(totals.items()))
