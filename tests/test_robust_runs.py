@@ -549,3 +549,48 @@ def test_a_file_given_where_a_directory_is_expected_is_named_as_such(tmp_path, c
     assert capsys.readouterr().err == f"benchlib: error: notebooks directory {str(a_file)!r} is a file, not a directory\n"
     assert main(["runs", "--out", str(a_file)]) == 2
     assert "no results directory" in capsys.readouterr().err
+
+
+SLOW_STEP = """
+import time
+import torch
+
+PARAMETERS = {"n": 4}
+
+def model(n):
+    return torch.nn.Linear(n, 1)
+
+def batch(n):
+    return (torch.randn(8, n),)
+
+def loss(model, x):
+    time.sleep(0.2)  # a slow step: trials finish one by one while the run goes on
+    return model(x).square().mean()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups and the kernel's session are POSIX")
+def test_ctrl_c_on_a_model_file_run_keeps_the_trials_that_finished_and_prints_no_traceback(tmp_path):
+    # Ctrl-C reaches the terminal's foreground group: the runner, not the kernel (a session of its own), which the
+    # runner interrupts in turn and waits for, so the kernel saves its finished trials before it is shut down
+    path = tmp_path / "slow.py"
+    path.write_text(SLOW_STEP)
+    out = tmp_path / "out"
+    runner = subprocess.Popen([sys.executable, "-m", "benchlib", "run", str(path), "-p", "engines=torch,torch-checkpoint",
+                               "-p", "trials=50", "-p", "precision=0", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, start_new_session=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    lines = []
+    for line in runner.stdout:
+        lines.append(line)
+        if "trial 3/50" in line:
+            break
+    os.killpg(runner.pid, signal.SIGINT)
+    lines += runner.stdout.readlines()
+    assert runner.wait(timeout=60) == 130
+    output = "".join(lines)
+    assert "Traceback" not in output and "interrupted" in output
+    (run_dir,) = out.iterdir()
+    records = load_records(run_dir)
+    assert len(records[records["metric"] == "time"]) >= 3 and load_run_info(run_dir)["interrupted"] is True

@@ -20,6 +20,7 @@ from benchlib import registry
 from benchlib.records import Run
 from benchlib.report.page import HEADLINE_SUFFIX
 from benchlib.analysis.stats import median_interval
+from benchlib.trials import Interrupted
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,15 @@ def run_declared(name: str | list[str], parameters: Mapping[str, Any], *, device
     resolved = resolve_device(device)
     run = Run.open(results_dir, device=resolved)
     with snapshot_folder(run.path / CUDA_SNAPSHOT_FOLDER):  # on CUDA, each engine's allocator snapshot
-        frame = run.save_records(benchmark.measure(config, resolved), benchmark.name)
+        try:
+            measured = benchmark.measure(config, resolved)
+        except Interrupted as stopped:  # Ctrl-C: the trials that finished are kept, then the interrupt goes on
+            if stopped.records:
+                run.save_records(stopped.records, benchmark.name)
+                print(f"{benchmark.name}: interrupted; the {len(stopped.records)} records of its finished trials "
+                      f"are in {run.path}")
+            raise
+        frame = run.save_records(measured, benchmark.name)
     headline = benchmark.summarize(frame) if benchmark.summarize else headline_table(frame, benchmark.headline)
     run.save_table(headline, f"{benchmark.name}{HEADLINE_SUFFIX}")
     figures = {}

@@ -10,13 +10,16 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
 from benchlib.runner.kernels import kernel_environment
 
 KERNEL_NAME = "python3"
+GRACE_S = 15.0  # how long an interrupted kernel may take to save what it measured
 LANGUAGE = "python"  # given, so a notebook saved without kernel metadata (nbformat, some editors) runs too
 OK, FAILED, TIMED_OUT = "ok", "failed", "timed out"  # how an execution ended
 
@@ -69,6 +72,38 @@ class _Deadline:
                 except ProcessLookupError:
                     pass
 
+    def pass_interrupt_on(self) -> None:
+        """Interrupt each kernel still running and wait until it is idle again, at most `GRACE_S`: its cell sees
+        the KeyboardInterrupt the runner saw, so a declared benchmark saves the trials that finished
+        (`runner.declared`) before the kernel is shut down."""
+        import queue
+
+        from jupyter_client import BlockingKernelClient
+
+        for kernel in self.kernels:
+            pid = getattr(kernel.provisioner, "pid", None)
+            if not pid:
+                continue
+            client = BlockingKernelClient()
+            client.load_connection_info(kernel.get_connection_info())
+            client.start_channels(shell=False, stdin=False, hb=False, control=False)
+            try:
+                os.kill(pid, signal.SIGINT)
+            except ProcessLookupError:
+                client.stop_channels()
+                continue
+            ends = time.monotonic() + GRACE_S
+            try:
+                while time.monotonic() < ends:
+                    message = client.get_iopub_msg(timeout=max(0.0, ends - time.monotonic()))
+                    if (message["msg_type"] == "status" and message["content"].get("execution_state") == "idle"
+                            and message["parent_header"].get("msg_type") == "execute_request"):
+                        break
+            except queue.Empty:
+                pass
+            finally:
+                client.stop_channels()
+
     def __enter__(self) -> "_Deadline":
         if self.timer:
             self.timer.daemon = True
@@ -78,6 +113,29 @@ class _Deadline:
     def __exit__(self, *exc) -> None:
         if self.timer:
             self.timer.cancel()
+
+
+@contextmanager
+def _interrupts_passed_on(deadline: _Deadline) -> Iterator[None]:
+    """Ctrl-C reaches the runner only (each kernel runs in a session of its own), and papermill shuts the kernel
+    down as the KeyboardInterrupt unwinds it: so, in the main thread, SIGINT is passed on to the kernels first
+    (`_Deadline.pass_interrupt_on`), then raised here."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupted(signum, frame):
+        deadline.pass_interrupt_on()
+        # the interrupted cell's task ends with its error unretrieved as papermill unwinds: asyncio would print
+        # that traceback at exit, after the run's own summary
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def execute_notebook(source: Path | str, output: Path | str, parameters: Mapping[str, Any], *, cwd: Path | str,
@@ -93,7 +151,7 @@ def execute_notebook(source: Path | str, output: Path | str, parameters: Mapping
 
     deadline = _Deadline(kernel_manager_class, timeout_s)
     try:
-        with kernel_environment(kernel_env), deadline:
+        with kernel_environment(kernel_env), deadline, _interrupts_passed_on(deadline):
             papermill.execute_notebook(
                 str(source), str(output), parameters=dict(parameters), kernel_name=KERNEL_NAME, language=LANGUAGE,
                 progress_bar=False, stdout_file=output_lines, stderr_file=output_lines, cwd=str(cwd),

@@ -64,6 +64,15 @@ def child_start_params(environment: Mapping) -> dict:
     return {key: environment[key] for key in CHILD_PARAMS if key in environment}
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or a signal turned into one) while a trial loop waited on a trial: carries the records of every
+    trial that had finished, for the caller to save before the interrupt goes on."""
+
+    def __init__(self, records: Sequence[dict]):
+        super().__init__(f"interrupted after {len(records)} record(s)")
+        self.records = list(records)
+
+
 @dataclass(frozen=True)
 class Unit:
     """What trials are run for: one engine on one group (a case, a model file's version).
@@ -181,6 +190,8 @@ class TrialLoop:
                 started = stopping.now()
                 try:
                     result = measure(unit, trial, folder)
+                except KeyboardInterrupt:  # Ctrl-C, or a signal made one: what finished is the caller's to keep
+                    raise Interrupted(self.records) from None
                 except CaseNotApplicable as error:  # the engine cannot run this code: no failure, no trials
                     self.note(unit, "not applicable", error.reason)
                     failed.add(key)
