@@ -125,6 +125,7 @@ def _interrupts_passed_on(deadline: _Deadline) -> Iterator[None]:
         return
 
     def interrupted(signum, frame):
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops the wait at once
         deadline.pass_interrupt_on()
         # the interrupted cell's task ends with its error unretrieved as papermill unwinds: asyncio would print
         # that traceback at exit, after the run's own summary
