@@ -445,9 +445,11 @@ def test_notebook_runs_through_the_runner_with_quick_sizes(tmp_path):
     assert not records["metric"].isin(STEP_SUMMARIES).any()  # derived when read, never stored
     derived = with_step_summaries(records)
     summary = derived[derived["metric"] == "throughput"]
-    # QUICK runs 2 trials of every cell, + the thread sweep's one cell (QUICK: [1]), + the GC experiment's
-    # 2 trials of 2 strategies x every policy x 2 cycle counts (QUICK: [0, 5])
-    assert len(summary) == 2 * len(E.STRATEGIES) * len(E.GC_POLICIES) + 1 + 2 * 2 * len(E.GC_POLICIES) * 2
+    # QUICK runs 2 trials of every cell (every strategy under the default policy, the 2 policy_strategies under
+    # the other 3), + the thread sweep's one cell (QUICK: [1]), + the GC experiment's 2 trials of 2 strategies x
+    # every policy x 2 cycle counts (QUICK: [0, 5])
+    cells = len(E.STRATEGIES) + 2 * (len(E.GC_POLICIES) - 1)
+    assert len(summary) == 2 * cells + 1 + 2 * 2 * len(E.GC_POLICIES) * 2
     assert summary["case"].str.contains("cycles=5\\|sweep=cycles").sum() == 2 * 2 * len(E.GC_POLICIES)
     trial_of = summary["params"].map(lambda p: json.loads(p)["trial"])
     threads_case = summary["case"].str.endswith("sweep=threads")
