@@ -100,16 +100,27 @@ def traced_peak(model_file, engine: str, values: Mapping[str, Any]) -> int:
     Arrays the file makes outside torch (numpy) are real: `trace_model` asks at most `TRACE_REACH[-1]` times
     the largest value measured, whose batch a measured process held in full."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    def batch_is_fake(batch: tuple) -> None:
+        real = [i for i, tensor in enumerate(batch) if not isinstance(tensor, FakeTensor)]
+        if real:
+            raise FitError(f"batch() item(s) {real} are real tensors under fake tensor mode")
+
+    with FakeTensorMode():
+        return tracked_peak(model_file, engine, values, batch_is_fake)
+
+
+def tracked_peak(model_file, engine: str, values: Mapping[str, Any], check_batch: Callable[[tuple], None] = tuple) -> int:
+    """The peak of live tensor bytes of one `engine` step at `values` by torch's `MemTracker`, after one step that
+    makes the optimizer's state: under fake tensors (`traced_peak`) or, as a test compares, real ones."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from benchlib.usermodel.engines import Step
 
-    with FakeTensorMode(), warnings.catch_warnings():
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tracker's own, about tensors it skips (None gradients)
         model, batch = model_file.build(values)  # on the CPU: moving fake parameters is refused; bytes are the same
-        real = [i for i, tensor in enumerate(batch) if not isinstance(tensor, FakeTensor)]
-        if real:
-            raise FitError(f"batch() item(s) {real} are real tensors under fake tensor mode")
+        check_batch(batch)
         step = Step(engine, model, batch, model_file.loss, model_file.optimizer, model_file.step)
         step()
         tracker = MemTracker()
