@@ -15,6 +15,8 @@ in a fresh kernel with the same progress, timeouts and failure handling.
 
 from __future__ import annotations
 
+import ast
+import difflib
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +25,9 @@ from typing import Any
 # The memory a plan may use: sizes above this share of the device's available memory are refused.
 MEMORY_HEADROOM = 0.9
 INJECTED = ("device", "results_dir")  # set by the runner from --device and the run directory, never declared
+# A notebook's parameters cell may set it: True starts from the declared quick values (`benchlib run --quick`
+# injects those values themselves, so the runner never sets it).
+QUICK_SWITCH = "quick"
 _NO_QUICK = object()
 _SCALARS = (bool, int, float, str)
 
@@ -315,7 +320,7 @@ class Benchmark:
         values = {k: v for k, v in (values or {}).items() if k not in INJECTED}
         unknown = sorted(set(values) - set(self.names))
         if unknown:
-            raise ParameterError(f"{self.name}: unknown parameter(s) {unknown}; valid: {', '.join(self.names)}")
+            raise unknown_parameters(unknown, (self,))
         checked = self.defaults()
         for name, value in values.items():
             try:
@@ -333,8 +338,22 @@ class Benchmark:
         return config
 
     def config_from(self, namespace: Mapping[str, Any]) -> Config:
-        """The Config from a notebook's variables (`globals()` after its parameters cell)."""
-        return self.config({name: namespace[name] for name in self.names if name in namespace})
+        """The Config from a notebook's variables (`globals()` after its parameters cell).
+
+        In a kernel, only the names the parameters cell assigns count (papermill's injected cell
+        when the runner ran it), so a name left over from an earlier run of the cell is not read and a
+        misspelt one (`dept = 8`) is refused as `benchlib run -p` refuses it. `quick = True` there
+        starts from the declared quick values; the cell's own values still win.
+        """
+        assigned = parameters_cell_names(namespace)
+        if assigned is None:  # not in IPython (a script): every declared name the namespace holds
+            assigned = {name for name in self.names if name in namespace}
+        switch = QUICK_SWITCH not in self.names and bool(namespace.get(QUICK_SWITCH, False))
+        unknown = sorted(assigned - set(self.names) - set(INJECTED) - {QUICK_SWITCH})
+        if unknown:
+            raise unknown_parameters(unknown, (self,))
+        values = {name: namespace[name] for name in self.names if name in assigned and name in namespace}
+        return self.config({**(self.quick if switch else {}), **values})
 
     def _fits(self, required: int, device: Any) -> None:
         from benchlib.measure.isolation import available_memory
@@ -350,6 +369,40 @@ class Benchmark:
         return {"question": self.question, "cases": self.cases, "seed": None if self.seed is None else {"title": self.seed.title,
                                                                                   "link": self.seed.link},
                 "headline": list(self.headline)}
+
+
+def unknown_parameters(names: Sequence[str], benchmarks: Sequence[Benchmark]) -> ParameterError:
+    """The refusal of names no benchmark declares: one text for `benchlib run -p` and a notebook's
+    parameters cell, with the closest declared name where one is close and every valid one listed."""
+    known = sorted({name for benchmark in benchmarks for name in benchmark.names})
+    named = []
+    for name in names:
+        close = difflib.get_close_matches(name, known, n=1)
+        named.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    listing = "\n".join(f"{benchmark.name}:\n{benchmark.describe_parameters()}" for benchmark in benchmarks)
+    return ParameterError(f"unknown parameter {', '.join(named)}; "
+                          f"{'the selected benchmarks take' if len(benchmarks) > 1 else 'valid parameters'}:\n{listing}")
+
+
+def parameters_cell_names(namespace: Mapping[str, Any]) -> set[str] | None:
+    """The names a notebook's parameters cell assigns at its top level, read from IPython's input
+    history (`In`): the newest cell run that assigns `results_dir` (papermill's injected cell
+    follows the committed one, so under the runner it is the one read). None outside IPython."""
+    history = namespace.get("In")
+    if not isinstance(history, list):
+        return None
+    for source in reversed(history):
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError, TypeError):
+            continue
+        names = set()
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+            names.update(target.id for target in targets if isinstance(target, ast.Name))
+        if "results_dir" in names:
+            return names
+    return None
 
 
 def exceeds(name: str, value: Any, other_name: str, other: Any) -> None:

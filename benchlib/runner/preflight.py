@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from benchlib.benchmark import INJECTED, ParameterError
+from benchlib.benchmark import INJECTED, ParameterError, unknown_parameters
 from benchlib.records.store import RUN_INFO
 from benchlib.runner.notebooks import NotebookSpec, RunnerError, check_value, coerce_text
 from benchlib.runner.papermill_exec import KERNEL_NAME
@@ -89,8 +89,7 @@ def plan(
         if name in INJECTED:
             raise RunnerError(f"{name} is set by the runner: use --device for device and --out for results_dir")
         if not any(name in spec.parameters for spec in specs):
-            listing = "\n".join(f"{spec.name}:\n{spec.describe_parameters()}" for spec in specs)
-            raise RunnerError(f"unknown parameter {name!r}; the selected benchmarks take:\n{listing}")
+            raise RunnerError(str(unknown_parameters([name], [spec.benchmark for spec in specs])))
     planned = []
     for spec in specs:
         values: dict[str, Any] = {}
