@@ -214,6 +214,13 @@ def test_save_figure_writes_html_json_and_one_plotly_bundle(tmp_path):
     assert 'src="plotly.min.js"' in html.read_text()
     reloaded = plotly.io.from_json((figures / "bars.json").read_text())
     assert list(reloaded.data[0].y) == [1, 2]
+    # a second run beside it shares the one copy of plotly.js on disk (a hard link), and each stays whole
+    other = Run.open(tmp_path / "run-g")
+    other.save_figure(fig, "bars")
+    shared = list((tmp_path / ".plotly").glob("plotly-*.min.js"))
+    assert len(shared) == 1 and shared[0].stat().st_nlink == 3
+    assert os.path.samefile(other.path / "figures" / "plotly.min.js", figures / "plotly.min.js")
+    assert (figures / "plotly.min.js").read_text().startswith("/**") and not os.listdir(tmp_path / ".plotly")[1:]
 
 
 def test_save_table_writes_a_parquet_under_tables_and_refuses_unsafe_names(tmp_path):

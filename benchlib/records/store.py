@@ -42,6 +42,9 @@ def _current_umask() -> int:
 _FILE_MODE = 0o666 & ~_current_umask()
 
 
+OPENED_BY_NOTEBOOK = "Run.open"  # run.json's `created_by` for a run a notebook made itself (no runner)
+
+
 def now_iso() -> str:
     """UTC time, to the second, in ISO 8601: what run.json records."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -202,21 +205,29 @@ class Run:
         return run
 
     @classmethod
-    def open(cls, results_dir: str | os.PathLike = "", device: Any = "cpu") -> Run:
+    def open(cls, results_dir: str | os.PathLike = "", device: Any = "cpu", *, config: Any = None) -> Run:
         """The run directory a notebook writes into: `results_dir` from the runner, or a new one when empty.
 
         An existing run.json belongs to whoever created it (the runner): opening does not rewrite it.
+        A run opened here (JupyterLab, or papermill without the runner) names this kernel as its runner,
+        so `benchlib runs` says `running` while it lives, and `config`'s benchmark as its notebook,
+        `running` until `benchlib.runner.interactive.finish_notebook` ends the run.
         """
-        if not results_dir:
-            return cls.create(device=device, created_by="Run.open")
-        path = Path(results_dir)
-        info_path = path / RUN_INFO
-        if info_path.is_file():
-            return cls(path, json.loads(info_path.read_text(encoding="utf-8")))
-        if path.exists() and not path.is_dir():
-            raise NotADirectoryError(f"results_dir {str(path)!r} is a file; give a directory (or '' for a new run)")
-        path.mkdir(parents=True, exist_ok=True)
-        return cls._start(path, path.resolve().name, device, None, {"created_by": "Run.open"})
+        path = Path(results_dir) if results_dir else None
+        if path is not None and (path / RUN_INFO).is_file():
+            return cls(path, json.loads((path / RUN_INFO).read_text(encoding="utf-8")))
+        opened = {"created_by": OPENED_BY_NOTEBOOK, "runner": {"pid": os.getpid(), "host": socket.gethostname()}}
+        if path is None:
+            run = cls.create(device=device, **opened)
+        else:
+            if path.exists() and not path.is_dir():
+                raise NotADirectoryError(f"results_dir {str(path)!r} is a file; give a directory (or '' for a new run)")
+            path.mkdir(parents=True, exist_ok=True)
+            run = cls._start(path, path.resolve().name, device, None, opened)
+        if config is not None:
+            run.record_notebook(config.benchmark, status="running", started_at=run.info["started_at"],
+                                parameters=config.plain())
+        return run
 
     def write_info(self) -> Path:
         """Write run.json atomically from `self.info`."""
@@ -287,9 +298,7 @@ class Run:
         figures.mkdir(parents=True, exist_ok=True)
         bundle = figures / "plotly.min.js"
         if not bundle.exists():
-            from plotly.offline import get_plotlyjs
-
-            write_text_atomic(get_plotlyjs(), bundle)
+            _link_plotly_bundle(bundle, self.path.parent)
         write_text_atomic(fig.to_json(), figures / f"{name}.json")
         if os.environ.get(FIGURE_PNG_ENV) == "1":
             _atomic_write(figures / f"{name}.png", lambda temp: fig.write_image(temp, format="png", width=1200, height=fig.layout.height or 500))
@@ -305,6 +314,28 @@ class Run:
 
     def load_records(self) -> pd.DataFrame:
         return load_records(self.path)
+
+
+SHARED_PLOTLY = ".plotly"  # beside the runs: one plotly.js per version, hard-linked into each run's figures/
+
+
+def _link_plotly_bundle(bundle: Path, root: Path) -> None:
+    """`bundle` as a hard link to the one copy of plotly.js kept in `root/.plotly/` (4.8 MB a run otherwise):
+    each run's figures still open on their own, moved or zipped, but the disk holds one copy. A copy is
+    written where a link cannot be made (another file system, no write access to `root`)."""
+    import plotly
+    from plotly.offline import get_plotlyjs
+
+    shared = root / SHARED_PLOTLY / f"plotly-{plotly.__version__}.min.js"
+    try:
+        if not shared.exists():
+            shared.parent.mkdir(exist_ok=True)
+            write_text_atomic(get_plotlyjs(), shared)
+        temporary = bundle.with_name(f".{bundle.name}.{os.getpid()}")
+        os.link(shared, temporary)
+        os.replace(temporary, bundle)
+    except OSError:
+        write_text_atomic(get_plotlyjs(), bundle)
 
 
 def check_static_export() -> None:

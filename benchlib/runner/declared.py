@@ -25,11 +25,13 @@ from benchlib.trials import Interrupted
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one run of a declared benchmark saved: its records, headline table and figures."""
+    """What one run of a declared benchmark saved: its records, headline table and figures, and the run
+    they went into (for `benchlib.runner.interactive.finish_notebook`)."""
 
     records: pd.DataFrame
     headline: pd.DataFrame
     figures: dict[str, Any] = field(default_factory=dict)
+    run: Run | None = None
 
 
 def headline_table(records: pd.DataFrame, metrics: tuple[str, ...]) -> pd.DataFrame:
@@ -59,7 +61,7 @@ def run_declared(name: str | list[str], parameters: Mapping[str, Any], *, device
     benchmark = registry.resolve(name)
     config = benchmark.config(parameters)
     resolved = resolve_device(device)
-    run = Run.open(results_dir, device=resolved)
+    run = Run.open(results_dir, device=resolved, config=config)
     with snapshot_folder(run.path / CUDA_SNAPSHOT_FOLDER):  # on CUDA, each engine's allocator snapshot
         try:
             measured = benchmark.measure(config, resolved)
@@ -77,7 +79,7 @@ def run_declared(name: str | list[str], parameters: Mapping[str, Any], *, device
         figures[figure_name] = build(frame)
         run.save_figure(figures[figure_name], f"{benchmark.name}_{figure_name}")
     print(f"{benchmark.name}: {len(frame)} records in {run.path}")
-    return Outcome(frame, headline, figures)
+    return Outcome(frame, headline, figures, run)
 
 
 def run_model_file(config, *, device: str = "auto", results_dir: str = ""):
