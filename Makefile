@@ -25,10 +25,10 @@ bench: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(ARGS)
 
-## JupyterLab at the project root (notebooks/ and results/ both browsable); ARGS go to jupyter lab.
-## As root (containers, CI machines) Jupyter refuses to start without --allow-root, so it is added.
+## JupyterLab on working copies of the notebooks in lab/ (git-ignored): outputs and edits never touch notebooks/;
+## runs go to results/ (linked into lab/). ARGS go to jupyter lab; as root --allow-root is added.
 lab: $(STAMP)
-	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" $(if $(filter 0,$(shell id -u)),--allow-root,) $(ARGS)
+	$(BIN)/benchlib lab --dir lab -- $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -4,6 +4,7 @@ directory, list them with their parameters, copy the built-in notebooks out for 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -81,6 +82,21 @@ def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:
                                        "installed copy's)")
     notebooks_parser.set_defaults(handler=lambda arguments: _copy_notebooks(arguments.folder, arguments.notebooks_dir))
 
+    lab_parser = commands.add_parser(
+        "lab", parents=common, help="JupyterLab on working copies of the notebooks: the shipped ones stay clean",
+        description="Copy each built-in notebook missing from DIR into it, then start JupyterLab there. Outputs, "
+                    "edits and autosaves land in the copies, never in the notebooks benchlib ships or this project "
+                    "tracks; a copy already in DIR is kept (one whose cells differ from the built-in notebook's is "
+                    "named: delete it for the current one). Runs started there go to the results root ("
+                    "$BENCHLIB_RESULTS, else results/ of the project, else ./results), linked into DIR as results/. "
+                    "Arguments after -- go to jupyter lab (e.g. benchlib lab -- --port 8890 --no-browser).")
+    lab_parser.add_argument("--dir", type=Path, default=Path("lab"), metavar="DIR", dest="folder",
+                            help="the working copies' folder (default: ./lab)")
+    lab_parser.add_argument("--notebooks-dir", type=Path, default=None, metavar="DIR",
+                            help="where the notebooks are (default: the project's notebooks/, else the installed copy's)")
+    lab_parser.add_argument("jupyter_args", nargs="*", metavar="JUPYTER_ARG", help=argparse.SUPPRESS)
+    lab_parser.set_defaults(handler=lambda arguments: _lab(arguments.folder, arguments.notebooks_dir, arguments.jupyter_args))
+
 
 def _run(arguments: argparse.Namespace) -> int:
     from benchlib.runner.execute import run
@@ -140,3 +156,54 @@ def _copy_notebooks(folder: Path, notebooks_dir: Path | None) -> int:
         raise RunnerError(f"{folder} cannot be written: {error.strerror}") from None
     print(f"copied {len(notebooks)} notebooks from {source} to {folder}: {', '.join(notebooks)}")
     return 0
+
+
+def working_copies(folder: Path, notebooks_dir: Path | None) -> tuple[list[str], list[str]]:
+    """Copy into `folder` each built-in notebook it lacks; returns (copied, kept copies whose cells'
+    sources differ from the built-in notebook's). Outputs alone never make a copy differ."""
+    import shutil
+
+    import nbformat
+
+    from benchlib.runner.notebooks import available_notebooks, find_project_notebooks
+
+    def sources(path: Path) -> list[str]:
+        return [cell.source for cell in nbformat.read(path, as_version=4).cells]
+
+    copied, edited = [], []
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, path in available_notebooks(notebooks_dir or find_project_notebooks()).items():
+            copy = folder / f"{name}.ipynb"
+            if not copy.exists():
+                shutil.copyfile(path, copy)
+                copied.append(name)
+            elif sources(copy) != sources(path):
+                edited.append(name)
+    except OSError as error:
+        raise RunnerError(f"{folder} cannot be written: {error.strerror}") from None
+    return copied, edited
+
+
+def _lab(folder: Path, notebooks_dir: Path | None, jupyter_args: Sequence[str]) -> int:
+    import os
+
+    from benchlib.records.store import RESULTS_ROOT_ENV, default_results_root
+
+    copied, edited = working_copies(folder, notebooks_dir)
+    if copied:
+        print(f"copied {', '.join(copied)} into {folder}")
+    for name in edited:
+        print(f"kept {folder / name}.ipynb, whose cells differ from the built-in notebook's (delete it for the current one)")
+    results = default_results_root().resolve()
+    results.mkdir(parents=True, exist_ok=True)
+    link = folder / "results"
+    if not link.exists() and not link.is_symlink():
+        try:
+            link.symlink_to(results, target_is_directory=True)
+        except OSError:
+            pass  # browsing results from the lab is a convenience: the runs still go to `results`
+    root = ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []  # Jupyter refuses root without it
+    command = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={folder.resolve()}", *root, *jupyter_args]
+    print(f"JupyterLab on {folder.resolve()}; runs go to {results}", flush=True)
+    os.execve(sys.executable, command, {**os.environ, RESULTS_ROOT_ENV: str(results)})
