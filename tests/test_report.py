@@ -13,6 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
+from benchlib.analysis.seed_verdicts import save_verdicts
 from benchlib.records import Run, make_record
 from benchlib.report.page import build_report, group_by_notebook, write_report
 from benchlib.runner.cli import main
@@ -142,16 +143,40 @@ def test_the_report_carries_the_seed_verdicts_of_the_runs_records(tmp_path):
     assert "Quick sizes: these verdicts judge" in verdicts  # verdicts of a quick run say what they are worth
 
 
-def test_summary_lines_of_a_headline_table_open_the_report_and_the_wide_table_folds_away(tmp_path):
+def _engine_headline() -> pd.DataFrame:
+    """A model file's headline as `usermodel.summary.summary_table` writes it: engines, one not applicable
+    with a reason of two lines, and the frontier."""
+    nan = float("nan")
+    reason = "UserCodeError: the loss raised\nValueError: shapes (3,) and (4,) do not match"
+    return pd.DataFrame({
+        "version": ["step"] * 5, "engine": ["torch", "torch.func", "torch-offload", None, None],
+        "status": ["ok", "ok", "failed", "frontier", "frontier"], "trials": [3, 3, 0, nan, 3],
+        "peak_bytes": [1e5, 2e5, nan, nan, 1e5], "peak_low": [0.9e5, 1.9e5, nan, nan, 0.9e5],
+        "peak_high": [1.1e5, 2.1e5, nan, nan, 1.1e5], "peak_ratio": [1.0, 2.0, nan, nan, nan],
+        "peak_ratio_low": [1.0, 1.8, nan, nan, nan], "peak_ratio_high": [1.0, 2.2, nan, nan, nan],
+        "time_s": [1e-3, 2e-3, nan, nan, 1e-3], "time_low": [0.9e-3, 1.9e-3, nan, nan, 0.9e-3],
+        "time_high": [1.1e-3, 2.1e-3, nan, nan, 1.1e-3], "grad_max_rel_err": [nan, 1e-7, nan, nan, nan],
+        "reason": ["", "", reason, None, None], "fastest": [None, None, None, None, "torch"],
+        "summary": ["torch  peak +100 kB  best", "torch.func  peak +200 kB  2.00x", "torch-offload failed: UserCodeError: the loss raised",
+                    "fastest within a memory level:", "  up to 100.0 kB: torch"]})
+
+
+def test_the_report_leads_with_the_answer_as_a_table_with_whole_reasons_and_the_wide_table_folds_away(tmp_path):
     run = Run.create(tmp_path, "cpu")
     run.record_notebook("my_model", status="ok", duration_s=1.0)
     run.write_info()
-    run.save_table(pd.DataFrame({"engine": ["torch", "torch.func"], "peak_bytes": [1e5, 2e5],
-                                 "summary": ["torch  peak +100 kB  best", "torch.func  peak +200 kB  2.00x"]}),
-                   "my_model_headline")
+    run.save_table(_engine_headline(), "my_model_headline")
+    save_verdicts(pd.DataFrame(), run.path)  # judged: no seed rule applies to a model file
     page = build_report(run.path)
     answers = page.split("id='answers'")[1].split("<h2")[0]
-    assert "torch  peak +100 kB  best\ntorch.func  peak +200 kB  2.00x" in answers
+    cells = [html.unescape(cell).replace("\u00a0", " ") for cell in re.findall(r"<td>(.*?)</td>", answers, re.S)]
+    assert "100.0 kB [90.00 kB, 110.0 kB]" in cells and "2.00x [1.80, 2.20]" in cells and "1.0e-07" in cells
+    assert "2.000 ms [1.900 ms, 2.100 ms]" in cells
+    # a failure's reason whole, both lines, never cut to its type
+    assert "failed: UserCodeError: the loss raised ValueError: shapes (3,) and (4,) do not match" in cells
+    assert "peak / torch" in answers and "Fastest within a memory level" in answers
+    assert "<pre" not in page and "id='verdicts'" not in page  # no terminal dump; no seed, no seed section
+    assert page.index("id='my_model'") < page.index("id='noise'") if "id='noise'" in page else True
     section = page.split("id='my_model'")[1]
     assert "<details><summary>my_model_headline: every column</summary>" in section
     assert "peak_bytes" in section and ">summary<" not in section
@@ -167,12 +192,12 @@ def test_a_notebook_that_wrote_another_benchmarks_records_holds_its_answers_figu
                                                   ("cuda_reserved_unused_bytes", 2e6, "B"),
                                                   ("cuda_malloc_count", 3, "count"), ("cuda_alloc_retries", 0, "count"))],
                      "my_mlp")
-    run.save_table(pd.DataFrame({"engine": ["torch"], "summary": ["torch  peak +8 MB  best"]}), "my_mlp_headline")
+    run.save_table(_engine_headline(), "my_mlp_headline")
     run.save_figure(go.Figure(go.Bar(x=["torch"], y=[8])), "my_mlp_peak")
     (run.path / "cuda_snapshots").mkdir()
     (run.path / "cuda_snapshots" / "my_mlp-step-torch.pickle").write_bytes(b"")
     page = build_report(run.path)
-    assert "other figures" not in page and "torch  peak +8 MB  best" in page.split("id='answers'")[1]
+    assert "other figures" not in page and "Fastest within a memory level" in page.split("id='answers'")[1]
     section = page.split("<h2 id='your_model'>")[1]
     assert "data-name='my_mlp_peak'" in section and "my_mlp_headline" in section
     cuda = section.split("<h3>CUDA caching allocator</h3>")[1]

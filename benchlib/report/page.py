@@ -166,6 +166,8 @@ h1 { font-size: 1.6em; margin-bottom: 4px; } pre.answer { background: #f6f8fa; p
 table.table { border-collapse: collapse; font-size: 0.9em; margin: 8px 0 16px; }
 table.table th, table.table td { padding: 3px 10px; border-bottom: 1px solid #e3e3e3; text-align: left; }
 table.table th { background: #f4f4f4; }
+table.answer { width: 100%; } table.answer td { vertical-align: top; white-space: nowrap; } table.answer td:last-child { white-space: normal; overflow-wrap: anywhere; min-width: 12em; }
+.wide { overflow-x: auto; }
 .status-ok { color: #1a7f37; } .status-failed, .status-partial, .status-interrupted { color: #b42318; font-weight: bold; }
 .figure { border: 1px solid #eee; margin: 12px 0; min-height: 420px; }
 nav a { margin-right: 14px; }
@@ -196,7 +198,7 @@ _RENDER_SCRIPT = """
 
 
 def _verdict_section(run_path: Path) -> str:
-    """The run's saved seed verdicts (`verdicts.parquet`), or why there are none."""
+    """The run's saved seed verdicts (`verdicts.parquet`), or why there are none; "" when no seed rule applies."""
     try:
         verdicts = load_verdicts(run_path)
     except Exception as error:  # a damaged table must not cost the rest of the page
@@ -205,7 +207,7 @@ def _verdict_section(run_path: Path) -> str:
         return "<p>No verdicts saved with this run (the run did not finish; <code>benchlib report RUN</code> " \
                "judges its records and writes them).</p>"
     if verdicts.empty:
-        return "<p>No seed rule applies to what this run measured.</p>"
+        return ""
     shown = verdicts.rename(columns={"ci_low": "95% CI low", "ci_high": "95% CI high"})
     columns = ["verdict", "claim", *(["group"] if verdicts["group"].astype(bool).any() else []),
                *(["grid_point"] if verdicts["grid_point"].astype(bool).any() else []),
@@ -273,39 +275,28 @@ def build_report(run: str | os.PathLike) -> str:
     parts += [f"<p class='env'>{esc(line)}</p>" for line in _environment_lines(info)]
     sections = [name for name in figures if figures[name] or name in notebooks or tables.get(name)]
     parts.append("<nav>" + "".join(f"<a href='#{esc(name)}'>{esc(name)}</a>" for name in sections) + "</nav>")
-    answers = {section: [line for name in tables.get(section, []) if name.endswith(HEADLINE_SUFFIX)
-                         for line in summary_lines(run_path, name.removesuffix(HEADLINE_SUFFIX))]
-               for section in sections}
-    if any(answers.values()):  # the answer first: one line per engine of every benchmark that gives them
+    headlines = {section: _headline_tables(run_path, tables.get(section, [])) for section in sections}
+    answers = [(section, _answer_html(frame)) for section, shown in headlines.items() for _, frame in shown]
+    if any(answer for _, answer in answers):  # the answer first: each engine-comparing benchmark's table
         parts.append("<h2 id='answers'>Answers</h2>" + "".join(
-            f"<p><a href='#{esc(section)}'>{esc(section)}</a></p><pre class='answer'>{esc(chr(10).join(lines))}</pre>"
-            for section, lines in answers.items() if lines))
+            f"<p><a href='#{esc(section)}'>{esc(section)}</a></p>{answer}" for section, answer in answers if answer))
     parts.append("<h2 id='status'>Notebooks</h2>" + table_html(_status_table(info)))
     verdicts = _verdict_section(run_path)
-    judged = "<table" in verdicts
-    parts.append("<h2 id='verdicts'>Seed verdicts</h2>"
-                 "<p>Did this run reproduce each seed's claim? The ratio's 95% interval inside the claimed range "
-                 "reproduces it, wholly outside refutes it, anything else (one trial a side, too much noise) is "
-                 "inconclusive.</p>"
-                 + (f"<p class='warning'>{esc(QUICK_CAVEAT[0].upper() + QUICK_CAVEAT[1:])}.</p>"
-                    if info.get("quick") and judged else "")
-                 + verdicts)
-    noise_path = run_path / "tables" / "noise.parquet"
-    if noise_path.is_file():
-        noise = pd.read_parquet(noise_path)
-        parts.append("<h2 id='noise'>Noise warnings</h2><p>Timed measurements whose trials spread too much "
-                     "(coefficient of variation above 10%, max/min above 1.5), hold a robust outlier, or began with "
-                     "the load average above the cores: read their ratios with care.</p>"
-                     + (table_html(noise.drop(columns=["dimension", "device", "unit"])) if not noise.empty
-                        else "<p>None flagged.</p>"))
+    if verdicts:  # left out where no seed rule applies to what the run measured
+        judged = "<table" in verdicts
+        parts.append("<h2 id='verdicts'>Seed verdicts</h2>"
+                     "<p>Did this run reproduce each seed's claim? The ratio's 95% interval inside the claimed range "
+                     "reproduces it, wholly outside refutes it, anything else (one trial a side, too much noise) is "
+                     "inconclusive.</p>"
+                     + (f"<p class='warning'>{esc(QUICK_CAVEAT[0].upper() + QUICK_CAVEAT[1:])}.</p>"
+                        if info.get("quick") and judged else "")
+                     + verdicts)
 
     from benchlib.report.tables.cuda import allocator_section
     from benchlib.report.tables.harness import harness_section
     from benchlib.analysis.sites import ATTRIBUTION_METRICS
 
     records = _records(run_path)
-    if records is not None:
-        parts.append(harness_section(records))
     attributed = records if records is not None and records["metric"].isin(ATTRIBUTION_METRICS).any() else None
     for section in sections:
         entry = info.get("notebooks", {}).get(section, {})
@@ -322,11 +313,11 @@ def build_report(run: str | os.PathLike) -> str:
             if link:
                 line += f"; executed notebook: {_run_link(run_path, str(link))}"
             parts.append(f"<p>{line}</p>")
-        for name, frame in _headline_tables(run_path, tables.get(section, [])):
-            if SUMMARY_COLUMN in frame:  # its lines lead the page; the full table folds away
-                parts.append(f"<pre class='answer'>{esc(chr(10).join(map(str, frame[SUMMARY_COLUMN])))}</pre>"
-                             f"<details><summary>{esc(name)}: every column</summary>"
-                             + table_html(frame.drop(columns=[SUMMARY_COLUMN])) + "</details>")
+        for name, frame in headlines[section]:
+            answer = _answer_html(frame)
+            if answer:  # the answer, as at the top; the full table folds away
+                parts.append(answer + f"<details><summary>{esc(name)}: every column</summary>"
+                             + table_html(frame.drop(columns=[SUMMARY_COLUMN], errors="ignore")) + "</details>")
             else:
                 parts.append(f"<h3>{esc(name)}</h3>" + table_html(frame))
         for name in figures.get(section, []):
@@ -341,7 +332,48 @@ def build_report(run: str | os.PathLike) -> str:
             if attributed is not None:
                 parts.append(_sites_html(attributed, benchmark, figure_specs))
 
+    # how far to trust the figures above, and what measuring them cost: after the answers they qualify
+    noise_path = run_path / "tables" / "noise.parquet"
+    if noise_path.is_file():
+        noise = pd.read_parquet(noise_path)
+        parts.append("<h2 id='noise'>Noise warnings</h2><p>Timed measurements whose trials spread too much "
+                     "(coefficient of variation above 10%, max/min above 1.5), hold a robust outlier, or began with "
+                     "the load average above the cores: read their ratios with care.</p>"
+                     + (table_html(_readable_noise(noise)) if not noise.empty else "<p>None flagged.</p>"))
+    if records is not None:
+        parts.append(harness_section(records))
     return html_page(f"benchlib run {info.get('run_id', run_path.name)}", parts, figure_specs)
+
+
+def _answer_html(headline: pd.DataFrame) -> str:
+    """An engine-comparing headline as the answer table (and a model file's fastest engine per memory level); ""
+    for any other headline."""
+    from benchlib.report.tables.answers import answer_table, fastest_table
+
+    answer = answer_table(headline)
+    if answer is None:
+        return ""
+    fastest = fastest_table(headline)
+    return ("<div class='wide'>" + table_html(answer).replace("class=\"dataframe table\"", "class=\"dataframe table answer\"") + "</div>"
+            + ("" if fastest is None else "<p>Fastest within a memory level (engines whose gradient was checked):</p>"
+               + table_html(fastest)))
+
+
+NOISE_CONFIG_HIDDEN = ("malloc_env",)  # what the allocator policy already names
+
+
+def _readable_noise(noise: pd.DataFrame) -> pd.DataFrame:
+    """The noise table with each configuration as `name=value` words rather than raw JSON."""
+    shown = noise.drop(columns=["dimension", "device", "unit"], errors="ignore").copy()
+    if "config" in shown:
+        def words(text):
+            try:
+                config = json.loads(text) if isinstance(text, str) and text else {}
+            except ValueError:
+                return text
+            return ", ".join(f"{key}={value}" for key, value in config.items() if key not in NOISE_CONFIG_HIDDEN)
+        shown["config"] = shown["config"].map(words)
+    return shown
 
 
 def html_page(title: str, parts: Sequence[str], figure_specs: Sequence[Mapping[str, Any]]) -> str:

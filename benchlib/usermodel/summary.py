@@ -27,7 +27,7 @@ STEP_ROLES = {SAVED_METRIC: "saved activations", GRADIENT_METRIC: "gradients"}
 ORDER = {engine: index for index, engine in enumerate(dict.fromkeys((*ENGINES, *ARRAY_ENGINES)))}  # either form's
 COLUMNS = ["version", "engine", "status", "trials", "peak_bytes", "peak_low", "peak_high", "peak_ratio", "peak_ratio_low",
            "peak_ratio_high", "tracked_peak_bytes", "stop", "largest_role", "largest_role_bytes", "time_s", "time_low", "time_high", GRAD_ERROR_METRIC,
-           SUMMARY_COLUMN]
+           "peak_ratio_of", "peak_ratio_to", "reason", "fastest", SUMMARY_COLUMN]
 
 
 def _ratio(best: np.ndarray, own: np.ndarray) -> tuple[float, float, float]:
@@ -82,6 +82,12 @@ def _wrapped_words(group: pd.DataFrame) -> str:
     return f"  wrapped: {params['checkpoint']} ({params.get('checkpoint_segments', '?')} recomputed)"
 
 
+def _whole_message(statuses: pd.DataFrame) -> str:
+    """The message of an engine's first failed or not-applicable record, whole (the line keeps its first line;
+    the report and the table keep all of it, so an error is never cut to its type)."""
+    return json.loads(statuses["params"].iloc[0]).get("message", "").strip() if len(statuses) else ""
+
+
 def _version_rows(records: pd.DataFrame, samples: dict, prefix: str) -> list[dict]:
     """Per engine of one version: peak above the baseline with its 95% interval over trials, the tracked
     peak (the allocators' count, byte-exact), the ratio to the engine with the lowest peak (with interval),
@@ -96,8 +102,9 @@ def _version_rows(records: pd.DataFrame, samples: dict, prefix: str) -> list[dic
         statuses = group[group["metric"].isin(["failed", "not_applicable", "not_run"])]
         if engine not in samples:
             status = statuses["metric"].iloc[0] if len(statuses) else "failed"
-            message = json.loads(statuses["params"].iloc[0])["message"].splitlines()[0] if len(statuses) else ""
-            rows.append({"engine": engine, "status": status, "trials": 0,
+            reason = _whole_message(statuses)
+            message = reason.splitlines()[0] if reason else ""
+            rows.append({"engine": engine, "status": status, "trials": 0, "reason": reason,
                          SUMMARY_COLUMN: f"{prefix}{engine:<{ENGINE_WIDTH}} {status.replace('_', ' ')}: {message}"})
             continue
         metrics = samples[engine]
@@ -120,7 +127,8 @@ def _version_rows(records: pd.DataFrame, samples: dict, prefix: str) -> list[dic
                      else f"  {STEP_ROLES[role]} {format_bytes(int(roles[role]))} ({', '.join(unmeasured)} not measured)"
                      if unmeasured else f"  mostly {STEP_ROLES[role]} ({format_bytes(int(roles[role]))})")
         stop, stop_words = _stop_text(group)
-        failure = (json.loads(statuses["params"].iloc[0])["message"].splitlines()[0] if len(statuses) else "")
+        reason = _whole_message(statuses)
+        failure = reason.splitlines()[0] if reason else ""
         line = (f"{prefix}{engine:<{ENGINE_WIDTH}} peak +{format_bytes(int(peak))}{_bracket(low, high, lambda v: format_bytes(int(v)))}"
                 + ("" if math.isnan(tracked) else f" (tracked {format_bytes(int(tracked))})")
                 + f"  {ratio_text}{role_text}  {format_seconds(time_s)}{_bracket(time_low, time_high, format_seconds)}/step"
@@ -132,7 +140,9 @@ def _version_rows(records: pd.DataFrame, samples: dict, prefix: str) -> list[dic
                      "peak_ratio": ratio, "peak_ratio_low": ratio_low, "peak_ratio_high": ratio_high,
                      "tracked_peak_bytes": tracked, "stop": stop, "largest_role": STEP_ROLES.get(role, ""), "largest_role_bytes": roles.get(role, math.nan),
                      "time_s": time_s, "time_low": time_low, "time_high": time_high, GRAD_ERROR_METRIC: error,
-                     SUMMARY_COLUMN: line})
+                     "peak_ratio_of": "tracked peak" if peak_metric == TRACKED else "peak",
+                     "peak_ratio_to": best if comparable else "",
+                     "reason": reason, SUMMARY_COLUMN: line})
     return sorted(rows, key=lambda row: ORDER.get(row["engine"], len(ORDER)))
 
 
@@ -166,7 +176,7 @@ def _frontier_rows(records: pd.DataFrame, version: str, prefix: str) -> list[dic
              SUMMARY_COLUMN: f"{prefix}fastest within a memory level ({by} peak; engines whose gradient was checked):"}]
     for row in frame.itertuples():
         time = f"{format_seconds(row.time)}{_bracket(row.time_low, row.time_high, format_seconds)}/step"
-        rows.append({"version": version, "status": "frontier", "trials": row.trials,  # the engine is in the line
+        rows.append({"version": version, "status": "frontier", "trials": row.trials, "fastest": row.engine,
                      "peak_bytes": row.peak, "peak_low": row.peak_low, "peak_high": row.peak_high,
                      "time_s": row.time, "time_low": row.time_low, "time_high": row.time_high,
                      SUMMARY_COLUMN: f"{prefix}  up to {format_bytes(int(row.peak)):>10}: {row.engine:<{ENGINE_WIDTH}} {time}"})
