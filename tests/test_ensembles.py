@@ -554,6 +554,8 @@ def test_the_full_collection_fit_leaves_out_young_and_frozen_pauses_and_the_figu
     assert (fit.n, fit.x_low, fit.x_high) == (3, 3e5, 6e5)
     assert "30.00 ms per 100,000 tracked objects [30.00, 30.00]" in pause_slope_text(fit)
     assert full_collection_fit(experiment.iloc[:2]) is None and "too few" in pause_slope_text(None)
+    close = experiment.assign(tracked_before=[4.03e5, 6, 4.05e5, 4.07e5, 500])  # quick sizes: heaps within 1%
+    assert full_collection_fit(close) is None
     pauses = pd.concat([pauses, pauses.iloc[:1].assign(tracked_before=-1, generation=1)])  # one not counted
     figure = pauses_vs_tracked(pauses, experiment, fit=fit, device="cpu")
     names = [trace.name for trace in figure.data]

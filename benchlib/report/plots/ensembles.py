@@ -81,7 +81,9 @@ def step_time_distribution(summary: pd.DataFrame, *, device: str = "") -> go.Fig
     fig.update_traces(marker=dict(size=10))
     title = f"Step time per strategy and GC policy: median, p99, max ({_data_label(summary)}{', ' + device if device else ''})"
     log_axis(fig, long["seconds"])
-    apply_layout(fig, title=title, y_title="step time (s, log)", height=480)
+    apply_layout(fig, title=title, height=480)
+    fig.update_yaxes(title_text="")  # one axis title, on the first panel: another would sit on its neighbour's ticks
+    fig.update_yaxes(title_text="step time (s, log)", col=1)
     return legend_right(fig)
 
 
@@ -203,7 +205,8 @@ def pauses_vs_tracked(training_pauses: pd.DataFrame, experiment_pauses: pd.DataF
     were not counted (`tracked_before` -1: the main grid's) are left out."""
     training_pauses = training_pauses[training_pauses["tracked_before"] >= 0] if len(training_pauses) else training_pauses
     fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.1,
-                        subplot_titles=("every collection (log-log)", "full collections (linear) and the fit"))
+                        subplot_titles=("every collection (log-log)", "full collections (linear) and the fit" if fit is not None
+                                        else "full collections (linear); too few object counts for a fit"))
     experiment = experiment_pauses.assign(state=experiment_pauses["frozen"].map(
         {True: "gc.collect() after gc.freeze()", False: "gc.collect() over the heap"}))
     for column in (1, 2):

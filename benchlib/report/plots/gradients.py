@@ -17,6 +17,7 @@ from plotly.subplots import make_subplots
 
 from benchlib.engine_names import MANUAL, MANUAL_SEED
 from benchlib.report.plots.common import apply_layout, engine_color, legend_right, ratio_frame
+from benchlib.units import format_bytes
 
 MB = 1e6
 PHASE_SYMBOLS = {"forward": "circle-open", "backward": "diamond"}
@@ -106,6 +107,8 @@ def memory_timelines(timelines: pd.DataFrame, *, case: str | None = None, record
         _engine_lines(fig, frame[frame["engine"].isin(low.index)], row=2, showlegend=False)
         fig.update_yaxes(title_text="MB above baseline", row=2, col=1)
     apply_layout(fig, title=f"{title} ({case})" if case else title, height=640 if zoom else 420)
+    if zoom:  # the panels' titles sit where the legend goes: the legend moves right
+        legend_right(fig)
     fig.update_yaxes(title_text="memory above baseline (MB)", row=1, col=1)
     fig.update_xaxes(title_text="time since the call began (s)", row=2 if zoom else 1, col=1)
     notes = ["markers: ○ forward begins, ◇ backward begins (last call); faint lines: earlier calls"]
@@ -126,7 +129,7 @@ def peak_bars(records: pd.DataFrame, *, case: str | None = None, baseline: str =
         fig.add_trace(go.Bar(x=[row.variant], y=[row.value / MB], name=row.variant, marker_color=engine_color(row.variant),
                              error_y=dict(type="data", symmetric=False, array=[(row.high - row.value) / MB],
                                           arrayminus=[(row.value - row.low) / MB], color="#444444"),
-                             text=[f"{row.value / MB:.0f} MB<br>{row.ratio:.3f}x {baseline}{interval}"], textposition="outside",
+                             text=[f"{format_bytes(int(row.value))}<br>{row.ratio:.3f}x {baseline}{interval}"], textposition="outside",
                              hovertemplate=f"{row.variant}: %{{y:.1f}} MB, {row.ratio:.3f}x {baseline}<extra></extra>"))
     apply_layout(fig, title=f"{title} ({case})" if case else title, x_title="engine",
                  y_title="peak above baseline (MB)")

@@ -28,6 +28,13 @@ def _x(frame: pd.DataFrame, several: bool) -> list:
     return [frame["case"].tolist(), frame["engine"].tolist()] if several else frame["engine"].tolist()
 
 
+def _whose(records: pd.DataFrame) -> str:
+    """The model and device a figure shows, for its title ("my_mlp on cpu: ...")."""
+    names = ", ".join(dict.fromkeys(map(str, records["benchmark"].dropna()))) if "benchmark" in records else ""
+    devices = ", ".join(dict.fromkeys(map(str, records["device"].dropna()))) if "device" in records else ""
+    return f"{names or 'model'}{f' on {devices}' if devices else ''}: "
+
+
 def _notes(records: pd.DataFrame) -> list[str]:
     """Why an engine has no bar, each line naming its version when there are several."""
     cases = list(dict.fromkeys(records["case"]))
@@ -61,7 +68,7 @@ def peak_intervals(records: pd.DataFrame) -> go.Figure:
             error_y=dict(type="data", array=(part["high"] - part["peak"]) / MB,
                          arrayminus=(part["peak"] - part["low"]) / MB),
             customdata=part["trials"], hovertemplate="%{x}: %{y:.2f} MB over %{customdata} trials<extra></extra>"))
-    apply_layout(fig, title="Peak memory of one step above the baseline (median, 95% interval over trials)",
+    apply_layout(fig, title=_whose(records) + "peak memory of one step above the baseline (median, 95% interval over trials)",
                  x_title="engine", y_title="peak above baseline (MB)")
     fig.update_layout(barmode="group", legend_title_text="version" if several else None)
     return _annotate(fig, _notes(records))
@@ -85,7 +92,7 @@ def memory_by_role(records: pd.DataFrame) -> go.Figure:
     for metric, legend, color in ROLES:
         fig.add_trace(go.Bar(x=_x(table, several), y=table[metric] / MB, name=legend, marker_color=color,
                              hovertemplate=f"{legend}: %{{y:.2f}} MB<extra></extra>"))
-    apply_layout(fig, title="Memory of one step by role (median over trials)", x_title="engine",
+    apply_layout(fig, title=_whose(records) + "memory of one step by role (median over trials)", x_title="engine",
                  y_title="memory (MB)")
     fig.update_layout(barmode="stack")
     return _annotate(fig, _notes(records))
@@ -122,7 +129,7 @@ def frontier(records: pd.DataFrame) -> go.Figure:
                 hovertemplate=(f"{label}: %{{y:.3f}} MB at %{{x:.2f}} ms/step over {row.trials} trials"
                                f"{' (frontier)' if row.pareto else ''}<extra></extra>")))
     which = "tracked" if (table["peak_metric"] == TRACKED).any() else "resident"
-    apply_layout(fig, title=f"Memory against time per step (median, 95% interval; {which} peak); filled: the frontier",
+    apply_layout(fig, title=_whose(records) + f"memory against time per step (median, 95% interval; {which} peak); filled: the frontier",
                  x_title="time per step (ms)", y_title=f"{which} peak above baseline (MB)", height=480)
     right = np.nanmax(np.fmax(table["time_high"].to_numpy(float), table["time"].to_numpy(float))) if len(table) else 1.0
     fig.update_xaxes(range=[0, right * 1e3 * 1.25])  # room for the names right of the points
@@ -174,7 +181,7 @@ def fit_figure(records: pd.DataFrame) -> go.Figure:
     if limit is not None:
         fig.add_hline(y=limit / MB, line=dict(color="#d62728", width=2),
                       annotation_text=f"limit {limit / MB:,.0f} MB", annotation_position="top left")
-    apply_layout(fig, title=f"Total memory of one step against {scale} (dotted: each engine's largest fitting value)",
+    apply_layout(fig, title=_whose(records) + f"total memory of one step against {scale} (dotted: each engine's largest fitting value)",
                  x_title=scale, y_title="total memory (MB)", height=480)
     fig.update_layout(legend=dict(orientation="v", yanchor="top", y=1, xanchor="left", x=1.02))
     return fig

@@ -121,11 +121,16 @@ def cycles_table(per_trial: pd.DataFrame, pauses: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([table, pd.DataFrame(ratios)], axis=1).round(3)
 
 
+FIT_SPREAD = 1.5  # the object counts a pause fit needs: the largest at least this many times the smallest
+
+
 def full_collection_fit(experiment_pauses: pd.DataFrame):
     """The pause of a full collection against the tracked objects it walked: a robust (Theil-Sen)
     line through the `gc.collect()` experiment's pauses over each long-lived heap, not frozen
     (`benchlib.analysis.stats.LinearFit`, slope in seconds per object), or None with fewer than three
-    such pauses at two object counts. Those collections find no garbage, so the line is the cost of
+    such pauses at two object counts, or with object counts too close to carry a slope (the largest less
+    than `FIT_SPREAD` times the smallest: at quick sizes the heaps differ by under 1%, and a line through
+    them read -169 ms per 100k objects [-976, 175255]). Those collections find no garbage, so the line is the cost of
     walking; the training steps' full collections also free what they find, and frozen ones walk a
     handful of objects. The interval reflects the scatter of one sitting's pauses, not drift
     between sittings."""
@@ -133,7 +138,8 @@ def full_collection_fit(experiment_pauses: pd.DataFrame):
 
     walked = experiment_pauses[(experiment_pauses["generation"] == 2) & ~experiment_pauses["frozen"].astype(bool)] \
         if len(experiment_pauses) else experiment_pauses
-    if len(walked) < 3 or walked["tracked_before"].nunique() < 2:
+    if len(walked) < 3 or walked["tracked_before"].nunique() < 2 \
+            or walked["tracked_before"].max() < FIT_SPREAD * walked["tracked_before"].min():
         return None
     return linear_fit(walked["tracked_before"], walked["pause_s"], robust=True)
 
@@ -141,7 +147,8 @@ def full_collection_fit(experiment_pauses: pd.DataFrame):
 def pause_slope_text(fit) -> str:
     """One line: what 100,000 more tracked objects add to a full collection, with the interval."""
     if fit is None:
-        return "full-collection pause against tracked objects: too few full collections to fit a line"
+        return ("full-collection pause against tracked objects: too few full collections, or their object counts "
+                f"too close (less than {FIT_SPREAD}x apart: raise heap_objects), to fit a line")
     per = 1e5 * 1e3  # ms per 100,000 objects
     return (f"full collection (gc.collect() over the heaps): {fit.slope * per:.2f} ms per 100,000 tracked objects "
             f"[{fit.ci_low * per:.2f}, {fit.ci_high * per:.2f}] ({fit.confidence:.0%}, {fit.method}, {fit.n} pauses "
