@@ -16,10 +16,11 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from benchlib.engine_names import MANUAL, MANUAL_SEED
-from benchlib.report.plots.common import apply_layout, engine_color, legend_right, ratio_frame
+from benchlib.report.plots.common import apply_layout, engine_color, legend_right, log_axis, ratio_frame
 from benchlib.units import format_bytes
 
 MB = 1e6
+LOG_SPREAD = 20  # a panel whose values span more than this factor is drawn on a log axis
 PHASE_SYMBOLS = {"forward": "circle-open", "backward": "diamond"}
 STATUS_METRICS = ("failed", "not_applicable")
 
@@ -249,4 +250,8 @@ def sweep_lines(records: pd.DataFrame, *, parameter: str = "T",
                               row=1, col=col)
     legend_right(apply_layout(fig, title=title))
     fig.update_xaxes(title_text=parameter)
+    times = table["time"].dropna() if "time" in table else pd.Series(dtype=float)
+    if len(times) and times[times > 0].max() > LOG_SPREAD * times[times > 0].min():  # one slow engine flattens the rest
+        log_axis(fig, times, row=1, col=2)
+        fig.layout.annotations[1].text = "median time (s, log)"
     return _annotate(fig, _status_notes(records))
