@@ -421,7 +421,9 @@ def test_peak_bars_label_each_engine_with_its_ratio_to_manual():
 
     figure = gradients.peak_bars(records_frame(_records("manual", 100e6, 1.0) + _records("benchlib-deferred", 197e6, 1.0)))
     assert [(bar.x[0], bar.y[0], bar.text[0]) for bar in figure.data] == [
-        ("manual", 100.0, "100 MB<br>1.000x manual"), ("benchlib-deferred", 197.0, "197 MB<br>1.970x manual")]
+        ("manual", 100.0, "100.0 MB<br>1.000x manual"), ("benchlib-deferred", 197.0, "197.0 MB<br>1.970x manual")]
+    small = gradients.peak_bars(records_frame(_records("manual", 0.33e6, 1.0)))  # below a MB: never "0 MB"
+    assert small.data[0].text[0].startswith("330.0 kB")
 
 
 def test_sweep_lines_read_the_swept_parameter_from_params():

@@ -204,6 +204,21 @@ def test_sigterm_finishes_run_json_as_interrupted_and_leaves_no_case_child(tmp_p
     assert "without encryption" not in output  # kernels speak over IPC sockets, not TCP
 
 
+@pytest.mark.slow
+def test_sigterm_while_a_model_file_is_checked_stops_with_130_a_message_and_no_checking_child(tmp_path):
+    model_file = tmp_path / "slow_import.py"  # the check's child imports it: 60 s at module level
+    model_file.write_text("import time\nimport torch\n\ntime.sleep(60)\n\n\ndef model():\n    return torch.nn.Linear(2, 1)\n\n\n"
+                          "def batch():\n    return torch.ones(3, 2)\n\n\ndef loss(model, x):\n    return model(x).sum()\n")
+    runner = subprocess.Popen([sys.executable, "-m", "benchlib.runner.cli", "run", str(model_file), "--out", str(tmp_path / "out")],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    checking = wait_for_descendant(runner, "benchlib.usermodel.planning", timeout_s=60)
+    runner.send_signal(signal.SIGTERM)
+    output, _ = runner.communicate(timeout=60)
+    assert runner.returncode == 130, output  # before: 143, killed by the default action, no word said
+    assert "benchlib: stopped by SIGTERM" in output and "Traceback" not in output
+    assert gone(checking)
+
+
 def test_typed_parameters_in_run_json_and_the_eta_basis(tmp_path, monkeypatch):
     import papermill
 
@@ -229,7 +244,7 @@ def test_the_default_results_root_is_the_projects_from_any_directory(tmp_path, m
 
 
 def test_sighup_and_sigterm_raise_the_interrupt_that_finishes_a_run_and_handlers_are_restored():
-    from benchlib.runner.kernels import Terminated, terminate_as_interrupt
+    from benchlib.runner.interrupts import Terminated, terminate_as_interrupt
 
     before = signal.getsignal(signal.SIGHUP)
     for name in ("SIGHUP", "SIGTERM"):
@@ -341,14 +356,12 @@ def test_progress_lines_carry_the_notebook_elapsed_time_and_time_left():
 
 
 @pytest.mark.skipif(subprocess.run(["which", "make"], capture_output=True).returncode != 0, reason="no make")
-def test_make_lab_opens_at_the_project_root_passes_args_and_allows_root():
+def test_make_lab_opens_working_copies_and_passes_args_to_jupyter():
     stamp = ".venv/.benchlib-installed"
     shown = subprocess.run(["make", "-n", "-o", stamp, "lab", "ARGS=--no-browser --port 8899"],
                            cwd=PROJECT, capture_output=True, text=True, check=True).stdout
-    (command,) = [line for line in shown.splitlines() if "jupyter lab" in line]
-    assert f'--ServerApp.root_dir="{PROJECT}"' in command
-    assert command.rstrip().endswith("--no-browser --port 8899")
-    assert ("--allow-root" in command) == (os.getuid() == 0)
+    (command,) = [line for line in shown.splitlines() if "benchlib lab" in line]
+    assert "benchlib lab --dir lab -- --no-browser --port 8899" in command  # benchlib adds --allow-root as root
 
 
 def test_a_declaration_checks_values_and_the_memory_the_named_device_has():

@@ -316,26 +316,25 @@ class Run:
         return load_records(self.path)
 
 
-SHARED_PLOTLY = ".plotly"  # beside the runs: one plotly.js per version, hard-linked into each run's figures/
-
-
 def _link_plotly_bundle(bundle: Path, root: Path) -> None:
-    """`bundle` as a hard link to the one copy of plotly.js kept in `root/.plotly/` (4.8 MB a run otherwise):
-    each run's figures still open on their own, moved or zipped, but the disk holds one copy. A copy is
-    written where a link cannot be made (another file system, no write access to `root`)."""
-    import plotly
+    """`bundle` as a hard link to an identical plotly.js in another run beside this one (4.8 MB a run
+    otherwise): each run's figures still open on their own, moved or zipped, and deleting one run
+    frees nothing another needs, but the disk holds one copy. A copy is written where no run beside
+    has the same plotly.js or a link cannot be made (another file system)."""
     from plotly.offline import get_plotlyjs
 
-    shared = root / SHARED_PLOTLY / f"plotly-{plotly.__version__}.min.js"
-    try:
-        if not shared.exists():
-            shared.parent.mkdir(exist_ok=True)
-            write_text_atomic(get_plotlyjs(), shared)
-        temporary = bundle.with_name(f".{bundle.name}.{os.getpid()}")
-        os.link(shared, temporary)
-        os.replace(temporary, bundle)
-    except OSError:
-        write_text_atomic(get_plotlyjs(), bundle)
+    script = get_plotlyjs().encode("utf-8")
+    for other in root.glob(f"*/figures/{bundle.name}"):
+        try:
+            if other.stat().st_size != len(script) or other.read_bytes() != script:
+                continue
+            temporary = bundle.with_name(f".{bundle.name}.{os.getpid()}")
+            os.link(other, temporary)
+            os.replace(temporary, bundle)
+            return
+        except OSError:
+            break
+    _atomic_write(bundle, lambda temporary: Path(temporary).write_bytes(script))
 
 
 def check_static_export() -> None:

@@ -106,12 +106,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     arguments = _parser().parse_args(argv)
     arguments.argv = list(sys.argv[1:] if argv is None else argv)
+    from benchlib.runner.interrupts import terminate_as_interrupt
+
     try:
-        return arguments.handler(arguments)
-    except KeyboardInterrupt:
+        with terminate_as_interrupt():  # SIGTERM or SIGHUP at any point (planning too) ends like Ctrl-C
+            return arguments.handler(arguments)
+    except KeyboardInterrupt as stopped:
         from benchlib.runner.outcomes import EXIT_INTERRUPTED
 
-        print("benchlib: interrupted; everything written so far is kept", file=sys.stderr)
+        by = getattr(stopped, "signal_name", "")
+        print(f"benchlib: {f'stopped by {by}' if by else 'interrupted'}; everything written so far is kept",
+              file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as error:  # every command's errors end here, so none prints a traceback without --debug
         if arguments.debug:

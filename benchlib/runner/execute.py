@@ -40,14 +40,8 @@ from benchlib.runner.outcomes import (NotebookResult, RunResult, case_outcomes, 
                                       model_file_provenance)
 from benchlib.runner.preflight import (ATTRIBUTE, check_attribution_available, check_kernel, check_out_dir,
                                        check_values, plan, resolve_run_device, with_attribute)
-from benchlib.runner.kernels import (
-    ProgressLines,
-    Terminated,
-    become_subreaper,
-    ipc_kernel_manager,
-    reap_orphans,
-    terminate_as_interrupt,
-)
+from benchlib.runner.interrupts import Terminated, terminate_as_interrupt
+from benchlib.runner.kernels import ProgressLines, become_subreaper, ipc_kernel_manager, reap_orphans
 from benchlib.runner.papermill_exec import FAILED, TIMED_OUT, execute_notebook
 from benchlib.runner.sweep import (
     BENCHMARK_SLOT,

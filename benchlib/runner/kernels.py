@@ -13,7 +13,6 @@ shows of it while it runs, and what it cleans up after it.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import tempfile
 import time
@@ -25,7 +24,6 @@ from jupyter_client.manager import AsyncKernelManager
 from traitlets import default
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
-TERMINATING_SIGNALS = ("SIGTERM", "SIGHUP")
 
 
 def ipc_kernel_manager(socket_dir: str) -> type[AsyncKernelManager]:
@@ -55,35 +53,6 @@ def kernel_environment(values: Mapping[str, str]) -> Iterator[None]:
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, handled like Ctrl-C; `signal_name` says which."""
-
-    def __init__(self, signal_name: str):
-        super().__init__(signal_name)
-        self.signal_name = signal_name
-
-
-@contextmanager
-def terminate_as_interrupt() -> Iterator[None]:
-    """While the run lasts, SIGTERM and SIGHUP raise Terminated (a KeyboardInterrupt) in the main thread."""
-    def raise_terminated(signum, _frame):
-        raise Terminated(signal.Signals(signum).name)
-
-    previous = {}
-    for name in TERMINATING_SIGNALS:
-        number = getattr(signal, name, None)
-        if number is not None:
-            try:
-                previous[number] = signal.signal(number, raise_terminated)
-            except ValueError:  # not the main thread: signals stay as they were
-                pass
-    try:
-        yield
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
 
 
 def become_subreaper() -> bool:
