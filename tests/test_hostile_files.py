@@ -80,3 +80,16 @@ def test_a_run_json_without_its_facts_or_looping_on_itself_is_listed_with_its_pr
     bare = runs.loc[str(tmp_path / "bare")]
     assert bare["state"] == "incomplete" and "run.json lacks run_id, started_at, environment, notebooks" in bare["problem"]
     assert "run.json is a link that leads nowhere" in runs.loc[str(looping), "problem"]
+
+
+def test_a_model_file_whose_name_is_not_utf8_is_refused_before_any_work_naming_its_bytes(tmp_path, capsys):
+    import os
+
+    from benchlib.usermodel.template import TEMPLATE
+
+    model_file = tmp_path / os.fsdecode(b"m\xffodel.py")  # a name Linux allows and no text can carry
+    model_file.write_text(TEMPLATE)
+    assert main(["run", str(model_file), "--quick", "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert "m\\xffodel.py: the file name is not valid UTF-8" in error and "codec" not in error
+    assert not (tmp_path / "out").exists()

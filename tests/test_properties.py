@@ -134,3 +134,85 @@ def test_a_merge_never_yields_fewer_rows_than_it_found(tmp_path_factory, sizes, 
     else:
         assert len(skipped) == sum(1 for i in range(len(sizes)) if broken[i] and not removed[i])
     assert len(load_records(run_.path)) >= held
+
+
+# The loaders over hostile files: any JSON value as run.json, any bytes as a records file, any text as a run's
+# name. Never a traceback, never a good run hidden, never a file changed.
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                    max_leaves=12)
+RUN_KEYS = st.fixed_dictionaries({}, optional={"run_id": JSON, "started_at": JSON, "ended_at": JSON,
+                                               "environment": JSON, "notebooks": JSON, "runner": JSON,
+                                               "interrupted": JSON})
+
+
+def _beside_a_good_run(root):
+    from pathlib import Path
+
+    good = Run._start(Path(root) / "good", "good", "cpu", None, {})
+    good.save_records([make_record(benchmark="b", case="c", engine="torch", device="cpu", dtype="float32",
+                                   metric="peak_bytes", value=1.0, unit="B")], "b")
+    good.finish()
+    return good
+
+
+def _files(root) -> dict:
+    from pathlib import Path
+
+    return {str(path): path.read_bytes() for path in Path(root).rglob("*") if path.is_file()}
+
+
+@SOME
+@given(content=st.one_of(JSON.map(lambda value: __import__("json").dumps(value)),
+                         RUN_KEYS.map(lambda value: __import__("json").dumps(value)),
+                         st.binary(max_size=200).map(lambda raw: raw.decode("latin-1"))))
+def test_any_run_json_is_listed_with_its_problem_and_hides_no_good_run(tmp_path_factory, content):
+    from benchlib.records.store import RecordsUnreadable, list_runs, load_run_info
+
+    root = tmp_path_factory.mktemp("runs")
+    _beside_a_good_run(root)
+    (root / "odd").mkdir()
+    (root / "odd" / "run.json").write_text(content, encoding="latin-1")
+    before = _files(root)
+    runs = list_runs(root).set_index("run_id", drop=False)
+    assert runs.loc["good", "state"] == "finished" and runs.loc["good", "records"] == 1
+    assert len(runs) == 2  # the odd one listed, never left out
+    try:
+        load_run_info(root / "odd")
+    except (RecordsUnreadable, FileNotFoundError) as error:
+        assert "run.json" in str(error)  # named, whatever it held
+    assert _files(root) == before
+
+
+@SOME
+@given(raw=st.binary(max_size=400))
+def test_any_bytes_as_a_records_file_are_refused_naming_the_file(tmp_path_factory, raw):
+    from benchlib.records.store import RecordsUnreadable, list_runs
+
+    root = tmp_path_factory.mktemp("runs")
+    _beside_a_good_run(root)
+    odd = Run._start(root / "odd", "odd", "cpu", None, {})
+    (odd.path / "records.parquet").write_bytes(raw)
+    before = _files(root)
+    with pytest.raises(RecordsUnreadable, match="records.parquet"):
+        read_records_file(odd.path / "records.parquet")
+    runs = list_runs(root).set_index("run_id")
+    assert runs.loc["good", "records"] == 1 and "records.parquet" in runs.loc["odd", "problem"]
+    assert _files(root) == before
+
+
+@SOME
+@given(name=st.one_of(st.text(max_size=30), st.sampled_from(["", ".", "..", "/", "latest", "good/..", "../good",
+                                                             "good/run.json", "\x00", "a" * 300, "~", "odd/"])))
+def test_any_run_name_resolves_to_a_run_or_is_refused_saying_so(tmp_path_factory, name):
+    from benchlib.records.store import RecordsUnreadable, resolve_run
+
+    root = tmp_path_factory.mktemp("runs")
+    good = _beside_a_good_run(root)
+    try:
+        found = resolve_run(name, root)
+    except (FileNotFoundError, RecordsUnreadable, ValueError) as error:
+        assert str(error)
+    else:
+        assert (found / "run.json").is_file() or (found / "records.parquet").is_file()
+    assert resolve_run("good", root) == good.path

@@ -607,3 +607,21 @@ def test_ctrl_c_on_a_model_file_run_keeps_the_trials_that_finished_and_prints_no
     (run_dir,) = out.iterdir()
     records = load_records(run_dir)
     assert len(records[records["metric"] == "time"]) >= 3 and load_run_info(run_dir)["interrupted"] is True
+
+
+def test_a_fifo_as_a_runs_file_is_named_as_one_under_the_root_given_never_the_default(tmp_path):
+    from benchlib.records.store import resolve_run
+
+    root = tmp_path / "elsewhere"
+    (root / "piped").mkdir(parents=True)
+    os.mkfifo(root / "piped" / "run.json")  # reading it would block for ever
+    (row,) = list_runs(root).to_dict("records")
+    assert row["state"] == "unreadable" and "run.json is a FIFO (named pipe), not a file" in row["problem"]
+    assert "results" not in row["problem"]  # before: "no run ... under <the project's results/>"
+    with pytest.raises(RecordsUnreadable, match="run.json is a FIFO"):
+        resolve_run("piped", root)
+    (root / "piped" / "run.json").unlink()
+    Run._start(root / "piped", "piped", "cpu", None, {})
+    os.mkfifo(root / "piped" / "records.parquet")
+    (row,) = list_runs(root).to_dict("records")
+    assert "records.parquet is a FIFO (named pipe), not a file" in row["problem"]

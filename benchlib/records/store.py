@@ -363,9 +363,20 @@ def resolve_run(run: str | os.PathLike | Run, root: str | os.PathLike | None = N
     the newest run there (run ids begin with their start time), for scripts such as a CI job."""
     if isinstance(run, Run):
         return run.path
+    try:
+        return _resolve_run(run, root)
+    except OSError as error:  # a name the file system refuses (too long, a loop): no run of that name
+        if isinstance(error, FileNotFoundError):
+            raise
+        raise FileNotFoundError(f"no run {str(run)[:80]!r}{'...' if len(str(run)) > 80 else ''}: "
+                                f"{error.strerror or error}") from None
+
+
+def _resolve_run(run: str | os.PathLike, root: str | os.PathLike | None) -> Path:
     path = Path(run)
     if (path / RUN_INFO).is_file() or (path / RECORDS).is_file():
         return path
+    _refuse_unreadable_run(path)
     root = default_results_root() if root is None else Path(root)
     if str(run) == LATEST:
         runs = sorted(info.parent for info in root.glob(f"*/{RUN_INFO}"))
@@ -374,9 +385,29 @@ def resolve_run(run: str | os.PathLike | Run, root: str | os.PathLike | None = N
         return runs[-1]
     if (root / str(run) / RUN_INFO).is_file():
         return root / str(run)
+    _refuse_unreadable_run(root / str(run))
     known = sorted(info.parent.name for info in root.glob(f"*/{RUN_INFO}"))
     hint = f"known runs in {root}: {', '.join(known[-10:])}" if known else f"no runs in {root}"
     raise FileNotFoundError(f"no run {str(run)!r} (not a run directory, nor a run_id under {root}); {hint}")
+
+
+def _refuse_unreadable_run(path: Path) -> None:
+    """A run's file that is there but is no regular file (a FIFO, a directory): RecordsUnreadable naming
+    it, rather than "no run" (or a read that blocks on a pipe for ever)."""
+    for name in (RUN_INFO, RECORDS):
+        entry = path / name
+        if path.is_dir() and entry.exists() and not entry.is_file():
+            raise RecordsUnreadable(f"{entry} is {_kind(entry)}, not a file: the run's {name} cannot be read")
+
+
+def _kind(path: Path) -> str:
+    """What a path that is not a regular file is, in words."""
+    import stat
+
+    mode = path.stat().st_mode
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    return next((words for test, words in kinds if test(mode)), "not a regular file")
 
 
 class RecordsUnreadable(ValueError):
@@ -403,7 +434,7 @@ def read_records_file(path: Path) -> pd.DataFrame:
     """One parquet file of records (any readable schema version) in today's schema; RecordsUnreadable
     names the file and why otherwise."""
     if not path.is_file():  # pyarrow would read a directory as a dataset, or say nothing of the name
-        raise RecordsUnreadable(f"{path}: not a file ({'a directory' if path.is_dir() else 'missing'}); records are "
+        raise RecordsUnreadable(f"{path}: not a file ({_kind(path) if path.exists() else 'missing'}); records are "
                                 "one parquet file")
     try:
         return conform(upgrade_frame(pd.read_parquet(path), schema_version_of(path)))
@@ -516,7 +547,7 @@ def list_runs(root: str | os.PathLike | None = None) -> pd.DataFrame:
         try:
             if (directory / RUN_INFO).is_symlink() and not (directory / RUN_INFO).exists():
                 raise RecordsUnreadable(f"{RUN_INFO} is a link that leads nowhere (dangling, or a loop)")
-            info = load_run_info(directory)
+            info = load_run_info(directory, root)
         except (FileNotFoundError, RecordsUnreadable) as error:
             problems.append(str(error).replace(str(directory) + os.sep, ""))
             info = {}
@@ -540,8 +571,9 @@ def list_runs(root: str | os.PathLike | None = None) -> pd.DataFrame:
         if records_path.exists():
             try:
                 if not records_path.is_file():
-                    raise IsADirectoryError(records_path)
-                row["records"] = len(pd.read_parquet(records_path, columns=["value"]))
+                    problems.append(f"{RECORDS} is {_kind(records_path)}, not a file; benchlib merge-records {directory}")
+                else:
+                    row["records"] = len(pd.read_parquet(records_path, columns=["value"]))
             except Exception as error:
                 problems.append(f"{RECORDS} unreadable ({type(error).__name__}); benchlib merge-records {directory}")
         row["problem"] = "; ".join(problems)

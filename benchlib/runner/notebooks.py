@@ -134,6 +134,13 @@ def model_file_specs(groups: Sequence[Sequence[str]]) -> list[NotebookSpec]:
     the user's code never runs in the runner's); the first refusal is raised, saying why."""
     from benchlib.usermodel.planning import declare_in_child
 
+    for name in (name for group in groups for name in group):
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:  # bytes the file system allowed but no text can carry: records, run.json
+            raise RunnerError(f"{os.fsencode(name).decode('utf-8', 'backslashreplace')}: the file name is not valid UTF-8 "
+                              "(its bytes name no text: run.json, the records and the report are text); rename "
+                              "the file") from None
     specs = []
     for group, answer in zip(groups, declare_in_child(groups)):
         if isinstance(answer, Exception):
