@@ -305,6 +305,8 @@ MANUAL_FIRST = "manual".__eq__
 
 @pytest.mark.slow
 def test_trials_run_interleaved_in_fresh_processes_and_record_their_trial_and_place():
+    import benchlib.workloads.dot_chain  # noqa: F401  (its declaration registers the x_scale metric its check reports)
+
     comparison = compare_engines(
         Cases("dot_chain", "benchlib.workloads.dot_chain:case", {"c": {"D": 6, "depth": 3}}),
         {"engines": ["benchlib-inplace", "manual"], "dtype": "float64", "trials": 2}, device="cpu", order_seed=3,
