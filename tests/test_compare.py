@@ -195,4 +195,21 @@ def test_the_default_table_fits_120_columns_and_reads_what_moved_first():
     assert lines[0].startswith("b/step/torch.func/time") and "2 ms -> 3 ms" in lines[0] and lines[0].endswith("worse")
     assert lines[1].startswith("b/step/torch/time") and lines[1].endswith("inconclusive")
     assert lines[2] == "    trials stopped: A: 3 trials, precision; B: 5 trials, max_trials"  # why it could not decide
-    assert "\u2026" in lines[3] and "1.5 MB -> 1.5 MB" in lines[3] and len(lines) == 4
+    # a name too long for its column: whole on its own line, its figures under it (before: cut to 20 characters)
+    assert lines[3] + lines[4].strip() == "a_benchmark_with_a_rather_long_name_indeed/case_" + "x" * 60 + "/torch/peak_bytes"
+    assert lines[5].startswith("    ") and "1.5 MB -> 1.5 MB" in lines[5] and len(lines) == 6
+
+
+def test_metrics_of_one_name_are_told_apart_by_the_settings_that_differ():
+    from benchlib.analysis.compare import compact_table
+
+    row = {"benchmark": "calibration", "case": "matmul", "variant": "numpy", "metric": "flop_rate", "unit": "FLOP/s",
+           "device": "cpu", "median_a": 1e10, "median_b": 1e10, "ratio": 1.0, "ci_low": 0.99, "ci_high": 1.01,
+           "label": "same", "stopped": ""}
+    comparison = pd.DataFrame([{**row, "dtype": "float32", "config": '{"n": 64, "torch_threads": 2}'},
+                               {**row, "dtype": "float32", "config": '{"n": 256, "torch_threads": 2}'},
+                               {**row, "dtype": "float64", "config": '{"n": 256, "torch_threads": 2}'}])
+    names = [line.split("  ")[0] for line in compact_table(comparison) if not line.startswith(" ")]
+    assert names == ["calibration/matmul/numpy/flop_rate [dtype=float32, n=64]",
+                     "calibration/matmul/numpy/flop_rate [dtype=float32, n=256]",
+                     "calibration/matmul/numpy/flop_rate [dtype=float64, n=256]"]

@@ -7,6 +7,7 @@ grouped by are named once, in `KEY_COLUMNS`, `VALUE_COLUMN` and `UNIT_COLUMN`.
 from __future__ import annotations
 
 import json
+import textwrap
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -285,10 +286,6 @@ def headline(comparison: pd.DataFrame, shown: int = 10) -> list[str]:
 TABLE_WIDTH = 120  # the default table fits a terminal; --full prints every column
 
 
-def _short(text: str, width: int) -> str:
-    return text if len(text) <= width else text[:width - 1] + "\u2026"
-
-
 def _amount(value: float, unit: str) -> str:
     if value is None or not np.isfinite(value):
         return ""
@@ -296,17 +293,37 @@ def _amount(value: float, unit: str) -> str:
     return f"{value / factor:.4g} {name}".rstrip()
 
 
+def _names(rows: pd.DataFrame) -> list[str]:
+    """benchmark/case/variant/metric of each row, and where several rows share that, the settings of their
+    configuration that tell them apart (`[n=512]`), so no two lines read alike."""
+    names = [f"{row.benchmark}/{row.case}/{row.variant}/{row.metric}" for row in rows.itertuples()]
+    configs = [{**{column: getattr(row, column) for column in ("device", "dtype") if column in rows},
+                **(json.loads(row.config) if isinstance(getattr(row, "config", None), str) and row.config.startswith("{")
+                   else {})} for row in rows.itertuples()]
+    shared: dict[str, list[int]] = {}
+    for index, name in enumerate(names):
+        shared.setdefault(name, []).append(index)
+    for indices in (indices for indices in shared.values() if len(indices) > 1):
+        keys = sorted({key for index in indices for key in configs[index]})
+        varying = [key for key in keys if len({json.dumps(configs[index].get(key), sort_keys=True) for index in indices}) > 1]
+        for index in indices:
+            settings = ", ".join(f"{key}={configs[index].get(key)}" for key in varying)
+            names[index] += f" [{settings}]" if settings else ""
+    return names
+
+
 def compact_table(comparison: pd.DataFrame, width: int = TABLE_WIDTH) -> list[str]:
-    """One line per metric, at most `width` columns: what (benchmark/case/variant/metric, cut to fit),
-    A -> B medians in their unit, B/A with its 95% interval, and the label; the lines most worth
-    reading first (worse, better, noisy, inconclusive, then the rest). Under an inconclusive or noisy
-    line, one more says how each side's trials stopped, where the runs recorded it."""
+    """One line per metric, at most `width` columns: what (benchmark/case/variant/metric, and the settings
+    that tell apart metrics of one name), A -> B medians in their unit, B/A with its 95% interval, and the
+    label; a name too long for its column gets a line of its own, never cut. The lines most worth reading
+    come first (worse, better, noisy, inconclusive, then the rest). Under an inconclusive or noisy line,
+    one more says how each side's trials stopped, where the runs recorded it."""
     order = {label: index for index, label in enumerate((WORSE, BETTER, NOISY, INCONCLUSIVE, SAME, NO_DIRECTION))}
     rows = comparison.assign(_order=comparison["label"].map(order)).sort_values("_order", kind="stable")
-    cells = [(f"{row.benchmark}/{row.case}/{row.variant}/{row.metric}",
+    cells = [(name,
               f"{_amount(row.median_a, row.unit)} -> {_amount(row.median_b, row.unit)}",
               "" if not np.isfinite(row.ratio) else f"{row.ratio:.3g}x [{row.ci_low:.3g}, {row.ci_high:.3g}]",
-              str(row.label)) for row in rows.itertuples()]
+              str(row.label)) for name, row in zip(_names(rows), rows.itertuples())]
     notes = [f"    trials stopped: {row.stopped}"[:width] if row.label in (INCONCLUSIVE, NOISY) and row.stopped else ""
              for row in rows.itertuples()]
     amount_width = max((len(amounts) for _, amounts, _, _ in cells), default=0)
@@ -316,8 +333,11 @@ def compact_table(comparison: pd.DataFrame, width: int = TABLE_WIDTH) -> list[st
                              width - amount_width - ratio_width - label_width - 6))
     lines = []
     for (name, amounts, ratio, label), note in zip(cells, notes):
-        lines.append(f"{_short(name, name_width):<{name_width}}  {amounts:>{amount_width}}  {ratio:<{ratio_width}}  "
-                     f"{label}".rstrip()[:width])
+        figures = f"{amounts:>{amount_width}}  {ratio:<{ratio_width}}  {label}".rstrip()
+        if len(name) <= name_width:
+            lines.append(f"{name:<{name_width}}  {figures}")
+        else:  # the name whole on its own line(s), its figures indented under it
+            lines += [*textwrap.wrap(name, width, subsequent_indent="  "), f"    {figures}"]
         lines += [note] if note else []
     return lines
 

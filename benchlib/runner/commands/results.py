@@ -76,6 +76,20 @@ def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:
 
 
 
+def _wrapped(lines: Sequence[str]) -> list[str]:
+    """Prose lines folded at the table's width (`compare`'s whole default output stays within it), each
+    continuation indented under its line."""
+    import textwrap
+
+    from benchlib.analysis.compare import TABLE_WIDTH
+
+    folded = []
+    for line in lines:
+        indent = " " * (len(line) - len(line.lstrip()))
+        folded += textwrap.wrap(line, TABLE_WIDTH, subsequent_indent=indent + "    ", break_on_hyphens=False) or [""]
+    return folded
+
+
 def report_command(run_name: str, root: Path | None) -> int:
     from benchlib.registry import verdict_rules
     from benchlib.report.page import write_report
@@ -151,8 +165,9 @@ def compare_command(arguments: argparse.Namespace) -> int:
         else:
             print("\n".join(compact_table(comparison)))
         drift = machine_drift(comparison, registry.yardsticks(declared()))
-        print(drift or "machine drift: unknown (no yardstick benchmark, such as calibration, is in both runs)")
-        print(verdict_changes(arguments))
+        prose = [drift or "machine drift: unknown (no yardstick benchmark, such as calibration, is in both runs)",
+                 *verdict_changes(arguments).splitlines()]
+        print("\n".join(_wrapped(prose)))
     if any_worse(comparison):
         worse = comparison[comparison["label"] == WORSE]
         names = [f"{row.benchmark}/{row.case}/{row.variant}/{row.metric}" for row in worse.itertuples()]
