@@ -480,3 +480,28 @@ def test_records_carry_the_segmentation_of_torch_checkpoint_only(tmp_path, monke
     assert params["torch-checkpoint"]["checkpoint_segments"] == 10
     assert params["torch-checkpoint"]["checkpoint"].startswith("10 segments of 10 steps (⌈√100⌉)")
     assert "checkpoint" not in params["manual"]
+
+
+def test_an_interrupted_comparison_saves_the_finished_trials_into_the_run_before_the_interrupt_goes_on(tmp_path, monkeypatch):
+    import benchlib.measure
+    import benchlib.workloads.dot_chain  # noqa: F401  (registers the metrics its check reports)
+    from benchlib.records import Run, load_records
+    from benchlib.trials import Interrupted
+
+    real, calls = benchlib.measure.run_isolated, []
+
+    def interrupted_on_the_fourth(*args, **kwargs):  # Ctrl-C while the fourth trial runs
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(benchlib.measure, "run_isolated", interrupted_on_the_fourth)
+    run, said = Run.open(tmp_path / "run"), []
+    with pytest.raises(Interrupted):
+        compare_engines(Cases("dot_chain", "benchlib.workloads.dot_chain:case", {"c": {"D": 6, "depth": 3}}),
+                        {"engines": ["benchlib-inplace", "manual"], "dtype": "float64", "trials": 3}, device="cpu",
+                        progress=said.append, results=run)
+    kept = load_records(run.path)
+    assert (kept["metric"] == "time").sum() == 3  # the three trials that finished, none lost
+    assert any("interrupted; the" in line and str(run.path) in line for line in said)

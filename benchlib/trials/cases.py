@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -25,7 +25,7 @@ from benchlib.engines import ENGINE_NAMES, case_imports, get_engine
 from benchlib.engines.gradients import GRAD_ERROR_METRIC, GRADIENT_TOLERANCE
 from benchlib.engine_names import MANUAL, MANUAL_SEED
 from benchlib.engines.roles import GRADIENT_ROLE, SAVED_ROLE
-from benchlib.trials.loop import GRAD_UNCHECKED_METRIC, TrialLoop, TrialSettings, Unit
+from benchlib.trials.loop import GRAD_UNCHECKED_METRIC, Interrupted, TrialLoop, TrialSettings, Unit
 from benchlib.trials.stopping import TRIALS_RUN, Deadline
 
 # Time is measured in the same calls as the memory timeline (one fresh process per case), so the
@@ -347,7 +347,7 @@ class Cases:
 
 def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_seed: int | None = 0,
                     timeout_s: float = 600, progress: Callable[[str], None] | None = print,
-                    deadline: Deadline | None = None) -> EngineComparison:
+                    deadline: Deadline | None = None, results: Any = None) -> EngineComparison:
     """Run `cases.target` for every case and engine, each in a fresh process, up to `trials` times,
     through the one trial loop (`benchlib.trials.TrialLoop`).
 
@@ -356,7 +356,9 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
     An engine stops before `trials` once its peak settles (`TrialStopping`: identical peaks, or the
     95% interval within `precision`, 0 or absent: never), or when `deadline` (default: the one
     `benchlib run --budget` set, if any) leaves no time for its next trial; the cases share the time
-    left equally, and only the first child (the first case's reference) always runs. Each engine's `trials_run` record
+    left equally, and only the first child (the first case's reference) always runs. Interrupted (Ctrl-C,
+    or the runner passing one on), it saves the records of every finished trial into `results` (a `Run`),
+    when given, before the interrupt goes on. Each engine's `trials_run` record
     says how many trials it ran and why it stopped; one the deadline left unrun is a `not run` problem.
 
     The trials of a case are interleaved (`trial_order`: rounds of every engine, shuffled by
@@ -416,26 +418,34 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
         if result.role_timeline is not None:
             role_timelines.append(result.role_timeline.assign(**labels))
 
-    for index, (case, child_params) in enumerate(cases.params.items()):
-        comparison.case_params[case] = dict(child_params)
-        case_params = {**child_params, **(describe or {}), "trials": trials, "precision": precision,
-                       "order_seed": order_seed}
-        units = []
-        for engine_name in engines:
-            unit = Unit(group=case, engine=engine_name, name=f"{benchmark} {case}", params=case_params,
-                        labels=dict(benchmark=benchmark, case=case, engine=engine_name, device=device.name,
-                                    dtype=dtype),
-                        trial_params={**(cases.engine_params(engine_name, child_params) if cases.engine_params
-                                         else {}), "timeline_interval_s": TIMELINE_INTERVAL_S})
-            reason = get_engine(engine_name).not_applicable(device)
-            if reason is None and cases.not_applicable is not None:
-                reason = cases.not_applicable(engine_name)
-            if reason is None:
-                units.append(unit)
-            else:
-                loop.note(unit, "not applicable", reason)
-        loop.run(units, measure, deadline=deadline.share(len(cases.params) - index), first_always_runs=index == 0,
-                 keep=keep)
+    try:
+        for index, (case, child_params) in enumerate(cases.params.items()):
+            comparison.case_params[case] = dict(child_params)
+            case_params = {**child_params, **(describe or {}), "trials": trials, "precision": precision,
+                           "order_seed": order_seed}
+            units = []
+            for engine_name in engines:
+                unit = Unit(group=case, engine=engine_name, name=f"{benchmark} {case}", params=case_params,
+                            labels=dict(benchmark=benchmark, case=case, engine=engine_name, device=device.name,
+                                        dtype=dtype),
+                            trial_params={**(cases.engine_params(engine_name, child_params) if cases.engine_params
+                                             else {}), "timeline_interval_s": TIMELINE_INTERVAL_S})
+                reason = get_engine(engine_name).not_applicable(device)
+                if reason is None and cases.not_applicable is not None:
+                    reason = cases.not_applicable(engine_name)
+                if reason is None:
+                    units.append(unit)
+                else:
+                    loop.note(unit, "not applicable", reason)
+            loop.run(units, measure, deadline=deadline.share(len(cases.params) - index), first_always_runs=index == 0,
+                     keep=keep)
+    except Interrupted as stopped:  # what finished is kept, then the interrupt goes on
+        if results is not None and stopped.records:
+            results.save_records(stopped.records, benchmark)
+            if progress:
+                progress(f"{benchmark}: interrupted; the {len(stopped.records)} records of its finished trials "
+                         f"are in {results.path}")
+        raise
     comparison.records, comparison.problems = loop.records, loop.problems
     if timelines:
         comparison.timelines = pd.concat(timelines, ignore_index=True)[["case", "engine", "t_s", "bytes", "phase"]]

@@ -67,7 +67,7 @@ def check_budgets(budgets: Iterable, depth: int) -> list[int]:
     return budgets
 
 
-def run(config: Config, device="auto", *, progress=print) -> EngineComparison:
+def run(config: Config, device="auto", *, progress=print, results=None) -> EngineComparison:
     """manual and benchlib-checkpoint at every budget (and "sqrt"), each case in a fresh process;
     `config` is this benchmark's (`BENCHMARK.config(...)`)."""
     D, depth, dtype = config.D, config.depth, config.dtype
@@ -76,7 +76,7 @@ def run(config: Config, device="auto", *, progress=print) -> EngineComparison:
                    for budget in [*config.budgets, SQRT]},
                   memory_required=lambda engine, _params: dot_chain.memory_required_bytes(engine, D, depth, dtype),
                   describe={"x_scaling": dot_chain.X_SCALING}, engines=ENGINES)
-    return compare_engines(cases, config, device=device, progress=progress)
+    return compare_engines(cases, config, device=device, progress=progress, results=results)
 
 
 BENCHMARK = Benchmark(

@@ -153,7 +153,7 @@ def case(*, device, engine: str, D: int, depth: int, dtype: str, gradient_dir: s
     return Case(lambda: gradient(x, z), check, roles=role_gauge(chosen, gradient, inputs=(x, z)))
 
 
-def run(config: Config, device="auto", *, timeout_s: float = 600, progress=print) -> EngineComparison:
+def run(config: Config, device="auto", *, timeout_s: float = 600, progress=print, results=None) -> EngineComparison:
     """Every engine's case in its own process, `trials` times interleaved; finished cases survive a failing one.
     `config` is this benchmark's (`BENCHMARK.config(...)`), checked where it was built."""
     D, depth, dtype = config.D, config.depth, config.dtype
@@ -161,7 +161,7 @@ def run(config: Config, device="auto", *, timeout_s: float = 600, progress=print
                   memory_required=lambda engine, _params: memory_required_bytes(engine, D, depth, dtype),
                   describe={"x_scaling": X_SCALING},
                   engine_params=lambda engine, _params: segmentation_params(engine, depth))
-    return compare_engines(cases, config, device=device, timeout_s=timeout_s, progress=progress)
+    return compare_engines(cases, config, device=device, timeout_s=timeout_s, progress=progress, results=results)
 
 
 def _memory(config, device) -> int:

@@ -347,7 +347,7 @@ def growth_per_step(records: pd.DataFrame) -> pd.DataFrame:
                                        "time_s_per_step"])
 
 
-def run(config: Config, device="auto", *, timeout_s: float = 600, progress=print) -> EngineComparison:
+def run(config: Config, device="auto", *, timeout_s: float = 600, progress=print, results=None) -> EngineComparison:
     """Every engine at every T (`T` and `T_sweep`) in its own process; cases are labelled "T=<steps>".
     `config` is this benchmark's (`BENCHMARK.config(...)`)."""
     batch, hidden, model, dtype = config.batch, config.hidden, config.model, config.dtype
@@ -360,7 +360,7 @@ def run(config: Config, device="auto", *, timeout_s: float = 600, progress=print
         not_applicable=lambda engine: (None if engine != MANUAL_SEED or model in SEED_GRADIENT_MODELS else
                                        f"model {model!r} has no seed-written gradient (only "
                                        f"{', '.join(SEED_GRADIENT_MODELS)} does)"))
-    return compare_engines(cases, config, device=device, timeout_s=timeout_s, progress=progress)
+    return compare_engines(cases, config, device=device, timeout_s=timeout_s, progress=progress, results=results)
 
 
 def _weight_bytes(params: dict) -> float:
