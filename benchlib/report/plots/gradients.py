@@ -220,6 +220,7 @@ def role_timelines(frame: pd.DataFrame, *, case: str | None = None, order: Seque
                       row=row, col=1)
         fig.update_yaxes(title_text="MB", rangemode="tozero", row=row, col=1)
     apply_layout(fig, title=f"{title} ({case})" if case else title, height=150 + 190 * len(engines))
+    fig.update_xaxes(exponentformat="none")  # every panel's ticks alike (plotly chose "100µ" for some, decimals for others)
     fig.update_xaxes(title_text="time since the call began (s)", row=len(engines), col=1)
     legend_right(fig)
     return _annotate(fig, ["one more call after the measured ones, first trial; engines that expose no roles "
