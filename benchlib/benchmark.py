@@ -167,13 +167,16 @@ class Seed:
 
 class Config(Mapping):
     """A benchmark's checked parameter values, read as attributes (`config.depth`) or as a mapping
-    (`**config`); frozen. Only `Benchmark.config` makes one, so holding one means it was checked."""
+    (`**config`); frozen. Only `Benchmark.config` makes one, so holding one means it was checked.
+    `at_quick_values`: built from the declared quick values (a notebook's `quick = True`), so a run
+    made from it says it is a first look, as `--quick` does."""
 
-    __slots__ = ("benchmark", "_values")
+    __slots__ = ("benchmark", "_values", "at_quick_values")
 
-    def __init__(self, benchmark: str, values: Mapping[str, Any]):
+    def __init__(self, benchmark: str, values: Mapping[str, Any], at_quick_values: bool = False):
         object.__setattr__(self, "benchmark", benchmark)
         object.__setattr__(self, "_values", dict(values))
+        object.__setattr__(self, "at_quick_values", at_quick_values)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -347,13 +350,16 @@ class Benchmark:
         """
         assigned = parameters_cell_names(namespace)
         if assigned is None:  # not in IPython (a script): every declared name the namespace holds
-            assigned = {name for name in self.names if name in namespace}
-        switch = QUICK_SWITCH not in self.names and bool(namespace.get(QUICK_SWITCH, False))
+            assigned = {name for name in (*self.names, QUICK_SWITCH) if name in namespace}
+        switch = QUICK_SWITCH not in self.names and QUICK_SWITCH in assigned and namespace.get(QUICK_SWITCH, False)
+        if not isinstance(switch, bool):
+            raise ParameterError(f"{self.name}: quick must be True or False, got {switch!r}")
         unknown = sorted(assigned - set(self.names) - set(INJECTED) - {QUICK_SWITCH})
         if unknown:
             raise unknown_parameters(unknown, (self,))
         values = {name: namespace[name] for name in self.names if name in assigned and name in namespace}
-        return self.config({**(self.quick if switch else {}), **values})
+        config = self.config({**(self.quick if switch else {}), **values})
+        return Config(config.benchmark, config, at_quick_values=True) if switch else config
 
     def _fits(self, required: int, device: Any) -> None:
         from benchlib.measure.isolation import available_memory
@@ -393,16 +399,25 @@ def parameters_cell_names(namespace: Mapping[str, Any]) -> set[str] | None:
         return None
     for source in reversed(history):
         try:
-            tree = ast.parse(source)
+            tree = compile(source, "<cell>", "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
         except (SyntaxError, ValueError, TypeError):
             continue
         names = set()
         for node in tree.body:
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
-            names.update(target.id for target in targets if isinstance(target, ast.Name))
+            if _calls_config_from(node):  # a cell that is also the config cell: what follows is not a parameter
+                break
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
+            names.update(name.id for target in targets for name in ast.walk(target)
+                         if isinstance(name, ast.Name) and isinstance(name.ctx, ast.Store))  # D, depth = 32, 3 too
         if "results_dir" in names:
             return names
     return None
+
+
+def _calls_config_from(node: ast.AST) -> bool:
+    return any(isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "config_from"
+               for call in ast.walk(node))
 
 
 def exceeds(name: str, value: Any, other_name: str, other: Any) -> None:

@@ -59,3 +59,16 @@ def test_a_run_the_runner_made_is_left_to_the_runner(results_root):
     assert finish_notebook(joined) is None
     info = json.loads((made.path / RUN_INFO).read_text())
     assert info["ended_at"] is None and info["notebooks"] == {} and not (made.path / "report.html").exists()
+
+
+def test_a_run_opened_at_quick_values_says_so_and_one_opened_under_the_runner_is_the_runners(results_root, monkeypatch):
+    from benchlib.benchmark import Config
+    from benchlib.records.store import UNDER_RUNNER_ENV
+
+    quick = get("dot_chain").config(get("dot_chain").quick)
+    run = Run.open("", device="cpu", config=Config(quick.benchmark, quick, at_quick_values=True))
+    assert json.loads((run.path / RUN_INFO).read_text())["quick"] is True  # the report judges verdicts as a first look
+    monkeypatch.setenv(UNDER_RUNNER_ENV, "1")  # a grid point's kernel: its folder has no run.json yet
+    point = Run.open(str(results_root / "run" / "points" / "depth=4"), device="cpu", config=quick)
+    assert point.info["created_by"] == "benchlib run" and finish_notebook(point) is None
+    assert not (point.path / "report.html").exists()

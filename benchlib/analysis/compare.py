@@ -297,7 +297,7 @@ def _names(rows: pd.DataFrame) -> list[str]:
     """benchmark/case/variant/metric of each row, and where several rows share that, the settings of their
     configuration that tell them apart (`[n=512]`), so no two lines read alike."""
     names = [f"{row.benchmark}/{row.case}/{row.variant}/{row.metric}" for row in rows.itertuples()]
-    configs = [{**{column: getattr(row, column) for column in ("device", "dtype") if column in rows},
+    configs = [{**{column: getattr(row, column) for column in ("dimension", "device", "dtype") if column in rows},
                 **(json.loads(row.config) if isinstance(getattr(row, "config", None), str) and row.config.startswith("{")
                    else {})} for row in rows.itertuples()]
     shared: dict[str, list[int]] = {}

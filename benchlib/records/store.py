@@ -43,6 +43,8 @@ _FILE_MODE = 0o666 & ~_current_umask()
 
 
 OPENED_BY_NOTEBOOK = "Run.open"  # run.json's `created_by` for a run a notebook made itself (no runner)
+# Set in every kernel the runner starts: a run.json such a kernel's Run.open writes (a grid point's) is the runner's.
+UNDER_RUNNER_ENV = "BENCHLIB_UNDER_RUNNER"
 
 
 def now_iso() -> str:
@@ -216,7 +218,8 @@ class Run:
         path = Path(results_dir) if results_dir else None
         if path is not None and (path / RUN_INFO).is_file():
             return cls(path, json.loads((path / RUN_INFO).read_text(encoding="utf-8")))
-        opened = {"created_by": OPENED_BY_NOTEBOOK, "runner": {"pid": os.getpid(), "host": socket.gethostname()}}
+        opened = ({"created_by": "benchlib run"} if os.environ.get(UNDER_RUNNER_ENV) else
+                  {"created_by": OPENED_BY_NOTEBOOK, "runner": {"pid": os.getpid(), "host": socket.gethostname()}})
         if path is None:
             run = cls.create(device=device, **opened)
         else:
@@ -225,6 +228,8 @@ class Run:
             path.mkdir(parents=True, exist_ok=True)
             run = cls._start(path, path.resolve().name, device, None, opened)
         if config is not None:
+            if getattr(config, "at_quick_values", False):
+                run.info["quick"] = True  # the report says so, and judges its verdicts as a first look
             run.record_notebook(config.benchmark, status="running", started_at=run.info["started_at"],
                                 parameters=config.plain())
         return run
@@ -324,17 +329,18 @@ def _link_plotly_bundle(bundle: Path, root: Path) -> None:
     from plotly.offline import get_plotlyjs
 
     script = get_plotlyjs().encode("utf-8")
+    temporary = bundle.with_name(f".{bundle.name}.{os.getpid()}")
     for other in root.glob(f"*/figures/{bundle.name}"):
-        try:
-            if other.stat().st_size != len(script) or other.read_bytes() != script:
+        try:  # only a file of this user's: no one else's rewrite of it may reach these figures
+            facts = other.stat()
+            if facts.st_uid != os.getuid() or facts.st_size != len(script) or other.read_bytes() != script:
                 continue
-            temporary = bundle.with_name(f".{bundle.name}.{os.getpid()}")
             os.link(other, temporary)
             os.replace(temporary, bundle)
             return
         except OSError:
-            break
-    _atomic_write(bundle, lambda temporary: Path(temporary).write_bytes(script))
+            temporary.unlink(missing_ok=True)
+    _atomic_write(bundle, lambda path: Path(path).write_bytes(script))
 
 
 def check_static_export() -> None:

@@ -354,8 +354,10 @@ def _answer_html(headline: pd.DataFrame) -> str:
     from benchlib.report.tables.answers import answer_table, fastest_table
 
     answer = answer_table(headline)
-    if answer is None:
-        return ""
+    if answer is None:  # a headline of its own shape: its summary lines, if it has them, as they are
+        lines = map(str, headline[SUMMARY_COLUMN]) if SUMMARY_COLUMN in headline else ()
+        text = "\n".join(lines)
+        return f"<pre class='answer'>{html.escape(text)}</pre>" if text else ""
     fastest = fastest_table(headline)
     return ("<div class='wide'>" + table_html(answer).replace("class=\"dataframe table\"", "class=\"dataframe table answer\"") + "</div>"
             + ("" if fastest is None else "<p>Fastest within a memory level (engines whose gradient was checked):</p>"

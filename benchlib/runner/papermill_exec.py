@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
+from benchlib.records.store import UNDER_RUNNER_ENV
 from benchlib.runner.kernels import kernel_environment
 
 KERNEL_NAME = "python3"
@@ -152,7 +153,7 @@ def execute_notebook(source: Path | str, output: Path | str, parameters: Mapping
 
     deadline = _Deadline(kernel_manager_class, timeout_s)
     try:
-        with kernel_environment(kernel_env), deadline, _interrupts_passed_on(deadline):
+        with kernel_environment({**kernel_env, UNDER_RUNNER_ENV: "1"}), deadline, _interrupts_passed_on(deadline):
             papermill.execute_notebook(
                 str(source), str(output), parameters=dict(parameters), kernel_name=KERNEL_NAME, language=LANGUAGE,
                 progress_bar=False, stdout_file=output_lines, stderr_file=output_lines, cwd=str(cwd),

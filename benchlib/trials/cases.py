@@ -25,7 +25,7 @@ from benchlib.engines import ENGINE_NAMES, case_imports, get_engine
 from benchlib.engines.gradients import GRAD_ERROR_METRIC, GRADIENT_TOLERANCE
 from benchlib.engine_names import MANUAL, MANUAL_SEED
 from benchlib.engines.roles import GRADIENT_ROLE, SAVED_ROLE
-from benchlib.trials.loop import GRAD_UNCHECKED_METRIC, Interrupted, TrialLoop, TrialSettings, Unit
+from benchlib.trials.loop import GRAD_UNCHECKED_METRIC, TrialLoop, TrialSettings, Unit
 from benchlib.trials.stopping import TRIALS_RUN, Deadline
 
 # Time is measured in the same calls as the memory timeline (one fresh process per case), so the
@@ -439,11 +439,11 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
                     loop.note(unit, "not applicable", reason)
             loop.run(units, measure, deadline=deadline.share(len(cases.params) - index), first_always_runs=index == 0,
                      keep=keep)
-    except Interrupted as stopped:  # what finished is kept, then the interrupt goes on
-        if results is not None and stopped.records:
-            results.save_records(stopped.records, benchmark)
+    except KeyboardInterrupt:  # in a trial or between cases: what finished is kept, then the interrupt goes on
+        if results is not None and loop.records:
+            results.save_records(loop.records, benchmark)
             if progress:
-                progress(f"{benchmark}: interrupted; the {len(stopped.records)} records of its finished trials "
+                progress(f"{benchmark}: interrupted; the {len(loop.records)} records of its finished trials "
                          f"are in {results.path}")
         raise
     comparison.records, comparison.problems = loop.records, loop.problems

@@ -54,8 +54,9 @@ def answer_table(headline: pd.DataFrame) -> pd.DataFrame | None:
     case_column = next((column for column in ("version", "case") if column in engines
                         and engines[column].nunique() > 1), None)
     ratios = {column: _baseline(engines, column) for column in ("peak_ratio", "time_ratio") if column in engines}
-    if "peak_ratio_to" in engines and engines["peak_ratio_to"].astype(bool).any():  # a model file names its best
-        ratios["peak_ratio"] = next(name for name in engines["peak_ratio_to"] if isinstance(name, str) and name)
+    named = {name for name in engines.get("peak_ratio_to", ()) if isinstance(name, str) and name}
+    if named:  # a model file names its best engine; versions of one file may each have another
+        ratios["peak_ratio"] = named.pop() if len(named) == 1 else "its version's best"
     # a model file says which peak ranks its engines (the tracked one where resident peaks are below a page)
     ranked_by = next(iter(engines["peak_ratio_of"].dropna()), None) if "peak_ratio_of" in engines else None
     rows = []
