@@ -18,7 +18,7 @@ import pytest
 from benchlib.records.store import list_runs
 from benchlib.registry import get
 from benchlib.runner.commands.running import working_copies
-from benchlib.runner.notebooks import find_project_notebooks
+from benchlib.runner.notebooks import RunnerError, find_project_notebooks
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 BENCHLIB = Path(sys.executable).with_name("benchlib")
@@ -38,6 +38,8 @@ def test_working_copies_are_made_once_and_an_edited_one_is_kept_and_named(tmp_pa
     nbformat.write(notebook, copy)
     assert working_copies(tmp_path / "lab", None) == ([], [NOTEBOOK])
     assert "quick = True" in copy.read_text()  # kept, never overwritten
+    with pytest.raises(RunnerError, match="holds the shipped notebooks themselves"):
+        working_copies(find_project_notebooks(), None)
 
 
 def _free_port() -> int:

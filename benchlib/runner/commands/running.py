@@ -170,10 +170,14 @@ def working_copies(folder: Path, notebooks_dir: Path | None) -> tuple[list[str],
     def sources(path: Path) -> list[str]:
         return [cell.source for cell in nbformat.read(path, as_version=4).cells]
 
+    source = notebooks_dir or find_project_notebooks()
+    if folder.resolve() == source.resolve():
+        raise RunnerError(f"{folder} holds the shipped notebooks themselves; give benchlib lab another folder "
+                          "(--dir), where the working copies can change")
     copied, edited = [], []
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        for name, path in available_notebooks(notebooks_dir or find_project_notebooks()).items():
+        for name, path in available_notebooks(source).items():
             copy = folder / f"{name}.ipynb"
             if not copy.exists():
                 shutil.copyfile(path, copy)
