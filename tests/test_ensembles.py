@@ -608,3 +608,32 @@ def test_strategies_left_to_the_default_policy_are_refused_when_the_default_poli
     with pytest.raises(ValueError, match="run under the default GC policy only, which gc_policies leaves out"):
         E.BENCHMARK.config({"gc_policies": ["manual"]})
     assert E.BENCHMARK.config({"gc_policies": ["manual"], "policy_strategies": list(E.STRATEGIES)})
+
+
+def test_a_spent_budget_leaves_the_later_phases_not_run_said_recorded_and_their_figures_out(data, monkeypatch):
+    import time
+
+    from benchlib.registry import get
+    from benchlib.report.plots.ensembles import pauses_vs_tracked
+    from benchlib.report.tables.ensembles import closing_text
+    from benchlib.trials.stopping import DEADLINE_ENV
+    from benchlib.workloads.ensembles.study import run_study
+
+    declaration = get("mnist_ensembles")
+    config = declaration.config({**declaration.quick, "strategies": ["naive"], "gc_policies": ["default"],
+                                 "policy_strategies": ["naive"], "heap_sizes": [0], "trials": 1, "steps": 3,
+                                 "per_net_steps": 3, "warmup": 1})
+    monkeypatch.setenv(DEADLINE_ENV, repr(time.time() - 1))  # the notebook's --budget already spent
+    said = []
+    study = run_study(config, data, device=CPU, progress=said.append)
+    assert study.summary is not None and len(study.summary) == 1  # the main grid's first cell always runs
+    assert list(study.not_run) == ["gc.collect", "lenet5", "threads", "cycles"]
+    assert study.pauses is None and study.lenet is None and study.threads is None and study.cycles is None
+    not_run = [row for row in study.records if row["metric"] == "not_run"]
+    assert {row["case"] for row in not_run} == {"gc.collect", "lenet5", "threads", "cycles"}
+    assert sum(line.endswith("the budget ran out before it started (benchlib run --budget)") for line in said) == 4
+    text = closing_text(study.summary, study.threads, floor_step_s=study.floor["floor_step_s"], device="cpu")
+    assert "best cell: naive" in text and "torch thread(s)" not in text
+    pauses = pd.DataFrame({"repeat": [0], "generation": [2], "collected": 0, "uncollectable": 0, "tracked_before": [300],
+                           "pause_s": [0.01], "heap_objects": [0], "frozen": [False], "data": "synthetic"})
+    assert pauses_vs_tracked(None, pauses, device="cpu").data  # the heap experiment drawn without the GC experiment's

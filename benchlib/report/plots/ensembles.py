@@ -203,6 +203,8 @@ def pauses_vs_tracked(training_pauses: pd.DataFrame, experiment_pauses: pd.DataF
     with `fit` (`full_collection_fit`, through the experiment's) as a line: what each extra object
     costs. Long pauses follow the objects walked, not the heap parameter. Collections whose objects
     were not counted (`tracked_before` -1: the main grid's) are left out."""
+    if training_pauses is None:  # the GC experiment was not run (the --budget): the heap experiment alone
+        training_pauses = pd.DataFrame()
     training_pauses = training_pauses[training_pauses["tracked_before"] >= 0] if len(training_pauses) else training_pauses
     fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.1,
                         subplot_titles=("every collection (log-log)", "full collections (linear) and the fit" if fit is not None

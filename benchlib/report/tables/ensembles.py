@@ -69,15 +69,16 @@ def batched_gain(per_trial: pd.DataFrame, *, ceiling: float | None = None) -> pd
     return pd.DataFrame(rows, columns=columns).round(2)
 
 
-def closing_text(summary: pd.DataFrame, threads: pd.DataFrame, *, floor_step_s: float, device: str) -> str:
-    """The closing note's lines: the FLOP floor, the best cell's spread, each thread count's spread."""
+def closing_text(summary: pd.DataFrame, threads: pd.DataFrame | None, *, floor_step_s: float, device: str) -> str:
+    """The closing note's lines: the FLOP floor, the best cell's spread, each thread count's spread (none
+    when the thread sweep was not run)."""
     cells = with_display_units(summary)
     best = cells.loc[cells["throughput"].idxmax()]
     first = cells.iloc[0]
     lines = [f"data={first['data']}, device={device}; FLOP floor {floor_step_s * 1e3:.2f} ms per step",
              f"best cell: {best['strategy']} gc={best['gc_policy']} heap={best['heap_objects']}: median "
              f"{best['median_ms']:.2f} ms, p99 {best['p99_ms']:.2f} ms (p99/median {best['p99_over_median']:.2f})"]
-    for row in with_display_units(threads).itertuples():
+    for row in (with_display_units(threads).itertuples() if threads is not None else ()):
         lines.append(f"{row.strategy} gc={row.gc_policy} at {row.torch_threads} torch thread(s): median "
                      f"{row.median_ms:.2f} ms, p99/median {row.p99_over_median:.2f}")
     return "\n".join(lines)

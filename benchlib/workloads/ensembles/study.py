@@ -14,6 +14,7 @@ import torch
 from benchlib.measure import torch_threads
 from benchlib.trials.stopping import Deadline
 from benchlib.workloads.ensembles import lenet
+from benchlib.workloads.ensembles.common import NAME
 from benchlib.workloads.ensembles.config import PER_NET_STRATEGIES, EnsembleConfig
 from benchlib.workloads.ensembles.floor import calibration_flop_rate, flop_floor, flop_floor_records, matmul_flops
 from benchlib.workloads.ensembles.gc_policies import collection_pause_records, full_collection_pauses
@@ -39,6 +40,7 @@ class Study:
     cycles: pd.DataFrame | None = None  # the GC experiment: one row per cell and trial
     cycle_steps: pd.DataFrame | None = None
     cycle_pauses: pd.DataFrame | None = None  # the GC experiment's collections, with the objects each walked
+    not_run: dict = field(default_factory=dict)  # a later phase the --budget did not reach -> why (its frames None)
 
 
 def progress_line(result) -> str:
@@ -70,6 +72,23 @@ def training_plan(config: Any) -> TrainingPlan:
                         manual_generation=config.manual_generation, trials=config.trials, order_seed=config.seed)
 
 
+def _phase_reached(study: Study, phase: str, deadline: Deadline, variants: dict, device, labels: dict,
+                   progress) -> bool:
+    """Whether the notebook's --budget leaves time to start `phase`; when not, the phase is `not run` (a
+    status record for each of its `variants`, {dimension: names}), said, and its frames stay None."""
+    if deadline.left() > 0:
+        return True
+    from benchlib.records import status_record
+
+    reason = "the budget ran out before it started (benchlib run --budget)"
+    study.not_run[phase] = reason
+    study.records += [status_record(status="not_run", message=reason, benchmark=NAME, case=phase, device=device.name,
+                                    dtype="float32", params={**labels, "phase": phase}, **{dimension: name})
+                      for dimension, names in variants.items() for name in names]
+    progress(f"{phase}: not run: {reason}")
+    return False
+
+
 def _measure_study(config: Any, data, *, device, calibration, save, progress) -> Study:
     ensemble = EnsembleConfig(n_nets=config.n_nets, hidden=config.hidden, batch=config.batch, seed=config.seed)
     plan = training_plan(config)
@@ -77,9 +96,11 @@ def _measure_study(config: Any, data, *, device, calibration, save, progress) ->
     shown = lambda result: progress(progress_line(result))  # noqa: E731
     grid = Grid(strategies=config.strategies, gc_policies=config.gc_policies, heap_sizes=config.heap_sizes,
                 policy_strategies=config.policy_strategies)
-    # under --budget, the main grid's later trials get half the notebook's time; the rest runs as declared
+    # under --budget, the main grid's later trials get half the notebook's time; each later phase starts only
+    # while time is left (one that cannot is `not run`, its figures and tables left out)
+    notebook = Deadline.from_environment()
     results = run_grid(data, device=device, config=ensemble, grid=grid, plan=plan, progress=shown,
-                       deadline=Deadline.from_environment().share(2))
+                       deadline=notebook.share(2))
     skipped = results.not_run
     study.trials, study.steps = summary_frame(results), steps_frame(results)
     study.summary = cell_medians(study.trials)
@@ -98,34 +119,39 @@ def _measure_study(config: Any, data, *, device, calibration, save, progress) ->
     study.records += flop_floor_records(study.floor, device, labels | {"flop_source": study.flop_source,
                                                                        "torch_threads": threads})
 
-    study.pauses = full_collection_pauses(data, heap_sizes=config.pause_heap_sizes, repeats=config.pause_repeats)
-    study.records += collection_pause_records(study.pauses, device, labels)
-    if save is not None:
-        save(study.records)
+    reached = lambda phase, variants: _phase_reached(study, phase, notebook, variants, device, labels, progress)  # noqa: E731
+    if reached("gc.collect", {"collector": ["python-gc"]}):
+        study.pauses = full_collection_pauses(data, heap_sizes=config.pause_heap_sizes, repeats=config.pause_repeats)
+        study.records += collection_pause_records(study.pauses, device, labels)
+        if save is not None:
+            save(study.records)
 
-    epochs, lenet_labels = lenet.run_lenet(
-        data, device=device, config=lenet.LeNetConfig(epochs=config.lenet_epochs, step_limit=config.lenet_step_limit,
-                                                      seed=config.seed), modes=config.lenet_modes,
-        progress=lambda mode, r: progress(f"{mode:10s} epoch {r.epoch}: {r.at_time()}"))
-    study.records += lenet.lenet_records(epochs, lenet_labels, device)
-    if save is not None:
-        save(study.records)
-    study.lenet = lenet.lenet_frame(epochs, lenet_labels)
+    if reached("lenet5", {"mode": list(config.lenet_modes)}):
+        epochs, lenet_labels = lenet.run_lenet(
+            data, device=device, config=lenet.LeNetConfig(epochs=config.lenet_epochs, step_limit=config.lenet_step_limit,
+                                                          seed=config.seed), modes=config.lenet_modes,
+            progress=lambda mode, r: progress(f"{mode:10s} epoch {r.epoch}: {r.at_time()}"))
+        study.records += lenet.lenet_records(epochs, lenet_labels, device)
+        if save is not None:
+            save(study.records)
+        study.lenet = lenet.lenet_frame(epochs, lenet_labels)
 
     # each thread count runs one trial (its labels: trials=1, order_seed=0)
-    threaded = thread_sweep(data, device=device, config=ensemble, thread_counts=config.thread_counts,
-                            plan=replace(plan, trials=1, order_seed=0), progress=shown)
-    study.records += [row for result in threaded for row in result.records(device)]
-    if save is not None:
-        save(study.records)
-    study.threads = summary_frame(threaded)
+    if reached("threads", {"strategy": ["batched_fused"]}):
+        threaded = thread_sweep(data, device=device, config=ensemble, thread_counts=config.thread_counts,
+                                plan=replace(plan, trials=1, order_seed=0), progress=shown)
+        study.records += [row for result in threaded for row in result.records(device)]
+        if save is not None:
+            save(study.records)
+        study.threads = summary_frame(threaded)
 
-    cycle_grid = Grid(strategies=config.cycle_strategies, gc_policies=config.gc_policies,
-                      heap_sizes=(max(config.heap_sizes),))
-    cycled = cycle_sweep(data, device=device, config=ensemble, cycle_counts=config.cycles, grid=cycle_grid, plan=plan,
-                         progress=shown)
-    study.records += [row for result in cycled for row in result.records(device)]
+    if reached("cycles", {"strategy": list(config.cycle_strategies)}):
+        cycle_grid = Grid(strategies=config.cycle_strategies, gc_policies=config.gc_policies,
+                          heap_sizes=(max(config.heap_sizes),))
+        cycled = cycle_sweep(data, device=device, config=ensemble, cycle_counts=config.cycles, grid=cycle_grid,
+                             plan=plan, progress=shown)
+        study.records += [row for result in cycled for row in result.records(device)]
+        study.cycles, study.cycle_steps, study.cycle_pauses = summary_frame(cycled), steps_frame(cycled), pauses_frame(cycled)
     if save is not None:
         save(study.records)
-    study.cycles, study.cycle_steps, study.cycle_pauses = summary_frame(cycled), steps_frame(cycled), pauses_frame(cycled)
     return study
