@@ -58,3 +58,14 @@ def test_the_figure_draws_every_measured_engine_and_the_frontier_line():
     assert names[0] == "frontier" and list(fig.data[0].x) == pytest.approx([41.0, 14.5, 12.25, 10.5])
     assert set(names[1:]) == set(ENGINES)
     assert "ms" in fig.layout.xaxis.title.text and "MB" in fig.layout.yaxis.title.text
+
+
+def test_a_summary_where_every_engine_failed_names_each_failure_and_no_frontier():
+    from benchlib.records import records_frame, status_record
+
+    rows = [status_record(status="failed", message=f"NonFiniteGradient: the gradient holds NaN ({engine})",
+                          benchmark="my_mlp", case="step", engine=engine, device="cpu", dtype="float32")
+            for engine in ("torch", "torch.func")]
+    table = summary_table(records_frame(rows))  # a NaN loss: before, the frontier's sort raised KeyError 'peak'
+    assert list(table["status"]) == ["failed", "failed"] and "frontier" not in set(table["status"])
+    assert table["reason"].tolist() == [f"NonFiniteGradient: the gradient holds NaN ({engine})" for engine in ("torch", "torch.func")]

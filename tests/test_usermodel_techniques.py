@@ -281,3 +281,17 @@ def test_a_template_preloads_torch_dynamo_exactly_for_the_steps_that_import_it(t
     imported = dict(json.loads(line) for line in out.splitlines())
     assert imported == {engine: step_imports(engine, has_optimizer) == ("torch._dynamo",) for engine in engines}
     assert any(imported.values()) and (has_optimizer or not all(imported.values()))
+
+
+def test_a_non_finite_loss_leaves_micro_batches_to_fail_as_every_engine_does_not_to_be_called_batch_statistics():
+    import torch
+
+    from benchlib.usermodel.engines import microbatch_scale
+
+    model = torch.nn.Linear(3, 1)
+    batch = (torch.randn(8, 3),)
+    chunks = [tuple(part) for part in zip(*(tensor.chunk(4) for tensor in batch))]
+    nan_loss = lambda model, x: model(x).sum() * float("nan")  # noqa: E731
+    assert microbatch_scale(model, nan_loss, batch, chunks) == 0.25  # before: "not applicable: ... (nan) is neither the mean"
+    assert microbatch_scale(model, lambda model, x: model(x).mean(), batch, chunks) == 0.25
+    assert microbatch_scale(model, lambda model, x: model(x).sum(), batch, chunks) == 1.0

@@ -168,8 +168,10 @@ def _frontier_rows(records: pd.DataFrame, version: str, prefix: str) -> list[dic
     """The answer to "which engine gets the step under a memory level, fastest?": the frontier engines
     (`frontier_frame`) from the lowest peak up, each the fastest of those that fit under its peak."""
     every = frontier_frame(records)
+    if every.empty or every["engine"].nunique() < 2:  # (no engine with a checked gradient: no columns at all)
+        return []
     frame = every[every["pareto"]].sort_values("peak")
-    if frame.empty or every["engine"].nunique() < 2:
+    if frame.empty:
         return []
     by = "tracked" if frame["peak_metric"].iloc[0] == TRACKED else "resident"
     rows = [{"version": version, "status": "frontier",
