@@ -262,6 +262,13 @@ def prime_cuda_libraries(device: Device) -> None:
         torch.cuda.synchronize(device.index)
 
 
+def cuda_without_gpu(spec: object) -> bool:
+    """A well-formed CUDA request ("cuda", "cuda:N") on a machine without CUDA: what `benchlib fit` can
+    predict but not measure."""
+    match = _SPEC.match(spec.strip().lower()) if isinstance(spec, str) else None
+    return match is not None and match.group(1).startswith("cuda") and _cuda_count() == 0
+
+
 def resolve_device(spec: str | Device = "auto") -> Device:
     """Turn "auto" | "cpu" | "cuda" | "cuda:N" into a Device; "auto" picks CUDA when present."""
     if isinstance(spec, Device):

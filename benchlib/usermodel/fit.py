@@ -16,6 +16,12 @@ Total memory, defined once: on CUDA the caching allocator's reserved peak (`cuda
 which is what an out-of-memory error is about; on the CPU the step process's resident high-water mark
 (its resident memory before the step plus the step's peak above it), which includes the interpreter and
 torch, since those must fit too.
+
+On a machine without a GPU, `device="cuda"` predicts instead of measuring (`predict_fit`): each engine's
+reserved peak from its step traced under fake tensors and replayed through a model of the caching
+allocator (`benchlib.usermodel.cuda_prediction`), at the same values and at `TRACE_REACH` times the given
+one, the largest fitting value found by bisection over traces, and every line, record and figure says
+"predicted, not measured on a GPU".
 """
 
 from __future__ import annotations
@@ -205,7 +211,10 @@ class EngineFit:
 
     def seconds_per_sample(self, value: int) -> tuple[float, str]:
         """Time per step over the value, measured at the largest measured value at or below `value` (per-sample
-        time falls as the value grows, so beyond the points this is an upper bound, and the label says where)."""
+        time falls as the value grows, so beyond the points this is an upper bound, and the label says where);
+        NaN where nothing was measured (a prediction without a GPU)."""
+        if not self.points:
+            return math.nan, "not measured"
         at = max((point for point in self.points if point[0] <= value), default=self.points[0])
         return at[2] / at[0], "measured" if at[0] == value else f"measured at {at[0]}"
 
@@ -222,22 +231,37 @@ class FitResult:
     total: str
     engines: list[EngineFit]
     verified: dict | None = None
+    basis: str = "measured"  # or cuda_prediction.BASIS: the totals are predicted, nothing ran on the device
 
     @property
     def fitted(self) -> list[EngineFit]:
         return [fit for fit in self.engines if fit.max_fitting is not None]
 
     @property
+    def predicted(self) -> bool:
+        return self.basis != "measured"
+
+    @property
     def best(self) -> EngineFit | None:
-        return max(self.fitted, key=lambda fit: (fit.max_fitting, -fit.seconds_per_sample(fit.max_fitting)[0]),
-                   default=None)
+        """The largest value; then the least time per sample, or, predicted, the least total there."""
+        def rank(fit: EngineFit) -> tuple:
+            seconds = fit.seconds_per_sample(fit.max_fitting)[0]
+            return fit.max_fitting, -(0.0 if math.isnan(seconds) else seconds), -fit.model(fit.max_fitting)
+
+        return max(self.fitted, key=rank, default=None)
 
     def lines(self) -> list[str]:
         """The answer first, then one line per engine, then the verification."""
         limit = format_bytes(self.limit)
         best = self.best
         if best is None:
-            lines = [f"{self.name}: no engine fits {limit} ({self.total}) even at the smallest {self.scale} measured"]
+            lines = [f"{self.name}: no engine fits {limit} ({self.total}) even at the smallest {self.scale} "
+                     + ("traced" if self.predicted else "measured")]
+        elif self.predicted:
+            lines = [f"{self.name}, {self.basis}: the largest {self.scale} under {limit} of CUDA reserved memory is "
+                     f"{_value(best.max_fitting)}, with {best.engine}",
+                     "  (a trace under fake tensors replayed through a model of the caching allocator; time per sample "
+                     "needs a GPU)"]
         else:
             seconds, label = best.seconds_per_sample(best.max_fitting)
             lines = [f"{self.name}: the largest {self.scale} under {limit} ({self.total}) is "
@@ -245,6 +269,9 @@ class FitResult:
         for fit in self.engines:
             if fit.model is None:
                 lines.append(f"  {fit.engine:<19} {fit.reason}")
+                continue
+            if self.predicted:
+                lines.append(f"  {fit.engine:<19} {_predicted_line(fit, self.scale)}")
                 continue
             measured = ", ".join(f"{v}: {format_bytes(total)}" for v, total, _ in fit.points)
             where = ("does not fit at the smallest value measured" if fit.max_fitting is None else
@@ -268,9 +295,10 @@ class FitResult:
         return lines
 
     def curve_values(self, fit: EngineFit) -> list[int]:
-        """Where the records hold the model's prediction: the measured values, the largest fitting one, and
-        a grid out to a little past it (at most 8x the largest measured value), for the figure's curve."""
-        measured = [v for v, _, _ in fit.points]
+        """Where the records hold the model's prediction: the measured (or, predicted, traced) values, the largest
+        fitting one, and a grid out to a little past it (at most 8x the largest measured value), for the figure's
+        curve."""
+        measured = [v for v, _, _ in fit.points] or list(fit.traced)
         reach = min(max(fit.max_fitting or 0, max(measured)) * 1.25, 8 * max(measured))
         grid = {int(round(v)) for v in np.linspace(min(measured), reach, 24)}
         return sorted(grid | set(measured) | ({fit.max_fitting} if fit.max_fitting and fit.max_fitting < SEARCH_LIMIT
@@ -285,16 +313,20 @@ class FitResult:
         for fit in self.engines:
             labels = dict(benchmark=self.name, case=f"fit {self.scale}", engine=fit.engine, device=self.device,
                           dtype="float32")
-            common = {"scale": self.scale, "limit": self.limit, "total": self.total}
+            common = {"scale": self.scale, "limit": self.limit, "total": self.total, "basis": self.basis}
             for value, total, seconds in fit.points:
                 rows.append(make_record(**labels, metric="fit_total_bytes", value=float(total), unit="B",
                                         params={**common, "value": value}))
                 rows.append(make_record(**labels, metric="time", value=seconds, unit="s", params={**common, "value": value}))
             for value, peak in fit.traced.items():
-                rows.append(make_record(**labels, metric="traced_peak_bytes", value=float(peak), unit="B",
-                                        params={**common, "value": value}))
+                if self.predicted:  # the trace replayed through the allocator model: the prediction itself
+                    rows.append(make_record(**labels, metric="predicted_total_bytes", value=float(peak), unit="B",
+                                            params={**common, "value": value, "model": TRACE}))
+                else:
+                    rows.append(make_record(**labels, metric="traced_peak_bytes", value=float(peak), unit="B",
+                                            params={**common, "value": value}))
             if fit.model is not None:
-                for value in self.curve_values(fit):
+                for value in [] if self.predicted else self.curve_values(fit):
                     rows.append(make_record(**labels, metric="predicted_total_bytes", value=fit.model(value), unit="B",
                                             params={**common, "value": value, "model": fit.model.kind}))
                 rows.append(make_record(**labels, metric="fit_check_error", value=fit.model.check_error, unit="ratio",
@@ -312,6 +344,19 @@ class FitResult:
                                                                "searched": {str(value): total for value, total in
                                                                             self.verified["searched"].items()}}))
         return rows
+
+
+def _predicted_line(fit: EngineFit, scale: str) -> str:
+    """One engine's prediction without a GPU: where its traced reserved peak crosses the limit."""
+    traced, largest = fit.traced, fit.max_fitting
+    if largest is None:
+        smallest = min(traced)
+        return f"does not fit at the smallest {scale} traced ({smallest}: {format_bytes(traced[smallest])} reserved)"
+    if largest >= SEARCH_LIMIT:
+        return f"fits at any {scale} traced (up to {max(traced)}: {format_bytes(traced[max(traced)])} reserved)"
+    over = f", {largest + 1}: {format_bytes(traced[largest + 1])}" if largest + 1 in traced else ""
+    return (f"up to {scale}={largest}  (reserved at {largest}: {format_bytes(traced[largest])}{over}; "
+            f"traced at {len(traced)} values)")
 
 
 def _value(value: int) -> str:
@@ -335,7 +380,8 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
         progress: Callable[[str], None] = print) -> FitResult:
     """Fit every engine of the model file at `path` (the torch form) to the memory limit `memory` (bytes,
     or "24 GB", "80 GiB"...) over the integer parameter `scale`; see the module's docstring."""
-    from benchlib.measure import resolve_device
+    from benchlib.measure import Device, resolve_device
+    from benchlib.measure.devices import cuda_without_gpu
     from benchlib.usermodel import declare_model_files
     from benchlib.usermodel.gate import parse_bytes
     from benchlib.usermodel.measuring import TORCH_FORM
@@ -360,12 +406,20 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
     values = benchmark.config(typed).plain()
     values = {name: values[name] for name in model_file.parameters}
     points = scale_points(values[scale], scale)
-    target = resolve_device(device)
+    predicted = cuda_without_gpu(device)
+    if predicted and verify:
+        raise FitError("--verify measures the best engine on the device, and this machine has no GPU; without "
+                       "--verify, --device cuda predicts from a trace under fake tensors")
+    target = Device("cuda", int(device.partition(":")[2] or 0)) if predicted else resolve_device(device)
     total = "the allocator's reserved peak" if target.is_cuda else "the process's resident high-water mark"
     fits = [EngineFit(engine) for engine in chosen]
     plan_reasons = form.plan(model_file, values, target).reasons
     for engine_fit in fits:
         engine_fit.reason = plan_reasons.get(engine_fit.engine, "")
+    if predicted:
+        from benchlib.usermodel.cuda_prediction import predict_fit
+
+        return predict_fit(model_file, fits, values, scale, limit, target.name, progress)
     skipped: dict[str, list[str]] = {fit.engine: [] for fit in fits}
     for value in points:
         for engine_fit in fits:

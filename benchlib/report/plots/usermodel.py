@@ -152,24 +152,30 @@ def fit_figure(records: pd.DataFrame) -> go.Figure:
     measured = records[records["metric"] == "fit_total_bytes"]
     predicted = records[records["metric"] == "predicted_total_bytes"]
     largest = records[records["metric"] == "max_fitting"]
-    params = json.loads(measured["params"].iloc[0]) if len(measured) else {}
+    either = measured if len(measured) else predicted
+    params = json.loads(either["params"].iloc[0]) if len(either) else {}
     scale, limit = params.get("scale", "value"), params.get("limit")
+    traced_only = params.get("basis", "measured") != "measured"  # predicted without a GPU: no measured points
     fig = go.Figure()
-    for engine, rows in measured.groupby("variant", sort=False):
+    for engine, rows in either.groupby("variant", sort=False):
         color = engine_color(engine)
-        values = rows["params"].map(lambda text: json.loads(text)["value"])
-        fig.add_trace(go.Scatter(x=values, y=rows["value"] / MB, mode="markers", name=f"{engine} measured",
-                                 legendgroup=engine, marker=dict(color=color, size=9),
-                                 hovertemplate=f"{engine}: %{{y:.1f}} MB at {scale}=%{{x}}<extra>measured</extra>"))
+        if not traced_only:
+            values = rows["params"].map(lambda text: json.loads(text)["value"])
+            fig.add_trace(go.Scatter(x=values, y=rows["value"] / MB, mode="markers", name=f"{engine} measured",
+                                     legendgroup=engine, marker=dict(color=color, size=9),
+                                     hovertemplate=f"{engine}: %{{y:.1f}} MB at {scale}=%{{x}}<extra>measured</extra>"))
         curve = predicted[predicted["variant"] == engine]
         if len(curve):
-            model = json.loads(curve["params"].iloc[0]).get("model", "")
-            x = curve["params"].map(lambda text: json.loads(text)["value"])
-            fig.add_trace(go.Scatter(x=x, y=curve["value"] / MB, mode="lines", name=f"{engine} {model} model",
-                                     legendgroup=engine, line=dict(color=color, dash="dash"),
+            curve = curve.assign(at=curve["params"].map(lambda text: json.loads(text)["value"])).sort_values("at")
+            model = "traced" if traced_only else json.loads(curve["params"].iloc[0]).get("model", "") + " model"
+            fig.add_trace(go.Scatter(x=curve["at"], y=curve["value"] / MB, mode="lines+markers" if traced_only else "lines",
+                                     name=f"{engine} {model}", legendgroup=engine,
+                                     line=dict(color=color, dash="solid" if traced_only else "dash",
+                                               shape="hv" if traced_only else "linear"),
+                                     marker=dict(color=color, size=5),
                                      hovertemplate=f"{engine}: %{{y:.1f}} MB at {scale}=%{{x}}<extra>predicted</extra>"))
         best = largest[largest["variant"] == engine]["value"]
-        if len(curve) and len(best) and 0 < best.iloc[0] <= x.max():
+        if len(curve) and len(best) and 0 < best.iloc[0] <= curve["at"].max():
             fig.add_vline(x=float(best.iloc[0]), line=dict(color=color, dash="dot", width=1))
     for row in records[records["metric"] == "fit_verify_error"].itertuples():
         check = json.loads(row.params)
@@ -181,7 +187,11 @@ def fit_figure(records: pd.DataFrame) -> go.Figure:
     if limit is not None:
         fig.add_hline(y=limit / MB, line=dict(color="#d62728", width=2),
                       annotation_text=f"limit {limit / MB:,.0f} MB", annotation_position="top left")
-    apply_layout(fig, title=_whose(records) + f"total memory of one step against {scale} (dotted: each engine's largest fitting value)",
+    what = (f"CUDA reserved peak of one step against {scale}, {params['basis']}" if traced_only
+            else f"total memory of one step against {scale}")
+    apply_layout(fig, title=_whose(records) + f"{what} (dotted: each engine's largest fitting value)",
                  x_title=scale, y_title="total memory (MB)", height=480)
+    if traced_only:
+        fig.update_xaxes(type="log")
     fig.update_layout(legend=dict(orientation="v", yanchor="top", y=1, xanchor="left", x=1.02))
     return fig

@@ -30,12 +30,14 @@ def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:
                     "linear or quadratic size model (the one that predicts the largest point best from the others), "
                     "and print the largest value predicted to fit --memory, the fastest engine first. Total memory: "
                     "the allocator's reserved peak on CUDA, the process's resident high-water mark on the CPU. "
-                    "Exit status: 0 some engine fits, 1 none fits at the smallest value, 2 refused.")
+                    "--device cuda on a machine without a GPU predicts instead: each engine's step traced under fake "
+                    "tensors and replayed through a model of the caching allocator, labelled 'predicted, not "
+                    "measured on a GPU'. Exit status: 0 some engine fits, 1 none fits at the smallest value, 2 refused.")
     fit_parser.add_argument("file", metavar="FILE", help="a model file in the torch form (see `benchlib new`)")
     fit_parser.add_argument("--memory", required=True, metavar="SIZE", help="the limit: '24 GB', '80 GiB', bytes")
     fit_parser.add_argument("--scale", required=True, metavar="PARAM",
                             help="an integer parameter of the file that memory grows with (batch_size, seq_len)")
-    fit_parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    fit_parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu); cuda without a GPU: predicted, not measured")
     fit_parser.add_argument("--engines", default=None, metavar="A,B", help="engines to fit (default: all of the form's)")
     fit_parser.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
                             help="a parameter value, as for run (the --scale one sets the largest value measured)")
@@ -78,6 +80,8 @@ def fit_command(file: str, *, memory: str, scale: str, device: str, engines: str
     from benchlib.report.page import write_report
     from benchlib.records.store import default_results_root
     from benchlib.usermodel.fit import fit
+    from benchlib.analysis.seed_verdicts import save_verdicts, seed_verdicts
+    from benchlib.registry import verdict_rules
 
     chosen = [name.strip() for name in engines.split(",") if name.strip()] if engines else None
     started = time.monotonic()
@@ -85,13 +89,15 @@ def fit_command(file: str, *, memory: str, scale: str, device: str, engines: str
     print("\n".join(result.lines()))
     name = f"{result.name}_fit"
     question = f"What is the largest {scale} at which {Path(file).name}'s step fits in {memory}, and under which engine?"
-    run = Run.create(out or default_results_root(), resolve_device(device).name, notebooks={},
+    ran_on = resolve_device("cpu" if result.predicted else device)  # a prediction runs on the CPU
+    run = Run.create(out or default_results_root(), ran_on.name, notebooks={},
                      benchmarks={name: {"question": question}}, command=["benchlib", "fit", file])
     frame = run.save_records(result.records(), result.name)
     run.save_table(pd.DataFrame({SUMMARY_COLUMN: result.lines()}), f"{result.name}{HEADLINE_SUFFIX}")
     run.save_figure(fit_figure(frame), name)
     run.record_notebook(name, status="ok", benchmarks=[result.name], path=str(Path(file).resolve()),
                         duration_s=round(time.monotonic() - started, 3))
+    save_verdicts(seed_verdicts(frame, verdict_rules()), run.path)  # none apply to a fit: the report says nothing of them
     run.finish(interrupted=False)
     print(f"report: {write_report(run.path)}")
     return EXIT_FITS if result.best is not None else EXIT_NONE_FITS

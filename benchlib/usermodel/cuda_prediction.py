@@ -1,0 +1,194 @@
+"""`benchlib fit --device cuda` on a machine without a GPU: each engine's reserved peak predicted from the
+step traced under fake tensors (no memory taken) and replayed through a model of the CUDA caching
+allocator (`benchlib.measure.caching_allocator`). Nothing here is measured on a GPU, and everything it
+shows says so (`BASIS`).
+
+The trace follows what a measured CUDA process does (`benchlib.usermodel.measuring`): the model and the
+batch built, then moved to the device (parameters and buffers in the order `Module.to` copies them, then
+the batch), cuBLAS's workspaces taken (`prime_cuda_libraries`), and `WARMUP + STEPS` steps, whose first
+makes the gradients and the optimizer's state. Every tensor storage the step makes is an allocation of
+its bytes, freed when torch frees it; the allocator model turns that sequence into reserved segments.
+
+What the trace cannot know: the trace runs the CPU's operators, so where CUDA picks another kernel with
+another workspace (cuDNN's convolution algorithms, fused attention) its bytes differ; cuBLAS's workspace
+size depends on the GPU and `CUBLAS_WORKSPACE_CONFIG` (`CUBLAS_WORKSPACES` assumes what an H100 took).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import warnings
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from benchlib.measure.caching_allocator import CachingAllocatorModel
+
+BASIS = "predicted, not measured on a GPU"
+CUBLAS_WORKSPACES = (32 << 20, 32 << 20)  # cuBLAS's, for the caller's thread and autograd's: an H100, torch 2.11
+STEPS_TRACED = 4  # fit's measured processes run one warm-up step and three measured ones
+NOT_TRACEABLE = {  # engine -> why its step is not predicted from a trace on the CPU
+    "torch-offload": "its saved activations move to the host, which a trace on the CPU cannot tell from device memory",
+}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The allocator model's counters after the traced steps: `reserved` is the reserved peak (segments
+    never go back in the default configuration), `allocated` the peak of bytes in blocks."""
+
+    reserved: int
+    allocated: int
+    segments: int
+
+
+class _StorageEvents:
+    """Every tensor storage an operator returns, allocated in the allocator model at its first sight and freed
+    when torch frees it (a weak reference's callback: torch keeps a storage's Python object while it lives)."""
+
+    def __init__(self, allocator: CachingAllocatorModel):
+        self.allocator = allocator
+        self.keys = itertools.count()
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        self.seen = WeakIdKeyDictionary()  # storages compare by identity
+
+    def note(self, tensor) -> None:
+        import torch
+
+        if not isinstance(tensor, torch.Tensor):
+            return
+        storage = tensor.untyped_storage()
+        if storage in self.seen:
+            return
+        key = next(self.keys)
+        self.seen[storage] = key
+        self.allocator.malloc(key, storage.nbytes())
+        weakref.finalize(storage, self.allocator.free, key)
+
+
+def _recording_mode(events: _StorageEvents):
+    """A dispatch mode that notes the storages of every operator's outputs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class Recording(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for leaf in tree_leaves(out):
+                events.note(leaf)
+            return out
+
+    return Recording()
+
+
+def _moved_order(module) -> list:
+    """Parameters and buffers in the order `Module.to` copies them: each child's first, then the module's own."""
+    tensors = []
+    for child in module.children():
+        tensors.extend(_moved_order(child))
+    tensors.extend(p for p in module._parameters.values() if p is not None)
+    tensors.extend(b for b in module._buffers.values() if b is not None)
+    return tensors
+
+
+def predict_reserved(model_file, engine: str, values: Mapping[str, Any],
+                     workspaces: Sequence[int] = CUBLAS_WORKSPACES, fake: bool = True) -> Prediction:
+    """The predicted CUDA reserved peak of `engine`'s step at `values` (see the module's docstring). Raises where
+    torch cannot trace the step under fake tensors (data-dependent control flow, torch.func's wrappers).
+    `fake=False` records the same step over real tensors, as a test compares."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from benchlib.usermodel.engines import Step
+
+    if engine in NOT_TRACEABLE:
+        raise ValueError(NOT_TRACEABLE[engine])
+    allocator = CachingAllocatorModel()
+    events = _StorageEvents(allocator)
+    with warnings.catch_warnings(), FakeTensorMode() if fake else contextlib.nullcontext():
+        warnings.simplefilter("ignore")
+        model, batch = model_file.build(values)
+        real = [index for index, tensor in enumerate(batch) if not isinstance(tensor, FakeTensor)]
+        if real and fake:  # real data would take real memory at the large values a search asks
+            raise ValueError(f"batch() item(s) {real} are real tensors under fake tensor mode")
+        for tensor in (*_moved_order(model), *batch):
+            events.note(tensor)
+        for index, nbytes in enumerate(workspaces):
+            allocator.malloc(("cublas workspace", index), nbytes)
+        with _recording_mode(events):
+            step = Step(engine, model, batch, model_file.loss, model_file.optimizer, model_file.step)
+            for _ in range(STEPS_TRACED):
+                step()
+        del step, model, batch
+    return Prediction(allocator.peak_reserved, allocator.peak_allocated, allocator.segments)
+
+
+def largest_fitting(reserved: Callable[[int], int], traced: dict[int, int], limit: int) -> int | None:
+    """The largest value whose traced reserved peak stays under `limit` (`traced`: value -> reserved, extended as
+    it asks): up from the smallest over the traced values, then doubling, then bisection. None when not even the
+    smallest fits; `SEARCH_LIMIT` when the total never reaches the limit."""
+    from benchlib.usermodel.fit import SEARCH_LIMIT
+
+    def fits(value: int) -> bool:
+        if value not in traced:
+            traced[value] = reserved(value)
+        return traced[value] <= limit
+
+    ordered = sorted(traced)
+    if not fits(ordered[0]):
+        return None
+    low, high = ordered[0], None
+    for value in ordered[1:]:
+        if not fits(value):
+            high = value
+            break
+        low = value
+    while high is None:
+        if low >= SEARCH_LIMIT:
+            return SEARCH_LIMIT
+        low, high = (low * 2, None) if fits(low * 2) else (low, low * 2)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
+
+
+def predict_fit(model_file, fits: list, values: dict, scale: str, limit: int, device: str,
+                progress: Callable[[str], None]):
+    """`fit`'s answer on a machine without a GPU (`fits`: the engines, with the plan's reasons already set): each
+    engine traced at `points` and at `TRACE_REACH` times the given value, and its largest fitting value found over
+    traces (`largest_fitting`); the size model of the traced points is recorded with its check error."""
+    from benchlib.units import format_bytes
+    from benchlib.usermodel.engines import COMPILED
+    from benchlib.usermodel.fit import TRACE_REACH, FitResult, choose_model, scale_points
+
+    points = scale_points(values[scale], scale)
+
+    for engine_fit in fits:
+        if engine_fit.reason:
+            continue
+        if engine_fit.engine in COMPILED or engine_fit.engine in NOT_TRACEABLE:
+            engine_fit.reason = "not predicted: " + NOT_TRACEABLE.get(
+                engine_fit.engine, "a compiled step is not traced under fake tensors here")
+            continue
+
+        def reserved(value: int, engine: str = engine_fit.engine) -> int:
+            return predict_reserved(model_file, engine, {**values, scale: value}).reserved
+
+        try:
+            traced = {value: reserved(value) for value in sorted({*points, *(values[scale] * k for k in TRACE_REACH)})}
+            largest = largest_fitting(reserved, traced, limit)
+        except Exception as error:  # noqa: BLE001 - torch's tracer or the file's code under fake tensors: said, not fatal
+            first = str(error).splitlines()[0][:200] if str(error) else ""
+            engine_fit.reason = f"not predicted: its step could not be traced under fake tensors ({type(error).__name__}: {first})"
+            progress(f"{model_file.name} {engine_fit.engine}: {engine_fit.reason}")
+            continue
+        engine_fit.traced = dict(sorted(traced.items()))
+        engine_fit.model = choose_model(list(engine_fit.traced), list(engine_fit.traced.values()))
+        engine_fit.max_fitting = largest
+        progress(f"{model_file.name} {engine_fit.engine}: traced at {len(traced)} values of {scale}; reserved at "
+                 f"{scale}={values[scale]}: {format_bytes(traced[values[scale]])} ({BASIS})")
+    return FitResult(model_file.name, scale, limit, device, f"the allocator's reserved peak, {BASIS}", fits,
+                     basis=BASIS)

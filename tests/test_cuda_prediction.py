@@ -1,0 +1,133 @@
+"""`benchlib fit --device cuda` without a GPU: the caching allocator's model, the trace that feeds it, and the
+command's answer labelled as a prediction."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from benchlib.measure.caching_allocator import (LARGE_SEGMENT, SMALL_SEGMENT, CachingAllocatorModel, round_size,
+                                                segment_size)
+from benchlib.records import load_records
+from benchlib.runner.cli import main
+from benchlib.usermodel import fit as fitting
+from benchlib.usermodel.cuda_prediction import BASIS, largest_fitting, predict_reserved
+from benchlib.usermodel.fit import SEARCH_LIMIT
+from benchlib.usermodel.loader import read_model_file
+from test_fit import OWN_ACTIVATIONS, model_file
+
+MiB = 1 << 20
+
+
+def test_sizes_round_to_512_bytes_and_segments_follow_the_pools():
+    assert [round_size(n) for n in (1, 512, 513, 1024)] == [512, 512, 1024, 1024]
+    assert segment_size(MiB) == SMALL_SEGMENT  # the small pool's largest request
+    assert segment_size(MiB + 512) == segment_size(10 * MiB - 512) == LARGE_SEGMENT
+    assert segment_size(10 * MiB) == 10 * MiB and segment_size(10 * MiB + 512) == 12 * MiB
+
+
+def test_small_requests_share_a_segment_and_large_ones_split_theirs():
+    allocator = CachingAllocatorModel()
+    for key in range(3):
+        allocator.malloc(key, 1000)
+    assert (allocator.reserved, allocator.allocated, allocator.segments) == (SMALL_SEGMENT, 3 * 1024, 1)
+    for key in range(3, 7):  # four 5 MiB requests fill one 20 MiB segment, the fifth takes a new one
+        allocator.malloc(key, 5 * MiB)
+    assert allocator.reserved == SMALL_SEGMENT + LARGE_SEGMENT
+    allocator.malloc(7, 5 * MiB)
+    assert allocator.reserved == SMALL_SEGMENT + 2 * LARGE_SEGMENT
+
+
+def test_a_large_block_is_not_split_when_less_than_a_mebibyte_would_remain():
+    allocator = CachingAllocatorModel()
+    allocator.malloc("a", 19 * MiB + MiB // 2)  # 20 MiB segment; 0.5 MiB left over stays in the block
+    assert allocator.allocated == LARGE_SEGMENT
+    allocator.free("a")
+    allocator.malloc("b", 2 * MiB)  # the freed block is reused and split: 18 MiB remain
+    assert (allocator.allocated, allocator.reserved) == (2 * MiB, LARGE_SEGMENT)
+
+
+def test_freed_neighbours_merge_and_the_pools_stay_apart():
+    allocator = CachingAllocatorModel()
+    for key in "abcd":
+        allocator.malloc(key, 5 * MiB)
+    allocator.free("a")
+    allocator.free("b")
+    allocator.malloc("e", 9 * MiB)  # only the merged 10 MiB of a and b holds it
+    assert (allocator.reserved, allocator.segments) == (LARGE_SEGMENT, 1)
+    allocator.free("e")
+    allocator.malloc("small", 1000)  # a small request never takes a large block
+    assert allocator.reserved == LARGE_SEGMENT + SMALL_SEGMENT
+    assert allocator.peak_reserved == allocator.reserved  # segments are never handed back
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 24 * MiB)), max_size=60))
+def test_reserved_holds_every_block_never_falls_and_everything_freed_leaves_nothing_allocated(steps):
+    allocator = CachingAllocatorModel()
+    live, reserved = [], 0
+    for index, (allocate, nbytes) in enumerate(steps):
+        if allocate or not live:
+            allocator.malloc(index, nbytes)
+            live.append((index, nbytes))
+        else:
+            allocator.free(live.pop(nbytes % len(live))[0])
+        assert allocator.allocated >= sum(round_size(n) for _, n in live)
+        assert allocator.allocated <= allocator.reserved == allocator.peak_reserved >= reserved
+        reserved = allocator.reserved
+    for key, _ in live:
+        allocator.free(key)
+    assert allocator.allocated == 0 and allocator.reserved == reserved
+
+
+def test_the_bisection_over_traces_finds_the_largest_fitting_value():
+    calls = []
+
+    def linear(value):
+        calls.append(value)
+        return 1000 + 10 * value
+
+    assert largest_fitting(linear, {8: linear(8), 64: linear(64)}, limit=3000) == 200
+    assert len(calls) < 20
+    assert largest_fitting(linear, {8: linear(8)}, limit=1000) is None
+    assert largest_fitting(lambda value: 5, {8: 5}, limit=10) == SEARCH_LIMIT  # a total that never grows
+
+
+@pytest.mark.parametrize("engine", ["torch", "torch-checkpoint", "fused-optimizer"])
+def test_the_fake_tensor_trace_replays_the_same_allocations_as_real_tensors(tmp_path, engine):
+    path = tmp_path / "blocks.py"
+    path.write_text(OWN_ACTIVATIONS)
+    file = read_model_file(path)
+    for n in (4, 64):
+        fake = predict_reserved(file, engine, {"n": n}, workspaces=())
+        assert fake == predict_reserved(file, engine, {"n": n}, workspaces=(), fake=False)
+        parameters = sum(round_size(p.numel() * p.element_size()) for p in file.build({"n": n})[0].parameters())
+        assert fake.allocated >= 3 * parameters  # parameters and Adam's two moments at least, gradients besides
+    wide = predict_reserved(file, engine, {"n": 4_000_000}, workspaces=())  # 256 MB of batch: traced, never held
+    assert wide.reserved > 256e6
+    assert predict_reserved(file, engine, {"n": 4}).reserved == fake_reserved_with_workspaces(file, engine)
+
+
+def fake_reserved_with_workspaces(file, engine):
+    """cuBLAS's two 32 MiB workspaces are two large segments of their own, besides the step's."""
+    return predict_reserved(file, engine, {"n": 4}, workspaces=()).reserved + 64 * MiB
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, --device cuda measures")
+def test_fit_on_cuda_without_a_gpu_predicts_labels_everything_and_measures_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(fitting, "_measure", None)  # any measurement would raise
+    path = str(model_file(tmp_path))
+    assert main(["fit", path, "--memory", "100 MB", "--scale", "n", "-p", "n=16", "--device", "cuda",
+                 "--engines", "torch,torch-offload", "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert f"tiny, {BASIS}: the largest n under 100.0 MB of CUDA reserved memory is" in out
+    assert "torch-offload       not predicted: its saved activations move to the host" in out
+    (run,) = (tmp_path / "out").iterdir()
+    records = load_records(run)
+    assert set(records["metric"]) == {"predicted_total_bytes", "fit_check_error", "max_fitting"}
+    assert set(records["device"]) == {"cuda:0"} and records["params"].str.contains(BASIS).all()
+    page = (run / "report.html").read_text()
+    assert BASIS in page and "No verdicts" not in page
+    assert main(["fit", path, "--memory", "100 MB", "--scale", "n", "--device", "cuda", "--verify",
+                 "--out", str(tmp_path / "out2")]) == 2
+    assert "this machine has no GPU" in capsys.readouterr().err and not (tmp_path / "out2").exists()
