@@ -10,6 +10,7 @@ notebook, so Ctrl-C, SIGTERM or SIGHUP lose nothing already written.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -42,7 +43,7 @@ from benchlib.runner.preflight import (ATTRIBUTE, check_attribution_available, c
                                        check_values, plan, resolve_run_device, with_attribute)
 from benchlib.runner.interrupts import Terminated, terminate_as_interrupt
 from benchlib.runner.kernels import ProgressLines, become_subreaper, ipc_kernel_manager, reap_orphans
-from benchlib.runner.papermill_exec import FAILED, TIMED_OUT, execute_notebook
+from benchlib.runner.papermill_exec import FAILED, TIMED_OUT, WarmKernel, execute_notebook
 from benchlib.runner.sweep import (
     BENCHMARK_SLOT,
     EXECUTORS,
@@ -53,7 +54,7 @@ from benchlib.runner.sweep import (
     unpack_point,
 )
 from benchlib.registry import verdict_rules
-from benchlib.runner.notebooks import NotebookSpec, RunnerError, select_notebooks
+from benchlib.runner.notebooks import DECLARED_NOTEBOOK, NotebookSpec, RunnerError, is_model_file, select_notebooks
 
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a watchdog's wait must be a finite number the clock can take
 # Kernels save each figure as plotly JSON *and* HTML (plotly.js once per notebook), so executed
@@ -62,6 +63,8 @@ PORTABLE_FIGURES = {"PLOTLY_RENDERER": "plotly_mimetype+notebook"}
 # Under --budget, each notebook stops measuring this share of its time (at most this many seconds) before
 # its share ends: its kernel starts and its tables and figures are drawn in that time.
 BUDGET_RESERVE_SHARE, BUDGET_RESERVE_S = 0.2, 20.0
+# The generic notebook's first cell's imports, made as its kernel starts (`WarmKernel`).
+WARM_IMPORTS = ("import benchlib.runner.declared, benchlib.usermodel.declare, plotly.graph_objects",)
 # With --png, figures are also saved as PNG files and embedded as PNG in the executed notebooks.
 PNG_FIGURES = {"PLOTLY_RENDERER": "plotly_mimetype+notebook+png", FIGURE_PNG_ENV: "1"}
 
@@ -103,6 +106,15 @@ def _allocator_policy() -> str | None:
     return DEFAULT_MALLOC_POLICY
 
 
+def _warm_kernel(names: Sequence[str], options: RunOptions):
+    """A `WarmKernel` for a local run whose first notebook is the generic one (a model file: its check in a child
+    takes seconds), started at once; else nothing. Not under --budget, whose deadline a kernel reads from its
+    environment as the notebook starts."""
+    if options.executor != "local" or options.budget_s is not None or not names or not is_model_file(names[0]):
+        return contextlib.nullcontext()
+    return WarmKernel(DECLARED_NOTEBOOK.parent, PNG_FIGURES if options.png else PORTABLE_FIGURES, WARM_IMPORTS)
+
+
 def run(notebooks: Sequence[str] = (), *, options: RunOptions | None = None, **overrides: Any) -> RunResult:
     """Run `notebooks` (names or paths, default all) into a new run directory under `out` (default results/).
 
@@ -139,70 +151,71 @@ def run(notebooks: Sequence[str] = (), *, options: RunOptions | None = None, **o
         isolation_mode()  # BENCHLIB_ISOLATION, read by every isolated case: refused here, before any notebook
     except ValueError as error:
         raise RunnerError(str(error)) from None
-    specs = select_notebooks(notebooks, notebooks_dir)  # model files read and checked here, once
-    if options.attribute:
-        params = with_attribute(specs, params, stream)
-    planned = plan(specs, params=dict(params or {}), quick=quick)
-    attributed = [spec.name for spec, values in planned if values.get(ATTRIBUTE)]
-    if attributed:
-        check_attribution_available(attributed)
-    executions = expand(planned, dict(grid or {}), dict(params or {}))
-    resolved = resolve_run_device(device)
-    check_values([(execution.spec, execution.values) for execution in executions], resolved)
-    check_out_dir(root)
-    check_kernel()
-    if options.png:
-        try:
-            check_static_export()
-        except RuntimeError as unavailable:
-            raise RunnerError(f"--png: {unavailable}") from None
-    client, cluster = dask_client(scheduler) if executor == "dask" else (None, None)
+    with _warm_kernel(notebooks, options) as warm:  # started while the model files are checked
+        specs = select_notebooks(notebooks, notebooks_dir)  # model files read and checked here, once
+        if options.attribute:
+            params = with_attribute(specs, params, stream)
+        planned = plan(specs, params=dict(params or {}), quick=quick)
+        attributed = [spec.name for spec, values in planned if values.get(ATTRIBUTE)]
+        if attributed:
+            check_attribution_available(attributed)
+        executions = expand(planned, dict(grid or {}), dict(params or {}))
+        resolved = resolve_run_device(device)
+        check_values([(execution.spec, execution.values) for execution in executions], resolved)
+        check_out_dir(root)
+        check_kernel()
+        if options.png:
+            try:
+                check_static_export()
+            except RuntimeError as unavailable:
+                raise RunnerError(f"--png: {unavailable}") from None
+        client, cluster = dask_client(scheduler) if executor == "dask" else (None, None)
 
-    typed_params = {name: next(values[name] for _, values in planned if name in values) for name in (params or {})}
-    results_run = Run.create(
-        root,
-        resolved,
-        allocator_policy=_allocator_policy(),
-        device_requested=device,
-        quick=quick,
-        params=typed_params,
-        grid={name: list(values) for name, values in (grid or {}).items()},
-        executor=executor if executor == "local" else f"dask ({scheduler or 'local cluster'})",
-        notebooks_dir=str(notebooks_dir.resolve()) if notebooks_dir else None,
-        benchmarks={spec.name: spec.benchmark.summary() for spec, _ in planned},
-        model_files=model_file_provenance(planned),
-        command=list(options.command) if options.command is not None else None,
-        attributed=attributed,
-        budget_s=options.budget_s,
-        runner={"pid": os.getpid(), "host": socket.gethostname()},
-    )
-    result = RunResult(results_run.run_id, results_run.path)
-    injected = {"device": resolved.name, "results_dir": str(results_run.path.resolve())}
-    for execution in executions:
-        results_run.info["notebooks"][execution.key] = {
-            "status": "not run", "parameters": _parameters(results_run, execution, injected),
-            "path": str(execution.spec.path.resolve()), **({"grid": execution.point} if execution.point else {})}
-    results_run.write_info()
-    what = f"{len(executions)} grid point(s) of {len(planned)} notebook(s)" if grid else f"{len(planned)} notebook(s)"
-    print(f"run {results_run.run_id}: {what} on {resolved.name} -> {results_run.path}", file=stream, flush=True)
-    become_subreaper()
-    loop = _RunLoop(results_run, result, executions, injected, root, replace(options, stream=stream))
-    try:
-        with terminate_as_interrupt():
-            if client is None:
-                loop.run_locally()
-            else:
-                loop.run_on_dask(client)
-    finally:
-        if client is not None:
-            client.close()
-        if cluster is not None:
-            cluster.close()
-    if grid:
-        _save_grid_figures(results_run)
-    results_run.finish(interrupted=False, data_sources={r.name: r.data_source for r in result.notebooks if r.data_source})
-    _conclude(results_run, result, planned, stream)
-    return result
+        typed_params = {name: next(values[name] for _, values in planned if name in values) for name in (params or {})}
+        results_run = Run.create(
+            root,
+            resolved,
+            allocator_policy=_allocator_policy(),
+            device_requested=device,
+            quick=quick,
+            params=typed_params,
+            grid={name: list(values) for name, values in (grid or {}).items()},
+            executor=executor if executor == "local" else f"dask ({scheduler or 'local cluster'})",
+            notebooks_dir=str(notebooks_dir.resolve()) if notebooks_dir else None,
+            benchmarks={spec.name: spec.benchmark.summary() for spec, _ in planned},
+            model_files=model_file_provenance(planned),
+            command=list(options.command) if options.command is not None else None,
+            attributed=attributed,
+            budget_s=options.budget_s,
+            runner={"pid": os.getpid(), "host": socket.gethostname()},
+        )
+        result = RunResult(results_run.run_id, results_run.path)
+        injected = {"device": resolved.name, "results_dir": str(results_run.path.resolve())}
+        for execution in executions:
+            results_run.info["notebooks"][execution.key] = {
+                "status": "not run", "parameters": _parameters(results_run, execution, injected),
+                "path": str(execution.spec.path.resolve()), **({"grid": execution.point} if execution.point else {})}
+        results_run.write_info()
+        what = f"{len(executions)} grid point(s) of {len(planned)} notebook(s)" if grid else f"{len(planned)} notebook(s)"
+        print(f"run {results_run.run_id}: {what} on {resolved.name} -> {results_run.path}", file=stream, flush=True)
+        become_subreaper()
+        loop = _RunLoop(results_run, result, executions, injected, root, replace(options, stream=stream), warm)
+        try:
+            with terminate_as_interrupt():
+                if client is None:
+                    loop.run_locally()
+                else:
+                    loop.run_on_dask(client)
+        finally:
+            if client is not None:
+                client.close()
+            if cluster is not None:
+                cluster.close()
+        if grid:
+            _save_grid_figures(results_run)
+        results_run.finish(interrupted=False, data_sources={r.name: r.data_source for r in result.notebooks if r.data_source})
+        _conclude(results_run, result, planned, stream)
+        return result
 
 
 def _conclude(results_run: Run, result: RunResult, planned: Sequence[tuple[NotebookSpec, dict[str, Any]]],
@@ -247,9 +260,11 @@ class _RunLoop:
     and prints progress: the notebook's own lines locally, points done / total with an ETA."""
 
     def __init__(self, results_run: Run, result: RunResult, executions: Sequence[Execution], injected: Mapping[str, str],
-                 root: Path, options: RunOptions):
-        """`root` is the results root (the ETA reads past runs there); `options.stream` is written to."""
+                 root: Path, options: RunOptions, warm: WarmKernel | None = None):
+        """`root` is the results root (the ETA reads past runs there); `options.stream` is written to; `warm`, a
+        kernel already started for the first notebook, if it fits it."""
         self.run_, self.result, self.executions, self.injected = results_run, result, list(executions), injected
+        self.warm = warm
         self.stream, self.root, self.quick, self.progress = options.stream, root, options.quick, options.progress
         self.figures_env = PNG_FIGURES if options.png else PORTABLE_FIGURES
         self.timeout_s = options.timeout_s
@@ -377,10 +392,11 @@ class _RunLoop:
                 started, wall_start = time.perf_counter(), time.time()
                 lines = ProgressLines(execution.spec.name, self.stream, expected) if self.progress else None
                 try:  # a notebook's failure is a result to record; the others still run
+                    kernel = self.warm.take(execution.spec.path.parent, environment) if self.warm else None
                     status, error = execute_notebook(
                         execution.spec.path, output, parameters, cwd=execution.spec.path.parent,
                         kernel_manager_class=kernel_manager, kernel_env=environment, output_lines=lines,
-                        timeout_s=self.timeout_s)
+                        timeout_s=self.timeout_s, kernel=kernel)
                 except KeyboardInterrupt as interrupt:
                     reason = interrupt.signal_name if isinstance(interrupt, Terminated) else "KeyboardInterrupt"
                     self._interrupted(index, [execution], time.perf_counter() - started, reason)

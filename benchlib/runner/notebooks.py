@@ -123,7 +123,8 @@ def _spec(name: str, path: Path) -> NotebookSpec:
     return NotebookSpec(known, path.resolve()) if known is not None else inspect(name, path)
 
 
-def _is_model_file(name: str) -> bool:
+def is_model_file(name: str) -> bool:
+    """A name `benchlib run` reads as a model file: it ends in .py, or names a file that is not a notebook."""
     path = Path(name)
     return name.endswith(".py") or (path.is_file() and path.suffix != ".ipynb")
 
@@ -178,7 +179,7 @@ def select_notebooks(names: Sequence[str], notebooks_dir: Path | None = None) ->
         return list(specs.values())
     selected: dict[str, NotebookSpec] = {}
     unknown = []
-    model_files = [name for name in names if _is_model_file(name)]
+    model_files = [name for name in names if is_model_file(name)]
     read = dict(zip(model_files, model_file_specs([[name] for name in model_files]))) if model_files else {}
     versions: dict[str, list[str]] = {}  # NAME -> its files, where several share one
     for name in names:

@@ -11,7 +11,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
@@ -142,25 +142,90 @@ def _interrupts_passed_on(deadline: _Deadline) -> Iterator[None]:
 
 def execute_notebook(source: Path | str, output: Path | str, parameters: Mapping[str, Any], *, cwd: Path | str,
                      kernel_manager_class: type, kernel_env: Mapping[str, str], output_lines: TextIO | None = None,
-                     timeout_s: float | None = None) -> tuple[str, str | None]:
+                     timeout_s: float | None = None, kernel: Any = None) -> tuple[str, str | None]:
     """Execute `source` into `output` in the `KERNEL_NAME` kernel, with `kernel_env` in the kernel's
     environment, for at most `timeout_s` seconds (None: no limit); what its cells print (stdout and stderr
-    alike) goes to `output_lines`. Returns (OK, None) when it ran to
+    alike) goes to `output_lines`. `kernel`: one already started for it (`WarmKernel.take`), used and shut
+    down. Returns (OK, None) when it ran to
     the end, (TIMED_OUT, what happened) when the limit stopped it, else (FAILED, the error as
     `error_text` tells it); a KeyboardInterrupt (Ctrl-C, or a signal turned into one) is not a
     failure and propagates."""
     import papermill  # here, not at import: it brings nbformat (a second), which planning and refusals need not pay
 
     deadline = _Deadline(kernel_manager_class, timeout_s)
+    if kernel is not None:
+        deadline.kernels.append(kernel)
     try:
         with kernel_environment({**kernel_env, UNDER_RUNNER_ENV: "1"}), deadline, _interrupts_passed_on(deadline):
             papermill.execute_notebook(
                 str(source), str(output), parameters=dict(parameters), kernel_name=KERNEL_NAME, language=LANGUAGE,
                 progress_bar=False, stdout_file=output_lines, stderr_file=output_lines, cwd=str(cwd),
                 kernel_manager_class=deadline.kernel_manager_class,
-                shutdown_kernel="immediate")  # its cells have saved all; a graceful exit took 2.6 s more
+                shutdown_kernel="immediate",  # its cells have saved all; a graceful exit took 2.6 s more
+                **({"km": kernel} if kernel is not None else {}))
     except Exception as failure:  # a notebook's failure is a result to record, not to raise
         if deadline.fired.is_set():
             return TIMED_OUT, f"stopped after the --timeout of {timeout_s:g} s ({error_text(failure)})"
         return FAILED, error_text(failure)
+    finally:
+        if kernel is not None:  # a kernel papermill did not start, it does not shut down
+            shut_down(kernel)
     return OK, None
+
+
+def shut_down(kernel: Any) -> None:
+    """Kill a started kernel at once and wait for it (its notebook has saved all it measured)."""
+    from jupyter_core.utils import run_sync
+
+    if kernel.has_kernel:
+        run_sync(kernel.shutdown_kernel)(now=True)
+
+
+class WarmKernel:
+    """The first notebook's kernel, started before the runner checks what it was asked to run, so that the
+    kernel's start and its first imports (`imports`: what the notebook's first cells import) overlap the
+    check: `benchlib run model.py` spends seconds in its model-file check, in a child process, and a kernel
+    seconds starting and importing benchlib and torch. Nothing is measured in either meanwhile. A notebook
+    takes it (`take`) only with the same working folder and environment; otherwise, or on a refusal, it is
+    shut down (`close`). Where it cannot start (no kernel installed), it is simply not there: the runner's
+    own kernel check says why."""
+
+    def __init__(self, cwd: Path, kernel_env: Mapping[str, str], imports: Sequence[str] = ()):
+        import tempfile
+
+        from jupyter_core.utils import run_sync
+
+        from benchlib.runner.kernels import ipc_kernel_manager
+
+        self.cwd, self.env = Path(cwd).resolve(), {**kernel_env, UNDER_RUNNER_ENV: "1"}
+        self.sockets = tempfile.TemporaryDirectory(prefix="benchlib-kernels-")
+        self.kernel: Any = None
+        try:
+            kernel = ipc_kernel_manager(self.sockets.name)(kernel_name=KERNEL_NAME)
+            run_sync(kernel.start_kernel)(cwd=str(self.cwd), env={**self.env, **os.environ},  # the caller's own win
+                                          extra_arguments=[f"--IPKernelApp.exec_lines={line}" for line in imports])
+            self.kernel = kernel
+        except Exception:  # noqa: BLE001 - no kernel to start: the preflight's check_kernel refuses with the reason
+            self.sockets.cleanup()
+
+    def take(self, cwd: Path | str, kernel_env: Mapping[str, str]) -> Any:
+        """The started kernel for a notebook run in `cwd` with `kernel_env`, once; None (and the kernel shut
+        down) for any other."""
+        kernel, self.kernel = self.kernel, None
+        if kernel is not None and (Path(cwd).resolve(), {**kernel_env, UNDER_RUNNER_ENV: "1"}) != (self.cwd, self.env):
+            shut_down(kernel)
+            return None
+        return kernel
+
+    def close(self) -> None:
+        """Shut the kernel down if no notebook took it, and remove its sockets' folder."""
+        kernel, self.kernel = self.kernel, None
+        if kernel is not None:
+            shut_down(kernel)
+        self.sockets.cleanup()
+
+    def __enter__(self) -> WarmKernel:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
