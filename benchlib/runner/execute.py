@@ -392,11 +392,11 @@ class _RunLoop:
                 started, wall_start = time.perf_counter(), time.time()
                 lines = ProgressLines(execution.spec.name, self.stream, expected) if self.progress else None
                 try:  # a notebook's failure is a result to record; the others still run
-                    kernel = self.warm.take(execution.spec.path.parent, environment) if self.warm else None
+                    warm = self.warm.take(execution.spec.path.parent, environment) if self.warm else None
                     status, error = execute_notebook(
                         execution.spec.path, output, parameters, cwd=execution.spec.path.parent,
-                        kernel_manager_class=kernel_manager, kernel_env=environment, output_lines=lines,
-                        timeout_s=self.timeout_s, kernel=kernel)
+                        kernel=warm or kernel_manager, kernel_env=environment, output_lines=lines,
+                        timeout_s=self.timeout_s)
                 except KeyboardInterrupt as interrupt:
                     reason = interrupt.signal_name if isinstance(interrupt, Terminated) else "KeyboardInterrupt"
                     self._interrupted(index, [execution], time.perf_counter() - started, reason)

@@ -141,20 +141,21 @@ def _interrupts_passed_on(deadline: _Deadline) -> Iterator[None]:
 
 
 def execute_notebook(source: Path | str, output: Path | str, parameters: Mapping[str, Any], *, cwd: Path | str,
-                     kernel_manager_class: type, kernel_env: Mapping[str, str], output_lines: TextIO | None = None,
-                     timeout_s: float | None = None, kernel: Any = None) -> tuple[str, str | None]:
-    """Execute `source` into `output` in the `KERNEL_NAME` kernel, with `kernel_env` in the kernel's
+                     kernel: Any, kernel_env: Mapping[str, str], output_lines: TextIO | None = None,
+                     timeout_s: float | None = None) -> tuple[str, str | None]:
+    """Execute `source` into `output` in a `KERNEL_NAME` kernel, with `kernel_env` in the kernel's
     environment, for at most `timeout_s` seconds (None: no limit); what its cells print (stdout and stderr
-    alike) goes to `output_lines`. `kernel`: one already started for it (`WarmKernel.take`), used and shut
-    down. Returns (OK, None) when it ran to
+    alike) goes to `output_lines`. `kernel` is the kernel manager class to start it with, or a kernel already
+    started for this notebook (`WarmKernel.take`), used and then shut down. Returns (OK, None) when it ran to
     the end, (TIMED_OUT, what happened) when the limit stopped it, else (FAILED, the error as
     `error_text` tells it); a KeyboardInterrupt (Ctrl-C, or a signal turned into one) is not a
     failure and propagates."""
     import papermill  # here, not at import: it brings nbformat (a second), which planning and refusals need not pay
 
-    deadline = _Deadline(kernel_manager_class, timeout_s)
-    if kernel is not None:
-        deadline.kernels.append(kernel)
+    started = None if isinstance(kernel, type) else kernel
+    deadline = _Deadline(type(started) if started is not None else kernel, timeout_s)
+    if started is not None:
+        deadline.kernels.append(started)
     try:
         with kernel_environment({**kernel_env, UNDER_RUNNER_ENV: "1"}), deadline, _interrupts_passed_on(deadline):
             papermill.execute_notebook(
@@ -162,14 +163,14 @@ def execute_notebook(source: Path | str, output: Path | str, parameters: Mapping
                 progress_bar=False, stdout_file=output_lines, stderr_file=output_lines, cwd=str(cwd),
                 kernel_manager_class=deadline.kernel_manager_class,
                 shutdown_kernel="immediate",  # its cells have saved all; a graceful exit took 2.6 s more
-                **({"km": kernel} if kernel is not None else {}))
+                **({"km": started} if started is not None else {}))
     except Exception as failure:  # a notebook's failure is a result to record, not to raise
         if deadline.fired.is_set():
             return TIMED_OUT, f"stopped after the --timeout of {timeout_s:g} s ({error_text(failure)})"
         return FAILED, error_text(failure)
     finally:
-        if kernel is not None:  # a kernel papermill did not start, it does not shut down
-            shut_down(kernel)
+        if started is not None:  # a kernel papermill did not start, it does not shut down
+            shut_down(started)
     return OK, None
 
 

@@ -158,7 +158,7 @@ def execute_remote(notebook_text: str, notebook_name: str, parameters: dict[str,
         started = time.perf_counter()
         # the point's failure travels back as data
         status, error = execute_notebook(source, executed, {**parameters, "results_dir": str(results_dir)}, cwd=working,
-                                         kernel_manager_class=ipc_kernel_manager(tmp), kernel_env=figures_env,
+                                         kernel=ipc_kernel_manager(tmp), kernel_env=figures_env,
                                          timeout_s=timeout_s)
         reap_orphans()
         summary = {"status": status, "error": error, "duration_s": round(time.perf_counter() - started, 3)}

@@ -162,7 +162,7 @@ def predict_fit(model_file, fits: list, values: dict, scale: str, limit: int, de
     traces (`largest_fitting`); the size model of the traced points is recorded with its check error."""
     from benchlib.units import format_bytes
     from benchlib.usermodel.engines import COMPILED
-    from benchlib.usermodel.fit import TRACE_REACH, FitResult, choose_model, scale_points
+    from benchlib.usermodel.fit import TRACE_REACH, FitResult, choose_model, scale_points, untraced_reason
 
     points = scale_points(values[scale], scale)
 
@@ -181,8 +181,8 @@ def predict_fit(model_file, fits: list, values: dict, scale: str, limit: int, de
             traced = {value: reserved(value) for value in sorted({*points, *(values[scale] * k for k in TRACE_REACH)})}
             largest = largest_fitting(reserved, traced, limit)
         except Exception as error:  # noqa: BLE001 - torch's tracer or the file's code under fake tensors: said, not fatal
-            first = str(error).splitlines()[0][:200] if str(error) else ""
-            engine_fit.reason = f"not predicted: its step could not be traced under fake tensors ({type(error).__name__}: {first})"
+            engine_fit.reason = ("not predicted: its step could not be traced under fake tensors "
+                                 f"({untraced_reason(error)})")
             progress(f"{model_file.name} {engine_fit.engine}: {engine_fit.reason}")
             continue
         engine_fit.traced = dict(sorted(traced.items()))

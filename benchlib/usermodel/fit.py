@@ -462,7 +462,7 @@ def _trace(engine_fit: EngineFit, model_file, values: dict, scale: str, progress
         model, traced = trace_model([(v, total) for v, total, _ in engine_fit.points],
                                     lambda value: traced_peak(model_file, engine_fit.engine, {**values, scale: value}))
     except Exception as error:  # noqa: BLE001 - torch's tracer or the file's code under fake tensors: said, not fatal
-        engine_fit.untraced = f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+        engine_fit.untraced = untraced_reason(error)
         progress(f"{model_file.name} {engine_fit.engine}: not traced ({engine_fit.untraced})")
         return
     engine_fit.traced = traced
@@ -470,6 +470,18 @@ def _trace(engine_fit: EngineFit, model_file, values: dict, scale: str, progress
              f"model predicted the largest measured total within {100 * model.check_error:.1f}%")
     if model.check_error <= TRACE_TRUSTED:
         engine_fit.model = model
+
+
+def untraced_reason(error: Exception) -> str:
+    """Why a step could not be traced under fake tensors, in one line: the common case (the step asks a tensor for
+    a Python number, which a fake tensor does not hold) in words, any other as torch said it."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    said = f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+    if isinstance(error, DataDependentOutputException):
+        return (f"the step reads a value out of a tensor (.item(), float(), a data-dependent shape), which a fake "
+                f"tensor does not hold ({said})")
+    return said
 
 
 def _measure(model_file, engine: str, values: dict, device) -> tuple[int, float] | str:
