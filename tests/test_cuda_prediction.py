@@ -13,8 +13,7 @@ from benchlib.runner.cli import main
 from benchlib.usermodel import fit as fitting
 from benchlib.usermodel.cuda_prediction import BASIS, largest_fitting, predict_reserved
 from benchlib.usermodel.fit import SEARCH_LIMIT
-from benchlib.usermodel.loader import read_model_file
-from test_fit import OWN_ACTIVATIONS, model_file
+from test_fit import blocks_file, model_file
 
 MiB = 1 << 20
 
@@ -95,9 +94,7 @@ def test_the_bisection_over_traces_finds_the_largest_fitting_value():
 
 @pytest.mark.parametrize("engine", ["torch", "torch-checkpoint", "fused-optimizer"])
 def test_the_fake_tensor_trace_replays_the_same_allocations_as_real_tensors(tmp_path, engine):
-    path = tmp_path / "blocks.py"
-    path.write_text(OWN_ACTIVATIONS)
-    file = read_model_file(path)
+    file = blocks_file(tmp_path)
     for n in (4, 64):
         fake = predict_reserved(file, engine, {"n": n}, workspaces=())
         assert fake == predict_reserved(file, engine, {"n": n}, workspaces=(), fake=False)
@@ -105,12 +102,9 @@ def test_the_fake_tensor_trace_replays_the_same_allocations_as_real_tensors(tmp_
         assert fake.allocated >= 3 * parameters  # parameters and Adam's two moments at least, gradients besides
     wide = predict_reserved(file, engine, {"n": 4_000_000}, workspaces=())  # 256 MB of batch: traced, never held
     assert wide.reserved > 256e6
-    assert predict_reserved(file, engine, {"n": 4}).reserved == fake_reserved_with_workspaces(file, engine)
-
-
-def fake_reserved_with_workspaces(file, engine):
-    """cuBLAS's two 32 MiB workspaces are two large segments of their own, besides the step's."""
-    return predict_reserved(file, engine, {"n": 4}, workspaces=()).reserved + 64 * MiB
+    # cuBLAS's two 32 MiB workspaces: two large segments of their own, besides the step's
+    bare = predict_reserved(file, engine, {"n": 4}, workspaces=())
+    assert predict_reserved(file, engine, {"n": 4}).reserved == bare.reserved + 64 * MiB
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, --device cuda measures")

@@ -163,12 +163,17 @@ def optimizer(parameters):
 """
 
 
+def blocks_file(tmp_path):
+    """OWN_ACTIVATIONS, written and read: a model file of two blocks whose activations grow with n."""
+    path = tmp_path / "blocks.py"
+    path.write_text(OWN_ACTIVATIONS)
+    return read_model_file(path)
+
+
 @pytest.mark.parametrize("engine", ["torch", "torch-checkpoint", "fused-optimizer"])
 def test_a_fake_tensor_trace_counts_the_bytes_a_real_step_holds_at_its_peak(tmp_path, engine):
     # the same tracker over real tensors: the trace under fake tensors must hold the same bytes, taking none
-    path = tmp_path / "blocks.py"
-    path.write_text(OWN_ACTIVATIONS)
-    file = read_model_file(path)
+    file = blocks_file(tmp_path)
     for n in (4, 32):
         real = fitting.tracked_peak(file, engine, {"n": n})
         parameters = sum(p.numel() * p.element_size() for p in file.build({"n": n})[0].parameters())
