@@ -1,6 +1,9 @@
 """`benchlib fit --device cuda` without a GPU: the caching allocator's model, the trace that feeds it, and the
 command's answer labelled as a prediction."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -13,6 +16,8 @@ from benchlib.runner.cli import main
 from benchlib.usermodel import fit as fitting
 from benchlib.usermodel.cuda_prediction import BASIS, largest_fitting, predict_reserved
 from benchlib.usermodel.fit import SEARCH_LIMIT
+from benchlib.usermodel.loader import read_model_file
+from benchlib.usermodel.template import TEMPLATE
 from test_fit import blocks_file, model_file
 
 MiB = 1 << 20
@@ -125,3 +130,20 @@ def test_fit_on_cuda_without_a_gpu_predicts_labels_everything_and_measures_nothi
     assert main(["fit", path, "--memory", "100 MB", "--scale", "n", "--device", "cuda", "--verify",
                  "--out", str(tmp_path / "out2")]) == 2
     assert "this machine has no GPU" in capsys.readouterr().err and not (tmp_path / "out2").exists()
+
+
+REFERENCE_GPU_RUN = Path(__file__).parent.parent / "results" / "reference" / "20261126-011235-vm-cuda-0"
+
+
+@pytest.mark.parametrize("engine", ["torch", "torch.func", "fused-optimizer"])
+def test_the_prediction_matches_what_an_h200_reserved_for_the_template_model(tmp_path, engine):
+    # the reference run measured `benchlib new`'s model on an NVIDIA H200 (torch 2.11, CUDA 13.0); the trace here
+    # runs the CPU's operators under torch 2.13, yet lands on the same segments
+    records = load_records(REFERENCE_GPU_RUN)
+    measured = records[(records["benchmark"] == "my_mlp") & (records["metric"] == "cuda_reserved_peak_bytes")
+                       & (records["variant"] == engine)]
+    params = json.loads(measured["params"].iloc[0])
+    path = tmp_path / "my_model.py"
+    path.write_text(TEMPLATE)
+    values = {name: params[name] for name in ("width", "depth", "batch_size")}
+    assert predict_reserved(read_model_file(path), engine, values).reserved == int(measured["value"].median())
