@@ -5,13 +5,14 @@ shows says so (`BASIS`).
 
 The trace follows what a measured CUDA process does (`benchlib.usermodel.measuring`): the model and the
 batch built, then moved to the device (parameters and buffers in the order `Module.to` copies them, then
-the batch), cuBLAS's workspaces taken (`prime_cuda_libraries`), and `WARMUP + STEPS` steps, whose first
+the batch), cuBLAS's workspaces taken (`prime_cuda_libraries`), and `STEPS_TRACED` steps, whose first
 makes the gradients and the optimizer's state. Every tensor storage the step makes is an allocation of
 its bytes, freed when torch frees it; the allocator model turns that sequence into reserved segments.
 
 What the trace cannot know: the trace runs the CPU's operators, so where CUDA picks another kernel with
 another workspace (cuDNN's convolution algorithms, fused attention) its bytes differ; cuBLAS's workspace
-size depends on the GPU and `CUBLAS_WORKSPACE_CONFIG` (`CUBLAS_WORKSPACES` assumes what an H100 took).
+size depends on the GPU and `CUBLAS_WORKSPACE_CONFIG` (`CUBLAS_WORKSPACES` assumes what an H100 and an
+H200 took). Checked against an H200's measurements in docs/techniques.md.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 from benchlib.measure.caching_allocator import CachingAllocatorModel
 
 BASIS = "predicted, not measured on a GPU"
-CUBLAS_WORKSPACES = (32 << 20, 32 << 20)  # cuBLAS's, for the caller's thread and autograd's: an H100, torch 2.11
+CUBLAS_WORKSPACES = (32 << 20, 32 << 20)  # cuBLAS's, for the caller's thread and autograd's (Hopper, torch 2.11)
 STEPS_TRACED = 4  # fit's measured processes run one warm-up step and three measured ones
 NOT_TRACEABLE = {  # engine -> why its step is not predicted from a trace on the CPU
     "torch-offload": "its saved activations move to the host, which a trace on the CPU cannot tell from device memory",
@@ -49,10 +50,10 @@ class _StorageEvents:
     when torch frees it (a weak reference's callback: torch keeps a storage's Python object while it lives)."""
 
     def __init__(self, allocator: CachingAllocatorModel):
-        self.allocator = allocator
-        self.keys = itertools.count()
         from torch.utils.weak import WeakIdKeyDictionary
 
+        self.allocator = allocator
+        self.keys = itertools.count()
         self.seen = WeakIdKeyDictionary()  # storages compare by identity
 
     def note(self, tensor) -> None:
