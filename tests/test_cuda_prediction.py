@@ -95,6 +95,29 @@ def test_the_bisection_over_traces_finds_the_largest_fitting_value():
     assert len(calls) < 20
     assert largest_fitting(linear, {8: linear(8)}, limit=1000) is None
     assert largest_fitting(lambda value: 5, {8: 5}, limit=10) == SEARCH_LIMIT  # a total that never grows
+    calls.clear()
+    assert largest_fitting(linear, {8: linear(8)}, limit=3000, reach=64) == 64  # fits at the reach: not traced beyond
+    assert max(calls) == 64
+    assert largest_fitting(linear, {8: linear(8)}, limit=1500, reach=64) == 50
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, --device cuda measures")
+def test_a_step_whose_operators_grow_with_the_value_is_traced_no_farther_than_eight_times_it(tmp_path, monkeypatch):
+    from benchlib.usermodel import cuda_prediction
+
+    asked = []
+
+    def fake_trace(model_file, engine, values, **_):  # a loop over the value: one more operator per unit
+        asked.append(values["n"])
+        return cuda_prediction.Prediction(100 * MiB + values["n"] * MiB, 0, 1, operators=values["n"])
+
+    monkeypatch.setattr(cuda_prediction, "predict_reserved", fake_trace)
+    path = model_file(tmp_path)
+    result = fitting.fit(path, memory=100 * MiB + 1000 * MiB, scale="n", device="cuda", engines=["torch"],
+                         params={"n": 16}, progress=lambda line: None)
+    (torch_fit,) = result.engines
+    assert max(asked) == 8 * 16 and torch_fit.max_fitting == 1000  # the linear size model, beyond the traces
+    assert "linear model of the traced values beyond the farthest, 128" in "\n".join(result.lines())
 
 
 @pytest.mark.parametrize("engine", ["torch", "torch-checkpoint", "fused-optimizer"])
@@ -102,7 +125,8 @@ def test_the_fake_tensor_trace_replays_the_same_allocations_as_real_tensors(tmp_
     file = blocks_file(tmp_path)
     for n in (4, 64):
         fake = predict_reserved(file, engine, {"n": n}, workspaces=())
-        assert fake == predict_reserved(file, engine, {"n": n}, workspaces=(), fake=False)
+        real = predict_reserved(file, engine, {"n": n}, workspaces=(), fake=False)
+        assert (fake.reserved, fake.allocated, fake.segments) == (real.reserved, real.allocated, real.segments)
         parameters = sum(round_size(p.numel() * p.element_size()) for p in file.build({"n": n})[0].parameters())
         assert fake.allocated >= 3 * parameters  # parameters and Adam's two moments at least, gradients besides
     wide = predict_reserved(file, engine, {"n": 4_000_000}, workspaces=())  # 256 MB of batch: traced, never held

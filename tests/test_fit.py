@@ -43,6 +43,13 @@ def test_a_linear_total_is_fitted_linear_and_a_quadratic_one_quadratic():
     assert choose_model(values, [500] * 4).largest_under(1000, 2) == SEARCH_LIMIT  # a total that does not grow
 
 
+def test_a_quadratic_that_turns_down_is_never_chosen():
+    values = [8, 16, 32, 64]
+    totals = [100.0, 150.0, 180.0, 185.0]  # flattening: a parabola through them turns down past 64
+    model = choose_model(values, totals)
+    assert model.kind == LINEAR and model.largest_under(1000.0, 64) < SEARCH_LIMIT
+
+
 def test_the_points_are_fractions_of_the_value_given_and_too_few_are_refused():
     assert scale_points(64, "batch") == [8, 16, 32, 64]
     assert scale_points(3, "batch") == [1, 2, 3]

@@ -43,6 +43,7 @@ class Prediction:
     reserved: int
     allocated: int
     segments: int
+    operators: int  # operators the traced steps dispatched: what a trace costs, whatever the tensors' sizes
 
 
 class _StorageEvents:
@@ -55,6 +56,7 @@ class _StorageEvents:
         self.allocator = allocator
         self.keys = itertools.count()
         self.seen = WeakIdKeyDictionary()  # storages compare by identity
+        self.operators = 0
 
     def note(self, tensor) -> None:
         import torch
@@ -77,6 +79,7 @@ def _recording_mode(events: _StorageEvents):
 
     class Recording(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            events.operators += 1
             out = func(*args, **(kwargs or {}))
             for leaf in tree_leaves(out):
                 events.note(leaf)
@@ -123,13 +126,15 @@ def predict_reserved(model_file, engine: str, values: Mapping[str, Any],
             for _ in range(STEPS_TRACED):
                 step()
         del step, model, batch
-    return Prediction(allocator.peak_reserved, allocator.peak_allocated, allocator.segments)
+    return Prediction(allocator.peak_reserved, allocator.peak_allocated, allocator.segments, events.operators)
 
 
-def largest_fitting(reserved: Callable[[int], int], traced: dict[int, int], limit: int) -> int | None:
+def largest_fitting(reserved: Callable[[int], int], traced: dict[int, int], limit: int,
+                    reach: int | None = None) -> int | None:
     """The largest value whose traced reserved peak stays under `limit` (`traced`: value -> reserved, extended as
     it asks): up from the smallest over the traced values, then doubling, then bisection. None when not even the
-    smallest fits; `SEARCH_LIMIT` when the total never reaches the limit."""
+    smallest fits; `SEARCH_LIMIT` when the total never reaches the limit. With `reach`, nothing beyond it is traced:
+    `reach` itself when it fits there (the caller extrapolates)."""
     from benchlib.usermodel.fit import SEARCH_LIMIT
 
     def fits(value: int) -> bool:
@@ -137,7 +142,7 @@ def largest_fitting(reserved: Callable[[int], int], traced: dict[int, int], limi
             traced[value] = reserved(value)
         return traced[value] <= limit
 
-    ordered = sorted(traced)
+    ordered = sorted(value for value in traced if reach is None or value <= reach)
     if not fits(ordered[0]):
         return None
     low, high = ordered[0], None
@@ -147,9 +152,10 @@ def largest_fitting(reserved: Callable[[int], int], traced: dict[int, int], limi
             break
         low = value
     while high is None:
-        if low >= SEARCH_LIMIT:
-            return SEARCH_LIMIT
-        low, high = (low * 2, None) if fits(low * 2) else (low, low * 2)
+        if low >= (SEARCH_LIMIT if reach is None else reach):
+            return low
+        following = low * 2 if reach is None else min(low * 2, reach)
+        low, high = (following, None) if fits(following) else (low, following)
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (middle, high) if fits(middle) else (low, middle)
@@ -175,12 +181,16 @@ def predict_fit(model_file, fits: list, values: dict, scale: str, limit: int, de
                 engine_fit.engine, "a compiled step is not traced under fake tensors here")
             continue
 
-        def reserved(value: int, engine: str = engine_fit.engine) -> int:
-            return predict_reserved(model_file, engine, {**values, scale: value}).reserved
+        def trace(value: int, engine: str = engine_fit.engine) -> Prediction:
+            return predict_reserved(model_file, engine, {**values, scale: value})
 
         try:
-            traced = {value: reserved(value) for value in sorted({*points, *(values[scale] * k for k in TRACE_REACH)})}
-            largest = largest_fitting(reserved, traced, limit)
+            grid = {value: trace(value) for value in sorted({*points, *(values[scale] * k for k in TRACE_REACH)})}
+            traced = {value: prediction.reserved for value, prediction in grid.items()}
+            # a step whose operators grow with the value (a loop over a sequence) costs a trace that grows too:
+            # traced no farther than the grid's end, and extrapolated by the size model beyond it
+            reach = None if len({prediction.operators for prediction in grid.values()}) == 1 else max(grid)
+            largest = largest_fitting(lambda value: trace(value).reserved, traced, limit, reach)
         except Exception as error:  # noqa: BLE001 - torch's tracer or the file's code under fake tensors: said, not fatal
             engine_fit.reason = ("not predicted: its step could not be traced under fake tensors "
                                  f"({untraced_reason(error)})")
@@ -188,6 +198,8 @@ def predict_fit(model_file, fits: list, values: dict, scale: str, limit: int, de
             continue
         engine_fit.traced = dict(sorted(traced.items()))
         engine_fit.model = choose_model(list(engine_fit.traced), list(engine_fit.traced.values()))
+        if largest is not None and largest == reach:  # fits at the farthest value traced: the size model says beyond
+            largest = engine_fit.model.largest_under(limit, reach) or reach
         engine_fit.max_fitting = largest
         progress(f"{model_file.name} {engine_fit.engine}: traced at {len(traced)} values of {scale}; reserved at "
                  f"{scale}={values[scale]}: {format_bytes(traced[values[scale]])} ({BASIS})")

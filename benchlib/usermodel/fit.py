@@ -180,7 +180,8 @@ def _affine(peaks: np.ndarray, totals: np.ndarray) -> tuple[float, float]:
 
 def choose_model(values: Sequence[float], totals: Sequence[float]) -> SizeModel:
     """The size model of one engine: linear, or quadratic where it predicts the largest point better from
-    the others (four points or more). Refitted to every point once chosen."""
+    the others (four points or more) and does not turn down (memory that shrinks as the value grows is a fit
+    to noise, and would say any value fits). Refitted to every point once chosen."""
     x, y = np.asarray(values, float), np.asarray(totals, float)
     if x.size < MIN_POINTS:
         raise FitError(f"a size model needs {MIN_POINTS} measured points, got {x.size}")
@@ -189,6 +190,8 @@ def choose_model(values: Sequence[float], totals: Sequence[float]) -> SizeModel:
     candidates = [(LINEAR, 1)] + ([(QUADRATIC, 2)] if x.size >= 4 else [])
     errors = {}
     for kind, degree in candidates:
+        if degree == 2 and np.polyfit(x, y, 2)[0] < 0:  # a parabola that turns down says memory will shrink
+            continue
         predicted = float(np.polyval(np.polyfit(x[:-1], y[:-1], degree), x[-1]))
         errors[kind] = abs(predicted - y[-1]) / y[-1] if y[-1] else math.inf
     kind = min(errors, key=errors.get)
@@ -354,6 +357,9 @@ def _predicted_line(fit: EngineFit, scale: str) -> str:
         return f"does not fit at the smallest {scale} traced ({smallest}: {format_bytes(traced[smallest])} reserved)"
     if largest >= SEARCH_LIMIT:
         return f"fits at any {scale} traced (up to {max(traced)}: {format_bytes(traced[max(traced)])} reserved)"
+    if largest > max(traced):
+        return (f"up to {scale}={largest}  ({fit.model.kind} model of the traced values beyond the farthest, "
+                f"{max(traced)}: {format_bytes(traced[max(traced)])}; its operators grow with {scale})")
     over = f", {largest + 1}: {format_bytes(traced[largest + 1])}" if largest + 1 in traced else ""
     return (f"up to {scale}={largest}  (reserved at {largest}: {format_bytes(traced[largest])}{over}; "
             f"traced at {len(traced)} values)")
