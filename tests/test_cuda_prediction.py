@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from benchlib.measure.caching_allocator import (LARGE_SEGMENT, SMALL_SEGMENT, CachingAllocatorModel, round_size,
                                                 segment_size)
-from benchlib.records import load_records
+from benchlib.records import load_records, load_run_info
 from benchlib.runner.cli import main
 from benchlib.usermodel import fit as fitting
 from benchlib.usermodel.cuda_prediction import BASIS, largest_fitting, predict_reserved
@@ -117,7 +117,7 @@ def test_a_step_whose_operators_grow_with_the_value_is_traced_no_farther_than_ei
                          params={"n": 16}, progress=lambda line: None)
     (torch_fit,) = result.engines
     assert max(asked) == 8 * 16 and torch_fit.max_fitting == 1000  # the linear size model, beyond the traces
-    assert "linear model of the traced values beyond the farthest, 128" in "\n".join(result.lines())
+    assert "n=1000, extrapolated: a linear model of the predictions traced up to 128" in "\n".join(result.lines())
 
 
 @pytest.mark.parametrize("engine", ["torch", "torch-checkpoint", "fused-optimizer"])
@@ -147,10 +147,18 @@ def test_fit_on_cuda_without_a_gpu_predicts_labels_everything_and_measures_nothi
     assert "torch-offload       not predicted: its saved activations move to the host" in out
     (run,) = (tmp_path / "out").iterdir()
     records = load_records(run)
-    assert set(records["metric"]) == {"predicted_total_bytes", "fit_check_error", "max_fitting"}
+    assert set(records["metric"]) == {"predicted_total_bytes", "fit_check_error", "max_fitting", "not_applicable"}
     assert set(records["device"]) == {"cuda:0"} and records["params"].str.contains(BASIS).all()
     page = (run / "report.html").read_text()
     assert BASIS in page and "No verdicts" not in page
+    engine_lines = [line for line in out.splitlines() if line.startswith("  torch")]
+    assert len(engine_lines) == 2 and all("predicted" in line for line in engine_lines)
+    assert main(["fit", path, "--memory", "100 MB", "--scale", "n", "--device", "cuda", "--engines", "torch-offload",
+                 "--out", str(tmp_path / "none")]) == 1  # nothing could be predicted: said, recorded, not a crash
+    assert "no engine could be predicted; each says why" in capsys.readouterr().out
+    (run,) = (tmp_path / "none").iterdir()
+    assert list(load_records(run)["metric"]) == ["not_applicable"]
+    assert load_run_info(run)["device_requested"] == "cuda"
     assert main(["fit", path, "--memory", "100 MB", "--scale", "n", "--device", "cuda", "--verify",
                  "--out", str(tmp_path / "out2")]) == 2
     assert "this machine has no GPU" in capsys.readouterr().err and not (tmp_path / "out2").exists()

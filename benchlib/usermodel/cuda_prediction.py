@@ -26,11 +26,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchlib.measure.caching_allocator import CachingAllocatorModel
+from benchlib.usermodel.fit import COMPILED_UNTRACED, UNTRACEABLE
 
 BASIS = "predicted, not measured on a GPU"
 CUBLAS_WORKSPACES = (32 << 20, 32 << 20)  # cuBLAS's, for the caller's thread and autograd's (Hopper, torch 2.11)
 STEPS_TRACED = 4  # fit's measured processes run one warm-up step and three measured ones
 NOT_TRACEABLE = {  # engine -> why its step is not predicted from a trace on the CPU
+    **UNTRACEABLE,
     "torch-offload": "its saved activations move to the host, which a trace on the CPU cannot tell from device memory",
 }
 
@@ -177,8 +179,7 @@ def predict_fit(model_file, fits: list, values: dict, scale: str, limit: int, de
         if engine_fit.reason:
             continue
         if engine_fit.engine in COMPILED or engine_fit.engine in NOT_TRACEABLE:
-            engine_fit.reason = "not predicted: " + NOT_TRACEABLE.get(
-                engine_fit.engine, "a compiled step is not traced under fake tensors here")
+            engine_fit.reason = "not predicted: " + NOT_TRACEABLE.get(engine_fit.engine, COMPILED_UNTRACED)
             continue
 
         def trace(value: int, engine: str = engine_fit.engine) -> Prediction:

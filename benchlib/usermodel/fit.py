@@ -45,6 +45,11 @@ WARMUP, STEPS = 1, 3
 LINEAR, QUADRATIC, TRACE = "linear", "quadratic", "trace"
 TRACE_REACH = (2, 4, 8)  # traced beyond the largest measured value, at these multiples of it
 TRACE_TRUSTED = 0.05  # a trace model that predicts the largest measured point this well is chosen
+UNTRACEABLE = {  # engine -> why its step is not traced under fake tensors (compiled engines: `COMPILED_UNTRACED`)
+    "torch-microbatch": "torch-microbatch first checks that the batch's loss is the mean or the sum of its "
+                        "micro-batches' losses, reading their values, which fake tensors do not hold",
+}
+COMPILED_UNTRACED = "a compiled step is not traced under fake tensors here"
 SEARCH_LIMIT = 2 ** 40  # the largest value `max_fitting` looks at: a total that does not grow fits "at any value"
 FIT_METRICS = (  # what a fit records: a command's, not a benchmark's, so registered where it is made
     ("fit_total_bytes", "B", "memory", "total memory of one step at params.value of the parameter params.scale: on CUDA "
@@ -257,7 +262,9 @@ class FitResult:
         """The answer first, then one line per engine, then the verification."""
         limit = format_bytes(self.limit)
         best = self.best
-        if best is None:
+        if not any(fit.model is not None for fit in self.engines):
+            lines = [f"{self.name}: no engine could be {'predicted' if self.predicted else 'measured'}; each says why"]
+        elif best is None:
             lines = [f"{self.name}: no engine fits {limit} ({self.total}) even at the smallest {self.scale} "
                      + ("traced" if self.predicted else "measured")]
         elif self.predicted:
@@ -274,7 +281,7 @@ class FitResult:
                 lines.append(f"  {fit.engine:<19} {fit.reason}")
                 continue
             if self.predicted:
-                lines.append(f"  {fit.engine:<19} {_predicted_line(fit, self.scale)}")
+                lines.append(f"  {fit.engine:<19} {_predicted_line(fit, self.scale, self.limit)}")
                 continue
             measured = ", ".join(f"{v}: {format_bytes(total)}" for v, total, _ in fit.points)
             where = ("does not fit at the smallest value measured" if fit.max_fitting is None else
@@ -309,14 +316,18 @@ class FitResult:
 
     def records(self) -> list[dict]:
         """Tidy rows: per engine and measured value its total, per engine the model's check error and the
-        largest fitting value, and the verification's error."""
+        largest fitting value (or a `not_applicable` status saying why it has none), and the verification's
+        error."""
         from benchlib.records import make_record
+        from benchlib.records.schema import status_record
 
         rows = []
         for fit in self.engines:
             labels = dict(benchmark=self.name, case=f"fit {self.scale}", engine=fit.engine, device=self.device,
                           dtype="float32")
             common = {"scale": self.scale, "limit": self.limit, "total": self.total, "basis": self.basis}
+            if fit.reason:  # not applicable here, not traceable, too few points: said, so no engine leaves no trace
+                rows.append(status_record(status="not_applicable", message=fit.reason, params=common, **labels))
             for value, total, seconds in fit.points:
                 rows.append(make_record(**labels, metric="fit_total_bytes", value=float(total), unit="B",
                                         params={**common, "value": value}))
@@ -334,8 +345,10 @@ class FitResult:
                                             params={**common, "value": value, "model": fit.model.kind}))
                 rows.append(make_record(**labels, metric="fit_check_error", value=fit.model.check_error, unit="ratio",
                                         params={**common, "model": fit.model.kind}))
+                beyond = self.predicted and fit.max_fitting is not None and fit.max_fitting > max(fit.traced)
                 rows.append(make_record(**labels, metric="max_fitting", value=float(fit.max_fitting or 0), unit="",
-                                        params={**common, "model": fit.model.kind}))
+                                        params={**common, "model": fit.model.kind,
+                                                **({"extrapolated_beyond": max(fit.traced)} if beyond else {})}))
             if self.verified and self.verified["engine"] == fit.engine:
                 rows.append(make_record(**labels, metric="fit_verify_error", value=self.verified["error"], unit="ratio",
                                         params={**common, "value": self.verified["value"],
@@ -349,20 +362,25 @@ class FitResult:
         return rows
 
 
-def _predicted_line(fit: EngineFit, scale: str) -> str:
-    """One engine's prediction without a GPU: where its traced reserved peak crosses the limit."""
+def _predicted_line(fit: EngineFit, scale: str, limit: int) -> str:
+    """One engine's prediction without a GPU: where its predicted reserved peak crosses the limit, and by how much
+    (the bytes either side of it can round to the limit's own figure)."""
     traced, largest = fit.traced, fit.max_fitting
     if largest is None:
         smallest = min(traced)
-        return f"does not fit at the smallest {scale} traced ({smallest}: {format_bytes(traced[smallest])} reserved)"
+        return (f"does not fit at the smallest {scale} traced (predicted reserved at {smallest}: "
+                f"{format_bytes(traced[smallest])})")
+    farthest = max(traced)
     if largest >= SEARCH_LIMIT:
-        return f"fits at any {scale} traced (up to {max(traced)}: {format_bytes(traced[max(traced)])} reserved)"
-    if largest > max(traced):
-        return (f"up to {scale}={largest}  ({fit.model.kind} model of the traced values beyond the farthest, "
-                f"{max(traced)}: {format_bytes(traced[max(traced)])}; its operators grow with {scale})")
-    over = f", {largest + 1}: {format_bytes(traced[largest + 1])}" if largest + 1 in traced else ""
-    return (f"up to {scale}={largest}  (reserved at {largest}: {format_bytes(traced[largest])}{over}; "
-            f"traced at {len(traced)} values)")
+        return (f"fits at any {scale}: the predicted reserved peak does not grow (at {farthest}: "
+                f"{format_bytes(traced[farthest])})")
+    if largest > farthest:
+        return (f"up to {scale}={largest}, extrapolated: a {fit.model.kind} model of the predictions traced up to "
+                f"{farthest} ({format_bytes(traced[farthest])}); its step's operators grow with {scale}, so it was "
+                "not traced farther")
+    over = (f", at {largest + 1}: {format_bytes(traced[largest + 1] - limit)} over" if largest + 1 in traced else "")
+    return (f"up to {scale}={largest}  (predicted reserved at {largest}: {format_bytes(traced[largest])}, "
+            f"{format_bytes(limit - traced[largest])} under the limit{over}; traced at {len(traced)} values)")
 
 
 def _value(value: int) -> str:
@@ -461,8 +479,8 @@ def _trace(engine_fit: EngineFit, model_file, values: dict, scale: str, progress
     where torch cannot trace it, say why and keep the measured points' model."""
     from benchlib.usermodel.engines import COMPILED
 
-    if engine_fit.engine in COMPILED:
-        engine_fit.untraced = "a compiled step is not traced under fake tensors here"
+    if engine_fit.engine in COMPILED or engine_fit.engine in UNTRACEABLE:
+        engine_fit.untraced = UNTRACEABLE.get(engine_fit.engine, COMPILED_UNTRACED)
         return
     try:
         model, traced = trace_model([(v, total) for v, total, _ in engine_fit.points],
@@ -483,7 +501,8 @@ def untraced_reason(error: Exception) -> str:
     a Python number, which a fake tensor does not hold) in words, any other as torch said it."""
     from torch._subclasses.fake_tensor import DataDependentOutputException
 
-    said = f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    said = f"{type(error).__name__}: {first if len(first) <= 240 else first[:240].rsplit(' ', 1)[0] + ' ...'}"
     if isinstance(error, DataDependentOutputException):
         return (f"the step reads a value out of a tensor (.item(), float(), a data-dependent shape), which a fake "
                 f"tensor does not hold ({said})")

@@ -32,7 +32,8 @@ def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:
                     "the allocator's reserved peak on CUDA, the process's resident high-water mark on the CPU. "
                     "--device cuda on a machine without a GPU predicts instead: each engine's step traced under fake "
                     "tensors and replayed through a model of the caching allocator, labelled 'predicted, not "
-                    "measured on a GPU'. Exit status: 0 some engine fits, 1 none fits at the smallest value, 2 refused.")
+                    "measured on a GPU'. Exit status: 0 some engine fits, 1 none fits at the smallest value (or none "
+                    "could be measured or predicted), 2 refused.")
     fit_parser.add_argument("file", metavar="FILE", help="a model file in the torch form (see `benchlib new`)")
     fit_parser.add_argument("--memory", required=True, metavar="SIZE", help="the limit: '24 GB', '80 GiB', bytes")
     fit_parser.add_argument("--scale", required=True, metavar="PARAM",
@@ -46,10 +47,7 @@ def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:
                                  "memory) and print predicted against measured")
     fit_parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                             help="root for the run directory its records and report go to (default: results/)")
-    fit_parser.set_defaults(handler=lambda arguments: fit_command(
-        arguments.file, memory=arguments.memory, scale=arguments.scale, device=arguments.device,
-        engines=arguments.engines, params=parse_assignments(arguments.param), verify=arguments.verify,
-        out=arguments.out))
+    fit_parser.set_defaults(handler=fit_command)
 
 
 def _new(path: Path, form: str) -> int:
@@ -68,9 +66,9 @@ def _new(path: Path, form: str) -> int:
     return 0
 
 
-def fit_command(file: str, *, memory: str, scale: str, device: str, engines: str | None, params: dict[str, Any],
-                verify: bool, out: Path | None) -> int:
-    """Fit, print, save; 0 when some engine fits, 1 when none fits at the smallest value (refusals raise)."""
+def fit_command(arguments: argparse.Namespace) -> int:
+    """Fit, print, save; 0 when some engine fits, 1 when none fits at the smallest value or none could be fitted
+    (refusals raise)."""
     import pandas as pd
 
     from benchlib.measure import resolve_device
@@ -83,18 +81,22 @@ def fit_command(file: str, *, memory: str, scale: str, device: str, engines: str
     from benchlib.analysis.seed_verdicts import save_verdicts, seed_verdicts
     from benchlib.registry import verdict_rules
 
-    chosen = [name.strip() for name in engines.split(",") if name.strip()] if engines else None
+    file, scale, device = arguments.file, arguments.scale, arguments.device
+    chosen = [name.strip() for name in arguments.engines.split(",") if name.strip()] if arguments.engines else None
     started = time.monotonic()
-    result = fit(file, memory=memory, scale=scale, device=device, engines=chosen, params=params, verify=verify)
+    result = fit(file, memory=arguments.memory, scale=scale, device=device, engines=chosen,
+                 params=parse_assignments(arguments.param), verify=arguments.verify)
     print("\n".join(result.lines()))
     name = f"{result.name}_fit"
-    question = f"What is the largest {scale} at which {Path(file).name}'s step fits in {memory}, and under which engine?"
+    question = (f"What is the largest {scale} at which {Path(file).name}'s step fits in {arguments.memory}, and under "
+                "which engine?")
     ran_on = resolve_device("cpu" if result.predicted else device)  # a prediction runs on the CPU
-    run = Run.create(out or default_results_root(), ran_on.name, notebooks={},
-                     benchmarks={name: {"question": question}}, command=["benchlib", "fit", file])
+    run = Run.create(arguments.out or default_results_root(), ran_on.name, device_requested=device, notebooks={},
+                     benchmarks={name: {"question": question}}, command=["benchlib", *arguments.argv])
     frame = run.save_records(result.records(), result.name)
     run.save_table(pd.DataFrame({SUMMARY_COLUMN: result.lines()}), f"{result.name}{HEADLINE_SUFFIX}")
-    run.save_figure(fit_figure(frame), name)
+    if any(fit.model is not None for fit in result.engines):  # else nothing to draw: each engine says why
+        run.save_figure(fit_figure(frame), name)
     run.record_notebook(name, status="ok", benchmarks=[result.name], path=str(Path(file).resolve()),
                         duration_s=round(time.monotonic() - started, 3))
     save_verdicts(seed_verdicts(frame, verdict_rules()), run.path)  # none apply to a fit: the report says nothing of them
