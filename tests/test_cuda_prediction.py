@@ -117,7 +117,10 @@ def test_a_step_whose_operators_grow_with_the_value_is_traced_no_farther_than_ei
                          params={"n": 16}, progress=lambda line: None)
     (torch_fit,) = result.engines
     assert max(asked) == 8 * 16 and torch_fit.max_fitting == 1000  # the linear size model, beyond the traces
-    assert "n=1000, extrapolated: a linear model of the predictions traced up to 128" in "\n".join(result.lines())
+    assert "n=1000, extrapolated (linear model past the farthest trace, 128" in "\n".join(result.lines())
+    extrapolated = [row for row in result.records() if row["metric"] == "predicted_total_bytes"
+                    and json.loads(row["params"])["model"] == "linear"]
+    assert extrapolated and min(json.loads(row["params"])["value"] for row in extrapolated) == 128
 
 
 @pytest.mark.parametrize("engine", ["torch", "torch-checkpoint", "fused-optimizer"])

@@ -46,8 +46,8 @@ LINEAR, QUADRATIC, TRACE = "linear", "quadratic", "trace"
 TRACE_REACH = (2, 4, 8)  # traced beyond the largest measured value, at these multiples of it
 TRACE_TRUSTED = 0.05  # a trace model that predicts the largest measured point this well is chosen
 UNTRACEABLE = {  # engine -> why its step is not traced under fake tensors (compiled engines: `COMPILED_UNTRACED`)
-    "torch-microbatch": "torch-microbatch first checks that the batch's loss is the mean or the sum of its "
-                        "micro-batches' losses, reading their values, which fake tensors do not hold",
+    "torch-microbatch": "it first checks that the loss is the mean or sum of its micro-batches' losses, reading "
+                        "values fake tensors do not hold",
 }
 COMPILED_UNTRACED = "a compiled step is not traced under fake tensors here"
 SEARCH_LIMIT = 2 ** 40  # the largest value `max_fitting` looks at: a total that does not grow fits "at any value"
@@ -340,7 +340,9 @@ class FitResult:
                     rows.append(make_record(**labels, metric="traced_peak_bytes", value=float(peak), unit="B",
                                             params={**common, "value": value}))
             if fit.model is not None:
-                for value in [] if self.predicted else self.curve_values(fit):
+                beyond_traces = self.predicted and (fit.max_fitting or 0) > max(fit.traced)
+                for value in self.curve_values(fit) if not self.predicted else (
+                        _extrapolated_values(fit) if beyond_traces else []):
                     rows.append(make_record(**labels, metric="predicted_total_bytes", value=fit.model(value), unit="B",
                                             params={**common, "value": value, "model": fit.model.kind}))
                 rows.append(make_record(**labels, metric="fit_check_error", value=fit.model.check_error, unit="ratio",
@@ -362,6 +364,13 @@ class FitResult:
         return rows
 
 
+def _extrapolated_values(fit: EngineFit) -> list[int]:
+    """Where a prediction's size model is recorded beyond its traces: from the farthest trace to a little past its
+    largest fitting value, for the figure's dashed line."""
+    farthest = max(fit.traced)
+    return sorted({int(round(v)) for v in np.geomspace(farthest, fit.max_fitting * 1.25, 12)} | {fit.max_fitting})
+
+
 def _predicted_line(fit: EngineFit, scale: str, limit: int) -> str:
     """One engine's prediction without a GPU: where its predicted reserved peak crosses the limit, and by how much
     (the bytes either side of it can round to the limit's own figure)."""
@@ -375,12 +384,11 @@ def _predicted_line(fit: EngineFit, scale: str, limit: int) -> str:
         return (f"fits at any {scale}: the predicted reserved peak does not grow (at {farthest}: "
                 f"{format_bytes(traced[farthest])})")
     if largest > farthest:
-        return (f"up to {scale}={largest}, extrapolated: a {fit.model.kind} model of the predictions traced up to "
-                f"{farthest} ({format_bytes(traced[farthest])}); its step's operators grow with {scale}, so it was "
-                "not traced farther")
-    over = (f", at {largest + 1}: {format_bytes(traced[largest + 1] - limit)} over" if largest + 1 in traced else "")
-    return (f"up to {scale}={largest}  (predicted reserved at {largest}: {format_bytes(traced[largest])}, "
-            f"{format_bytes(limit - traced[largest])} under the limit{over}; traced at {len(traced)} values)")
+        return (f"up to {scale}={largest}, extrapolated ({fit.model.kind} model past the farthest trace, {farthest}: "
+                f"{format_bytes(traced[farthest])}; its operators grow with {scale})")
+    over = f"; at {largest + 1} {format_bytes(traced[largest + 1] - limit)} over" if largest + 1 in traced else ""
+    return (f"up to {scale}={largest}  (predicted reserved there {format_bytes(traced[largest])}, "
+            f"{format_bytes(limit - traced[largest])} under{over}; {len(traced)} traces)")
 
 
 def _value(value: int) -> str:

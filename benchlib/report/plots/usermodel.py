@@ -166,14 +166,17 @@ def fit_figure(records: pd.DataFrame) -> go.Figure:
                                      hovertemplate=f"{engine}: %{{y:.1f}} MB at {scale}=%{{x}}<extra>measured</extra>"))
         curve = predicted[predicted["variant"] == engine]
         if len(curve):
-            curve = curve.assign(at=curve["params"].map(lambda text: json.loads(text)["value"])).sort_values("at")
-            model = "traced" if traced_only else json.loads(curve["params"].iloc[0]).get("model", "") + " model"
-            fig.add_trace(go.Scatter(x=curve["at"], y=curve["value"] / MB, mode="lines+markers" if traced_only else "lines",
-                                     name=f"{engine} {model}", legendgroup=engine,
-                                     line=dict(color=color, dash="solid" if traced_only else "dash",
-                                               shape="hv" if traced_only else "linear"),
-                                     marker=dict(color=color, size=5),
-                                     hovertemplate=f"{engine}: %{{y:.1f}} MB at {scale}=%{{x}}<extra>predicted</extra>"))
+            curve = curve.assign(at=curve["params"].map(lambda text: json.loads(text)["value"]),
+                                 model=curve["params"].map(lambda text: json.loads(text).get("model", ""))
+                                 ).sort_values("at")
+            for model, part in curve.groupby("model", sort=False):
+                traced = traced_only and model == "trace"  # a prediction's traces: the allocator's steps, drawn as such
+                fig.add_trace(go.Scatter(
+                    x=part["at"], y=part["value"] / MB, mode="lines+markers" if traced else "lines",
+                    name=f"{engine} {'traced' if traced else model + ' model'}", legendgroup=engine,
+                    line=dict(color=color, dash="solid" if traced else "dash", shape="hv" if traced else "linear"),
+                    marker=dict(color=color, size=5),
+                    hovertemplate=f"{engine}: %{{y:.1f}} MB at {scale}=%{{x}}<extra>predicted</extra>"))
         best = largest[largest["variant"] == engine]["value"]
         if len(curve) and len(best) and 0 < best.iloc[0] <= curve["at"].max():
             fig.add_vline(x=float(best.iloc[0]), line=dict(color=color, dash="dot", width=1))
