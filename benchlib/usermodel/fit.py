@@ -305,10 +305,9 @@ class FitResult:
         return lines
 
     def curve_values(self, fit: EngineFit) -> list[int]:
-        """Where the records hold the model's prediction: the measured (or, predicted, traced) values, the largest
-        fitting one, and a grid out to a little past it (at most 8x the largest measured value), for the figure's
-        curve."""
-        measured = [v for v, _, _ in fit.points] or list(fit.traced)
+        """Where the records hold the model's prediction: the measured values, the largest fitting one, and
+        a grid out to a little past it (at most 8x the largest measured value), for the figure's curve."""
+        measured = [v for v, _, _ in fit.points]
         reach = min(max(fit.max_fitting or 0, max(measured)) * 1.25, 8 * max(measured))
         grid = {int(round(v)) for v in np.linspace(min(measured), reach, 24)}
         return sorted(grid | set(measured) | ({fit.max_fitting} if fit.max_fitting and fit.max_fitting < SEARCH_LIMIT
