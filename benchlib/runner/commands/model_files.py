@@ -7,7 +7,6 @@ import argparse
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from benchlib.runner.notebooks import RunnerError, parse_assignments
 
