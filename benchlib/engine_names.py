@@ -13,12 +13,13 @@ BENCHLIB_CHECKPOINT = "benchlib-checkpoint"  # benchlib.autodiff in place with a
 AUTOGRAD = "autograd"  # HIPS autograd on NumPy
 TORCH = "torch"  # torch.autograd
 TORCH_CHECKPOINT = "torch-checkpoint"  # torch.autograd under torch.utils.checkpoint
-# Not in the registry: identical_closures' own engines, torch with torch.compile or with torch.func.grad
+# torch.compile of the loss (in the registry for the built-in chains, and identical_closures' own engine)
 TORCH_COMPILE = "torch.compile"
+# Not in the registry: identical_closures' and model files' torch.func.grad
 TORCH_FUNC = "torch.func"
 # Not in the registry: a user model file's engine, the optimizer step fused into backward (NaiveGAflux's idea)
 FUSED_OPTIMIZER = "fused-optimizer"
-# Not in the registry: a model file's memory techniques (docs/engines.md)
+# The memory techniques (docs/techniques.md): sac and autocast in the registry too, the rest a model file's only
 TORCH_SAC = "torch-sac"  # selective activation checkpointing: matmul outputs saved, the rest recomputed
 TORCH_AUTOCAST = "torch-autocast"  # the forward pass under autocast to bfloat16
 TORCH_MICROBATCH = "torch-microbatch"  # the batch in micro-batches, gradients accumulated
@@ -28,7 +29,8 @@ TORCH_OFFLOAD = "torch-offload"  # saved activations on the host (save_on_cpu), 
 COMPILE_BUDGETS = (0.5, 0.1, 0.0)
 TORCH_COMPILE_BUDGETS = {f"torch.compile-budget-{budget:g}": budget for budget in COMPILE_BUDGETS}
 
-TORCH_AUTOGRAD = (TORCH, TORCH_CHECKPOINT, TORCH_SAC)  # the registry's engines that differentiate with torch.autograd
+# the registry's engines that differentiate with torch.autograd (a compiled forward is one node of its graph)
+TORCH_AUTOGRAD = (TORCH, TORCH_CHECKPOINT, TORCH_SAC, TORCH_AUTOCAST, TORCH_COMPILE)
 
 __all__ = ["MANUAL", "MANUAL_SEED", "BENCHLIB_INPLACE", "BENCHLIB_DEFERRED", "BENCHLIB_CHECKPOINT", "AUTOGRAD",
            "TORCH", "TORCH_CHECKPOINT", "TORCH_COMPILE", "TORCH_FUNC", "FUSED_OPTIMIZER",

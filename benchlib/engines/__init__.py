@@ -8,11 +8,12 @@ Adding an engine means adding its name to `benchlib.engine_names` (each name is 
 there; this package re-exports them) and one entry to `ENGINES`.
 
     engine = get_engine(TORCH)
-    reason = engine.not_applicable(device)      # e.g. HIPS autograd on CUDA: record it, don't drop it
+    reason = engine.not_applicable(device, dtype)   # e.g. HIPS autograd on CUDA: record it, don't drop it
     xp = engine.namespace(device)
     x = engine.asarray(x_numpy, device)          # NumPy, or a torch tensor on the device
-    gx = engine.gradient(make_loss(xp), argnum=0, manual=hand_written)(x, z)
-    engine.to_numpy(gx)
+    gradient = engine.gradient(make_loss(xp), argnum=0, manual=hand_written)
+    set_up = engine.prepare(lambda: gradient(x, z), device)   # torch.compile compiles here: {"compile_time": s}
+    engine.to_numpy(gradient(x, z))
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ import numpy as np
 from benchlib import engine_names
 from benchlib.engine_names import *  # noqa: F403 (every engine's name, re-exported: engine_names.__all__)
 from benchlib.engines import namespaces
+
+AUTOCAST_DTYPE = "bfloat16"  # torch-autocast's, on CPU and CUDA alike (float16 would need a gradient scaler)
+LOWERED_FROM = "float32"  # the data autocast lowers: float64 operations stay float64
 
 __all__ = ["Engine", "ENGINES", "ENGINE_NAMES", "get_engine", "NotApplicableError", *engine_names.__all__]
 
@@ -90,6 +94,37 @@ def _torch_gradient(fun, argnum):
     return gradient
 
 
+def _compiled_torch_gradient(fun, argnum):
+    """torch.autograd.grad through `torch.compile(fun)`: the compiled forward and its backward are one node of
+    autograd's graph. Compiling happens on the first call (`Engine.prepare` makes it in the set-up)."""
+    import torch
+
+    from benchlib.engines.compiling import COMPILE_BACKEND, run_marks_eagerly
+
+    run_marks_eagerly()
+    return _torch_gradient(torch.compile(fun, backend=COMPILE_BACKEND), argnum)
+
+
+def _autocast_torch_gradient(fun, argnum):
+    """torch.autograd.grad of `fun` evaluated under autocast to `AUTOCAST_DTYPE` (torch's recipe: the forward in
+    the context, the backward outside it, where each op's backward runs in its forward's dtype)."""
+    import torch
+
+    argnums = _argnums(argnum)
+
+    def gradient(*args):
+        args = list(args)
+        for index in argnums:
+            args[index] = args[index].detach().requires_grad_(True)
+        where = next(arg for arg in args if isinstance(arg, torch.Tensor)).device.type
+        with torch.autocast(where, dtype=getattr(torch, AUTOCAST_DTYPE)):
+            loss = fun(*args)
+        grads = torch.autograd.grad(loss, [args[index] for index in argnums])
+        return grads[0] if isinstance(argnum, int) else tuple(grads)
+
+    return gradient
+
+
 def _cpu_only(engine_name: str):
     def not_applicable(device):
         if device.kind != "cpu":
@@ -117,15 +152,36 @@ class Engine:
     _make_gradient: Callable[[Callable, Any], Callable] | None
     _namespace: Callable[[Any], Any]
     _not_applicable: Callable[[Any], str | None] = _everywhere
+    compiles: bool = False  # its first call compiles: `prepare` makes it in the set-up
+    lowers_to: str | None = None  # the dtype its forward computes in (autocast), from float32 data only
 
     @property
     def hand_written(self) -> bool:
         """True for `manual` and `manual-seed`: the gradient is a backward pass the workload wrote."""
         return self._make_gradient is None
 
-    def not_applicable(self, device) -> str | None:
-        """Why this engine cannot run on `device`, or None when it can."""
-        return self._not_applicable(_device(device))
+    def not_applicable(self, device, dtype: str | None = None) -> str | None:
+        """Why this engine cannot run on `device` (with data of `dtype`, when given), or None when it can."""
+        reason = self._not_applicable(_device(device))
+        if reason is None and self.lowers_to is not None and dtype not in (None, LOWERED_FROM):
+            reason = (f"autocast lowers {LOWERED_FROM} operations to {self.lowers_to} and leaves {dtype} ones as "
+                      f"they are, so this would be torch's step again (dtype={LOWERED_FROM} lets it apply)")
+        return reason
+
+    def computes_in(self, dtype: str) -> str:
+        """The dtype this engine's gradient is computed in from `dtype` data: what its records carry, and whose
+        tolerance judges its gradient."""
+        return self.lowers_to if self.lowers_to is not None and dtype == LOWERED_FROM else dtype
+
+    def prepare(self, call: Callable[[], Any], device) -> dict[str, float]:
+        """What the engine does before its calls are measured, with `call` one call of its gradient: a
+        compiling engine compiles (its first call, timed apart: {`COMPILE_METRIC`: seconds}); others nothing."""
+        if not self.compiles:
+            return {}
+        from benchlib.engines.compiling import compile_first_call
+        from benchlib.records.metrics import COMPILE_METRIC
+
+        return {COMPILE_METRIC: compile_first_call(call, _device(device))}
 
     def _require(self, device):
         device = _device(device)
@@ -254,6 +310,24 @@ ENGINES: dict[str, Engine] = {
             "torch",
             _torch_gradient,
             lambda device: namespaces.torch_checkpoint_namespace(selective=True),
+        ),
+        Engine(
+            TORCH_AUTOCAST,
+            f"torch.autograd with the forward pass under autocast to {AUTOCAST_DTYPE} (float32 data only); its "
+            f"gradient is judged with {AUTOCAST_DTYPE}'s tolerance, array by array",
+            "torch",
+            _autocast_torch_gradient,
+            lambda device: namespaces.torch_namespace(),
+            lowers_to=AUTOCAST_DTYPE,
+        ),
+        Engine(
+            TORCH_COMPILE,
+            "torch.autograd through torch.compile (inductor) of the loss, compiled in the set-up: compile time is "
+            "recorded apart (compile_time), never in a measured call",
+            "torch",
+            _compiled_torch_gradient,
+            lambda device: namespaces.torch_namespace(),
+            compiles=True,
         ),
     )
 }

@@ -16,6 +16,7 @@ TRIALS_RUN = "trials_run"  # the record of how many trials a case ran; params.st
 # Recorded (value 1, the reason in params["message"]) for an engine that ran but whose gradient could not be
 # compared (benchlib.trials): no reference gradient, or a stochastic step drawn differently
 GRAD_UNCHECKED_METRIC = "grad_check_unavailable"
+COMPILE_METRIC = "compile_time"  # a compiling engine's first call, made in the set-up (never a measured call)
 # Where an isolated trial's time went (benchlib.measure: the child times its phases, the parent the rest):
 # the instrument's own cost beside what it measured. Each phase is a metric of its own, `harness_<phase>_time`.
 HARNESS_PHASES = {
@@ -152,7 +153,13 @@ for _name, _unit, _kind, _meaning in (
     ("failed", "", "status", "the case failed; params.message holds the error (value 1)"),
     ("not_applicable", "", "status", "the case cannot run here; params.message says why (value 1)"),
     ("not_run", "", "status", "the case was not run; params.message says why, e.g. the budget ran out (value 1)"),
+    (COMPILE_METRIC, "s", "time", "torch.compile's first forward and backward, which trace and compile the "
+                                  "step: in the set-up, never in a measured call (later trials may find torch's "
+                                  "compile cache warm)"),
     ("grad_max_rel_err", "", "check", "max |g - g_reference| / max |g_reference| of a gradient"),
+    ("grad_worst_array_rel_err", "", "check", "a gradient computed in half precision, array by array: the largest "
+     "max |g_i - g_reference_i| / max(max |g_reference_i|, unit roundoff x max |g_reference|) (over 0.5: an array "
+     "lost, benchlib.engines.gradients.LOST_ARRAY)"),
     (GRAD_UNCHECKED_METRIC, "", "status", "no reference gradient to compare with, or none it can be compared with "
      "(not comparable: a stochastic step drawn differently); params.message says why"),
     ("update_max_rel_err", "", "check", "max |u - u_reference| / max |u_reference| of the update the optimizer's "

@@ -22,7 +22,7 @@ import pandas as pd
 
 from benchlib.benchmark import Config, Parameter, distinct
 from benchlib.engines import ENGINE_NAMES, case_imports, get_engine
-from benchlib.engines.gradients import GRAD_ERROR_METRIC, GRADIENT_TOLERANCE
+from benchlib.engines.gradients import GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, gradient_tolerance
 from benchlib.engine_names import MANUAL, MANUAL_SEED
 from benchlib.engines.roles import GRADIENT_ROLE, SAVED_ROLE
 from benchlib.trials.loop import GRAD_UNCHECKED_METRIC, TrialLoop, TrialSettings, Unit
@@ -166,7 +166,7 @@ class EngineComparison:
         """Cases whose gradient error exceeds the tolerance of their dtype (NaN counts as exceeding)."""
         frame = self.frame()
         errors = frame[frame["metric"] == GRAD_ERROR_METRIC]
-        tolerance = errors["dtype"].map(GRADIENT_TOLERANCE).astype("float64")
+        tolerance = errors["dtype"].map(gradient_tolerance).astype("float64")
         bad = errors[~(errors["value"] <= tolerance)]
         return bad.assign(tolerance=tolerance[bad.index]).rename(columns={"variant": "engine"})[
             ["case", "engine", "dtype", "value", "tolerance"]]
@@ -184,9 +184,9 @@ class EngineComparison:
                 f"({GRAD_ERROR_METRIC} = max|g - g_manual| / max|g_manual|):\n{bad.to_string(index=False)}")
         frame = self.frame()
         checked = frame[frame["metric"] == GRAD_ERROR_METRIC]
-        lines = [f"{len(checked)} gradient(s) agree with manual within the {self.dtype} tolerance "
-                 f"{GRADIENT_TOLERANCE[self.dtype]:g} ({GRAD_ERROR_METRIC} up to {checked['value'].max():.2e})"
-                 if len(checked) else "no gradient was compared with manual"]
+        lines = [f"{len(rows)} gradient(s) agree with manual within the {dtype} tolerance "
+                 f"{gradient_tolerance(dtype):g} ({GRAD_ERROR_METRIC} up to {rows['value'].max():.2e})"
+                 for dtype, rows in checked.groupby("dtype", sort=False)] or ["no gradient was compared with manual"]
         for row in frame[frame["metric"] == GRAD_UNCHECKED_METRIC].itertuples():
             lines.append(f"not checked: {row.variant} ({row.case}): {json.loads(row.params)['message']}")
         return "\n".join(lines)
@@ -425,12 +425,13 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
                            "order_seed": order_seed}
             units = []
             for engine_name in engines:
+                engine = get_engine(engine_name)
                 unit = Unit(group=case, engine=engine_name, name=f"{benchmark} {case}", params=case_params,
                             labels=dict(benchmark=benchmark, case=case, engine=engine_name, device=device.name,
-                                        dtype=dtype),
+                                        dtype=engine.computes_in(dtype)),
                             trial_params={**(cases.engine_params(engine_name, child_params) if cases.engine_params
                                              else {}), "timeline_interval_s": TIMELINE_INTERVAL_S})
-                reason = get_engine(engine_name).not_applicable(device)
+                reason = engine.not_applicable(device, dtype)
                 if reason is None and cases.not_applicable is not None:
                     reason = cases.not_applicable(engine_name)
                 if reason is None:

@@ -18,8 +18,9 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from benchlib.engines.gradients import (GRAD_ERROR_METRIC, SEED_DEPENDENT_METRIC, UPDATE, UPDATE_ERROR_METRIC,
-                                        gradient_file, gradient_tolerance, saved_gradient_error)
+from benchlib.engines.gradients import (GRAD_ERROR_METRIC, LOST_ARRAY, SEED_DEPENDENT_METRIC, UPDATE,
+                                        UPDATE_ERROR_METRIC, WORST_ARRAY_METRIC, array_floor, gradient_file,
+                                        gradient_tolerance, saved_gradient_error)
 from benchlib.records.metrics import GRAD_UNCHECKED_METRIC, harness_metric
 from benchlib.analysis.stats import interleaved_order
 from benchlib.trials.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline, TrialStopping
@@ -45,10 +46,12 @@ def trial_order(units: Iterable[K], trials: int, seed: int | None,
     return [(trial, unit) for trial, round_units in enumerate(rounds) for unit in round_units]
 
 
-def _saved_errors(folder: str, engine: str, reference: str) -> dict[str, float]:
-    """`engine`'s saved gradient against `reference`'s, and, where both saved one, the optimizer
-    step's update; the engine's files are deleted once read."""
+def _saved_errors(folder: str, engine: str, reference: str, floor: float | None = None) -> dict[str, float]:
+    """`engine`'s saved gradient against `reference`'s (also array by array, with a `floor`: `array_floor`),
+    and, where both saved one, the optimizer step's update; the engine's files are deleted once read."""
     errors = {GRAD_ERROR_METRIC: saved_gradient_error(folder, engine, reference)}
+    if floor is not None:
+        errors[WORST_ARRAY_METRIC] = saved_gradient_error(folder, engine, reference, floor=floor)
     gradient_file(folder, engine).unlink()
     update = gradient_file(folder, engine, UPDATE)
     if update.is_file():
@@ -134,7 +137,7 @@ class TrialLoop:
         reference, dtype = self.settings.reference, unit.labels["dtype"]
         tolerance = gradient_tolerance(dtype)
         past = {metric: error for metric, error in errors.items()
-                if tolerance is not None and not error <= tolerance}
+                if tolerance is not None and not error <= (LOST_ARRAY if metric == WORST_ARRAY_METRIC else tolerance)}
         if not past:
             return None, ""
         if seed_dependent:
@@ -145,6 +148,10 @@ class TrialLoop:
                                       f"the random seed{named}), and {unit.engine}'s differs from it by {worst:.2g} "
                                       "from the same seed: other random draws cannot be told from other maths here")
         update = past.get(UPDATE_ERROR_METRIC)
+        if GRAD_ERROR_METRIC not in past and WORST_ARRAY_METRIC in past:  # within the tolerance as a whole
+            return "failed", (f"its gradient agrees with {reference}'s within the {dtype} tolerance {tolerance:g} as a "
+                              f"whole, but one array of it differs by {past[WORST_ARRAY_METRIC]:.3g} of its own size, "
+                              f"past {LOST_ARRAY:g}: {dtype} lost it (not the same maths)")
         if GRAD_ERROR_METRIC not in past and unit.regroups_optimizer and update is not None and math.isfinite(update):
             return "not applicable", (f"its gradient agrees with {reference}'s but the update its optimizer step makes "
                                       f"differs by {update:.3g} (the {dtype} tolerance is {tolerance:g}): "
@@ -215,7 +222,8 @@ class TrialLoop:
                     no_reference[unit.group] = None
                     seed_dependent[unit.group] = bool(checks.get(SEED_DEPENDENT_METRIC))
                 elif no_reference[unit.group] is None:
-                    errors = _saved_errors(folder, unit.engine, settings.reference)
+                    errors = _saved_errors(folder, unit.engine, settings.reference,
+                                           array_floor(unit.labels["dtype"]))
                     verdict, why = self._judge(unit, errors, seed_dependent[unit.group])
                     if verdict == "not applicable":  # a different step: its figures would invite a comparison
                         self.note(unit, "not applicable", why)

@@ -19,6 +19,7 @@ from benchlib.engine_names import TORCH_AUTOCAST, TORCH_FUNC, TORCH_MICROBATCH, 
 from benchlib.engines.roles import GRADIENT_METRIC, OPTIMIZER_METRIC, PARAMETER_METRIC, SAVED_METRIC, SavedTensors
 from benchlib.measure import Case
 from benchlib.measure.torch_categories import torch_categories
+from benchlib.records.metrics import COMPILE_METRIC
 from benchlib.usermodel.engines import COMPILED, REFERENCE, SAC_SAVED_OPS, LiveBytes, Step, storage_bytes
 from benchlib.usermodel.loader import SEED, ModelFile, guarded, read_model_file
 
@@ -30,13 +31,9 @@ STEP_SEED = SEED + 2  # the random stream every engine's checked step starts fro
 # each entry (Adam) move an entry near zero by up to 2 lr when its rounding changes: an error that says nothing of
 # the maths (torch.compile on a small transformer with AdamW: gradient 1.2e-6 from eager's, update 0.018).
 UPDATE_NOT_COMPARED = (TORCH_AUTOCAST, TORCH_MICROBATCH, *COMPILED)
-COMPILE_METRIC = "compile_time"
 CASE_METRICS = (  # what a model file's case records beyond the shared metrics
     (PARAMETER_METRIC, "B", "memory", "the model's parameters (held before every step: in the baseline, not the peak)"),
     (OPTIMIZER_METRIC, "B", "memory", "the optimizer's state (held before every step: in the baseline, not the peak)"),
-    (COMPILE_METRIC, "s", "time", "torch.compile's first forward and backward, which trace and compile the step: "
-                                  "in the set-up, never in a measured step (later trials may find torch's compile "
-                                  "cache warm)"),
 )
 
 

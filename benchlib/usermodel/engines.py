@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from benchlib.engines import AUTOCAST_DTYPE
+from benchlib.engines.compiling import COMPILE_BACKEND, compile_first_call
 from benchlib.engines.namespaces import SAC_SAVED_OPS, sac_contexts
 from benchlib.engine_names import (FUSED_OPTIMIZER, TORCH, TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_COMPILE,
                                    TORCH_COMPILE_BUDGETS, TORCH_FUNC, TORCH_MICROBATCH, TORCH_OFFLOAD, TORCH_SAC)
@@ -40,8 +42,6 @@ SWEEP_ENGINES = tuple(TORCH_COMPILE_BUDGETS)  # left out of a first look (--quic
 REFERENCE = TORCH  # every other engine's gradient is checked against eager torch's
 HOOKED = (TORCH, TORCH_CHECKPOINT, TORCH_SAC, TORCH_AUTOCAST, TORCH_MICROBATCH, TORCH_OFFLOAD, *COMPILED)
 # ^ gradients accumulate in eager autograd (a compiled backward is one node of it): observed by post-accumulate hooks
-COMPILE_BACKEND = "inductor"  # torch.compile's default; the tests swap in a counting fake
-AUTOCAST_DTYPE = "bfloat16"  # on CPU and CUDA alike; float16 would need a gradient scaler
 MICROBATCHES = 4
 # Engines whose optimizer step is not the file's even with the same gradient, and why: another update then
 # means the engine does not apply to this file (for any other engine it is a failure).
@@ -361,18 +361,9 @@ class Step:
 
     def _compile(self, device: str) -> float:
         """Seconds of the compiled loss's first forward and backward, which trace and compile it: here, in the
-        set-up, so no measured step pays them. The gradients it leaves are dropped. A failure of the compiler
-        (no C++ compiler, an op it cannot trace) means the engine does not apply; any other error is the file's."""
-        from benchlib.measure import time_call
-        from benchlib.measure.case_child import NotApplicable
-
+        set-up, so no measured step pays them. The gradients it leaves are dropped."""
         try:
-            return time_call(lambda: self.compiled(*self.batch).backward(), device)
-        except Exception as error:
-            if not _compiler_error(error):
-                raise
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise NotApplicable(f"torch.compile could not compile this step: {type(error).__name__}: {first}") from error
+            return compile_first_call(lambda: self.compiled(*self.batch).backward(), device)
         finally:
             for _, p in self.named:
                 p.grad = None
@@ -453,14 +444,6 @@ class Step:
             self.observer = None
             for handle in handles:
                 handle.remove()
-
-
-def _compiler_error(error: BaseException) -> bool:
-    """Whether `error` is torch.compile's (dynamo's or its backend's), not the model file's own."""
-    from torch._dynamo.exc import TorchDynamoException, TorchRuntimeError
-
-    return isinstance(error, TorchDynamoException) and not isinstance(error, TorchRuntimeError) or \
-        type(error).__module__.startswith("torch._inductor")
 
 
 class LiveBytes:

@@ -31,12 +31,16 @@ from benchlib.benchmark import Benchmark, Config, Parameter, Seed, distinct
 from benchlib.trials.cases import Cases, EngineComparison, comparison_parameters, comparison_rules, compare_engines
 from benchlib.engines.gradients import save_gradient
 from benchlib.engines.namespaces import segmentation_params
-from benchlib.engine_names import AUTOGRAD, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, MANUAL_SEED, TORCH
+from benchlib.engine_names import (AUTOGRAD, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, MANUAL_SEED, TORCH,
+                                   TORCH_AUTOCAST)
 from benchlib.engines.roles import role_gauge, tape_roles
 from benchlib.measure import MALLOC_POLICIES, Case, mark
 from benchlib.analysis.seed_verdicts import RatioRule, SlopeRule
 
 SEED_SIZES = {"batch": 16, "hidden": 1024, "T": 50}
+# Not run unless named: under autocast to bfloat16 the seed's RNN (weights of scale 0.01) loses whole gradients
+# (Wout's is 0, b's 1e-9 of eager's), so it fails the gradient check at every T (tests/test_engines.py)
+DEFAULT_ENGINES = tuple(engine for engine in ENGINE_NAMES if engine != TORCH_AUTOCAST)
 DATA_SEED = 0  # the seed of the weights and inputs: every engine differentiates the same data
 TARGET = "benchlib.workloads.rnn:case"
 WEIGHTS = ("W", "b", "Wout", "bout")
@@ -318,9 +322,11 @@ def case(*, device, engine: str, batch: int, hidden: int, T: int, dtype: str, gr
         loss, hand_written = rnn_loss(xp, T), {MANUAL: manual_gradient(xp, T)}
     gradient = chosen.gradient(loss, WEIGHT_ARGNUMS, manual=hand_written)
 
+    set_up = chosen.prepare(lambda: gradient(*args), device)  # torch.compile compiles here, untimed by the trial
+
     def check(result) -> dict[str, float]:
         save_gradient(result, gradient_dir, engine)
-        return tape_roles(gradient)  # torch's saved bytes: from the role timeline's call
+        return {**set_up, **tape_roles(gradient)}  # torch's saved bytes: from the role timeline's call
 
     return Case(lambda: gradient(*args), check, roles=role_gauge(chosen, gradient, inputs=args))
 
@@ -394,7 +400,7 @@ BENCHMARK = Benchmark(
         Parameter("T_sweep", (25, 50, 100, 200), "step counts of the growth sweep (T is added)", quick=(2, 4), minimum=1),
         # mmap-64k: the hidden states (64 KiB at the seed's sizes) are mappings of their own, so every
         # engine's peak is its live memory, not the heap its freed temporaries stranded
-        *comparison_parameters(dtype="float32", engines=ENGINE_NAMES, repeats=3, trials=5, warmup=1,
+        *comparison_parameters(dtype="float32", engines=DEFAULT_ENGINES, repeats=3, trials=5, warmup=1,
                                quick={"repeats": 1}, malloc="mmap-64k"),
     ),
     rules=_rules,

@@ -1,0 +1,143 @@
+"""The memory techniques on the built-in chains: torch.compile (compiled in the set-up, never in a measured call)
+and torch-autocast (float32 data only, judged with bfloat16's tolerance array by array)."""
+
+import numpy as np
+import pytest
+import torch
+
+from benchlib.engines import compiling, get_engine
+from benchlib.engines.gradients import LOST_ARRAY, array_floor, load_gradient, max_relative_error
+from benchlib.measure import Device, MemoryTimeline
+from benchlib.measure.case_child import NotApplicable
+from benchlib.workloads import dot_chain, rnn
+
+CPU = Device("cpu")
+
+
+class CountingBackend:
+    """A torch.compile backend that runs the traced graphs as they are and counts how many it was handed."""
+
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, graph, example_inputs):
+        self.graphs += 1
+        return graph.forward
+
+
+@pytest.fixture
+def counting_backend(monkeypatch):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    backend = CountingBackend()
+    monkeypatch.setattr(compiling, "COMPILE_BACKEND", backend)
+    yield backend
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("workload", ["dot_chain", "rnn"])
+def test_the_chains_compile_in_the_set_up_and_never_in_a_measured_call(workload, counting_backend, tmp_path):
+    if workload == "dot_chain":
+        case = dot_chain.case(device=CPU, engine="torch.compile", D=8, depth=5, dtype="float32",
+                              gradient_dir=str(tmp_path))
+    else:
+        case = rnn.case(device=CPU, engine="torch.compile", batch=2, hidden=8, T=4, dtype="float32",
+                        gradient_dir=str(tmp_path))
+    compiled = counting_backend.graphs
+    assert compiled >= 1
+    # measured calls run under a memory timeline whose phase marks the loss makes: marks run between the
+    # graphs, so a timeline that is active (or not) never makes the compiler trace again
+    with MemoryTimeline(CPU, 0.01):
+        result = case.fn()
+    case.fn()
+    assert counting_backend.graphs == compiled
+    checks = case.check(result)
+    assert checks["compile_time"] > 0
+
+
+def test_a_chain_the_compiler_cannot_compile_is_not_applicable(monkeypatch, tmp_path):
+    import torch._dynamo
+
+    def failing(graph, example_inputs):
+        raise RuntimeError("no C++ compiler found")
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(compiling, "COMPILE_BACKEND", failing)
+    try:
+        with pytest.raises(NotApplicable, match="torch.compile could not compile this step: BackendCompilerFailed"):
+            dot_chain.case(device=CPU, engine="torch.compile", D=8, depth=3, dtype="float32",
+                           gradient_dir=str(tmp_path))
+    finally:
+        torch._dynamo.reset()
+
+
+def test_autocast_applies_to_float32_data_only_and_records_bfloat16():
+    autocast = get_engine("torch-autocast")
+    assert autocast.not_applicable(CPU, "float32") is None
+    reason = autocast.not_applicable(CPU, "float64")
+    assert "autocast lowers float32 operations to bfloat16 and leaves float64 ones as they are" in reason
+    assert "dtype=float32 lets it apply" in reason
+    assert autocast.computes_in("float32") == "bfloat16"
+    assert get_engine("torch").computes_in("float32") == "float32"
+
+
+def _comparison(module, **values):
+    config = module.BENCHMARK.config({**values, "trials": 1})
+    return module.run(config, "cpu", progress=None)
+
+
+def test_dot_chain_at_float64_records_autocast_as_not_applicable_with_its_reason():
+    comparison = _comparison(dot_chain, D=8, depth=3, dtype="float64", engines=["manual", "torch-autocast"])
+    assert [(p["engine"], p["status"]) for p in comparison.problems] == [("torch-autocast", "not applicable")]
+    assert "dtype=float32" in comparison.problems[0]["message"]
+
+
+def test_dot_chain_at_float32_judges_autocast_at_bfloat16_and_compile_at_float32():
+    comparison = _comparison(dot_chain, D=16, depth=4, dtype="float32",
+                             engines=["manual", "torch-autocast", "torch.compile"])
+    frame = comparison.frame()
+    errors = frame[frame["metric"] == "grad_max_rel_err"].set_index("variant")
+    assert errors.loc["torch-autocast", "dtype"] == "bfloat16"
+    assert 1e-3 < errors.loc["torch-autocast", "value"] <= 5e-2  # past float32's tolerance, within bfloat16's
+    assert errors.loc["torch.compile", "dtype"] == "float32" and errors.loc["torch.compile", "value"] <= 1e-3
+    assert comparison.ok and not comparison.problems
+    assert "within the bfloat16 tolerance 0.05" in comparison.check_gradients()
+    compile_time = frame[frame["metric"] == "compile_time"]
+    assert list(compile_time["variant"]) == ["torch.compile"] and (compile_time["value"] > 0).all()
+
+
+def test_autocast_loses_whole_gradients_of_the_seeds_rnn_so_it_is_not_a_default_engine(tmp_path):
+    # the seed's weights are of scale 0.01: in bfloat16, Wout's and b's gradients vanish while bout's, the largest,
+    # stays right; one error relative to the largest entry would read 3e-2 and pass
+    for engine in ("manual", "torch-autocast"):
+        case = rnn.case(device=CPU, engine=engine, batch=2, hidden=32, T=4, dtype="float32",
+                        gradient_dir=str(tmp_path))
+        case.check(case.fn())
+    got, want = load_gradient(tmp_path, "torch-autocast"), load_gradient(tmp_path, "manual")
+    assert max_relative_error(got, want) <= 5e-2
+    assert max_relative_error(got, want, floor=array_floor("bfloat16")) > LOST_ARRAY
+    comparison = _comparison(rnn, batch=2, hidden=32, T=4, T_sweep=[4], engines=["manual", "torch-autocast"])
+    assert [(p["engine"], p["status"]) for p in comparison.problems] == [("torch-autocast", "failed")]
+    assert "agrees with manual's within the bfloat16 tolerance 0.05 as a whole, but one array of it differs by 1 of " \
+           "its own size, past 0.5: bfloat16 lost it" in comparison.problems[0]["message"]
+    assert "torch-autocast" not in rnn.BENCHMARK.parameter("engines").default
+    assert "torch.compile" in rnn.BENCHMARK.parameter("engines").default
+
+
+def test_half_precision_gradients_are_also_judged_array_by_array_down_to_what_the_dtype_resolves():
+    floor = array_floor("bfloat16")
+    assert array_floor("float32") is None and array_floor("float64") is None and floor == 2.0 ** -8
+    small = np.array([0.04, -0.04])
+    reference = [np.array([1.0, 2.0]), small]
+    lost = [np.array([1.0, 2.0]), np.zeros(2)]
+    assert max_relative_error(lost, reference) == pytest.approx(2e-2)  # beside the largest entry: agreement
+    assert max_relative_error(lost, reference, floor=floor) == pytest.approx(1.0)  # the small array is gone
+    # an array below what bfloat16 resolves beside the largest (a bias BatchNorm cancels) is judged against that
+    # share, not against its own rounding-sized scale
+    cancelled = [np.array([1.0, 2.0]), np.array([1e-6, -1e-6])]
+    noisy = [np.array([1.0, 2.0]), np.array([3e-4, 0.0])]
+    assert max_relative_error(noisy, cancelled, floor=floor) == pytest.approx(2.99e-4 / (2 * floor))
+    assert max_relative_error(noisy, cancelled, floor=floor) < LOST_ARRAY < max_relative_error(lost, reference,
+                                                                                               floor=floor)
+    assert np.isnan(max_relative_error([np.array([np.nan]), small], [np.array([1.0]), small], floor=floor))
