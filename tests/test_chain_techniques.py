@@ -9,6 +9,7 @@ from benchlib.engines import compiling, get_engine
 from benchlib.engines.gradients import LOST_ARRAY, array_floor, load_gradient, max_relative_error
 from benchlib.measure import Device, MemoryTimeline
 from benchlib.measure.case_child import NotApplicable
+from benchlib.report.tables.answers import answer_table
 from benchlib.workloads import dot_chain, rnn
 
 CPU = Device("cpu")
@@ -105,6 +106,13 @@ def test_dot_chain_at_float32_judges_autocast_at_bfloat16_and_compile_at_float32
     assert "within the bfloat16 tolerance 0.05" in comparison.check_gradients()
     compile_time = frame[frame["metric"] == "compile_time"]
     assert list(compile_time["variant"]) == ["torch.compile"] and (compile_time["value"] > 0).all()
+    # shown apart from the step's time: in the summary, the printed table and the report's answer table
+    summary = comparison.summary().set_index("engine")
+    assert summary.loc["torch.compile", "compile_s"] == compile_time["value"].iloc[0]
+    assert summary[["compile_s"]].drop(index="torch.compile").isna().all().all()
+    assert "compile_s" in comparison.table_text().splitlines()[0]
+    answers = answer_table(comparison.summary())
+    assert list(answers.loc[answers["engine"] == "torch.compile", "compile (apart)"] != "") == [True]
 
 
 def test_autocast_loses_whole_gradients_of_the_seeds_rnn_so_it_is_not_a_default_engine(tmp_path):

@@ -165,7 +165,7 @@ class Engine:
         reason = self._not_applicable(_device(device))
         if reason is None and self.lowers_to is not None and dtype not in (None, LOWERED_FROM):
             reason = (f"autocast lowers {LOWERED_FROM} operations to {self.lowers_to} and leaves {dtype} ones as "
-                      f"they are, so this would be torch's step again (dtype={LOWERED_FROM} lets it apply)")
+                      f"they are: this would be torch's step again (dtype={LOWERED_FROM} lets it apply)")
         return reason
 
     def computes_in(self, dtype: str) -> str:

@@ -17,6 +17,7 @@ TRIALS_RUN = "trials_run"  # the record of how many trials a case ran; params.st
 # compared (benchlib.trials): no reference gradient, or a stochastic step drawn differently
 GRAD_UNCHECKED_METRIC = "grad_check_unavailable"
 COMPILE_METRIC = "compile_time"  # a compiling engine's first call, made in the set-up (never a measured call)
+COMPILE_COLUMN = "compile_s"  # its median over trials in a summary table
 # Where an isolated trial's time went (benchlib.measure: the child times its phases, the parent the rest):
 # the instrument's own cost beside what it measured. Each phase is a metric of its own, `harness_<phase>_time`.
 HARNESS_PHASES = {

@@ -27,6 +27,7 @@ from benchlib.engine_names import MANUAL, MANUAL_SEED
 from benchlib.engines.roles import GRADIENT_ROLE, SAVED_ROLE
 from benchlib.trials.loop import GRAD_UNCHECKED_METRIC, TrialLoop, TrialSettings, Unit
 from benchlib.trials.stopping import TRIALS_RUN, Deadline
+from benchlib.records.metrics import COMPILE_COLUMN, COMPILE_METRIC
 
 # Time is measured in the same calls as the memory timeline (one fresh process per case), so the
 # sampler thread runs during the timed repeats (its cost is measured by the calibration notebook,
@@ -211,14 +212,16 @@ class EngineComparison:
 
     def display_frame(self, summary: pd.DataFrame | None = None) -> pd.DataFrame:
         """The summary as a notebook or a terminal shows it: MB, each ratio as "1.02 [0.98, 1.07]" headed by
-        its baseline (to manual and, where it ran, to manual-seed), seconds, the gradient error."""
+        its baseline (to manual and, where it ran, to manual-seed), seconds, the compile's seconds where an engine
+        compiled (in the set-up, never in time_s), the gradient error."""
         summary = self.summary() if summary is None else summary
         shown = summary.assign(peak_MB=summary["peak_bytes"] / 1e6, peak_ratio=with_interval(summary, "peak_ratio"),
                                time_ratio=with_interval(summary, "time_ratio"),
                                peak_ratio_seed=with_interval(summary, "peak_ratio_seed"))
         params = [column for column in summary.columns if column not in SUMMARY_COLUMNS]  # `summary(params=...)`'s
         columns = ["case", *params, "engine", "status", "trials", "stop", "peak_MB", "peak_ratio", "time_s", "time_ratio",
-                   *(["peak_ratio_seed"] if summary["peak_ratio_seed"].notna().any() else []), GRAD_ERROR_METRIC]
+                   *(["peak_ratio_seed"] if summary["peak_ratio_seed"].notna().any() else []),
+                   *([COMPILE_COLUMN] if summary[COMPILE_COLUMN].notna().any() else []), GRAD_ERROR_METRIC]
         return shown[columns].rename(columns=RATIO_HEADINGS)
 
     def table_text(self) -> str:
@@ -253,7 +256,7 @@ def with_interval(summary: pd.DataFrame, column: str) -> pd.Series:
 
 SUMMARY_COLUMNS = ["case", "engine", "status", "trials", "stop", "peak_bytes", "peak_ratio", "peak_ratio_low",
                    "peak_ratio_high", "time_s", "time_ratio", "time_ratio_low", "time_ratio_high", "peak_ratio_seed",
-                   "peak_ratio_seed_low", "peak_ratio_seed_high", GRAD_ERROR_METRIC, "reason"]
+                   "peak_ratio_seed_low", "peak_ratio_seed_high", COMPILE_COLUMN, GRAD_ERROR_METRIC, "reason"]
 
 
 def summarize(frame: pd.DataFrame, problems: Iterable[Mapping] = ()) -> pd.DataFrame:
@@ -279,6 +282,8 @@ def summarize(frame: pd.DataFrame, problems: Iterable[Mapping] = ()) -> pd.DataF
                      "stop": stops.iloc[0] if len(stops) else "",
                      "peak_bytes": float(np.median(by_metric["peak_bytes"])) if "peak_bytes" in by_metric else math.nan,
                      "time_s": float(np.median(by_metric["time"])),
+                     COMPILE_COLUMN: float(np.median(by_metric[COMPILE_METRIC])) if COMPILE_METRIC in by_metric
+                     else math.nan,
                      GRAD_ERROR_METRIC: float(np.max(by_metric[GRAD_ERROR_METRIC])) if GRAD_ERROR_METRIC in by_metric
                      else math.nan,
                      "reason": "".join(f"gradient not checked: {json.loads(p)['message']}" for p in unchecked[:1])})
@@ -290,7 +295,7 @@ def summarize(frame: pd.DataFrame, problems: Iterable[Mapping] = ()) -> pd.DataF
             continue
         rows.append({"case": problem["case"], "engine": problem["engine"], "status": problem["status"], "trials": 0,
                      "stop": "",
-                     "peak_bytes": math.nan, "time_s": math.nan, GRAD_ERROR_METRIC: math.nan,
+                     "peak_bytes": math.nan, "time_s": math.nan, COMPILE_COLUMN: math.nan, GRAD_ERROR_METRIC: math.nan,
                      "reason": problem["message"]})
     table = pd.DataFrame(rows, columns=columns)
     if table.empty:

@@ -12,6 +12,7 @@ import pandas as pd
 from benchlib.engines.gradients import GRAD_ERROR_METRIC
 from benchlib.engines.roles import GRADIENT_METRIC, SAVED_METRIC
 from benchlib.units import format_bytes, format_seconds
+from benchlib.records.metrics import COMPILE_COLUMN, COMPILE_METRIC
 from benchlib.analysis.compare import trial_values
 from benchlib.analysis.frontier import TRACKED, deciding_peak, frontier_frame, median_with_interval
 from benchlib.report.page import SUMMARY_COLUMN
@@ -26,8 +27,8 @@ ENGINE_WIDTH = max(map(len, (*ENGINES, *ARRAY_ENGINES)))  # the engine column: e
 STEP_ROLES = {SAVED_METRIC: "saved activations", GRADIENT_METRIC: "gradients"}
 ORDER = {engine: index for index, engine in enumerate(dict.fromkeys((*ENGINES, *ARRAY_ENGINES)))}  # either form's
 COLUMNS = ["version", "engine", "status", "trials", "peak_bytes", "peak_low", "peak_high", "peak_ratio", "peak_ratio_low",
-           "peak_ratio_high", "tracked_peak_bytes", "stop", "largest_role", "largest_role_bytes", "time_s", "time_low", "time_high", GRAD_ERROR_METRIC,
-           "peak_ratio_of", "peak_ratio_to", "reason", "fastest", SUMMARY_COLUMN]
+           "peak_ratio_high", "tracked_peak_bytes", "stop", "largest_role", "largest_role_bytes", "time_s", "time_low", "time_high", COMPILE_COLUMN,
+           GRAD_ERROR_METRIC, "peak_ratio_of", "peak_ratio_to", "reason", "fastest", SUMMARY_COLUMN]
 
 
 def _ratio(best: np.ndarray, own: np.ndarray) -> tuple[float, float, float]:
@@ -116,6 +117,7 @@ def _version_rows(records: pd.DataFrame, samples: dict, prefix: str) -> list[dic
         role = max(roles, key=roles.get, default=None)
         time_s, time_low, time_high = median_with_interval(metrics["time"])
         error = float(np.max(metrics[GRAD_ERROR_METRIC])) if GRAD_ERROR_METRIC in metrics else math.nan
+        compile_s = float(np.median(metrics[COMPILE_METRIC])) if COMPILE_METRIC in metrics else math.nan
         if not comparable:
             ratio_text = "lowest" if engine == best else "no ratio (the lowest peak is 0: below the resolution)"
         else:
@@ -133,13 +135,15 @@ def _version_rows(records: pd.DataFrame, samples: dict, prefix: str) -> list[dic
                 + ("" if math.isnan(tracked) else f" (tracked {format_bytes(int(tracked))})")
                 + f"  {ratio_text}{role_text}  {format_seconds(time_s)}{_bracket(time_low, time_high, format_seconds)}/step"
                 + _noise_words(metrics["time"])
+                + ("" if math.isnan(compile_s) else f" (compiled in {format_seconds(compile_s)}, apart)")
                 + ("" if math.isnan(error) else f"  grad err {error:.1e}") + _unchecked_words(group) + stop_words
                 + _wrapped_words(group) + (f"  FAILED: {failure}" if failure else ""))
         rows.append({"engine": engine, "status": "ok" if not len(statuses) else "partial",
                      "trials": int(metrics["time"].size), "peak_bytes": peak, "peak_low": low, "peak_high": high,
                      "peak_ratio": ratio, "peak_ratio_low": ratio_low, "peak_ratio_high": ratio_high,
                      "tracked_peak_bytes": tracked, "stop": stop, "largest_role": STEP_ROLES.get(role, ""), "largest_role_bytes": roles.get(role, math.nan),
-                     "time_s": time_s, "time_low": time_low, "time_high": time_high, GRAD_ERROR_METRIC: error,
+                     "time_s": time_s, "time_low": time_low, "time_high": time_high, COMPILE_COLUMN: compile_s,
+                     GRAD_ERROR_METRIC: error,
                      "peak_ratio_of": "tracked peak" if peak_metric == TRACKED else "peak",
                      "peak_ratio_to": best if comparable else "",
                      "reason": reason, SUMMARY_COLUMN: line})

@@ -36,15 +36,22 @@ def _one_case(frame: pd.DataFrame, case: str | None, what: str) -> pd.DataFrame:
     return frame[frame["case"] == case]
 
 
+NOTE_WIDTH = 170  # characters of a status note per line under a figure (11 px type across 1400 px)
+
+
 def _status_notes(records: pd.DataFrame, case: str | None = None) -> list[str]:
-    """'engine: not applicable (reason)' for every engine that has no measurement."""
+    """'engine: not applicable (reason)' for every engine that has no measurement, folded at words onto at most two
+    lines (the report's tables hold the whole reason)."""
+    import textwrap
+
     rows = records[records["metric"].isin(STATUS_METRICS)]
     if case is not None:
         rows = rows[rows["case"] == case]
     notes = []
     for row in rows.itertuples():
         message = json.loads(row.params).get("message", "")
-        notes.append(f"{row.variant}: {row.metric.replace('_', ' ')} ({message.splitlines()[0][:90] if message else ''})")
+        text = f"{row.variant}: {row.metric.replace('_', ' ')} ({message.splitlines()[0] if message else ''})"
+        notes += textwrap.wrap(text, NOTE_WIDTH, subsequent_indent="    ", max_lines=2, placeholder=" ...)")
     return notes
 
 

@@ -9,6 +9,7 @@ import math
 
 import pandas as pd
 
+from benchlib.records.metrics import COMPILE_COLUMN
 from benchlib.units import format_bytes, format_seconds
 
 ENGINE_HEADLINE = frozenset({"engine", "status", "peak_bytes", "time_s"})  # a headline that compares engines
@@ -73,6 +74,9 @@ def answer_table(headline: pd.DataFrame) -> pd.DataFrame | None:
             shown[f"{what} / {baseline}" if baseline else f"{what} ratio"] = _with_interval(
                 row, column, f"{column}_low", f"{column}_high", "{:.2f}x".format, "{:.2f}".format)
         shown["time"] = _with_interval(row, "time_s", "time_low", "time_high", format_seconds)
+        if COMPILE_COLUMN in engines and engines[COMPILE_COLUMN].notna().any():  # set-up, never in the time
+            compile_s = _value(row.get(COMPILE_COLUMN))
+            shown["compile (apart)"] = "" if math.isnan(compile_s) else format_seconds(compile_s)
         if "grad_max_rel_err" in engines:
             error = _value(row.get("grad_max_rel_err"))
             shown["gradient error"] = "" if math.isnan(error) else f"{error:.1e}"
