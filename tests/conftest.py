@@ -11,3 +11,28 @@ def results_root(tmp_path_factory, monkeypatch):
     root = tmp_path_factory.mktemp("results")
     monkeypatch.setenv("BENCHLIB_RESULTS", str(root))
     return root
+
+
+class CountingBackend:
+    """A torch.compile backend that runs the traced graphs as they are and counts how many it was handed."""
+
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, graph, example_inputs):
+        self.graphs += 1
+        return graph.forward
+
+
+@pytest.fixture
+def counting_backend(monkeypatch):
+    """Every torch.compile benchlib makes (the registry's engine, a model file's) uses a `CountingBackend`."""
+    import torch._dynamo
+
+    from benchlib.engines import compiling
+
+    torch._dynamo.reset()
+    backend = CountingBackend()
+    monkeypatch.setattr(compiling, "COMPILE_BACKEND", backend)
+    yield backend
+    torch._dynamo.reset()

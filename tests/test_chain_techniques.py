@@ -15,28 +15,6 @@ from benchlib.workloads import dot_chain, rnn
 CPU = Device("cpu")
 
 
-class CountingBackend:
-    """A torch.compile backend that runs the traced graphs as they are and counts how many it was handed."""
-
-    def __init__(self):
-        self.graphs = 0
-
-    def __call__(self, graph, example_inputs):
-        self.graphs += 1
-        return graph.forward
-
-
-@pytest.fixture
-def counting_backend(monkeypatch):
-    import torch._dynamo
-
-    torch._dynamo.reset()
-    backend = CountingBackend()
-    monkeypatch.setattr(compiling, "COMPILE_BACKEND", backend)
-    yield backend
-    torch._dynamo.reset()
-
-
 @pytest.mark.parametrize("workload", ["dot_chain", "rnn"])
 def test_the_chains_compile_in_the_set_up_and_never_in_a_measured_call(workload, counting_backend, tmp_path):
     if workload == "dot_chain":

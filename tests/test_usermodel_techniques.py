@@ -7,6 +7,7 @@ from torch import nn
 
 from benchlib.engine_names import (FUSED_OPTIMIZER, TORCH, TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_COMPILE,
                                    TORCH_COMPILE_BUDGETS, TORCH_FUNC, TORCH_MICROBATCH, TORCH_OFFLOAD, TORCH_SAC)
+from benchlib.engines import compiling
 from benchlib.usermodel import engines as usermodel_engines
 from benchlib.engines.gradients import gradient_tolerance, max_relative_error
 from benchlib.measure.case_child import NotApplicable
@@ -128,28 +129,6 @@ def test_a_sac_policy_naming_no_aten_op_is_refused_before_any_case(tmp_path):
         benchmark.config({"sac_saved_ops": ("mm", "matmull")})
 
 
-class CountingBackend:
-    """A torch.compile backend that runs the traced graphs as they are and counts how many it was handed."""
-
-    def __init__(self):
-        self.graphs = 0
-
-    def __call__(self, graph, example_inputs):
-        self.graphs += 1
-        return graph.forward
-
-
-@pytest.fixture
-def counting_backend(monkeypatch):
-    import torch._dynamo
-
-    torch._dynamo.reset()
-    backend = CountingBackend()
-    monkeypatch.setattr(usermodel_engines, "COMPILE_BACKEND", backend)
-    yield backend
-    torch._dynamo.reset()
-
-
 def test_compile_happens_in_the_set_up_and_never_in_a_step(counting_backend):
     step = Step(TORCH_COMPILE, blocks(), data(), mean_loss, lambda parameters: torch.optim.SGD(parameters, lr=0.1))
     compiled = counting_backend.graphs
@@ -164,15 +143,14 @@ def test_compile_computes_eager_torchs_gradient(counting_backend):
     assert max_relative_error(gradient(TORCH_COMPILE), gradient(TORCH)) <= gradient_tolerance("float32")
 
 
-def test_a_compiler_failure_is_not_applicable_and_the_files_own_error_stays_its_own(monkeypatch):
+def test_a_compiler_failure_is_not_applicable_and_the_files_own_error_stays_its_own(monkeypatch, counting_backend):
     import torch._dynamo
     from torch._dynamo.exc import BackendCompilerFailed
 
     def failing(graph, example_inputs):
         raise RuntimeError("no C++ compiler found")
 
-    torch._dynamo.reset()
-    monkeypatch.setattr(usermodel_engines, "COMPILE_BACKEND", failing)
+    monkeypatch.setattr(compiling, "COMPILE_BACKEND", failing)
     with pytest.raises(NotApplicable, match="torch.compile could not compile this step: BackendCompilerFailed"):
         Step(TORCH_COMPILE, blocks(), data(), mean_loss, None)
     assert issubclass(BackendCompilerFailed, torch._dynamo.exc.TorchDynamoException)
@@ -181,11 +159,10 @@ def test_a_compiler_failure_is_not_applicable_and_the_files_own_error_stays_its_
         return nn.functional.cross_entropy(model(x[:, :5]), y)  # a shape error of the file's own
 
     torch._dynamo.reset()
-    monkeypatch.setattr(usermodel_engines, "COMPILE_BACKEND", CountingBackend())
+    monkeypatch.setattr(compiling, "COMPILE_BACKEND", counting_backend)
     with pytest.raises(Exception) as raised:
         Step(TORCH_COMPILE, blocks(), data(), wrong, None)
     assert not isinstance(raised.value, NotApplicable)
-    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("budget_engine", list(TORCH_COMPILE_BUDGETS))
@@ -195,7 +172,7 @@ def test_a_lower_activation_budget_saves_fewer_bytes_for_the_same_gradient(budge
     from benchlib.engines.roles import SavedTensors
 
     # the partitioner the budget steers, without a C++ compiler: the graphs run as aten ops
-    monkeypatch.setattr(usermodel_engines, "COMPILE_BACKEND", "aot_eager_decomp_partition")
+    monkeypatch.setattr(compiling, "COMPILE_BACKEND", "aot_eager_decomp_partition")
 
     def saved_and_gradient(engine):
         torch._dynamo.reset()  # one process measures one engine; here each compiles afresh

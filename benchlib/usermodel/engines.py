@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from benchlib.engines import AUTOCAST_DTYPE
-from benchlib.engines.compiling import COMPILE_BACKEND, compile_first_call
+from benchlib.engines import compiling
 from benchlib.engines.namespaces import SAC_SAVED_OPS, sac_contexts
 from benchlib.engine_names import (FUSED_OPTIMIZER, TORCH, TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_COMPILE,
                                    TORCH_COMPILE_BUDGETS, TORCH_FUNC, TORCH_MICROBATCH, TORCH_OFFLOAD, TORCH_SAC)
@@ -341,7 +341,7 @@ class Step:
         self.device_type = first.device.type if first is not None else "cpu"
         self.compile_s = None
         if engine in COMPILED:
-            self.compiled = torch.compile(_Loss(model, loss), backend=COMPILE_BACKEND)
+            self.compiled = torch.compile(_Loss(model, loss), backend=compiling.COMPILE_BACKEND)
             with torch._functorch.config.patch(activation_memory_budget=COMPILED[engine]):  # read by the partitioner
                 self.compile_s = self._compile(str(first.device) if first is not None else "cpu")
         if engine == TORCH_FUNC:
@@ -363,7 +363,7 @@ class Step:
         """Seconds of the compiled loss's first forward and backward, which trace and compile it: here, in the
         set-up, so no measured step pays them. The gradients it leaves are dropped."""
         try:
-            return compile_first_call(lambda: self.compiled(*self.batch).backward(), device)
+            return compiling.compile_first_call(lambda: self.compiled(*self.batch).backward(), device)
         finally:
             for _, p in self.named:
                 p.grad = None

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchlib.benchmark import Config
-from benchlib.engines import case_imports
+from benchlib.engines import case_imports, compiling
 from benchlib.trials import Deadline, TrialLoop, TrialSettings, Unit
 from benchlib.engine_names import TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_MICROBATCH, TORCH_SAC
-from benchlib.usermodel.engines import (AUTOCAST_DTYPE, COMPILE_BACKEND, COMPILED, ENGINES, MICROBATCHES, REFERENCE,
+from benchlib.usermodel.engines import (AUTOCAST_DTYPE, COMPILED, ENGINES, MICROBATCHES, REFERENCE,
                                        REGROUPS_OPTIMIZER, SAC_SAVED_OPS, SWEEP_ENGINES, checkpoint_plan,
                                        not_applicable, step_imports, stochastic_modules)
 from benchlib.usermodel.loader import ModelFile
@@ -68,7 +68,7 @@ def _torch_plan(model_file: ModelFile, values: dict, device) -> Plan:
     return Plan(reasons, str(first.dtype).removeprefix("torch.") if first is not None else "float32",
                 {TORCH_CHECKPOINT: sac, TORCH_SAC: {**sac, "sac_saved_ops": list(SAC_SAVED_OPS)},
                  TORCH_AUTOCAST: {"autocast": AUTOCAST_DTYPE, "update_compared": False}, TORCH_MICROBATCH: {"microbatches": MICROBATCHES, "update_compared": False},
-                 **{engine: {"compile_backend": str(COMPILE_BACKEND), "activation_memory_budget": budget,
+                 **{engine: {"compile_backend": str(compiling.COMPILE_BACKEND), "activation_memory_budget": budget,
                              "update_compared": False} for engine, budget in COMPILED.items()}},
                 {"stochastic_modules": stochastic} if stochastic else {},
                 engine_dtypes={TORCH_AUTOCAST: AUTOCAST_DTYPE})
