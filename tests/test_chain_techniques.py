@@ -1,6 +1,8 @@
 """The memory techniques on the built-in chains: torch.compile (compiled in the set-up, never in a measured call)
 and torch-autocast (float32 data only, judged with bfloat16's tolerance array by array)."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +12,7 @@ from benchlib.engines.gradients import LOST_ARRAY, array_floor, load_gradient, m
 from benchlib.measure import Device, MemoryTimeline
 from benchlib.measure.case_child import NotApplicable
 from benchlib.report.tables.answers import answer_table
+from benchlib.trials.cases import GradientMismatch
 from benchlib.workloads import dot_chain, rnn
 
 CPU = Device("cpu")
@@ -127,3 +130,35 @@ def test_half_precision_gradients_are_also_judged_array_by_array_down_to_what_th
     assert max_relative_error(noisy, cancelled, floor=floor) < LOST_ARRAY < max_relative_error(lost, reference,
                                                                                                floor=floor)
     assert np.isnan(max_relative_error([np.array([np.nan]), small], [np.array([1.0]), small], floor=floor))
+
+
+def test_a_lost_array_is_a_mismatch_listed_first_and_the_sweep_measures_w_in_the_datas_dtype():
+    comparison = _comparison(rnn, batch=2, hidden=32, T=4, T_sweep=[2], engines=["manual", "torch-autocast"])
+    mismatches = comparison.gradient_mismatches()
+    assert set(mismatches["engine"]) == {"torch-autocast"} and LOST_ARRAY in set(mismatches["tolerance"])
+    with pytest.raises(GradientMismatch, match="an array lost at half precision"):
+        comparison.check_gradients()
+    text = comparison.check_gradients(raise_on_mismatch=False)
+    assert text.startswith("rnn_fanout: gradients disagree with manual") and "torch-autocast" in text
+    assert not comparison.ok
+    frame = comparison.frame()
+    autocast = frame[(frame["variant"] == "torch-autocast") & (frame["metric"] == "peak_bytes")]
+    assert set(autocast["dtype"]) == {"bfloat16"}
+    assert {json.loads(p)["data_dtype"] for p in autocast["params"]} == {"float32"}
+    growth = rnn.growth_per_step(frame).set_index("engine")
+    slope = growth.loc["torch-autocast", "peak_bytes_per_step"]
+    assert growth.loc["torch-autocast", "peak_per_step_in_W"] == pytest.approx(slope / (32 * 32 * 4))
+
+
+@pytest.mark.slow
+def test_an_opted_in_engine_that_fails_leaves_a_partial_run_with_every_figure(tmp_path):
+    import io
+
+    from benchlib.runner import run
+
+    result = run(["rnn_fanout"], device="cpu", out=tmp_path, quick=True, progress=False, stream=io.StringIO(),
+                 params={"engines": ["manual", "torch", "torch-autocast"]})
+    assert [outcome.status for outcome in result.notebooks] == ["partial"]
+    assert "torch-autocast" in result.notebooks[0].error
+    for figure in ("rnn_fanout_memory_timeline", "rnn_fanout_peak", "rnn_fanout_sweep"):
+        assert (result.path / "figures" / f"{figure}.html").is_file()

@@ -22,7 +22,8 @@ import pandas as pd
 
 from benchlib.benchmark import Config, Parameter, distinct
 from benchlib.engines import ENGINE_NAMES, case_imports, get_engine
-from benchlib.engines.gradients import GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, gradient_tolerance
+from benchlib.engines.gradients import (GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, LOST_ARRAY, WORST_ARRAY_METRIC,
+                                        gradient_tolerance)
 from benchlib.engine_names import MANUAL, MANUAL_SEED
 from benchlib.engines.roles import GRADIENT_ROLE, SAVED_ROLE
 from benchlib.trials.loop import GRAD_UNCHECKED_METRIC, TrialLoop, TrialSettings, Unit
@@ -35,6 +36,7 @@ from benchlib.records.metrics import COMPILE_COLUMN, COMPILE_METRIC
 TIMELINE_INTERVAL_S = 0.002
 ROLE_TIMELINE_COLUMNS = ["case", "engine", "t_s", "bytes", "phase", SAVED_ROLE, GRADIENT_ROLE]
 DTYPES = tuple(GRADIENT_TOLERANCE)  # the dtypes an engine comparison runs in (those with a gradient tolerance)
+DATA_DTYPE = "data_dtype"  # in a lowering engine's params (autocast): the dtype of the data it was given
 REFERENCE_ENGINE = MANUAL  # the lean hand-written gradient: every engine's gradient is checked against it, ratios are to it
 SEED_ENGINE = MANUAL_SEED  # the seed's own hand-written gradient, the second baseline where a workload has one
 
@@ -170,28 +172,35 @@ class EngineComparison:
     def gradient_mismatches(self) -> pd.DataFrame:
         """Cases whose gradient error exceeds the tolerance of their dtype (NaN counts as exceeding)."""
         frame = self.frame()
-        errors = frame[frame["metric"] == GRAD_ERROR_METRIC]
-        tolerance = errors["dtype"].map(gradient_tolerance).astype("float64")
+        errors = frame[frame["metric"].isin((GRAD_ERROR_METRIC, WORST_ARRAY_METRIC))]
+        tolerance = errors["dtype"].map(gradient_tolerance).astype("float64").where(
+            errors["metric"] == GRAD_ERROR_METRIC, LOST_ARRAY)  # an array lost at half precision
         bad = errors[~(errors["value"] <= tolerance)]
         return bad.assign(tolerance=tolerance[bad.index]).rename(columns={"variant": "engine"})[
             ["case", "engine", "dtype", "value", "tolerance"]]
 
-    def check_gradients(self) -> str:
-        """Raise GradientMismatch, listing the offenders, when any gradient disagrees with `manual`.
+    def check_gradients(self, raise_on_mismatch: bool = True) -> str:
+        """Raise GradientMismatch, listing the offenders, when any gradient disagrees with `manual`; with
+        `raise_on_mismatch=False` (the notebooks: the figures of the engines that agree still get drawn, and
+        the runner reads the failed records as a partial run) list them first instead.
 
         Otherwise return one line per fact: how many gradients agree within which tolerance, and
         which engines could not be checked, with the reason (say, manual failed).
         """
         bad = self.gradient_mismatches()
-        if not bad.empty:
-            raise GradientMismatch(
-                f"{self.benchmark}: gradients disagree with manual beyond tolerance "
-                f"({GRAD_ERROR_METRIC} = max|g - g_manual| / max|g_manual|):\n{bad.to_string(index=False)}")
+        mismatch = (f"{self.benchmark}: gradients disagree with manual beyond tolerance ({GRAD_ERROR_METRIC} = "
+                    f"max|g - g_manual| / max|g_manual|; {WORST_ARRAY_METRIC}: an array lost at half precision):\n"
+                    f"{bad.to_string(index=False)}")
+        if not bad.empty and raise_on_mismatch:
+            raise GradientMismatch(mismatch)
         frame = self.frame()
-        checked = frame[frame["metric"] == GRAD_ERROR_METRIC]
-        lines = [f"{len(rows)} gradient(s) agree with manual within the {dtype} tolerance "
-                 f"{gradient_tolerance(dtype):g} ({GRAD_ERROR_METRIC} up to {rows['value'].max():.2e})"
-                 for dtype, rows in checked.groupby("dtype", sort=False)] or ["no gradient was compared with manual"]
+        failed = set(zip(bad["case"], bad["engine"]))
+        checked = frame[(frame["metric"] == GRAD_ERROR_METRIC)
+                        & ~pd.Series(list(zip(frame["case"], frame["variant"])), index=frame.index).isin(failed)]
+        lines = [mismatch] if not bad.empty else []
+        lines += [f"{len(rows)} gradient(s) agree with manual within the {dtype} tolerance "
+                  f"{gradient_tolerance(dtype):g} ({GRAD_ERROR_METRIC} up to {rows['value'].max():.2e})"
+                  for dtype, rows in checked.groupby("dtype", sort=False)] or ["no gradient was compared with manual"]
         for row in frame[frame["metric"] == GRAD_UNCHECKED_METRIC].itertuples():
             lines.append(f"not checked: {row.variant} ({row.case}): {json.loads(row.params)['message']}")
         return "\n".join(lines)
@@ -439,7 +448,9 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
                             labels=dict(benchmark=benchmark, case=case, engine=engine_name, device=device.name,
                                         dtype=engine.computes_in(dtype)),
                             trial_params={**(cases.engine_params(engine_name, child_params) if cases.engine_params
-                                             else {}), "timeline_interval_s": TIMELINE_INTERVAL_S})
+                                             else {}), "timeline_interval_s": TIMELINE_INTERVAL_S,
+                                          # a lowering engine's records carry the dtype it computes in; the data's:
+                                          **({DATA_DTYPE: dtype} if engine.computes_in(dtype) != dtype else {})})
                 reason = engine.not_applicable(device, dtype)
                 if reason is None and cases.not_applicable is not None:
                     reason = cases.not_applicable(engine_name)

@@ -28,7 +28,8 @@ import pandas as pd
 
 from benchlib.engines import ENGINE_NAMES, get_engine
 from benchlib.benchmark import Benchmark, Config, Parameter, Seed, distinct
-from benchlib.trials.cases import Cases, EngineComparison, comparison_parameters, comparison_rules, compare_engines
+from benchlib.trials.cases import (DATA_DTYPE, Cases, EngineComparison, comparison_parameters, comparison_rules,
+                                   compare_engines)
 from benchlib.engines.gradients import save_gradient
 from benchlib.engines.namespaces import segmentation_params
 from benchlib.engine_names import (AUTOGRAD, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, MANUAL_SEED, TORCH,
@@ -334,11 +335,13 @@ def case(*, device, engine: str, batch: int, hidden: int, T: int, dtype: str, gr
 def growth_per_step(records: pd.DataFrame) -> pd.DataFrame:
     """Per engine, the least-squares slope of peak memory and of median time against T, from the
     records of a sweep: the fan-out cost per step, measured. `peak_per_step_in_W` is the peak's
-    slope in units of one W-sized buffer (hidden²·itemsize, from the records' params and dtype).
+    slope in units of one W-sized buffer (hidden²·itemsize of the data, from the records' params and dtype).
     Engines measured at fewer than two T values get NaN."""
     measured = records[records["metric"].isin(["peak_bytes", "time"])]
     params = measured["params"].map(json.loads)
-    table = (measured.assign(T=params.map(lambda p: p["T"]), hidden=params.map(lambda p: p["hidden"]))
+    # W's bytes in the data's dtype: a lowering engine (autocast) labels its records with the dtype it computes in
+    data_dtype = [p.get(DATA_DTYPE, dtype) for p, dtype in zip(params, measured["dtype"])]
+    table = (measured.assign(T=params.map(lambda p: p["T"]), hidden=params.map(lambda p: p["hidden"]), dtype=data_dtype)
              .groupby(["variant", "dtype", "hidden", "T", "metric"], sort=False)["value"].median()
              .unstack("metric").reset_index())
     rows = []

@@ -50,7 +50,8 @@ def _status_notes(records: pd.DataFrame, case: str | None = None) -> list[str]:
     notes = []
     for row in rows.itertuples():
         message = json.loads(row.params).get("message", "")
-        text = f"{row.variant}: {row.metric.replace('_', ' ')} ({message.splitlines()[0] if message else ''})"
+        where = f" at {row.case}" if case is None and records["case"].nunique() > 1 else ""  # a sweep's notes
+        text = f"{row.variant}{where}: {row.metric.replace('_', ' ')} ({message.splitlines()[0] if message else ''})"
         notes += textwrap.wrap(text, NOTE_WIDTH, subsequent_indent="    ", max_lines=2, placeholder=" ...)")
     return notes
 
