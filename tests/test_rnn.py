@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from benchlib.engines import get_engine
+from benchlib.engines import ENGINE_NAMES, get_engine
 from benchlib.engines.gradients import GRADIENT_TOLERANCE, load_gradient, max_relative_error, saved_gradient_error
 from benchlib.measure import Device
 from benchlib.workloads import rnn
@@ -67,7 +67,7 @@ def _run_case(engine, gradient_dir, device=CPU, dtype="float64", hidden=16, wron
 
 @pytest.mark.parametrize("model", list(rnn.MODELS))
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("engine", [name for name in rnn.DEFAULT_ENGINES if name != "manual"])
+@pytest.mark.parametrize("engine", [name for name in ENGINE_NAMES if name not in ("manual", "torch-autocast")])
 def test_every_engine_agrees_with_manual_through_the_case_and_its_saved_gradients(engine, dtype, model, tmp_path):
     if engine == "manual-seed" and model not in rnn.SEED_GRADIENT_MODELS:
         pytest.skip("no seed-written gradient for this model (recorded as not applicable: tested below)")
@@ -169,8 +169,8 @@ def test_notebook_runs_with_quick_sizes_and_writes_every_engines_records_for_eve
         metrics = set(group["metric"])
         assert {"time", "peak_bytes"} <= metrics, (case, engine)
         assert ("grad_max_rel_err" in metrics) == (engine != "manual")
-    first_look = rnn.BENCHMARK.parameter("engines").quick
-    assert set(first_look) == set(rnn.DEFAULT_ENGINES) - {"torch.compile"}
+    first_look = rnn.BENCHMARK.parameter("engines").default
+    assert set(first_look) == set(ENGINE_NAMES) - {"torch.compile", "torch-autocast"}
     assert set(records["variant"]) == set(first_look)
     for figure in ("rnn_fanout_memory_timeline", "rnn_fanout_peak", "rnn_fanout_sweep", "rnn_fanout_role_timeline"):
         assert (result.path / "figures" / f"{figure}.html").is_file()

@@ -58,19 +58,15 @@ def comparison_parameters(*, dtype: str, engines: Iterable[str], repeats: int, t
                           malloc: str | None = None) -> tuple[Parameter, ...]:
     """The parameters every engine comparison declares (each engine in fresh processes, up to `trials`
     rounds interleaved, stopping at `precision`); `quick` gives their `--quick` values (trials default to
-    2 there: an interval, barely; engines to those that do not compile: a compile takes seconds per trial,
-    longer than a quick case's whole measurement, so a first look leaves them out unless named);
+    2 there: an interval, barely);
     `malloc` the allocator policy by default (`DEFAULT_MALLOC_POLICY` unless given)."""
     from benchlib.measure.isolation import DEFAULT_MALLOC_POLICY, MALLOC_POLICIES
 
-    engines = tuple(engines)
-    first_look = tuple(name for name in engines if not get_engine(name).compiles)
-    quick = {"trials": 2, **({"engines": first_look} if first_look != engines else {}), **dict(quick)}
+    quick = {"trials": 2, **dict(quick)}
     parameters = (
         Parameter("dtype", dtype, "floating-point type of the data and gradients", choices=DTYPES),
-        Parameter("engines", engines, "gradient engines to compare, each in fresh processes"
-                  + (f" (--quick leaves out {', '.join(sorted(set(engines) - set(first_look)))})"
-                     if first_look != engines else ""), choices=tuple(valid_engines)),
+        Parameter("engines", tuple(engines), "gradient engines to compare, each in fresh processes",
+                  choices=tuple(valid_engines)),
         Parameter("repeats", repeats, "timed calls per process (their median is kept)", minimum=1),
         trials_parameter(trials),
         PRECISION,

@@ -25,12 +25,15 @@ from benchlib.engines import ENGINE_NAMES, get_engine
 from benchlib.trials.cases import Cases, EngineComparison, comparison_parameters, comparison_rules, compare_engines
 from benchlib.engines.gradients import save_gradient
 from benchlib.engines.namespaces import segmentation_params
-from benchlib.engine_names import BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, MANUAL_SEED
+from benchlib.engine_names import BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, MANUAL_SEED, TORCH_COMPILE
 from benchlib.engines.roles import role_gauge, tape_roles
 from benchlib.measure import Case, mark
 from benchlib.analysis.seed_verdicts import RatioRule
 
 SEED_SIZES = {"D": 1000, "depth": 100}
+# torch.compile runs when named: its compile in every fresh process (7-9 s at the seed's sizes) added 62 s to this
+# notebook's default run, and it saves what eager torch saves here (docs/techniques.md)
+DEFAULT_ENGINES = tuple(engine for engine in ENGINE_NAMES if engine != TORCH_COMPILE)
 DATA_SEED = 0  # the seed of x and z: every engine differentiates the same data
 X_SCALING = "x = A·Aᵀ / λmax(A·Aᵀ), A standard normal (spectral norm 1); z standard normal"
 TARGET = "benchlib.workloads.dot_chain:case"
@@ -190,7 +193,7 @@ BENCHMARK = Benchmark(
           "the baseline, memory over time, time, memory by role and the gradient's error against manual",
     parameters=(
         *chain_parameters(D=SEED_SIZES["D"], depth=SEED_SIZES["depth"], quick_depth=8),
-        *comparison_parameters(dtype="float64", engines=ENGINE_NAMES, repeats=1, trials=5, warmup=0),
+        *comparison_parameters(dtype="float64", engines=DEFAULT_ENGINES, repeats=1, trials=5, warmup=0),
     ),
     rules=comparison_rules,
     memory=_memory,
