@@ -1,7 +1,9 @@
 """benchlib installed from its wheel, outside this checkout: the built-in notebooks travel in it, a run finds
 them and writes ./results of the folder it runs in, and `benchlib notebooks DIR` copies them out."""
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +36,7 @@ def installed(tmp_path_factory, wheel):
 @pytest.mark.slow
 def test_the_wheel_declares_ranges_that_keep_a_projects_own_torch(wheel):
     """What pip reads from the wheel: ranges, never a pin, so installing benchlib beside torch 2.12 or
-    2.14 keeps that torch (2.14.1 was tried by hand: a model file and a gate ran there, README)."""
+    2.14 keeps that torch (2.14.1 for real: the next test)."""
     import zipfile
 
     from packaging.requirements import Requirement
@@ -76,3 +78,65 @@ def test_the_installed_copy_runs_its_own_notebooks_into_the_folder_it_runs_in(in
     assert {path.name for path in (tmp_path / "mine").iterdir()} >= {"dot_chain.ipynb", "your_model.ipynb"}
     again = benchlib(installed, "notebooks", "mine", cwd=tmp_path)
     assert again.returncode == 2 and "never overwrites" in again.stderr
+
+
+OTHER_TORCH = "2.14.1"  # not the pinned 2.13.0: the other release pip finds on this project's machines' disk
+GATE_TEST = '''import pytest
+
+
+@pytest.mark.limit_gradient_step(peak="{peak}")
+def test_step_stays_lean(gradient_step):
+    gradient_step("model.py", "torch")
+'''
+
+
+def _run(*command, cwd=None, timeout=900):
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "BENCHLIB_RESULTS")}
+    return subprocess.run([str(part) for part in command], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.slow
+def test_installed_beside_another_torch_it_keeps_that_torch_and_runs_a_model_file_and_the_gate(wheel, tmp_path):
+    """A user's own environment: a fresh virtual environment with torch 2.14.1 installed first, then the wheel
+    with its dependencies (at the project's pins, torch's excepted); pip keeps that torch, and from a folder
+    outside the checkout a model file runs on it and the pytest plugin gates a test of it. About 6 GB while it
+    runs, removed after."""
+    free = shutil.disk_usage(tmp_path).free
+    if free < 12 * 2**30:
+        pytest.skip(f"{free / 2**30:.1f} GiB free where the test's environment would go; it needs 12 GiB")
+    venv = tmp_path / "venv"
+    python = venv / "bin" / "python"
+    try:
+        assert _run(getattr(sys, "_base_executable", sys.executable), "-m", "venv", venv).returncode == 0
+        torch = _run(python, "-m", "pip", "install", "-q", f"torch=={OTHER_TORCH}")
+        if torch.returncode != 0:  # not on this machine's disk, and no registry serves it here
+            pytest.skip(f"torch {OTHER_TORCH} could not be installed here: {torch.stderr.strip()[-300:]}")
+        pins = tmp_path / "pins.txt"
+        pins.write_text("".join(line for line in (PROJECT / "constraints.txt").read_text().splitlines(keepends=True)
+                                if not line.startswith("torch")))
+        installed = _run(python, "-m", "pip", "install", "-q", "-c", pins, wheel, "pytest")
+        assert installed.returncode == 0, installed.stderr[-2000:]
+        kept = _run(python, "-c", "import torch, benchlib; print(torch.__version__, benchlib.__file__)", cwd=tmp_path)
+        version, location = kept.stdout.split()
+        assert version.startswith(OTHER_TORCH) and location.startswith(str(venv))
+
+        project = tmp_path / "project"
+        project.mkdir()
+        assert _run(python, "-m", "benchlib", "new", "model.py", cwd=project).returncode == 0
+        done = _run(python, "-m", "benchlib", "run", "model.py", "--quick", "-p", "engines=torch,torch-checkpoint",
+                    "--no-progress", cwd=project)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        (run,) = (project / "results").iterdir()
+        assert json.loads((run / "run.json").read_text())["environment"]["packages"]["torch"] == OTHER_TORCH
+
+        (project / "test_gate.py").write_text(GATE_TEST.format(peak="64 MiB"))
+        gate = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_gate.py"]
+        saved = _run(*gate, "--benchlib-save-baselines", cwd=project)
+        assert saved.returncode == 0, saved.stdout[-2000:]
+        assert _run(*gate, cwd=project).returncode == 0
+        (project / "test_gate.py").write_text(GATE_TEST.format(peak="10 kB"))
+        over = _run(*gate, cwd=project)
+        assert over.returncode == 1 and "exceeds the limit 10.00 kB" in over.stdout
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)
