@@ -35,6 +35,13 @@ UNIT_ROUNDOFF = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
 LOST_ARRAY = 0.5  # half of an array's gradient gone: lost, not rounded
 
 
+def error_limit(metric: str, dtype: str) -> float | None:
+    """The most a gradient check's `metric` may read for a gradient computed in `dtype`: the dtype's tolerance,
+    or `LOST_ARRAY` for the array-by-array check (None: a dtype without a tolerance, recorded, not judged)."""
+    tolerance = gradient_tolerance(dtype)
+    return LOST_ARRAY if metric == WORST_ARRAY_METRIC and tolerance is not None else tolerance
+
+
 def array_floor(dtype: str) -> float | None:
     """The `floor` of the array-by-array check a gradient computed in `dtype` also gets (`max_relative_error`):
     its unit roundoff at half precision; None for float32 and float64, whose rounding stays far below the

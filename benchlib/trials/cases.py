@@ -22,7 +22,7 @@ import pandas as pd
 
 from benchlib.benchmark import Config, Parameter, distinct
 from benchlib.engines import ENGINE_NAMES, case_imports, get_engine
-from benchlib.engines.gradients import (GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, LOST_ARRAY, WORST_ARRAY_METRIC,
+from benchlib.engines.gradients import (GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, WORST_ARRAY_METRIC, error_limit,
                                         gradient_tolerance)
 from benchlib.engine_names import MANUAL, MANUAL_SEED
 from benchlib.engines.roles import GRADIENT_ROLE, SAVED_ROLE
@@ -169,8 +169,8 @@ class EngineComparison:
         """Cases whose gradient error exceeds the tolerance of their dtype (NaN counts as exceeding)."""
         frame = self.frame()
         errors = frame[frame["metric"].isin((GRAD_ERROR_METRIC, WORST_ARRAY_METRIC))]
-        tolerance = errors["dtype"].map(gradient_tolerance).astype("float64").where(
-            errors["metric"] == GRAD_ERROR_METRIC, LOST_ARRAY)  # an array lost at half precision
+        tolerance = pd.Series([error_limit(metric, dtype) for metric, dtype in zip(errors["metric"], errors["dtype"])],
+                              index=errors.index, dtype="float64")  # a half-precision array lost: LOST_ARRAY
         bad = errors[~(errors["value"] <= tolerance)]
         return bad.assign(tolerance=tolerance[bad.index]).rename(columns={"variant": "engine"})[
             ["case", "engine", "dtype", "value", "tolerance"]]

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from benchlib.engines.gradients import (GRAD_ERROR_METRIC, LOST_ARRAY, SEED_DEPENDENT_METRIC, UPDATE,
-                                        UPDATE_ERROR_METRIC, WORST_ARRAY_METRIC, array_floor, gradient_file,
-                                        gradient_tolerance, saved_gradient_error)
+                                        UPDATE_ERROR_METRIC, WORST_ARRAY_METRIC, array_floor, error_limit,
+                                        gradient_file, gradient_tolerance, saved_gradient_error)
 from benchlib.records.metrics import GRAD_UNCHECKED_METRIC, harness_metric
 from benchlib.analysis.stats import interleaved_order
 from benchlib.trials.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline, TrialStopping
@@ -137,7 +137,7 @@ class TrialLoop:
         reference, dtype = self.settings.reference, unit.labels["dtype"]
         tolerance = gradient_tolerance(dtype)
         past = {metric: error for metric, error in errors.items()
-                if tolerance is not None and not error <= (LOST_ARRAY if metric == WORST_ARRAY_METRIC else tolerance)}
+                if tolerance is not None and not error <= error_limit(metric, dtype)}
         if not past:
             return None, ""
         if seed_dependent:
