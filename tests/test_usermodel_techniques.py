@@ -215,7 +215,8 @@ def test_a_run_of_the_techniques_records_each_checked_or_not_applicable_and_ends
     errors = records[records["metric"] == "grad_max_rel_err"].set_index("variant")["value"]
     assert (errors[[TORCH_SAC, TORCH_MICROBATCH, TORCH_COMPILE]] <= gradient_tolerance("float32")).all()
     assert (errors[TORCH_AUTOCAST] <= gradient_tolerance(AUTOCAST_DTYPE)).all()
-    assert "update_max_rel_err" not in set(records[records["variant"].isin([TORCH_AUTOCAST, TORCH_MICROBATCH, TORCH_COMPILE])]["metric"])
+    # only an engine that replaces the file's optimizer step has its update compared: these step the file's own
+    assert set(records[records["metric"] == "update_max_rel_err"]["variant"]) <= {TORCH}
     printed = capsys.readouterr().out
     assert "fastest within a memory level" in printed
 
