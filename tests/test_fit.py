@@ -206,20 +206,38 @@ def test_a_step_torch_cannot_trace_keeps_the_measured_model_and_says_why(tmp_pat
 
 
 def test_verify_finds_the_true_largest_value_by_measurement_from_either_side_of_the_prediction():
-    probed = []
+    probed, failing = [], set()
 
     def measure(value):
         probed.append(value)
-        return (1000 * value, 0.0) if value != 98 else "failed: on purpose"
+        return (1000 * value, 0.0) if value not in failing else "failed: on purpose"
 
     best = fitting.EngineFit("torch", points=[(1, 1000, 0.0), (2, 2000, 0.0), (4, 4000, 0.0)],
                              model=fitting.SizeModel(LINEAR, (1000.0, 0.0), 0.0))
-    search = lambda predicted: fitting._largest_measured(measure, predicted, 1000 * predicted, 10_500, best, 1e12,  # noqa: E731
-                                                         lambda line: None, "n")
-    assert search(7) == (10, {7: 7000, 8: 8000, 10: 10_000, 11: 11_000, 12: 12_000, 14: 14_000})
-    assert probed == [8, 10, 14, 12, 11]  # up by +1, +2, +4 until over the limit, then halves
+    search = lambda predicted, limit=10_500, affordable=1e12: fitting._largest_measured(  # noqa: E731
+        measure, predicted, 1000 * predicted, limit, best, affordable, lambda line: None, "n")
+    assert search(7) == (10, {7: 7000, 10: 10_000, 11: 11_000})
+    assert probed == [10, 11]  # where the line through the totals crosses the limit, then one past it
     probed.clear()
-    largest, totals = search(13)
-    assert largest == 10 and 13 in totals and set(probed) <= set(range(4, 13))  # down, from the largest point under
-    assert fitting._largest_measured(measure, 97, 97_000, 200_000, best, 1e12, lambda line: None, "n") is None
-    assert fitting._largest_measured(measure, 7, 7000, 10_500, best, 8500, lambda line: None, "n") is None  # no room
+    assert search(13) == (10, {10: 10_000, 11: 11_000, 13: 13_000})  # down, from the fit's points under the limit
+    assert probed == [10, 11]
+    probed.clear()
+    assert search(100, limit=1_000_500) == (1000, {100: 100_000, 1000: 1_000_000, 1001: 1_001_000})
+    assert len(probed) == 2  # a prediction 10x under the answer costs two processes, not one per doubling
+    failing.add(10)
+    assert search(7) is None  # a measurement that fails stops the search
+    assert search(7, affordable=8500) is None  # the next value would not fit this machine
+
+
+def test_verify_bisects_where_the_totals_are_not_a_line():
+    probed = []
+
+    def measure(value):  # a step at 12: the allocator takes a new segment
+        probed.append(value)
+        return (1000 * value + (5000 if value >= 12 else 0), 0.0)
+
+    best = fitting.EngineFit("torch", points=[(1, 1000, 0.0), (2, 2000, 0.0), (4, 4000, 0.0)],
+                             model=fitting.SizeModel(LINEAR, (1000.0, 0.0), 0.0))
+    largest, searched = fitting._largest_measured(measure, 8, 8000, 14_000, best, 1e12, lambda line: None, "n")
+    assert largest == 11 and searched[11] <= 14_000 < searched[12]
+    assert len(probed) <= 5

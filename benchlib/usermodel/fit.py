@@ -564,42 +564,46 @@ def _verify(model_file, best: EngineFit, values: dict, scale: str, device, limit
 
 def _largest_measured(measure: Callable[[int], tuple[int, float] | str], predicted_value: int, predicted_total: int,
                       limit: int, best: EngineFit, affordable: float, progress, scale: str) -> tuple[int, dict] | None:
-    """The largest value whose measured total stays under `limit`, searched from the predicted value by measurement
-    (one fresh process per value: up by doubling steps, then bisection; down by bisection towards the largest
-    measured point under the limit): (that value, every total measured on the way), or None where a measurement
-    failed or the next value up would not fit this machine (`affordable` bytes)."""
-    totals = {predicted_value: predicted_total}
-
-    def fits(value: int) -> bool | None:
-        if value not in totals:
-            if best.model(value) > affordable:
-                progress(f"verify: {scale}={value} would need more memory than this machine has: search stopped")
-                return None
-            outcome = measure(value)
-            if isinstance(outcome, str):
-                progress(f"verify: {scale}={value}: {outcome}: search stopped")
-                return None
-            totals[value] = outcome[0]
-            progress(f"verify: {best.engine} at {scale}={value}: {format_bytes(outcome[0])} "
-                     f"({'under' if outcome[0] <= limit else 'over'} the limit)")
-        return totals[value] <= limit
-
-    if totals[predicted_value] <= limit:
-        low, high, step = predicted_value, None, 1
-        while high is None:
-            answer = fits(low + step)
-            if answer is None:
-                return None
-            low, high, step = (low + step, None, step * 2) if answer else (low, low + step, step)
-    else:
-        under = [v for v, total, _ in best.points if total <= limit]
+    """The largest value whose measured total stays under `limit`, searched by measurement from the predicted value
+    and the fit's points (one fresh process per value): each next value is where the straight line through the two
+    nearest measured totals crosses the limit (`_crossing`), bisection every other step once the answer is
+    bracketed, so a prediction that is far off costs a few processes, not one per doubling. Returns (that value,
+    every total measured on the way), or None where a measurement failed, nothing measured is under the limit,
+    or the next value would not fit this machine (`affordable` bytes)."""
+    searched = {predicted_value: predicted_total}
+    interpolated = False
+    while True:
+        totals = {value: total for value, total, _ in best.points} | searched
+        under = [value for value, total in totals.items() if total <= limit]
         if not under:
             return None
-        low, high = max(under), predicted_value
-    while high - low > 1:
-        middle = (low + high) // 2
-        answer = fits(middle)
-        if answer is None:
+        low = max(under)
+        high = min((value for value, total in totals.items() if total > limit and value > low), default=None)
+        if high is not None and high - low <= 1:
+            return low, dict(sorted(searched.items()))
+        if high is None:  # not bracketed yet: along the line through the two largest values under the limit
+            below = sorted(under)[-2:]
+            value = max(low + 1, _crossing(below[0], totals[below[0]], low, totals[low], limit))
+        elif interpolated:  # the bracket's line did not end it: halve, so the search ends in any case
+            value, interpolated = (low + high) // 2, False
+        else:
+            value = min(high - 1, max(low + 1, _crossing(low, totals[low], high, totals[high], limit)))
+            interpolated = True
+        if best.model(value) > affordable:
+            progress(f"verify: {scale}={value} would need more memory than this machine has: search stopped")
             return None
-        low, high = (middle, high) if answer else (low, middle)
-    return low, dict(sorted(totals.items()))
+        outcome = measure(value)
+        if isinstance(outcome, str):
+            progress(f"verify: {scale}={value}: {outcome}: search stopped")
+            return None
+        searched[value] = outcome[0]
+        progress(f"verify: {best.engine} at {scale}={value}: {format_bytes(outcome[0])} "
+                 f"({'under' if outcome[0] <= limit else 'over'} the limit)")
+
+
+def _crossing(value_a: int, total_a: int, value_b: int, total_b: int, limit: int) -> int:
+    """The value where the straight line through two measured (value, total) points reaches `limit`, rounded
+    down; twice the larger value where the line does not rise (the totals are one allocator step apart)."""
+    if value_a == value_b or total_b <= total_a:
+        return 2 * max(value_a, value_b)
+    return int(value_b + (limit - total_b) * (value_b - value_a) / (total_b - total_a))
