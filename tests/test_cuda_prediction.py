@@ -167,6 +167,54 @@ def test_fit_on_cuda_without_a_gpu_predicts_labels_everything_and_measures_nothi
     assert "this machine has no GPU" in capsys.readouterr().err and not (tmp_path / "out2").exists()
 
 
+CONV_AND_ATTENTION = """
+import torch
+
+PARAMETERS = {"n": 8}
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(4, 8, 3, padding=1)
+        self.attention = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x):
+        h = self.conv(x).transpose(1, 2)
+        return self.attention(h, h, h, need_weights=False)[0].mean()
+
+
+def model(n):
+    return Net()
+
+
+def batch(n):
+    return (torch.randn(n, 4, 16),)
+
+
+def loss(model, x):
+    return model(x)
+"""
+
+
+def test_a_step_whose_cuda_kernels_choose_their_own_memory_is_predicted_as_a_floor_and_says_so(tmp_path, monkeypatch,
+                                                                                                  capsys):
+    plain = predict_reserved(read_model_file(model_file(tmp_path)), "torch", {"width": 16, "n": 8})
+    assert plain.unseen == frozenset()  # linear layers: what the trace sees is what CUDA allocates
+    path = tmp_path / "convattn.py"
+    path.write_text(CONV_AND_ATTENTION)
+    seen = predict_reserved(read_model_file(path), "torch", {"n": 8}).unseen
+    assert any("cuDNN" in why for why in seen) and any("attention" in why for why in seen)
+    monkeypatch.setattr(fitting, "_measure", None)
+    assert main(["fit", str(path), "--memory", "100 MB", "--scale", "n", "--device", "cuda", "--engines", "torch",
+                 "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "a floor, not a bound: " in out and "cuDNN picks" in out and "confirm with --verify on the GPU" in out
+    (run,) = (tmp_path / "out").iterdir()
+    params = load_records(run)["params"].map(json.loads)
+    assert all(len(p["unseen"]) == 2 for p in params)
+
+
 REFERENCE_GPU_RUN = Path(__file__).parent.parent / "results" / "reference" / "20261126-011235-vm-cuda-0"
 
 

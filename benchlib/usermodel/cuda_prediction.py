@@ -31,6 +31,14 @@ from benchlib.usermodel.fit import COMPILED_UNTRACED, UNTRACEABLE
 BASIS = "predicted, not measured on a GPU"
 CUBLAS_WORKSPACES = (32 << 20, 32 << 20)  # cuBLAS's, for the caller's thread and autograd's (Hopper, torch 2.11)
 STEPS_TRACED = 4  # fit's measured processes run one warm-up step and three measured ones
+# Operators whose CUDA kernels take memory a trace of the CPU's operators does not see, by what an aten name holds:
+# the trace's answer for a step that runs them is a floor of what CUDA takes (checked on an H100 in
+# docs/techniques.md: a small BatchNorm CNN's largest batch predicted 39% too large, a transformer's 4%).
+GPU_KERNEL_CHOICES = {
+    "convolution": "cuDNN picks each convolution's algorithm, and its workspace, on the GPU",
+    "scaled_dot_product": "CUDA's fused attention kernels allocate other tensors than the CPU's",
+    "_fused_sdp_choice": "CUDA's fused attention kernels allocate other tensors than the CPU's",
+}
 NOT_TRACEABLE = {  # engine -> why its step is not predicted from a trace on the CPU
     **UNTRACEABLE,
     "torch-offload": "its saved activations move to the host, which a trace on the CPU cannot tell from device memory",
@@ -46,6 +54,7 @@ class Prediction:
     allocated: int
     segments: int
     operators: int  # operators the traced steps dispatched: what a trace costs, whatever the tensors' sizes
+    unseen: frozenset[str] = frozenset()  # why CUDA's kernels take memory the trace did not see (GPU_KERNEL_CHOICES)
 
 
 class _StorageEvents:
@@ -59,6 +68,7 @@ class _StorageEvents:
         self.keys = itertools.count()
         self.seen = WeakIdKeyDictionary()  # storages compare by identity
         self.operators = 0
+        self.unseen: set[str] = set()
 
     def note(self, tensor) -> None:
         import torch
@@ -82,6 +92,8 @@ def _recording_mode(events: _StorageEvents):
     class Recording(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             events.operators += 1
+            name = func.overloadpacket.__name__
+            events.unseen.update(why for part, why in GPU_KERNEL_CHOICES.items() if part in name)
             out = func(*args, **(kwargs or {}))
             for leaf in tree_leaves(out):
                 events.note(leaf)
@@ -128,7 +140,8 @@ def predict_reserved(model_file, engine: str, values: Mapping[str, Any],
             for _ in range(STEPS_TRACED):
                 step()
         del step, model, batch
-    return Prediction(allocator.peak_reserved, allocator.peak_allocated, allocator.segments, events.operators)
+    return Prediction(allocator.peak_reserved, allocator.peak_allocated, allocator.segments, events.operators,
+                      frozenset(events.unseen))
 
 
 def largest_fitting(reserved: Callable[[int], int], traced: dict[int, int], limit: int,
@@ -174,6 +187,7 @@ def predict_fit(model_file, fits: list, values: dict, scale: str, limit: int, de
     from benchlib.usermodel.fit import TRACE_REACH, FitResult, choose_model, scale_points, untraced_reason
 
     points = scale_points(values[scale], scale)
+    unseen: set[str] = set()
 
     for engine_fit in fits:
         if engine_fit.reason:
@@ -198,6 +212,7 @@ def predict_fit(model_file, fits: list, values: dict, scale: str, limit: int, de
             progress(f"{model_file.name} {engine_fit.engine}: {engine_fit.reason}")
             continue
         engine_fit.traced = dict(sorted(traced.items()))
+        unseen.update(*(prediction.unseen for prediction in grid.values()))
         engine_fit.model = choose_model(list(engine_fit.traced), list(engine_fit.traced.values()))
         if largest is not None and largest == reach:  # fits at the farthest value traced: the size model says beyond
             largest = engine_fit.model.largest_under(limit, reach) or reach
@@ -205,4 +220,4 @@ def predict_fit(model_file, fits: list, values: dict, scale: str, limit: int, de
         progress(f"{model_file.name} {engine_fit.engine}: traced at {len(traced)} values of {scale}; reserved at "
                  f"{scale}={values[scale]}: {format_bytes(traced[values[scale]])} ({BASIS})")
     return FitResult(model_file.name, scale, limit, device, f"the allocator's reserved peak, {BASIS}", fits,
-                     basis=BASIS)
+                     basis=BASIS, unseen=sorted(unseen))

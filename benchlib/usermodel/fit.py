@@ -240,6 +240,7 @@ class FitResult:
     engines: list[EngineFit]
     verified: dict | None = None
     basis: str = "measured"  # or cuda_prediction.BASIS: the totals are predicted, nothing ran on the device
+    unseen: list[str] = field(default_factory=list)  # predicted: what CUDA's kernels take that the trace did not see
 
     @property
     def fitted(self) -> list[EngineFit]:
@@ -272,6 +273,9 @@ class FitResult:
                      f"{_value(best.max_fitting)}, with {best.engine}",
                      "  (a trace under fake tensors replayed through a model of the caching allocator; time per sample "
                      "needs a GPU)"]
+            if self.unseen:
+                lines.append(f"  a floor, not a bound: {'; '.join(self.unseen)}; the trace does not see that memory, "
+                             f"so the largest {self.scale} that fits may be smaller: confirm with --verify on the GPU")
         else:
             seconds, label = best.seconds_per_sample(best.max_fitting)
             lines = [f"{self.name}: the largest {self.scale} under {limit} ({self.total}) is "
@@ -324,7 +328,8 @@ class FitResult:
         for fit in self.engines:
             labels = dict(benchmark=self.name, case=f"fit {self.scale}", engine=fit.engine, device=self.device,
                           dtype="float32")
-            common = {"scale": self.scale, "limit": self.limit, "total": self.total, "basis": self.basis}
+            common = {"scale": self.scale, "limit": self.limit, "total": self.total, "basis": self.basis,
+                      **({"unseen": self.unseen} if self.unseen else {})}
             if fit.reason:  # not applicable here, not traceable, too few points: said, so no engine leaves no trace
                 rows.append(status_record(status="not_applicable", message=fit.reason, params=common, **labels))
             for value, total, seconds in fit.points:

@@ -192,6 +192,8 @@ def fit_figure(records: pd.DataFrame) -> go.Figure:
                       annotation_text=f"limit {limit / MB:,.0f} MB", annotation_position="top left")
     what = (f"CUDA reserved peak of one step against {scale}, {params['basis']}" if traced_only
             else f"total memory of one step against {scale}")
+    if params.get("unseen"):  # CUDA's own kernel choices take memory the trace did not see
+        what += "<br>a floor, not a bound: " + "; ".join(params["unseen"])
     apply_layout(fig, title=_whose(records) + f"{what} (dotted: each engine's largest fitting value)",
                  x_title=scale, y_title="total memory (MB)", height=480)
     if traced_only:
