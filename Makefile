@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.benchlib-installed
 ARGS ?=
 
-.PHONY: bench test lab install clean-venv
+.PHONY: bench test lab install lowest clean-venv
 
 install: $(STAMP)
 
@@ -24,6 +24,18 @@ bench: $(STAMP)
 ## The test suite (CI runs exactly this).
 test: $(STAMP)
 	$(BIN)/python -m pytest $(ARGS)
+
+## The fast tests in an environment where every declared dependency is at the lowest version its range allows
+## (uv's lowest-direct resolution, checked by tools/check_lowest.py), so each lower bound in pyproject.toml is tested.
+## About 6 GB in $(LOWEST): torch's lowest release comes from PyPI as a CUDA build. ARGS go to pytest.
+LOWEST ?= .venv-lowest
+lowest: $(STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints.txt uv
+	@test -x $(LOWEST)/bin/python || $(PYTHON) -m venv $(LOWEST)
+	$(BIN)/uv pip install --quiet --python $(LOWEST)/bin/python --resolution lowest-direct -e . \
+		$$(grep -E '^(pytest|hypothesis)==' constraints.txt)
+	$(LOWEST)/bin/python tools/check_lowest.py
+	$(LOWEST)/bin/python -m pytest -m "not slow" $(ARGS)
 
 ## JupyterLab on working copies of the notebooks in lab/ (git-ignored): outputs and edits never touch notebooks/;
 ## runs go to results/ (linked into lab/). ARGS go to jupyter lab; as root --allow-root is added.

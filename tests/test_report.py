@@ -62,7 +62,10 @@ def test_report_holds_every_figure_status_and_environment_escaped(tmp_path):
     assert "status-partial" in page and "CaseFailed: engine x crashed" in page and "more" not in page.split("Notebooks")[1].split("</table>")[0]
     assert "torch" in page and "allocator policy" in page
     assert "</script><b>" not in page  # a figure's text cannot close the data element
-    assert page.count("Plotly.newPlot") == 1  # one render loop; plotly.js inline once
+    from plotly.offline import get_plotlyjs
+
+    assert get_plotlyjs() in page  # plotly.js inline once, and one render loop beside it
+    assert page.count(get_plotlyjs()) == 1 and page.replace(get_plotlyjs(), "").count("Plotly.newPlot") == 1
     assert write_report(run.path) == run.path / "report.html"
 
 

@@ -1,5 +1,6 @@
 """benchlib.records: record validation, atomic writes, run directories, run.json, loading runs."""
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -243,7 +244,7 @@ def test_capture_environment_fields(monkeypatch):
     monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
     env = capture_environment("cpu", allocator_policy="mmap-128k")
     assert env["python"]["version"] == platform.python_version()
-    assert env["packages"]["torch"] == torch.__version__
+    assert env["packages"]["torch"] == importlib.metadata.version("torch")  # PyPI's CUDA builds: no +cu tag there
     assert env["packages"]["numpy"] == np.__version__
     assert "autograd" in env["packages"]
     assert env["cpu"]["logical_cores"] == os.cpu_count() and env["cpu"]["model"]

@@ -190,8 +190,6 @@ def not_applicable(engine: str, model: torch.nn.Module, has_optimizer: bool, has
         if dtype != torch.float32:
             return (f"autocast lowers float32 operations to {AUTOCAST_DTYPE}; this model's parameters are "
                     f"{str(dtype).removeprefix('torch.')}")
-    if engine == TORCH_SAC and not hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts"):
-        return f"selective activation checkpointing needs torch 2.4 or later; this is torch {torch.__version__}"
     if has_step and engine == TORCH_FUNC:
         return ("the file's step(model, optimizer, *batch) runs its own backward; torch.func differentiates loss "
                 "with grad() and cannot run that step as written")
