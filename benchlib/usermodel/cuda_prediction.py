@@ -39,10 +39,6 @@ GPU_KERNEL_CHOICES = {
     "scaled_dot_product": "CUDA's fused attention kernels allocate other tensors than the CPU's",
     "_fused_sdp_choice": "CUDA's fused attention kernels allocate other tensors than the CPU's",
 }
-NOT_TRACEABLE = {  # engine -> why its step is not predicted from a trace on the CPU
-    **UNTRACEABLE,
-    "torch-offload": "its saved activations move to the host, which a trace on the CPU cannot tell from device memory",
-}
 
 
 @dataclass(frozen=True)
@@ -121,8 +117,8 @@ def predict_reserved(model_file, engine: str, values: Mapping[str, Any],
 
     from benchlib.usermodel.engines import Step
 
-    if engine in NOT_TRACEABLE:
-        raise ValueError(NOT_TRACEABLE[engine])
+    if engine in UNTRACEABLE:
+        raise ValueError(UNTRACEABLE[engine])
     allocator = CachingAllocatorModel()
     events = _StorageEvents(allocator)
     with warnings.catch_warnings(), FakeTensorMode() if fake else contextlib.nullcontext():
@@ -192,8 +188,8 @@ def predict_fit(model_file, fits: list, values: dict, scale: str, limit: int, de
     for engine_fit in fits:
         if engine_fit.reason:
             continue
-        if engine_fit.engine in COMPILED or engine_fit.engine in NOT_TRACEABLE:
-            engine_fit.reason = "not predicted: " + NOT_TRACEABLE.get(engine_fit.engine, COMPILED_UNTRACED)
+        if engine_fit.engine in COMPILED or engine_fit.engine in UNTRACEABLE:
+            engine_fit.reason = "not predicted: " + UNTRACEABLE.get(engine_fit.engine, COMPILED_UNTRACED)
             continue
 
         def trace(value: int, engine: str = engine_fit.engine) -> Prediction:

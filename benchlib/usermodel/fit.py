@@ -48,6 +48,7 @@ TRACE_TRUSTED = 0.05  # a trace model that predicts the largest measured point t
 UNTRACEABLE = {  # engine -> why its step is not traced under fake tensors (compiled engines: `COMPILED_UNTRACED`)
     "torch-microbatch": "it first checks that the loss is the mean or sum of its micro-batches' losses, reading "
                         "values fake tensors do not hold",
+    "torch-offload": "its saved activations move to the host, which a trace on the CPU cannot tell from device memory",
 }
 COMPILED_UNTRACED = "a compiled step is not traced under fake tensors here"
 SEARCH_LIMIT = 2 ** 40  # the largest value `max_fitting` looks at: a total that does not grow fits "at any value"
