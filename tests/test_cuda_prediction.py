@@ -14,7 +14,7 @@ from benchlib.measure.caching_allocator import (LARGE_SEGMENT, SMALL_SEGMENT, Ca
 from benchlib.records import load_records, load_run_info
 from benchlib.runner.cli import main
 from benchlib.usermodel import fit as fitting
-from benchlib.usermodel.cuda_prediction import BASIS, largest_fitting, predict_reserved
+from benchlib.usermodel.cuda_prediction import BASIS, RECURRENT, largest_fitting, predict_reserved
 from benchlib.usermodel.fit import SEARCH_LIMIT
 from benchlib.usermodel.loader import read_model_file
 from benchlib.usermodel.template import TEMPLATE
@@ -205,6 +205,11 @@ def test_a_step_whose_cuda_kernels_choose_their_own_memory_is_predicted_as_a_flo
     path.write_text(CONV_AND_ATTENTION)
     seen = predict_reserved(read_model_file(path), "torch", {"n": 8}).unseen
     assert any("cuDNN" in why for why in seen) and any("attention" in why for why in seen)
+    recurrent = tmp_path / "gru.py"  # the CPU decomposes a GRU into cells: told by its module, not an operator
+    recurrent.write_text(CONV_AND_ATTENTION.replace("torch.nn.MultiheadAttention(8, 2, batch_first=True)",
+                                                    "torch.nn.GRU(8, 8, batch_first=True)")
+                         .replace("self.attention(h, h, h, need_weights=False)", "self.attention(h)"))
+    assert RECURRENT in predict_reserved(read_model_file(recurrent), "torch", {"n": 8}).unseen
     monkeypatch.setattr(fitting, "_measure", None)
     assert main(["fit", str(path), "--memory", "100 MB", "--scale", "n", "--device", "cuda", "--engines", "torch",
                  "--out", str(tmp_path / "out")]) == 0

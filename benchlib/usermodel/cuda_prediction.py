@@ -39,6 +39,8 @@ GPU_KERNEL_CHOICES = {
     "scaled_dot_product": "CUDA's fused attention kernels allocate other tensors than the CPU's",
     "_fused_sdp_choice": "CUDA's fused attention kernels allocate other tensors than the CPU's",
 }
+# ...and by module, where the CPU decomposes what CUDA runs as one kernel (a GRU's cells, say)
+RECURRENT = "cuDNN runs nn.LSTM, nn.GRU and nn.RNN as one kernel with a reserve buffer of its own"
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,7 @@ def predict_reserved(model_file, engine: str, values: Mapping[str, Any],
     """The predicted CUDA reserved peak of `engine`'s step at `values` (see the module's docstring). Raises where
     torch cannot trace the step under fake tensors (data-dependent control flow, torch.func's wrappers).
     `fake=False` records the same step over real tensors, as a test compares."""
+    import torch
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
     from benchlib.usermodel.engines import Step
@@ -124,6 +127,8 @@ def predict_reserved(model_file, engine: str, values: Mapping[str, Any],
     with warnings.catch_warnings(), FakeTensorMode() if fake else contextlib.nullcontext():
         warnings.simplefilter("ignore")
         model, batch = model_file.build(values)
+        if any(isinstance(module, torch.nn.RNNBase) for module in model.modules()):
+            events.unseen.add(RECURRENT)
         real = [index for index, tensor in enumerate(batch) if not isinstance(tensor, FakeTensor)]
         if real and fake:  # real data would take real memory at the large values a search asks
             raise ValueError(f"batch() item(s) {real} are real tensors under fake tensor mode")
