@@ -10,9 +10,10 @@ makes the gradients and the optimizer's state. Every tensor storage the step mak
 its bytes, freed when torch frees it; the allocator model turns that sequence into reserved segments.
 
 What the trace cannot know: the trace runs the CPU's operators, so where CUDA picks another kernel with
-another workspace (cuDNN's convolution algorithms, fused attention) its bytes differ; cuBLAS's workspace
-size depends on the GPU and `CUBLAS_WORKSPACE_CONFIG` (`CUBLAS_WORKSPACES` assumes what an H100 and an
-H200 took). Checked against an H200's measurements in docs/techniques.md.
+another workspace (cuDNN's convolution algorithms, fused attention, cuDNN's recurrent layers) its bytes
+differ, and the answer for such a step is labelled a floor, not a bound (`Prediction.unseen`); cuBLAS's
+workspace size depends on the GPU and `CUBLAS_WORKSPACE_CONFIG` (`CUBLAS_WORKSPACES` assumes what an H100
+and an H200 took). Checked against an H200's and an H100's measurements in docs/techniques.md.
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ STEPS_TRACED = 4  # fit's measured processes run one warm-up step and three meas
 # Operators whose CUDA kernels take memory a trace of the CPU's operators does not see, by what an aten name holds:
 # the trace's answer for a step that runs them is a floor of what CUDA takes (checked on an H100 in
 # docs/techniques.md: a small BatchNorm CNN's largest batch predicted 39% too large, a transformer's 4%).
+ATTENTION = "CUDA's fused attention kernels allocate other tensors than the CPU's"
 GPU_KERNEL_CHOICES = {
     "convolution": "cuDNN picks each convolution's algorithm, and its workspace, on the GPU",
-    "scaled_dot_product": "CUDA's fused attention kernels allocate other tensors than the CPU's",
-    "_fused_sdp_choice": "CUDA's fused attention kernels allocate other tensors than the CPU's",
+    "scaled_dot_product": ATTENTION,
+    "_fused_sdp_choice": ATTENTION,  # what a dispatch mode sees of scaled_dot_product_attention on some builds
 }
 # ...and by module, where the CPU decomposes what CUDA runs as one kernel (a GRU's cells, say)
 RECURRENT = "cuDNN runs nn.LSTM, nn.GRU and nn.RNN as one kernel with a reserve buffer of its own"
