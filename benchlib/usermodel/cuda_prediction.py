@@ -39,7 +39,7 @@ ATTENTION = "CUDA's fused attention kernels allocate other tensors than the CPU'
 GPU_KERNEL_CHOICES = {
     "convolution": "cuDNN picks each convolution's algorithm, and its workspace, on the GPU",
     "scaled_dot_product": ATTENTION,
-    "_fused_sdp_choice": ATTENTION,  # what a dispatch mode sees of scaled_dot_product_attention on some builds
+    "_fused_sdp_choice": ATTENTION,  # asked first: where the math path follows, no other attention name shows
 }
 # ...and by module, where the CPU decomposes what CUDA runs as one kernel (a GRU's cells, say)
 RECURRENT = "cuDNN runs nn.LSTM, nn.GRU and nn.RNN as one kernel with a reserve buffer of its own"
