@@ -274,9 +274,10 @@ class FitResult:
                      f"{_value(best.max_fitting)}, with {best.engine}",
                      "  (a trace under fake tensors replayed through a model of the caching allocator; time per sample "
                      "needs a GPU)"]
-            if self.unseen:
-                lines.append(f"  a floor, not a bound: {'; '.join(self.unseen)}; the trace does not see that memory, "
-                             f"so the largest {self.scale} that fits may be smaller: confirm with --verify on the GPU")
+            if self.unseen:  # one reason a line: the answer box stays readable
+                lines.append(f"  a floor, not a bound: the trace does not see this memory, so a smaller {self.scale} "
+                             "may be the largest (confirm with --verify on the GPU):")
+                lines.extend(f"    {why}" for why in self.unseen)
         else:
             seconds, label = best.seconds_per_sample(best.max_fitting)
             lines = [f"{self.name}: the largest {self.scale} under {limit} ({self.total}) is "
