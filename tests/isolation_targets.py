@@ -62,6 +62,35 @@ def with_role_metrics(device):
     return Case(lambda: None, lambda _: {"checked": 1.0}, roles=CountingRoles)
 
 
+class PassiveRoles(CountingRoles):
+    """A role context whose reading changes nothing in the call (as benchlib's tape counters): `passive`."""
+
+    passive = True
+
+    def __init__(self, held):
+        super().__init__()
+        self.held = held
+
+    def __enter__(self):
+        super().__enter__()
+        return lambda: dict(self.held)
+
+
+def with_passive_roles(device, n=1_000_000):
+    """`with_roles`, its gauge passive; the call counts itself, so a test can tell how many calls were made."""
+    held, calls = {"array": 0}, {"n": 0}
+
+    def fn():
+        calls["n"] += 1
+        out = np.ones(n)
+        held["array"] = out.nbytes
+        time.sleep(0.05)
+        held["array"] = 0
+        return out
+
+    return Case(fn, lambda _: {"calls": float(calls["n"])}, roles=lambda: PassiveRoles(held))
+
+
 def raises(device):
     def fn():
         raise ValueError("deliberate failure in the measured function")

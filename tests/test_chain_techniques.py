@@ -161,3 +161,46 @@ def test_an_opted_in_engine_that_fails_leaves_a_partial_run_with_every_figure(tm
     assert "torch-autocast" in result.notebooks[0].error
     for figure in ("rnn_fanout_memory_timeline", "rnn_fanout_peak", "rnn_fanout_sweep"):
         assert (result.path / "figures" / f"{figure}.html").is_file()
+
+
+CHAIN_IMPORTS_CHILD = """
+import json, os, sys, tempfile
+import torch
+from benchlib.engines import compiling
+from benchlib.measure import Device
+from benchlib.workloads import dot_chain, rnn
+compiling.COMPILE_BACKEND = "eager"  # dynamo without inductor: it imports the same stack, in a fraction of the time
+for engine in sys.argv[1:]:
+    for workload in ("dot_chain", "rnn"):
+        pid = os.fork()
+        if pid == 0:
+            with tempfile.TemporaryDirectory() as gradients:
+                if workload == "dot_chain":
+                    case = dot_chain.case(device=Device("cpu"), engine=engine, D=8, depth=6, dtype="float32",
+                                          gradient_dir=gradients)
+                else:
+                    case = rnn.case(device=Device("cpu"), engine=engine, batch=2, hidden=8, T=4, dtype="float32",
+                                    gradient_dir=gradients)
+                case.fn()
+                print(json.dumps([engine, workload, "torch._dynamo" in sys.modules]), flush=True)
+            os._exit(0)
+        os.waitpid(pid, 0)
+"""
+
+
+def test_a_template_preloads_torch_dynamo_exactly_for_the_chain_engines_that_import_it():
+    # What a fork template preloads (`case_imports`) must be what the case imports anyway: more puts objects in
+    # its heap a fresh process has not, less leaves 0.9 s of import in every trial's set-up
+    import subprocess
+    import sys
+
+    from benchlib.engines import DYNAMO, ENGINE_NAMES, case_imports
+
+    torch_engines = [name for name in ENGINE_NAMES if "torch" in case_imports(name, CPU)]
+    out = subprocess.run([sys.executable, "-c", CHAIN_IMPORTS_CHILD, *torch_engines],
+                         capture_output=True, text=True, check=True).stdout
+    seen = [json.loads(line) for line in out.splitlines()]
+    assert len(seen) == 2 * len(torch_engines)
+    assert all(imported == (DYNAMO in case_imports(engine, CPU)) for engine, _, imported in seen), seen
+    assert any(imported for *_, imported in seen) and not all(imported for *_, imported in seen)
+    assert case_imports("manual", CPU) == () and case_imports("torch.func", CPU) == ("torch",)

@@ -69,6 +69,24 @@ def test_a_role_context_with_metrics_adds_them_to_the_checks_of_the_child_that_t
                         options=IsolationOptions(timeline=False)).checks == {"checked": 1.0}
 
 
+def test_a_passive_gauge_rides_on_a_single_measured_call_and_any_other_gets_one_more_call():
+    n = 1_000_000
+    folded = run_isolated("isolation_targets:with_passive_roles", {"n": n}, name="roles",
+                          options=IsolationOptions(role_timeline=True, timeline_interval_s=0.005))
+    # the check runs before any extra call: one call means the role timeline is the measured call's own
+    assert folded.checks == {"calls": 1.0, "watched_calls": 1.0}
+    assert "role_pass" not in folded.measurement.phase_s
+    assert folded.role_timeline["array"].max() == 8 * n
+    assert folded.role_timeline[["t_s", "bytes"]].equals(folded.measurement.timeline[["t_s", "bytes"]])
+    two_calls = run_isolated("isolation_targets:with_passive_roles", {"n": n}, name="roles",
+                             options=IsolationOptions(role_timeline=True, repeats=2, timeline_interval_s=0.005))
+    assert two_calls.checks == {"calls": 2.0, "watched_calls": 1.0} and "role_pass" in two_calls.measurement.phase_s
+    assert two_calls.role_timeline["array"].max() == 8 * n and "array" not in two_calls.measurement.timeline
+    hooked = run_isolated("isolation_targets:with_roles", {"n": n}, name="roles",
+                          options=IsolationOptions(role_timeline=True, timeline_interval_s=0.005))
+    assert "role_pass" in hooked.measurement.phase_s  # a gauge not marked passive never rides on a measured call
+
+
 @pytest.mark.parametrize("policy, expected", [("mmap-128k", 131072.0), ("glibc-default", -1.0)])
 def test_malloc_policy_reaches_the_child(policy, expected, monkeypatch):
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)

@@ -88,6 +88,17 @@ def test_role_gauges_read_what_is_saved_while_the_call_runs_and_nothing_after_it
     assert after["saved"] == 0 and after.get("gradients", 0) == 0
 
 
+@pytest.mark.parametrize("engine, passive", [("benchlib-inplace", True), ("benchlib-checkpoint", True), ("torch", False),
+                                             ("torch-checkpoint", False)])
+def test_only_a_gauge_that_reads_what_the_engine_keeps_anyway_is_passive_enough_for_a_measured_call(engine, passive):
+    # a passive gauge is read during a measured call (case_child.folded_roles); torch's hooks run in every save
+    pytest.importorskip("torch")
+    chosen = get_engine(engine)
+    xp = chosen.namespace("cpu")
+    gradient = chosen.gradient(dot_chain.chain_loss(xp, 3), 0)
+    assert role_gauge(chosen, gradient)().passive is passive
+
+
 def test_engines_that_expose_no_roles_have_no_gauge():
     engine = get_engine("manual")
     assert role_gauge(engine, lambda x: x) is None

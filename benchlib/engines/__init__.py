@@ -27,6 +27,9 @@ from benchlib import engine_names
 from benchlib.engine_names import *  # noqa: F403 (every engine's name, re-exported: engine_names.__all__)
 from benchlib.engines import namespaces
 
+# torch.utils.checkpoint and the compiler import the dynamo stack on first use (0.9 s a trial on a 2-core machine):
+# an engine that does names it in `Engine.imports`, and a fork template preloads it (`forkserver.LAZY_IMPORTS`)
+DYNAMO = "torch._dynamo"
 AUTOCAST_DTYPE = "bfloat16"  # torch-autocast's, on CPU and CUDA alike (float16 would need a gradient scaler)
 LOWERED_FROM = "float32"  # the data autocast lowers: float64 operations stay float64
 
@@ -148,6 +151,7 @@ class Engine:
     _not_applicable: Callable[[Any], str | None] = _everywhere
     compiles: bool = False  # its first call compiles: `prepare` makes it in the set-up
     lowers_to: str | None = None  # the dtype its forward computes in (autocast), from float32 data only
+    imports: tuple[str, ...] = ()  # what its set-up or first call imports beyond its array library
 
     @property
     def hand_written(self) -> bool:
@@ -296,6 +300,7 @@ ENGINES: dict[str, Engine] = {
             "torch",
             _torch_gradient,
             lambda device: namespaces.torch_checkpoint_namespace(),
+            imports=(DYNAMO,),
         ),
         Engine(
             TORCH_SAC,
@@ -304,6 +309,7 @@ ENGINES: dict[str, Engine] = {
             "torch",
             _torch_gradient,
             lambda device: namespaces.torch_checkpoint_namespace(selective=True),
+            imports=(DYNAMO,),
         ),
         Engine(
             TORCH_AUTOCAST,
@@ -322,6 +328,7 @@ ENGINES: dict[str, Engine] = {
             _compiled_torch_gradient,
             lambda device: namespaces.torch_namespace(),
             compiles=True,
+            imports=(DYNAMO,),
         ),
     )
 }
@@ -338,9 +345,12 @@ def get_engine(name: str) -> Engine:
 
 
 def case_imports(name: str, device) -> tuple[str, ...]:
-    """What an isolated case of engine `name` imports during its set-up anyway: torch where it computes
-    with torch tensors on `device` (`Engine.array_library`), and for a model file's engines, which are
-    not in this registry (`torch.func`, `fused-optimizer`: torch ones); a fork template preloads them
-    (`IsolationOptions.preload`), so a numpy engine's process holds no torch."""
+    """What an isolated case of engine `name` imports during its set-up or first call anyway: torch where it
+    computes with torch tensors on `device` (`Engine.array_library`), with what the engine imports beyond it
+    (`Engine.imports`), and torch alone for a model file's engines, which are not in this registry
+    (`torch.func`, `fused-optimizer`; `usermodel.engines.step_imports` adds theirs). A fork template preloads
+    them (`IsolationOptions.preload`), so a numpy engine's process holds no torch."""
     engine = ENGINES.get(name)
-    return ("torch",) if engine is None or engine.array_library(device) == "torch" else ()
+    if engine is None:
+        return ("torch",)
+    return ("torch", *engine.imports) if engine.array_library(device) == "torch" else ()

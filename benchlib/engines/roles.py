@@ -11,7 +11,6 @@ autograd expose neither, so all their memory is "other".
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Callable
 
 from benchlib.engine_names import TORCH_AUTOGRAD
@@ -35,16 +34,32 @@ def role_gauge(engine, gradient: Callable, inputs: tuple = ()):
     """A `Case.roles` for `engine`'s gradient function: a factory of a context manager whose value
     reads the bytes held by role now; None for engines that expose no roles."""
     if hasattr(gradient, "stats"):
-        def tape() -> dict[str, int]:
-            stats = gradient.stats  # a new object per call: always the running call's counters
-            if stats is None:
-                return {SAVED_ROLE: 0, GRADIENT_ROLE: 0}
-            return {SAVED_ROLE: stats.saved_bytes, GRADIENT_ROLE: stats.live_bytes}
-
-        return lambda: nullcontext(tape)
+        return lambda: TapeCounters(gradient)
     if engine.name in TORCH_AUTOGRAD:
         return lambda: SavedTensors(inputs)
     return None
+
+
+class TapeCounters:
+    """Context manager whose value reads the running call's tape counters (benchlib's engines keep them
+    anyway). It is `passive`: reading changes nothing in the call, so a measured call can carry it."""
+
+    passive = True
+
+    def __init__(self, gradient):
+        self.gradient = gradient
+
+    def read(self) -> dict[str, int]:
+        stats = self.gradient.stats  # a new object per call: always the running call's counters
+        if stats is None:
+            return {SAVED_ROLE: 0, GRADIENT_ROLE: 0}
+        return {SAVED_ROLE: stats.saved_bytes, GRADIENT_ROLE: stats.live_bytes}
+
+    def __enter__(self) -> Callable[[], dict[str, int]]:
+        return self.read
+
+    def __exit__(self, *exc) -> None:
+        return None
 
 
 class SavedTensors:
@@ -55,8 +70,11 @@ class SavedTensors:
     the saved tensor (after the node's backward ran, or with its graph), and the holder's
     finalizer uncounts it. Its value, a gauge, gives {"saved": bytes now}; `peak_bytes` the most
     held at once. Tensors saved inside a region with its own hooks (torch.utils.checkpoint's) are
-    that region's, not seen here.
+    that region's, not seen here. Not `passive`: its hooks run Python in every save, so it never rides
+    on a measured call.
     """
+
+    passive = False
 
     def __init__(self, inputs: tuple = ()):
         self.excluded = {tensor.untyped_storage().data_ptr() for tensor in inputs}

@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import traceback
+from contextlib import nullcontext
 from dataclasses import dataclass
 from importlib import import_module
 from time import perf_counter
@@ -36,7 +37,8 @@ class Case:
     """What a target returns: `fn()` is measured; `check(result_of_last_call)` -> {name: float};
     `roles()`, if given, a context manager whose value is a gauge, a callable giving the bytes
     the engine holds now by role (e.g. {"saved": ..., "gradients": ...}), for the role timeline;
-    if the context manager has `metrics()`, what it returns after that call joins the checks."""
+    if the context manager has `metrics()`, what it returns after that call joins the checks; if it is
+    `passive` (reading it changes nothing in the call), a trial of one measured call reads it there."""
 
     fn: Callable[[], Any]
     check: Callable[[Any], dict] | None = None
@@ -66,19 +68,34 @@ def _checks(case: Case, result: Any) -> dict[str, float]:
     return {str(k): float(v) for k, v in checks.items()}
 
 
+def folded_roles(spec: dict, case: Case):
+    """The role gauge's context when the measured call itself can carry it, else None: the trial makes exactly
+    one measured call, sampled by a timeline, and the gauge is `passive` (benchlib's tape counters, kept
+    anyway). The role timeline is then that call's, and no extra call is made. A gauge that hooks into the
+    engine (torch's saved tensors) keeps its extra call after the measured ones, where its cost is no figure's."""
+    if not (spec["role_timeline"] and case.roles is not None and spec["repeats"] == 1 and spec["timeline"]):
+        return None
+    context = case.roles()
+    return context if getattr(context, "passive", False) else None
+
+
+def _role_metrics(context) -> dict[str, float]:
+    """What the gauge's context says of the calls made under it (`metrics()`, e.g. torch's saved bytes; {}
+    without one), so a gauge that hooks into the engine is paid for once, not again by the check."""
+    metrics = getattr(context, "metrics", None)
+    return {} if metrics is None else {str(k): float(v) for k, v in metrics().items()}
+
+
 def _role_timeline(case: Case, device: Device, interval_s: float):
     """One more call of the case, its memory sampled with the case's role gauge read alongside;
     the heap is handed back first, as before a measured call (`Device.reset_peak`), so the two
-    timelines start from the same kind of baseline. Returns the frame and the role metrics the
-    gauge's context gives for that call (`metrics()`, e.g. torch's saved bytes; {} without one), so
-    a gauge that hooks into the engine is paid for once, not again by the check."""
+    timelines start from the same kind of baseline. Returns the frame and the role metrics."""
     device.reset_peak()
     context = case.roles()
     with context as gauge, MemoryTimeline(device, interval_s, gauge=gauge) as timeline:
         case.fn()
         device.synchronize()
-    metrics = getattr(context, "metrics", None)
-    return timeline.frame(), ({} if metrics is None else {str(k): float(v) for k, v in metrics().items()})
+    return timeline.frame(), _role_metrics(context)
 
 
 def _environment(spec: dict, device: Device) -> dict:
@@ -132,17 +149,22 @@ def child_main(spec_path: str, result_path: str) -> int:
         started = perf_counter()
         case = _load_case(spec["target"], device, spec["params"])
         setup_s = perf_counter() - started
-        measurement, last = measure_with_result(
-            case.fn, device=device, warmup=spec["warmup"], repeats=spec["repeats"],
-            track_allocations=SITES if spec["track_allocations"] and spec["sites"] else spec["track_allocations"],
-            timeline=spec["timeline"] and spec["timeline_interval_s"], name=spec["name"],
-            attribute=spec.get("attribute", False))
+        folded = folded_roles(spec, case)
+        with folded or nullcontext() as gauge:  # passive: only the timed calls' timeline reads it
+            measurement, last = measure_with_result(
+                case.fn, device=device, warmup=spec["warmup"], repeats=spec["repeats"],
+                track_allocations=SITES if spec["track_allocations"] and spec["sites"] else spec["track_allocations"],
+                timeline=spec["timeline"] and spec["timeline_interval_s"], attribute=spec.get("attribute", False),
+                gauge=gauge)
         phases, started = {"setup": setup_s, **measurement.phase_s}, perf_counter()
         checks = _checks(case, last)
         del last
         phases["check"], started = perf_counter() - started, perf_counter()
         roles = None
-        if spec["role_timeline"] and case.roles is not None:
+        if folded is not None:
+            roles = timeline_to_json(measurement.timeline)
+            checks.update(_role_metrics(folded))
+        elif spec["role_timeline"] and case.roles is not None:
             frame, role_metrics = _role_timeline(case, device, spec["timeline_interval_s"])
             roles = timeline_to_json(frame)
             checks.update(role_metrics)
@@ -150,7 +172,7 @@ def child_main(spec_path: str, result_path: str) -> int:
         if spec.get("cuda_snapshot") and device.is_cuda:  # last: recording shapes no measured number
             record_snapshot(case.fn, device, spec["cuda_snapshot"])
             phases["snapshot"] = perf_counter() - started
-        measurement = dataclasses.replace(measurement, phase_s=phases)
+        measurement = dataclasses.replace(measurement, name=spec["name"], phase_s=phases)
         outcome = {"ok": True, "measurement": measurement.to_dict(), "checks": checks,
                    "environment": _environment(spec, device), "role_timeline": roles}
     except NotApplicable as err:

@@ -5,7 +5,7 @@ import dataclasses
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -201,7 +201,7 @@ def timeline_interval(timeline: bool | float) -> float | None:
 def measure_steps(step: Callable[[int], Any], n: int, *, device: str | Device = "cpu",
                   track_peak: bool = True, timeline: bool | float = False,
                   after_step: Callable[[int, Any], None] | None = None,
-                  count_tracked: bool = False) -> StepTimes:
+                  count_tracked: bool = False, gauge: Callable[[], Mapping[str, int]] | None = None) -> StepTimes:
     """The one measuring loop: `step(i)` for i in 0..n-1, each timed with the device synchronised
     before both clock reads, with the GC pauses that began in it.
 
@@ -211,7 +211,7 @@ def measure_steps(step: Callable[[int], Any], n: int, *, device: str | Device = 
     region (e.g. to read a loss). Each step's result is held until just before the next step, as
     a caller would hold it; the last one is returned in `.result`. With `count_tracked` every
     pause carries the tracked objects it walked (`GCMonitor`); the time spent counting is taken
-    out of the step's time.
+    out of the step's time. A `gauge` ({role: bytes now}) is read by the timeline at each sample.
     """
     if not callable(step):
         raise TypeError(f"step must be callable with the step index, got {type(step).__name__}")
@@ -226,7 +226,9 @@ def measure_steps(step: Callable[[int], Any], n: int, *, device: str | Device = 
         baseline, counters = dev.memory_in_use(), dev.allocator_counters()
     times, step_pauses = [], []
     result = None
-    recorder = MemoryTimeline(dev, interval) if interval else None
+    if gauge is not None and not interval:
+        raise ValueError("a gauge is read by the memory timeline: pass timeline=True (or an interval) with it")
+    recorder = MemoryTimeline(dev, interval, gauge=gauge) if interval else None
     # The timeline's thread starts and stops outside the GC monitor: collections its set-up
     # triggers are the instrument's, not the measured code's.
     with recorder or nullcontext(), GCMonitor(count_tracked=count_tracked) as gc_monitor:
@@ -252,8 +254,10 @@ def measure_steps(step: Callable[[int], Any], n: int, *, device: str | Device = 
 
 def measure_with_result(fn: Callable[[], Any], *, device: str | Device = "cpu", warmup: int = 1,
                         repeats: int = 5, track_allocations: bool | str = True, timeline: bool | float = False,
-                        name: str = "", attribute: bool = False) -> tuple[Measurement, Any]:
-    """`measure`, also returning the last timed repeat's result (for a case's check)."""
+                        attribute: bool = False,
+                        gauge: Callable[[], Mapping[str, int]] | None = None) -> tuple[Measurement, Any]:
+    """`measure` without a name, also returning the last timed repeat's result (for a case's check). The timed
+    calls' timeline reads `gauge` ({role: bytes now}) at each sample, as a role timeline does."""
     if not callable(fn):
         raise TypeError(f"fn must be callable with no arguments, got {type(fn).__name__}")
     _check_counts(warmup, repeats)
@@ -277,7 +281,7 @@ def measure_with_result(fn: Callable[[], Any], *, device: str | Device = "cpu", 
         result = fn()
     result = None
     phases["warmup"], started = perf_counter() - started, perf_counter()
-    steps = measure_steps(lambda _: fn(), repeats, device=dev, timeline=timeline)
+    steps = measure_steps(lambda _: fn(), repeats, device=dev, timeline=timeline, gauge=gauge)
     phases["timed"], started = perf_counter() - started, perf_counter()
     allocations = count_allocations(fn, dev, sites=track_allocations == SITES) if track_allocations else None
     if track_allocations:
@@ -287,7 +291,7 @@ def measure_with_result(fn: Callable[[], Any], *, device: str | Device = "cpu", 
     if attribute:
         phases["attribution_pass"] = perf_counter() - started
     measurement = Measurement(
-        name=name, device=dev.name, times_s=steps.step_s, gc_count=steps.gc_count_total,
+        name="", device=dev.name, times_s=steps.step_s, gc_count=steps.gc_count_total,
         gc_seconds=steps.gc_seconds,
         alloc_count=None if allocations is None else allocations.count,
         alloc_bytes=None if allocations is None else allocations.bytes,
@@ -325,5 +329,5 @@ def measure(fn: Callable[[], Any], *, device: str | Device = "cpu", warmup: int 
     peak, temporaries and all allocations by site, and what the pass cost)."""
     measurement, _ = measure_with_result(
         fn, device=device, warmup=warmup, repeats=repeats, track_allocations=track_allocations,
-        timeline=timeline, name=name, attribute=attribute)
-    return measurement
+        timeline=timeline, attribute=attribute)
+    return dataclasses.replace(measurement, name=name)

@@ -5,8 +5,9 @@ The parent writes a JSON spec, has a warm template fork the child (`forkserver`;
 reads the JSON result back (never pickle). The child resolves the device, imports the target
 "module:function", calls it with `device=` and the params to set the case up, takes the baseline
 after that set-up, measures, then runs the case's check on the last result. When asked, and when
-the case offers a role gauge, it then makes one more call under a memory timeline that reads the
-gauge at every sample: memory by role on the allocator's clock, outside the measured calls.
+the case offers a role gauge, a memory timeline reads the gauge at every sample: memory by role on
+the allocator's clock. A passive gauge rides on a trial's single measured call; any other (or with
+several measured calls) gets one more call after the measured ones.
 """
 from __future__ import annotations
 
@@ -166,8 +167,9 @@ def run_isolated(target: str, params: dict | None = None, *, name: str, device: 
                  options: IsolationOptions = IsolationOptions()) -> IsolatedResult:
     """Measure one case in a fresh `python` subprocess; failures raise CaseFailed(name).
 
-    With `options.role_timeline`, a case that offers a role gauge makes one more call after the
-    measured ones, sampled at `options.timeline_interval_s` with its gauge (`IsolatedResult.role_timeline`)."""
+    With `options.role_timeline`, a case that offers a role gauge has a call sampled at
+    `options.timeline_interval_s` with its gauge (`IsolatedResult.role_timeline`): the measured call itself
+    for a passive gauge and one measured call (`case_child.folded_roles`), else one more call after them."""
     params = {} if params is None else params
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string naming the case, got {name!r}")

@@ -29,7 +29,8 @@ HARNESS_PHASES = {
     "allocation_pass": "the traced call that counts allocations (memray, or the CUDA caching allocator's counters)",
     "attribution_pass": "the traced call that attributes the peak to source lines, and reading its records (--attribute)",
     "check": "the case's check after the measured calls (a gradient saved, the tape's counters, memory by role)",
-    "role_pass": "the one more call sampled with the engine's role gauge (the first trial of an engine comparison)",
+    "role_pass": "the one more call sampled with the engine's role gauge (the first trial of an engine comparison, "
+                 "where the gauge hooks into the engine or the trial makes several measured calls)",
     "snapshot": "the one more step under the CUDA caching allocator's history (a model file on CUDA, first trial)",
 }
 

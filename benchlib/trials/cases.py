@@ -7,7 +7,8 @@ gradient of the last measured call with `save_gradient(result, gradient_dir, eng
 with manual's (`grad_max_rel_err`), so the check costs a file write instead of a second gradient.
 It records every outcome (measured, failed with its error, or not applicable with the reason) and
 keeps the memory timelines apart from the records (they are samples, not measured values), and
-so the role timelines: one more call per engine that exposes roles, in its first trial.
+so the role timelines: one call per engine that exposes roles, in its first trial (its measured call
+where the gauge is passive and the trial makes one; else one more call after them).
 """
 
 from __future__ import annotations
@@ -207,7 +208,7 @@ class EngineComparison:
             ["benchmark", "case", "engine", "device", "dtype", "t_s", "bytes", "phase"]]
 
     def role_timeline_frame(self) -> pd.DataFrame:
-        """The role timelines (one extra call per engine that exposes roles, first trial), labelled
+        """The role timelines (one call per engine that exposes roles, first trial), labelled
         like `timeline_frame`; a role an engine does not expose is NaN."""
         return self.role_timelines.assign(benchmark=self.benchmark, device=self.device, dtype=self.dtype)[
             ["benchmark", "device", "dtype", *ROLE_TIMELINE_COLUMNS]]

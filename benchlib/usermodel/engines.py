@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from benchlib.engines import AUTOCAST_DTYPE
+from benchlib.engines import AUTOCAST_DTYPE, DYNAMO
 from benchlib.engines import compiling
 from benchlib.engines.namespaces import SAC_SAVED_OPS, sac_contexts
 from benchlib.engine_names import (FUSED_OPTIMIZER, TORCH, TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_COMPILE,
@@ -49,7 +49,6 @@ REGROUPS_OPTIMIZER = {FUSED_OPTIMIZER: "fused-optimizer steps one optimizer per 
                                        "step couples parameters (clipping by their global norm, say)"}
 # torch.optim, torch.func, checkpoint and the compiler import the dynamo stack on first use (0.8 s on a 2-core
 # machine): a fork template preloads it for the cases whose step would (`step_imports`, `forkserver.LAZY_IMPORTS`)
-DYNAMO = "torch._dynamo"
 IMPORT_DYNAMO = (TORCH_FUNC, TORCH_CHECKPOINT, TORCH_SAC, *COMPILED)  # whatever the file; the rest via its optimizer
 Observer = Callable[[str, torch.Tensor], None]
 # What torch says when torch.func meets code it cannot transform (an autograd.Function without

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchlib.engines import case_imports
+from benchlib.engines import DYNAMO, case_imports
 from benchlib.engines.roles import GRADIENT_METRIC, OPTIMIZER_METRIC, PARAMETER_METRIC, SAVED_METRIC
 from benchlib.measure.allocations import PeakSite
 from benchlib.source_files import is_library
@@ -34,7 +34,7 @@ BASELINE_FORMAT = 1
 # What a torch step's set-up imports anyway: torch.optim imports torch._dynamo on first use (0.8 s on a 2-core
 # machine). The gate's template imports it beside the model file's import here, before the file says whether it
 # has an optimizer (`benchlib run` asks `step_imports` once it knows); its children own the pages (`forkserver`).
-GATE_PRELOAD = ("torch._dynamo",)
+GATE_PRELOAD = (DYNAMO,)
 
 
 class GateError(ValueError):
@@ -254,7 +254,7 @@ def measure_step(model: str | Path, engine: str = "torch", *, params: dict | Non
     target = resolve_device(device)
     torch_imports = case_imports(engine, target)
     options = IsolationOptions(warmup=1, repeats=1, track_allocations=True, timeline=False, sites=sites,
-                               timeout_s=timeout_s, preload=torch_imports + GATE_PRELOAD if torch_imports else ())
+                               timeout_s=timeout_s, preload=tuple(dict.fromkeys(torch_imports + GATE_PRELOAD)) if torch_imports else ())
     prepare_isolation(options)
     from benchlib.usermodel import declare_model_files  # torch and the model file: beside the template's imports
 

@@ -84,7 +84,7 @@ TORCH_FORM = Form(TARGET, ENGINES, REFERENCE, _torch_plan, torch_categories=True
 
 def preload(form: Form, model_file, engine: str, device) -> tuple[str, ...]:
     """What a fork template preloads for `engine`'s cases of `model_file`: all its set-up and first step import."""
-    return case_imports(engine, device) + form.imports(model_file, engine)
+    return tuple(dict.fromkeys(case_imports(engine, device) + form.imports(model_file, engine)))
 
 
 def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config, device,

@@ -231,7 +231,8 @@ def role_timelines(frame: pd.DataFrame, *, case: str | None = None, order: Seque
     fig.update_xaxes(exponentformat="none")  # every panel's ticks alike (plotly chose "100µ" for some, decimals for others)
     fig.update_xaxes(title_text="time since the call began (s)", row=len(engines), col=1)
     legend_right(fig)
-    return _annotate(fig, ["one more call after the measured ones, first trial; engines that expose no roles "
+    return _annotate(fig, ["first trial: the measured call where it is one and the gauge passive (benchlib's tape), "
+                           "else one more call after the measured ones (torch's saved-tensor hooks); engines that expose no roles "
                            f"({MANUAL}, {MANUAL_SEED}, HIPS autograd) are not drawn", f"gap between the {allocator} line and the "
                            "stack: temporaries, allocator slack, and what an engine does not expose"])
 
