@@ -59,6 +59,28 @@ def test_the_wheel_declares_ranges_that_keep_a_projects_own_torch(wheel):
     assert "Programming Language :: Python :: 3" in "\n".join(lines)
 
 
+@pytest.mark.slow
+def test_the_wheel_carries_its_apache_licence_and_valid_metadata(wheel):
+    """PEP 639 metadata: the SPDX expression, the licence text in the wheel, and no invented project URL;
+    packaging's own validation (what twine check reads) accepts every field."""
+    import zipfile
+
+    from packaging.metadata import Metadata
+
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        (metadata_name,) = [name for name in names if name.endswith(".dist-info/METADATA")]
+        raw = archive.read(metadata_name)
+        (licence_name,) = [name for name in names if name.endswith(".dist-info/licenses/LICENSE")]
+        licence = archive.read(licence_name).decode()
+    metadata = Metadata.from_email(raw, validate=True)
+    assert str(metadata.license_expression) == "Apache-2.0"
+    assert metadata.license_files == ["LICENSE"]
+    assert "Apache License" in licence and "Version 2.0, January 2004" in licence
+    assert licence == (PROJECT / "LICENSE").read_text()
+    assert not metadata.project_urls and metadata.home_page is None
+
+
 def benchlib(installed, *args, cwd):
     env = {**os.environ, "PYTHONPATH": str(installed)}
     env.pop("BENCHLIB_RESULTS", None)
