@@ -29,10 +29,21 @@ TORCH_OFFLOAD = "torch-offload"  # saved activations on the host (save_on_cpu), 
 COMPILE_BUDGETS = (0.5, 0.1, 0.0)
 TORCH_COMPILE_BUDGETS = {f"torch.compile-budget-{budget:g}": budget for budget in COMPILE_BUDGETS}
 
+# Techniques join into one step with "+" (benchlib.engines.techniques): a combination's records carry the joined name,
+# its parts in the techniques' registry order. The ones a model file's run adds by default, where they apply:
+COMBINED = "+"
+DEFAULT_COMBINATIONS = tuple(COMBINED.join(parts) for parts in (
+    (TORCH_CHECKPOINT, TORCH_AUTOCAST), (TORCH_SAC, TORCH_AUTOCAST), (TORCH_AUTOCAST, TORCH_MICROBATCH),
+    (TORCH_CHECKPOINT, TORCH_MICROBATCH), (FUSED_OPTIMIZER, TORCH_AUTOCAST),
+    (TORCH_CHECKPOINT, TORCH_AUTOCAST, TORCH_MICROBATCH)))
+
+# the engine every other's gradient is checked against, and drawn first: a role, which eager torch holds
+REFERENCE = TORCH
+
 # the registry's engines that differentiate with torch.autograd (a compiled forward is one node of its graph)
 TORCH_AUTOGRAD = (TORCH, TORCH_CHECKPOINT, TORCH_SAC, TORCH_AUTOCAST, TORCH_COMPILE)
 
 __all__ = ["MANUAL", "MANUAL_SEED", "BENCHLIB_INPLACE", "BENCHLIB_DEFERRED", "BENCHLIB_CHECKPOINT", "AUTOGRAD",
            "TORCH", "TORCH_CHECKPOINT", "TORCH_COMPILE", "TORCH_FUNC", "FUSED_OPTIMIZER",
            "TORCH_SAC", "TORCH_AUTOCAST", "TORCH_MICROBATCH", "TORCH_OFFLOAD", "COMPILE_BUDGETS", "TORCH_COMPILE_BUDGETS",
-           "TORCH_AUTOGRAD"]
+           "TORCH_AUTOGRAD", "COMBINED", "DEFAULT_COMBINATIONS", "REFERENCE"]

@@ -10,7 +10,7 @@ from benchlib.records import make_record, records_frame
 from benchlib.records.metrics import METRICS
 from benchlib.report.tables.sites import categories_table
 from benchlib.usermodel.case import CASE_METRICS
-from benchlib.usermodel.engines import Step
+from benchlib.engines.techniques import Step
 
 
 def test_torch_sees_the_parameters_and_the_batch_with_their_exact_bytes():

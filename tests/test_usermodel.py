@@ -15,13 +15,19 @@ from benchlib.engine_names import FUSED_OPTIMIZER, TORCH, TORCH_CHECKPOINT, TORC
 from benchlib.records import load_records, load_run_info
 from benchlib.runner.cli import main
 from benchlib.usermodel import load_model_file, read_model_file
-from benchlib.usermodel.engines import COMPILED, ENGINES as ALL_ENGINES, LiveBytes, Step, not_applicable
+from benchlib.engines.roles import LiveBytes
+from benchlib.engines.techniques import BUILTIN as ALL_ENGINES, COMPILING as COMPILED, Step, StepFacts, combine, technique_registry
 from benchlib.usermodel.loader import ModelFileError
 from benchlib.usermodel.template import TEMPLATE
 
 # The engines these tests pin; the memory techniques have their own (test_usermodel_techniques.py)
 ENGINES = (TORCH, TORCH_FUNC, TORCH_CHECKPOINT, FUSED_OPTIMIZER)
 PINNED = ("-p", "engines=" + ",".join(ENGINES))
+
+
+def not_applicable(engine, model, has_optimizer, has_step=False, device_kind="cpu"):
+    """Why `engine` cannot run `model`'s step, as a run's plan asks it."""
+    return combine(engine, technique_registry()).not_applicable(model, StepFacts(has_optimizer, has_step, device_kind))
 
 GOOD = """
 import torch
@@ -121,7 +127,8 @@ def test_parameters_are_typed_by_their_defaults_with_quick_values_and_trials(tmp
     text = GOOD.replace('"n": 8}', '"n": 8, "sizes": [1, 2]}').replace("(width, n)", "(width, n, sizes)")
     benchmark = load_model_file(write(tmp_path, text))
     first_look = tuple(engine for engine in ALL_ENGINES if engine not in COMPILED)  # --quick: nothing that compiles
-    assert benchmark.name == "tiny" and benchmark.quick == {"width": 4, "n": 3, "trials": 2, "engines": first_look}
+    assert benchmark.name == "tiny" and benchmark.quick == {"width": 4, "n": 3, "trials": 2, "engines": first_look,
+                                                                "combinations": "none"}
     assert benchmark.parameter("sizes").default == (1, 2) and benchmark.defaults()["trials"] == 5
     assert main(["list", str(tmp_path / "model.py")]) == 0
     assert "width: int = 16  (quick: 4)" in capsys.readouterr().out
@@ -171,7 +178,7 @@ class _Stack(torch.nn.Module):
 def test_torch_checkpoint_segments_a_models_repeated_blocks(monkeypatch, as_list, plan, checkpointed):
     from torch.utils import checkpoint as torch_checkpoint
 
-    from benchlib.usermodel.engines import checkpoint_plan
+    from benchlib.engines.techniques.modules import checkpoint_plan
 
     calls = []
     original = torch_checkpoint.checkpoint

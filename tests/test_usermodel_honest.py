@@ -10,7 +10,8 @@ from benchlib.engine_names import (FUSED_OPTIMIZER, TORCH, TORCH_AUTOCAST, TORCH
 from benchlib.engines.gradients import max_relative_error
 from benchlib.measure import NotApplicable, resolve_device
 from benchlib.usermodel.case import _gradient, case
-from benchlib.usermodel.engines import Step, checkpoint_plan, stochastic_modules
+from benchlib.engines.techniques import Step
+from benchlib.engines.techniques.modules import checkpoint_plan, stochastic_modules
 from benchlib.usermodel.loader import read_model_file
 
 DROPOUT = """
@@ -226,12 +227,12 @@ def test_a_files_own_step_runs_as_written_where_it_can_and_is_not_applicable_whe
     model_file, cpu = _file(tmp_path, OWN_STEP.replace("return ClippedSGD(", "return torch.optim.SGD(")), \
         resolve_device("cpu")
     check_form(model_file, {})
-    plan = TORCH_FORM.plan(model_file, {}, cpu)
+    plan = TORCH_FORM.plan(model_file, {}, cpu, TORCH_FORM.engines, {})
     # the engines that change only what the forward saves run the file's step as written (offload: CUDA only)
     assert set(plan.reasons) == {TORCH_FUNC, FUSED_OPTIMIZER, TORCH_AUTOCAST, TORCH_MICROBATCH, TORCH_OFFLOAD,
                                  TORCH_COMPILE, *TORCH_COMPILE_BUDGETS}
-    assert "runs its own backward" in plan.reasons[TORCH_FUNC] and "calls its optimizer" in plan.reasons[FUSED_OPTIMIZER]
-    assert "runs its own forward and backward" in plan.reasons[TORCH_MICROBATCH]
+    for engine in (TORCH_FUNC, FUSED_OPTIMIZER, TORCH_MICROBATCH):
+        assert "the file's step(model, optimizer, *batch) runs its own forward and backward" in plan.reasons[engine]
     sac, _ = _gradient(model_file, TORCH_SAC, {}, cpu)
     assert max_relative_error(sac, _gradient(model_file, TORCH, {}, cpu)[0]) <= 1e-6
     reference, reference_update = _gradient(model_file, TORCH, {}, cpu)

@@ -8,10 +8,19 @@ from torch import nn
 from benchlib.engine_names import (FUSED_OPTIMIZER, TORCH, TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_COMPILE,
                                    TORCH_COMPILE_BUDGETS, TORCH_FUNC, TORCH_MICROBATCH, TORCH_OFFLOAD, TORCH_SAC)
 from benchlib.engines import compiling
-from benchlib.usermodel import engines as usermodel_engines
 from benchlib.engines.gradients import gradient_tolerance, max_relative_error
 from benchlib.measure.case_child import NotApplicable
-from benchlib.usermodel.engines import AUTOCAST_DTYPE, MICROBATCHES, Step, microbatch_scale, not_applicable, split_batch
+from benchlib.engines import AUTOCAST_DTYPE
+from benchlib.engines.namespaces import SAC_SAVED_OPS
+from benchlib.engines.techniques import Step, StepFacts, TechniqueOptions, combine, technique_registry
+from benchlib.engines.techniques.modules import microbatch_scale, split_batch
+
+MICROBATCHES = TechniqueOptions.microbatches
+
+
+def not_applicable(engine, model, has_optimizer, has_step=False, device_kind="cpu"):
+    """Why `engine` cannot run `model`'s step, as a run's plan asks it."""
+    return combine(engine, technique_registry()).not_applicable(model, StepFacts(has_optimizer, has_step, device_kind))
 
 
 def blocks(depth=4, width=16, norm=None, dtype=torch.float32):
@@ -102,13 +111,13 @@ def test_a_sac_policy_saves_the_ops_it_names_and_computes_the_same_gradient():
             return func(*args, **(kwargs or {}))
 
     def backward_ops(saved_ops):
-        step = Step(TORCH_SAC, blocks(), data(), mean_loss, None, sac_saved_ops=saved_ops)
+        step = Step(TORCH_SAC, blocks(), data(), mean_loss, None, options=TechniqueOptions(sac_saved_ops=saved_ops))
         loss = mean_loss(step.model, *step.batch)
         with Recomputed() as recomputed:
             loss.backward()
         return recomputed.ops, [p.grad.clone() for _, p in step.named]
 
-    default, default_gradient = backward_ops(usermodel_engines.SAC_SAVED_OPS)
+    default, default_gradient = backward_ops(SAC_SAVED_OPS)
     gelu_only, gelu_gradient = backward_ops(("gelu",))
     assert default["addmm"] == 0 and default["gelu"] > 0  # matrix products saved, activations recomputed
     assert gelu_only["addmm"] > 0 and gelu_only["gelu"] == 0  # the other way round
@@ -246,7 +255,8 @@ def test_a_template_preloads_torch_dynamo_exactly_for_the_steps_that_import_it(t
     import subprocess
     import sys
 
-    from benchlib.usermodel.engines import step_imports
+    def step_imports(engine, has_optimizer):
+        return combine(engine, technique_registry()).imports(has_optimizer)
 
     path = tmp_path / "model.py"
     path.write_text("import torch\n\ndef model():\n    return torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(4)))"
@@ -264,7 +274,6 @@ def test_a_template_preloads_torch_dynamo_exactly_for_the_steps_that_import_it(t
 def test_a_non_finite_loss_leaves_micro_batches_to_fail_as_every_engine_does_not_to_be_called_batch_statistics():
     import torch
 
-    from benchlib.usermodel.engines import microbatch_scale
 
     model = torch.nn.Linear(3, 1)
     batch = (torch.randn(8, 3),)

@@ -114,12 +114,10 @@ def _autocast_torch_gradient(fun, argnum):
 def _compiled_torch_gradient(fun, argnum):
     """torch.autograd.grad through `torch.compile(fun)`: the compiled forward and its backward are one node of
     autograd's graph. Compiling happens on the first call (`Engine.prepare` makes it in the set-up)."""
-    import torch
-
-    from benchlib.engines.compiling import COMPILE_BACKEND, run_marks_eagerly
+    from benchlib.engines.compiling import compiled, run_marks_eagerly
 
     run_marks_eagerly()
-    return _torch_gradient(torch.compile(fun, backend=COMPILE_BACKEND), argnum)
+    return _torch_gradient(compiled(fun), argnum)
 
 
 def _cpu_only(engine_name: str):
@@ -152,6 +150,12 @@ class Engine:
     compiles: bool = False  # its first call compiles: `prepare` makes it in the set-up
     lowers_to: str | None = None  # the dtype its forward computes in (autocast), from float32 data only
     imports: tuple[str, ...] = ()  # what its set-up or first call imports beyond its array library
+    keeps_contributions: bool = False  # every gradient contribution is held until the end (memory estimates)
+
+    @property
+    def seed_written(self) -> bool:
+        """True for `manual-seed`: the seed's own code, which only some of a workload's models have."""
+        return self.name == MANUAL_SEED
 
     @property
     def hand_written(self) -> bool:
@@ -271,6 +275,7 @@ ENGINES: dict[str, Engine] = {
             "numpy",
             _benchlib_gradient("deferred"),
             _benchlib_namespace,
+            keeps_contributions=True,
         ),
         Engine(
             BENCHLIB_CHECKPOINT,
@@ -348,7 +353,7 @@ def case_imports(name: str, device) -> tuple[str, ...]:
     """What an isolated case of engine `name` imports during its set-up or first call anyway: torch where it
     computes with torch tensors on `device` (`Engine.array_library`), with what the engine imports beyond it
     (`Engine.imports`), and torch alone for a model file's engines, which are not in this registry
-    (`torch.func`, `fused-optimizer`; `usermodel.engines.step_imports` adds theirs). A fork template preloads
+    (`torch.func`, `fused-optimizer`; `Combination.imports` adds theirs). A fork template preloads
     them (`IsolationOptions.preload`), so a numpy engine's process holds no torch."""
     engine = ENGINES.get(name)
     if engine is None:

@@ -12,6 +12,14 @@ from typing import Callable
 COMPILE_BACKEND = "inductor"  # torch.compile's default; the tests swap in a counting fake
 
 
+def compiled(fn: Callable, backend=None) -> Callable:
+    """`fn` under torch.compile with `backend` (default: `COMPILE_BACKEND`, read now, so a test's swap holds): the
+    one wrapper the built-in chains' engine, identical_closures' and a model file's techniques all use."""
+    import torch
+
+    return torch.compile(fn, backend=COMPILE_BACKEND if backend is None else backend)
+
+
 def compiler_error(error: BaseException) -> bool:
     """Whether `error` is torch.compile's (dynamo's or its backend's), not the compiled code's own."""
     from torch._dynamo.exc import TorchDynamoException, TorchRuntimeError

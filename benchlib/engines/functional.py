@@ -16,6 +16,18 @@ def array_engine(name: str) -> Engine:
     return get_engine(TORCH if name == TORCH_FUNC else name)
 
 
+def array_not_applicable(name: str, device) -> str | None:
+    """Why engine `name` cannot differentiate an array-form loss on `device`: its arrays' engine's reason, or, for
+    torch.func, a torch without torch.func.grad."""
+    reason = array_engine(name).not_applicable(device)
+    if reason is None and name == TORCH_FUNC:
+        import torch
+
+        if not hasattr(getattr(torch, "func", None), "grad"):
+            reason = f"this torch ({torch.__version__}) has no torch.func.grad"
+    return reason
+
+
 def torch_func_gradient(fun: Callable, argnums: Any) -> Callable:
     """`torch.func.grad` of `fun` with respect to `argnums` (an index or a tuple of them)."""
     import torch.func

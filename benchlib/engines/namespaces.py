@@ -186,6 +186,13 @@ def _prime_checkpoint() -> None:
     torch.autograd.grad(checkpoint(torch.exp, leaf, use_reentrant=False).sum(), leaf)
 
 
+def unknown_aten_ops(names) -> list[str]:
+    """The names in `names` that are no op of `torch.ops.aten` (a SAC policy naming them would save nothing)."""
+    import torch
+
+    return [name for name in names if not hasattr(torch.ops.aten, name)]
+
+
 def sac_contexts(saved_ops: tuple[str, ...] = SAC_SAVED_OPS):
     """The contexts of selective activation checkpointing: the outputs of `saved_ops` (aten op names) saved,
     every other op recomputed in backward (by default, `SAC_SAVED_OPS`: pointwise ops, norms, activations

@@ -133,3 +133,37 @@ class _Held:
 
     def __del__(self):
         self.counter._release(self.key)
+
+
+class LiveBytes:
+    """The bytes of distinct tensor storages handed to `add` that are still alive, and the most at once: the
+    gradient role of a step, fed by its gradient observer."""
+
+    def __init__(self):
+        self.live: dict[int, int] = {}
+        self.bytes = self.peak_bytes = 0
+
+    def add(self, _name: str, tensor) -> None:
+        import weakref
+
+        key = tensor.untyped_storage().data_ptr()
+        if key in self.live:
+            return
+        self.live[key] = tensor.untyped_storage().nbytes()
+        self.bytes += self.live[key]
+        self.peak_bytes = max(self.peak_bytes, self.bytes)
+        weakref.finalize(tensor, self._release, key)
+
+    def _release(self, key: int) -> None:
+        self.bytes -= self.live.pop(key, 0)
+
+
+def storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind `tensors` (views of one storage count once)."""
+    import torch
+
+    seen = {}
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor):
+            seen[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+    return sum(seen.values())

@@ -12,7 +12,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
-from benchlib.engine_names import (AUTOGRAD, BENCHLIB_CHECKPOINT, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, FUSED_OPTIMIZER,
+from benchlib.engine_names import (AUTOGRAD, BENCHLIB_CHECKPOINT, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, DEFAULT_COMBINATIONS,
+                                   FUSED_OPTIMIZER,
                                    MANUAL, MANUAL_SEED, TORCH, TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_COMPILE,
                                    TORCH_COMPILE_BUDGETS, TORCH_FUNC, TORCH_MICROBATCH, TORCH_OFFLOAD,
                                    TORCH_SAC)
@@ -37,6 +38,8 @@ SERIES_COLORS: dict[str, dict[str, str]] = {
         TORCH_MICROBATCH: "#1a9850",
         TORCH_OFFLOAD: "#5f6b7a",
         **dict(zip(TORCH_COMPILE_BUDGETS, ("#fdae6b", "#e6550d", "#8c2d04"))),  # torch.compile's orange, by budget
+        # the combinations a model file's run adds by default (any other gets a fallback colour)
+        **dict(zip(DEFAULT_COMBINATIONS, ("#b15928", "#cc4c02", "#66a61e", "#3690c0", "#ae017e", "#4d004b"))),
     },
 }
 PALETTE = ("#17becf", "#7f7f7f", "#bcbd22", "#393b79", "#843c39", "#637939", "#7b4173")

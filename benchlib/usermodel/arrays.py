@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from benchlib.engines.functional import array_engine
+from benchlib.engines.functional import array_engine, array_not_applicable
 from benchlib.engine_names import AUTOGRAD, BENCHLIB_CHECKPOINT, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, TORCH, TORCH_FUNC
 from benchlib.usermodel.measuring import Form, Plan
 from benchlib.engines.namespaces import OP_NAMES
@@ -160,21 +160,17 @@ def check_array_form(model_file: ArrayModelFile, values: Mapping[str, Any]) -> N
                            f"losses; never float() or .item(), which no engine can differentiate), got {got}")
 
 
-def _plan(model_file: ArrayModelFile, values: dict, device) -> Plan:
+def _plan(model_file: ArrayModelFile, values: dict, device, _engines=(), _options=None) -> Plan:
     """Built once at the run's values: the dtype, and why an engine does not apply (its device, its
-    namespace lacks a name the loss uses, torch has no torch.func)."""
+    namespace lacks a name the loss uses, torch has no torch.func). Every engine is planned; the array
+    form has no technique options."""
     params, data = model_file.build(values)
     probe = _Probe()
     model_file.loss(probe, *params, *data)
     reasons = {engine: f"its namespace has no xp.{', xp.'.join(missing)}, which the loss uses"
                for engine, missing in lacking(probe.used).items()}
     for engine in ARRAY_ENGINES:
-        reason = array_engine(engine).not_applicable(device)
-        if engine == TORCH_FUNC and reason is None:
-            import torch
-
-            reason = None if hasattr(getattr(torch, "func", None), "grad") else \
-                f"this torch ({torch.__version__}) has no torch.func.grad"
+        reason = array_not_applicable(engine, device)
         if reason is not None:
             reasons.setdefault(engine, reason)
     return Plan(reasons, str(params[0].dtype), {})

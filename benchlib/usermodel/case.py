@@ -15,24 +15,23 @@ from typing import Any
 
 from benchlib.engines.gradients import (SEED_DEPENDENT_METRIC, UPDATE, gradient_tolerance, max_relative_error,
                                         require_finite, save_gradient)
-from benchlib.engine_names import TORCH_AUTOCAST, TORCH_FUNC, TORCH_MICROBATCH, TORCH_OFFLOAD
-from benchlib.engines.roles import GRADIENT_METRIC, OPTIMIZER_METRIC, PARAMETER_METRIC, SAVED_METRIC, SavedTensors
+from benchlib.engines.roles import (GRADIENT_METRIC, OPTIMIZER_METRIC, PARAMETER_METRIC, SAVED_METRIC, LiveBytes,
+                                    SavedTensors, storage_bytes)
+from benchlib.engines.techniques import REFERENCE, Combination, Step, TechniqueOptions, combine, technique_registry
 from benchlib.measure import Case
 from benchlib.measure.torch_categories import torch_categories
 from benchlib.records.metrics import COMPILE_METRIC
-from benchlib.usermodel.engines import REFERENCE, REGROUPS_OPTIMIZER, SAC_SAVED_OPS, LiveBytes, Step, storage_bytes
 from benchlib.usermodel.loader import SEED, ModelFile, guarded, read_model_file
 
 STEP_SEED = SEED + 2  # the random stream every engine's checked step starts from (dropout masks alike)
 
 # The optimizer's update is compared with eager torch's only for an engine that replaces the file's optimizer
-# step (`REGROUPS_OPTIMIZER`): every other engine steps the file's own optimizer once on the gradient it computed,
+# step (`Technique.regroups_optimizer`): every other engine steps the file's own optimizer once on the gradient it computed,
 # which is checked already, so its update adds no check. Comparing it anyway fails engines for rounding:
 # optimizers that normalise each entry (Adam) move an entry near zero by up to 2 lr when its rounding changes,
 # and a gradient is not bit-identical to eager's wherever another kernel computes it (bfloat16; another order of
 # summation; fused kernels; save_on_cpu's contiguous copies on CUDA). Seen: torch.compile on a small transformer
 # with AdamW, gradient 1.2e-6 from eager's, update 0.018; torch-offload on an H100, gradient 6.5e-8, update 0.052.
-COMPARES_UPDATE = (REFERENCE, *REGROUPS_OPTIMIZER)
 CASE_METRICS = (  # what a model file's case records beyond the shared metrics
     (PARAMETER_METRIC, "B", "memory", "the model's parameters (held before every step: in the baseline, not the peak)"),
     (OPTIMIZER_METRIC, "B", "memory", "the optimizer's state (held before every step: in the baseline, not the peak)"),
@@ -46,8 +45,7 @@ def _roles(step: Step) -> dict[str, float]:
     roles = {PARAMETER_METRIC: float(storage_bytes(p for _, p in step.named)),
              OPTIMIZER_METRIC: float(storage_bytes(value for optimizer in step.optimizers
                                                    for state in optimizer.state.values() for value in state.values()))}
-    if step.engine in (TORCH_FUNC, TORCH_OFFLOAD):  # transformed tensors have no storage for saved-tensor hooks to
-        # read; save_on_cpu's own hooks take the saved tensors before ours would see them
+    if step.combination.hides_saved:  # what its backward saves is out of our hooks' sight (torch.func, offload)
         with step.observe(gradients.add):
             step()
         return {**roles, GRADIENT_METRIC: float(gradients.peak_bytes)}
@@ -57,8 +55,19 @@ def _roles(step: Step) -> dict[str, float]:
     return {**roles, GRADIENT_METRIC: float(gradients.peak_bytes), SAVED_METRIC: float(saved.peak_bytes)}
 
 
+def combination_of(model_file: ModelFile, engine: str, options: dict | None = None) -> Combination:
+    """The techniques `engine` names (one, or several joined by `+`), the file's own among them."""
+    return combine(engine, technique_registry(model_file.techniques), TechniqueOptions.from_json(options))
+
+
+def make_step(model_file: ModelFile, engine: str, model, batch, options: dict | None = None) -> Step:
+    """`engine`'s step over `model` and `batch`."""
+    return Step(combination_of(model_file, engine, options), model, batch, model_file.loss, model_file.optimizer,
+                model_file.step)
+
+
 def _gradient(model_file: ModelFile, engine: str, values: dict, device: Any, seed: int = STEP_SEED,
-              sac_saved_ops: tuple = SAC_SAVED_OPS) -> tuple[list, list | None]:
+              options: dict | None = None) -> tuple[list, list | None]:
     """The gradient `engine`'s step computes on a fresh seeded model, in the order of named_parameters,
     its random stream seeded with `seed` first, so engines that draw alike draw the same numbers; and,
     when the file has an optimizer, the update its step made to the parameters (after minus before; None
@@ -68,7 +77,7 @@ def _gradient(model_file: ModelFile, engine: str, values: dict, device: Any, see
     import torch
 
     model, batch = model_file.build(values, device.torch)
-    step = Step(engine, model, batch, model_file.loss, model_file.optimizer, model_file.step, sac_saved_ops)
+    step = make_step(model_file, engine, model, batch, options)
     captured = {}
     before = [p.detach().cpu().clone() for _, p in step.named]
     torch.manual_seed(seed)
@@ -88,24 +97,24 @@ def _seed_dependent(model_file: ModelFile, values: dict, device: Any, gradient: 
 
 
 def case(*, device, path: str, engine: str, values: dict, gradient_dir: str, categories: bool = False,
-         sac_saved_ops: list | None = None) -> Case:
-    """`sac_saved_ops`: the aten ops whose outputs torch-sac saves (None: `SAC_SAVED_OPS`)."""
+         options: dict | None = None) -> Case:
+    """`engine`: a technique, or several joined by `+`; `options`: the run's technique settings
+    (`measuring.technique_options`: micro-batches, the SAC policy)."""
     model_file = read_model_file(path)
-    saved_ops = SAC_SAVED_OPS if sac_saved_ops is None else tuple(sac_saved_ops)
     model, batch = guarded(model_file, "model or batch (building the case)", model_file.build, values, device.torch)
-    step = guarded(model_file, f"{engine}'s set-up (optimizer)", Step, engine, model, batch, model_file.loss,
-                   model_file.optimizer, model_file.step, saved_ops)
+    step = guarded(model_file, f"{engine}'s set-up (optimizer)", make_step, model_file, engine, model, batch, options)
     what = f"the {engine} step"
+    compares_update = engine == REFERENCE or step.combination.regroups_optimizer is not None
 
     def check(_result) -> dict[str, float]:
         roles = guarded(model_file, what, _roles, step)
         if step.compile_s is not None:
             roles[COMPILE_METRIC] = step.compile_s
         gradient, update = guarded(model_file, what, _gradient, model_file, engine, values, device, STEP_SEED,
-                                   saved_ops)
+                                   options)
         require_finite(gradient, [name for name, _ in step.named])  # a NaN step fails, never passes unnoticed
         save_gradient(gradient, gradient_dir, engine)
-        if update is not None and engine in COMPARES_UPDATE:
+        if update is not None and compares_update:
             require_finite(update, [name for name, _ in step.named])
             save_gradient(update, gradient_dir, engine, of=UPDATE)
         if engine == REFERENCE:

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchlib.measure.caching_allocator import CachingAllocatorModel
-from benchlib.usermodel.fit import COMPILED_UNTRACED, UNTRACEABLE
 
 BASIS = "predicted, not measured on a GPU"
 CUBLAS_WORKSPACES = (32 << 20, 32 << 20)  # cuBLAS's, for the caller's thread and autograd's (Hopper, torch 2.11)
@@ -120,10 +119,11 @@ def predict_reserved(model_file, engine: str, values: Mapping[str, Any],
     import torch
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    from benchlib.usermodel.engines import Step
+    from benchlib.usermodel.case import combination_of, make_step
 
-    if engine in UNTRACEABLE:
-        raise ValueError(UNTRACEABLE[engine])
+    untraceable = combination_of(model_file, engine).untraceable
+    if untraceable is not None:
+        raise ValueError(untraceable)
     allocator = CachingAllocatorModel()
     events = _StorageEvents(allocator)
     with warnings.catch_warnings(), FakeTensorMode() if fake else contextlib.nullcontext():
@@ -139,7 +139,7 @@ def predict_reserved(model_file, engine: str, values: Mapping[str, Any],
         for index, nbytes in enumerate(workspaces):
             allocator.malloc(("cublas workspace", index), nbytes)
         with _recording_mode(events):
-            step = Step(engine, model, batch, model_file.loss, model_file.optimizer, model_file.step)
+            step = make_step(model_file, engine, model, batch)
             for _ in range(STEPS_TRACED):
                 step()
         del step, model, batch
@@ -186,7 +186,7 @@ def predict_fit(model_file, fits: list, values: dict, scale: str, limit: int, de
     engine traced at `points` and at `TRACE_REACH` times the given value, and its largest fitting value found over
     traces (`largest_fitting`); the size model of the traced points is recorded with its check error."""
     from benchlib.units import format_bytes
-    from benchlib.usermodel.engines import COMPILED
+    from benchlib.usermodel.case import combination_of
     from benchlib.usermodel.fit import TRACE_REACH, FitResult, choose_model, scale_points, untraced_reason
 
     points = scale_points(values[scale], scale)
@@ -195,8 +195,9 @@ def predict_fit(model_file, fits: list, values: dict, scale: str, limit: int, de
     for engine_fit in fits:
         if engine_fit.reason:
             continue
-        if engine_fit.engine in COMPILED or engine_fit.engine in UNTRACEABLE:
-            engine_fit.reason = "not predicted: " + UNTRACEABLE.get(engine_fit.engine, COMPILED_UNTRACED)
+        untraceable = combination_of(model_file, engine_fit.engine).untraceable
+        if untraceable is not None:
+            engine_fit.reason = "not predicted: " + untraceable
             continue
 
         def trace(value: int, engine: str = engine_fit.engine) -> Prediction:

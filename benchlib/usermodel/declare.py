@@ -9,12 +9,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchlib.benchmark import Benchmark, DeclarationError, Parameter, ParameterError
-from benchlib.engine_names import TORCH_SAC
+from benchlib.engine_names import COMBINED, DEFAULT_COMBINATIONS
+from benchlib.engines.namespaces import SAC_SAVED_OPS, unknown_aten_ops
+from benchlib.engines.techniques import (COMBINATION_CHOICES, CombinationError, TechniqueOptions, combine, stand_in,
+                                         technique_registry)
+from benchlib.engines.techniques import DEFAULT as DEFAULT_CHOICE, NONE as NONE_CHOICE
 from benchlib.trials.cases import PRECISION, trials_parameter
 from benchlib.usermodel.case import CASE_METRICS
 from benchlib.report.plots.usermodel import frontier, memory_by_role, peak_intervals
 from benchlib.usermodel.arrays import ARRAY_FORM_RUN, ArrayModelFile, array_form, check_array_form
-from benchlib.usermodel.engines import SAC_SAVED_OPS, unknown_aten_ops
 from benchlib.usermodel.measuring import TORCH_FORM, Form, measure_model_files
 from benchlib.usermodel.loader import (ModelFileError, check_form, is_array_form, open_model_file, torch_form)
 from benchlib.usermodel.summary import summary_table
@@ -29,26 +32,48 @@ HEADLINE = ("peak_bytes", "tracked_peak_bytes", "time", "alloc_count", "alloc_co
 def _engine_choice(form: Form) -> Parameter:
     left_out = tuple(engine for engine in form.engines if engine in (*form.sweep_engines, *form.compiling_engines))
     first_look = tuple(engine for engine in form.engines if engine not in left_out)
+    joined = (f"; techniques join with '{COMBINED}' into one step (-p engines=torch-autocast{COMBINED}torch-checkpoint)"
+              if form.composes else "")
     return Parameter("engines", tuple(form.engines), "the engines to measure"
-                     + (f" (--quick leaves out {', '.join(left_out)})" if left_out else ""),
-                     choices=form.engines, **({"quick": first_look} if left_out else {}))
+                     + (f" (--quick leaves out {', '.join(left_out)})" if left_out else "") + joined,
+                     choices=() if form.composes else form.engines, **({"quick": first_look} if left_out else {}))
 
 
 SAC_POLICY = Parameter("sac_saved_ops", SAC_SAVED_OPS, "the aten ops whose outputs torch-sac saves; every other op "
                                                       "is recomputed in backward (e.g. -p sac_saved_ops=mm,addmm)")
+COMBINATIONS = Parameter("combinations", DEFAULT_CHOICE, "the combinations of techniques measured beside the engines: "
+                         f"{DEFAULT_CHOICE} ({', '.join(DEFAULT_COMBINATIONS)}, where they apply), all (every valid "
+                         "one) or none (--quick: none)", quick=NONE_CHOICE, choices=COMBINATION_CHOICES)
+MICROBATCHES = Parameter("microbatches", TechniqueOptions.microbatches, "the parts torch-microbatch splits the batch "
+                         "into, alone or combined", minimum=2)
 
 
-def _sac_rules(config) -> None:
-    """A SAC policy naming an op aten does not have would silently save nothing of it: refused first."""
+def file_registry(model_file) -> dict:
+    """The techniques a file's engines can name: benchlib's, installed packages', and the file's own (its classes
+    where it was read here, stand-ins from the facts a child reported where it was not)."""
+    own = getattr(model_file, "techniques", {})
+    return technique_registry({name: technique if isinstance(technique, type) else stand_in(name, technique)
+                               for name, technique in own.items()})
+
+
+def _technique_rules(model_file, config) -> None:
+    """Refused before any work: a SAC policy naming an op aten does not have (it would silently save nothing of
+    it), an engine that names no technique, or techniques that cannot join in one step."""
     unknown = unknown_aten_ops(config.get("sac_saved_ops", ()))
     if unknown:
         raise ValueError(f"sac_saved_ops: {', '.join(map(repr, unknown))} is no op of torch.ops.aten; valid: aten op "
                          f"names without overload, such as the default {', '.join(SAC_SAVED_OPS)}")
+    registry = file_registry(model_file)
+    for engine in config.get("engines", ()):
+        try:
+            combine(engine, registry)
+        except CombinationError as error:
+            raise ValueError(f"engines: {error}") from None
 
 
 def _parameters(model_file, form: Form) -> tuple[Parameter, ...]:
     own = (TRIALS, PRECISION, _engine_choice(form), ATTRIBUTE,  # benchlib's parameters of every model file
-           *((SAC_POLICY,) if TORCH_SAC in form.engines else ()))
+           *((COMBINATIONS, MICROBATCHES, SAC_POLICY) if form.composes else ()))
     parameters = []
     for name, default in model_file.parameters.items():
         if name in {each.name for each in own}:
@@ -136,7 +161,7 @@ def declaration(files: Sequence, arrays: bool, measure) -> Benchmark:
         headline=HEADLINE,
         metrics=CASE_METRICS,
         summarize=summary_table,
-        rules=None if arrays else _sac_rules,
+        rules=None if arrays else functools.partial(_technique_rules, model_file),
         figures={"frontier": frontier, "peak": peak_intervals, **({} if arrays else {"roles": memory_by_role})},
     )
 

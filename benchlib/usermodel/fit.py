@@ -45,12 +45,6 @@ WARMUP, STEPS = 1, 3
 LINEAR, QUADRATIC, TRACE = "linear", "quadratic", "trace"
 TRACE_REACH = (2, 4, 8)  # traced beyond the largest measured value, at these multiples of it
 TRACE_TRUSTED = 0.05  # a trace model that predicts the largest measured point this well is chosen
-UNTRACEABLE = {  # engine -> why its step is not traced under fake tensors (compiled engines: `COMPILED_UNTRACED`)
-    "torch-microbatch": "it first checks that the loss is the mean or sum of its micro-batches' losses, reading "
-                        "values fake tensors do not hold",
-    "torch-offload": "its saved activations move to the host, which a trace on the CPU cannot tell from device memory",
-}
-COMPILED_UNTRACED = "a compiled step is not traced under fake tensors here"
 SEARCH_LIMIT = 2 ** 40  # the largest value `max_fitting` looks at: a total that does not grow fits "at any value"
 FIT_METRICS = (  # what a fit records: a command's, not a benchmark's, so registered where it is made
     ("fit_total_bytes", "B", "memory", "total memory of one step at params.value of the parameter params.scale: on CUDA "
@@ -127,13 +121,13 @@ def tracked_peak(model_file, engine: str, values: Mapping[str, Any], check_batch
     makes the optimizer's state: under fake tensors (`traced_peak`) or, as a test compares, real ones."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from benchlib.usermodel.engines import Step
+    from benchlib.usermodel.case import make_step
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tracker's own, about tensors it skips (None gradients)
         model, batch = model_file.build(values)  # on the CPU: moving fake parameters is refused; bytes are the same
         check_batch(batch)
-        step = Step(engine, model, batch, model_file.loss, model_file.optimizer, model_file.step)
+        step = make_step(model_file, engine, model, batch)
         step()
         tracker = MemTracker()
         tracker.track_external(model, *step.optimizers)
@@ -435,9 +429,14 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
         raise FitError(f"--scale {scale!r} is not a parameter of {model_file.path.name}; its parameters: "
                        f"{', '.join(model_file.parameters) or 'none'}")
     chosen = list(engines or [engine for engine in form.engines if engine not in form.sweep_engines])
-    unknown = [engine for engine in chosen if engine not in form.engines]
-    if unknown:
-        raise FitError(f"unknown engine(s) {', '.join(unknown)}; valid: {', '.join(form.engines)}")
+    from benchlib.engines.techniques import CombinationError
+    from benchlib.usermodel.case import combination_of
+
+    for engine in chosen:
+        try:
+            combination_of(model_file, engine)
+        except CombinationError as error:
+            raise FitError(f"--engines: {error}") from None
     by_name = {parameter.name: parameter for parameter in benchmark.parameters}
     typed = {name: by_name[name].parse(value) if isinstance(value, str) and name in by_name else value
              for name, value in (params or {}).items()}  # -p text, as `run` reads it
@@ -451,7 +450,7 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
     target = Device("cuda", int(device.partition(":")[2] or 0)) if predicted else resolve_device(device)
     total = "the allocator's reserved peak" if target.is_cuda else "the process's resident high-water mark"
     fits = [EngineFit(engine) for engine in chosen]
-    plan_reasons = form.plan(model_file, values, target).reasons
+    plan_reasons = form.plan(model_file, values, target, chosen, {}).reasons
     for engine_fit in fits:
         engine_fit.reason = plan_reasons.get(engine_fit.engine, "")
     if predicted:
@@ -491,10 +490,11 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
 def _trace(engine_fit: EngineFit, model_file, values: dict, scale: str, progress) -> None:
     """Trace the engine's step (`traced_peak`) and take the trace model where it predicts within `TRACE_TRUSTED`;
     where torch cannot trace it, say why and keep the measured points' model."""
-    from benchlib.usermodel.engines import COMPILED
+    from benchlib.usermodel.case import combination_of
 
-    if engine_fit.engine in COMPILED or engine_fit.engine in UNTRACEABLE:
-        engine_fit.untraced = UNTRACEABLE.get(engine_fit.engine, COMPILED_UNTRACED)
+    untraceable = combination_of(model_file, engine_fit.engine).untraceable
+    if untraceable is not None:
+        engine_fit.untraced = untraceable
         return
     try:
         model, traced = trace_model([(v, total) for v, total, _ in engine_fit.points],

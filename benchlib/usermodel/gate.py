@@ -259,13 +259,21 @@ def measure_step(model: str | Path, engine: str = "torch", *, params: dict | Non
     from benchlib.usermodel import declare_model_files  # torch and the model file: beside the template's imports
 
     benchmark, (model_file,), form = declare_model_files([model])
-    if engine not in form.engines:
+    if not form.composes and engine not in form.engines:
         raise GateError(f"{engine!r} is not an engine of {model_file.path.name}'s form; valid: {', '.join(form.engines)}")
+    if form.composes:
+        from benchlib.engines.techniques import CombinationError
+        from benchlib.usermodel.case import combination_of
+
+        try:
+            combination_of(model_file, engine)
+        except CombinationError as error:
+            raise GateError(str(error)) from None
     values = benchmark.config({**(benchmark.quick if quick else {}), **(params or {})}).plain()
     values = {name: values[name] for name in model_file.parameters}
     if not target.is_cuda and not memray_available():
         raise GateError("a gate on CPU counts allocations with memray (Linux and macOS): pip install memray")
-    reason = form.plan(model_file, values, target).reasons.get(engine)
+    reason = form.plan(model_file, values, target, [engine], {}).reasons.get(engine)
     if reason is not None:
         raise GateError(f"{engine} does not apply to {model_file.path}: {reason}")
     with tempfile.TemporaryDirectory(prefix="benchlib-gate-") as gradients:

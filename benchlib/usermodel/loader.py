@@ -23,7 +23,7 @@ import re
 import sys
 import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ class ModelFile:
     parameters: dict[str, Any]
     quick: dict[str, Any]
     step: Callable | None = None  # the file's own training step (backward, clipping, schedulers...), if any
+    techniques: Mapping[str, type] = field(default_factory=dict)  # TECHNIQUES: the file's own step techniques
 
     def user_error(self, error: BaseException, function: str) -> str:
         return user_error(self.path, error, function)
@@ -218,7 +219,53 @@ def torch_form(path: Path, module) -> ModelFile:
     name, parameters, quick = declared(path, module)
     _check_signatures(path, module, parameters)
     return ModelFile(path, name, module.model, module.batch, module.loss, getattr(module, "optimizer", None),
-                     parameters, quick, getattr(module, "step", None))
+                     parameters, quick, getattr(module, "step", None), _techniques(path, module))
+
+
+def _techniques(path: Path, module) -> dict[str, type]:
+    """TECHNIQUES = {"name": TechniqueClass}: the file's own techniques, checked as the registry checks them."""
+    from benchlib.engines.techniques import CombinationError, technique_registry
+
+    own = getattr(module, "TECHNIQUES", {})
+    if not isinstance(own, Mapping):
+        raise refuse(path, f"TECHNIQUES must be a dict of name -> Technique subclass, got {type(own).__name__}")
+    try:
+        registry = technique_registry(own, f"{path}: TECHNIQUES")
+    except CombinationError as error:
+        raise ModelFileError(str(error)) from None
+    return {name: registry[name] for name in own}
+
+
+PRELOADED_ANYWAY = ("torch", "benchlib")  # a torch-form case's template imports them whatever the file imports
+
+
+def top_level_imports(path: Path) -> tuple[str, ...]:
+    """The installed packages `path` imports at its top level, found without running it (its own folder's
+    modules and anything not installed left out): what a fork template can import once for every trial."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return ()
+    names = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names += [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module.split(".")[0])
+    found = []
+    for name in dict.fromkeys(names):
+        if name in sys.builtin_module_names or name in PRELOADED_ANYWAY:
+            continue
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        origin = spec and (spec.origin or next(iter(spec.submodule_search_locations or ()), None))
+        if origin and "site-packages" in Path(origin).parts and Path(origin).parent != path.parent:
+            found.append(name)
+    return tuple(found)
 
 
 def read_model_file(path: str | Path) -> ModelFile:

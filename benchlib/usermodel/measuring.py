@@ -13,13 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchlib.benchmark import Config
-from benchlib.engines import case_imports, compiling
+from benchlib.engines import case_imports
+from benchlib.engines.techniques import (COMPILING, REFERENCE, SWEEP, BUILTIN, CombinationError, StepFacts,
+                                         TechniqueOptions, added_combinations, combine, technique_registry)
+from benchlib.engines.techniques.modules import stochastic_modules
 from benchlib.trials import Deadline, TrialLoop, TrialSettings, Unit
-from benchlib.engine_names import TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_MICROBATCH, TORCH_SAC
-from benchlib.usermodel.engines import (AUTOCAST_DTYPE, COMPILED, ENGINES, MICROBATCHES, REFERENCE,
-                                       REGROUPS_OPTIMIZER, SAC_SAVED_OPS, SWEEP_ENGINES, checkpoint_plan,
-                                       not_applicable, step_imports, stochastic_modules)
-from benchlib.usermodel.loader import ModelFile
+from benchlib.usermodel.loader import ModelFile, top_level_imports
 
 TARGET = "benchlib.usermodel.case:case"
 CASE = "step"
@@ -38,53 +37,81 @@ class Plan:
     params: dict = field(default_factory=dict)  # facts of the file at these values every record carries
     engine_dtypes: dict[str, str] = field(default_factory=dict)  # engine -> the dtype it computes in, where not
     # `dtype` (autocast): its records carry it, and its gradient is judged with that dtype's tolerance
+    regroups_optimizer: dict[str, str] = field(default_factory=dict)  # engine -> why its optimizer step is its own
 
 
 @dataclass(frozen=True)
 class Form:
     """What a model file's form gives the run: the child target, its engines (the reference runs
-    first) and `plan(model_file, values, device) -> Plan`."""
+    first) and `plan(model_file, values, device, engines, options) -> Plan`."""
 
     target: str
-    engines: tuple[str, ...]
+    engines: tuple[str, ...]  # its engines; in the torch form, the techniques measured alone by default
     reference: str
-    plan: Callable[[Any, dict, Any], Plan]
+    plan: Callable[..., Plan]
     torch_categories: bool = False  # its child can add torch.profiler's categories (with `attribute`)
-    imports: Callable[[Any, str], tuple[str, ...]] = lambda model_file, engine: ()  # what (model file, engine)'s
-    # step imports beyond its array library the first time it runs: its fork template preloads them
+    imports: Callable[[Any, str, dict], tuple[str, ...]] = lambda model_file, engine, options: ()  # what (model
+    # file, engine)'s step imports beyond its array library the first time it runs: its fork template preloads them
     sweep_engines: tuple[str, ...] = ()  # engines a first look (--quick) and fit leave out unless named
     compiling_engines: tuple[str, ...] = ()  # engines whose set-up compiles (seconds a trial, more than a small
     # step's whole measurement): a first look leaves them out too unless named
+    composes: bool = False  # its engines are step techniques that join with "+" (`benchlib.engines.techniques`)
 
 
-def _torch_plan(model_file: ModelFile, values: dict, device) -> Plan:
+def technique_options(config: Config) -> dict:
+    """The run's technique settings (`-p microbatches`, `-p sac_saved_ops`) as a child receives them (JSON)."""
+    return TechniqueOptions(config.get("microbatches", TechniqueOptions.microbatches),
+                            tuple(config.get("sac_saved_ops", None) or ())).to_json()
+
+
+def _torch_plan(model_file: ModelFile, values: dict, device, engines, options: dict) -> Plan:
     model, _ = model_file.build(values)
     first = next(model.parameters(), None)
-    reasons = {engine: reason for engine in ENGINES
-               if (reason := not_applicable(engine, model, model_file.optimizer is not None,
-                                            model_file.step is not None, device.kind)) is not None}
+    registry = technique_registry(model_file.techniques)
+    facts = StepFacts(model_file.optimizer is not None, model_file.step is not None, device.kind)
+    reasons, params, dtypes, regroups = {}, {}, {}, {}
+    for engine in engines:
+        combination = combine(engine, registry, TechniqueOptions.from_json(options))
+        reason = combination.not_applicable(model, facts)
+        if reason is not None:
+            reasons[engine] = reason
+        params[engine] = combination.params(model)
+        if combination.computes_in:
+            dtypes[engine] = combination.computes_in
+        if combination.regroups_optimizer:
+            regroups[engine] = combination.regroups_optimizer
     stochastic = stochastic_modules(model)
-    sac = checkpoint_plan(model) or {}
-    return Plan(reasons, str(first.dtype).removeprefix("torch.") if first is not None else "float32",
-                {TORCH_CHECKPOINT: sac, TORCH_SAC: {**sac, "sac_saved_ops": list(SAC_SAVED_OPS)},
-                 TORCH_AUTOCAST: {"autocast": AUTOCAST_DTYPE, "update_compared": False}, TORCH_MICROBATCH: {"microbatches": MICROBATCHES, "update_compared": False},
-                 **{engine: {"compile_backend": str(compiling.COMPILE_BACKEND), "activation_memory_budget": budget,
-                             "update_compared": False} for engine, budget in COMPILED.items()}},
-                {"stochastic_modules": stochastic} if stochastic else {},
-                engine_dtypes={TORCH_AUTOCAST: AUTOCAST_DTYPE})
+    return Plan(reasons, str(first.dtype).removeprefix("torch.") if first is not None else "float32", params,
+                {"stochastic_modules": stochastic} if stochastic else {}, engine_dtypes=dtypes,
+                regroups_optimizer=regroups)
 
 
-def _torch_imports(model_file: ModelFile, engine: str) -> tuple[str, ...]:
-    return step_imports(engine, model_file.optimizer is not None)
+def _torch_imports(model_file: ModelFile, engine: str, options: dict) -> tuple[str, ...]:
+    combination = combine(engine, technique_registry(model_file.techniques), TechniqueOptions.from_json(options))
+    return combination.imports(model_file.optimizer is not None) + top_level_imports(model_file.path)
 
 
-TORCH_FORM = Form(TARGET, ENGINES, REFERENCE, _torch_plan, torch_categories=True, sweep_engines=SWEEP_ENGINES,
-                  compiling_engines=tuple(COMPILED), imports=_torch_imports)
+TORCH_FORM = Form(TARGET, tuple(BUILTIN), REFERENCE, _torch_plan, torch_categories=True, sweep_engines=SWEEP,
+                  compiling_engines=COMPILING, imports=_torch_imports, composes=True)
 
 
-def preload(form: Form, model_file, engine: str, device) -> tuple[str, ...]:
+def run_engines(form: Form, config: Config, model_file) -> tuple[list[str], list[str]]:
+    """The engines a run measures, the reference first: the named ones (`-p engines`), then, for a form whose
+    engines compose, the combinations `-p combinations` adds; and which of them were added (they are left out
+    where they do not apply, not recorded as not applicable)."""
+    if not form.composes:
+        return [engine for engine in form.engines if engine in config.engines], []
+    registry = technique_registry(model_file.techniques)
+    named = list(dict.fromkeys(combine(engine, registry).name for engine in config.engines))  # the registry's order
+    if form.reference in named:
+        named.insert(0, named.pop(named.index(form.reference)))
+    added = added_combinations(config.get("combinations", "none"), registry, named)
+    return named + added, added
+
+
+def preload(form: Form, model_file, engine: str, device, options: dict | None = None) -> tuple[str, ...]:
     """What a fork template preloads for `engine`'s cases of `model_file`: all its set-up and first step import."""
-    return tuple(dict.fromkeys(case_imports(engine, device) + form.imports(model_file, engine)))
+    return tuple(dict.fromkeys(case_imports(engine, device) + form.imports(model_file, engine, options or {})))
 
 
 def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config, device,
@@ -98,38 +125,42 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
     from benchlib.measure.cuda_snapshot import snapshot_path
 
     first = next(iter(versions.values()))
-    prepare_isolation(IsolationOptions(preload=preload(form, first, form.reference, device)))  # beside the plans
+    options = technique_options(config) if form.composes else {}
+    prepare_isolation(IsolationOptions(preload=preload(form, first, form.reference, device, options)))  # beside the plans
     values = {name: config.plain()[name] for name in first.parameters}
     trials, name = config.trials, first.name
-    engines = [engine for engine in form.engines if engine in config.engines]
+    engines, added = run_engines(form, config, first)
     several = len(versions) > 1
-    sac_saved_ops = config.get("sac_saved_ops")  # the torch form's SAC policy (`-p sac_saved_ops=mm,addmm`)
-    engine_options = {TORCH_SAC: {"sac_saved_ops": list(sac_saved_ops)}} if sac_saved_ops is not None else {}
     cases = {version: version if several else CASE for version in versions}
     loop = TrialLoop(TrialSettings(trials=trials, precision=float(config.get("precision", 0.0)),
                                    order_seed=ORDER_SEED, reference=form.reference), progress)
-    units, labels = [], {}
+    units, labels, left_out = [], {}, {}
     for version, model_file in versions.items():
         base = {**values, "file": str(model_file.path), **({"version": version} if several else {}),
                 "trials": trials, "order_seed": ORDER_SEED, "warmup": WARMUP, "steps": STEPS}
         status = "not applicable"
         try:
-            plan = form.plan(model_file, values, device)
+            plan = form.plan(model_file, values, device, engines, options)
         except Exception as error:  # the user's code fails at these values: every case fails alike
             message = model_file.user_error(error, "building the case (at the run's values)")
             status, plan = "failed", Plan(dict.fromkeys(engines, message), "float32", {})
         base.update(plan.params)
         for engine in engines:
+            if engine in added and engine in plan.reasons and status != "failed":
+                left_out.setdefault(engine, plan.reasons[engine])  # an added combination that does not apply
+                continue
             labels[version, engine] = dict(benchmark=name, case=cases[version], engine=engine, device=device.name,
                                            dtype=plan.engine_dtypes.get(engine, plan.dtype))
             unit = Unit(group=version, engine=engine, labels=labels[version, engine], params=base,
                         name=f"{name} {version}" if several else name,
-                        trial_params={**plan.engine_params.get(engine, {}), **engine_options.get(engine, {})},
-                        regroups_optimizer=REGROUPS_OPTIMIZER.get(engine))
+                        trial_params=plan.engine_params.get(engine, {}),
+                        regroups_optimizer=plan.regroups_optimizer.get(engine))
             if engine in plan.reasons:
                 loop.note(unit, status, plan.reasons[engine])
             else:
                 units.append(unit)
+    for engine, reason in left_out.items():
+        progress(f"{name} {engine}: left out of the combinations this run adds ({reason})")
     track = device.is_cuda or memray_available()
     attribute = bool(config.get("attribute", False))
     attributions: dict[tuple[str, str], dict] = {}
@@ -142,12 +173,12 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
         snapshot = snapshot_path(case_name, device) if trial == 0 else None
         return benchlib.measure.run_isolated(
             form.target, {"path": str(versions[unit.group].path), "engine": unit.engine, "values": values,
-                          "gradient_dir": gradient_dir, **engine_options.get(unit.engine, {}),
+                          "gradient_dir": gradient_dir, **({"options": options} if form.composes else {}),
                           **({"categories": True} if traced and form.torch_categories else {})},
             name=case_name, device=device.name,
             options=IsolationOptions(warmup=WARMUP, repeats=STEPS, track_allocations=track, timeline=False,
                                      attribute=traced, cuda_snapshot=snapshot,
-                                     preload=preload(form, versions[unit.group], unit.engine, device)))
+                                     preload=preload(form, versions[unit.group], unit.engine, device, options)))
 
     def keep(unit: Unit, trial: int, result) -> None:
         if result.measurement.attribution is not None:

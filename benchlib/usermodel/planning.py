@@ -22,7 +22,7 @@ import tempfile
 import threading
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ class FileFacts:
     name: str
     parameters: dict[str, Any]
     quick: dict[str, Any]
+    techniques: dict[str, list[str]] = field(default_factory=dict)  # its own TECHNIQUES: name -> aspects changed
 
 
 def _measure_reading(paths: Sequence[str], *args, **kwargs):
@@ -57,7 +58,9 @@ def _facts(group: Sequence[str]) -> dict:
 
     _, files, _ = declare_model_files(group)
     return {"arrays": isinstance(files[0], ArrayModelFile),
-            "files": [{"path": str(f.path), "name": f.name, "parameters": f.parameters, "quick": f.quick}
+            "files": [{"path": str(f.path), "name": f.name, "parameters": f.parameters, "quick": f.quick,
+                       "techniques": {name: [aspect.name for aspect in technique.changes]
+                                      for name, technique in getattr(f, "techniques", {}).items()}}
                       for f in files]}
 
 
@@ -147,7 +150,7 @@ def declare_in_child(groups: Sequence[Sequence[str]]) -> list[Benchmark | ModelF
             continue
         from benchlib.usermodel.declare import declaration  # torch and the figures: only for a file that passed
 
-        files = [FileFacts(Path(f["path"]), f["name"], f["parameters"], f["quick"]) for f in outcome["files"]]
+        files = [FileFacts(Path(f["path"]), f["name"], f["parameters"], f["quick"], f["techniques"]) for f in outcome["files"]]
         answers.append(declaration(files, outcome["arrays"],
                                    functools.partial(_measure_reading, [str(f.path) for f in files])))
     return answers

@@ -19,13 +19,14 @@ from benchlib.report.page import SUMMARY_COLUMN
 from benchlib.analysis.stats import noise_flags, ratio_of_medians
 from benchlib.trials import DETERMINISTIC, GRAD_UNCHECKED_METRIC, MAX_TRIALS, PRECISION
 from benchlib.usermodel.arrays import ARRAY_ENGINES
-from benchlib.usermodel.engines import ENGINES
+from benchlib.engines.techniques import BUILTIN
 
-ENGINE_WIDTH = max(map(len, (*ENGINES, *ARRAY_ENGINES)))  # the engine column: every name fits
+ENGINE_WIDTH = max(map(len, (*BUILTIN, *ARRAY_ENGINES)))  # the engine column's least width (combinations widen it)
 
 # The roles a step allocates (in the peak above the baseline), by the words a summary line uses.
 STEP_ROLES = {SAVED_METRIC: "saved activations", GRADIENT_METRIC: "gradients"}
-ORDER = {engine: index for index, engine in enumerate(dict.fromkeys((*ENGINES, *ARRAY_ENGINES)))}  # either form's
+ORDER = {engine: index for index, engine in enumerate(dict.fromkeys((*BUILTIN, *ARRAY_ENGINES)))}  # either form's;
+# combinations and a file's own techniques follow, in the order they ran
 COLUMNS = ["version", "engine", "status", "trials", "peak_bytes", "peak_low", "peak_high", "peak_ratio", "peak_ratio_low",
            "peak_ratio_high", "tracked_peak_bytes", "stop", "largest_role", "largest_role_bytes", "time_s", "time_low", "time_high", COMPILE_COLUMN,
            GRAD_ERROR_METRIC, "peak_ratio_of", "peak_ratio_to", "reason", "fastest", SUMMARY_COLUMN]
@@ -89,7 +90,11 @@ def _whole_message(statuses: pd.DataFrame) -> str:
     return json.loads(statuses["params"].iloc[0]).get("message", "").strip() if len(statuses) else ""
 
 
-def _version_rows(records: pd.DataFrame, samples: dict, prefix: str) -> list[dict]:
+def _order(engine: str) -> int:
+    return ORDER.get(engine, len(ORDER))
+
+
+def _version_rows(records: pd.DataFrame, samples: dict, prefix: str, width: int) -> list[dict]:
     """Per engine of one version: peak above the baseline with its 95% interval over trials, the tracked
     peak (the allocators' count, byte-exact), the ratio to the engine with the lowest peak (with interval),
     the step role that holds the most, time per step; or why it did not run. `summary` is the row as one line."""
@@ -106,7 +111,7 @@ def _version_rows(records: pd.DataFrame, samples: dict, prefix: str) -> list[dic
             reason = _whole_message(statuses)
             message = reason.splitlines()[0] if reason else ""
             rows.append({"engine": engine, "status": status, "trials": 0, "reason": reason,
-                         SUMMARY_COLUMN: f"{prefix}{engine:<{ENGINE_WIDTH}} {status.replace('_', ' ')}: {message}"})
+                         SUMMARY_COLUMN: f"{prefix}{engine:<{width}} {status.replace('_', ' ')}: {message}"})
             continue
         metrics = samples[engine]
         peak, low, high = median_with_interval(metrics["peak_bytes"])
@@ -131,7 +136,7 @@ def _version_rows(records: pd.DataFrame, samples: dict, prefix: str) -> list[dic
         stop, stop_words = _stop_text(group)
         reason = _whole_message(statuses)
         failure = reason.splitlines()[0] if reason else ""
-        line = (f"{prefix}{engine:<{ENGINE_WIDTH}} peak +{format_bytes(int(peak))}{_bracket(low, high, lambda v: format_bytes(int(v)))}"
+        line = (f"{prefix}{engine:<{width}} peak +{format_bytes(int(peak))}{_bracket(low, high, lambda v: format_bytes(int(v)))}"
                 + ("" if math.isnan(tracked) else f" (tracked {format_bytes(int(tracked))})")
                 + f"  {ratio_text}{role_text}  {format_seconds(time_s)}{_bracket(time_low, time_high, format_seconds)}/step"
                 + _noise_words(metrics["time"])
@@ -147,15 +152,15 @@ def _version_rows(records: pd.DataFrame, samples: dict, prefix: str) -> list[dic
                      "peak_ratio_of": "tracked peak" if peak_metric == TRACKED else "peak",
                      "peak_ratio_to": best if comparable else "",
                      "reason": reason, SUMMARY_COLUMN: line})
-    return sorted(rows, key=lambda row: ORDER.get(row["engine"], len(ORDER)))
+    return sorted(rows, key=lambda row: _order(row["engine"]))
 
 
-def _versus(samples: dict, version: str, baseline: str) -> list[dict]:
+def _versus(samples: dict, version: str, baseline: str, width: int) -> list[dict]:
     """Per engine measured in both: `version`'s peak over `baseline`'s, with its 95% interval."""
     rows = []
-    for engine in [engine for engine in ORDER if engine in samples[baseline] and engine in samples[version]]:
+    for engine in sorted((engine for engine in samples[baseline] if engine in samples[version]), key=_order):
         before, after = samples[baseline][engine]["peak_bytes"], samples[version][engine]["peak_bytes"]
-        what = f"{version} vs {baseline}: {engine:<{ENGINE_WIDTH}} peak ratio"
+        what = f"{version} vs {baseline}: {engine:<{width}} peak ratio"
         if not np.all(before > 0):
             rows.append({"version": f"{version} vs {baseline}", "engine": engine, "status": "comparison",
                          SUMMARY_COLUMN: f"{what}: none ({baseline}'s peak is 0: below the resolution)"})
@@ -168,7 +173,7 @@ def _versus(samples: dict, version: str, baseline: str) -> list[dict]:
     return rows
 
 
-def _frontier_rows(records: pd.DataFrame, version: str, prefix: str) -> list[dict]:
+def _frontier_rows(records: pd.DataFrame, version: str, prefix: str, width: int) -> list[dict]:
     """The answer to "which engine gets the step under a memory level, fastest?": the frontier engines
     (`frontier_frame`) from the lowest peak up, each the fastest of those that fit under its peak."""
     every = frontier_frame(records)
@@ -185,7 +190,7 @@ def _frontier_rows(records: pd.DataFrame, version: str, prefix: str) -> list[dic
         rows.append({"version": version, "status": "frontier", "trials": row.trials, "fastest": row.engine,
                      "peak_bytes": row.peak, "peak_low": row.peak_low, "peak_high": row.peak_high,
                      "time_s": row.time, "time_low": row.time_low, "time_high": row.time_high,
-                     SUMMARY_COLUMN: f"{prefix}  up to {format_bytes(int(row.peak)):>10}: {row.engine:<{ENGINE_WIDTH}} {time}"})
+                     SUMMARY_COLUMN: f"{prefix}  up to {format_bytes(int(row.peak)):>10}: {row.engine:<{width}} {time}"})
     return rows
 
 
@@ -194,6 +199,7 @@ def summary_table(records: pd.DataFrame) -> pd.DataFrame:
     engine under each memory level), then each later version against the first, engine by engine."""
     versions = list(dict.fromkeys(records["case"]))
     samples, rows = {}, []
+    width = max((ENGINE_WIDTH, *map(len, records["variant"].dropna().astype(str))))
     for version in versions:
         group = records[records["case"] == version]
         samples[version] = {}
@@ -202,8 +208,8 @@ def summary_table(records: pd.DataFrame) -> pd.DataFrame:
             if "time" in metrics and "peak_bytes" in metrics:
                 samples[version][engine] = metrics
         prefix = f"{version}: " if len(versions) > 1 else ""
-        rows += [{"version": version, **row} for row in _version_rows(group, samples[version], prefix)]
-        rows += _frontier_rows(group, version, prefix)
+        rows += [{"version": version, **row} for row in _version_rows(group, samples[version], prefix, width)]
+        rows += _frontier_rows(group, version, prefix, width)
     for version in versions[1:]:
-        rows += _versus(samples, version, versions[0])
+        rows += _versus(samples, version, versions[0], width)
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -25,7 +25,7 @@ from benchlib.engines import ENGINE_NAMES, get_engine
 from benchlib.trials.cases import Cases, EngineComparison, comparison_parameters, comparison_rules, compare_engines
 from benchlib.engines.gradients import save_gradient
 from benchlib.engines.namespaces import segmentation_params
-from benchlib.engine_names import BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, MANUAL_SEED, TORCH_COMPILE
+from benchlib.engine_names import BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, MANUAL_SEED
 from benchlib.engines.roles import role_gauge, tape_roles
 from benchlib.measure import Case, mark
 from benchlib.analysis.seed_verdicts import RatioRule
@@ -33,7 +33,7 @@ from benchlib.analysis.seed_verdicts import RatioRule
 SEED_SIZES = {"D": 1000, "depth": 100}
 # torch.compile runs when named: its compile in every fresh process (7-9 s at the seed's sizes) added 62 s to this
 # notebook's default run, and it saves what eager torch saves here (docs/techniques.md)
-DEFAULT_ENGINES = tuple(engine for engine in ENGINE_NAMES if engine != TORCH_COMPILE)
+DEFAULT_ENGINES = tuple(engine for engine in ENGINE_NAMES if not get_engine(engine).compiles)
 DATA_SEED = 0  # the seed of x and z: every engine differentiates the same data
 X_SCALING = "x = A·Aᵀ / λmax(A·Aᵀ), A standard normal (spectral norm 1); z standard normal"
 TARGET = "benchlib.workloads.dot_chain:case"
@@ -132,7 +132,7 @@ def z_stack_bytes(D: int, depth: int, dtype: str) -> int:
 
 def memory_required_bytes(engine: str, D: int, depth: int, dtype: str) -> int:
     """What a case needs: the stored z stack (twice over when contributions are kept) and a few buffers."""
-    stored = 2.2 if engine == BENCHLIB_DEFERRED else 1.2  # checkpointing engines need less: an upper bound
+    stored = 2.2 if get_engine(engine).keeps_contributions else 1.2  # checkpointing engines need less: an upper bound
     return int(D * D * np.dtype(dtype).itemsize * (stored * depth + 8))
 
 

@@ -32,8 +32,7 @@ from benchlib.trials.cases import (DATA_DTYPE, Cases, EngineComparison, comparis
                                    compare_engines)
 from benchlib.engines.gradients import save_gradient
 from benchlib.engines.namespaces import segmentation_params
-from benchlib.engine_names import (AUTOGRAD, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, MANUAL_SEED, TORCH,
-                                   TORCH_AUTOCAST, TORCH_COMPILE)
+from benchlib.engine_names import AUTOGRAD, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, MANUAL_SEED, TORCH
 from benchlib.engines.roles import role_gauge, tape_roles
 from benchlib.measure import MALLOC_POLICIES, Case, mark
 from benchlib.analysis.seed_verdicts import RatioRule, SlopeRule
@@ -42,7 +41,8 @@ SEED_SIZES = {"batch": 16, "hidden": 1024, "T": 50}
 # Not run unless named: under autocast to bfloat16 the seed's RNN (weights of scale 0.01) loses whole gradients
 # (Wout's is 0 at small sizes), so it fails the gradient check at every T (tests/test_chain_techniques.py); and
 # torch.compile, whose compile in every fresh process added 67 s to this notebook's default run (docs/techniques.md)
-DEFAULT_ENGINES = tuple(engine for engine in ENGINE_NAMES if engine not in (TORCH_AUTOCAST, TORCH_COMPILE))
+DEFAULT_ENGINES = tuple(engine for engine in ENGINE_NAMES
+                        if not (get_engine(engine).compiles or get_engine(engine).lowers_to))
 DATA_SEED = 0  # the seed of the weights and inputs: every engine differentiates the same data
 TARGET = "benchlib.workloads.rnn:case"
 WEIGHTS = ("W", "b", "Wout", "bout")
@@ -301,7 +301,7 @@ def memory_required_bytes(engine: str, batch: int, hidden: int, T: int, dtype: s
     itemsize = np.dtype(dtype).itemsize
     weight = hidden * hidden * itemsize
     states = T * batch * hidden * itemsize * 8
-    kept = T * weight if engine == BENCHLIB_DEFERRED else 0
+    kept = T * weight if get_engine(engine).keeps_contributions else 0
     return int(6 * weight + states + kept)
 
 
@@ -367,7 +367,7 @@ def run(config: Config, device="auto", *, timeout_s: float = 600, progress=print
         memory_required=lambda engine, params: memory_required_bytes(engine, batch, hidden, params["T"], dtype),
         describe={"model_description": MODELS[model], "seed": DATA_SEED},
         engine_params=lambda engine, params: segmentation_params(engine, chain_steps(model, params["T"])),
-        not_applicable=lambda engine: (None if engine != MANUAL_SEED or model in SEED_GRADIENT_MODELS else
+        not_applicable=lambda engine: (None if not get_engine(engine).seed_written or model in SEED_GRADIENT_MODELS else
                                        f"model {model!r} has no seed-written gradient (only "
                                        f"{', '.join(SEED_GRADIENT_MODELS)} does)"))
     return compare_engines(cases, config, device=device, timeout_s=timeout_s, progress=progress, results=results)

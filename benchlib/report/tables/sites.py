@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from benchlib.engine_names import REFERENCE
 from benchlib.units import format_bytes, format_count
 from benchlib.analysis.sites import ALL_SITES, NATIVE_SITE, attribution_cost, diff_table, own_first, site_table
 
@@ -31,7 +32,7 @@ def _signed_bytes(value: float) -> str:
 
 def _engines_first(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows by engine: eager torch (the reference) first, then the others by name; order kept within one."""
-    key = frame["variant"].map(lambda engine: (engine != "torch", engine))
+    key = frame["variant"].map(lambda engine: (engine != REFERENCE, engine))
     return frame.assign(_key=key).sort_values("_key", kind="stable").drop(columns="_key")
 
 

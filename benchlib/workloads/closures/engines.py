@@ -32,9 +32,9 @@ class CompileCounter:
         return self._compile(graph_module, example_inputs)
 
     def wrap(self, fn: Callable) -> Callable:
-        import torch
+        from benchlib.engines.compiling import compiled
 
-        return torch.compile(fn, backend=self)
+        return compiled(fn, backend=self)
 
     @staticmethod
     def cache_entries(code: CodeType) -> int:

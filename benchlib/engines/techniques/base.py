@@ -1,0 +1,259 @@
+"""The interface every step technique implements, and how techniques join into one step.
+
+A technique is one class: it declares which parts of a training step it changes (`Aspect`), what it
+needs, what it imports, whether a fake-tensor trace can follow it, and when it does not apply; at run
+time it prepares the step and lends it a forward context, a batch split, an optimizer or its own way
+to differentiate. Techniques join with `+` (`torch-autocast+torch-checkpoint`): two that change the
+same exclusive aspect cannot, nor a pair one of them refuses (`Technique.refuses`). A `Combination`
+is what a step runs, one technique or several; its facts are its parts' facts, joined.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from benchlib.engine_names import COMBINED, TORCH
+
+if TYPE_CHECKING:
+    import torch
+
+    from benchlib.engines.techniques.step import Step
+
+
+class Aspect(str, Enum):
+    """A part of a training step a technique changes. Forward contexts stack; every other aspect has
+    one owner in a combination."""
+
+    FORWARD = "the forward's context"
+    SAVING = "what backward saves"
+    BATCH = "how the batch is split"
+    OPTIMIZER = "the optimizer step"
+    GRADIENT = "how the gradient is computed"
+
+    @property
+    def exclusive(self) -> bool:
+        return self is not Aspect.FORWARD
+
+
+class Need(str, Enum):
+    """What a technique needs of a model file or device."""
+
+    OPTIMIZER = "an optimizer(parameters)"
+    CUDA = "a CUDA device"
+    FLOAT32 = "float32 parameters"
+
+
+@dataclass(frozen=True)
+class TechniqueOptions:
+    """The run's settings techniques read (`-p microbatches=K`, `-p sac_saved_ops=...`)."""
+
+    microbatches: int = 4
+    sac_saved_ops: tuple[str, ...] = ()  # empty: torch-sac's default policy
+
+    def to_json(self) -> dict:
+        return {"microbatches": self.microbatches, "sac_saved_ops": list(self.sac_saved_ops)}
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> TechniqueOptions:
+        data = data or {}
+        return cls(int(data.get("microbatches", cls.microbatches)), tuple(data.get("sac_saved_ops") or ()))
+
+
+@dataclass(frozen=True)
+class StepFacts:
+    """What a technique may ask of a model file before its step is built."""
+
+    has_optimizer: bool
+    has_step: bool  # the file defines its own step(model, optimizer, *batch)
+    device_kind: str
+
+
+class Technique:
+    """One way of changing a training step. Subclasses set the class attributes and override the hooks
+    they need; everything else behaves as eager torch (`loss(model, *batch).backward()`, then the
+    file's optimizer). A model file's `TECHNIQUES = {"name": Class}` adds its own (docs/techniques.md)."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    changes: ClassVar[frozenset[Aspect]] = frozenset()
+    needs: ClassVar[frozenset[Need]] = frozenset()
+    imports: ClassVar[tuple[str, ...]] = ()  # modules its set-up or first step imports beyond torch
+    untraceable: ClassVar[str | None] = None  # why a fake-tensor trace cannot follow its step; None: it can
+    computes_in: ClassVar[str | None] = None  # the dtype its step computes in, where not the model's (autocast)
+    regroups_optimizer: ClassVar[str | None] = None  # why its optimizer step is not the file's, where it replaces it
+    observes_gradients: ClassVar[bool] = False  # it hands each complete gradient to `step.observer` itself
+    hides_saved: ClassVar[str | None] = None  # why saved-tensor hooks cannot see what its backward saves
+    runs_file_step: ClassVar[bool] = False  # it can run a file's own step(model, optimizer, *batch) as written
+
+    def __init__(self, options: TechniqueOptions = TechniqueOptions()):
+        self.options = options
+
+    def not_applicable(self, model: torch.nn.Module, facts: StepFacts) -> str | None:
+        """Why this technique cannot run this model's step, beyond its `needs`; None when it can."""
+        return None
+
+    def refuses(self, other: Technique) -> str | None:
+        """Why this technique cannot join `other` beyond a shared aspect; None when it can."""
+        return None
+
+    def params(self, model: torch.nn.Module) -> dict:
+        """What its records carry of how it ran on `model` (its checkpointed modules, its dtype)."""
+        return {}
+
+    def prepare(self, step: Step) -> None:
+        """Change `step` at set-up: wrap modules, split the batch, make optimizers, compile."""
+
+    def forward_context(self, step: Step) -> AbstractContextManager:
+        """The context the forward pass runs in (autocast, a saved-tensor hook)."""
+        return nullcontext()
+
+    def differentiate(self, step: Step, batch: tuple, scale: float) -> None:
+        """The gradient of one (micro-)batch into the parameters' `.grad`, called on the technique owning
+        GRADIENT: autograd's backward of `step.forward` unless it overrides this (torch.func)."""
+        backward(step, batch, scale)
+
+    def limit(self, error: BaseException) -> str | None:
+        """Where `error` is this technique's own limit (torch says it cannot), why it does not apply."""
+        return None
+
+
+def backward(step: Step, batch: tuple, scale: float) -> None:
+    """Eager autograd's gradient of one (micro-)batch, its loss scaled to the whole batch's."""
+    loss = step.forward(*batch)
+    (loss * scale if scale != 1.0 else loss).backward()
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+class CombinationError(ValueError):
+    """A technique name that is not one, or techniques that cannot join; the message says what is valid."""
+
+
+@dataclass(frozen=True)
+class Combination:
+    """The techniques one step runs, in the registry's order (its name is theirs joined by `+`)."""
+
+    parts: tuple[Technique, ...]
+
+    @property
+    def name(self) -> str:
+        return COMBINED.join(part.name for part in self.parts)
+
+    @property
+    def combined(self) -> bool:
+        return len(self.parts) > 1
+
+    def owner(self, aspect: Aspect) -> Technique | None:
+        return next((part for part in self.parts if aspect in part.changes), None)
+
+    def _first(self, attribute: str) -> Any:
+        return next((value for part in self.parts if (value := getattr(part, attribute)) is not None), None)
+
+    @property
+    def untraceable(self) -> str | None:
+        return self._first("untraceable")
+
+    @property
+    def computes_in(self) -> str | None:
+        """The dtype its gradient is judged in: of its parts' dtypes, the one with the loosest tolerance."""
+        from benchlib.engines.gradients import gradient_tolerance
+
+        dtypes = [part.computes_in for part in self.parts if part.computes_in is not None]
+        return max(dtypes, key=lambda dtype: gradient_tolerance(dtype) or 0.0, default=None)
+
+    @property
+    def regroups_optimizer(self) -> str | None:
+        return self._first("regroups_optimizer")
+
+    @property
+    def hides_saved(self) -> str | None:
+        return self._first("hides_saved")
+
+    @property
+    def observes_gradients(self) -> bool:
+        return any(part.observes_gradients for part in self.parts)
+
+    def imports(self, has_optimizer: bool) -> tuple[str, ...]:
+        """What its step imports beyond torch the first time it runs (torch.optim imports the dynamo stack)."""
+        from benchlib.engines import DYNAMO
+
+        found = [name for part in self.parts for name in part.imports] + ([DYNAMO] if has_optimizer else [])
+        return tuple(dict.fromkeys(found))
+
+    def not_applicable(self, model: torch.nn.Module, facts: StepFacts) -> str | None:
+        """Why this step cannot run on `model` (the first part that cannot, named where there are several)."""
+        for part in self.parts:
+            reason = _needs_missing(part, model, facts) or part.not_applicable(model, facts)
+            if reason is None and facts.has_step and not part.runs_file_step:
+                reason = (f"the file's step(model, optimizer, *batch) runs its own forward and backward (and its "
+                          f"optimizer's step); {part.name} ({part.description}) cannot run that step as written")
+            if reason is not None:
+                return f"{part.name}: {reason}" if self.combined else reason
+        return None
+
+    def params(self, model: torch.nn.Module) -> dict:
+        params: dict = {"techniques": [part.name for part in self.parts]} if self.combined else {}
+        for part in self.parts:
+            params.update(part.params(model))
+        return params
+
+    def limit(self, error: BaseException) -> str | None:
+        """Why the step does not apply, where `error` is one of its techniques' limits."""
+        for part in self.parts:
+            reason = part.limit(error)
+            if reason is not None:
+                return f"{part.name}: {reason}" if self.combined else reason
+        return None
+
+
+def _needs_missing(part: Technique, model: torch.nn.Module, facts: StepFacts) -> str | None:
+    if Need.OPTIMIZER in part.needs and not facts.has_optimizer:
+        return f"the file declares no optimizer(parameters): {part.name} needs {Need.OPTIMIZER.value}"
+    if Need.CUDA in part.needs and facts.device_kind != "cuda":
+        return f"{part.name} needs {Need.CUDA.value} ({part.description})"
+    if Need.FLOAT32 in part.needs:
+        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+        if dtype is not None and str(dtype) != "torch.float32":
+            return (f"{part.name} needs {Need.FLOAT32.value} ({part.description}); this model's parameters are "
+                    f"{str(dtype).removeprefix('torch.')}")
+    return None
+
+
+def refusal(first: Technique, second: Technique) -> str | None:
+    """Why two techniques cannot join in one step, or None."""
+    shared = [aspect for aspect in first.changes & second.changes if aspect.exclusive]
+    if shared:
+        what = ", ".join(sorted(aspect.value for aspect in shared))
+        return f"{first.name} and {second.name} both change {what}"
+    return first.refuses(second) or second.refuses(first)
+
+
+def combine(name: str, registry: dict[str, type[Technique]], options: TechniqueOptions = TechniqueOptions()
+            ) -> Combination:
+    """The combination `name` names (techniques joined by `+`), in the registry's order, or CombinationError
+    saying what is valid."""
+    names = [part.strip() for part in name.split(COMBINED)]
+    unknown = [part for part in names if part not in registry]
+    if unknown or not names:
+        raise CombinationError(f"{name!r}: {', '.join(map(repr, unknown))} is no technique; valid: "
+                               f"{', '.join(registry)}, or several joined by '{COMBINED}' "
+                               f"(e.g. torch-autocast{COMBINED}torch-checkpoint)")
+    if len(names) > 1 and TORCH in names:
+        raise CombinationError(f"{name!r}: {TORCH} is the eager step every technique changes; join the others alone")
+    if len(set(names)) < len(names):
+        raise CombinationError(f"{name!r} names a technique twice")
+    order = list(registry)
+    parts = tuple(registry[part](options) for part in sorted(names, key=order.index))
+    for index, first in enumerate(parts):
+        for second in parts[index + 1:]:
+            reason = refusal(first, second)
+            if reason is not None:
+                raise CombinationError(f"{name!r} cannot run as one step: {reason}")
+    return Combination(parts)
+
