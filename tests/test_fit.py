@@ -80,7 +80,7 @@ def test_the_best_engine_fits_the_largest_value_and_the_others_say_what_they_giv
 @pytest.mark.parametrize("argv, message", [
     (["--memory", "lots", "--scale", "n"], "not a memory size"),
     (["--memory", "1 GB", "--scale", "batch"], "'batch' is not a parameter of tiny.py; its parameters: width, n"),
-    (["--memory", "1 GB", "--scale", "n", "--engines", "torch,jax"], "unknown engine(s) jax"),
+    (["--memory", "1 GB", "--scale", "n", "--engines", "torch,jax"], "--engines: 'jax' is no technique; valid: torch"),
     (["--memory", "1 GB", "--scale", "n", "-p", "n=2"], "only 2 distinct values"),
 ])
 def test_bad_input_is_refused_with_exit_2_before_anything_is_measured(tmp_path, monkeypatch, capsys, argv, message):

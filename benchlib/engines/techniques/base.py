@@ -241,7 +241,8 @@ def combine(name: str, registry: dict[str, type[Technique]], options: TechniqueO
     names = [part.strip() for part in name.split(COMBINED)]
     unknown = [part for part in names if part not in registry]
     if unknown or not names:
-        raise CombinationError(f"{name!r}: {', '.join(map(repr, unknown))} is no technique; valid: "
+        where = "" if unknown == [name] else f"{name!r}: "
+        raise CombinationError(f"{where}{', '.join(map(repr, unknown))} is no technique; valid: "
                                f"{', '.join(registry)}, or several joined by '{COMBINED}' "
                                f"(e.g. torch-autocast{COMBINED}torch-checkpoint)")
     if len(names) > 1 and TORCH in names:
