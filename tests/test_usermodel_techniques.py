@@ -282,3 +282,19 @@ def test_a_non_finite_loss_leaves_micro_batches_to_fail_as_every_engine_does_not
     assert microbatch_scale(model, nan_loss, batch, chunks) == 0.25  # before: "not applicable: ... (nan) is neither the mean"
     assert microbatch_scale(model, lambda model, x: model(x).mean(), batch, chunks) == 0.25
     assert microbatch_scale(model, lambda model, x: model(x).sum(), batch, chunks) == 1.0
+
+
+def test_micro_batches_apply_to_a_block_that_drops_out_inside_its_own_kernel():
+    # transformers' attention passes its dropout probability to scaled_dot_product_attention while it is in
+    # training mode: no dropout module to turn off, so the scale check quiets every module but batch norms
+    class KernelDropout(nn.Module):
+        def forward(self, x):
+            return nn.functional.dropout(x, 0.5, self.training)
+
+    model = nn.Sequential(nn.Linear(8, 16), KernelDropout(), nn.Linear(16, 3))
+    batch = data(12)
+    assert microbatch_scale(model, mean_loss, batch, split_batch(batch, 4)) == 0.25
+    assert all(module.training for module in model.modules())  # left as it was
+    norm = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), KernelDropout(), nn.Linear(16, 3))
+    with pytest.raises(NotApplicable, match="statistics of the whole batch"):
+        microbatch_scale(norm, mean_loss, batch, split_batch(batch, 4))

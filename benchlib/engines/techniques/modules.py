@@ -177,21 +177,24 @@ def microbatch_scale(model: torch.nn.Module, loss: Callable, batch: tuple, chunk
     """What each micro-batch's loss is multiplied by so that the accumulated gradient is the full batch's:
     1/k when the batch's loss is the mean of its k micro-batches' losses, 1 when it is their sum, else
     NotApplicable (the loss uses statistics of the whole batch, BatchNorm's say). Checked once, without
-    gradients, dropout off, the random stream and the model's buffers left as they were."""
+    gradients and without random draws: every module but the batch-statistics norms in evaluation mode (an
+    attention block passes its dropout to its kernel only in training mode), the random stream and the
+    model's buffers left as they were."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
     from benchlib.measure.case_child import NotApplicable
 
-    stochastic = set(stochastic_modules(model))
-    dropping = [module for name, module in model.named_modules() if (name or type(module).__name__) in stochastic]
+    quieted = [module for module in model.modules() if module.training and not isinstance(module, _BatchNorm)]
     buffers = [(buffer, buffer.clone()) for buffer in model.buffers()]
     try:
-        for module in dropping:
-            module.train(False)
+        for module in quieted:
+            module.training = False  # this module alone: train(False) would reach its batch-norm children
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             whole = float(loss(model, *batch))
             parts = [float(loss(model, *chunk)) for chunk in chunks]
     finally:
-        for module in dropping:
-            module.train(True)
+        for module in quieted:
+            module.training = True
         for buffer, saved in buffers:
             buffer.copy_(saved)
     total, count = sum(parts), len(parts)
