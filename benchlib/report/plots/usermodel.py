@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from benchlib.engine_names import COMBINED
 from benchlib.analysis.compare import trial_values
 from benchlib.report.plots.common import apply_layout, engine_color
 from benchlib.report.plots.gradients import MB, _annotate, _status_notes
@@ -24,8 +25,14 @@ ROLES = (("role_parameter_bytes", "parameters (held before the step)", "#9ecae9"
 
 
 def _x(frame: pd.DataFrame, several: bool) -> list:
-    """Engines on the x axis, grouped under their version when there are several."""
-    return [frame["case"].tolist(), frame["engine"].tolist()] if several else frame["engine"].tolist()
+    """Engines on the x axis (a combination one technique a line), grouped under their version when there are
+    several."""
+    engines = [_lines(engine) for engine in frame["engine"]]
+    return [frame["case"].tolist(), engines] if several else engines
+
+
+def _lines(engine: str) -> str:
+    return engine.replace(COMBINED, f"{COMBINED}<br>")
 
 
 def _whose(records: pd.DataFrame) -> str:
@@ -106,6 +113,7 @@ def frontier(records: pd.DataFrame) -> go.Figure:
 
     table = frontier_frame(records)
     several = table["case"].nunique() > 1
+    right = np.nanmax(np.fmax(table["time_high"].to_numpy(float), table["time"].to_numpy(float))) if len(table) else 1.0
     fig = go.Figure()
     for index, (case, part) in enumerate(table.groupby("case", sort=False)):
         line = part[part["pareto"]].sort_values("peak")
@@ -119,7 +127,10 @@ def frontier(records: pd.DataFrame) -> go.Figure:
             label = row.engine + ("" if row.checked else " (gradient not checked)")
             fig.add_trace(go.Scatter(  # the answer's engines are named on the plot, every engine in the legend
                 x=[row.time * 1e3], y=[row.peak / MB], mode="markers+text" if row.pareto else "markers",
-                text=[row.engine], textposition="top right", name=f"{case}: {label}" if several else label,
+                # a combination's name one technique a line; names of points on the right half read leftwards
+                text=[_lines(row.engine)],
+                textposition="top left" if row.time > right / 2 else "top right",
+                name=f"{case}: {label}" if several else label,
                 marker=dict(size=12, color=marker_color if row.pareto else "white",
                             line=dict(color=marker_color, width=2), symbol="circle" if row.checked else "x"),
                 error_x=dict(type="data", array=[_half(row.time_high, row.time) * 1e3],
@@ -131,7 +142,6 @@ def frontier(records: pd.DataFrame) -> go.Figure:
     which = "tracked" if (table["peak_metric"] == TRACKED).any() else "resident"
     apply_layout(fig, title=_whose(records) + f"memory against time per step (median, 95% interval; {which} peak); filled: the frontier",
                  x_title="time per step (ms)", y_title=f"{which} peak above baseline (MB)", height=480)
-    right = np.nanmax(np.fmax(table["time_high"].to_numpy(float), table["time"].to_numpy(float))) if len(table) else 1.0
     fig.update_xaxes(range=[0, right * 1e3 * 1.25])  # room for the names right of the points
     fig.update_yaxes(rangemode="tozero")
     fig.update_layout(legend=dict(orientation="v", yanchor="top", y=1, xanchor="left", x=1.02))
