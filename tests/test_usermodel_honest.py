@@ -9,7 +9,7 @@ from benchlib.engine_names import (FUSED_OPTIMIZER, TORCH, TORCH_AUTOCAST, TORCH
                                    TORCH_COMPILE_BUDGETS)
 from benchlib.engines.gradients import max_relative_error
 from benchlib.measure import NotApplicable, resolve_device
-from benchlib.usermodel.case import _gradient, case
+from benchlib.usermodel.case import _gradient, _joint_update, case
 from benchlib.engines.techniques import Step
 from benchlib.engines.techniques.modules import checkpoint_plan, stochastic_modules
 from benchlib.usermodel.loader import read_model_file
@@ -126,6 +126,22 @@ def test_an_optimizer_that_couples_parameters_gives_fused_optimizer_another_upda
     assert max_relative_error(update, reference_update) > 1e-3  # clipped per parameter instead of by the global norm
     same, same_update = _gradient(model_file, TORCH_FUNC, {}, cpu)
     assert max_relative_error(same_update, reference_update) <= 1e-6
+    # the check the child makes: the file's optimizer stepped once on the same gradient, every parameter together
+    joint = _joint_update(model_file, {}, cpu, gradient)
+    assert max_relative_error(joint, reference_update) <= 1e-6 and max_relative_error(update, joint) > 1e-3
+
+
+def test_fused_optimizer_under_autocast_is_judged_on_its_own_gradient_not_on_roundings_amplified_by_adam(tmp_path):
+    # bfloat16 rounds the gradient; Adam moves an entry near zero by about lr whatever its size, so against eager
+    # torch's update benchlib new's example read "differs by 2"; against the file's AdamW on the same gradient the
+    # question is the regrouping alone
+    model_file = _file(tmp_path, CLIPPED.replace("return ClippedSGD(parameters, lr=0.1)",
+                                                 "return torch.optim.AdamW(parameters, lr=0.1)"))
+    cpu = resolve_device("cpu")
+    engine = f"{FUSED_OPTIMIZER}+{TORCH_AUTOCAST}"
+    checks = case(device=cpu, path=str(model_file.path), engine=engine, values={},
+                  gradient_dir=str(tmp_path)).check(None)
+    assert checks["update_max_rel_err"] <= 1e-6
 
 
 class _Block(torch.nn.Module):

@@ -225,7 +225,7 @@ def test_a_run_of_the_techniques_records_each_checked_or_not_applicable_and_ends
     assert (errors[[TORCH_SAC, TORCH_MICROBATCH, TORCH_COMPILE]] <= gradient_tolerance("float32")).all()
     assert (errors[TORCH_AUTOCAST] <= gradient_tolerance(AUTOCAST_DTYPE)).all()
     # only an engine that replaces the file's optimizer step has its update compared: these step the file's own
-    assert set(records[records["metric"] == "update_max_rel_err"]["variant"]) <= {TORCH}
+    assert records[records["metric"] == "update_max_rel_err"].empty
     printed = capsys.readouterr().out
     assert "fastest within a memory level" in printed
 

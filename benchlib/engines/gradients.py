@@ -64,7 +64,6 @@ def _as_float64(array) -> np.ndarray:
 
 
 UPDATE_ERROR_METRIC = "update_max_rel_err"
-UPDATE = "update"  # what `save_gradient(..., of=UPDATE)` saves: the update the optimizer's step made
 
 
 class NonFiniteGradient(ValueError):
@@ -81,24 +80,23 @@ def require_finite(gradient, names=None) -> None:
                                 f"{' ...' if len(bad) > 5 else ''}): the loss is not finite at these values, or overflows")
 
 
-def gradient_file(directory: str | os.PathLike, engine: str, of: str = "") -> Path:
-    """Where `engine`'s gradient (or, `of=UPDATE`, the update its step made) is saved in `directory`."""
-    return Path(directory) / f"{engine}{f'.{of}' if of else ''}.npz"
+def gradient_file(directory: str | os.PathLike, engine: str) -> Path:
+    """Where `engine`'s gradient is saved in `directory`."""
+    return Path(directory) / f"{engine}.npz"
 
 
-def save_gradient(gradient, directory: str | os.PathLike, engine: str, of: str = "") -> None:
-    """Save a gradient (one array or a tuple of them, NumPy or torch) as `<engine>.npz`, no pickle; with
-    `of=UPDATE`, the update the optimizer's step made, which the parent compares as it does gradients.
+def save_gradient(gradient, directory: str | os.PathLike, engine: str) -> None:
+    """Save a gradient (one array or a tuple of them, NumPy or torch) as `<engine>.npz`, no pickle.
 
     Called by a case's check in the isolation child, after the measurement.
     """
     arrays = {f"g{index}": Engine.to_numpy(leaf) for index, leaf in enumerate(_leaves(gradient))}
-    np.savez(gradient_file(directory, engine, of), **arrays)
+    np.savez(gradient_file(directory, engine), **arrays)
 
 
-def load_gradient(directory: str | os.PathLike, engine: str, of: str = "") -> list[np.ndarray]:
-    """The arrays `save_gradient` saved for `engine` (and `of`), in order."""
-    path = gradient_file(directory, engine, of)
+def load_gradient(directory: str | os.PathLike, engine: str) -> list[np.ndarray]:
+    """The arrays `save_gradient` saved for `engine`, in order."""
+    path = gradient_file(directory, engine)
     if not path.is_file():
         raise FileNotFoundError(f"no gradient saved for {engine!r} ({path}): the case's check must call "
                                 "benchlib.engines.gradients.save_gradient(result, gradient_dir, engine)")
@@ -106,11 +104,10 @@ def load_gradient(directory: str | os.PathLike, engine: str, of: str = "") -> li
         return [saved[f"g{index}"] for index in range(len(saved.files))]
 
 
-def saved_gradient_error(directory: str | os.PathLike, engine: str, reference: str = MANUAL, of: str = "",
+def saved_gradient_error(directory: str | os.PathLike, engine: str, reference: str = MANUAL,
                          floor: float | None = None) -> float:
-    """`max_relative_error` of `engine`'s saved gradient (or `of`) against `reference`'s."""
-    return max_relative_error(load_gradient(directory, engine, of), load_gradient(directory, reference, of),
-                              floor=floor)
+    """`max_relative_error` of `engine`'s saved gradient against `reference`'s."""
+    return max_relative_error(load_gradient(directory, engine), load_gradient(directory, reference), floor=floor)
 
 
 def max_relative_error(gradient, reference, floor: float | None = None) -> float:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from benchlib.engines.gradients import (GRAD_ERROR_METRIC, LOST_ARRAY, SEED_DEPENDENT_METRIC, UPDATE,
+from benchlib.engines.gradients import (GRAD_ERROR_METRIC, LOST_ARRAY, SEED_DEPENDENT_METRIC,
                                         UPDATE_ERROR_METRIC, WORST_ARRAY_METRIC, array_floor, error_limit,
                                         gradient_file, gradient_tolerance, saved_gradient_error)
 from benchlib.records.metrics import GRAD_UNCHECKED_METRIC, harness_metric
@@ -47,17 +47,12 @@ def trial_order(units: Iterable[K], trials: int, seed: int | None,
 
 
 def _saved_errors(folder: str, engine: str, reference: str, floor: float | None = None) -> dict[str, float]:
-    """`engine`'s saved gradient against `reference`'s (also array by array, with a `floor`: `array_floor`),
-    and, where both saved one, the optimizer step's update; the engine's files are deleted once read."""
+    """`engine`'s saved gradient against `reference`'s (also array by array, with a `floor`: `array_floor`);
+    the engine's file is deleted once read."""
     errors = {GRAD_ERROR_METRIC: saved_gradient_error(folder, engine, reference)}
     if floor is not None:
         errors[WORST_ARRAY_METRIC] = saved_gradient_error(folder, engine, reference, floor=floor)
     gradient_file(folder, engine).unlink()
-    update = gradient_file(folder, engine, UPDATE)
-    if update.is_file():
-        if gradient_file(folder, reference, UPDATE).is_file():
-            errors[UPDATE_ERROR_METRIC] = saved_gradient_error(folder, engine, reference, of=UPDATE)
-        update.unlink()
     return errors
 
 
@@ -154,11 +149,12 @@ class TrialLoop:
                               f"past {LOST_ARRAY:g}: {dtype} lost it (not the same maths)")
         if GRAD_ERROR_METRIC not in past and unit.regroups_optimizer and update is not None and math.isfinite(update):
             return "not applicable", (f"its gradient agrees with {reference}'s but the update its optimizer step makes "
-                                      f"differs by {update:.3g} (the {dtype} tolerance is {tolerance:g}): "
-                                      f"{unit.regroups_optimizer}")
+                                      f"differs by {update:.3g} from the file's optimizer step on the same gradient "
+                                      f"(the {dtype} tolerance is {tolerance:g}): {unit.regroups_optimizer}")
         if GRAD_ERROR_METRIC not in past:
             return "failed", (f"its gradient agrees with {reference}'s but the update its optimizer step makes differs "
-                              f"by {update:.3g} (the {dtype} tolerance is {tolerance:g}): not the same step")
+                              f"by {update:.3g} from the file's optimizer step on the same gradient (the {dtype} "
+                              f"tolerance is {tolerance:g}): not the same step")
         return "failed", (f"its gradient differs from {reference}'s by {past[GRAD_ERROR_METRIC]:.3g} (max relative "
                           f"error), past the {dtype} tolerance {tolerance:g}: not the same maths")
 
@@ -224,6 +220,8 @@ class TrialLoop:
                 elif no_reference[unit.group] is None:
                     errors = _saved_errors(folder, unit.engine, settings.reference,
                                            array_floor(unit.labels["dtype"]))
+                    if UPDATE_ERROR_METRIC in checks:  # a step that regroups the optimizer judged its own update
+                        errors[UPDATE_ERROR_METRIC] = checks.pop(UPDATE_ERROR_METRIC)
                     verdict, why = self._judge(unit, errors, seed_dependent[unit.group])
                     if verdict == "not applicable":  # a different step: its figures would invite a comparison
                         self.note(unit, "not applicable", why)

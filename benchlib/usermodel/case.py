@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchlib.engines.gradients import (SEED_DEPENDENT_METRIC, UPDATE, gradient_tolerance, max_relative_error,
-                                        require_finite, save_gradient)
+from benchlib.engines.gradients import (SEED_DEPENDENT_METRIC, UPDATE_ERROR_METRIC, gradient_tolerance,
+                                        max_relative_error, require_finite, save_gradient)
 from benchlib.engines.roles import (GRADIENT_METRIC, OPTIMIZER_METRIC, PARAMETER_METRIC, SAVED_METRIC, LiveBytes,
                                     SavedTensors, storage_bytes)
 from benchlib.engines.techniques import REFERENCE, Combination, Step, TechniqueOptions, combine, technique_registry
@@ -25,13 +25,12 @@ from benchlib.usermodel.loader import SEED, ModelFile, guarded, read_model_file
 
 STEP_SEED = SEED + 2  # the random stream every engine's checked step starts from (dropout masks alike)
 
-# The optimizer's update is compared with eager torch's only for an engine that replaces the file's optimizer
-# step (`Technique.regroups_optimizer`): every other engine steps the file's own optimizer once on the gradient it computed,
-# which is checked already, so its update adds no check. Comparing it anyway fails engines for rounding:
-# optimizers that normalise each entry (Adam) move an entry near zero by up to 2 lr when its rounding changes,
-# and a gradient is not bit-identical to eager's wherever another kernel computes it (bfloat16; another order of
-# summation; fused kernels; save_on_cpu's contiguous copies on CUDA). Seen: torch.compile on a small transformer
-# with AdamW, gradient 1.2e-6 from eager's, update 0.018; torch-offload on an H100, gradient 6.5e-8, update 0.052.
+# A step that replaces the file's optimizer step (`Technique.regroups_optimizer`: fused-optimizer, alone or joined)
+# has its update judged against the file's own optimizer stepped once on the same gradient, in the child: the
+# question is whether regrouping changed the step, and any other part's rounding (bfloat16 under autocast) is in
+# both. Against eager torch's update it would be judged by rounding: optimizers that normalise each entry (Adam)
+# move an entry near zero by up to 2 lr when its rounding changes. Every other engine steps the file's own
+# optimizer on the gradient it computed, which is checked already, so its update adds no check.
 CASE_METRICS = (  # what a model file's case records beyond the shared metrics
     (PARAMETER_METRIC, "B", "memory", "the model's parameters (held before every step: in the baseline, not the peak)"),
     (OPTIMIZER_METRIC, "B", "memory", "the optimizer's state (held before every step: in the baseline, not the peak)"),
@@ -71,9 +70,8 @@ def _gradient(model_file: ModelFile, engine: str, values: dict, device: Any, see
     """The gradient `engine`'s step computes on a fresh seeded model, in the order of named_parameters,
     its random stream seeded with `seed` first, so engines that draw alike draw the same numbers; and,
     when the file has an optimizer, the update its step made to the parameters (after minus before; None
-    without one): an engine that regroups the optimizer (fused-optimizer) must make the same update, not
-    only the same gradient. The update, not the parameters, is compared: a small learning rate would
-    otherwise hide any difference under the parameters' own size."""
+    without one). The update, not the parameters, is compared: a small learning rate would otherwise hide
+    any difference under the parameters' own size."""
     import torch
 
     model, batch = model_file.build(values, device.torch)
@@ -86,6 +84,18 @@ def _gradient(model_file: ModelFile, engine: str, values: dict, device: Any, see
     update = ([p.detach().cpu() - old for (_, p), old in zip(step.named, before)]
               if model_file.optimizer is not None else None)
     return [captured[name] for name, _ in step.named], update
+
+
+def _joint_update(model_file: ModelFile, values: dict, device: Any, gradient: list) -> list:
+    """The update the file's own optimizer makes from `gradient`, stepped once over every parameter together
+    on a fresh seeded model: what a step that regroups the optimizer must reproduce."""
+    model, _ = model_file.build(values, device.torch)
+    named = [p for p in model.parameters() if p.requires_grad]
+    before = [p.detach().cpu().clone() for p in named]
+    for p, g in zip(named, gradient):
+        p.grad = g.to(device=p.device, dtype=p.dtype)
+    model_file.optimizer(named).step()
+    return [p.detach().cpu() - old for p, old in zip(named, before)]
 
 
 def _seed_dependent(model_file: ModelFile, values: dict, device: Any, gradient: list) -> float:
@@ -104,7 +114,7 @@ def case(*, device, path: str, engine: str, values: dict, gradient_dir: str, cat
     model, batch = guarded(model_file, "model or batch (building the case)", model_file.build, values, device.torch)
     step = guarded(model_file, f"{engine}'s set-up (optimizer)", make_step, model_file, engine, model, batch, options)
     what = f"the {engine} step"
-    compares_update = engine == REFERENCE or step.combination.regroups_optimizer is not None
+    regroups = step.combination.regroups_optimizer is not None and model_file.optimizer is not None
 
     def check(_result) -> dict[str, float]:
         roles = guarded(model_file, what, _roles, step)
@@ -114,9 +124,10 @@ def case(*, device, path: str, engine: str, values: dict, gradient_dir: str, cat
                                    options)
         require_finite(gradient, [name for name, _ in step.named])  # a NaN step fails, never passes unnoticed
         save_gradient(gradient, gradient_dir, engine)
-        if update is not None and compares_update:
+        if regroups:
             require_finite(update, [name for name, _ in step.named])
-            save_gradient(update, gradient_dir, engine, of=UPDATE)
+            joint = guarded(model_file, what, _joint_update, model_file, values, device, gradient)
+            roles[UPDATE_ERROR_METRIC] = max_relative_error(update, joint)
         if engine == REFERENCE:
             roles[SEED_DEPENDENT_METRIC] = guarded(model_file, what, _seed_dependent, model_file, values, device,
                                                    gradient)
