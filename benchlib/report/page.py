@@ -167,7 +167,7 @@ h1 { font-size: 1.6em; margin-bottom: 4px; } pre.answer { background: #f6f8fa; p
 table.table { border-collapse: collapse; font-size: 0.9em; margin: 8px 0 16px; }
 table.table th, table.table td { padding: 3px 10px; border-bottom: 1px solid #e3e3e3; text-align: left; }
 table.table th { background: #f4f4f4; }
-table.answer { width: 100%; } table.answer td { vertical-align: top; white-space: nowrap; } table.answer td:last-child { white-space: normal; overflow-wrap: anywhere; min-width: 12em; }
+table.answer { width: 100%; } table.answer td { vertical-align: top; white-space: nowrap; } table.answer td:first-child { white-space: normal; } table.answer td:last-child { white-space: normal; overflow-wrap: anywhere; min-width: 12em; }
 .wide { overflow-x: auto; }
 .status-ok { color: #1a7f37; } .status-failed, .status-partial, .status-interrupted { color: #b42318; font-weight: bold; }
 .figure { border: 1px solid #eee; margin: 12px 0; min-height: 420px; }

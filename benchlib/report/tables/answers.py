@@ -9,6 +9,7 @@ import math
 
 import pandas as pd
 
+from benchlib.engine_names import COMBINED
 from benchlib.records.metrics import COMPILE_COLUMN
 from benchlib.units import format_bytes, format_seconds
 
@@ -64,7 +65,8 @@ def answer_table(headline: pd.DataFrame) -> pd.DataFrame | None:
     for _, row in engines.iterrows():
         reason = str(row.get("reason") or "").strip() if isinstance(row.get("reason"), str) else ""
         shown = {} if case_column is None else {case_column: row[case_column]}
-        shown["engine"] = row["engine"]
+        # a combination may wrap at its joins, never at a hyphen inside a technique's name
+        shown["engine"] = str(row["engine"]).replace("-", "\u2011").replace(COMBINED, f"{COMBINED}\u200b")
         shown["peak above baseline"] = _with_interval(row, "peak_bytes", "peak_low", "peak_high", lambda v: format_bytes(int(v)))
         if "tracked_peak_bytes" in engines and engines["tracked_peak_bytes"].notna().any():
             tracked = _value(row.get("tracked_peak_bytes"))
