@@ -63,21 +63,82 @@ def test_the_best_engine_fits_the_largest_value_and_the_others_say_what_they_giv
     monkeypatch.setattr(fitting, "_measure", fake_measure({"torch": lambda n: 100 * MB + n * MB,
                                                            "torch-checkpoint": lambda n: 100 * MB + n * MB / 4}))
     result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch", "torch-checkpoint", "torch.func"],
-                 params={"n": 64}, progress=lambda line: None)
+                 params={"n": 64}, verify=False, progress=lambda line: None)
     by_engine = {engine_fit.engine: engine_fit for engine_fit in result.engines}
     assert by_engine["torch"].max_fitting == 100 and by_engine["torch-checkpoint"].max_fitting == 402
     assert result.best.engine == "torch-checkpoint"
     assert "not applicable: on purpose" in by_engine["torch.func"].reason
+    # measured toward the answer, doubling, until it lies within twice a measured value
+    assert [value for value, _, _ in by_engine["torch-checkpoint"].points] == [8, 16, 32, 64, 128, 256]
+    assert [value for value, _, _ in by_engine["torch"].points] == [8, 16, 32, 64]  # 100 is within 2x of 64
     lines = result.lines()
     assert lines[0] == ("tiny: the largest n under 200.6 MB (the process's resident high-water mark) is 402, with "
-                        "torch-checkpoint (1.000 ms per sample, measured at 64)")
-    assert "up to n=100" in lines[1] and "model, predicted the largest point within 0.0%" in lines[1]
+                        "torch-checkpoint (1.000 ms per sample, measured at 256); predicted, extrapolated 1.57x past "
+                        "the largest measured value (256), its size model's out-of-sample error 0.0% added")
+    assert "up to n=100 (predicted, extrapolated 1.56x" in lines[1]
+    assert "model, predicted the largest point within 0.0%" in lines[1]
     records = result.records()
     assert {row["metric"] for row in records} >= {"fit_total_bytes", "predicted_total_bytes", "max_fitting",
                                                    "fit_check_error"}
 
 
+def test_where_this_machine_cannot_hold_the_next_point_the_line_says_how_far_it_extrapolated(tmp_path, monkeypatch):
+    from benchlib.measure import isolation
+
+    monkeypatch.setattr(fitting, "_measure", fake_measure({"torch": lambda n: 100 * MB + n * MB / 4}))
+    monkeypatch.setattr(isolation, "available_memory", lambda device: 130 * MB)  # 64 fits; 128 would not
+    result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch"], params={"n": 64},
+                 progress=lambda line: None)
+    (torch_fit,) = result.engines
+    assert [value for value, _, _ in torch_fit.points] == [8, 16, 32, 64] and torch_fit.max_fitting == 402
+    assert result.verified is None  # the machine cannot hold the limit: nothing to confirm with
+    assert "predicted, extrapolated 6.28x past the largest measured value (64)" in result.lines()[0]
+    assert "not measured nearer the answer: n=128 would need 132.0 MB; cpu has 130.0 MB available" in result.lines()[1]
+
+
+def test_the_answer_is_read_from_the_size_models_upper_bound_and_keeps_the_margin(tmp_path, monkeypatch):
+    noisy = {8: 1.0, 16: 1.0, 32: 1.0, 64: 1.1}  # the largest point 10% above the line through the others
+    monkeypatch.setattr(fitting, "_measure", lambda _file, _engine, values, _device: (
+        int((100 * MB + values["n"] * MB) * noisy.get(values["n"], 1.0)), 1e-3))
+    result = fit(model_file(tmp_path), memory="300 MB", scale="n", engines=["torch"], params={"n": 64},
+                 verify=False, progress=lambda line: None)
+    (torch_fit,) = result.engines
+    error = torch_fit.model.check_error
+    assert error > 0.05
+    assert torch_fit.model(torch_fit.max_fitting) * (1 + error) <= 300 * MB
+    assert torch_fit.model(torch_fit.max_fitting + 1) * (1 + error) > 300 * MB
+    monkeypatch.setattr(fitting, "_measure", fake_measure({"torch": lambda n: 100 * MB + n * MB}))
+    kept = fit(model_file(tmp_path), memory="300 MB", scale="n", engines=["torch"], params={"n": 64}, margin=0.1,
+               verify=False, progress=lambda line: None)
+    answer = kept.engines[0].max_fitting  # 10% of 300 MB kept free: at most 100 MB + 170 MB, and not timid
+    assert 100 * MB + answer * MB <= 270 * MB < 100 * MB + (answer + 2) * MB
+    assert "under 300.0 MB less a 10% margin (270.0 MB)" in kept.lines()[0]
+    assert {json.loads(row["params"])["margin"] for row in kept.records() if row["metric"] == "max_fitting"} == {0.1}
+
+
+def test_the_answer_is_confirmed_by_measurement_by_default_and_no_verify_skips_it(tmp_path, monkeypatch, capsys):
+    measured = []
+
+    def measure(_file, engine, values, _device):
+        measured.append(values["n"])
+        return int(100 * MB + values["n"] * MB), values["n"] * 1e-3
+
+    monkeypatch.setattr(fitting, "_measure", measure)
+    path = str(model_file(tmp_path))
+    assert main(["fit", path, "--memory", "150 MB", "--scale", "n", "--engines", "torch", "-p", "n=32",
+                 "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "is 50, with torch" in out and "measured, in fresh processes at 2 values" in out
+    assert 50 in measured and 51 in measured  # the answer, and one past it over the limit
+    measured.clear()
+    assert main(["fit", path, "--memory", "150 MB", "--scale", "n", "--engines", "torch", "-p", "n=32",
+                 "--no-verify", "--out", str(tmp_path / "out2")]) == 0
+    assert measured == [4, 8, 16, 32] and "predicted, extrapolated 1.56x" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--memory", "1 GB", "--scale", "n", "--margin", "lots"], "--margin 'lots': a share of the limit"),
+    (["--memory", "1 GB", "--scale", "n", "--margin", "100%"], "--margin 1: a share of the limit kept free"),
     (["--memory", "lots", "--scale", "n"], "not a memory size"),
     (["--memory", "1 GB", "--scale", "batch"], "'batch' is not a parameter of tiny.py; its parameters: width, n"),
     (["--memory", "1 GB", "--scale", "n", "--engines", "torch,jax"], "--engines: 'jax' is no technique; valid: torch"),

@@ -26,6 +26,7 @@ one, the largest fitting value found by bisection over traces, and every line, r
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tempfile
 import warnings
@@ -45,6 +46,7 @@ WARMUP, STEPS = 1, 3
 LINEAR, QUADRATIC, TRACE = "linear", "quadratic", "trace"
 TRACE_REACH = (2, 4, 8)  # traced beyond the largest measured value, at these multiples of it
 TRACE_TRUSTED = 0.05  # a trace model that predicts the largest measured point this well is chosen
+REACH = 2  # no answer on a device that can hold the limit lies more than this many times past a measured value
 SEARCH_LIMIT = 2 ** 40  # the largest value `max_fitting` looks at: a total that does not grow fits "at any value"
 FIT_METRICS = (  # what a fit records: a command's, not a benchmark's, so registered where it is made
     ("fit_total_bytes", "B", "memory", "total memory of one step at params.value of the parameter params.scale: on CUDA "
@@ -211,6 +213,26 @@ class EngineFit:
     reason: str = ""
     traced: dict[int, int] = field(default_factory=dict)  # value -> traced peak bytes, where the step was traced
     untraced: str = ""  # why it was not
+    unmeasured: str = ""  # why the points stop short of the answer (the machine cannot hold the next one), if they do
+
+    @property
+    def extrapolation(self) -> float:
+        """How far past the largest measured value the answer lies (1: at or below it)."""
+        largest = max((value for value, _, _ in self.points), default=0)
+        if self.max_fitting is None or not largest or self.max_fitting >= SEARCH_LIMIT:
+            return math.nan
+        return max(1.0, self.max_fitting / largest)
+
+    def answer(self, limit: float) -> int | None:
+        """The largest value whose predicted total, raised by the size model's own out-of-sample error (its upper
+        bound), stays under `limit`, and never below a measured value whose measured total does; None when no
+        measured total is under it."""
+        under = [value for value, total, _ in self.points if total <= limit]
+        if not under:
+            return None
+        start = min(value for value, _, _ in self.points)
+        predicted = self.model.largest_under(limit / (1 + max(self.model.check_error, 0.0)), start)
+        return max(predicted or 0, max(under))
 
     def seconds_per_sample(self, value: int) -> tuple[float, str]:
         """Time per step over the value, measured at the largest measured value at or below `value` (per-sample
@@ -236,6 +258,11 @@ class FitResult:
     verified: dict | None = None
     basis: str = "measured"  # or cuda_prediction.BASIS: the totals are predicted, nothing ran on the device
     unseen: list[str] = field(default_factory=list)  # predicted: what CUDA's kernels take that the trace did not see
+    margin: float = 0.0  # the share of the limit kept free: answers stay under limit * (1 - margin)
+
+    @property
+    def usable(self) -> float:
+        return self.limit * (1.0 - self.margin)
 
     @property
     def fitted(self) -> list[EngineFit]:
@@ -255,8 +282,9 @@ class FitResult:
         return max(self.fitted, key=rank, default=None)
 
     def lines(self) -> list[str]:
-        """The answer first, then one line per engine, then the verification."""
-        limit = format_bytes(self.limit)
+        """The answer first, measured or predicted, then one line per engine, then the verification."""
+        limit = format_bytes(self.limit) + (f" less a {100 * self.margin:g}% margin ({format_bytes(int(self.usable))})"
+                                            if self.margin else "")
         best = self.best
         if not any(fit.model is not None for fit in self.engines):
             lines = [f"{self.name}: no engine could be {'predicted' if self.predicted else 'measured'}; each says why"]
@@ -273,9 +301,13 @@ class FitResult:
                              "may be the largest (confirm with --verify on the GPU):")
                 lines.extend(f"    {why}" for why in self.unseen)
         else:
-            seconds, label = best.seconds_per_sample(best.max_fitting)
+            checked = self.verified or {}
+            value = checked.get("true_max_fitting", best.max_fitting)
+            seconds, label = best.seconds_per_sample(value)
             lines = [f"{self.name}: the largest {self.scale} under {limit} ({self.total}) is "
-                     f"{_value(best.max_fitting)}, with {best.engine} ({format_seconds(seconds)} per sample, {label})"]
+                     f"{_value(value)}, with {best.engine} ({format_seconds(seconds)} per sample, {label}); "
+                     + (f"measured, in fresh processes at {len(checked['searched'])} values" if "true_max_fitting"
+                        in checked else _reach(best))]
         for fit in self.engines:
             if fit.model is None:
                 lines.append(f"  {fit.engine:<19} {fit.reason}")
@@ -283,16 +315,17 @@ class FitResult:
             if self.predicted:
                 lines.append(f"  {fit.engine:<19} {_predicted_line(fit, self.scale, self.limit)}")
                 continue
-            measured = ", ".join(f"{v}: {format_bytes(total)}" for v, total, _ in fit.points)
+            measured = ", ".join(f"{v}: {format_bytes(total)}" for v, total, _ in sorted(fit.points))
             where = ("does not fit at the smallest value measured" if fit.max_fitting is None else
-                     f"up to {self.scale}={_value(fit.max_fitting)}")
+                     f"up to {self.scale}={_value(fit.max_fitting)} ({_reach(fit)})")
             per = ""
             if fit.max_fitting is not None:
                 seconds, label = fit.seconds_per_sample(fit.max_fitting)
                 per = f"  {format_seconds(seconds)} per sample ({label})"
             lines.append(f"  {fit.engine:<19} {where}{per}  {fit.model.kind} model, predicted the largest point "
                          f"within {100 * fit.model.check_error:.1f}%  (measured {measured})"
-                         + (f"  not traced: {fit.untraced}" if fit.untraced else ""))
+                         + (f"  not traced: {fit.untraced}" if fit.untraced else "")
+                         + (f"  not measured nearer the answer: {fit.unmeasured}" if fit.unmeasured else ""))
         if self.verified:
             v = self.verified
             lines.append(f"verified: {v['engine']} at {self.scale}={v['value']}: predicted {format_bytes(v['predicted'])}, "
@@ -324,7 +357,8 @@ class FitResult:
         for fit in self.engines:
             labels = dict(benchmark=self.name, case=f"fit {self.scale}", engine=fit.engine, device=self.device,
                           dtype="float32")
-            common = {"scale": self.scale, "limit": self.limit, "total": self.total, "basis": self.basis,
+            common = {"scale": self.scale, "limit": self.limit, "margin": self.margin, "total": self.total,
+                      "basis": self.basis,
                       **({"unseen": self.unseen} if self.unseen else {})}
             if fit.reason:  # not applicable here, not traceable, too few points: said, so no engine leaves no trace
                 rows.append(status_record(status="not_applicable", message=fit.reason, params=common, **labels))
@@ -391,6 +425,16 @@ def _predicted_line(fit: EngineFit, scale: str, limit: int) -> str:
             f"{format_bytes(limit - traced[largest])} under{over}; {len(traced)} traces)")
 
 
+def _reach(fit: EngineFit) -> str:
+    """How a predicted value stands to the measured ones: within them, or extrapolated how far, and the upper bound
+    it was read from."""
+    error = f"its size model's out-of-sample error {100 * fit.model.check_error:.1f}% added"
+    if math.isnan(fit.extrapolation) or fit.extrapolation <= 1.0:
+        return f"predicted within the measured values, {error}"
+    largest = max(value for value, _, _ in fit.points)
+    return f"predicted, extrapolated {fit.extrapolation:.2f}x past the largest measured value ({largest}), {error}"
+
+
 def _value(value: int) -> str:
     return "any value" if value >= SEARCH_LIMIT else str(value)
 
@@ -408,10 +452,12 @@ def scale_points(value: Any, scale: str) -> list[int]:
 
 
 def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engines: Sequence[str] | None = None,
-        params: Mapping[str, Any] | None = None, verify: bool = False,
+        params: Mapping[str, Any] | None = None, verify: bool | None = None, margin: float = 0.0,
         progress: Callable[[str], None] = print) -> FitResult:
     """Fit every engine of the model file at `path` (the torch form) to the memory limit `memory` (bytes,
-    or "24 GB", "80 GiB"...) over the integer parameter `scale`; see the module's docstring."""
+    or "24 GB", "80 GiB"...) over the integer parameter `scale`; see the module's docstring. `verify` (default:
+    wherever this machine can hold the limit) measures the answer in fresh processes before it is given;
+    `margin` (a fraction) keeps that share of the limit free."""
     from benchlib.measure import Device, resolve_device
     from benchlib.measure.devices import cuda_without_gpu
     from benchlib.usermodel import declare_model_files
@@ -422,6 +468,8 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
         limit = parse_bytes(memory)
     except ValueError as error:
         raise FitError(f"--memory: {error}") from None
+    if not 0.0 <= margin < 1.0:
+        raise FitError(f"--margin {margin:g}: a share of the limit kept free, from 0 (none) up to below 1 (e.g. 10%)")
     benchmark, (model_file,), form = declare_model_files([path])
     if form is not TORCH_FORM:
         raise FitError(f"{model_file.path}: fit takes a model file in the torch form (this one is in the array form)")
@@ -448,6 +496,11 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
         raise FitError("--verify measures the best engine on the device, and this machine has no GPU; without "
                        "--verify, --device cuda predicts from a trace under fake tensors")
     target = Device("cuda", int(device.partition(":")[2] or 0)) if predicted else resolve_device(device)
+    usable = limit * (1.0 - margin)  # what every answer stays under
+    if verify is None:  # confirmed by default wherever this machine can hold the limit
+        from benchlib.measure.isolation import available_memory
+
+        verify = not predicted and limit <= available_memory(target)
     total = "the allocator's reserved peak" if target.is_cuda else "the process's resident high-water mark"
     fits = [EngineFit(engine) for engine in chosen]
     plan_reasons = form.plan(model_file, values, target, chosen, {}).reasons
@@ -456,7 +509,8 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
     if predicted:
         from benchlib.usermodel.cuda_prediction import predict_fit
 
-        return predict_fit(model_file, fits, values, scale, limit, target.name, progress)
+        result = predict_fit(model_file, fits, values, scale, usable, target.name, progress)
+        return dataclasses.replace(result, limit=limit, margin=margin)
     skipped: dict[str, list[str]] = {fit.engine: [] for fit in fits}
     for value in points:
         for engine_fit in fits:
@@ -475,16 +529,52 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
             engine_fit.reason = (f"{len(engine_fit.points)} of {len(points)} values measured, {MIN_POINTS} needed: "
                                  + "; ".join(skipped[engine_fit.engine]))
         if not engine_fit.reason:
-            engine_fit.model = choose_model([v for v, _, _ in engine_fit.points], [t for _, t, _ in engine_fit.points])
-            _trace(engine_fit, model_file, values, scale, progress)
-            smallest_total = engine_fit.points[0][1]
-            engine_fit.max_fitting = (None if smallest_total > limit
-                                      else engine_fit.model.largest_under(limit, engine_fit.points[0][0]))
-    result = FitResult(model_file.name, scale, limit, target.name, total, fits)
+            _model(engine_fit, model_file, values, scale, progress)
+            _approach(engine_fit, model_file, values, scale, target, usable, progress)
+            engine_fit.max_fitting = engine_fit.answer(usable)
+    result = FitResult(model_file.name, scale, limit, target.name, total, fits, margin=margin)
     best = result.best
     if verify and best is not None:
-        result.verified = _verify(model_file, best, values, scale, target, limit, progress)
+        result.verified = _verify(model_file, best, values, scale, target, usable, progress)
     return result
+
+
+def _model(engine_fit: EngineFit, model_file, values: dict, scale: str, progress) -> None:
+    """The engine's size model over its measured points: the better of linear and quadratic, or the trace model
+    where it predicts the largest measured total within `TRACE_TRUSTED`."""
+    engine_fit.model = choose_model([v for v, _, _ in engine_fit.points], [t for _, t, _ in engine_fit.points])
+    _trace(engine_fit, model_file, values, scale, progress)
+
+
+def _approach(engine_fit: EngineFit, model_file, values: dict, scale: str, device, limit: float, progress) -> None:
+    """Measured points grow toward the answer: while it lies more than `REACH` times past the largest measured
+    value, the next point is measured at `REACH` times that value (or the answer, if nearer) in a fresh process
+    and the size model is fitted again. Where this machine cannot hold the next point, or its measurement fails,
+    `unmeasured` says so and the answer stays an extrapolation."""
+    from benchlib.measure.isolation import available_memory
+
+    available = available_memory(device)
+    while True:
+        answer = engine_fit.answer(limit)
+        largest = max(value for value, _, _ in engine_fit.points)
+        if answer is None or answer >= SEARCH_LIMIT or answer <= REACH * largest:
+            return
+        value = min(answer, REACH * largest)
+        needed = engine_fit.model(value)
+        if needed > available:
+            engine_fit.unmeasured = (f"{scale}={value} would need {format_bytes(int(needed))}; {device.name} has "
+                                     f"{format_bytes(available)} available")
+            progress(f"{model_file.name} {engine_fit.engine}: not measured toward the answer: {engine_fit.unmeasured}")
+            return
+        outcome = _measure(model_file, engine_fit.engine, {**values, scale: value}, device)
+        if isinstance(outcome, str):
+            engine_fit.unmeasured = f"{scale}={value}: {outcome}"
+            progress(f"{model_file.name} {engine_fit.engine} {scale}={value}: {outcome}")
+            return
+        engine_fit.points.append((value, *outcome))
+        progress(f"{model_file.name} {engine_fit.engine} {scale}={value}: {format_bytes(outcome[0])}, "
+                 f"{format_seconds(outcome[1])}/step (toward the answer, predicted {answer})")
+        _model(engine_fit, model_file, values, scale, progress)
 
 
 def _trace(engine_fit: EngineFit, model_file, values: dict, scale: str, progress) -> None:

@@ -41,9 +41,11 @@ def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:
     fit_parser.add_argument("--engines", default=None, metavar="A,B", help="engines to fit (default: all of the form's)")
     fit_parser.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
                             help="a parameter value, as for run (the --scale one sets the largest value measured)")
-    fit_parser.add_argument("--verify", action="store_true",
-                            help="measure the best engine at its largest fitting value (where this machine has the "
-                                 "memory) and print predicted against measured")
+    fit_parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=None,
+                            help="measure the answer in fresh processes before giving it, searching the true largest "
+                                 "value (default: on wherever this machine can hold --memory; --no-verify skips)")
+    fit_parser.add_argument("--margin", default="0", metavar="SHARE",
+                            help="headroom kept free of the limit: '10%%' or 0.1 (default: none)")
     fit_parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                             help="root for the run directory its records and report go to (default: results/)")
     fit_parser.set_defaults(handler=fit_command)
@@ -65,6 +67,16 @@ def _new(path: Path, form: str) -> int:
     return 0
 
 
+def _share(text: str) -> float:
+    """'10%' or '0.1' as 0.1; anything else refused, saying what is valid."""
+    from benchlib.usermodel.fit import FitError
+
+    try:
+        return float(text[:-1]) / 100 if text.strip().endswith("%") else float(text)
+    except ValueError:
+        raise FitError(f"--margin {text!r}: a share of the limit, as '10%' or 0.1") from None
+
+
 def fit_command(arguments: argparse.Namespace) -> int:
     """Fit, print, save; 0 when some engine fits, 1 when none fits at the smallest value or none could be fitted
     (refusals raise)."""
@@ -84,7 +96,7 @@ def fit_command(arguments: argparse.Namespace) -> int:
     chosen = [name.strip() for name in arguments.engines.split(",") if name.strip()] if arguments.engines else None
     started = time.monotonic()
     result = fit(file, memory=arguments.memory, scale=scale, device=device, engines=chosen,
-                 params=parse_assignments(arguments.param), verify=arguments.verify)
+                 params=parse_assignments(arguments.param), verify=arguments.verify, margin=_share(arguments.margin))
     print("\n".join(result.lines()))
     name = f"{result.name}_fit"
     question = (f"What is the largest {scale} at which {Path(file).name}'s step fits in {arguments.memory}, and under "
