@@ -543,7 +543,8 @@ def _model(engine_fit: EngineFit, model_file, values: dict, scale: str, progress
     """The engine's size model over its measured points: the better of linear and quadratic, or the trace model
     where it predicts the largest measured total within `TRACE_TRUSTED`."""
     engine_fit.model = choose_model([v for v, _, _ in engine_fit.points], [t for _, t, _ in engine_fit.points])
-    _trace(engine_fit, model_file, values, scale, progress)
+    if not engine_fit.untraced:  # a step torch could not trace, or never traces, is not tried again
+        _trace(engine_fit, model_file, values, scale, progress)
 
 
 def _approach(engine_fit: EngineFit, model_file, values: dict, scale: str, device, limit: float, progress) -> None:
