@@ -302,3 +302,24 @@ def test_verify_bisects_where_the_totals_are_not_a_line():
     largest, searched = fitting._largest_measured(measure, 8, 8000, 14_000, best, 1e12, lambda line: None, "n")
     assert largest == 11 and searched[11] <= 14_000 < searched[12]
     assert len(probed) <= 5
+
+
+def test_fit_measures_under_the_allocator_a_training_process_has_not_the_one_run_compares_peaks_under(
+        tmp_path, monkeypatch):
+    # glibc keeps freed heap: a small ViT's step read 900 MB under run's fixed mmap threshold where a lean process
+    # of its own reached 1077 MB, so answers overshot the limit
+    import benchlib.measure
+    from benchlib.measure import resolve_device
+    from benchlib.measure.isolation import DEFAULT_MALLOC_POLICY
+
+    seen = []
+
+    def run_isolated(*args, options, **kwargs):
+        seen.append(options.malloc)
+        raise benchlib.measure.CaseNotApplicable("tiny/torch", "stop here")
+
+    monkeypatch.setattr(benchlib.measure, "run_isolated", run_isolated)
+    outcome = fitting._measure(read_model_file(model_file(tmp_path)), "torch", {"width": 4, "n": 3},
+                               resolve_device("cpu"))
+    assert outcome == "not applicable: stop here"
+    assert seen == ["glibc-default"] and DEFAULT_MALLOC_POLICY != "glibc-default"

@@ -46,6 +46,11 @@ WARMUP, STEPS = 1, 3
 LINEAR, QUADRATIC, TRACE = "linear", "quadratic", "trace"
 TRACE_REACH = (2, 4, 8)  # traced beyond the largest measured value, at these multiples of it
 TRACE_TRUSTED = 0.05  # a trace model that predicts the largest measured point this well is chosen
+# A training process runs with the allocator the user's environment gives it, not the fixed mmap threshold `run`
+# measures peaks under (which returns freed buffers at once): glibc keeps freed heap, so the same step's resident
+# high-water is higher. Measured under benchlib's policy, a small ViT's eager step at batch 256 read 900 MB where a
+# lean process of its own reached 1077 MB: answers overshot the limit by that much.
+USERS_ALLOCATOR = "glibc-default"
 REACH = 2  # no answer on a device that can hold the limit lies more than this many times past a measured value
 SEARCH_LIMIT = 2 ** 40  # the largest value `max_fitting` looks at: a total that does not grow fits "at any value"
 FIT_METRICS = (  # what a fit records: a command's, not a benchmark's, so registered where it is made
@@ -625,6 +630,7 @@ def _measure(model_file, engine: str, values: dict, device) -> tuple[int, float]
                                            "gradient_dir": gradients},
                                   name=f"{model_file.name}/{engine}", device=device.name,
                                   options=IsolationOptions(warmup=WARMUP, repeats=STEPS, timeline=False,
+                                                           malloc=USERS_ALLOCATOR,
                                                            preload=preload(TORCH_FORM, model_file, engine, device)))
         except CaseNotApplicable as refused:
             return f"not applicable: {refused.reason}"
