@@ -323,3 +323,51 @@ def test_fit_measures_under_the_allocator_a_training_process_has_not_the_one_run
                                resolve_device("cpu"))
     assert outcome == "not applicable: stop here"
     assert seen == ["glibc-default"] and DEFAULT_MALLOC_POLICY != "glibc-default"
+
+
+
+def test_at_the_batch_you_have_the_engines_that_fit_are_ranked_fastest_first(tmp_path, monkeypatch, capsys):
+    joined = "torch-checkpoint+torch-autocast"  # as named below, in the other order: measured under this name
+    per_step = {"torch": 2e-3, "torch-checkpoint": 3e-3, joined: 1e-3}
+    totals = {"torch": lambda n: 100 * MB + n * MB, "torch-checkpoint": lambda n: 100 * MB + n * MB / 4,
+              joined: lambda n: 100 * MB + n * MB / 8}
+    monkeypatch.setattr(fitting, "_measure", lambda _file, engine, values, _device: (
+        int(totals[engine](values["n"])), per_step[engine]))
+    path = str(model_file(tmp_path))
+    engines = "torch,torch-checkpoint,torch-autocast+torch-checkpoint"
+    assert main(["fit", path, "--memory", "120 MB", "--at", "n=32", "--engines", engines,
+                 "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    out = printed[next(index for index, line in enumerate(printed) if line.startswith("tiny at n=32:")):]
+    assert out[0].startswith("tiny at n=32: 2 of 3 engines fit under 120.0 MB")
+    assert [line.split()[0] for line in out[1:4]] == ["torch-checkpoint+torch-autocast", "torch-checkpoint", "torch"]
+    assert "does not fit: 132.0 MB measured" in out[3]
+    (run,) = (tmp_path / "out").iterdir()
+    assert set(load_records(run)["metric"]) >= {"fit_total_bytes", "time"}
+    assert main(["fit", path, "--memory", "100 MB", "--at", "n=32", "--engines", engines,
+                 "--out", str(tmp_path / "out2")]) == 1
+    assert "no engine fits under 100.0 MB" in capsys.readouterr().out
+
+
+def test_at_a_limit_this_machine_cannot_hold_the_totals_are_predicted_with_their_interval(tmp_path, monkeypatch):
+    from benchlib.measure import isolation
+    from benchlib.usermodel.fit_at import fit_at
+
+    monkeypatch.setattr(fitting, "_measure", fake_measure({"torch": lambda n: 100 * MB + n * MB}))
+    monkeypatch.setattr(isolation, "available_memory", lambda device: 50 * 10 ** 9)
+    result = fit_at(model_file(tmp_path), memory="80 GB", at="n=64", engines=["torch"], progress=lambda line: None)
+    (torch_at,) = result.engines
+    assert torch_at.basis.startswith("predicted (size model") and torch_at.low <= torch_at.total <= torch_at.high
+    assert torch_at.total == pytest.approx(164 * MB, rel=1e-6) and result.fitting == [torch_at]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--memory", "1 GB", "--at", "n"], "--at 'n': one integer parameter and its value"),
+    (["--memory", "1 GB", "--at", "n=8", "--scale", "n"], "give --scale PARAM"),
+    (["--memory", "1 GB"], "give --scale PARAM"),
+    (["--memory", "1 GB", "--at", "width=x"], "--at 'width=x'"),
+])
+def test_at_refuses_what_it_cannot_answer_before_anything_is_measured(tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.setattr(fitting, "_measure", None)
+    assert main(["fit", str(model_file(tmp_path)), *argv, "--out", str(tmp_path / "out")]) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "out").exists()

@@ -456,16 +456,13 @@ def scale_points(value: Any, scale: str) -> list[int]:
     return points
 
 
-def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engines: Sequence[str] | None = None,
-        params: Mapping[str, Any] | None = None, verify: bool | None = None, margin: float = 0.0,
-        progress: Callable[[str], None] = print) -> FitResult:
-    """Fit every engine of the model file at `path` (the torch form) to the memory limit `memory` (bytes,
-    or "24 GB", "80 GiB"...) over the integer parameter `scale`; see the module's docstring. `verify` (default:
-    wherever this machine can hold the limit) measures the answer in fresh processes before it is given;
-    `margin` (a fraction) keeps that share of the limit free."""
-    from benchlib.measure import Device, resolve_device
-    from benchlib.measure.devices import cuda_without_gpu
+def _asked(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | None,
+           params: Mapping[str, Any] | None, margin: float) -> tuple[Any, Any, dict, int, list[str]]:
+    """What a fit asks, checked before anything is measured: the model file (read and form-checked), its form, the
+    parameter values, the limit in bytes and the engines (each a technique or a combination), or FitError."""
+    from benchlib.engines.techniques import CombinationError
     from benchlib.usermodel import declare_model_files
+    from benchlib.usermodel.case import combination_of
     from benchlib.usermodel.gate import parse_bytes
     from benchlib.usermodel.measuring import TORCH_FORM
 
@@ -481,20 +478,29 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
     if scale not in model_file.parameters:
         raise FitError(f"--scale {scale!r} is not a parameter of {model_file.path.name}; its parameters: "
                        f"{', '.join(model_file.parameters) or 'none'}")
-    chosen = list(engines or [engine for engine in form.engines if engine not in form.sweep_engines])
-    from benchlib.engines.techniques import CombinationError
-    from benchlib.usermodel.case import combination_of
-
-    for engine in chosen:
-        try:
-            combination_of(model_file, engine)
-        except CombinationError as error:
-            raise FitError(f"--engines: {error}") from None
+    named = list(engines or [engine for engine in form.engines if engine not in form.sweep_engines])
+    try:  # each a technique or a combination, named in the registry's order as its records will carry it
+        chosen = list(dict.fromkeys(combination_of(model_file, engine).name for engine in named))
+    except CombinationError as error:
+        raise FitError(f"--engines: {error}") from None
     by_name = {parameter.name: parameter for parameter in benchmark.parameters}
     typed = {name: by_name[name].parse(value) if isinstance(value, str) and name in by_name else value
              for name, value in (params or {}).items()}  # -p text, as `run` reads it
     values = benchmark.config(typed).plain()
-    values = {name: values[name] for name in model_file.parameters}
+    return model_file, form, {name: values[name] for name in model_file.parameters}, limit, chosen
+
+
+def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engines: Sequence[str] | None = None,
+        params: Mapping[str, Any] | None = None, verify: bool | None = None, margin: float = 0.0,
+        progress: Callable[[str], None] = print) -> FitResult:
+    """Fit every engine of the model file at `path` (the torch form) to the memory limit `memory` (bytes,
+    or "24 GB", "80 GiB"...) over the integer parameter `scale`; see the module's docstring. `verify` (default:
+    wherever this machine can hold the limit) measures the answer in fresh processes before it is given;
+    `margin` (a fraction) keeps that share of the limit free."""
+    from benchlib.measure import Device, resolve_device
+    from benchlib.measure.devices import cuda_without_gpu
+
+    model_file, form, values, limit, chosen = _asked(path, memory, scale, engines, params, margin)
     points = scale_points(values[scale], scale)
     predicted = cuda_without_gpu(device)
     if predicted and verify:

@@ -35,8 +35,11 @@ def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:
                     "could be measured or predicted), 2 refused.")
     fit_parser.add_argument("file", metavar="FILE", help="a model file in the torch form (see `benchlib new`)")
     fit_parser.add_argument("--memory", required=True, metavar="SIZE", help="the limit: '24 GB', '80 GiB', bytes")
-    fit_parser.add_argument("--scale", required=True, metavar="PARAM",
+    fit_parser.add_argument("--scale", metavar="PARAM",
                             help="an integer parameter of the file that memory grows with (batch_size, seq_len)")
+    fit_parser.add_argument("--at", metavar="PARAM=VALUE",
+                            help="instead of the largest value: which engines fit this one (the batch you have), "
+                                 "fastest first; exit 0 if any fits, 1 if none")
     fit_parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu); cuda without a GPU: predicted, not measured")
     fit_parser.add_argument("--engines", default=None, metavar="A,B", help="engines to fit (default: all of the form's)")
     fit_parser.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
@@ -88,13 +91,18 @@ def fit_command(arguments: argparse.Namespace) -> int:
     from benchlib.report.plots.usermodel import fit_figure
     from benchlib.report.page import write_report
     from benchlib.records.store import default_results_root
-    from benchlib.usermodel.fit import fit
+    from benchlib.usermodel.fit import FitError, fit
     from benchlib.analysis.seed_verdicts import save_verdicts, seed_verdicts
     from benchlib.registry import verdict_rules
 
     file, scale, device = arguments.file, arguments.scale, arguments.device
     chosen = [name.strip() for name in arguments.engines.split(",") if name.strip()] if arguments.engines else None
+    if (scale is None) == (arguments.at is None):
+        raise FitError("give --scale PARAM (the largest value that fits) or --at PARAM=VALUE (which engines fit that "
+                       "value), one of them")
     started = time.monotonic()
+    if arguments.at is not None:
+        return _fit_at(arguments, chosen, started)
     result = fit(file, memory=arguments.memory, scale=scale, device=device, engines=chosen,
                  params=parse_assignments(arguments.param), verify=arguments.verify, margin=_share(arguments.margin))
     print("\n".join(result.lines()))
@@ -114,3 +122,31 @@ def fit_command(arguments: argparse.Namespace) -> int:
     run.finish(interrupted=False)
     print(f"report: {write_report(run.path)}")
     return EXIT_FITS if result.best is not None else EXIT_NONE_FITS
+
+
+def _fit_at(arguments: argparse.Namespace, chosen: list[str] | None, started: float) -> int:
+    """`fit --at`: every engine at the value, printed fastest first among those that fit, saved as a run."""
+    import pandas as pd
+
+    from benchlib.analysis.seed_verdicts import save_verdicts
+    from benchlib.records import Run
+    from benchlib.records.store import default_results_root
+    from benchlib.report.page import HEADLINE_SUFFIX, SUMMARY_COLUMN, write_report
+    from benchlib.usermodel.fit_at import fit_at
+
+    result = fit_at(arguments.file, memory=arguments.memory, at=arguments.at, device=arguments.device, engines=chosen,
+                    params=parse_assignments(arguments.param), margin=_share(arguments.margin))
+    print("\n".join(result.lines()))
+    name = f"{result.name}_fit_at"
+    question = (f"Which engines fit {Path(arguments.file).name}'s step at {result.scale}={result.value} in "
+                f"{arguments.memory}, and which is fastest?")
+    run = Run.create(arguments.out or default_results_root(), result.device, device_requested=arguments.device,
+                     notebooks={}, benchmarks={name: {"question": question}}, command=["benchlib", *arguments.argv])
+    run.save_records(result.records(), result.name)
+    run.save_table(pd.DataFrame({SUMMARY_COLUMN: result.lines()}), f"{result.name}{HEADLINE_SUFFIX}")
+    run.record_notebook(name, status="ok", benchmarks=[result.name], path=str(Path(arguments.file).resolve()),
+                        duration_s=round(time.monotonic() - started, 3))
+    save_verdicts(pd.DataFrame(), run.path)  # no seed rule applies to a fit
+    run.finish(interrupted=False)
+    print(f"report: {write_report(run.path)}")
+    return EXIT_FITS if result.fitting else EXIT_NONE_FITS

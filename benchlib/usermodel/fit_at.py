@@ -1,0 +1,156 @@
+"""`benchlib fit FILE --memory M --at NAME=VALUE`: the batch a user has, not the largest one. Which engines and
+combinations fit that value under the limit, fastest first, each with its total, measured in a fresh process where
+this machine can hold the limit, else predicted by `fit`'s size model with its out-of-sample error as the interval.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchlib.units import format_bytes, format_seconds
+from benchlib.usermodel import fit as fitting
+from benchlib.usermodel.fit import FitError, _asked, fit
+
+MEASURED = "measured"
+
+
+@dataclass
+class AtEngine:
+    """One engine at the value: its total (bytes) and the interval around a prediction, its time per step, or why
+    it has none."""
+
+    engine: str
+    total: float = math.nan
+    low: float = math.nan
+    high: float = math.nan
+    seconds: float = math.nan
+    basis: str = MEASURED  # or "predicted (...)"
+    reason: str = ""
+
+
+@dataclass
+class AtResult:
+    name: str
+    scale: str
+    value: int
+    limit: int
+    margin: float
+    device: str
+    total: str  # what the totals are, in words
+    engines: list[AtEngine] = field(default_factory=list)
+
+    @property
+    def usable(self) -> float:
+        return self.limit * (1.0 - self.margin)
+
+    @property
+    def fitting(self) -> list[AtEngine]:
+        """The engines whose total (a prediction's upper bound) stays under the limit, fastest first."""
+        fits = [engine for engine in self.engines if not engine.reason and
+                (engine.high if engine.basis != MEASURED else engine.total) <= self.usable]
+        return sorted(fits, key=lambda engine: (math.isnan(engine.seconds), engine.seconds))
+
+    def lines(self) -> list[str]:
+        limit = format_bytes(self.limit) + (f" less a {100 * self.margin:g}% margin ({format_bytes(int(self.usable))})"
+                                            if self.margin else "")
+        fitting = self.fitting
+        head = (f"{self.name} at {self.scale}={self.value}: {len(fitting)} of {len(self.engines)} engines fit under "
+                f"{limit} ({self.total}), fastest first" if fitting else
+                f"{self.name} at {self.scale}={self.value}: no engine fits under {limit} ({self.total})")
+        width = max((len(engine.engine) for engine in self.engines), default=0)
+        others = [engine for engine in self.engines if engine not in fitting]
+        lines = [head]
+        for engine in [*fitting, *others]:
+            if engine.reason:
+                lines.append(f"  {engine.engine:<{width}} {engine.reason}")
+                continue
+            interval = "" if engine.basis == MEASURED else \
+                f" [{format_bytes(int(engine.low))}, {format_bytes(int(engine.high))}]"
+            time = "" if math.isnan(engine.seconds) else f"  {format_seconds(engine.seconds)}/step"
+            verdict = "fits" if engine in fitting else "does not fit"
+            lines.append(f"  {engine.engine:<{width}} {verdict}: {format_bytes(int(engine.total))}{interval} "
+                         f"{engine.basis}{time}")
+        return lines
+
+    def records(self) -> list[dict]:
+        from benchlib.records import make_record
+        from benchlib.records.schema import status_record
+
+        rows = []
+        for engine in self.engines:
+            labels = dict(benchmark=self.name, case=f"fit {self.scale}={self.value}", engine=engine.engine,
+                          device=self.device, dtype="float32")
+            common = {"scale": self.scale, "value": self.value, "limit": self.limit, "margin": self.margin,
+                      "total": self.total, "basis": engine.basis}
+            if engine.reason:
+                rows.append(status_record(status="not_applicable", message=engine.reason, params=common, **labels))
+                continue
+            metric = "fit_total_bytes" if engine.basis == MEASURED else "predicted_total_bytes"
+            rows.append(make_record(**labels, metric=metric, value=float(engine.total), unit="B",
+                                    params={**common, **({} if engine.basis == MEASURED else
+                                                         {"low": engine.low, "high": engine.high})}))
+            if not math.isnan(engine.seconds):
+                rows.append(make_record(**labels, metric="time", value=engine.seconds, unit="s", params=common))
+        return rows
+
+
+def parse_at(text: str) -> tuple[str, int]:
+    """'batch_size=64' as ('batch_size', 64), or FitError saying what is valid."""
+    name, _, value = text.partition("=")
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if not name.strip() or number < 1:
+        raise FitError(f"--at {text!r}: one integer parameter and its value, as batch_size=64")
+    return name.strip(), number
+
+
+def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engines: Sequence[str] | None = None,
+           params: Mapping[str, Any] | None = None, margin: float = 0.0,
+           progress: Callable[[str], None] = print) -> AtResult:
+    """Every engine at `at` (NAME=VALUE) under `memory`: measured in a fresh process each where this machine can hold
+    the limit, else predicted by `fit`'s size model over the parameter, with its out-of-sample error as interval."""
+    from benchlib.measure import resolve_device
+    from benchlib.measure.devices import cuda_without_gpu
+    from benchlib.measure.isolation import available_memory
+
+    scale, value = parse_at(at)
+    model_file, form, values, limit, chosen = _asked(path, memory, scale, engines, {**(params or {}), scale: value},
+                                                     margin)
+    predicted = cuda_without_gpu(device)
+    target = None if predicted else resolve_device(device)
+    if target is not None and limit <= available_memory(target):
+        total = "the allocator's reserved peak" if target.is_cuda else "the process's resident high-water mark"
+        result = AtResult(model_file.name, scale, value, limit, margin, target.name, total)
+        reasons = form.plan(model_file, values, target, chosen, {}).reasons
+        for engine in chosen:
+            if engine in reasons:
+                result.engines.append(AtEngine(engine, reason=f"not applicable: {reasons[engine]}"))
+                continue
+            outcome = fitting._measure(model_file, engine, values, target)  # the one measurement fit makes
+            if isinstance(outcome, str):
+                result.engines.append(AtEngine(engine, reason=outcome))
+            else:
+                result.engines.append(AtEngine(engine, total=outcome[0], seconds=outcome[1]))
+            progress(f"{model_file.name} {engine} {scale}={value}: "
+                     + (outcome if isinstance(outcome, str) else f"{format_bytes(outcome[0])}, "
+                        f"{format_seconds(outcome[1])}/step"))
+        return result
+    fitted = fit(path, memory=memory, scale=scale, device=device, engines=chosen, params={**(params or {}),
+                 scale: value}, verify=False, margin=margin, progress=progress)
+    result = AtResult(fitted.name, scale, value, limit, margin, fitted.device, fitted.total)
+    for engine_fit in fitted.engines:
+        if engine_fit.model is None:
+            result.engines.append(AtEngine(engine_fit.engine, reason=engine_fit.reason))
+            continue
+        total, error = engine_fit.model(value), max(engine_fit.model.check_error, 0.0)
+        seconds = next((each for at_value, _, each in engine_fit.points if at_value == value), math.nan)
+        result.engines.append(AtEngine(engine_fit.engine, total, total * (1 - error), total * (1 + error), seconds,
+                                       f"predicted ({fitted.basis if fitted.predicted else 'size model'}, "
+                                       f"out-of-sample error {100 * error:.1f}%)"))
+    return result
