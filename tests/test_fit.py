@@ -108,8 +108,8 @@ def test_the_answer_is_read_from_the_size_models_upper_bound_and_keeps_the_margi
     assert torch_fit.model(torch_fit.max_fitting) * (1 + error) <= 300 * MB
     assert torch_fit.model(torch_fit.max_fitting + 1) * (1 + error) > 300 * MB
     monkeypatch.setattr(fitting, "_measure", fake_measure({"torch": lambda n: 100 * MB + n * MB}))
-    kept = fit(model_file(tmp_path), memory="300 MB", scale="n", engines=["torch"], params={"n": 64}, margin=0.1,
-               verify=False, progress=lambda line: None)
+    kept = fit(model_file(tmp_path), memory=fitting.MemoryLimit("300 MB", 0.1), scale="n", engines=["torch"],
+               params={"n": 64}, verify=False, progress=lambda line: None)
     answer = kept.engines[0].max_fitting  # 10% of 300 MB kept free: at most 100 MB + 170 MB, and not timid
     assert 100 * MB + answer * MB <= 270 * MB < 100 * MB + (answer + 2) * MB
     assert "under 300.0 MB less a 10% margin (270.0 MB)" in kept.lines()[0]

@@ -72,6 +72,14 @@ for _metric in FIT_METRICS:
     METRICS.register(*_metric)
 
 
+@dataclass(frozen=True)
+class MemoryLimit:
+    """A limit with headroom: `size` ("24 GiB", bytes) of which `margin` (a fraction) is kept free."""
+
+    size: Any
+    margin: float = 0.0
+
+
 class FitError(ValueError):
     """A fit that cannot be asked as written (an unknown or non-integer parameter, a value too small to
     measure at three points, a size that does not parse): refused before anything is measured."""
@@ -457,15 +465,17 @@ def scale_points(value: Any, scale: str) -> list[int]:
 
 
 def _asked(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | None,
-           params: Mapping[str, Any] | None, margin: float) -> tuple[Any, Any, dict, int, list[str]]:
+           params: Mapping[str, Any] | None) -> tuple[Any, Any, dict, int, float, list[str]]:
     """What a fit asks, checked before anything is measured: the model file (read and form-checked), its form, the
-    parameter values, the limit in bytes and the engines (each a technique or a combination), or FitError."""
+    parameter values, the limit in bytes and its margin (`memory`: a size, or a `MemoryLimit`) and the engines
+    (each a technique or a combination), or FitError."""
     from benchlib.engines.techniques import CombinationError
     from benchlib.usermodel import declare_model_files
     from benchlib.usermodel.case import combination_of
     from benchlib.usermodel.gate import parse_bytes
     from benchlib.usermodel.measuring import TORCH_FORM
 
+    memory, margin = (memory.size, memory.margin) if isinstance(memory, MemoryLimit) else (memory, 0.0)
     try:
         limit = parse_bytes(memory)
     except ValueError as error:
@@ -487,20 +497,20 @@ def _asked(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | N
     typed = {name: by_name[name].parse(value) if isinstance(value, str) and name in by_name else value
              for name, value in (params or {}).items()}  # -p text, as `run` reads it
     values = benchmark.config(typed).plain()
-    return model_file, form, {name: values[name] for name in model_file.parameters}, limit, chosen
+    return model_file, form, {name: values[name] for name in model_file.parameters}, limit, margin, chosen
 
 
 def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engines: Sequence[str] | None = None,
-        params: Mapping[str, Any] | None = None, verify: bool | None = None, margin: float = 0.0,
+        params: Mapping[str, Any] | None = None, verify: bool | None = None,
         progress: Callable[[str], None] = print) -> FitResult:
     """Fit every engine of the model file at `path` (the torch form) to the memory limit `memory` (bytes,
-    or "24 GB", "80 GiB"...) over the integer parameter `scale`; see the module's docstring. `verify` (default:
-    wherever this machine can hold the limit) measures the answer in fresh processes before it is given;
-    `margin` (a fraction) keeps that share of the limit free."""
+    or "24 GB", "80 GiB"..., or a `MemoryLimit` that keeps a margin free) over the integer parameter `scale`; see
+    the module's docstring. `verify` (default: wherever this machine can hold the limit) measures the answer in
+    fresh processes before it is given."""
     from benchlib.measure import Device, resolve_device
     from benchlib.measure.devices import cuda_without_gpu
 
-    model_file, form, values, limit, chosen = _asked(path, memory, scale, engines, params, margin)
+    model_file, form, values, limit, margin, chosen = _asked(path, memory, scale, engines, params)
     points = scale_points(values[scale], scale)
     predicted = cuda_without_gpu(device)
     if predicted and verify:

@@ -13,7 +13,7 @@ from typing import Any
 
 from benchlib.units import format_bytes, format_seconds
 from benchlib.usermodel import fit as fitting
-from benchlib.usermodel.fit import FitError, _asked, fit
+from benchlib.usermodel.fit import FitError, MemoryLimit, _asked, fit
 
 MEASURED = "measured"
 
@@ -111,17 +111,16 @@ def parse_at(text: str) -> tuple[str, int]:
 
 
 def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engines: Sequence[str] | None = None,
-           params: Mapping[str, Any] | None = None, margin: float = 0.0,
-           progress: Callable[[str], None] = print) -> AtResult:
-    """Every engine at `at` (NAME=VALUE) under `memory`: measured in a fresh process each where this machine can hold
+           params: Mapping[str, Any] | None = None, progress: Callable[[str], None] = print) -> AtResult:
+    """Every engine at `at` (NAME=VALUE) under `memory` (a size, or a `MemoryLimit`): measured in a fresh process each where this machine can hold
     the limit, else predicted by `fit`'s size model over the parameter, with its out-of-sample error as interval."""
     from benchlib.measure import resolve_device
     from benchlib.measure.devices import cuda_without_gpu
     from benchlib.measure.isolation import available_memory
 
     scale, value = parse_at(at)
-    model_file, form, values, limit, chosen = _asked(path, memory, scale, engines, {**(params or {}), scale: value},
-                                                     margin)
+    model_file, form, values, limit, margin, chosen = _asked(path, memory, scale, engines,
+                                                             {**(params or {}), scale: value})
     predicted = cuda_without_gpu(device)
     target = None if predicted else resolve_device(device)
     if target is not None and limit <= available_memory(target):
@@ -141,8 +140,8 @@ def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engin
                      + (outcome if isinstance(outcome, str) else f"{format_bytes(outcome[0])}, "
                         f"{format_seconds(outcome[1])}/step"))
         return result
-    fitted = fit(path, memory=memory, scale=scale, device=device, engines=chosen, params={**(params or {}),
-                 scale: value}, verify=False, margin=margin, progress=progress)
+    fitted = fit(path, memory=MemoryLimit(limit, margin), scale=scale, device=device, engines=chosen,
+                 params={**(params or {}), scale: value}, verify=False, progress=progress)
     result = AtResult(fitted.name, scale, value, limit, margin, fitted.device, fitted.total)
     for engine_fit in fitted.engines:
         if engine_fit.model is None:

@@ -91,7 +91,7 @@ def fit_command(arguments: argparse.Namespace) -> int:
     from benchlib.report.plots.usermodel import fit_figure
     from benchlib.report.page import write_report
     from benchlib.records.store import default_results_root
-    from benchlib.usermodel.fit import FitError, fit
+    from benchlib.usermodel.fit import FitError, MemoryLimit, fit
     from benchlib.analysis.seed_verdicts import save_verdicts, seed_verdicts
     from benchlib.registry import verdict_rules
 
@@ -103,8 +103,8 @@ def fit_command(arguments: argparse.Namespace) -> int:
     started = time.monotonic()
     if arguments.at is not None:
         return _fit_at(arguments, chosen, started)
-    result = fit(file, memory=arguments.memory, scale=scale, device=device, engines=chosen,
-                 params=parse_assignments(arguments.param), verify=arguments.verify, margin=_share(arguments.margin))
+    result = fit(file, memory=MemoryLimit(arguments.memory, _share(arguments.margin)), scale=scale, device=device,
+                 engines=chosen, params=parse_assignments(arguments.param), verify=arguments.verify)
     print("\n".join(result.lines()))
     name = f"{result.name}_fit"
     question = (f"What is the largest {scale} at which {Path(file).name}'s step fits in {arguments.memory}, and under "
@@ -132,10 +132,11 @@ def _fit_at(arguments: argparse.Namespace, chosen: list[str] | None, started: fl
     from benchlib.records import Run
     from benchlib.records.store import default_results_root
     from benchlib.report.page import HEADLINE_SUFFIX, SUMMARY_COLUMN, write_report
+    from benchlib.usermodel.fit import MemoryLimit
     from benchlib.usermodel.fit_at import fit_at
 
-    result = fit_at(arguments.file, memory=arguments.memory, at=arguments.at, device=arguments.device, engines=chosen,
-                    params=parse_assignments(arguments.param), margin=_share(arguments.margin))
+    result = fit_at(arguments.file, memory=MemoryLimit(arguments.memory, _share(arguments.margin)), at=arguments.at,
+                    device=arguments.device, engines=chosen, params=parse_assignments(arguments.param))
     print("\n".join(result.lines()))
     name = f"{result.name}_fit_at"
     question = (f"Which engines fit {Path(arguments.file).name}'s step at {result.scale}={result.value} in "
