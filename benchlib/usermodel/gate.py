@@ -268,7 +268,7 @@ def measure_step(model: str | Path, engine: str = "torch", *, params: dict | Non
         try:
             combination_of(model_file, engine)
         except CombinationError as error:
-            raise GateError(str(error)) from None
+            raise GateError(f"{engine!r} is not an engine of {model_file.path.name}'s form: {error}") from None
     values = benchmark.config({**(benchmark.quick if quick else {}), **(params or {})}).plain()
     values = {name: values[name] for name in model_file.parameters}
     if not target.is_cuda and not memray_available():
