@@ -82,18 +82,19 @@ def test_the_best_engine_fits_the_largest_value_and_the_others_say_what_they_giv
                                                    "fit_check_error"}
 
 
-def test_where_this_machine_cannot_hold_the_next_point_the_line_says_how_far_it_extrapolated(tmp_path, monkeypatch):
+def test_where_this_machine_cannot_hold_the_limit_the_line_says_how_far_it_extrapolated(tmp_path, monkeypatch):
     from benchlib.measure import isolation
 
     monkeypatch.setattr(fitting, "_measure", fake_measure({"torch": lambda n: 100 * MB + n * MB / 4}))
-    monkeypatch.setattr(isolation, "available_memory", lambda device: 130 * MB)  # 64 fits; 128 would not
+    monkeypatch.setattr(isolation, "available_memory", lambda device: 150 * MB)  # below the 200.6 MB asked
     result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch"], params={"n": 64},
                  progress=lambda line: None)
     (torch_fit,) = result.engines
+    # no point toward an answer it could not confirm, and no confirmation
     assert [value for value, _, _ in torch_fit.points] == [8, 16, 32, 64] and torch_fit.max_fitting == 402
-    assert result.verified is None  # the machine cannot hold the limit: nothing to confirm with
+    assert result.verified is None
     assert "predicted, extrapolated 6.28x past the largest measured value (64)" in result.lines()[0]
-    assert "not measured nearer the answer: n=128 would need 132.0 MB; cpu has 130.0 MB available" in result.lines()[1]
+    assert "not measured nearer the answer: the limit is above the 150.0 MB cpu has available" in result.lines()[1]
 
 
 def test_the_answer_is_read_from_the_size_models_upper_bound_and_keeps_the_margin(tmp_path, monkeypatch):

@@ -576,18 +576,16 @@ def _approach(engine_fit: EngineFit, model_file, values: dict, scale: str, devic
     from benchlib.measure.isolation import available_memory
 
     available = available_memory(device)
+    if limit > available:  # the answer could not be measured here anyway: the line says how far it extrapolated
+        engine_fit.unmeasured = (f"the limit is above the {format_bytes(available)} {device.name} has available, so "
+                                 "the points stop at the value given")
+        return
     while True:
         answer = engine_fit.answer(limit)
         largest = max(value for value, _, _ in engine_fit.points)
         if answer is None or answer >= SEARCH_LIMIT or answer <= REACH * largest:
             return
-        value = min(answer, REACH * largest)
-        needed = engine_fit.model(value)
-        if needed > available:
-            engine_fit.unmeasured = (f"{scale}={value} would need {format_bytes(int(needed))}; {device.name} has "
-                                     f"{format_bytes(available)} available")
-            progress(f"{model_file.name} {engine_fit.engine}: not measured toward the answer: {engine_fit.unmeasured}")
-            return
+        value = min(answer, REACH * largest)  # its predicted total is under the limit, which this machine holds
         outcome = _measure(model_file, engine_fit.engine, {**values, scale: value}, device)
         if isinstance(outcome, str):
             engine_fit.unmeasured = f"{scale}={value}: {outcome}"
