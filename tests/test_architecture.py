@@ -20,6 +20,7 @@ LAYERS = (
     ("engines",),
     ("trials",),
     ("usermodel",),
+    ("fit",),
     ("zoo",),
     ("workloads",),
     ("registry",),
@@ -63,9 +64,10 @@ def test_no_module_imports_a_layer_above_its_own():
 
 def test_only_measure_and_the_schedulers_read_a_clock():
     """A figure is timed by benchlib.measure, so a fix to the loop is made once; runner (timeouts, the
-    budget) and trials (the deadline) read the wall clock to decide what runs, never to make a figure."""
+    budget), trials (the deadline) and fit (the time left it tells) read the wall clock to decide what runs
+    or to say how long it will take, never to make a figure."""
     clock = re.compile(r"perf_counter|time\.time\(|monotonic|process_time|import time\b|from time import")
-    schedulers = {"measure", "runner", "trials"}
+    schedulers = {"measure", "runner", "trials", "fit"}
     readers = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
                      if _part(path) not in schedulers and clock.search(path.read_text(encoding="utf-8")))
     assert readers == []
@@ -121,3 +123,44 @@ def test_no_function_takes_more_than_eight_parameters():
                 if count > 8:
                     wide.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name} takes {count}")
     assert wide == []
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported_modules(tree: ast.AST, modules: set[str]):
+    """Every benchlib module a file imports, anywhere in it (a function's body, a type-checking block): the module
+    named, or the module a `from package import name` takes when that name is one."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("benchlib"):
+            for alias in node.names:
+                yield f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module
+        elif isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names if alias.name.startswith("benchlib"))
+
+
+def test_no_two_modules_import_each_other_even_through_others():
+    """Module by module, not only part by part: a circle inside a part (two files each needing the other) is a
+    job split in the wrong place. A package's __init__ only re-exports, so arrows into it are not followed."""
+    files = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    packages = {_module_name(path) for path in PACKAGE.rglob("__init__.py")}
+    arrows = {name: {target for target in _imported_modules(ast.parse(path.read_text(encoding="utf-8")), set(files))
+                     if target in files and target not in packages and target != name}
+              for name, path in files.items() if name not in packages}
+    circles, done = [], set()
+
+    def walk(name: str, trail: list[str]) -> None:
+        if name in trail:
+            circles.append(" -> ".join(trail[trail.index(name):] + [name]))
+            return
+        if name in done:
+            return
+        for target in sorted(arrows.get(name, ())):
+            walk(target, trail + [name])
+        done.add(name)
+
+    for name in sorted(arrows):
+        walk(name, [])
+    assert circles == []

@@ -13,9 +13,10 @@ from benchlib.measure.caching_allocator import (LARGE_SEGMENT, SMALL_SEGMENT, Ca
                                                 segment_size)
 from benchlib.records import load_records, load_run_info
 from benchlib.runner.cli import main
-from benchlib.usermodel import fit as fitting
-from benchlib.usermodel.cuda_prediction import BASIS, RECURRENT, largest_fitting, predict_reserved
-from benchlib.usermodel.fit import SEARCH_LIMIT
+from benchlib.fit import measured
+from benchlib.fit.largest import fit
+from benchlib.fit.predicted import BASIS, RECURRENT, largest_fitting, predict_reserved
+from benchlib.fit.sizing import SEARCH_LIMIT
 from benchlib.usermodel.loader import read_model_file
 from benchlib.usermodel.template import TEMPLATE
 from test_fit import blocks_file, model_file
@@ -103,7 +104,7 @@ def test_the_bisection_over_traces_finds_the_largest_fitting_value():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, --device cuda measures")
 def test_a_step_whose_operators_grow_with_the_value_is_traced_no_farther_than_eight_times_it(tmp_path, monkeypatch):
-    from benchlib.usermodel import cuda_prediction
+    from benchlib.fit import predicted as cuda_prediction
 
     asked = []
 
@@ -113,7 +114,7 @@ def test_a_step_whose_operators_grow_with_the_value_is_traced_no_farther_than_ei
 
     monkeypatch.setattr(cuda_prediction, "predict_reserved", fake_trace)
     path = model_file(tmp_path)
-    result = fitting.fit(path, memory=100 * MiB + 1000 * MiB, scale="n", device="cuda", engines=["torch"],
+    result = fit(path, memory=100 * MiB + 1000 * MiB, scale="n", device="cuda", engines=["torch"],
                          params={"n": 16}, progress=lambda line: None)
     (torch_fit,) = result.engines
     assert max(asked) == 8 * 16 and torch_fit.max_fitting == 1000  # the linear size model, beyond the traces
@@ -141,13 +142,13 @@ def test_the_fake_tensor_trace_replays_the_same_allocations_as_real_tensors(tmp_
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, --device cuda measures")
 def test_fit_on_cuda_without_a_gpu_predicts_labels_everything_and_measures_nothing(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(fitting, "_measure", None)  # any measurement would raise
+    monkeypatch.setattr(measured, "measure_step", None)  # any measurement would raise
     path = str(model_file(tmp_path))
     assert main(["fit", path, "--memory", "100 MB", "--scale", "n", "-p", "n=16", "--device", "cuda",
                  "--engines", "torch,torch-offload", "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     assert f"tiny, {BASIS}: the largest n under 100.0 MB of CUDA reserved memory is" in out
-    assert "torch-offload       not predicted: its saved activations move to the host" in out
+    assert "  torch-offload  not predicted: its saved activations move to the host" in out
     (run,) = (tmp_path / "out").iterdir()
     records = load_records(run)
     assert set(records["metric"]) == {"predicted_total_bytes", "fit_check_error", "max_fitting", "not_applicable"}
@@ -210,7 +211,7 @@ def test_a_step_whose_cuda_kernels_choose_their_own_memory_is_predicted_as_a_flo
                                                     "torch.nn.GRU(8, 8, batch_first=True)")
                          .replace("self.attention(h, h, h, need_weights=False)", "self.attention(h)"))
     assert RECURRENT in predict_reserved(read_model_file(recurrent), "torch", {"n": 8}).unseen
-    monkeypatch.setattr(fitting, "_measure", None)
+    monkeypatch.setattr(measured, "measure_step", None)
     assert main(["fit", str(path), "--memory", "100 MB", "--scale", "n", "--device", "cuda", "--engines", "torch",
                  "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out

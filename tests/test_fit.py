@@ -10,9 +10,13 @@ import pytest
 
 from benchlib.records import load_records, load_run_info
 from benchlib.runner.cli import main
-from benchlib.usermodel import fit as fitting
+from benchlib.fit import measured
+from benchlib.fit.asking import FitError, MemoryLimit, scale_points
+from benchlib.fit.largest import fit
+from benchlib.fit.result import EngineFit
+from benchlib.fit.sizing import LINEAR, QUADRATIC, SEARCH_LIMIT, TRACE, SizeModel, choose_model, trace_model
+from benchlib.fit.tracing import traced_peak, tracked_peak
 from benchlib.usermodel.loader import read_model_file
-from benchlib.usermodel.fit import LINEAR, QUADRATIC, SEARCH_LIMIT, FitError, choose_model, fit, scale_points
 from test_usermodel import GOOD
 
 MB = 1e6
@@ -60,7 +64,7 @@ def test_the_points_are_fractions_of_the_value_given_and_too_few_are_refused():
 
 
 def test_the_best_engine_fits_the_largest_value_and_the_others_say_what_they_give_up(tmp_path, monkeypatch):
-    monkeypatch.setattr(fitting, "_measure", fake_measure({"torch": lambda n: 100 * MB + n * MB,
+    monkeypatch.setattr(measured, "measure_step", fake_measure({"torch": lambda n: 100 * MB + n * MB,
                                                            "torch-checkpoint": lambda n: 100 * MB + n * MB / 4}))
     result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch", "torch-checkpoint", "torch.func"],
                  params={"n": 64}, verify=False, progress=lambda line: None)
@@ -68,15 +72,17 @@ def test_the_best_engine_fits_the_largest_value_and_the_others_say_what_they_giv
     assert by_engine["torch"].max_fitting == 100 and by_engine["torch-checkpoint"].max_fitting == 402
     assert result.best.engine == "torch-checkpoint"
     assert "not applicable: on purpose" in by_engine["torch.func"].reason
-    # measured toward the answer, doubling, until it lies within twice a measured value
-    assert [value for value, _, _ in by_engine["torch-checkpoint"].points] == [8, 16, 32, 64, 128, 256]
+    # measured toward the answer in one step, to where it lies a little less than twice past the point measured
+    assert [value for value, _, _ in by_engine["torch-checkpoint"].points] == [8, 16, 32, 64, 252]
     assert [value for value, _, _ in by_engine["torch"].points] == [8, 16, 32, 64]  # 100 is within 2x of 64
     lines = result.lines()
     assert lines[0] == ("tiny: the largest n under 200.6 MB (the process's resident high-water mark) is 402, with "
-                        "torch-checkpoint (1.000 ms per sample, measured at 256); predicted, extrapolated 1.57x past "
-                        "the largest measured value (256), its size model's out-of-sample error 0.0% added")
-    assert "up to n=100 (predicted, extrapolated 1.56x" in lines[1]
-    assert "model, predicted the largest point within 0.0%" in lines[1]
+                        "torch-checkpoint (1.000 ms per sample, measured at 252); predicted, extrapolated 1.60x past "
+                        "the largest measured value (252), its size model's out-of-sample error 0.0% added")
+    assert lines[1].startswith("tiny: the fastest at n=100, the largest every fitting engine reaches, is torch")
+    torch_line = next(line for line in lines if line.startswith("  torch "))
+    assert "up to n=100: 200.0 MB" in torch_line and "predicted, extrapolated 1.56x" in torch_line
+    assert "model, 0.0% out of sample)" in torch_line
     records = result.records()
     assert {row["metric"] for row in records} >= {"fit_total_bytes", "predicted_total_bytes", "max_fitting",
                                                    "fit_check_error"}
@@ -85,21 +91,21 @@ def test_the_best_engine_fits_the_largest_value_and_the_others_say_what_they_giv
 def test_where_this_machine_cannot_hold_the_limit_the_line_says_how_far_it_extrapolated(tmp_path, monkeypatch):
     from benchlib.measure import isolation
 
-    monkeypatch.setattr(fitting, "_measure", fake_measure({"torch": lambda n: 100 * MB + n * MB / 4}))
+    monkeypatch.setattr(measured, "measure_step", fake_measure({"torch": lambda n: 100 * MB + n * MB / 4}))
     monkeypatch.setattr(isolation, "available_memory", lambda device: 150 * MB)  # below the 200.6 MB asked
     result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch"], params={"n": 64},
                  progress=lambda line: None)
     (torch_fit,) = result.engines
     # no point toward an answer it could not confirm, and no confirmation
     assert [value for value, _, _ in torch_fit.points] == [8, 16, 32, 64] and torch_fit.max_fitting == 402
-    assert result.verified is None
+    assert all(not fit.checked and fit.confirmed is None for fit in result.engines)
     assert "predicted, extrapolated 6.28x past the largest measured value (64)" in result.lines()[0]
     assert "not measured nearer the answer: the limit is above the 150.0 MB cpu has available" in result.lines()[1]
 
 
 def test_the_answer_is_read_from_the_size_models_upper_bound_and_keeps_the_margin(tmp_path, monkeypatch):
     noisy = {8: 1.0, 16: 1.0, 32: 1.0, 64: 1.1}  # the largest point 10% above the line through the others
-    monkeypatch.setattr(fitting, "_measure", lambda _file, _engine, values, _device: (
+    monkeypatch.setattr(measured, "measure_step", lambda _file, _engine, values, _device: (
         int((100 * MB + values["n"] * MB) * noisy.get(values["n"], 1.0)), 1e-3))
     result = fit(model_file(tmp_path), memory="300 MB", scale="n", engines=["torch"], params={"n": 64},
                  verify=False, progress=lambda line: None)
@@ -108,8 +114,8 @@ def test_the_answer_is_read_from_the_size_models_upper_bound_and_keeps_the_margi
     assert error > 0.05
     assert torch_fit.model(torch_fit.max_fitting) * (1 + error) <= 300 * MB
     assert torch_fit.model(torch_fit.max_fitting + 1) * (1 + error) > 300 * MB
-    monkeypatch.setattr(fitting, "_measure", fake_measure({"torch": lambda n: 100 * MB + n * MB}))
-    kept = fit(model_file(tmp_path), memory=fitting.MemoryLimit("300 MB", 0.1), scale="n", engines=["torch"],
+    monkeypatch.setattr(measured, "measure_step", fake_measure({"torch": lambda n: 100 * MB + n * MB}))
+    kept = fit(model_file(tmp_path), memory=MemoryLimit("300 MB", 0.1), scale="n", engines=["torch"],
                params={"n": 64}, verify=False, progress=lambda line: None)
     answer = kept.engines[0].max_fitting  # 10% of 300 MB kept free: at most 100 MB + 170 MB, and not timid
     assert 100 * MB + answer * MB <= 270 * MB < 100 * MB + (answer + 2) * MB
@@ -118,23 +124,23 @@ def test_the_answer_is_read_from_the_size_models_upper_bound_and_keeps_the_margi
 
 
 def test_the_answer_is_confirmed_by_measurement_by_default_and_no_verify_skips_it(tmp_path, monkeypatch, capsys):
-    measured = []
+    asked = []
 
     def measure(_file, engine, values, _device):
-        measured.append(values["n"])
+        asked.append(values["n"])
         return int(100 * MB + values["n"] * MB), values["n"] * 1e-3
 
-    monkeypatch.setattr(fitting, "_measure", measure)
+    monkeypatch.setattr(measured, "measure_step", measure)
     path = str(model_file(tmp_path))
     assert main(["fit", path, "--memory", "150 MB", "--scale", "n", "--engines", "torch", "-p", "n=32",
                  "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
-    assert "is 50, with torch" in out and "measured, in fresh processes at 2 values" in out
-    assert 50 in measured and 51 in measured  # the answer, and one past it over the limit
-    measured.clear()
+    assert "is 50, with torch" in out and "confirmed: measured in fresh processes at 2 values" in out
+    assert 50 in asked and 51 in asked  # the answer, and one past it over the limit
+    asked.clear()
     assert main(["fit", path, "--memory", "150 MB", "--scale", "n", "--engines", "torch", "-p", "n=32",
                  "--no-verify", "--out", str(tmp_path / "out2")]) == 0
-    assert measured == [4, 8, 16, 32] and "predicted, extrapolated 1.56x" in capsys.readouterr().out
+    assert asked == [4, 8, 16, 32] and "predicted, extrapolated 1.56x" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -146,14 +152,14 @@ def test_the_answer_is_confirmed_by_measurement_by_default_and_no_verify_skips_i
     (["--memory", "1 GB", "--scale", "n", "-p", "n=2"], "only 2 distinct values"),
 ])
 def test_bad_input_is_refused_with_exit_2_before_anything_is_measured(tmp_path, monkeypatch, capsys, argv, message):
-    monkeypatch.setattr(fitting, "_measure", None)  # any measurement would raise
+    monkeypatch.setattr(measured, "measure_step", None)  # any measurement would raise
     assert main(["fit", str(model_file(tmp_path)), *argv, "--out", str(tmp_path / "out")]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
 def test_exit_0_when_an_engine_fits_and_1_when_none_fits_at_the_smallest_value(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(fitting, "_measure", fake_measure({"torch": lambda n: 100 * MB + n * MB}))
+    monkeypatch.setattr(measured, "measure_step", fake_measure({"torch": lambda n: 100 * MB + n * MB}))
     path = str(model_file(tmp_path))
     assert main(["fit", path, "--memory", "150 MB", "--scale", "n", "--engines", "torch", "-p", "n=16",
                  "--out", str(tmp_path / "out")]) == 0
@@ -173,7 +179,7 @@ def test_a_real_fit_predicts_the_measured_total_at_twice_the_largest_point(tmp_p
     path.write_text(textwrap.dedent(GOOD).replace('"width": 16, "n": 8', '"width": 1024, "n": 16384'))
     result = fit(path, memory="100 GB", scale="n", engines=["torch"], params={"n": 16384}, progress=lambda line: None)
     (torch_fit,) = result.engines
-    measured, _seconds = fitting._measure(read_model_file(path), "torch", {"width": 1024, "n": 32768}, fitting_device())
+    measured, _seconds = measured.measure_step(read_model_file(path), "torch", {"width": 1024, "n": 32768}, fitting_device())
     assert math.isfinite(torch_fit.model.check_error)
     assert abs(torch_fit.model(32768) - measured) / measured < 0.10
 
@@ -192,16 +198,16 @@ def test_the_trace_model_is_the_traced_curve_mapped_onto_the_measured_totals_and
         return 1000 * value + 50
 
     points = [(2, 12_050 + 2_000), (4, 14_050 + 2_000), (8, 18_050 + 2_000)]  # measured = traced + 12_000
-    model, peaks = fitting.trace_model(points, trace)
-    assert model.kind == fitting.TRACE and model.check_error == pytest.approx(0, abs=1e-9)
+    model, peaks = trace_model(points, trace)
+    assert model.kind == TRACE and model.check_error == pytest.approx(0, abs=1e-9)
     assert model(1000) == pytest.approx(1_012_050)
     assert sorted(traced) == [2, 4, 8, 16, 32, 64] and peaks[64] == 64_050  # the measured values, then 2x, 4x, 8x
-    quadratic, _ = fitting.trace_model(points, lambda value: value * value)  # the allocator's bytes per tensor byte
+    quadratic, _ = trace_model(points, lambda value: value * value)  # the allocator's bytes per tensor byte
     scale, offset = np.polyfit([4, 16, 64], [14_050, 16_050, 20_050], 1)  # and the constant, by least squares
     assert quadratic(100) == pytest.approx(scale * 10_000 + offset)
-    grown, _ = fitting.trace_model([(2, 1_000 + 2_000), (4, 1_000 + 4_000), (8, 1_000 + 8_000)], lambda value: 800 * value)
+    grown, _ = trace_model([(2, 1_000 + 2_000), (4, 1_000 + 4_000), (8, 1_000 + 8_000)], lambda value: 800 * value)
     assert grown.check_error == pytest.approx(0) and grown(100) == pytest.approx(1_000 + 100_000)
-    off, _ = fitting.trace_model([(2, 100), (4, 200), (8, 900)], lambda value: 0)
+    off, _ = trace_model([(2, 100), (4, 200), (8, 900)], lambda value: 0)
     assert off.check_error == pytest.approx(750 / 900)  # the constant of the smaller points misses the largest
 
 
@@ -244,14 +250,14 @@ def test_a_fake_tensor_trace_counts_the_bytes_a_real_step_holds_at_its_peak(tmp_
     # the same tracker over real tensors: the trace under fake tensors must hold the same bytes, taking none
     file = blocks_file(tmp_path)
     for n in (4, 32):
-        real = fitting.tracked_peak(file, engine, {"n": n})
+        real = tracked_peak(file, engine, {"n": n})
         parameters = sum(p.numel() * p.element_size() for p in file.build({"n": n})[0].parameters())
         assert real >= 3 * parameters  # parameters and Adam's two moments at least, gradients besides
-        assert fitting.traced_peak(file, engine, {"n": n}) == real
+        assert traced_peak(file, engine, {"n": n}) == real
     import resource
 
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    huge = fitting.traced_peak(file, engine, {"n": 50_000_000})  # 3.2 GB of batch alone: traced, never held
+    huge = traced_peak(file, engine, {"n": 50_000_000})  # 3.2 GB of batch alone: traced, never held
     assert huge > 10 * 2**30 and resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before < 2**30
 
 
@@ -259,12 +265,18 @@ def test_a_step_torch_cannot_trace_keeps_the_measured_model_and_says_why(tmp_pat
     path = tmp_path / "held.py"  # the batch, a slice of a tensor made at import: real, where the trace is fake
     path.write_text(OWN_ACTIVATIONS.replace("def batch(n):", "DATA = torch.randn(4096, 16)\n\ndef batch(n):")
                     .replace("return (torch.randn(n, 16),)", "return (DATA[:n],)"))
-    monkeypatch.setattr(fitting, "_measure", fake_measure({"torch": lambda n: 100 * MB + n * MB}))
+    monkeypatch.setattr(measured, "measure_step", fake_measure({"torch": lambda n: 100 * MB + n * MB}))
     (engine_fit,) = fit(path, memory="1 GB", scale="n", engines=["torch"], params={"n": 64},
                         progress=lambda line: None).engines
     assert engine_fit.model.kind == LINEAR and engine_fit.untraced and not engine_fit.traced
     assert "not traced: " + engine_fit.untraced in "\n".join(fit(path, memory="1 GB", scale="n", engines=["torch"],
                                                                    params={"n": 64}, progress=lambda line: None).lines())
+
+
+def linear_fit(**fields):
+    """An engine measured at 1, 2 and 4, 1000 bytes per unit, whose linear size model says so exactly."""
+    return EngineFit("torch", points=[(1, 1000, 0.0), (2, 2000, 0.0), (4, 4000, 0.0)],
+                     model=SizeModel(LINEAR, (1000.0, 0.0), 0.0), **fields)
 
 
 def test_verify_finds_the_true_largest_value_by_measurement_from_either_side_of_the_prediction():
@@ -274,10 +286,11 @@ def test_verify_finds_the_true_largest_value_by_measurement_from_either_side_of_
         probed.append(value)
         return (1000 * value, 0.0) if value not in failing else "failed: on purpose"
 
-    best = fitting.EngineFit("torch", points=[(1, 1000, 0.0), (2, 2000, 0.0), (4, 4000, 0.0)],
-                             model=fitting.SizeModel(LINEAR, (1000.0, 0.0), 0.0))
-    search = lambda predicted, limit=10_500, affordable=1e12: fitting._largest_measured(  # noqa: E731
-        measure, predicted, 1000 * predicted, limit, best, affordable, lambda line: None, "n")
+    def search(predicted, limit=10_500, affordable=1e12):
+        best = linear_fit(checked={predicted: 1000 * predicted})
+        largest = measured.largest_measured(measure, best, "n", limit, affordable, lambda line: None)
+        return None if largest is None else (largest, dict(sorted(best.checked.items())))
+
     assert search(7) == (10, {7: 7000, 10: 10_000, 11: 11_000})
     assert probed == [10, 11]  # where the line through the totals crosses the limit, then one past it
     probed.clear()
@@ -298,10 +311,9 @@ def test_verify_bisects_where_the_totals_are_not_a_line():
         probed.append(value)
         return (1000 * value + (5000 if value >= 12 else 0), 0.0)
 
-    best = fitting.EngineFit("torch", points=[(1, 1000, 0.0), (2, 2000, 0.0), (4, 4000, 0.0)],
-                             model=fitting.SizeModel(LINEAR, (1000.0, 0.0), 0.0))
-    largest, searched = fitting._largest_measured(measure, 8, 8000, 14_000, best, 1e12, lambda line: None, "n")
-    assert largest == 11 and searched[11] <= 14_000 < searched[12]
+    best = linear_fit(checked={8: 8000})
+    largest = measured.largest_measured(measure, best, "n", 14_000, 1e12, lambda line: None)
+    assert largest == 11 and best.checked[11] <= 14_000 < best.checked[12]
     assert len(probed) <= 5
 
 
@@ -320,7 +332,7 @@ def test_fit_measures_under_the_allocator_a_training_process_has_not_the_one_run
         raise benchlib.measure.CaseNotApplicable("tiny/torch", "stop here")
 
     monkeypatch.setattr(benchlib.measure, "run_isolated", run_isolated)
-    outcome = fitting._measure(read_model_file(model_file(tmp_path)), "torch", {"width": 4, "n": 3},
+    outcome = measured.measure_step(read_model_file(model_file(tmp_path)), "torch", {"width": 4, "n": 3},
                                resolve_device("cpu"))
     assert outcome == "not applicable: stop here"
     assert seen == ["glibc-default"] and DEFAULT_MALLOC_POLICY != "glibc-default"
@@ -332,7 +344,7 @@ def test_at_the_batch_you_have_the_engines_that_fit_are_ranked_fastest_first(tmp
     per_step = {"torch": 2e-3, "torch-checkpoint": 3e-3, joined: 1e-3}
     totals = {"torch": lambda n: 100 * MB + n * MB, "torch-checkpoint": lambda n: 100 * MB + n * MB / 4,
               joined: lambda n: 100 * MB + n * MB / 8}
-    monkeypatch.setattr(fitting, "_measure", lambda _file, engine, values, _device: (
+    monkeypatch.setattr(measured, "measure_step", lambda _file, engine, values, _device: (
         int(totals[engine](values["n"])), per_step[engine]))
     path = str(model_file(tmp_path))
     engines = "torch,torch-checkpoint,torch-autocast+torch-checkpoint"
@@ -352,9 +364,9 @@ def test_at_the_batch_you_have_the_engines_that_fit_are_ranked_fastest_first(tmp
 
 def test_at_a_limit_this_machine_cannot_hold_the_totals_are_predicted_with_their_interval(tmp_path, monkeypatch):
     from benchlib.measure import isolation
-    from benchlib.usermodel.fit_at import fit_at
+    from benchlib.fit.at import fit_at
 
-    monkeypatch.setattr(fitting, "_measure", fake_measure({"torch": lambda n: 100 * MB + n * MB}))
+    monkeypatch.setattr(measured, "measure_step", fake_measure({"torch": lambda n: 100 * MB + n * MB}))
     monkeypatch.setattr(isolation, "available_memory", lambda device: 50 * 10 ** 9)
     result = fit_at(model_file(tmp_path), memory="80 GB", at="n=64", engines=["torch"], progress=lambda line: None)
     (torch_at,) = result.engines
@@ -369,6 +381,76 @@ def test_at_a_limit_this_machine_cannot_hold_the_totals_are_predicted_with_their
     (["--memory", "1 GB", "--at", "width=x"], "--at 'width=x'"),
 ])
 def test_at_refuses_what_it_cannot_answer_before_anything_is_measured(tmp_path, monkeypatch, capsys, argv, message):
-    monkeypatch.setattr(fitting, "_measure", None)
+    monkeypatch.setattr(measured, "measure_step", None)
     assert main(["fit", str(model_file(tmp_path)), *argv, "--out", str(tmp_path / "out")]) == 2
     assert message in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_two_answers_the_largest_value_and_the_fastest_engine_at_the_largest_value_all_reach(tmp_path, monkeypatch):
+    def measure(_file, engine, values, _device):  # checkpointing: a quarter of the memory per sample, 3x the time
+        per_sample = {"torch": (MB, 1e-3), "torch-checkpoint": (MB / 4, 3e-3)}[engine]
+        return int(100 * MB + values["n"] * per_sample[0]), values["n"] * per_sample[1]
+
+    monkeypatch.setattr(measured, "measure_step", measure)
+    result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch", "torch-checkpoint"],
+                 params={"n": 64}, verify=False, progress=lambda line: None)
+    assert result.best.engine == "torch-checkpoint" and result.best.largest == 402
+    assert result.common_value == 100 and result.fastest.engine == "torch"
+    largest, fastest = result.answers()
+    assert "the largest n under 200.6 MB" in largest and "is 402, with torch-checkpoint" in largest
+    assert "the fastest at n=100, the largest every fitting engine reaches, is torch (1.000 ms per sample" in fastest
+    rows = {row["engine"]: row for row in result.rows()}
+    assert rows["torch-checkpoint"]["answer"] == largest and rows["torch"]["answer"] == fastest
+    assert rows["torch"]["largest"] == 100 and rows["torch"]["seconds_per_sample"] == pytest.approx(1e-3)
+    low, high = rows["torch"]["total_low"], rows["torch"]["total_high"]
+    assert low <= rows["torch"]["total_bytes"] <= high
+
+
+def test_confirmation_measures_the_fastest_engine_at_the_common_value_too(tmp_path, monkeypatch):
+    asked = []
+
+    def measure(_file, engine, values, _device):
+        asked.append((engine, values["n"]))
+        per_sample = {"torch": (MB, 1e-3), "torch-checkpoint": (MB / 4, 3e-3)}[engine]
+        return int(100 * MB + values["n"] * per_sample[0]), values["n"] * per_sample[1]
+
+    monkeypatch.setattr(measured, "measure_step", measure)
+    result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch", "torch-checkpoint"],
+                 params={"n": 64}, verify=True, progress=lambda line: None)
+    assert result.best.confirmed == 402 and ("torch-checkpoint", 403) in asked  # one past it, over the limit
+    assert result.fastest.engine == "torch" and ("torch", 100) in asked  # the common value, measured
+    records = result.records()
+    confirming = [row for row in records if row["metric"] == "fit_total_bytes" and '"confirms": true' in row["params"]]
+    assert {(row["variant"], json.loads(row["params"])["value"]) for row in confirming} >= {("torch", 100),
+                                                                                          ("torch-checkpoint", 403)}
+
+
+def test_added_combinations_are_predicted_from_their_traces_and_measured_only_past_every_engine(tmp_path, monkeypatch):
+    from benchlib.fit import largest
+
+    per_byte = {"torch": 1.0, "torch-checkpoint+torch-autocast": 0.25, "torch-sac+torch-autocast": 2.0}
+
+    def trace(_file, engine, values):  # the combinations' steps, as if traced: bytes per sample by engine
+        if engine not in per_byte:
+            raise NotImplementedError("not traceable here")
+        return int(values["n"] * MB * per_byte[engine])
+
+    def measure(_file, engine, values, _device):
+        return int(100 * MB + values["n"] * MB * per_byte[engine]), values["n"] * 1e-3
+
+    monkeypatch.setattr(measured, "traced_peak", trace)
+    monkeypatch.setattr(largest, "traced_peak", trace)
+    monkeypatch.setattr(measured, "measure_step", measure)
+    lines = []
+    result = fit(model_file(tmp_path), memory="300 MB", scale="n", engines=None,
+                 params={"n": 64, "engines": "torch"}, verify=False, progress=lines.append)
+    fits = {engine_fit.engine: engine_fit for engine_fit in result.engines}
+    assert fits["torch"].max_fitting == 200
+    beyond = fits["torch-checkpoint+torch-autocast"]  # predicted 800 > 200: on the frontier, so measured
+    assert beyond.points and beyond.max_fitting == 800 and result.best is beyond
+    short = fits["torch-sac+torch-autocast"]  # predicted 100: not measured, its answer a prediction
+    assert not short.points and short.max_fitting == 100 and "not measured" in short.unmeasured
+    untraced = [fit for name, fit in fits.items() if name not in per_byte]
+    assert untraced and all(fit.reason.startswith("not predicted: its step cannot be traced") and not fit.points
+                            for fit in untraced)
+    assert any("past every measured engine (200): measured" in line for line in lines)

@@ -24,6 +24,7 @@ import pandas as pd
 from benchlib.analysis.seed_verdicts import QUICK_CAVEAT, load_verdicts
 from benchlib.records.store import RUN_INFO, load_run_info, resolve_run, write_text_atomic
 from benchlib.report.tables.compact import constant_columns_apart, every_row_text
+from benchlib.report.tables.fit import is_fit_headline
 
 REPORT = "report.html"
 HEADLINE_SUFFIX = "_headline"  # tables/<notebook>_headline.parquet are shown in the notebook's section
@@ -167,6 +168,8 @@ h1 { font-size: 1.6em; margin-bottom: 4px; } pre.answer { background: #f6f8fa; p
 table.table { border-collapse: collapse; font-size: 0.9em; margin: 8px 0 16px; }
 table.table th, table.table td { padding: 3px 10px; border-bottom: 1px solid #e3e3e3; text-align: left; }
 table.table th { background: #f4f4f4; }
+.answer-line { font-weight: 600; margin: 4px 0; }
+table.fit td { white-space: normal !important; overflow-wrap: anywhere; } table.fit td:first-child { min-width: 9em; }
 table.answer { width: 100%; } table.answer td { vertical-align: top; white-space: nowrap; } table.answer td:first-child { white-space: normal; } table.answer td:last-child { white-space: normal; overflow-wrap: anywhere; min-width: 12em; }
 .wide { overflow-x: auto; }
 .status-ok { color: #1a7f37; } .status-failed, .status-partial, .status-interrupted { color: #b42318; font-weight: bold; }
@@ -316,7 +319,10 @@ def build_report(run: str | os.PathLike) -> str:
             parts.append(f"<p>{line}</p>")
         for name, frame in headlines[section]:
             answer = _answer_html(frame)
-            if answer:  # the answer, as at the top; the full table folds away
+            if answer and is_fit_headline(frame):  # shown once, at the top: here the figure and every column
+                parts.append(f"<p><a href='#answers'>The answer is at the top.</a></p><details><summary>{esc(name)}: "
+                             "every column</summary>" + table_html(frame) + "</details>")
+            elif answer:  # the answer, as at the top; the full table folds away
                 parts.append(answer + f"<details><summary>{esc(name)}: every column</summary>"
                              + table_html(frame.drop(columns=[SUMMARY_COLUMN], errors="ignore")) + "</details>")
             else:
@@ -349,10 +355,15 @@ def build_report(run: str | os.PathLike) -> str:
 
 
 def _answer_html(headline: pd.DataFrame) -> str:
-    """An engine-comparing headline as the answer table (and a model file's fastest engine per memory level); ""
-    for any other headline."""
+    """An engine-comparing headline as the answer table (and a model file's fastest engine per memory level), a
+    fit's as its answers and table; "" for any other headline."""
     from benchlib.report.tables.answers import answer_table, fastest_table
+    from benchlib.report.tables.fit import fit_answers, fit_table, is_fit_headline
 
+    if is_fit_headline(headline):
+        return ("".join(f"<p class='answer-line'>{html.escape(line)}</p>" for line in fit_answers(headline))
+                + "<div class='wide'>" + table_html(fit_table(headline)).replace(
+                    "class=\"dataframe table\"", "class=\"dataframe table answer fit\"") + "</div>")
     answer = answer_table(headline)
     if answer is None:  # a headline of its own shape: its summary lines, if it has them, as they are
         lines = map(str, headline[SUMMARY_COLUMN]) if SUMMARY_COLUMN in headline else ()

@@ -13,14 +13,33 @@ from __future__ import annotations
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from benchlib.engine_names import COMBINED, TORCH
 
 if TYPE_CHECKING:
     import torch
 
-    from benchlib.engines.techniques.step import Step
+
+class StepView(Protocol):
+    """What a technique's hooks read and set of the step that composes them (`benchlib.engines.techniques.step`)."""
+
+    model: torch.nn.Module
+    batch: tuple
+    loss: Callable
+    named: list[tuple[str, torch.Tensor]]  # the parameters that take gradients, by name
+    parts: list[tuple[tuple, float]]  # (micro-)batches and their losses' scale
+    forward: Callable  # batch -> loss, what backward differentiates
+    optimizer_factory: Callable | None
+    optimizers: list
+    observer: Callable | None  # called with (name, gradient) as each gradient is complete, when set
+    device_type: str
+    compile_s: float | None
+
+    def contextual_loss(self, model: torch.nn.Module, *batch: Any) -> torch.Tensor: ...
+
+    def first_call(self, call: Callable) -> float: ...
 
 
 class Aspect(str, Enum):
@@ -103,14 +122,14 @@ class Technique:
         """What its records carry of how it ran on `model` (its checkpointed modules, its dtype)."""
         return {}
 
-    def prepare(self, step: Step) -> None:
+    def prepare(self, step: StepView) -> None:
         """Change `step` at set-up: wrap modules, split the batch, make optimizers, compile."""
 
-    def forward_context(self, step: Step) -> AbstractContextManager:
+    def forward_context(self, step: StepView) -> AbstractContextManager:
         """The context the forward pass runs in (autocast, a saved-tensor hook)."""
         return nullcontext()
 
-    def differentiate(self, step: Step, batch: tuple, scale: float) -> None:
+    def differentiate(self, step: StepView, batch: tuple, scale: float) -> None:
         """The gradient of one (micro-)batch into the parameters' `.grad`, called on the technique owning
         GRADIENT: autograd's backward of `step.forward` unless it overrides this (torch.func)."""
         backward(step, batch, scale)
@@ -120,7 +139,7 @@ class Technique:
         return None
 
 
-def backward(step: Step, batch: tuple, scale: float) -> None:
+def backward(step: StepView, batch: tuple, scale: float) -> None:
     """Eager autograd's gradient of one (micro-)batch, its loss scaled to the whole batch's."""
     loss = step.forward(*batch)
     (loss * scale if scale != 1.0 else loss).backward()

@@ -155,11 +155,16 @@ def _half(high: float, low: float) -> float:
 
 def fit_figure(records: pd.DataFrame) -> go.Figure:
     """`benchlib fit`: where does each engine's total memory cross the limit? Per engine its measured totals
-    (markers) and its size model's prediction (line) against the scale parameter, the limit as a line, the
-    largest fitting value marked."""
+    (dots), its size model's prediction (dashed), what was measured to confirm an answer (open diamonds) and the
+    confirmed answer (a star), against the scale parameter; the limit as a line, each largest fitting value marked."""
     import json
 
-    measured = records[records["metric"] == "fit_total_bytes"]
+    def read(frame: pd.DataFrame, key: str, default=None) -> pd.Series:
+        return frame["params"].map(lambda text: json.loads(text).get(key, default))
+
+    totals = records[records["metric"] == "fit_total_bytes"]
+    confirming = read(totals, "confirms", False).astype(bool) if len(totals) else pd.Series(dtype=bool)
+    measured, checked = totals[~confirming], totals[confirming]
     predicted = records[records["metric"] == "predicted_total_bytes"]
     largest = records[records["metric"] == "max_fitting"]
     either = measured if len(measured) else predicted
@@ -167,39 +172,52 @@ def fit_figure(records: pd.DataFrame) -> go.Figure:
     scale, limit = params.get("scale", "value"), params.get("limit")
     traced_only = params.get("basis", "measured") != "measured"  # predicted without a GPU: no measured points
     fig = go.Figure()
-    for engine, rows in either.groupby("variant", sort=False):
+    for engine in dict.fromkeys([*measured["variant"], *predicted["variant"]]):
         color = engine_color(engine)
-        if not traced_only:
-            values = rows["params"].map(lambda text: json.loads(text)["value"])
-            fig.add_trace(go.Scatter(x=values, y=rows["value"] / MB, mode="markers", name=f"{engine} measured",
-                                     legendgroup=engine, marker=dict(color=color, size=9),
+        rows = measured[measured["variant"] == engine]
+        if len(rows):
+            fig.add_trace(go.Scatter(x=read(rows, "value"), y=rows["value"] / MB, mode="markers",
+                                     name=f"{engine} measured", legendgroup=engine, marker=dict(color=color, size=9),
                                      hovertemplate=f"{engine}: %{{y:.1f}} MB at {scale}=%{{x}}<extra>measured</extra>"))
         curve = predicted[predicted["variant"] == engine]
         if len(curve):
-            curve = curve.assign(at=curve["params"].map(lambda text: json.loads(text)["value"]),
-                                 model=curve["params"].map(lambda text: json.loads(text).get("model", ""))
-                                 ).sort_values("at")
+            curve = curve.assign(at=read(curve, "value"), model=read(curve, "model", "")).sort_values("at")
             for model, part in curve.groupby("model", sort=False):
                 traced = traced_only and model == "trace"  # a prediction's traces: the allocator's steps, drawn as such
                 fig.add_trace(go.Scatter(
                     x=part["at"], y=part["value"] / MB, mode="lines+markers" if traced else "lines",
-                    name=f"{engine} {'traced' if traced else model + ' model'}", legendgroup=engine,
+                    name=f"{engine} {'traced' if traced else model + ' model'}"
+                         + ("" if len(rows) or traced_only else " (not measured)"), legendgroup=engine,
                     line=dict(color=color, dash="solid" if traced else "dash", shape="hv" if traced else "linear"),
                     marker=dict(color=color, size=5),
                     hovertemplate=f"{engine}: %{{y:.1f}} MB at {scale}=%{{x}}<extra>predicted</extra>"))
         best = largest[largest["variant"] == engine]["value"]
         if len(curve) and len(best) and 0 < best.iloc[0] <= curve["at"].max():
             fig.add_vline(x=float(best.iloc[0]), line=dict(color=color, dash="dot", width=1))
-    for row in records[records["metric"] == "fit_verify_error"].itertuples():
-        check = json.loads(row.params)
-        fig.add_trace(go.Scatter(x=[check["value"]], y=[check["measured"] / MB], mode="markers",
-                                 name=f"{row.variant} verified ({100 * row.value:+.1f}%)", legendgroup=row.variant,
-                                 marker=dict(color=engine_color(row.variant), size=14, symbol="star"),
-                                 hovertemplate=f"{row.variant}: %{{y:.1f}} MB measured at {scale}=%{{x}}, predicted "
-                                               f"{check['predicted'] / MB:.1f} MB<extra>verified</extra>"))
+        confirms = checked[checked["variant"] == engine]
+        if len(confirms):
+            fig.add_trace(go.Scatter(x=read(confirms, "value"), y=confirms["value"] / MB, mode="markers",
+                                     name=f"{engine} confirming", legendgroup=engine,
+                                     marker=dict(color=color, size=11, symbol="diamond-open", line=dict(width=2)),
+                                     hovertemplate=f"{engine}: %{{y:.1f}} MB at {scale}=%{{x}}"
+                                                   "<extra>measured to confirm</extra>"))
+    for row in records[records["metric"] == "true_max_fitting"].itertuples():
+        searched = json.loads(row.params)["searched"]
+        at = int(row.value)
+        if str(at) in searched:
+            fig.add_trace(go.Scatter(x=[at], y=[searched[str(at)] / MB], mode="markers",
+                                     name=f"{row.variant}: the answer, confirmed", legendgroup=row.variant,
+                                     marker=dict(color=engine_color(row.variant), size=16, symbol="star"),
+                                     hovertemplate=f"{row.variant}: %{{y:.1f}} MB measured at {scale}=%{{x}}, the "
+                                                   "largest under the limit<extra>confirmed</extra>"))
     if limit is not None:
         fig.add_hline(y=limit / MB, line=dict(color="#d62728", width=2),
                       annotation_text=f"limit {limit / MB:,.0f} MB", annotation_position="top left")
+        if params.get("margin"):  # what the answers stay under
+            usable = limit * (1 - params["margin"])
+            fig.add_hline(y=usable / MB, line=dict(color="#d62728", width=1, dash="dash"),
+                          annotation_text=f"less the {100 * params['margin']:g}% margin: {usable / MB:,.0f} MB",
+                          annotation_position="bottom left")
     what = (f"CUDA reserved peak of one step against {scale}, {params['basis']}" if traced_only
             else f"total memory of one step against {scale}")
     if params.get("unseen"):  # CUDA's own kernel choices take memory the trace did not see

@@ -26,8 +26,11 @@ def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:
         "fit", parents=common, help="the largest batch (or sequence length) a model file's step fits in a memory limit",
         description="Measure the step of a model file under each engine at an eighth, a quarter, a half and all of "
                     "the --scale parameter's value (one fresh process each), fit each engine's total memory with a "
-                    "linear or quadratic size model (the one that predicts the largest point best from the others), "
-                    "and print the largest value predicted to fit --memory, the fastest engine first. Total memory: "
+                    "size model checked on the point it did not see, measure toward the answer, confirm it by "
+                    "measurement where this machine holds --memory, and print two answers: the largest value and its "
+                    "engine, and the fastest engine at the largest value every engine reaches. The combinations "
+                    "-p combinations adds (default: the ones users reach for) are predicted from a trace and measured "
+                    "where they pass every measured engine. Total memory: "
                     "the allocator's reserved peak on CUDA, the process's resident high-water mark on the CPU. "
                     "--device cuda on a machine without a GPU predicts instead: each engine's step traced under fake "
                     "tensors and replayed through a model of the caching allocator, labelled 'predicted, not "
@@ -41,7 +44,8 @@ def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:
                             help="instead of the largest value: which engines fit this one (the batch you have), "
                                  "fastest first; exit 0 if any fits, 1 if none")
     fit_parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu); cuda without a GPU: predicted, not measured")
-    fit_parser.add_argument("--engines", default=None, metavar="A,B", help="engines to fit (default: all of the form's)")
+    fit_parser.add_argument("--engines", default=None, metavar="A,B", help="engines and combinations to fit, as torch,torch-sac+torch-autocast (default: all of the form's, "
+                                 "and the combinations -p combinations=default|all|none adds)")
     fit_parser.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
                             help="a parameter value, as for run (the --scale one sets the largest value measured)")
     fit_parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=None,
@@ -72,7 +76,7 @@ def _new(path: Path, form: str) -> int:
 
 def _share(text: str) -> float:
     """'10%' or '0.1' as 0.1; anything else refused, saying what is valid."""
-    from benchlib.usermodel.fit import FitError
+    from benchlib.fit import FitError
 
     try:
         return float(text[:-1]) / 100 if text.strip().endswith("%") else float(text)
@@ -85,69 +89,76 @@ def fit_command(arguments: argparse.Namespace) -> int:
     (refusals raise)."""
     import pandas as pd
 
+    from benchlib.fit import FitError, MemoryLimit, fit
     from benchlib.measure import resolve_device
-    from benchlib.report.page import HEADLINE_SUFFIX, SUMMARY_COLUMN
-    from benchlib.records import Run
+    from benchlib.records.store import now_iso
     from benchlib.report.plots.usermodel import fit_figure
-    from benchlib.report.page import write_report
-    from benchlib.records.store import default_results_root
-    from benchlib.usermodel.fit import FitError, MemoryLimit, fit
-    from benchlib.analysis.seed_verdicts import save_verdicts, seed_verdicts
-    from benchlib.registry import verdict_rules
+    from benchlib.report.page import HEADLINE_SUFFIX
 
     file, scale, device = arguments.file, arguments.scale, arguments.device
-    chosen = [name.strip() for name in arguments.engines.split(",") if name.strip()] if arguments.engines else None
+    chosen = None if arguments.engines is None else [name.strip() for name in arguments.engines.split(",")]
     if (scale is None) == (arguments.at is None):
         raise FitError("give --scale PARAM (the largest value that fits) or --at PARAM=VALUE (which engines fit that "
                        "value), one of them")
-    started = time.monotonic()
+    started, started_at = time.monotonic(), now_iso()
     if arguments.at is not None:
-        return _fit_at(arguments, chosen, started)
+        return _fit_at(arguments, chosen, started, started_at)
     result = fit(file, memory=MemoryLimit(arguments.memory, _share(arguments.margin)), scale=scale, device=device,
                  engines=chosen, params=parse_assignments(arguments.param), verify=arguments.verify)
     print("\n".join(result.lines()))
-    name = f"{result.name}_fit"
     question = (f"What is the largest {scale} at which {Path(file).name}'s step fits in {arguments.memory}, and under "
                 "which engine?")
     ran_on = resolve_device("cpu" if result.predicted else device)  # a prediction runs on the CPU
-    run = Run.create(arguments.out or default_results_root(), ran_on.name, device_requested=device, notebooks={},
-                     benchmarks={name: {"question": question}}, command=["benchlib", *arguments.argv])
-    frame = run.save_records(result.records(), result.name)
-    run.save_table(pd.DataFrame({SUMMARY_COLUMN: result.lines()}), f"{result.name}{HEADLINE_SUFFIX}")
+    run, frame = _saved(arguments, result, f"{result.name}_fit", question, ran_on.name, started_at,
+                        pd.DataFrame(result.rows()), HEADLINE_SUFFIX)
     if any(fit.model is not None for fit in result.engines):  # else nothing to draw: each engine says why
-        run.save_figure(fit_figure(frame), name)
-    run.record_notebook(name, status="ok", benchmarks=[result.name], path=str(Path(file).resolve()),
-                        duration_s=round(time.monotonic() - started, 3))
-    save_verdicts(seed_verdicts(frame, verdict_rules()), run.path)  # none apply to a fit: the report says nothing of them
-    run.finish(interrupted=False)
-    print(f"report: {write_report(run.path)}")
-    return EXIT_FITS if result.best is not None else EXIT_NONE_FITS
+        run.save_figure(fit_figure(frame), f"{result.name}_fit")
+    return _finished(run, arguments, f"{result.name}_fit", result.name, started,
+                     EXIT_FITS if result.best is not None else EXIT_NONE_FITS)
 
 
-def _fit_at(arguments: argparse.Namespace, chosen: list[str] | None, started: float) -> int:
+def _fit_at(arguments: argparse.Namespace, chosen: list[str] | None, started: float, started_at: str) -> int:
     """`fit --at`: every engine at the value, printed fastest first among those that fit, saved as a run."""
     import pandas as pd
 
-    from benchlib.analysis.seed_verdicts import save_verdicts
-    from benchlib.records import Run
-    from benchlib.records.store import default_results_root
-    from benchlib.report.page import HEADLINE_SUFFIX, SUMMARY_COLUMN, write_report
-    from benchlib.usermodel.fit import MemoryLimit
-    from benchlib.usermodel.fit_at import fit_at
+    from benchlib.fit import MemoryLimit, fit_at
+    from benchlib.report.page import HEADLINE_SUFFIX, SUMMARY_COLUMN
 
     result = fit_at(arguments.file, memory=MemoryLimit(arguments.memory, _share(arguments.margin)), at=arguments.at,
                     device=arguments.device, engines=chosen, params=parse_assignments(arguments.param))
     print("\n".join(result.lines()))
-    name = f"{result.name}_fit_at"
     question = (f"Which engines fit {Path(arguments.file).name}'s step at {result.scale}={result.value} in "
                 f"{arguments.memory}, and which is fastest?")
-    run = Run.create(arguments.out or default_results_root(), result.device, device_requested=arguments.device,
-                     notebooks={}, benchmarks={name: {"question": question}}, command=["benchlib", *arguments.argv])
-    run.save_records(result.records(), result.name)
-    run.save_table(pd.DataFrame({SUMMARY_COLUMN: result.lines()}), f"{result.name}{HEADLINE_SUFFIX}")
-    run.record_notebook(name, status="ok", benchmarks=[result.name], path=str(Path(arguments.file).resolve()),
+    run, _ = _saved(arguments, result, f"{result.name}_fit_at", question, result.device, started_at,
+                    pd.DataFrame({SUMMARY_COLUMN: result.lines()}), HEADLINE_SUFFIX)
+    return _finished(run, arguments, f"{result.name}_fit_at", result.name, started,
+                     EXIT_FITS if result.fitting else EXIT_NONE_FITS)
+
+
+def _saved(arguments: argparse.Namespace, result, name: str, question: str, device: str, started_at: str,
+           headline, suffix: str):
+    """A run directory started when the command started, holding the result's records and its headline table."""
+    from benchlib.records import Run
+    from benchlib.records.store import default_results_root
+
+    run = Run.create(arguments.out or default_results_root(), device, device_requested=arguments.device,
+                     notebooks={}, benchmarks={name: {"question": question}}, command=["benchlib", *arguments.argv],
+                     started_at=started_at)
+    frame = run.save_records(result.records(), result.name)
+    run.save_table(headline, f"{result.name}{suffix}")
+    return run, frame
+
+
+def _finished(run, arguments: argparse.Namespace, name: str, benchmark: str, started: float, status: int) -> int:
+    """The run closed (no seed rule applies to a fit, so its verdicts are empty) and its report written."""
+    import pandas as pd
+
+    from benchlib.analysis.seed_verdicts import save_verdicts
+    from benchlib.report.page import write_report
+
+    run.record_notebook(name, status="ok", benchmarks=[benchmark], path=str(Path(arguments.file).resolve()),
                         duration_s=round(time.monotonic() - started, 3))
-    save_verdicts(pd.DataFrame(), run.path)  # no seed rule applies to a fit
+    save_verdicts(pd.DataFrame(), run.path)
     run.finish(interrupted=False)
     print(f"report: {write_report(run.path)}")
-    return EXIT_FITS if result.fitting else EXIT_NONE_FITS
+    return status

@@ -26,7 +26,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from benchlib.fit.asking import scale_points
+from benchlib.fit.result import EngineFit, FitResult
+from benchlib.fit.sizing import SEARCH_LIMIT, TRACE_REACH, choose_model, largest_where
+from benchlib.fit.tracing import untraced_reason
 from benchlib.measure.caching_allocator import CachingAllocatorModel
+from benchlib.units import format_bytes
 
 BASIS = "predicted, not measured on a GPU"
 CUBLAS_WORKSPACES = (32 << 20, 32 << 20)  # cuBLAS's, for the caller's thread and autograd's (Hopper, torch 2.11)
@@ -153,41 +158,21 @@ def largest_fitting(reserved: Callable[[int], int], traced: dict[int, int], limi
     it asks): up from the smallest over the traced values, then doubling, then bisection. None when not even the
     smallest fits; `SEARCH_LIMIT` when the total never reaches the limit. With `reach`, nothing beyond it is traced:
     `reach` itself when it fits there (the caller extrapolates)."""
-    from benchlib.usermodel.fit import SEARCH_LIMIT
-
     def fits(value: int) -> bool:
         if value not in traced:
             traced[value] = reserved(value)
         return traced[value] <= limit
 
-    ordered = sorted(value for value in traced if reach is None or value <= reach)
-    if not fits(ordered[0]):
-        return None
-    low, high = ordered[0], None
-    for value in ordered[1:]:
-        if not fits(value):
-            high = value
-            break
-        low = value
-    while high is None:
-        if low >= (SEARCH_LIMIT if reach is None else reach):
-            return low
-        following = low * 2 if reach is None else min(low * 2, reach)
-        low, high = (following, None) if fits(following) else (low, following)
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle)
-    return low
+    known = [value for value in traced if reach is None or value <= reach]
+    return largest_where(fits, min(known), SEARCH_LIMIT if reach is None else reach, known)
 
 
-def predict_fit(model_file, fits: list, values: dict, scale: str, limit: int, device: str,
-                progress: Callable[[str], None]):
+def predict_fit(model_file, fits: list[EngineFit], values: dict, scale: str, limit: float, device: str,
+                progress: Callable[[str], None]) -> FitResult:
     """`fit`'s answer on a machine without a GPU (`fits`: the engines, with the plan's reasons already set): each
     engine traced at `points` and at `TRACE_REACH` times the given value, and its largest fitting value found over
     traces (`largest_fitting`); the size model of the traced points is recorded with its check error."""
-    from benchlib.units import format_bytes
     from benchlib.usermodel.case import combination_of
-    from benchlib.usermodel.fit import TRACE_REACH, FitResult, choose_model, scale_points, untraced_reason
 
     points = scale_points(values[scale], scale)
     unseen: set[str] = set()

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchlib.fit import measured
+from benchlib.fit.asking import MemoryLimit, ask, parse_at
+from benchlib.fit.largest import fit
+from benchlib.fit.result import MEASURED
 from benchlib.units import format_bytes, format_seconds
-from benchlib.usermodel import fit as fitting
-from benchlib.usermodel.fit import FitError, MemoryLimit, _asked, fit
-
-MEASURED = "measured"
 
 
 @dataclass
@@ -98,18 +98,6 @@ class AtResult:
         return rows
 
 
-def parse_at(text: str) -> tuple[str, int]:
-    """'batch_size=64' as ('batch_size', 64), or FitError saying what is valid."""
-    name, _, value = text.partition("=")
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if not name.strip() or number < 1:
-        raise FitError(f"--at {text!r}: one integer parameter and its value, as batch_size=64")
-    return name.strip(), number
-
-
 def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engines: Sequence[str] | None = None,
            params: Mapping[str, Any] | None = None, progress: Callable[[str], None] = print) -> AtResult:
     """Every engine at `at` (NAME=VALUE) under `memory` (a size, or a `MemoryLimit`): measured in a fresh process each where this machine can hold
@@ -119,19 +107,20 @@ def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engin
     from benchlib.measure.isolation import available_memory
 
     scale, value = parse_at(at)
-    model_file, form, values, limit, margin, chosen = _asked(path, memory, scale, engines,
-                                                             {**(params or {}), scale: value})
+    question = ask(path, memory, scale, engines, {**(params or {}), scale: value})
+    model_file, values, limit, margin, chosen = (question.model_file, question.values, question.limit,
+                                                 question.margin, question.engines)
     predicted = cuda_without_gpu(device)
     target = None if predicted else resolve_device(device)
     if target is not None and limit <= available_memory(target):
         total = "the allocator's reserved peak" if target.is_cuda else "the process's resident high-water mark"
         result = AtResult(model_file.name, scale, value, limit, margin, target.name, total)
-        reasons = form.plan(model_file, values, target, chosen, {}).reasons
+        reasons = question.form.plan(model_file, values, target, chosen, {}).reasons
         for engine in chosen:
             if engine in reasons:
                 result.engines.append(AtEngine(engine, reason=f"not applicable: {reasons[engine]}"))
                 continue
-            outcome = fitting._measure(model_file, engine, values, target)  # the one measurement fit makes
+            outcome = measured.measure_step(model_file, engine, values, target)  # the one measurement fit makes
             if isinstance(outcome, str):
                 result.engines.append(AtEngine(engine, reason=outcome))
             else:
@@ -149,7 +138,8 @@ def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engin
             continue
         total, error = engine_fit.model(value), max(engine_fit.model.check_error, 0.0)
         seconds = next((each for at_value, _, each in engine_fit.points if at_value == value), math.nan)
-        result.engines.append(AtEngine(engine_fit.engine, total, total * (1 - error), total * (1 + error), seconds,
+        low, high = engine_fit.model.bounds(value)
+        result.engines.append(AtEngine(engine_fit.engine, total, low, high, seconds,
                                        f"predicted ({fitted.basis if fitted.predicted else 'size model'}, "
                                        f"out-of-sample error {100 * error:.1f}%)"))
     return result

@@ -1,0 +1,26 @@
+"""`benchlib fit`: what fits a memory limit. The largest value of a parameter under each engine and combination
+(`largest`), or which engines fit the value a user has (`at`); measured in fresh processes and confirmed where this
+machine holds the limit, predicted with an interval where it cannot (`predicted`: CUDA without a GPU).
+
+The rooms, each one job: `asking` (the question, checked before any work), `sizing` (size models and the one
+search they share), `tracing` (a step's bytes under fake tensors), `measured` (fresh processes, the march toward
+the answer, confirmation), `predicted` (CUDA through an allocator model), `result` (the answers, lines and
+records), `pace` (progress). The answer's table for report.html is `benchlib.report.tables.fit`.
+"""
+
+from __future__ import annotations
+
+from benchlib.lazy_exports import lazy_exports
+
+_HOMES = {
+    "FitError": "asking",
+    "MemoryLimit": "asking",
+    "fit": "largest",
+    "fit_at": "at",
+    "FitResult": "result",
+    "AtResult": "at",
+}
+
+__getattr__ = lazy_exports(__name__, _HOMES)
+
+__all__ = sorted(_HOMES)

@@ -1,0 +1,111 @@
+"""What a fit asks, checked before anything is measured: the model file and its form, the parameter values,
+the limit and its margin, the engines (each a technique or a combination) and the values of the scale
+parameter to measure. A question that cannot be asked as written is a `FitError` saying what is valid."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchlib.fit.sizing import MIN_POINTS
+
+FRACTIONS = (1 / 8, 1 / 4, 1 / 2, 1)  # of the parameter's given value: the points measured
+
+
+class FitError(ValueError):
+    """A fit that cannot be asked as written (an unknown or non-integer parameter, a value too small to
+    measure at three points, a size that does not parse): refused before anything is measured."""
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    """A limit with headroom: `size` ("24 GiB", bytes) of which `margin` (a fraction) is kept free."""
+
+    size: Any
+    margin: float = 0.0
+
+
+@dataclass(frozen=True)
+class Question:
+    """A fit's question, checked: the model file (read and form-checked), its form, every parameter's value, the
+    limit in bytes, the share of it kept free, and the engines in the registry's spelling."""
+
+    model_file: Any
+    form: Any
+    values: dict
+    limit: int
+    margin: float
+    engines: list[str]
+    added: list[str]  # the combinations added to the engines named (predicted first, measured on the frontier)
+
+    @property
+    def usable(self) -> float:
+        """What every answer stays under."""
+        return self.limit * (1.0 - self.margin)
+
+
+def ask(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | None,
+        params: Mapping[str, Any] | None) -> Question:
+    """The `Question` of a fit of the model file at `path` over `scale` under `memory` (a size, or a `MemoryLimit`),
+    or FitError. Without `engines`, the form's engines (sweeps left out) and the combinations `-p combinations` adds
+    (default: the ones users reach for)."""
+    from benchlib.engines.techniques import CombinationError, added_combinations, technique_registry
+    from benchlib.usermodel import declare_model_files
+    from benchlib.usermodel.case import combination_of
+    from benchlib.usermodel.gate import parse_bytes
+    from benchlib.usermodel.measuring import TORCH_FORM
+
+    memory, margin = (memory.size, memory.margin) if isinstance(memory, MemoryLimit) else (memory, 0.0)
+    try:
+        limit = parse_bytes(memory)
+    except ValueError as error:
+        raise FitError(f"--memory: {error}") from None
+    if not 0.0 <= margin < 1.0:
+        raise FitError(f"--margin {margin:g}: a share of the limit kept free, from 0 (none) up to below 1 (e.g. 10%)")
+    if engines is not None and not [engine for engine in engines if engine.strip()]:
+        raise FitError("--engines names no engine; leave it out for the form's engines, or name some, as torch,torch-sac")
+    benchmark, (model_file,), form = declare_model_files([path])
+    if form is not TORCH_FORM:
+        raise FitError(f"{model_file.path}: fit takes a model file in the torch form (this one is in the array form)")
+    if scale not in model_file.parameters:
+        raise FitError(f"--scale {scale!r} is not a parameter of {model_file.path.name}; its parameters: "
+                       f"{', '.join(model_file.parameters) or 'none'}")
+    by_name = {parameter.name: parameter for parameter in benchmark.parameters}
+    typed = {name: by_name[name].parse(value) if isinstance(value, str) and name in by_name else value
+             for name, value in (params or {}).items()}  # -p text, as `run` reads it
+    values = benchmark.config(typed).plain()
+    named = list(engines or [engine for engine in values["engines"] if engine not in form.sweep_engines])
+    try:  # each a technique or a combination, named in the registry's order as its records will carry it
+        chosen = list(dict.fromkeys(combination_of(model_file, engine.strip()).name for engine in named if engine.strip()))
+    except CombinationError as error:
+        raise FitError(f"--engines: {error}") from None
+    added = [] if engines or not form.composes else \
+        added_combinations(values.get("combinations", "none"), technique_registry(model_file.techniques), chosen)
+    return Question(model_file, form, {name: values[name] for name in model_file.parameters}, limit, margin,
+                    chosen + added, added)
+
+
+def scale_points(value: Any, scale: str) -> list[int]:
+    """The values of `scale` measured: `FRACTIONS` of its given value, distinct, at least 1."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FitError(f"--scale {scale}: its value is {value!r}; a scale parameter is an integer (a batch size, "
+                       "a sequence length)")
+    points = sorted({max(1, round(value * fraction)) for fraction in FRACTIONS})
+    if len(points) < MIN_POINTS:
+        raise FitError(f"--scale {scale}={value} gives only {len(points)} distinct values to measure "
+                       f"({points}); give a value of 8 or more with -p {scale}=N")
+    return points
+
+
+def parse_at(text: str) -> tuple[str, int]:
+    """'batch_size=64' as ('batch_size', 64), or FitError saying what is valid."""
+    name, _, value = text.partition("=")
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if not name.strip() or number < 1:
+        raise FitError(f"--at {text!r}: one integer parameter and its value, as batch_size=64")
+    return name.strip(), number

@@ -1,0 +1,217 @@
+"""`benchlib fit FILE --memory M --scale NAME`: the largest value of an integer parameter (a batch size, a
+sequence length) at which a model file's step fits a memory limit, under each engine and combination, and the
+fastest engine at the largest value they all reach.
+
+Each named engine's step is measured at `FRACTIONS` of the value given, one fresh process each, its size model
+fitted (`benchlib.fit.sizing`), and, where this machine holds the limit, points measured toward the answer until
+it lies within `REACH` of one (`benchlib.fit.measured`). The combinations a run adds by default are first
+predicted from their steps traced under fake tensors (no memory taken) on the reference engine's measured
+offset; those whose prediction passes every measured engine's answer, the frontier, are then measured as the
+others. The answers are confirmed by measurement before they are given (`verify`, on by default where this
+machine holds the limit).
+
+On a machine without a GPU, `device="cuda"` predicts instead of measuring (`benchlib.fit.predicted`), and every
+line, record and figure says "predicted, not measured on a GPU".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchlib.fit.asking import FitError, Question, ask, scale_points
+from benchlib.fit import measured
+from benchlib.fit.measured import REACH, approach, check_at, confirm, fit_model
+from benchlib.fit.pace import Pace
+from benchlib.fit.result import EngineFit, FitResult
+from benchlib.fit.sizing import MIN_POINTS, SEARCH_LIMIT, TRACE, SizeModel
+from benchlib.fit.tracing import traced_peak, untraced_reason
+from benchlib.units import format_bytes, format_seconds
+
+GIVE_UP = 2  # an engine refused or failed at this many values before any was measured is not asked again
+
+__all__ = ["REACH", "fit"]
+
+
+def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engines: Sequence[str] | None = None,
+        params: Mapping[str, Any] | None = None, verify: bool | None = None,
+        progress: Callable[[str], None] = print) -> FitResult:
+    """Fit every engine of the model file at `path` (the torch form) to the memory limit `memory` (bytes, or
+    "24 GB", "80 GiB"..., or a `MemoryLimit` that keeps a margin free) over the integer parameter `scale`; see the
+    module's docstring. Without `engines`, the form's and the combinations `-p combinations` adds (default: the
+    ones users reach for). `verify` (default: wherever this machine can hold the limit) measures the answers in
+    fresh processes before they are given."""
+    from benchlib.measure import Device, resolve_device
+    from benchlib.measure.devices import cuda_without_gpu
+    from benchlib.measure.isolation import available_memory
+
+    question = ask(path, memory, scale, engines, params)
+    model_file, values = question.model_file, question.values
+    predicted = cuda_without_gpu(device)
+    if predicted and verify:
+        raise FitError("--verify measures the best engine on the device, and this machine has no GPU; without "
+                       "--verify, --device cuda predicts from a trace under fake tensors")
+    points = scale_points(values[scale], scale)
+    target = Device("cuda", int(device.partition(":")[2] or 0)) if predicted else resolve_device(device)
+    if verify is None:  # confirmed by default wherever this machine can hold the limit
+        verify = not predicted and question.limit <= available_memory(target)
+    fits = _applicable(question, target, progress)
+    if predicted:
+        from benchlib.fit.predicted import predict_fit
+
+        result = predict_fit(model_file, fits, values, scale, question.usable, target.name, progress)
+        return dataclasses.replace(result, limit=question.limit, margin=question.margin)
+    pace = Pace(progress)
+    named = [engine_fit for engine_fit in fits if engine_fit.engine not in question.added]
+    _measure_all(named, question, scale, target, pace)
+    added = [engine_fit for engine_fit in fits if engine_fit.engine in question.added]
+    frontier = _predict_added(added, named, question, scale, points, pace.say)
+    _measure_all(frontier, question, scale, target, pace)
+    total = "the allocator's reserved peak" if target.is_cuda else "the process's resident high-water mark"
+    result = FitResult(model_file.name, scale, question.limit, target.name, total, fits, margin=question.margin)
+    if verify:
+        _confirm(result, question, target, pace)
+    return result
+
+
+def _applicable(question: Question, device, progress: Callable[[str], None]) -> list[EngineFit]:
+    """An `EngineFit` per engine, with the form's reason where it does not apply; an added combination that does not
+    apply is left out, as `run` leaves it out, and the line says so."""
+    reasons = question.form.plan(question.model_file, question.values, device, question.engines, {}).reasons
+    fits = []
+    for engine in question.engines:
+        if engine in question.added and engine in reasons:
+            progress(f"{question.model_file.name} {engine}: left out of the combinations fit adds ({reasons[engine]})")
+            continue
+        fits.append(EngineFit(engine, reason=reasons.get(engine, "")))
+    return fits
+
+
+def _measure_all(fits: list[EngineFit], question: Question, scale: str, device, pace: Pace) -> None:
+    """Each engine at the grid's values, one fresh process each, then its size model, points toward the answer, and
+    the answer."""
+    model_file, values = question.model_file, question.values
+    points = scale_points(values[scale], scale)
+    applicable = [engine_fit for engine_fit in fits if not engine_fit.reason]
+    pace.plan(value for value in points for _ in applicable)
+    skipped: dict[str, list[tuple[int, str]]] = {engine_fit.engine: [] for engine_fit in applicable}
+    for value in points:
+        for engine_fit in applicable:
+            if not engine_fit.points and len(skipped[engine_fit.engine]) >= GIVE_UP:
+                pace.drop(value)
+                continue
+            outcome = measured.measure_step(model_file, engine_fit.engine, {**values, scale: value}, device)
+            if isinstance(outcome, str):  # maybe at this value only (micro-batches need a multiple of their count)
+                skipped[engine_fit.engine].append((value, outcome))
+                pace.done(f"{model_file.name} {engine_fit.engine} {scale}={value}: {outcome}", value)
+                continue
+            engine_fit.points.append((value, *outcome))
+            pace.done(f"{model_file.name} {engine_fit.engine} {scale}={value}: {format_bytes(outcome[0])}, "
+                      f"{format_seconds(outcome[1])}/step", value)
+    for engine_fit in applicable:
+        refusals = skipped[engine_fit.engine]
+        if not engine_fit.points:  # refused or failed each time: its last reason, and where
+            engine_fit.reason = f"{refusals[-1][1]} (at {scale}={', '.join(str(value) for value, _ in refusals)})"
+            continue
+        if len(engine_fit.points) < MIN_POINTS:
+            engine_fit.reason = (f"{len(engine_fit.points)} of {len(points)} values measured, {MIN_POINTS} needed: "
+                                 + "; ".join(f"{scale}={value}: {outcome}" for value, outcome in refusals))
+            continue
+        fit_model(engine_fit, model_file, values, scale, pace.say)
+        approach(engine_fit, model_file, values, scale, device, question.usable, pace)
+        engine_fit.max_fitting = engine_fit.answer(question.usable)
+
+
+def _predict_added(added: list[EngineFit], named: list[EngineFit], question: Question, scale: str,
+                   points: list[int], say: Callable[[str], None]) -> list[EngineFit]:
+    """Each added combination's answer predicted from its step traced under fake tensors, on the offset the reference
+    engine's traced peaks leave to its measured totals (the interpreter, torch), with that mapping's own
+    out-of-sample error; returns those whose prediction passes every measured engine's answer, to be measured."""
+    reference = next((fit for fit in named if fit.traced and fit.points and fit.model is not None), None)
+    reached = max((fit.max_fitting for fit in named if fit.max_fitting is not None), default=0)
+    frontier = []
+    for engine_fit in added:
+        if engine_fit.reason:
+            continue
+        if reference is None:
+            engine_fit.reason = ("not predicted: no measured engine's step could be traced to map traced bytes to "
+                                 "totals; name it with --engines to measure it")
+            continue
+        model = _offset_model(reference, engine_fit, question, scale, points)
+        if model is None:  # nothing says it is on the frontier: measuring every such one would cost the most
+            engine_fit.reason = (f"not predicted: its step cannot be traced under fake tensors ({engine_fit.untraced}); "
+                                 "name it with --engines to measure it")
+            engine_fit.untraced = ""
+            continue
+        engine_fit.model = model
+        engine_fit.max_fitting = model.largest_under(question.usable / (1 + model.check_error), min(points))
+        if engine_fit.max_fitting is not None and engine_fit.max_fitting > reached:
+            say(f"{question.model_file.name} {engine_fit.engine}: predicted up to {scale}={engine_fit.max_fitting}, "
+                f"past every measured engine ({reached}): measured")
+            engine_fit.model, engine_fit.max_fitting, engine_fit.traced = None, None, {}
+            frontier.append(engine_fit)
+        else:
+            engine_fit.unmeasured = (f"predicted from its trace (up to {engine_fit.max_fitting or 'none'}), not past "
+                                     f"the measured engines' largest ({reached}): not measured")
+    return frontier
+
+
+def _offset_model(reference: EngineFit, engine_fit: EngineFit, question: Question, scale: str,
+                  points: list[int]) -> SizeModel | None:
+    """The combination's traced peaks over the grid and at `REACH`-fold steps past it, plus the reference engine's
+    offset (its median measured total less its traced peak), as a size model whose error is that offset's, checked
+    on the reference's largest point; None where the step cannot be traced (`untraced` says why)."""
+    import numpy as np
+
+    from benchlib.usermodel.case import combination_of
+
+    model_file, values = question.model_file, question.values
+    untraceable = combination_of(model_file, engine_fit.engine).untraceable
+    if untraceable is not None:
+        engine_fit.untraced = untraceable
+        return None
+    try:
+        grid = sorted({*points, *(points[-1] * REACH ** k for k in (1, 2, 3))})
+        engine_fit.traced = {value: traced_peak(model_file, engine_fit.engine, {**values, scale: value})
+                             for value in grid}
+    except Exception as error:  # noqa: BLE001 - torch's tracer or the file's code under fake tensors: said, not fatal
+        engine_fit.untraced = untraced_reason(error)
+        return None
+    measured = sorted((value, total) for value, total, _ in reference.points if value in reference.traced)
+    offsets = [total - reference.traced[value] for value, total in measured]
+    offset = float(np.median(offsets[:-1]))
+    error = abs(reference.traced[measured[-1][0]] + offset - measured[-1][1]) / measured[-1][1]
+    x = np.array(list(engine_fit.traced), float)
+    curve = np.polyfit(x, np.array(list(engine_fit.traced.values()), float) + offset, 1)
+    return SizeModel(TRACE, tuple(float(c) for c in curve), error)
+
+
+def _confirm(result: FitResult, question: Question, device, pace: Pace) -> None:
+    """Both answers measured before they are given: the largest value searched by measurement up to the first value
+    over the limit (`confirm`), then the fastest engine at the largest value every measured engine reaches, one
+    fresh process, searched as well where that one is over."""
+    from benchlib.measure.isolation import available_memory
+
+    affordable = available_memory(device)
+    scale, usable = result.scale, question.usable
+
+    def measuring(engine_fit: EngineFit) -> Callable[[int], tuple[int, float] | str]:
+        def measure(value: int) -> tuple[int, float] | str:
+            pace.plan([value])
+            outcome = measured.measure_step(question.model_file, engine_fit.engine, {**question.values, scale: value}, device)
+            pace.done(f"confirming {engine_fit.engine} at {scale}={value}: " + (outcome if isinstance(outcome, str) else
+                      f"{format_bytes(outcome[0])} ({'under' if outcome[0] <= usable else 'over'} the limit)"), value)
+            return outcome
+        return measure
+
+    tried = set()
+    while (best := result.best) is not None and best.points and best.confirmed is None and best.engine not in tried:
+        tried.add(best.engine)  # an engine confirmed below another's prediction hands the answer on: confirm that
+        confirm(best, measuring(best), scale, usable, affordable, pace.say)
+    fastest, common = result.fastest, result.common_value
+    if fastest is None or fastest is best or common is None or common >= SEARCH_LIMIT:
+        return
+    if not check_at(fastest, common, measuring(fastest), usable):
+        confirm(fastest, measuring(fastest), scale, usable, affordable, pace.say)

@@ -1,0 +1,199 @@
+"""The measured path: each engine's step measured in fresh processes at a few values of the parameter, its size
+model fitted, points measured toward the answer until it lies within `REACH` of one, and the answer confirmed by
+measurement (`confirm`) before it is given."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Callable
+
+from benchlib.fit.pace import Pace
+from benchlib.fit.result import EngineFit
+from benchlib.fit.sizing import SEARCH_LIMIT, TRACE_TRUSTED, choose_model, trace_model
+from benchlib.fit.tracing import traced_peak, untraced_reason
+from benchlib.records.metrics import CUDA_RESERVED_PEAK
+from benchlib.units import format_bytes, format_seconds
+
+WARMUP, STEPS = 1, 3
+APPROACH_SLACK = 0.8  # a point toward the answer is measured at 1 / (REACH * this) of it
+# A training process runs with the allocator the user's environment gives it, not the fixed mmap threshold `run`
+# measures peaks under (which returns freed buffers at once): glibc keeps freed heap, so the same step's resident
+# high-water is higher. Measured under benchlib's policy, a small ViT's eager step at batch 256 read 900 MB where a
+# lean process of its own reached 1077 MB: answers overshot the limit by that much.
+USERS_ALLOCATOR = "glibc-default"
+# the search by measurement ends when the first value over the limit is this close above the last under it: totals
+# measured in fresh processes a value apart differ by more than the step between them (1-2% on the CPU)
+RESOLUTION = 0.01
+REACH = 2  # no answer on a device that can hold the limit lies more than this many times past a measured value
+
+Progress = Callable[[str], None]
+
+
+def measure_step(model_file, engine: str, values: dict, device, steps: int = STEPS) -> tuple[int, float] | str:
+    """(total bytes, median seconds per step over `steps` after a warm-up) of one engine's step at `values`, in a
+    fresh process, or why not."""
+    from benchlib.measure import CaseFailed, CaseNotApplicable, IsolationOptions, run_isolated
+    from benchlib.usermodel.measuring import TARGET, TORCH_FORM, preload
+
+    with tempfile.TemporaryDirectory(prefix="benchlib-fit-") as gradients:
+        try:
+            result = run_isolated(TARGET, {"path": str(model_file.path), "engine": engine, "values": values,
+                                           "gradient_dir": gradients},
+                                  name=f"{model_file.name}/{engine}", device=device.name,
+                                  options=IsolationOptions(warmup=WARMUP, repeats=steps, timeline=False,
+                                                           malloc=USERS_ALLOCATOR,
+                                                           preload=preload(TORCH_FORM, model_file, engine, device)))
+        except CaseNotApplicable as refused:
+            return f"not applicable: {refused.reason}"
+        except CaseFailed as failed:
+            return f"failed: {failed.reason}"
+    measurement = result.measurement
+    if device.is_cuda:
+        return int(measurement.cuda_allocator[CUDA_RESERVED_PEAK]), measurement.median_s
+    return int((measurement.baseline_bytes or 0) + (measurement.peak_bytes or 0)), measurement.median_s
+
+
+def fit_model(engine_fit: EngineFit, model_file, values: dict, scale: str, progress: Progress) -> None:
+    """The engine's size model over its measured points: the better of linear and quadratic, or the trace model
+    where it predicts the largest measured total within `TRACE_TRUSTED`."""
+    engine_fit.model = choose_model([v for v, _, _ in engine_fit.points], [t for _, t, _ in engine_fit.points])
+    if not engine_fit.untraced:  # a step torch could not trace, or never traces, is not tried again
+        _trace(engine_fit, model_file, values, scale, progress)
+
+
+def _trace(engine_fit: EngineFit, model_file, values: dict, scale: str, progress: Progress) -> None:
+    """Trace the engine's step (`traced_peak`) and take the trace model where it predicts within `TRACE_TRUSTED`;
+    where torch cannot trace it, say why and keep the measured points' model."""
+    from benchlib.usermodel.case import combination_of
+
+    untraceable = combination_of(model_file, engine_fit.engine).untraceable
+    if untraceable is not None:
+        engine_fit.untraced = untraceable
+        return
+    def trace(value: int) -> int:  # each value traced once, however often the model is fitted again
+        if value not in engine_fit.traced:
+            engine_fit.traced[value] = traced_peak(model_file, engine_fit.engine, {**values, scale: value})
+        return engine_fit.traced[value]
+
+    try:
+        model, traced = trace_model([(v, total) for v, total, _ in engine_fit.points], trace)
+    except Exception as error:  # noqa: BLE001 - torch's tracer or the file's code under fake tensors: said, not fatal
+        engine_fit.untraced, engine_fit.traced = untraced_reason(error), {}
+        progress(f"{model_file.name} {engine_fit.engine}: not traced ({engine_fit.untraced})")
+        return
+    progress(f"{model_file.name} {engine_fit.engine}: traced at {len(traced)} values of {scale} up to {max(traced)}; "
+             f"the trace model predicted the largest measured total within {100 * model.check_error:.1f}%")
+    if model.check_error <= TRACE_TRUSTED:
+        engine_fit.model = model
+
+
+def approach(engine_fit: EngineFit, model_file, values: dict, scale: str, device, limit: float, pace: Pace) -> None:
+    """Measured points grow toward the answer: while it lies more than `REACH` times past the largest measured
+    value, the next point is measured where the answer lies a little less than `REACH` times past it (one step,
+    not one per doubling, where the prediction holds) in a fresh process and the size model is fitted again. Where this machine cannot hold the next point, or its measurement fails,
+    `unmeasured` says so and the answer stays an extrapolation."""
+    from benchlib.measure.isolation import available_memory
+
+    available = available_memory(device)
+    if limit > available:  # the answer could not be measured here anyway: the line says how far it extrapolated
+        engine_fit.unmeasured = (f"the limit is above the {format_bytes(available)} {device.name} has available, so "
+                                 "the points stop at the value given")
+        return
+    while True:
+        answer = engine_fit.answer(limit)
+        largest = max(value for value, _, _ in engine_fit.points)
+        if answer is None or answer >= SEARCH_LIMIT or answer <= REACH * largest:
+            return
+        # an answer that grows as the model learns from the new point stays within REACH of it (no creeping by ones);
+        # its predicted total is under the limit, which this machine holds
+        value = math.ceil(answer / (REACH * APPROACH_SLACK))
+        pace.plan([value])
+        outcome = measure_step(model_file, engine_fit.engine, {**values, scale: value}, device)
+        if isinstance(outcome, str):
+            engine_fit.unmeasured = f"{scale}={value}: {outcome}"
+            pace.done(f"{model_file.name} {engine_fit.engine} {scale}={value}: {outcome}", value)
+            return
+        engine_fit.points.append((value, *outcome))
+        pace.done(f"{model_file.name} {engine_fit.engine} {scale}={value}: {format_bytes(outcome[0])}, "
+                  f"{format_seconds(outcome[1])}/step (toward the answer, predicted {answer})", value)
+        fit_model(engine_fit, model_file, values, scale, pace.say)
+
+
+def confirm(engine_fit: EngineFit, measure: Callable[[int], tuple[int, float] | str], scale: str, limit: float,
+            affordable: float, progress: Progress) -> None:
+    """The engine measured at its predicted answer, then the largest value whose measured total stays under `limit`
+    searched by measurement (`largest_measured`): `checked` holds every total, `confirmed` the answer, left None
+    where the machine cannot hold the answer or a measurement failed."""
+    value = engine_fit.max_fitting
+    predicted = engine_fit.model(value)
+    if value >= SEARCH_LIMIT or predicted > affordable:
+        progress(f"confirming {engine_fit.engine} at {scale}={_named(value)} needs {format_bytes(int(predicted))}; "
+                 f"this machine has {format_bytes(int(affordable))} available: not measured")
+        return
+    outcome = measure(value)
+    if isinstance(outcome, str):  # the measuring line said why
+        return
+    engine_fit.checked[value] = outcome[0]
+    engine_fit.confirmed = largest_measured(measure, engine_fit, scale, limit, affordable, progress)
+
+
+def check_at(engine_fit: EngineFit, value: int, measure: Callable[[int], tuple[int, float] | str],
+             limit: float) -> bool:
+    """One fresh process at `value` where the engine's total there was not yet measured; whether it stays under
+    `limit` (an answer that does not is taken back: the caller gives the next one)."""
+    if value in engine_fit.checked or value in {v for v, _, _ in engine_fit.points}:
+        return engine_fit.total_at(value)[0] <= limit
+    outcome = measure(value)
+    if isinstance(outcome, str):  # the measuring line said why
+        return False
+    engine_fit.checked[value] = outcome[0]
+    return outcome[0] <= limit
+
+
+def largest_measured(measure: Callable[[int], tuple[int, float] | str], engine_fit: EngineFit, scale: str,
+                     limit: float, affordable: float, progress: Progress) -> int | None:
+    """The largest value whose measured total stays under `limit`, to within `RESOLUTION` of it, searched by
+    measurement from the engine's points and what `checked` holds (one fresh process per value): each next value is where the straight line through the
+    two nearest measured totals crosses the limit (`_crossing`), bisection every other step once the answer is
+    bracketed, so a prediction that is far off costs a few processes, not one per doubling. None where a
+    measurement failed, nothing measured is under the limit, or the next value would not fit this machine
+    (`affordable` bytes)."""
+    interpolated = False
+    while True:
+        totals = {value: total for value, total, _ in engine_fit.points} | engine_fit.checked
+        under = [value for value, total in totals.items() if total <= limit]
+        if not under:
+            return None
+        low = max(under)
+        high = min((value for value, total in totals.items() if total > limit and value > low), default=None)
+        if high is not None and high - low <= max(1, int(low * RESOLUTION)):
+            return low
+        if high is None:  # not bracketed yet: along the line through the two largest values under the limit
+            below = sorted(under)[-2:]
+            value = max(low + 1, _crossing(below[0], totals[below[0]], low, totals[low], limit))
+        elif interpolated:  # the bracket's line did not end it: halve, so the search ends in any case
+            value, interpolated = (low + high) // 2, False
+        else:
+            value = min(high - 1, max(low + 1, _crossing(low, totals[low], high, totals[high], limit)))
+            interpolated = True
+        if engine_fit.model(value) > affordable:
+            progress(f"confirming: {scale}={value} would need more memory than this machine has: search stopped")
+            return None
+        outcome = measure(value)
+        if isinstance(outcome, str):
+            progress(f"confirming: {scale}={value}: {outcome}: search stopped")
+            return None
+        engine_fit.checked[value] = outcome[0]
+
+
+def _crossing(value_a: int, total_a: int, value_b: int, total_b: int, limit: float) -> int:
+    """The value where the straight line through two measured (value, total) points reaches `limit`, rounded
+    down; twice the larger value where the line does not rise (the totals are one allocator step apart)."""
+    if value_a == value_b or total_b <= total_a:
+        return 2 * max(value_a, value_b)
+    return int(value_b + (limit - total_b) * (value_b - value_a) / (total_b - total_a))
+
+
+def _named(value: int) -> str:
+    return "any value" if value >= SEARCH_LIMIT else str(value)

@@ -1,0 +1,398 @@
+"""`fit`'s answer: per engine its measured points, size model and largest fitting value, confirmed by
+measurement where the machine can; the two answers (the largest value, and the fastest engine at the largest
+value every fitting engine reaches); its lines, its table and its records.
+
+Total memory, defined once: on CUDA the caching allocator's reserved peak (`cuda_reserved_peak_bytes`), which
+is what an out-of-memory error is about; on the CPU the step process's resident high-water mark (its resident
+memory before the step plus the step's peak above it), which includes the interpreter and torch, since those
+must fit too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from benchlib.fit.sizing import SEARCH_LIMIT, TRACE, SizeModel
+from benchlib.records.metrics import METRICS
+from benchlib.units import format_bytes, format_seconds
+
+MEASURED, CONFIRMED, PREDICTED = "measured", "confirmed", "predicted"
+CLOSE = 0.05  # times per sample this close are not told apart by the few steps a fit times
+FIT_METRICS = (  # what a fit records: a command's, not a benchmark's, so registered where it is made
+    ("fit_total_bytes", "B", "memory", "total memory of one step at params.value of the parameter params.scale: on CUDA "
+     "the allocator's reserved peak, on the CPU the process's resident high-water mark (params.total says which; "
+     "params.confirms: measured to confirm an answer, not a point of the size model)"),
+    ("predicted_total_bytes", "B", "memory", "the size model's total at params.value (params.model: linear or quadratic)"),
+    ("fit_check_error", "ratio", "check", "relative error of the size model, fitted to the smaller points, at the "
+     "largest measured one: how far its extrapolation was off where it could be checked"),
+    ("traced_peak_bytes", "B", "memory", "the step's peak of live tensor bytes at params.value, traced under fake "
+     "tensors (no memory taken): what the trace model adds its constant to"),
+    ("max_fitting", "", "setting", "the largest value of params.scale whose predicted total stays under params.limit "
+     "bytes (0: not even the smallest value measured)"),
+    ("true_max_fitting", "", "check", "the largest value of params.scale whose measured total stays under params.limit, "
+     "searched by measurement from the predicted one (params.predicted; params.searched: value -> total measured)"),
+    ("fit_verify_error", "ratio", "check", "(predicted - measured) / measured total at the largest fitting value, "
+     "measured for real (`benchlib fit --verify`; params.predicted, params.measured)"),
+)
+for _metric in FIT_METRICS:
+    METRICS.register(*_metric)
+
+
+@dataclass
+class EngineFit:
+    """One engine: its measured points (value, total bytes, seconds per step), its size model, the largest value
+    predicted to fit, and what measurement confirmed; `reason` where it could not be fitted (not applicable,
+    failed)."""
+
+    engine: str
+    points: list[tuple[int, int, float]] = field(default_factory=list)
+    model: SizeModel | None = None
+    max_fitting: int | None = None
+    reason: str = ""
+    traced: dict[int, int] = field(default_factory=dict)  # value -> traced peak bytes, where the step was traced
+    untraced: str = ""  # why it was not
+    unmeasured: str = ""  # why the points stop short of the answer (the machine cannot hold the next one), if they do
+    checked: dict[int, int] = field(default_factory=dict)  # value -> total measured to confirm an answer
+    confirmed: int | None = None  # the largest value measured under the limit, searched up to the first over it
+
+    @property
+    def largest(self) -> int | None:
+        """This engine's answer: confirmed by measurement where it was, else predicted."""
+        return self.confirmed if self.confirmed is not None else self.max_fitting
+
+    @property
+    def extrapolation(self) -> float:
+        """How far past the largest measured value the answer lies (1: at or below it)."""
+        largest = max((value for value, _, _ in self.points), default=0)
+        if self.max_fitting is None or not largest or self.max_fitting >= SEARCH_LIMIT:
+            return math.nan
+        return max(1.0, self.max_fitting / largest)
+
+    def answer(self, limit: float) -> int | None:
+        """The largest value whose predicted total, raised by the size model's own out-of-sample error (its upper
+        bound), stays under `limit`, and never below a measured value whose measured total does; None when no
+        measured total is under it."""
+        under = [value for value, total, _ in self.points if total <= limit]
+        if not under:
+            return None
+        start = min(value for value, _, _ in self.points)
+        predicted = self.model.largest_under(limit / (1 + max(self.model.check_error, 0.0)), start)
+        return max(predicted or 0, max(under))
+
+    def total_at(self, value: int) -> tuple[float, float, float, str]:
+        """(total, low, high, basis) at `value`: measured where a process ran there (low = high = total), else the
+        size model's prediction and its interval."""
+        measured = {v: total for v, total, _ in self.points} | self.checked
+        if value in measured:
+            return (float(measured[value]),) * 3 + (CONFIRMED if value in self.checked else MEASURED,)
+        low, high = self.model.bounds(value)
+        return self.model(value), low, high, PREDICTED
+
+    def seconds_per_sample(self, value: int) -> tuple[float, str]:
+        """Time per step over the value, measured at the largest measured value at or below `value` (per-sample
+        time falls as the value grows, so beyond the points this is an upper bound, and the label says where);
+        NaN where nothing was measured (a prediction without a GPU)."""
+        if not self.points:
+            return math.nan, "not measured"
+        at = max((point for point in self.points if point[0] <= value), default=self.points[0])
+        return at[2] / at[0], "measured" if at[0] == value else f"measured at {at[0]}"
+
+
+@dataclass
+class FitResult:
+    """`fit`'s answer: every engine's fit and the two answers; with verification, what measurement confirmed."""
+
+    name: str
+    scale: str
+    limit: int
+    device: str
+    total: str
+    engines: list[EngineFit]
+    basis: str = MEASURED  # or predicted.BASIS: the totals are predicted, nothing ran on the device
+    unseen: list[str] = field(default_factory=list)  # predicted: what CUDA's kernels take that the trace did not see
+    margin: float = 0.0  # the share of the limit kept free: answers stay under limit * (1 - margin)
+
+    @property
+    def usable(self) -> float:
+        return self.limit * (1.0 - self.margin)
+
+    @property
+    def fitted(self) -> list[EngineFit]:
+        return [fit for fit in self.engines if fit.max_fitting is not None]
+
+    @property
+    def predicted(self) -> bool:
+        return self.basis != MEASURED
+
+    @property
+    def best(self) -> EngineFit | None:
+        """The engine reaching the largest value; then the least time per sample, or, predicted, the least total."""
+        def rank(fit: EngineFit) -> tuple:  # a measured engine before one only predicted at the same value
+            seconds = fit.seconds_per_sample(fit.largest)[0]
+            return fit.largest, bool(fit.points) or self.predicted, -(0.0 if math.isnan(seconds) else seconds), \
+                -fit.model(fit.largest)
+
+        return max(self.fitted, key=rank, default=None)
+
+    @property
+    def common_value(self) -> int | None:
+        """The largest value every fitting engine measured reaches."""
+        return min((fit.largest for fit in self.fitted if fit.points), default=None)
+
+    @property
+    def fastest(self) -> EngineFit | None:
+        """The engine with the least time per sample at `common_value` (measured engines only)."""
+        common = self.common_value
+        timed = [fit for fit in self.fitted if not math.isnan(fit.seconds_per_sample(common)[0])]
+        return min(timed, key=lambda fit: fit.seconds_per_sample(common)[0], default=None)
+
+    def limit_text(self) -> str:
+        return format_bytes(self.limit) + (f" less a {100 * self.margin:g}% margin ({format_bytes(int(self.usable))})"
+                                           if self.margin else "")
+
+    def answers(self) -> list[str]:
+        """The answer in words: the largest value and the engine reaching it; the fastest engine at the largest value
+        every fitting engine reaches."""
+        best, limit = self.best, self.limit_text()
+        if not any(fit.model is not None for fit in self.engines):
+            return [f"{self.name}: no engine could be {'predicted' if self.predicted else 'measured'}; each says why"]
+        if best is None:
+            return [f"{self.name}: no engine fits {limit} ({self.total}) even at the smallest {self.scale} "
+                    + ("traced" if self.predicted else "measured")]
+        if self.predicted:
+            lines = [f"{self.name}, {self.basis}: the largest {self.scale} under {limit} of CUDA reserved memory is "
+                     f"{_value(best.largest)}, with {best.engine}",
+                     "  (a trace under fake tensors replayed through a model of the caching allocator; time per sample "
+                     "needs a GPU)"]
+            if self.unseen:  # one reason a line: the answer box stays readable
+                lines.append(f"  a floor, not a bound: the trace does not see this memory, so a smaller {self.scale} "
+                             "may be the largest (confirm with --verify on the GPU):")
+                lines.extend(f"    {why}" for why in self.unseen)
+            return lines
+        seconds, label = best.seconds_per_sample(best.largest)
+        lines = [f"{self.name}: the largest {self.scale} under {limit} ({self.total}) is {_value(best.largest)}, "
+                 f"with {best.engine} ({format_seconds(seconds)} per sample, {label}); {_basis(best)}"]
+        fastest, common = self.fastest, self.common_value
+        if fastest is not None and len(self.fitted) > 1:
+            seconds, label = fastest.seconds_per_sample(common)
+            lines.append(f"{self.name}: the fastest at {self.scale}={_value(common)}, the largest every fitting engine "
+                         f"reaches, is {fastest.engine} ({format_seconds(seconds)} per sample, {label}); "
+                         f"{_basis(fastest, common)}" + self._runner_up(fastest, common))
+        return lines
+
+    def _runner_up(self, fastest: EngineFit, common: int) -> str:
+        """Where the next engine's time is within `CLOSE` of the fastest's, that the medians of a few steps do not
+        tell them apart (`benchlib run` compares times with intervals)."""
+        seconds = fastest.seconds_per_sample(common)[0]
+        others = [(fit.seconds_per_sample(common)[0], fit.engine) for fit in self.fitted
+                  if fit is not fastest and fit.points]
+        if not others:
+            return ""
+        second, engine = min(others)
+        if second > seconds * (1 + CLOSE):
+            return ""
+        return (f"; {engine} is within {100 * (second / seconds - 1):.0f}%, closer than a few timed steps tell apart "
+                "(benchlib run compares them with intervals)")
+
+    def rows(self) -> list[dict]:
+        """One row per engine, the table's: its largest value, the total there (measured, confirmed, or predicted with
+        its interval), time per sample there, how its answer was reached, and why it has none."""
+        rows = []
+        for fit in self.engines:
+            row = {"engine": fit.engine, "largest": None, "total_bytes": math.nan, "total_low": math.nan,
+                   "total_high": math.nan, "basis": "", "seconds_per_sample": math.nan, "time_basis": "",
+                   "model": "", "reason": fit.reason}
+            if fit.model is not None:
+                row["model"] = f"{fit.model.kind}, {100 * fit.model.check_error:.1f}% out of sample"
+            if fit.largest is not None and fit.largest < SEARCH_LIMIT:
+                total, low, high, basis = fit.total_at(fit.largest)
+                seconds, label = fit.seconds_per_sample(fit.largest)
+                row.update(largest=fit.largest, total_bytes=total, total_low=low, total_high=high,
+                           basis=self.basis if self.predicted else _basis(fit), seconds_per_sample=seconds,
+                           time_basis=label)
+            elif fit.largest is not None:
+                row.update(largest=fit.largest, basis=f"the total does not grow with {self.scale}")
+            elif fit.model is not None:
+                row["reason"] = row["reason"] or f"does not fit at the smallest {self.scale} measured"
+            notes = [note for note in (fit.untraced and f"not traced: {fit.untraced}",
+                                       fit.unmeasured and f"not measured nearer the answer: {fit.unmeasured}") if note]
+            row["reason"] = "; ".join([row["reason"], *notes] if row["reason"] else notes)
+            rows.append(row | {"scale": self.scale, "answer": ""})
+        self._mark_answers(rows)
+        return rows
+
+    def _mark_answers(self, rows: list[dict]) -> None:
+        """The answers' sentences on the rows of the engines they name (on the first row where none fits), so the
+        table carries them."""
+        sentences = self.answers()
+        owners = [self.best] * len(sentences)
+        if not self.predicted and len(sentences) == 2:  # the second names the fastest at the common value
+            owners[1] = self.fastest
+        for row, fit in zip(rows, self.engines):
+            row["answer"] = "\n".join(sentence for sentence, owner in zip(sentences, owners) if owner is fit)
+        if self.best is None and rows:
+            rows[0]["answer"] = "\n".join(sentences)
+
+    def lines(self) -> list[str]:
+        """The answers, then one aligned line per engine, then the verification."""
+        lines = self.answers()
+        width = max((len(fit.engine) for fit in self.engines), default=0)
+        for row, fit in zip(self.rows(), self.engines):
+            if fit.model is None or row["largest"] is None:
+                lines.append(f"  {fit.engine:<{width}}  {row['reason']}")
+                continue
+            if self.predicted:
+                lines.append(f"  {fit.engine:<{width}}  {_predicted_line(fit, self.scale, self.limit)}")
+                continue
+            total = "" if math.isnan(row["total_bytes"]) else _total_text(row)
+            time = "" if math.isnan(row["seconds_per_sample"]) else \
+                f"  {format_seconds(row['seconds_per_sample'])} per sample ({row['time_basis']})"
+            lines.append(f"  {fit.engine:<{width}}  up to {self.scale}={_value(row['largest'])}: {total}{time}; "
+                         f"{row['basis']} ({fit.model.kind} model, {100 * fit.model.check_error:.1f}% out of sample)"
+                         + (f"; {row['reason']}" if row["reason"] else ""))
+        for fit in self.engines:  # each confirmation: how far the prediction was, and what measurement found
+            if fit.max_fitting in fit.checked:
+                predicted, measured = fit.model(fit.max_fitting), fit.checked[fit.max_fitting]
+                lines.append(f"confirming {fit.engine} at {self.scale}={fit.max_fitting}: predicted "
+                             f"{format_bytes(int(predicted))}, measured {format_bytes(measured)} (error "
+                             f"{100 * (predicted - measured) / measured:+.1f}%)")
+            if fit.confirmed is not None:
+                off = fit.max_fitting - fit.confirmed
+                lines.append(f"confirmed: under {self.limit_text()}, {fit.engine} reaches {self.scale}={fit.confirmed} "
+                             f"({len(fit.checked)} values measured); the prediction was "
+                             + ("exact" if off == 0 else f"{abs(off)} {'over' if off > 0 else 'under'}"))
+        return lines
+
+    def curve_values(self, fit: EngineFit) -> list[int]:
+        """Where the records hold the model's prediction: the measured values, the largest fitting one, and
+        a grid out to a little past it (at most 8x the largest measured value), for the figure's curve."""
+        measured = [v for v, _, _ in fit.points] or list(fit.traced)
+        reach = min(max(fit.max_fitting or 0, max(measured)) * 1.25, 8 * max(measured))
+        grid = {int(round(v)) for v in np.linspace(min(measured), reach, 24)}
+        return sorted(grid | set(measured) | ({fit.max_fitting} if fit.max_fitting and fit.max_fitting < SEARCH_LIMIT
+                                              else set()))
+
+    def records(self) -> list[dict]:
+        """Tidy rows: per engine and measured value its total, per engine the model's check error and the
+        largest fitting value (or a `not_applicable` status saying why it has none), and the verification's
+        error."""
+        from benchlib.records import make_record
+        from benchlib.records.schema import status_record
+
+        rows = []
+        for fit in self.engines:
+            labels = dict(benchmark=self.name, case=f"fit {self.scale}", engine=fit.engine, device=self.device,
+                          dtype="float32")
+            common = {"scale": self.scale, "limit": self.limit, "margin": self.margin, "total": self.total,
+                      "basis": self.basis,
+                      **({"unseen": self.unseen} if self.unseen else {})}
+            if fit.reason:  # not applicable here, not traceable, too few points: said, so no engine leaves no trace
+                rows.append(status_record(status="not_applicable", message=fit.reason, params=common, **labels))
+            for value, total, seconds in fit.points:
+                rows.append(make_record(**labels, metric="fit_total_bytes", value=float(total), unit="B",
+                                        params={**common, "value": value}))
+                rows.append(make_record(**labels, metric="time", value=seconds, unit="s", params={**common, "value": value}))
+            for value, total in fit.checked.items():
+                rows.append(make_record(**labels, metric="fit_total_bytes", value=float(total), unit="B",
+                                        params={**common, "value": value, "confirms": True}))
+            for value, peak in fit.traced.items():
+                if self.predicted:  # the trace replayed through the allocator model: the prediction itself
+                    rows.append(make_record(**labels, metric="predicted_total_bytes", value=float(peak), unit="B",
+                                            params={**common, "value": value, "model": TRACE}))
+                else:
+                    rows.append(make_record(**labels, metric="traced_peak_bytes", value=float(peak), unit="B",
+                                            params={**common, "value": value}))
+            if fit.model is not None:
+                rows.extend(self._model_records(fit, labels, common))
+            rows.extend(self._confirmed_records(fit, labels, common))
+        return rows
+
+    def _model_records(self, fit: EngineFit, labels: dict, common: dict) -> list[dict]:
+        """The size model's curve, its check error and the largest value it answers."""
+        from benchlib.records import make_record
+
+        beyond_traces = self.predicted and (fit.max_fitting or 0) > max(fit.traced)
+        values = self.curve_values(fit) if not self.predicted else (_extrapolated_values(fit) if beyond_traces else [])
+        rows = [make_record(**labels, metric="predicted_total_bytes", value=fit.model(value), unit="B",
+                            params={**common, "value": value, "model": fit.model.kind}) for value in values]
+        rows.append(make_record(**labels, metric="fit_check_error", value=fit.model.check_error, unit="ratio",
+                                params={**common, "model": fit.model.kind}))
+        rows.append(make_record(**labels, metric="max_fitting", value=float(fit.max_fitting or 0), unit="",
+                                params={**common, "model": fit.model.kind,
+                                        **({"extrapolated_beyond": max(fit.traced)} if beyond_traces else {})}))
+        return rows
+
+    def _confirmed_records(self, fit: EngineFit, labels: dict, common: dict) -> list[dict]:
+        """The prediction's error where its value was measured, and the largest value measurement confirmed."""
+        from benchlib.records import make_record
+
+        rows = []
+        if fit.max_fitting in fit.checked:
+            predicted, measured = fit.model(fit.max_fitting), fit.checked[fit.max_fitting]
+            rows.append(make_record(**labels, metric="fit_verify_error", value=(predicted - measured) / measured,
+                                    unit="ratio", params={**common, "value": fit.max_fitting,
+                                                          "predicted": int(predicted), "measured": measured}))
+        if fit.confirmed is not None:
+            searched = {str(value): total for value, total in sorted(fit.checked.items())}
+            rows.append(make_record(**labels, metric="true_max_fitting", value=float(fit.confirmed), unit="",
+                                    params={**common, "predicted": fit.max_fitting, "searched": searched}))
+        return rows
+
+
+def _basis(fit: EngineFit, value: int | None = None) -> str:
+    """How an engine's answer (or its total at `value`) was reached: measured there, confirmed by measurement in
+    fresh processes, or predicted (within the measured values, or extrapolated how far), its model's error added."""
+    value = fit.largest if value is None else value
+    if fit.confirmed is not None and value == fit.confirmed:
+        return f"confirmed: measured in fresh processes at {len(fit.checked)} values up to the first over the limit"
+    if value in fit.checked:
+        return "confirmed: measured there in a fresh process"
+    if value in {v for v, _, _ in fit.points}:
+        return "measured there"
+    error = f"its size model's out-of-sample error {100 * fit.model.check_error:.1f}% added"
+    if not fit.points:
+        return f"predicted from its step traced under fake tensors, {error}"
+    largest = max(v for v, _, _ in fit.points)
+    if value <= largest:
+        return f"predicted within the measured values, {error}"
+    return f"predicted, extrapolated {value / largest:.2f}x past the largest measured value ({largest}), {error}"
+
+
+def _total_text(row: dict) -> str:
+    """A total, and its interval where it has one wider than the figures show."""
+    total, low, high = (format_bytes(int(row[key])) for key in ("total_bytes", "total_low", "total_high"))
+    return total if low == high else f"{total} [{low}, {high}]"
+
+
+def _extrapolated_values(fit: EngineFit) -> list[int]:
+    """Where a prediction's size model is recorded beyond its traces: from the farthest trace to a little past its
+    largest fitting value, for the figure's dashed line."""
+    farthest = max(fit.traced)
+    return sorted({int(round(v)) for v in np.geomspace(farthest, fit.max_fitting * 1.25, 12)} | {fit.max_fitting})
+
+
+def _predicted_line(fit: EngineFit, scale: str, limit: int) -> str:
+    """One engine's prediction without a GPU: where its predicted reserved peak crosses the limit, and by how much
+    (the bytes either side of it can round to the limit's own figure)."""
+    traced, largest = fit.traced, fit.max_fitting
+    if largest is None:
+        smallest = min(traced)
+        return (f"does not fit at the smallest {scale} traced (predicted reserved at {smallest}: "
+                f"{format_bytes(traced[smallest])})")
+    farthest = max(traced)
+    if largest >= SEARCH_LIMIT:
+        return (f"fits at any {scale}: the predicted reserved peak does not grow (at {farthest}: "
+                f"{format_bytes(traced[farthest])})")
+    if largest > farthest:
+        return (f"up to {scale}={largest}, extrapolated ({fit.model.kind} model past the farthest trace, {farthest}: "
+                f"{format_bytes(traced[farthest])}; its operators grow with {scale})")
+    over = f"; at {largest + 1} {format_bytes(traced[largest + 1] - limit)} over" if largest + 1 in traced else ""
+    return (f"up to {scale}={largest}  (predicted reserved there {format_bytes(traced[largest])}, "
+            f"{format_bytes(limit - traced[largest])} under{over}; {len(traced)} traces)")
+
+
+def _value(value: int) -> str:
+    return "any value" if value >= SEARCH_LIMIT else str(value)

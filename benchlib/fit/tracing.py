@@ -1,0 +1,59 @@
+"""A step's peak of live tensor bytes traced under fake tensors: any value of the parameter asked without its
+memory, by torch's own (private) `MemTracker`; and why a step could not be traced, in one line."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+def traced_peak(model_file, engine: str, values: Mapping[str, Any]) -> int:
+    """The peak of live tensor bytes of one `engine` step at `values` (the optimizer's state made by a step
+    before it, as in a measured process), traced under fake tensors. Raises where torch cannot trace the step
+    (a batch that is not fake, data-dependent control flow, torch.func's wrappers). Arrays the file makes outside
+    torch (numpy) are real: the trace model asks at most `TRACE_REACH[-1]` times the largest value measured,
+    whose batch a measured process held in full."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    def batch_is_fake(batch: tuple) -> None:
+        real = [i for i, tensor in enumerate(batch) if not isinstance(tensor, FakeTensor)]
+        if real:
+            raise ValueError(f"batch() item(s) {real} are real tensors under fake tensor mode")
+
+    with FakeTensorMode():
+        return tracked_peak(model_file, engine, values, batch_is_fake)
+
+
+def tracked_peak(model_file, engine: str, values: Mapping[str, Any], check_batch: Callable[[tuple], None] = tuple) -> int:
+    """The peak of live tensor bytes of one `engine` step at `values` by torch's `MemTracker`, after one step that
+    makes the optimizer's state: under fake tensors (`traced_peak`) or, as a test compares, real ones."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from benchlib.usermodel.case import make_step
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracker's own, about tensors it skips (None gradients)
+        model, batch = model_file.build(values)  # on the CPU: moving fake parameters is refused; bytes are the same
+        check_batch(batch)
+        step = make_step(model_file, engine, model, batch)
+        step()
+        tracker = MemTracker()
+        tracker.track_external(model, *step.optimizers)
+        with tracker:
+            step()
+        (categories,) = tracker.get_tracker_snapshot("peak").values()
+    return int(categories["Total"])
+
+
+def untraced_reason(error: Exception) -> str:
+    """Why a step could not be traced under fake tensors, in one line: the common case (the step asks a tensor for
+    a Python number, which a fake tensor does not hold) in words, any other as torch said it."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    said = f"{type(error).__name__}: {first if len(first) <= 240 else first[:240].rsplit(' ', 1)[0] + ' ...'}"
+    if isinstance(error, DataDependentOutputException):
+        return (f"the step reads a value out of a tensor (.item(), float(), a data-dependent shape), which a fake "
+                f"tensor does not hold ({said})")
+    return said
