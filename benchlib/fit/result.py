@@ -20,6 +20,7 @@ from benchlib.records.metrics import METRICS
 from benchlib.units import format_bytes, format_seconds
 
 MEASURED, CONFIRMED, PREDICTED = "measured", "confirmed", "predicted"
+ENGINE_WIDTH = 24  # the engine column of the lines: a longer combination's name pushes its line on
 CLOSE = 0.05  # times per sample this close are not told apart by the few steps a fit times
 FIT_METRICS = (  # what a fit records: a command's, not a benchmark's, so registered where it is made
     ("fit_total_bytes", "B", "memory", "total memory of one step at params.value of the parameter params.scale: on CUDA "
@@ -143,11 +144,20 @@ class FitResult:
         return min((fit.largest for fit in self.fitted if fit.points), default=None)
 
     @property
+    def timed_value(self) -> int | None:
+        """The largest value every fitting engine was measured at: where their times per sample compare (time per
+        sample falls as the value grows, so engines timed at different values would not)."""
+        measured = [{value for value, _, _ in fit.points} for fit in self.fitted if fit.points]
+        return max(set.intersection(*measured), default=None) if measured else None
+
+    @property
     def fastest(self) -> EngineFit | None:
-        """The engine with the least time per sample at `common_value` (measured engines only)."""
-        common = self.common_value
-        timed = [fit for fit in self.fitted if not math.isnan(fit.seconds_per_sample(common)[0])]
-        return min(timed, key=lambda fit: fit.seconds_per_sample(common)[0], default=None)
+        """The engine with the least time per sample at `timed_value` (measured engines only), the one to run at
+        `common_value`."""
+        timed = self.timed_value
+        if timed is None:
+            return None
+        return min((fit for fit in self.fitted if fit.points), key=lambda fit: fit.seconds_per_sample(timed)[0])
 
     def limit_text(self) -> str:
         return format_bytes(self.limit) + (f" less a {100 * self.margin:g}% margin ({format_bytes(int(self.usable))})"
@@ -174,20 +184,24 @@ class FitResult:
             return lines
         seconds, label = best.seconds_per_sample(best.largest)
         lines = [f"{self.name}: the largest {self.scale} under {limit} ({self.total}) is {_value(best.largest)}, "
-                 f"with {best.engine} ({format_seconds(seconds)} per sample, {label}); {_basis(best)}"]
-        fastest, common = self.fastest, self.common_value
-        if fastest is not None and len(self.fitted) > 1:
-            seconds, label = fastest.seconds_per_sample(common)
+                 f"with {best.engine} ({format_seconds(seconds)} per sample, {label}); {_basis(best)}"
+                 + (_bound(best) if best.largest not in best.checked else "")]
+        fastest, common, timed = self.fastest, self.common_value, self.timed_value
+        if fastest is not None and len([fit for fit in self.fitted if fit.points]) > 1:
+            seconds = fastest.seconds_per_sample(timed)[0]
             lines.append(f"{self.name}: the fastest at {self.scale}={_value(common)}, the largest every fitting engine "
-                         f"reaches, is {fastest.engine} ({format_seconds(seconds)} per sample, {label}); "
-                         f"{_basis(fastest, common)}" + self._runner_up(fastest, common))
+                         f"reaches, is {fastest.engine} ({format_seconds(seconds)} per sample at {self.scale}={timed}, "
+                         f"the largest value all were timed at); {_basis(fastest, common)}"
+                         + (_bound(fastest) if common not in fastest.checked and common not in
+                            {v for v, _, _ in fastest.points} else "")
+                         + self._runner_up(fastest, timed))
         return lines
 
-    def _runner_up(self, fastest: EngineFit, common: int) -> str:
+    def _runner_up(self, fastest: EngineFit, timed: int) -> str:
         """Where the next engine's time is within `CLOSE` of the fastest's, that the medians of a few steps do not
         tell them apart (`benchlib run` compares times with intervals)."""
-        seconds = fastest.seconds_per_sample(common)[0]
-        others = [(fit.seconds_per_sample(common)[0], fit.engine) for fit in self.fitted
+        seconds = fastest.seconds_per_sample(timed)[0]
+        others = [(fit.seconds_per_sample(timed)[0], fit.engine) for fit in self.fitted
                   if fit is not fastest and fit.points]
         if not others:
             return ""
@@ -232,14 +246,16 @@ class FitResult:
         if not self.predicted and len(sentences) == 2:  # the second names the fastest at the common value
             owners[1] = self.fastest
         for row, fit in zip(rows, self.engines):
-            row["answer"] = "\n".join(sentence for sentence, owner in zip(sentences, owners) if owner is fit)
+            mine = [index for index, owner in enumerate(owners) if owner is fit]
+            row["answer"] = "\n".join(sentences[index] for index in mine)
+            row["answer_order"] = min(mine, default=None)
         if self.best is None and rows:
-            rows[0]["answer"] = "\n".join(sentences)
+            rows[0]["answer"], rows[0]["answer_order"] = "\n".join(sentences), 0
 
     def lines(self) -> list[str]:
         """The answers, then one aligned line per engine, then the verification."""
         lines = self.answers()
-        width = max((len(fit.engine) for fit in self.engines), default=0)
+        width = min(max((len(fit.engine) for fit in self.engines), default=0), ENGINE_WIDTH)
         for row, fit in zip(self.rows(), self.engines):
             if fit.model is None or row["largest"] is None:
                 lines.append(f"  {fit.engine:<{width}}  {row['reason']}")
@@ -344,7 +360,7 @@ class FitResult:
 
 def _basis(fit: EngineFit, value: int | None = None) -> str:
     """How an engine's answer (or its total at `value`) was reached: measured there, confirmed by measurement in
-    fresh processes, or predicted (within the measured values, or extrapolated how far), its model's error added."""
+    fresh processes, or predicted (within the measured values, or extrapolated how far)."""
     value = fit.largest if value is None else value
     if fit.confirmed is not None and value == fit.confirmed:
         return f"confirmed: measured in fresh processes at {len(fit.checked)} values up to the first over the limit"
@@ -352,13 +368,17 @@ def _basis(fit: EngineFit, value: int | None = None) -> str:
         return "confirmed: measured there in a fresh process"
     if value in {v for v, _, _ in fit.points}:
         return "measured there"
-    error = f"its size model's out-of-sample error {100 * fit.model.check_error:.1f}% added"
     if not fit.points:
-        return f"predicted from its step traced under fake tensors, {error}"
+        return "predicted from its step traced under fake tensors, not measured"
     largest = max(v for v, _, _ in fit.points)
     if value <= largest:
-        return f"predicted within the measured values, {error}"
-    return f"predicted, extrapolated {value / largest:.2f}x past the largest measured value ({largest}), {error}"
+        return "predicted within the measured values"
+    return f"predicted, extrapolated {value / largest:.2f}x past the largest measured value ({largest})"
+
+
+def _bound(fit: EngineFit) -> str:
+    """What a predicted answer was read from: the size model's upper bound."""
+    return f", read from its size model's upper bound (+{100 * max(fit.model.check_error, 0.0):.1f}%)"
 
 
 def _total_text(row: dict) -> str:

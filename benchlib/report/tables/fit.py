@@ -11,6 +11,7 @@ import pandas as pd
 from benchlib.engine_names import COMBINED
 from benchlib.units import format_bytes, format_seconds
 
+NO_BREAK = "\u00a0"
 FIT_COLUMNS = frozenset({"engine", "largest", "total_bytes", "basis", "seconds_per_sample", "answer"})
 
 
@@ -19,8 +20,9 @@ def is_fit_headline(headline: pd.DataFrame) -> bool:
 
 
 def fit_answers(headline: pd.DataFrame) -> list[str]:
-    """The answers' sentences, in the order the rows give them."""
-    return [line for text in headline["answer"] if isinstance(text, str) for line in text.splitlines() if line]
+    """The answers' sentences: the largest value first, then the fastest engine at the value all reach."""
+    ordered = headline.sort_values("answer_order", na_position="last") if "answer_order" in headline else headline
+    return [line for text in ordered["answer"] if isinstance(text, str) for line in text.splitlines() if line]
 
 
 def fit_table(headline: pd.DataFrame) -> pd.DataFrame:
@@ -43,17 +45,18 @@ def fit_table(headline: pd.DataFrame) -> pd.DataFrame:
 
 
 def _total(row: dict) -> str:
+    """The total, and under it the interval a prediction carries; a figure and its unit never part."""
     total = row["total_bytes"]
     if total is None or math.isnan(total):
         return ""
-    low, high = row.get("total_low"), row.get("total_high")
-    if low is None or high is None or math.isnan(low) or format_bytes(int(low)) == format_bytes(int(high)):
-        return format_bytes(int(total))
-    return f"{format_bytes(int(total))} [{format_bytes(int(low))}, {format_bytes(int(high))}]"
+    shown = [format_bytes(int(value)).replace(" ", NO_BREAK) for value in (total, row.get("total_low"),
+                                                                          row.get("total_high"))
+             if value is not None and not math.isnan(value)]
+    return shown[0] if len(shown) < 3 or shown[1] == shown[2] else f"{shown[0]} [{shown[1]}, {shown[2]}]"
 
 
 def _time(row: dict) -> str:
     seconds = row["seconds_per_sample"]
     if seconds is None or math.isnan(seconds):
         return ""
-    return f"{format_seconds(seconds)} ({row.get('time_basis') or 'measured'})"
+    return f"{format_seconds(seconds).replace(' ', NO_BREAK)} ({row.get('time_basis') or 'measured'})"
