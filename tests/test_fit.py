@@ -455,3 +455,20 @@ def test_added_combinations_are_predicted_from_their_traces_and_measured_only_pa
     assert untraced and all(fit.reason.startswith("not predicted: its step cannot be traced") and not fit.points
                             for fit in untraced)
     assert any("past every measured engine (200): measured" in line for line in lines)
+
+
+def test_an_engine_that_splits_the_batch_is_asked_only_multiples_of_its_split(tmp_path, monkeypatch):
+    asked = []
+
+    def measure(_file, engine, values, _device):  # micro-batches refuse a batch that does not split in four
+        asked.append(values["n"])
+        if values["n"] % 4:
+            return "not applicable: the batch does not split into 4 equal micro-batches"
+        return int(100 * MB + values["n"] * MB / 4), values["n"] * 1e-3
+
+    monkeypatch.setattr(measured, "measure_step", measure)
+    result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch-microbatch"], params={"n": 64},
+                 verify=True, progress=lambda line: None)
+    (microbatch,) = result.engines
+    assert microbatch.multiple == 4 and microbatch.max_fitting % 4 == 0
+    assert all(value % 4 == 0 for value in asked) and microbatch.confirmed == 400  # 402 is no multiple of 4

@@ -79,13 +79,16 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
 def _applicable(question: Question, device, progress: Callable[[str], None]) -> list[EngineFit]:
     """An `EngineFit` per engine, with the form's reason where it does not apply; an added combination that does not
     apply is left out, as `run` leaves it out, and the line says so."""
+    from benchlib.usermodel.case import combination_of
+
     reasons = question.form.plan(question.model_file, question.values, device, question.engines, {}).reasons
     fits = []
     for engine in question.engines:
         if engine in question.added and engine in reasons:
             progress(f"{question.model_file.name} {engine}: left out of the combinations fit adds ({reasons[engine]})")
             continue
-        fits.append(EngineFit(engine, reason=reasons.get(engine, "")))
+        multiple = combination_of(question.model_file, engine).batch_multiple
+        fits.append(EngineFit(engine, reason=reasons.get(engine, ""), multiple=multiple))
     return fits
 
 

@@ -107,7 +107,7 @@ def approach(engine_fit: EngineFit, model_file, values: dict, scale: str, device
             return
         # an answer that grows as the model learns from the new point stays within REACH of it (no creeping by ones);
         # its predicted total is under the limit, which this machine holds
-        value = math.ceil(answer / (REACH * APPROACH_SLACK))
+        value = _multiple(math.ceil(answer / (REACH * APPROACH_SLACK)), engine_fit.multiple)
         pace.plan([value])
         outcome = measure_step(model_file, engine_fit.engine, {**values, scale: value}, device)
         if isinstance(outcome, str):
@@ -167,15 +167,17 @@ def largest_measured(measure: Callable[[int], tuple[int, float] | str], engine_f
             return None
         low = max(under)
         high = min((value for value, total in totals.items() if total > limit and value > low), default=None)
-        if high is not None and high - low <= max(1, int(low * RESOLUTION)):
+        step = engine_fit.multiple
+        if high is not None and high - low <= max(step, int(low * RESOLUTION)):
             return low
         if high is None:  # not bracketed yet: along the line through the two largest values under the limit
             below = sorted(under)[-2:]
-            value = max(low + 1, _crossing(below[0], totals[below[0]], low, totals[low], limit))
+            value = max(low + step, _multiple(_crossing(below[0], totals[below[0]], low, totals[low], limit), step))
         elif interpolated:  # the bracket's line did not end it: halve, so the search ends in any case
-            value, interpolated = (low + high) // 2, False
+            value, interpolated = _multiple((low + high) // 2, step), False
         else:
-            value = min(high - 1, max(low + 1, _crossing(low, totals[low], high, totals[high], limit)))
+            value = min(high - step, max(low + step, _multiple(_crossing(low, totals[low], high, totals[high], limit),
+                                                               step)))
             interpolated = True
         if engine_fit.model(value) > affordable:
             progress(f"confirming: {scale}={value} would need more memory than this machine has: search stopped")
@@ -193,6 +195,11 @@ def _crossing(value_a: int, total_a: int, value_b: int, total_b: int, limit: flo
     if value_a == value_b or total_b <= total_a:
         return 2 * max(value_a, value_b)
     return int(value_b + (limit - total_b) * (value_b - value_a) / (total_b - total_a))
+
+
+def _multiple(value: int, step: int) -> int:
+    """`value` rounded down to a multiple of `step`, at least `step`."""
+    return max(step, value - value % step)
 
 
 def _named(value: int) -> str:

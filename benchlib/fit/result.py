@@ -58,6 +58,7 @@ class EngineFit:
     unmeasured: str = ""  # why the points stop short of the answer (the machine cannot hold the next one), if they do
     checked: dict[int, int] = field(default_factory=dict)  # value -> total measured to confirm an answer
     confirmed: int | None = None  # the largest value measured under the limit, searched up to the first over it
+    multiple: int = 1  # what the values asked beyond the grid are multiples of (micro-batches split evenly)
 
     @property
     def largest(self) -> int | None:
@@ -81,6 +82,8 @@ class EngineFit:
             return None
         start = min(value for value, _, _ in self.points)
         predicted = self.model.largest_under(limit / (1 + max(self.model.check_error, 0.0)), start)
+        if predicted is not None and predicted < SEARCH_LIMIT:
+            predicted -= predicted % self.multiple
         return max(predicted or 0, max(under))
 
     def total_at(self, value: int) -> tuple[float, float, float, str]:

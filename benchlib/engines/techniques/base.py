@@ -10,6 +10,7 @@ is what a step runs, one technique or several; its facts are its parts' facts, j
 
 from __future__ import annotations
 
+import math
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from enum import Enum
@@ -122,6 +123,11 @@ class Technique:
         """What its records carry of how it ran on `model` (its checkpointed modules, its dtype)."""
         return {}
 
+    def batch_multiple(self) -> int:
+        """What every batch size it runs must be a multiple of (micro-batches split the batch evenly): a search
+        over sizes (`benchlib fit`) asks only these."""
+        return 1
+
     def prepare(self, step: StepView) -> None:
         """Change `step` at set-up: wrap modules, split the batch, make optimizers, compile."""
 
@@ -177,6 +183,10 @@ class Combination:
     @property
     def untraceable(self) -> str | None:
         return self._first("untraceable")
+
+    @property
+    def batch_multiple(self) -> int:
+        return math.lcm(*(part.batch_multiple() for part in self.parts))
 
     @property
     def computes_in(self) -> str | None:

@@ -189,6 +189,9 @@ class Microbatch(Technique):
     def params(self, model) -> dict:
         return {"microbatches": self.options.microbatches}
 
+    def batch_multiple(self) -> int:
+        return self.options.microbatches
+
     def prepare(self, step) -> None:
         chunks = split_batch(step.batch, self.options.microbatches)
         scale = microbatch_scale(step.model, step.loss, step.batch, chunks)
