@@ -135,7 +135,7 @@ def test_the_answer_is_confirmed_by_measurement_by_default_and_no_verify_skips_i
     assert main(["fit", path, "--memory", "150 MB", "--scale", "n", "--engines", "torch", "-p", "n=32",
                  "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
-    assert "is 50, with torch" in out and "confirmed: measured in fresh processes at 2 values" in out
+    assert "is 50, with torch" in out and "confirmed: measured in fresh processes, under the limit there and over it at 51" in out
     assert 50 in asked and 51 in asked  # the answer, and one past it over the limit
     asked.clear()
     assert main(["fit", path, "--memory", "150 MB", "--scale", "n", "--engines", "torch", "-p", "n=32",
@@ -472,3 +472,20 @@ def test_an_engine_that_splits_the_batch_is_asked_only_multiples_of_its_split(tm
     (microbatch,) = result.engines
     assert microbatch.multiple == 4 and microbatch.max_fitting % 4 == 0
     assert all(value % 4 == 0 for value in asked) and microbatch.confirmed == 400  # 402 is no multiple of 4
+
+
+def test_every_engine_is_confirmed_at_its_own_answer_and_searched_where_it_is_over(tmp_path, monkeypatch):
+    def measure(_file, engine, values, _device):  # checkpointing's total grows faster past its points than they show
+        n = values["n"]
+        total = 100 * MB + n * MB if engine == "torch" else 100 * MB + n * MB / 4 + max(0, n - 252) ** 2 * MB / 400
+        return int(total), 1e-3 * n
+
+    monkeypatch.setattr(measured, "measure_step", measure)
+    result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch", "torch-checkpoint"],
+                 params={"n": 64}, verify=True, progress=lambda line: None)
+    fits = {engine_fit.engine: engine_fit for engine_fit in result.engines}
+    checkpoint = fits["torch-checkpoint"]  # predicted 402 from a line; measured over there, so searched down
+    assert checkpoint.max_fitting == 402 and checkpoint.checked[402] > 200.6 * MB
+    assert checkpoint.confirmed < 402 and checkpoint.checked[checkpoint.confirmed] <= 200.6 * MB
+    assert 100 in fits["torch"].checked and fits["torch"].checked[100] <= 200.6 * MB  # its own answer, measured
+    assert result.best is checkpoint and result.best.largest == checkpoint.confirmed

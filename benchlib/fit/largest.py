@@ -192,9 +192,10 @@ def _offset_model(reference: EngineFit, engine_fit: EngineFit, question: Questio
 
 
 def _confirm(result: FitResult, question: Question, device, pace: Pace) -> None:
-    """Both answers measured before they are given: the largest value searched by measurement up to the first value
-    over the limit (`confirm`), then the fastest engine at the largest value every measured engine reaches, one
-    fresh process, searched as well where that one is over."""
+    """Every answer measured before it is given: the largest value searched by measurement up to the first value
+    over the limit (`confirm`), each other measured engine at its own answer (one fresh process; searched as well
+    where that one is over: a total can grow faster past the points than the model saw), then the fastest engine at
+    the largest value every measured engine reaches."""
     from benchlib.measure.isolation import available_memory
 
     affordable = available_memory(device)
@@ -213,8 +214,12 @@ def _confirm(result: FitResult, question: Question, device, pace: Pace) -> None:
     while (best := result.best) is not None and best.points and best.confirmed is None and best.engine not in tried:
         tried.add(best.engine)  # an engine confirmed below another's prediction hands the answer on: confirm that
         confirm(best, measuring(best), scale, usable, affordable, pace.say)
+    for engine_fit in sorted(result.fitted, key=lambda fit: fit.largest, reverse=True):
+        if engine_fit.points and engine_fit.confirmed is None and engine_fit.max_fitting < SEARCH_LIMIT and \
+                not check_at(engine_fit, engine_fit.max_fitting, measuring(engine_fit), usable):
+            confirm(engine_fit, measuring(engine_fit), scale, usable, affordable, pace.say)
     fastest, common = result.fastest, result.common_value
-    if fastest is None or fastest is best or common is None or common >= SEARCH_LIMIT:
+    if fastest is None or common is None or common >= SEARCH_LIMIT:
         return
     if not check_at(fastest, common, measuring(fastest), usable):
         confirm(fastest, measuring(fastest), scale, usable, affordable, pace.say)

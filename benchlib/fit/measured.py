@@ -23,8 +23,9 @@ APPROACH_SLACK = 0.8  # a point toward the answer is measured at 1 / (REACH * th
 # lean process of its own reached 1077 MB: answers overshot the limit by that much.
 USERS_ALLOCATOR = "glibc-default"
 # the search by measurement ends when the first value over the limit is this close above the last under it: totals
-# measured in fresh processes a value apart differ by more than the step between them (1-2% on the CPU)
-RESOLUTION = 0.01
+# measured in fresh processes a value apart differ by more than the step between them (up to 2.4% on the CPU: a
+# ConvMixer read 1.073 GB at batch 1112 and 1.048 GB at 1113)
+RESOLUTION = 0.02
 REACH = 2  # no answer on a device that can hold the limit lies more than this many times past a measured value
 
 Progress = Callable[[str], None]
@@ -131,11 +132,16 @@ def confirm(engine_fit: EngineFit, measure: Callable[[int], tuple[int, float] | 
         progress(f"confirming {engine_fit.engine} at {scale}={_named(value)} needs {format_bytes(int(predicted))}; "
                  f"this machine has {format_bytes(int(affordable))} available: not measured")
         return
-    outcome = measure(value)
-    if isinstance(outcome, str):  # the measuring line said why
-        return
-    engine_fit.checked[value] = outcome[0]
-    engine_fit.confirmed = largest_measured(measure, engine_fit, scale, limit, affordable, progress)
+    if value not in engine_fit.checked:
+        outcome = measure(value)
+        if isinstance(outcome, str):  # the measuring line said why
+            return
+        engine_fit.checked[value] = outcome[0]
+    found = largest_measured(measure, engine_fit, scale, limit, affordable, progress)
+    if found is None:  # the search stopped: the largest value measured under the limit, if any, is what holds
+        totals = {v: total for v, total, _ in engine_fit.points} | engine_fit.checked
+        found = max((v for v, total in totals.items() if total <= limit), default=None)
+    engine_fit.confirmed = found
 
 
 def check_at(engine_fit: EngineFit, value: int, measure: Callable[[int], tuple[int, float] | str],

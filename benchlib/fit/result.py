@@ -366,7 +366,9 @@ def _basis(fit: EngineFit, value: int | None = None) -> str:
     fresh processes, or predicted (within the measured values, or extrapolated how far)."""
     value = fit.largest if value is None else value
     if fit.confirmed is not None and value == fit.confirmed:
-        return f"confirmed: measured in fresh processes at {len(fit.checked)} values up to the first over the limit"
+        over = [v for v, total in fit.checked.items() if v > value]
+        return ("confirmed: measured in fresh processes" + (f", under the limit there and over it at {min(over)}"
+                                                             if over else ", under the limit there"))
     if value in fit.checked:
         return "confirmed: measured there in a fresh process"
     if value in {v for v, _, _ in fit.points}:
