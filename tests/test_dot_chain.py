@@ -101,7 +101,7 @@ def test_memory_requirement_counts_the_z_stack_and_the_kept_contributions_of_def
     ({"dtype": "int32"}, "dtype must be one of float32, float64"),
     ({"engines": ["manual", "jax"]}, "'jax' is not valid"),
     ({"engines": ["manual", "manual"]}, "engines lists a value twice"),
-    ({"malloc": "jemalloc"}, "malloc must be one of mmap-128k, mmap-64k, glibc-default"),
+    ({"malloc": "jemalloc"}, "malloc must be one of mmap-128k, mmap-64k, glibc-default, training-process"),
 ])
 def test_bad_arguments_are_refused_by_the_declaration(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -157,7 +157,7 @@ def test_memory_precheck_refuses_before_spawning(monkeypatch):
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
-    (dict(malloc="jemalloc"), ValueError, "valid policies: 'mmap-128k', 'mmap-64k', 'glibc-default'"),
+    (dict(malloc="jemalloc"), ValueError, "valid policies: 'mmap-128k', 'mmap-64k', 'glibc-default', 'training-process'"),
     (dict(target="no_colon"), ValueError, "'module:function'"),
     (dict(params={"x": object()}), ValueError, "must be JSON values"),
     (dict(params={"x": float("nan")}), ValueError, "must be JSON values"),

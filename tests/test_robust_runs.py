@@ -92,7 +92,7 @@ def refuse_kernels(monkeypatch):
     ("dot_chain", ["-p", "dtype=float16"], "dtype must be one of float32, float64, got 'float16'"),
     ("dot_chain", ["-p", "engines=[]"], "dot_chain: engines must be a non-empty list, each one of manual"),
     ("dot_chain", ["-p", "engines=['jax']"], "got ['jax'] ('jax' is not valid)"),
-    ("dot_chain", ["-p", "malloc=big"], "malloc must be one of mmap-128k, mmap-64k, glibc-default, got 'big'"),
+    ("dot_chain", ["-p", "malloc=big"], "malloc must be one of mmap-128k, mmap-64k, glibc-default, training-process, got 'big'"),
     ("rnn_fanout", ["-p", "T_sweep=[0]"], "T_sweep must be a non-empty list, each an integer >= 1, got [0] (0 is not valid)"),
     ("identical_closures", ["-p", "backend=foo"], "backend must be one of"),
     ("mnist_ensembles", ["-p", "synthetic_n=100000000"], "mnist_ensembles: these sizes need about"),

@@ -23,7 +23,7 @@ from typing import Any
 
 from benchlib.fit.asking import FitError, Question, ask, scale_points
 from benchlib.fit import measured
-from benchlib.fit.measured import REACH, approach, check_at, confirm, fit_model
+from benchlib.fit.measured import REACH, approach, check_at, confirm, fit_model, hold
 from benchlib.fit.pace import Pace
 from benchlib.fit.result import EngineFit, FitResult
 from benchlib.fit.sizing import MIN_POINTS, SEARCH_LIMIT, TRACE, SizeModel
@@ -211,9 +211,10 @@ def _confirm(result: FitResult, question: Question, device, pace: Pace) -> None:
         return measure
 
     tried = set()
-    while (best := result.best) is not None and best.points and best.confirmed is None and best.engine not in tried:
+    while (best := result.best) is not None and best.points and best.engine not in tried:
         tried.add(best.engine)  # an engine confirmed below another's prediction hands the answer on: confirm that
         confirm(best, measuring(best), scale, usable, affordable, pace.say)
+        hold(best, measuring(best), usable, pace.say)
     for engine_fit in sorted(result.fitted, key=lambda fit: fit.largest, reverse=True):
         if engine_fit.points and engine_fit.confirmed is None and engine_fit.max_fitting < SEARCH_LIMIT and \
                 not check_at(engine_fit, engine_fit.max_fitting, measuring(engine_fit), usable):
@@ -223,3 +224,4 @@ def _confirm(result: FitResult, question: Question, device, pace: Pace) -> None:
         return
     if not check_at(fastest, common, measuring(fastest), usable):
         confirm(fastest, measuring(fastest), scale, usable, affordable, pace.say)
+        hold(fastest, measuring(fastest), usable, pace.say)

@@ -32,6 +32,9 @@ def heap_trim_available() -> bool:
     return _malloc_trim() is not None
 
 
+KEEP_HEAP_ENV = "BENCHLIB_KEEP_HEAP"  # set: a CPU peak is never reset, nor the freed heap handed back before it
+
+
 def release_freed_heap() -> bool:
     """Hand the heap memory glibc keeps after ``free`` back to the OS (``malloc_trim(0)``), so
     process RSS follows live memory; False where the C library has no ``malloc_trim`` (not glibc)."""
@@ -201,6 +204,8 @@ class Device:
         """
         if self.is_cuda:
             _torch().cuda.reset_peak_memory_stats(self.index)
+            return
+        if os.environ.get(KEEP_HEAP_ENV):  # the "training-process" policy: the whole life's high-water mark
             return
         release_freed_heap()
         if hwm_resettable():

@@ -39,6 +39,10 @@ MALLOC_POLICIES: dict[str, dict[str, str]] = {
     "mmap-64k": {"MALLOC_MMAP_THRESHOLD_": "65536"},
     # The environment as inherited: glibc's dynamic threshold, for comparison.
     "glibc-default": {},
+    # As a training process runs: glibc's defaults, and the heap the warm-up left kept (no trim, no peak reset
+    # before the measured steps), so the peak is the process's whole-life resident high-water mark, what the OOM
+    # killer or a cgroup limit meets (`benchlib fit`; `devices.KEEP_HEAP_ENV`).
+    "training-process": {"BENCHLIB_KEEP_HEAP": "1"},
 }
 DEFAULT_MALLOC_POLICY = "mmap-128k"
 _TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
