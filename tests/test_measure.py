@@ -82,6 +82,22 @@ def test_cpu_peak_sees_a_touched_buffer_after_reset():
     assert dev.peak_memory() - baseline >= 9 * MB
 
 
+@pytest.mark.skipif(not hwm_resettable(), reason="needs Linux VmHWM")
+def test_as_a_training_process_the_peak_is_the_whole_lifes_and_never_reset(monkeypatch):
+    # fit's policy: a buffer freed before the measured steps still counts, as it does for the OOM killer
+    dev = resolve_device("cpu")
+    dev.reset_peak()
+    before = dev.memory_in_use()
+    buffer = np.ones(200 * MB // 8)
+    del buffer
+    monkeypatch.setenv(devices_module.KEEP_HEAP_ENV, "1")
+    dev.reset_peak()
+    assert dev.peak_memory() - before >= 190 * MB
+    monkeypatch.delenv(devices_module.KEEP_HEAP_ENV)
+    dev.reset_peak()
+    assert dev.peak_memory() - before < 100 * MB
+
+
 @pytest.mark.skipif(not (hwm_resettable() and devices_module.heap_trim_available()),
                     reason="needs Linux VmHWM and glibc's malloc_trim")
 def test_cpu_reset_peak_hands_freed_heap_back_so_small_buffers_count_again():

@@ -8,7 +8,8 @@ it lies within `REACH` of one (`benchlib.fit.measured`). The combinations a run 
 predicted from their steps traced under fake tensors (no memory taken) on the reference engine's measured
 offset; those whose prediction passes every measured engine's answer, the frontier, are then measured as the
 others. The answers are confirmed by measurement before they are given (`verify`, on by default where this
-machine holds the limit).
+machine holds the limit): the largest value searched and held in three processes, every other engine's own
+answer measured once (and searched where it is over), the fastest engine measured at the value all reach.
 
 On a machine without a GPU, `device="cuda"` predicts instead of measuring (`benchlib.fit.predicted`), and every
 line, record and figure says "predicted, not measured on a GPU".

@@ -216,6 +216,8 @@ class Device:
         """Peak since `reset_peak`; None where the platform cannot reset a peak (not Linux)."""
         if self.is_cuda:
             return int(_torch().cuda.max_memory_allocated(self.index))
+        if os.environ.get(KEEP_HEAP_ENV):  # never reset: the whole life's (asking `hwm_resettable` would reset it)
+            return _read_vm_hwm() if sys.platform.startswith("linux") else None
         return _read_vm_hwm() if hwm_resettable() else None
 
     def allocator_counters(self) -> dict[str, int] | None:
