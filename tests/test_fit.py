@@ -291,14 +291,16 @@ def test_verify_finds_the_true_largest_value_by_measurement_from_either_side_of_
         largest = measured.largest_measured(measure, best, "n", limit, affordable, lambda line: None)
         return None if largest is None else (largest, dict(sorted(best.checked.items())))
 
-    assert search(7) == (10, {7: 7000, 10: 10_000, 11: 11_000})
-    assert probed == [10, 11]  # where the line through the totals crosses the limit, then one past it
+    assert search(7)[0] == 10
+    assert probed == [8, 9, 10, 11]  # up along the line, never more than 1.2x past a value under the limit
     probed.clear()
     assert search(13) == (10, {10: 10_000, 11: 11_000, 13: 13_000})  # down, from the fit's points under the limit
-    assert probed == [10, 11]
+    assert probed == [10, 11]  # where the line through the totals crosses the limit, then one past it
     probed.clear()
-    assert search(100, limit=1_000_500) == (1000, {100: 100_000, 1000: 1_000_000, 1001: 1_001_000})
-    assert len(probed) == 2  # a prediction 10x under the answer costs two processes, not one per doubling
+    assert search(100, limit=1_000_500)[0] == 1000
+    # two totals close together draw a line that can cross far away: noise on the CPU made one such step ask twice
+    # the answer, so each step up is at most 1.2x, and a prediction 10x under costs a dozen processes, not hundreds
+    assert all(after <= 1.2 * before + 1 for before, after in zip([100, *probed], probed)) and len(probed) <= 16
     failing.add(10)
     assert search(7) is None  # a measurement that fails stops the search
     assert search(7, affordable=8500) is None  # the next value would not fit this machine

@@ -24,7 +24,7 @@ from typing import Any
 
 from benchlib.fit.asking import FitError, Question, ask, scale_points
 from benchlib.fit import measured
-from benchlib.fit.measured import REACH, approach, check_at, confirm, fit_model, hold
+from benchlib.fit.measured import REACH, approach, check_at, confirm, fit_model, hold, step_down
 from benchlib.fit.pace import Pace
 from benchlib.fit.result import EngineFit, FitResult
 from benchlib.fit.sizing import MIN_POINTS, SEARCH_LIMIT, TRACE, SizeModel
@@ -194,9 +194,9 @@ def _offset_model(reference: EngineFit, engine_fit: EngineFit, question: Questio
 
 def _confirm(result: FitResult, question: Question, device, pace: Pace) -> None:
     """Every answer measured before it is given: the largest value searched by measurement up to the first value
-    over the limit (`confirm`), each other measured engine at its own answer (one fresh process; searched as well
-    where that one is over: a total can grow faster past the points than the model saw), then the fastest engine at
-    the largest value every measured engine reaches."""
+    over the limit (`confirm`) and held in three processes (`hold`); each other measured engine at its own answer,
+    stepping down where it is over (`step_down`: a total can grow faster past the points than the model saw); the
+    fastest engine at the largest value every measured engine reaches, once."""
     from benchlib.measure.isolation import available_memory
 
     affordable = available_memory(device)
@@ -217,12 +217,8 @@ def _confirm(result: FitResult, question: Question, device, pace: Pace) -> None:
         confirm(best, measuring(best), scale, usable, affordable, pace.say)
         hold(best, measuring(best), usable, pace.say)
     for engine_fit in sorted(result.fitted, key=lambda fit: fit.largest, reverse=True):
-        if engine_fit.points and engine_fit.confirmed is None and engine_fit.max_fitting < SEARCH_LIMIT and \
-                not check_at(engine_fit, engine_fit.max_fitting, measuring(engine_fit), usable):
-            confirm(engine_fit, measuring(engine_fit), scale, usable, affordable, pace.say)
+        if engine_fit.points and engine_fit.confirmed is None and engine_fit.max_fitting < SEARCH_LIMIT:
+            step_down(engine_fit, measuring(engine_fit), usable)
     fastest, common = result.fastest, result.common_value
-    if fastest is None or common is None or common >= SEARCH_LIMIT:
-        return
-    if not check_at(fastest, common, measuring(fastest), usable):
-        confirm(fastest, measuring(fastest), scale, usable, affordable, pace.say)
-        hold(fastest, measuring(fastest), usable, pace.say)
+    if fastest is not None and common is not None and common < SEARCH_LIMIT:
+        check_at(fastest, common, measuring(fastest), usable)

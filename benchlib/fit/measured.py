@@ -27,6 +27,7 @@ USERS_ALLOCATOR = "training-process"
 # measured in fresh processes a value apart differ by more than the step between them (up to 2.4% on the CPU: a
 # ConvMixer read 1.073 GB at batch 1112 and 1.048 GB at 1113)
 RESOLUTION = 0.02
+REACH_UNBRACKETED = 1.2  # the confirming search's farthest step up from the largest value measured under the limit
 HOLD_REPEATS = 3  # processes an answer is measured in before it is given (`hold`)
 HOLD_STEPS = 5  # values `hold` steps down through before it gives up
 REACH = 2  # no answer on a device that can hold the limit lies more than this many times past a measured value
@@ -174,6 +175,19 @@ def hold(engine_fit: EngineFit, measure: Callable[[int], tuple[int, float] | str
     progress(f"confirming {engine_fit.engine}: {engine_fit.unmeasured}")
 
 
+def step_down(engine_fit: EngineFit, measure: Callable[[int], tuple[int, float] | str], limit: float) -> None:
+    """An engine's own answer measured once; where it is over the limit, the next value `RESOLUTION` below, until one
+    is under (`HOLD_STEPS` at most): `confirmed` is that value, checked in one process, not searched for the largest."""
+    value = engine_fit.max_fitting
+    for _ in range(HOLD_STEPS):
+        if check_at(engine_fit, value, measure, limit):
+            engine_fit.confirmed = value
+            return
+        if value not in engine_fit.checked:  # the measurement failed: the measuring line said why
+            return
+        value = _multiple(int(value * (1 - RESOLUTION)), engine_fit.multiple)
+
+
 def check_at(engine_fit: EngineFit, value: int, measure: Callable[[int], tuple[int, float] | str],
              limit: float) -> bool:
     """One fresh process at `value` where the engine's total there was not yet measured; whether it stays under
@@ -206,9 +220,11 @@ def largest_measured(measure: Callable[[int], tuple[int, float] | str], engine_f
         step = engine_fit.multiple
         if high is not None and high - low <= max(step, int(low * RESOLUTION)):
             return low
-        if high is None:  # not bracketed yet: along the line through the two largest values under the limit
-            below = sorted(under)[-2:]
-            value = max(low + step, _multiple(_crossing(below[0], totals[below[0]], low, totals[low], limit), step))
+        if high is None:  # not bracketed yet: along the line through the two largest values under the limit, no
+            below = sorted(under)[-2:]  # farther than `REACH_UNBRACKETED` past them (two noisy totals close together
+            # can draw a line that crosses far away)
+            crossing = min(_crossing(below[0], totals[below[0]], low, totals[low], limit), int(low * REACH_UNBRACKETED))
+            value = max(low + step, _multiple(crossing, step))
         elif interpolated:  # the bracket's line did not end it: halve, so the search ends in any case
             value, interpolated = _multiple((low + high) // 2, step), False
         else:
