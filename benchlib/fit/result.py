@@ -278,10 +278,10 @@ class FitResult:
                 lines.append(f"confirming {fit.engine} at {self.scale}={fit.max_fitting}: predicted "
                              f"{format_bytes(int(predicted))}, measured {format_bytes(measured)} (error "
                              f"{100 * (predicted - measured) / measured:+.1f}%)")
-            if fit.confirmed is not None:
-                off = fit.max_fitting - fit.confirmed
+            if fit.confirmed is not None and fit.checked:
+                off, count = fit.max_fitting - fit.confirmed, len(fit.checked)
                 lines.append(f"confirmed: under {self.limit_text()}, {fit.engine} reaches {self.scale}={fit.confirmed} "
-                             f"({len(fit.checked)} values measured); the prediction was "
+                             f"({count} value{'s' if count > 1 else ''} measured to confirm it); the prediction was "
                              + ("exact" if off == 0 else f"{abs(off)} {'over' if off > 0 else 'under'}"))
         return lines
 

@@ -3,6 +3,7 @@ memory, by torch's own (private) `MemTracker`; and why a step could not be trace
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -52,6 +53,7 @@ def untraced_reason(error: Exception) -> str:
     from torch._subclasses.fake_tensor import DataDependentOutputException
 
     first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    first = re.sub(r"<([\w.]+) object at 0x[0-9a-f]+>", r"<\1>", first)  # an address says nothing to a reader
     said = f"{type(error).__name__}: {first if len(first) <= 240 else first[:240].rsplit(' ', 1)[0] + ' ...'}"
     if isinstance(error, DataDependentOutputException):
         return (f"the step reads a value out of a tensor (.item(), float(), a data-dependent shape), which a fake "
