@@ -507,3 +507,18 @@ def test_an_answer_is_measured_three_times_and_one_process_over_the_limit_takes_
     (torch_fit,) = result.engines
     assert torch_fit.confirmed is not None and torch_fit.confirmed < 100  # 100 read 206 MB in its second process
     assert seen[torch_fit.confirmed] >= 3 and torch_fit.checked[torch_fit.confirmed] <= 200.6 * MB
+
+
+def test_an_answer_far_under_the_limit_is_searched_up_so_it_is_not_timid(tmp_path, monkeypatch):
+    noisy = {8: 1.0, 16: 1.0, 32: 1.0, 64: 1.3}  # a wide out-of-sample error: the upper bound answers far short
+
+    def measure(_file, engine, values, _device):
+        n = values["n"]
+        total = (100 * MB + n * MB) * (noisy.get(n, 1.0) if engine == "torch-checkpoint" else 1.0)
+        return int(total if engine == "torch-checkpoint" else 100 * MB + n * MB / 8), 1e-3 * n
+
+    monkeypatch.setattr(measured, "measure_step", measure)
+    result = fit(model_file(tmp_path), memory="300 MB", scale="n", engines=["torch", "torch-checkpoint"],
+                 params={"n": 64}, verify=True, progress=lambda line: None)
+    checkpoint = {engine_fit.engine: engine_fit for engine_fit in result.engines}["torch-checkpoint"]
+    assert checkpoint.max_fitting < 180 and checkpoint.confirmed >= 196  # 100 MB + n MB under 300 MB: 200 at most

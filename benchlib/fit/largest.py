@@ -218,7 +218,7 @@ def _confirm(result: FitResult, question: Question, device, pace: Pace) -> None:
         hold(best, measuring(best), usable, pace.say)
     for engine_fit in sorted(result.fitted, key=lambda fit: fit.largest, reverse=True):
         if engine_fit.points and engine_fit.confirmed is None and engine_fit.max_fitting < SEARCH_LIMIT:
-            step_down(engine_fit, measuring(engine_fit), usable)
+            step_down(engine_fit, measuring(engine_fit), scale, usable, affordable, pace.say)
     fastest, common = result.fastest, result.common_value
     if fastest is not None and common is not None and common < SEARCH_LIMIT:
         check_at(fastest, common, measuring(fastest), usable)

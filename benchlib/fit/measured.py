@@ -30,6 +30,7 @@ RESOLUTION = 0.02
 REACH_UNBRACKETED = 1.2  # the confirming search's farthest step up from the largest value measured under the limit
 HOLD_REPEATS = 3  # processes an answer is measured in before it is given (`hold`)
 HOLD_STEPS = 5  # values `hold` steps down through before it gives up
+TIMID = 0.1  # an answer measured this far under the limit is searched up from (`step_down`)
 REACH = 2  # no answer on a device that can hold the limit lies more than this many times past a measured value
 
 Progress = Callable[[str], None]
@@ -175,13 +176,18 @@ def hold(engine_fit: EngineFit, measure: Callable[[int], tuple[int, float] | str
     progress(f"confirming {engine_fit.engine}: {engine_fit.unmeasured}")
 
 
-def step_down(engine_fit: EngineFit, measure: Callable[[int], tuple[int, float] | str], limit: float) -> None:
+def step_down(engine_fit: EngineFit, measure: Callable[[int], tuple[int, float] | str], scale: str, limit: float,
+              affordable: float, progress: Progress) -> None:
     """An engine's own answer measured once; where it is over the limit, the next value `RESOLUTION` below, until one
-    is under (`HOLD_STEPS` at most): `confirmed` is that value, checked in one process, not searched for the largest."""
+    is under (`HOLD_STEPS` at most); where it is under by more than `TIMID`, searched up (`largest_measured`), so a
+    size model with a wide interval does not leave an answer far short of the limit."""
     value = engine_fit.max_fitting
     for _ in range(HOLD_STEPS):
         if check_at(engine_fit, value, measure, limit):
             engine_fit.confirmed = value
+            if engine_fit.total_at(value)[0] < limit * (1 - TIMID):
+                engine_fit.confirmed = largest_measured(measure, engine_fit, scale, limit, affordable, progress) \
+                    or value
             return
         if value not in engine_fit.checked:  # the measurement failed: the measuring line said why
             return
