@@ -222,7 +222,9 @@ def fit_figure(records: pd.DataFrame) -> go.Figure:
             else f"total memory of one step against {scale}")
     if params.get("unseen"):  # CUDA's own kernel choices take memory the trace did not see
         what += "<br>a floor, not a bound: " + "; ".join(params["unseen"])
-    apply_layout(fig, title=_whose(records) + f"{what} (dotted: each engine's largest fitting value)",
+    marks = ("dotted: each engine's largest fitting value" if traced_only else
+             "dotted: each engine's predicted answer; star: the answer measurement confirmed")
+    apply_layout(fig, title=_whose(records) + f"{what} ({marks})",
                  x_title=scale, y_title="total memory (MB)", height=480)
     if traced_only:
         fig.update_xaxes(type="log")
