@@ -65,14 +65,6 @@ class EngineFit:
         """This engine's answer: confirmed by measurement where it was, else predicted."""
         return self.confirmed if self.confirmed is not None else self.max_fitting
 
-    @property
-    def extrapolation(self) -> float:
-        """How far past the largest measured value the answer lies (1: at or below it)."""
-        largest = max((value for value, _, _ in self.points), default=0)
-        if self.max_fitting is None or not largest or self.max_fitting >= SEARCH_LIMIT:
-            return math.nan
-        return max(1.0, self.max_fitting / largest)
-
     def answer(self, limit: float) -> int | None:
         """The largest value whose predicted total, raised by the size model's own out-of-sample error (its upper
         bound), stays under `limit`, and never below a measured value whose measured total does; None when no
