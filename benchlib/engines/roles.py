@@ -14,12 +14,12 @@ from __future__ import annotations
 from typing import Callable
 
 from benchlib.engine_names import TORCH_AUTOGRAD
+from benchlib.records.metrics import GRADIENT_ROLE, SAVED_ROLE
 
 SAVED_METRIC = "role_saved_bytes"
 GRADIENT_METRIC = "role_gradient_bytes"
 PARAMETER_METRIC = "role_parameter_bytes"  # a model file's parameters, held before every step
 OPTIMIZER_METRIC = "role_optimizer_bytes"  # its optimizer's state, likewise
-SAVED_ROLE, GRADIENT_ROLE = "saved", "gradients"  # the gauges' role names: columns of a role timeline
 
 
 def tape_roles(gradient: Callable) -> dict[str, float]:
@@ -76,11 +76,12 @@ class SavedTensors:
 
     passive = False
 
-    def __init__(self, inputs: tuple = ()):
+    def __init__(self, inputs: tuple = (), where: Callable[[], str] | None = None):
         self.excluded = {tensor.untyped_storage().data_ptr() for tensor in inputs}
-        self.blocks: dict[int, list[int]] = {}  # data_ptr -> [holders, nbytes]
+        self.blocks: dict[int, list] = {}  # data_ptr -> [holders, nbytes, place]
         self.bytes = 0
         self.peak_bytes = 0
+        self.places = Places(where)
         self._hooks = None
 
     def _pack(self, tensor):
@@ -90,9 +91,12 @@ class SavedTensors:
             return tensor
         entry = self.blocks.get(key)
         if entry is None:
-            self.blocks[key] = [1, storage.nbytes()]
+            place = self.places.add(storage.nbytes())
+            self.blocks[key] = [1, storage.nbytes(), place]
             self.bytes += storage.nbytes()
-            self.peak_bytes = max(self.peak_bytes, self.bytes)
+            if self.bytes > self.peak_bytes:
+                self.peak_bytes = self.bytes
+                self.places.at_peak()
         else:
             entry[0] += 1
         return _Held(tensor, self, key)
@@ -103,6 +107,7 @@ class SavedTensors:
         if entry[0] == 0:
             del self.blocks[key]
             self.bytes -= entry[1]
+            self.places.remove(entry[2], entry[1])
 
     def read(self) -> dict[str, int]:
         return {SAVED_ROLE: self.bytes}
@@ -135,35 +140,56 @@ class _Held:
         self.counter._release(self.key)
 
 
+class Places:
+    """Bytes by place (a module path, say), and a copy taken when the role's total reached its most, so the
+    places of a role's peak sum to it. `where()` names the place of what is added now; without it, nothing
+    is kept by place."""
+
+    def __init__(self, where: Callable[..., str] | None = None):
+        self.where = where
+        self.now: dict[str, int] = {}
+        self.peak: dict[str, int] = {}
+
+    def add(self, nbytes: int, *of) -> str | None:
+        if self.where is None:
+            return None
+        place = self.where(*of)
+        self.now[place] = self.now.get(place, 0) + nbytes
+        return place
+
+    def remove(self, place: str | None, nbytes: int) -> None:
+        if place is not None:
+            self.now[place] -= nbytes
+
+    def at_peak(self) -> None:
+        if self.where is not None:
+            self.peak = {place: nbytes for place, nbytes in self.now.items() if nbytes}
+
+
 class LiveBytes:
     """The bytes of distinct tensor storages handed to `add` that are still alive, and the most at once: the
-    gradient role of a step, fed by its gradient observer."""
+    gradient role of a step, fed by its gradient observer. `where(name)` places each by its parameter's name."""
 
-    def __init__(self):
-        self.live: dict[int, int] = {}
+    def __init__(self, where: Callable[[str], str] | None = None):
+        self.live: dict[int, tuple[int, str | None]] = {}
         self.bytes = self.peak_bytes = 0
+        self.places = Places(where)
 
-    def add(self, _name: str, tensor) -> None:
+    def add(self, name: str, tensor) -> None:
         import weakref
 
         key = tensor.untyped_storage().data_ptr()
         if key in self.live:
             return
-        self.live[key] = tensor.untyped_storage().nbytes()
-        self.bytes += self.live[key]
-        self.peak_bytes = max(self.peak_bytes, self.bytes)
+        nbytes = tensor.untyped_storage().nbytes()
+        self.live[key] = nbytes, self.places.add(nbytes, name)
+        self.bytes += nbytes
+        if self.bytes > self.peak_bytes:
+            self.peak_bytes = self.bytes
+            self.places.at_peak()
         weakref.finalize(tensor, self._release, key)
 
     def _release(self, key: int) -> None:
-        self.bytes -= self.live.pop(key, 0)
-
-
-def storage_bytes(tensors) -> int:
-    """Bytes of the distinct storages behind `tensors` (views of one storage count once)."""
-    import torch
-
-    seen = {}
-    for tensor in tensors:
-        if isinstance(tensor, torch.Tensor):
-            seen[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
-    return sum(seen.values())
+        nbytes, place = self.live.pop(key, (0, None))
+        self.bytes -= nbytes
+        self.places.remove(place, nbytes)

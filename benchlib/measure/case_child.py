@@ -38,11 +38,14 @@ class Case:
     `roles()`, if given, a context manager whose value is a gauge, a callable giving the bytes
     the engine holds now by role (e.g. {"saved": ..., "gradients": ...}), for the role timeline;
     if the context manager has `metrics()`, what it returns after that call joins the checks; if it is
-    `passive` (reading it changes nothing in the call), a trial of one measured call reads it there."""
+    `passive` (reading it changes nothing in the call), a trial of one measured call reads it there.
+    `breakdown()`, if given, read after the check: rows {"metric", "value", "params"} that break a checked
+    figure down (memory by module), each a record of its own with its params."""
 
     fn: Callable[[], Any]
     check: Callable[[Any], dict] | None = None
     roles: Callable[[], ContextManager[Callable[[], Mapping[str, int]]]] | None = None
+    breakdown: Callable[[], list[dict]] | None = None
 
 
 
@@ -174,6 +177,7 @@ def child_main(spec_path: str, result_path: str) -> int:
             phases["snapshot"] = perf_counter() - started
         measurement = dataclasses.replace(measurement, name=spec["name"], phase_s=phases)
         outcome = {"ok": True, "measurement": measurement.to_dict(), "checks": checks,
+                   "breakdown": case.breakdown() if case.breakdown is not None else [],
                    "environment": _environment(spec, device), "role_timeline": roles}
     except NotApplicable as err:
         outcome = {"ok": False, "not_applicable": str(err)}

@@ -58,6 +58,7 @@ class IsolatedResult:
     checks: dict
     environment: dict
     role_timeline: Any = None  # DataFrame of the role call (t_s, bytes, phase, one column per role) or None
+    breakdown: tuple = ()  # the case's `breakdown()` rows: {"metric", "value", "params"} (memory by module)
 
 
 class CaseFailed(RuntimeError):
@@ -230,7 +231,8 @@ def run_isolated(target: str, params: dict | None = None, *, name: str, device: 
     roles = result["role_timeline"]
     return IsolatedResult(name=name, measurement=dataclasses.replace(measurement, phase_s=phases),
                           checks=result["checks"], environment={**result["environment"], "isolation": isolation},
-                          role_timeline=None if roles is None else timeline_from_json(roles))
+                          role_timeline=None if roles is None else timeline_from_json(roles),
+                          breakdown=tuple(result.get("breakdown", ())))
 
 
 def prepare_isolation(options: IsolationOptions = IsolationOptions()) -> None:

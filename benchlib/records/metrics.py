@@ -18,6 +18,9 @@ TRIALS_RUN = "trials_run"  # the record of how many trials a case ran; params.st
 GRAD_UNCHECKED_METRIC = "grad_check_unavailable"
 COMPILE_METRIC = "compile_time"  # a compiling engine's first call, made in the set-up (never a measured call)
 COMPILE_COLUMN = "compile_s"  # its median over trials in a summary table
+MODULE_METRIC = "module_bytes"  # a model's memory by module path (params: `module`, `role`; benchlib.engines.module_memory)
+SAVED_ROLE, GRADIENT_ROLE = "saved", "gradients"  # the roles a step allocates: columns of a role timeline
+PARAMETER_ROLE, OPTIMIZER_ROLE = "parameters", "optimizer"  # the roles held before a step
 # Where an isolated trial's time went (benchlib.measure: the child times its phases, the parent the rest):
 # the instrument's own cost beside what it measured. Each phase is a metric of its own, `harness_<phase>_time`.
 HARNESS_PHASES = {

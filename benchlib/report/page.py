@@ -240,20 +240,19 @@ def _records(run_path: Path) -> pd.DataFrame | None:
         return None
 
 
-def _sites_html(records: pd.DataFrame, benchmark: str, figure_specs: list[dict[str, Any]]) -> str:
-    """A section's "Where the peak is": sites, diffs and the capture's cost, its figures added to the page's."""
-    from benchlib.report.tables.sites import sites_section
-
+def _part_html(build, what: str, records: pd.DataFrame, benchmark: str, figure_specs: list[dict[str, Any]]) -> str:
+    """A part of a benchmark's section that `build(records, benchmark)` makes of HTML strings and figures (where
+    the peak is; which module holds the memory), its figures added to the page's."""
     try:
-        section = sites_section(records, benchmark)
+        section = build(records, benchmark)
     except Exception as error:  # a damaged table must not cost the rest of the page
-        return f"<p>Allocation sites could not be shown: {html.escape(f'{type(error).__name__}: {error}')}</p>"
+        return f"<p>{html.escape(what)} could not be shown: {html.escape(f'{type(error).__name__}: {error}')}</p>"
     parts = []
     for part in section:
         if isinstance(part, str):
             parts.append(part)
             continue
-        figure_id, name = f"figure-{len(figure_specs)}", f"{benchmark}_sites_{len(parts)}"
+        figure_id, name = f"figure-{len(figure_specs)}", f"{benchmark}_{build.__name__}_{len(parts)}"
         figure_specs.append({"id": figure_id, "name": name, "figure": json.loads(part.to_json())})
         parts.append(f"<div class='figure' id='{figure_id}' data-name='{html.escape(name)}'></div>")
     return "\n".join(parts)
@@ -298,6 +297,8 @@ def build_report(run: str | os.PathLike) -> str:
 
     from benchlib.report.tables.cuda import allocator_section
     from benchlib.report.tables.harness import harness_section
+    from benchlib.report.tables.modules import modules_section
+    from benchlib.report.tables.sites import sites_section
     from benchlib.analysis.sites import ATTRIBUTION_METRICS
 
     records = _records(run_path)
@@ -338,8 +339,10 @@ def build_report(run: str | os.PathLike) -> str:
         for benchmark in dict.fromkeys(benchmarks):
             if records is not None:
                 parts.append(allocator_section(records, benchmark, run_path))
+            if records is not None:
+                parts.append(_part_html(modules_section, "Memory by module", records, benchmark, figure_specs))
             if attributed is not None:
-                parts.append(_sites_html(attributed, benchmark, figure_specs))
+                parts.append(_part_html(sites_section, "Allocation sites", attributed, benchmark, figure_specs))
 
     # how far to trust the figures above, and what measuring them cost: after the answers they qualify
     noise_path = run_path / "tables" / "noise.parquet"

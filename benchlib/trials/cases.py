@@ -26,7 +26,7 @@ from benchlib.engines import ENGINE_NAMES, case_imports, get_engine
 from benchlib.engines.gradients import (GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, WORST_ARRAY_METRIC, error_limit,
                                         gradient_tolerance)
 from benchlib.engine_names import MANUAL, MANUAL_SEED
-from benchlib.engines.roles import GRADIENT_ROLE, SAVED_ROLE
+from benchlib.records.metrics import GRADIENT_ROLE, SAVED_ROLE
 from benchlib.trials.loop import GRAD_UNCHECKED_METRIC, TrialLoop, TrialSettings, Unit
 from benchlib.trials.stopping import TRIALS_RUN, Deadline
 from benchlib.records.metrics import COMPILE_COLUMN, COMPILE_METRIC

@@ -238,6 +238,8 @@ class TrialLoop:
                 self.records += measurement.records(**unit.labels, params=params)
                 self.records += [make_record(**unit.labels, metric=metric, value=value, params=params)
                                  for metric, value in checks.items()]
+                self.records += [make_record(**unit.labels, metric=row["metric"], value=row["value"],
+                                             params={**params, **row["params"]}) for row in result.breakdown]
                 self.records += [make_record(**unit.labels, metric=harness_metric(phase), value=seconds,
                                              params=params) for phase, seconds in (measurement.phase_s or {}).items()]
                 if unchecked is not None:

@@ -15,12 +15,14 @@ from typing import Any
 
 from benchlib.engines.gradients import (SEED_DEPENDENT_METRIC, UPDATE_ERROR_METRIC, gradient_tolerance,
                                         max_relative_error, require_finite, save_gradient)
-from benchlib.engines.roles import (GRADIENT_METRIC, OPTIMIZER_METRIC, PARAMETER_METRIC, SAVED_METRIC, LiveBytes,
-                                    SavedTensors, storage_bytes)
+from benchlib.analysis.module_paths import COMPILED, NO_MODULE
+from benchlib.engines.module_memory import DEFAULT_DEPTH, ModulePaths, held_by_module, module_rows
+from benchlib.engines.roles import GRADIENT_METRIC, OPTIMIZER_METRIC, PARAMETER_METRIC, SAVED_METRIC, LiveBytes, SavedTensors
 from benchlib.engines.techniques import REFERENCE, Combination, Step, TechniqueOptions, combine, technique_registry
 from benchlib.measure import Case
 from benchlib.measure.torch_categories import torch_categories
-from benchlib.records.metrics import COMPILE_METRIC
+from benchlib.records.metrics import (COMPILE_METRIC, GRADIENT_ROLE, MODULE_METRIC, OPTIMIZER_ROLE, PARAMETER_ROLE,
+                                      SAVED_ROLE)
 from benchlib.usermodel.loader import SEED, ModelFile, guarded, read_model_file
 
 STEP_SEED = SEED + 2  # the random stream every engine's checked step starts from (dropout masks alike)
@@ -34,24 +36,38 @@ STEP_SEED = SEED + 2  # the random stream every engine's checked step starts fro
 CASE_METRICS = (  # what a model file's case records beyond the shared metrics
     (PARAMETER_METRIC, "B", "memory", "the model's parameters (held before every step: in the baseline, not the peak)"),
     (OPTIMIZER_METRIC, "B", "memory", "the optimizer's state (held before every step: in the baseline, not the peak)"),
+    (MODULE_METRIC, "B", "memory", "bytes a module path holds in one role (params: module, role), each role's at "
+                                   "its own most: parameters, optimizer state, gradients, saved activations"),
 )
 
 
-def _roles(step: Step) -> dict[str, float]:
+def _roles(step: Step, depth: int) -> tuple[dict[str, float], list[dict]]:
     """Memory by role in one more step: parameters and optimizer state as held, gradients and (for the
-    engines that differentiate with torch.autograd) saved activations at their most."""
-    gradients = LiveBytes()
-    roles = {PARAMETER_METRIC: float(storage_bytes(p for _, p in step.named)),
-             OPTIMIZER_METRIC: float(storage_bytes(value for optimizer in step.optimizers
-                                                   for state in optimizer.state.values() for value in state.values()))}
+    engines that differentiate with torch.autograd) saved activations at their most; and the same bytes by
+    module path (`module_memory`), each role's at its own most, so a role's modules sum to its total."""
+    import torch
+
+    paths = ModulePaths(step.model, depth, outside=NO_MODULE if step.compile_s is None else COMPILED)
+    owners = {name: paths.parameter_owner(p) for name, p in step.named}
+    gradients = LiveBytes(where=owners.__getitem__)
+    state = [(paths.parameter_owner(parameter), value) for optimizer in step.optimizers
+             for parameter, values in optimizer.state.items() for value in values.values()
+             if isinstance(value, torch.Tensor)]
+    by_module = {PARAMETER_ROLE: held_by_module((owners[name], p) for name, p in step.named),
+                 OPTIMIZER_ROLE: held_by_module(state)}
+    roles = {PARAMETER_METRIC: float(sum(by_module[PARAMETER_ROLE].values())),
+             OPTIMIZER_METRIC: float(sum(by_module[OPTIMIZER_ROLE].values()))}
     if step.combination.hides_saved:  # what its backward saves is out of our hooks' sight (torch.func, offload)
         with step.observe(gradients.add):
             step()
-        return {**roles, GRADIENT_METRIC: float(gradients.peak_bytes)}
-    saved = SavedTensors(inputs=(*step.batch, *(p for _, p in step.named)))
-    with saved, step.observe(gradients.add):
+        by_module[GRADIENT_ROLE] = gradients.places.peak
+        return {**roles, GRADIENT_METRIC: float(gradients.peak_bytes)}, module_rows(by_module, depth)
+    saved = SavedTensors(inputs=(*step.batch, *(p for _, p in step.named)), where=paths.innermost)
+    with paths.tracking(), saved, step.observe(gradients.add):
         step()
-    return {**roles, GRADIENT_METRIC: float(gradients.peak_bytes), SAVED_METRIC: float(saved.peak_bytes)}
+    by_module.update({GRADIENT_ROLE: gradients.places.peak, SAVED_ROLE: saved.places.peak})
+    return ({**roles, GRADIENT_METRIC: float(gradients.peak_bytes), SAVED_METRIC: float(saved.peak_bytes)},
+            module_rows(by_module, depth))
 
 
 def combination_of(model_file: ModelFile, engine: str, options: dict | None = None) -> Combination:
@@ -107,17 +123,19 @@ def _seed_dependent(model_file: ModelFile, values: dict, device: Any, gradient: 
 
 
 def case(*, device, path: str, engine: str, values: dict, gradient_dir: str, categories: bool = False,
-         options: dict | None = None) -> Case:
+         options: dict | None = None, module_depth: int = DEFAULT_DEPTH) -> Case:
     """`engine`: a technique, or several joined by `+`; `options`: the run's technique settings
-    (`measuring.technique_options`: micro-batches, the SAC policy)."""
+    (`measuring.technique_options`: micro-batches, the SAC policy); `module_depth`: the levels of module
+    paths its memory by module keeps."""
     model_file = read_model_file(path)
     model, batch = guarded(model_file, "model or batch (building the case)", model_file.build, values, device.torch)
     step = guarded(model_file, f"{engine}'s set-up (optimizer)", make_step, model_file, engine, model, batch, options)
     what = f"the {engine} step"
     regroups = step.combination.regroups_optimizer is not None and model_file.optimizer is not None
+    by_module: list[dict] = []
 
     def check(_result) -> dict[str, float]:
-        roles = guarded(model_file, what, _roles, step)
+        roles, by_module[:] = guarded(model_file, what, _roles, step, module_depth)
         if step.compile_s is not None:
             roles[COMPILE_METRIC] = step.compile_s
         gradient, update = guarded(model_file, what, _gradient, model_file, engine, values, device, STEP_SEED,
@@ -135,4 +153,4 @@ def case(*, device, path: str, engine: str, values: dict, gradient_dir: str, cat
             roles.update(guarded(model_file, what, torch_categories, step, device.name))
         return roles
 
-    return Case(lambda: guarded(model_file, what, step), check)
+    return Case(lambda: guarded(model_file, what, step), check, breakdown=lambda: by_module)

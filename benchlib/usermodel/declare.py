@@ -10,6 +10,7 @@ from pathlib import Path
 
 from benchlib.benchmark import Benchmark, DeclarationError, Parameter, ParameterError
 from benchlib.engine_names import COMBINED, DEFAULT_COMBINATIONS
+from benchlib.engines.module_memory import DEFAULT_DEPTH
 from benchlib.engines.namespaces import SAC_SAVED_OPS, unknown_aten_ops
 from benchlib.engines.techniques import (COMBINATION_CHOICES, CombinationError, TechniqueOptions, combine, stand_in,
                                          technique_registry)
@@ -26,6 +27,8 @@ TRIALS = trials_parameter(5)
 ATTRIBUTE = Parameter("attribute", False, "one more traced pass per engine (in its first trial, after the measured "
                                           "ones): the lines holding the peak, temporaries, diffs between engines "
                                           "(`benchlib run --attribute`)")
+MODULE_DEPTH = Parameter("module_depth", DEFAULT_DEPTH, "the levels of module path memory by module keeps (a "
+                         "container's index joins its container: encoder.layers.3 is two levels)", minimum=1)
 HEADLINE = ("peak_bytes", "tracked_peak_bytes", "time", "alloc_count", "alloc_count_python", "gc_time")
 
 
@@ -73,7 +76,7 @@ def _technique_rules(model_file, config) -> None:
 
 def _parameters(model_file, form: Form) -> tuple[Parameter, ...]:
     own = (TRIALS, PRECISION, _engine_choice(form), ATTRIBUTE,  # benchlib's parameters of every model file
-           *((COMBINATIONS, MICROBATCHES, SAC_POLICY) if form.composes else ()))
+           *((COMBINATIONS, MICROBATCHES, SAC_POLICY, MODULE_DEPTH) if form.composes else ()))
     parameters = []
     for name, default in model_file.parameters.items():
         if name in {each.name for each in own}:

@@ -16,6 +16,7 @@ from benchlib.benchmark import Config
 from benchlib.engines import case_imports
 from benchlib.engines.techniques import (COMPILING, REFERENCE, SWEEP, BUILTIN, CombinationError, StepFacts,
                                          TechniqueOptions, added_combinations, combine, technique_registry)
+from benchlib.engines.module_memory import DEFAULT_DEPTH
 from benchlib.engines.techniques.modules import stochastic_modules
 from benchlib.trials import Deadline, TrialLoop, TrialSettings, Unit
 from benchlib.usermodel.loader import ModelFile, top_level_imports
@@ -163,6 +164,7 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
         progress(f"{name} {engine}: left out of the combinations this run adds ({reason})")
     track = device.is_cuda or memray_available()
     attribute = bool(config.get("attribute", False))
+    depth = int(config.get("module_depth", DEFAULT_DEPTH))
     attributions: dict[tuple[str, str], dict] = {}
 
     def measure(unit: Unit, trial: int, gradient_dir: str):
@@ -173,7 +175,8 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
         snapshot = snapshot_path(case_name, device) if trial == 0 else None
         return benchlib.measure.run_isolated(
             form.target, {"path": str(versions[unit.group].path), "engine": unit.engine, "values": values,
-                          "gradient_dir": gradient_dir, **({"options": options} if form.composes else {}),
+                          "gradient_dir": gradient_dir,
+                          **({"options": options, "module_depth": depth} if form.composes else {}),
                           **({"categories": True} if traced and form.torch_categories else {})},
             name=case_name, device=device.name,
             options=IsolationOptions(warmup=WARMUP, repeats=STEPS, track_allocations=track, timeline=False,

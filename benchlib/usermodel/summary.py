@@ -12,7 +12,8 @@ import pandas as pd
 from benchlib.engines.gradients import GRAD_ERROR_METRIC
 from benchlib.engines.roles import GRADIENT_METRIC, SAVED_METRIC
 from benchlib.units import format_bytes, format_seconds
-from benchlib.records.metrics import COMPILE_COLUMN, COMPILE_METRIC
+from benchlib.records.metrics import COMPILE_COLUMN, COMPILE_METRIC, MODULE_METRIC
+from benchlib.analysis.modules import holder_words, largest_holder, module_table, module_totals
 from benchlib.analysis.compare import trial_values
 from benchlib.analysis.frontier import TRACKED, deciding_peak, frontier_frame, median_with_interval
 from benchlib.report.page import SUMMARY_COLUMN
@@ -28,7 +29,8 @@ STEP_ROLES = {SAVED_METRIC: "saved activations", GRADIENT_METRIC: "gradients"}
 ORDER = {engine: index for index, engine in enumerate(dict.fromkeys((*BUILTIN, *ARRAY_ENGINES)))}  # either form's;
 # combinations and a file's own techniques follow, in the order they ran
 COLUMNS = ["version", "engine", "status", "trials", "peak_bytes", "peak_low", "peak_high", "peak_ratio", "peak_ratio_low",
-           "peak_ratio_high", "tracked_peak_bytes", "stop", "largest_role", "largest_role_bytes", "time_s", "time_low", "time_high", COMPILE_COLUMN,
+           "peak_ratio_high", "tracked_peak_bytes", "stop", "largest_role", "largest_role_bytes", "largest_module",
+           "largest_module_share", "time_s", "time_low", "time_high", COMPILE_COLUMN,
            GRAD_ERROR_METRIC, "peak_ratio_of", "peak_ratio_to", "reason", "fastest", SUMMARY_COLUMN]
 
 
@@ -94,16 +96,26 @@ def _order(engine: str) -> int:
     return ORDER.get(engine, len(ORDER))
 
 
+def _holder(totals: pd.DataFrame, case: str, engine: str) -> tuple[str, float, str]:
+    """The module holding the most of `engine`'s memory by module, its share, and the summary line's words."""
+    row = largest_holder(totals, case, engine)
+    if row is None or not row["share"] > 0:
+        return "", math.nan, ""
+    return row["module"], float(row["share"]), f"  {holder_words(row)}"
+
+
 def _version_rows(records: pd.DataFrame, samples: dict, prefix: str, width: int) -> list[dict]:
     """Per engine of one version: peak above the baseline with its 95% interval over trials, the tracked
     peak (the allocators' count, byte-exact), the ratio to the engine with the lowest peak (with interval),
-    the step role that holds the most, time per step; or why it did not run. `summary` is the row as one line."""
+    the step role that holds the most, the module that holds the most, time per step; or why it did not run.
+    `summary` is the row as one line."""
     rows = []
     peak_metric, by = deciding_peak(samples)
     best = min(samples, key=lambda engine: np.median(samples[engine][peak_metric]), default=None)
     comparable = best is not None and bool(np.all(samples[best][peak_metric] > 0))
     # the array form measures no roles: its lines say nothing of them rather than "not measured" on each
     any_roles = any(role in metrics for metrics in samples.values() for role in STEP_ROLES)
+    totals = module_totals(module_table(records))
     for engine, group in records.groupby("variant", sort=False):
         statuses = group[group["metric"].isin(["failed", "not_applicable", "not_run"])]
         if engine not in samples:
@@ -130,9 +142,10 @@ def _version_rows(records: pd.DataFrame, samples: dict, prefix: str, width: int)
                 f"{ratio:.2f}x{_bracket(ratio_low, ratio_high, '{:.2f}'.format)} the best" \
                 + (" by tracked peak" if peak_metric == TRACKED else "")
         unmeasured = [words for metric, words in STEP_ROLES.items() if metric not in roles]
+        module, share, module_text = _holder(totals, group["case"].iloc[0], engine)
         role_text = ("" if not any_roles else "  roles not measured" if not role
                      else f"  {STEP_ROLES[role]} {format_bytes(int(roles[role]))} ({', '.join(unmeasured)} not measured)"
-                     if unmeasured else f"  mostly {STEP_ROLES[role]} ({format_bytes(int(roles[role]))})")
+                     if unmeasured else f"  mostly {STEP_ROLES[role]} ({format_bytes(int(roles[role]))})") + module_text
         stop, stop_words = _stop_text(group)
         reason = _whole_message(statuses)
         failure = reason.splitlines()[0] if reason else ""
@@ -147,6 +160,7 @@ def _version_rows(records: pd.DataFrame, samples: dict, prefix: str, width: int)
                      "trials": int(metrics["time"].size), "peak_bytes": peak, "peak_low": low, "peak_high": high,
                      "peak_ratio": ratio, "peak_ratio_low": ratio_low, "peak_ratio_high": ratio_high,
                      "tracked_peak_bytes": tracked, "stop": stop, "largest_role": STEP_ROLES.get(role, ""), "largest_role_bytes": roles.get(role, math.nan),
+                     "largest_module": module, "largest_module_share": share,
                      "time_s": time_s, "time_low": time_low, "time_high": time_high, COMPILE_COLUMN: compile_s,
                      GRAD_ERROR_METRIC: error,
                      "peak_ratio_of": "tracked peak" if peak_metric == TRACKED else "peak",
@@ -203,7 +217,7 @@ def summary_table(records: pd.DataFrame) -> pd.DataFrame:
     for version in versions:
         group = records[records["case"] == version]
         samples[version] = {}
-        for engine, of_engine in group.groupby("variant", sort=False):
+        for engine, of_engine in group[group["metric"] != MODULE_METRIC].groupby("variant", sort=False):
             metrics = {metric: trial_values(rows_of) for metric, rows_of in of_engine.groupby("metric")}
             if "time" in metrics and "peak_bytes" in metrics:
                 samples[version][engine] = metrics
