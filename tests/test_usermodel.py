@@ -241,6 +241,13 @@ def test_a_model_file_runs_end_to_end_with_quick(tmp_path):
         (stop,) = rows.loc[rows["metric"] == "trials_run", "params"].map(json.loads)
         assert stop["stop"] == "max_trials"  # two trials, the quick cap: below the three an interval needs
         assert {json.loads(p)["width"] for p in rows["params"]} == {4}
+        modules = rows[rows["metric"] == "module_bytes"]  # memory by module, beside the role totals, per trial
+        for trial, of_trial in modules.groupby(modules["params"].map(lambda p: json.loads(p)["trial"])):
+            params = of_trial["params"].map(json.loads)
+            assert {p["module_depth"] for p in params} == {2}
+            gradients = rows[(rows["metric"] == "role_gradient_bytes")
+                             & (rows["params"].map(lambda p: json.loads(p).get("trial")) == trial)]["value"]
+            assert of_trial[[p["role"] == "gradients" for p in params]]["value"].sum() == gradients.iloc[0]
     errors = records[records["metric"] == "grad_max_rel_err"]
     assert set(errors["variant"]) == set(ENGINES) - {TORCH} and (errors["value"] <= 1e-3).all()
     provenance = load_run_info(run)["model_files"]["tiny"]
@@ -249,7 +256,7 @@ def test_a_model_file_runs_end_to_end_with_quick(tmp_path):
     assert provenance["sha256"] == hashlib.sha256((tmp_path / "model.py").read_bytes()).hexdigest()
     summary = done.stdout[done.stdout.index("tiny:\n"):].splitlines()[1:5]  # the summary first, one line per engine
     assert [line.split()[0] for line in summary] == list(ENGINES)
-    assert all(" peak +" in line and "/step" in line for line in summary)
+    assert all(" peak +" in line and "/step" in line and "largest module " in line for line in summary)
 
 
 @pytest.mark.slow

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import textwrap
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -278,9 +279,8 @@ def headline(comparison: pd.DataFrame, shown: int = 10) -> list[str]:
     worst = worse.assign(distance=np.abs(np.log(worse["ratio"]))).sort_values("distance", ascending=False,
                                                                                 na_position="last")
     lines.append(f"worst regressions ({min(shown, len(worst))} of {len(worst)}), B/A with 95% interval:")
-    for row in worst.head(shown).itertuples():
-        lines.append(f"  {row.benchmark}/{row.case}/{row.variant}/{row.metric}: {row.ratio:.3g}x "
-                     f"[{row.ci_low:.3g}, {row.ci_high:.3g}]")
+    for name, row in zip(_names(worst.head(shown)), worst.head(shown).itertuples()):
+        lines.append(f"  {name}: {row.ratio:.3g}x [{row.ci_low:.3g}, {row.ci_high:.3g}]")
     return lines
 
 
@@ -294,13 +294,26 @@ def _amount(value: float, unit: str) -> str:
     return f"{value / factor:.4g} {name}".rstrip()
 
 
+def key_name(row, config: Mapping[str, Any] | None = None) -> str:
+    """benchmark/case/variant/metric of a compared or tracked row; memory by module adds its module and role
+    (`.../module_bytes encoder.layers.3 saved`), read from `config` (the row's own `config` by default)."""
+    if config is None:
+        text = getattr(row, CONFIG_COLUMN, None)
+        config = json.loads(text) if isinstance(text, str) and text.startswith("{") else {}
+    where = f" {config['module']} {config.get('role', '')}".rstrip() if "module" in config else ""
+    return f"{row.benchmark}/{row.case}/{row.variant}/{row.metric}{where}"
+
+
 def _names(rows: pd.DataFrame) -> list[str]:
-    """benchmark/case/variant/metric of each row, and where several rows share that, the settings of their
-    configuration that tell them apart (`[n=512]`), so no two lines read alike."""
-    names = [f"{row.benchmark}/{row.case}/{row.variant}/{row.metric}" for row in rows.itertuples()]
+    """benchmark/case/variant/metric of each row (memory by module: with its module and role, `.../module_bytes
+    encoder.layers.3 saved`), and where several rows share that, the settings of their configuration that tell
+    them apart (`[n=512]`), so no two lines read alike."""
     configs = [{**{column: getattr(row, column) for column in ("dimension", "device", "dtype") if column in rows},
                 **(json.loads(row.config) if isinstance(getattr(row, "config", None), str) and row.config.startswith("{")
                    else {})} for row in rows.itertuples()]
+    names = [key_name(row, config) for row, config in zip(rows.itertuples(), configs)]
+    for config in configs:  # in the name already
+        config.pop("module", None), config.pop("role", None)
     shared: dict[str, list[int]] = {}
     for index, name in enumerate(names):
         shared.setdefault(name, []).append(index)

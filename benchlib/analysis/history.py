@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from benchlib.analysis.compare import (CONFIG_COLUMN, CONTEXT_METRICS, KEY_COLUMNS, LOWER_IS_BETTER_BY_UNIT,
-                                      UNIT_COLUMN, VALUE_COLUMN, trial_values, with_config)
+                                      UNIT_COLUMN, VALUE_COLUMN, key_name, trial_values, with_config)
 from benchlib.analysis.derived import with_step_summaries
 from benchlib.units import unit_scale
 from benchlib.analysis.stats import BETTER, WORSE, ratio_of_medians
@@ -270,10 +270,10 @@ def latest_regressions(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def series_name(row: Any) -> str:
-    """benchmark/case/variant/metric, the way `compare` names a metric, and the host where the history
-    spans several (`build_series` keeps it only then)."""
+    """benchmark/case/variant/metric, the way `compare` names a metric (`key_name`), and the host where the
+    history spans several (`build_series` keeps it only then)."""
     host = getattr(row, HOST_COLUMN, "")
-    return f"{row.benchmark}/{row.case}/{row.variant}/{row.metric}" + (f" on {host}" if host else "")
+    return key_name(row) + (f" on {host}" if host else "")
 
 
 def format_value(value: float, unit: str) -> str:

@@ -176,6 +176,8 @@ for _name, _unit, _kind, _meaning in (
     ("role_saved_bytes", "B", "memory", "forward values held for the backward pass: at the tape's peak (benchlib), "
                                         "or packed by torch's saved-tensor hooks in one call (torch)"),
     ("role_gradient_bytes", "B", "memory", "gradient buffers at the tape's peak (benchlib engines)"),
+    (MODULE_METRIC, "B", "memory", "bytes a module path holds in one role (params: module, role), each role's at its "
+                                   "own most: parameters, optimizer state, gradients, saved activations"),
     *[(harness_metric(phase), "s", "time", f"one trial's seconds, {meaning} (params.trial says which)")
       for phase, meaning in HARNESS_PHASES.items()],
 ):

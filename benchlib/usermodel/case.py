@@ -21,8 +21,7 @@ from benchlib.engines.roles import GRADIENT_METRIC, OPTIMIZER_METRIC, PARAMETER_
 from benchlib.engines.techniques import REFERENCE, Combination, Step, TechniqueOptions, combine, technique_registry
 from benchlib.measure import Case
 from benchlib.measure.torch_categories import torch_categories
-from benchlib.records.metrics import (COMPILE_METRIC, GRADIENT_ROLE, MODULE_METRIC, OPTIMIZER_ROLE, PARAMETER_ROLE,
-                                      SAVED_ROLE)
+from benchlib.records.metrics import COMPILE_METRIC, GRADIENT_ROLE, OPTIMIZER_ROLE, PARAMETER_ROLE, SAVED_ROLE
 from benchlib.usermodel.loader import SEED, ModelFile, guarded, read_model_file
 
 STEP_SEED = SEED + 2  # the random stream every engine's checked step starts from (dropout masks alike)
@@ -36,8 +35,6 @@ STEP_SEED = SEED + 2  # the random stream every engine's checked step starts fro
 CASE_METRICS = (  # what a model file's case records beyond the shared metrics
     (PARAMETER_METRIC, "B", "memory", "the model's parameters (held before every step: in the baseline, not the peak)"),
     (OPTIMIZER_METRIC, "B", "memory", "the optimizer's state (held before every step: in the baseline, not the peak)"),
-    (MODULE_METRIC, "B", "memory", "bytes a module path holds in one role (params: module, role), each role's at "
-                                   "its own most: parameters, optimizer state, gradients, saved activations"),
 )
 
 

@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from benchlib.engines import DYNAMO, case_imports
+from benchlib.analysis.modules import ROLE_WORDS
 from benchlib.engines.roles import GRADIENT_METRIC, OPTIMIZER_METRIC, PARAMETER_METRIC, SAVED_METRIC
 from benchlib.measure.allocations import PeakSite
+from benchlib.records.metrics import MODULE_METRIC
 from benchlib.source_files import is_library
 from benchlib.units import format_bytes, format_count
 
@@ -119,6 +121,7 @@ class StepCost:
     resident_peak_bytes: int | None
     roles: dict = field(default_factory=dict)  # role name -> bytes
     sites: tuple = ()  # PeakSite, largest first
+    modules: dict = field(default_factory=dict)  # module path -> {role: bytes} (`benchlib.engines.module_memory`)
 
     @property
     def key(self) -> str:
@@ -155,6 +158,31 @@ def _grown_role(cost: StepCost, baseline: StepCost) -> str:
            f"{format_bytes(int(cost.roles[role]))})"
 
 
+def _module_bytes(cost: StepCost) -> dict[tuple[str, str], float]:
+    return {(module, role): size for module, roles in cost.modules.items() for role, size in roles.items()}
+
+
+def _largest_module(cost: StepCost) -> str:
+    totals = {module: sum(roles.values()) for module, roles in cost.modules.items()}
+    if not totals:
+        return ""
+    module = max(totals, key=totals.get)
+    return f"; the largest module: {module} {format_bytes(int(totals[module]))}"
+
+
+def _grown_module(cost: StepCost, baseline: StepCost) -> str:
+    """The module and role that grew the most over the baseline, by bytes, with their ratio."""
+    before, after = _module_bytes(baseline), _module_bytes(cost)
+    growth = {key: size - before.get(key, 0.0) for key, size in after.items()}
+    if not growth or max(growth.values()) <= 0:
+        return ""
+    (module, role), size = max(growth.items(), key=lambda item: item[1])
+    old = before.get((module, role), 0.0)
+    ratio = f", {after[module, role] / old:.2f}x" if old else ", new"
+    return (f"; the module that grew the most: {module} ({ROLE_WORDS.get(role, role)} +{format_bytes(int(size))}: "
+            f"{format_bytes(int(old))} -> {format_bytes(int(after[module, role]))}{ratio})")
+
+
 def _site(cost: StepCost) -> str:
     """The line holding most of the peak, and the user's own line holding most when that one is a library's
     (backward's buffers are allocated inside torch, with no line of the model on the stack)."""
@@ -175,7 +203,8 @@ def check_step(cost: StepCost, limits: Limits, baseline: StepCost | None = None,
     if limits.peak is not None and cost.peak_bytes > limits.peak:
         over = cost.peak_bytes - limits.peak
         problems.append(f"{what}: peak {format_bytes(cost.peak_bytes)} exceeds the limit {format_bytes(limits.peak)} by "
-                        f"{format_bytes(over)} ({100 * over / max(limits.peak, 1):.1f}%){_largest_role(cost)}{_site(cost)}")
+                        f"{format_bytes(over)} ({100 * over / max(limits.peak, 1):.1f}%){_largest_role(cost)}{_largest_module(cost)}"
+                        f"{_site(cost)}")
     for label, value, limit in (("allocations", cost.alloc_count, limits.allocations),
                                 ("Python allocations", cost.alloc_count_python, limits.python_allocations)):
         if limit is not None and value is not None and value > limit:
@@ -198,7 +227,7 @@ def check_step(cost: StepCost, limits: Limits, baseline: StepCost | None = None,
             shown = format_bytes if label == "peak" else format_count
             problems.append(f"{what}: {label} grew {ratio:.2f}x over the baseline ({shown(before)} -> {shown(value)}, "
                             f"+{shown(value - before)}; allowed {limits.growth:g}x){_grown_role(cost, baseline)}"
-                            f"{_site(cost)}")
+                            f"{_grown_module(cost, baseline) if label == 'peak' else ''}{_site(cost)}")
     return problems
 
 
@@ -292,4 +321,13 @@ def measure_step(model: str | Path, engine: str = "torch", *, params: dict | Non
                     int(measurement.tracked_peak_bytes), int(measurement.alloc_count),
                     measurement.alloc_count_python, measurement.peak_bytes,
                     {ROLE_NAMES[name]: value for name, value in result.checks.items() if name in ROLE_NAMES},
-                    tuple(PeakSite(**site) for site in measurement.peak_sites or ()))
+                    tuple(PeakSite(**site) for site in measurement.peak_sites or ()), _modules(result.breakdown))
+
+
+def _modules(breakdown) -> dict[str, dict[str, float]]:
+    """A step's memory by module as a baseline keeps it: module path -> {role: bytes}."""
+    modules: dict[str, dict[str, float]] = {}
+    for row in breakdown:
+        if row["metric"] == MODULE_METRIC:
+            modules.setdefault(row["params"]["module"], {})[row["params"]["role"]] = row["value"]
+    return modules

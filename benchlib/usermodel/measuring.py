@@ -14,7 +14,7 @@ from typing import Any
 
 from benchlib.benchmark import Config
 from benchlib.engines import case_imports
-from benchlib.engines.techniques import (COMPILING, REFERENCE, SWEEP, BUILTIN, CombinationError, StepFacts,
+from benchlib.engines.techniques import (COMPILING, REFERENCE, SWEEP, BUILTIN, StepFacts,
                                          TechniqueOptions, added_combinations, combine, technique_registry)
 from benchlib.engines.module_memory import DEFAULT_DEPTH
 from benchlib.engines.techniques.modules import stochastic_modules

@@ -146,7 +146,8 @@ WORSE_NAMED = 20  # worse metrics named on stderr; the table lists them all
 def compare_command(arguments: argparse.Namespace) -> int:
     """Print the comparison; exit 1 when any metric is significantly worse beyond the threshold."""
     from benchlib import registry
-    from benchlib.analysis.compare import WORSE, any_worse, compact_table, compare_runs, headline, machine_drift
+    from benchlib.analysis.compare import (WORSE, any_worse, compact_table, compare_runs, headline, key_name,
+                                          machine_drift)
 
     comparison = compare_runs(arguments.run_a, arguments.run_b, root=arguments.out, threshold=arguments.threshold,
                               metrics=arguments.metric, benchmarks=arguments.benchmark)
@@ -170,7 +171,7 @@ def compare_command(arguments: argparse.Namespace) -> int:
         print("\n".join(_wrapped(prose)))
     if any_worse(comparison):
         worse = comparison[comparison["label"] == WORSE]
-        names = [f"{row.benchmark}/{row.case}/{row.variant}/{row.metric}" for row in worse.itertuples()]
+        names = [key_name(row) for row in worse.itertuples()]
         more = f", and {len(names) - WORSE_NAMED} more (see the table)" if len(names) > WORSE_NAMED else ""
         print(f"benchlib: {len(names)} worse in B: {', '.join(names[:WORSE_NAMED])}{more}", file=sys.stderr)
         return 1
