@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchlib.engine_names import split_names
+
 # The memory a plan may use: sizes above this share of the device's available memory are refused.
 MEMORY_HEADROOM = 0.9
 INJECTED = ("device", "results_dir")  # set by the runner from --device and the run directory, never declared
@@ -144,7 +146,7 @@ class Parameter:
         try:
             value = ast.literal_eval(text)
         except (ValueError, SyntaxError):
-            value = text.split(",") if self.is_list and self.item_type is str else text
+            value = split_names(text) if self.is_list and self.item_type is str else text
         if self.is_list and isinstance(value, _SCALARS) and not (isinstance(value, str) and self.item_type is not str):
             value = [value]  # one item given for a list: `-p T_sweep=25`
         return self.check(value)

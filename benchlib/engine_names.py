@@ -32,6 +32,18 @@ TORCH_COMPILE_BUDGETS = {f"torch.compile-budget-{budget:g}": budget for budget i
 # Techniques join into one step with "+" (benchlib.engines.techniques): a combination's records carry the joined name,
 # its parts in the techniques' registry order. The ones a model file's run adds by default, where they apply:
 COMBINED = "+"
+
+
+def split_names(text: str) -> list[str]:
+    """Engine names given as one comma-separated string, where a name's bracket of modules keeps its own commas
+    (`torch,torch-checkpoint[blocks.0-2,blocks.7]`)."""
+    names, depth, start = [], 0, 0
+    for index, char in enumerate(text):
+        depth += (char == "[") - (char == "]")
+        if char == "," and depth == 0:
+            names.append(text[start:index].strip())
+            start = index + 1
+    return [*names, text[start:].strip()]
 DEFAULT_COMBINATIONS = tuple(COMBINED.join(parts) for parts in (
     (TORCH_CHECKPOINT, TORCH_AUTOCAST), (TORCH_SAC, TORCH_AUTOCAST), (TORCH_AUTOCAST, TORCH_MICROBATCH),
     (TORCH_CHECKPOINT, TORCH_MICROBATCH), (FUSED_OPTIMIZER, TORCH_AUTOCAST),
@@ -46,4 +58,4 @@ TORCH_AUTOGRAD = (TORCH, TORCH_CHECKPOINT, TORCH_SAC, TORCH_AUTOCAST, TORCH_COMP
 __all__ = ["MANUAL", "MANUAL_SEED", "BENCHLIB_INPLACE", "BENCHLIB_DEFERRED", "BENCHLIB_CHECKPOINT", "AUTOGRAD",
            "TORCH", "TORCH_CHECKPOINT", "TORCH_COMPILE", "TORCH_FUNC", "FUSED_OPTIMIZER",
            "TORCH_SAC", "TORCH_AUTOCAST", "TORCH_MICROBATCH", "TORCH_OFFLOAD", "COMPILE_BUDGETS", "TORCH_COMPILE_BUDGETS",
-           "TORCH_AUTOGRAD", "COMBINED", "DEFAULT_COMBINATIONS", "REFERENCE"]
+           "TORCH_AUTOGRAD", "COMBINED", "split_names", "DEFAULT_COMBINATIONS", "REFERENCE"]

@@ -30,7 +30,7 @@ def model_file(tmp_path):
 
 def fake_measure(totals):
     """`_measure` replaced: engine -> total(n) in bytes; time 1 ms per sample."""
-    def measure(_model_file, engine, values, _device):
+    def measure(_model_file, engine, values, _device, **_options):
         total = totals.get(engine)
         return "not applicable: on purpose" if total is None else (int(total(values["n"])), values["n"] * 1e-3)
     return measure
@@ -346,7 +346,7 @@ def test_at_the_batch_you_have_the_engines_that_fit_are_ranked_fastest_first(tmp
     per_step = {"torch": 2e-3, "torch-checkpoint": 3e-3, joined: 1e-3}
     totals = {"torch": lambda n: 100 * MB + n * MB, "torch-checkpoint": lambda n: 100 * MB + n * MB / 4,
               joined: lambda n: 100 * MB + n * MB / 8}
-    monkeypatch.setattr(measured, "measure_step", lambda _file, engine, values, _device: (
+    monkeypatch.setattr(measured, "measure_step", lambda _file, engine, values, _device, **_options: (
         int(totals[engine](values["n"])), per_step[engine]))
     path = str(model_file(tmp_path))
     engines = "torch,torch-checkpoint,torch-autocast+torch-checkpoint"

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchlib.engine_names import REFERENCE
 from benchlib.fit import measured
+from benchlib.fit.advice import CheckpointAdvice, EagerStep, advise
 from benchlib.fit.asking import MemoryLimit, ask, parse_at
 from benchlib.fit.largest import fit
 from benchlib.fit.result import MEASURED
@@ -42,6 +44,7 @@ class AtResult:
     device: str
     total: str  # what the totals are, in words
     engines: list[AtEngine] = field(default_factory=list)
+    advice: CheckpointAdvice | None = None  # where eager torch does not fit: the blocks to checkpoint, measured
 
     @property
     def usable(self) -> float:
@@ -74,7 +77,7 @@ class AtResult:
             verdict = "fits" if engine in fitting else "does not fit"
             lines.append(f"  {engine.engine:<{width}} {verdict}: {format_bytes(int(engine.total))}{interval} "
                          f"{engine.basis}{time}")
-        return lines
+        return lines + ([self.advice.line(REFERENCE)] if self.advice is not None else [])
 
     def records(self) -> list[dict]:
         from benchlib.records import make_record
@@ -98,6 +101,20 @@ class AtResult:
         return rows
 
 
+def _advice(model_file, values: dict, device, eager: EagerStep, result: AtResult, progress) -> CheckpointAdvice:
+    """The checkpoint plan (`advice.advise`) for eager's step over the model's blocks; a measured plan joins the
+    engines, so its total and time are in the table and the records."""
+    from benchlib.engines.techniques.modules import checkpoint_blocks
+
+    model, _ = model_file.build(values)  # its structure: the blocks a checkpoint can be put on
+    blocks = checkpoint_blocks(model)
+    del model
+    advice = advise(model_file, values, device, eager, result.usable, blocks, progress)
+    if advice.engine and not math.isnan(advice.total) and advice.engine not in {e.engine for e in result.engines}:
+        result.engines.append(AtEngine(advice.engine, total=advice.total, seconds=advice.seconds))
+    return advice
+
+
 def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engines: Sequence[str] | None = None,
            params: Mapping[str, Any] | None = None, progress: Callable[[str], None] = print) -> AtResult:
     """Every engine at `at` (NAME=VALUE) under `memory` (a size, or a `MemoryLimit`): measured in a fresh process each where this machine can hold
@@ -116,18 +133,24 @@ def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engin
         total = "the allocator's reserved peak" if target.is_cuda else "the process's resident high-water mark"
         result = AtResult(model_file.name, scale, value, limit, margin, target.name, total)
         reasons = question.form.plan(model_file, values, target, chosen, {}).reasons
+        eager = None
         for engine in chosen:
             if engine in reasons:
                 result.engines.append(AtEngine(engine, reason=f"not applicable: {reasons[engine]}"))
                 continue
-            outcome = measured.measure_step(model_file, engine, values, target)  # the one measurement fit makes
+            by_module = {"by_module": []} if engine == REFERENCE else {}  # where eager is over: its blocks' bytes
+            outcome = measured.measure_step(model_file, engine, values, target, **by_module)  # the one measurement
             if isinstance(outcome, str):
                 result.engines.append(AtEngine(engine, reason=outcome))
             else:
                 result.engines.append(AtEngine(engine, total=outcome[0], seconds=outcome[1]))
+                if by_module and outcome[0] > result.usable:
+                    eager = EagerStep(outcome[0], by_module["by_module"])
             progress(f"{model_file.name} {engine} {scale}={value}: "
                      + (outcome if isinstance(outcome, str) else f"{format_bytes(outcome[0])}, "
                         f"{format_seconds(outcome[1])}/step"))
+        if eager is not None:  # eager does not fit: which of its blocks to checkpoint, measured as an engine
+            result.advice = _advice(model_file, values, target, eager, result, progress)
         return result
     fitted = fit(path, memory=MemoryLimit(limit, margin), scale=scale, device=device, engines=chosen,
                  params={**(params or {}), scale: value}, verify=False, progress=progress)

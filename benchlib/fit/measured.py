@@ -32,20 +32,24 @@ HOLD_REPEATS = 3  # processes an answer is measured in before it is given (`hold
 HOLD_STEPS = 5  # values `hold` steps down through before it gives up
 TIMID = 0.1  # an answer measured this far under the limit is searched up from (`step_down`)
 REACH = 2  # no answer on a device that can hold the limit lies more than this many times past a measured value
+DEEP = 64  # module levels a step's memory by module is kept to when asked for (`by_module`): every block apart
 
 Progress = Callable[[str], None]
 
 
-def measure_step(model_file, engine: str, values: dict, device, steps: int = STEPS) -> tuple[int, float] | str:
+def measure_step(model_file, engine: str, values: dict, device, steps: int = STEPS,
+                 by_module: list | None = None) -> tuple[int, float] | str:
     """(total bytes, median seconds per step over `steps` after a warm-up) of one engine's step at `values`, in a
-    fresh process, or why not."""
+    fresh process run as a training process runs (`USERS_ALLOCATOR`), or why not. Given `by_module`, the step's
+    memory by module to `DEEP` levels (its `module_bytes` rows) is added to it."""
     from benchlib.measure import CaseFailed, CaseNotApplicable, IsolationOptions, run_isolated
     from benchlib.usermodel.measuring import TARGET, TORCH_FORM, preload
 
+    depth = {"module_depth": DEEP} if by_module is not None else {}
     with tempfile.TemporaryDirectory(prefix="benchlib-fit-") as gradients:
         try:
             result = run_isolated(TARGET, {"path": str(model_file.path), "engine": engine, "values": values,
-                                           "gradient_dir": gradients},
+                                           "gradient_dir": gradients, **depth},
                                   name=f"{model_file.name}/{engine}", device=device.name,
                                   options=IsolationOptions(warmup=WARMUP, repeats=steps, timeline=False,
                                                            malloc=USERS_ALLOCATOR,
@@ -54,6 +58,8 @@ def measure_step(model_file, engine: str, values: dict, device, steps: int = STE
             return f"not applicable: {refused.reason}"
         except CaseFailed as failed:
             return f"failed: {failed.reason}"
+    if by_module is not None:
+        by_module += result.breakdown
     measurement = result.measurement
     if device.is_cuda:
         return int(measurement.cuda_allocator[CUDA_RESERVED_PEAK]), measurement.median_s

@@ -107,9 +107,19 @@ class Technique:
     observes_gradients: ClassVar[bool] = False  # it hands each complete gradient to `step.observer` itself
     hides_saved: ClassVar[str | None] = None  # why saved-tensor hooks cannot see what its backward saves
     runs_file_step: ClassVar[bool] = False  # it can run a file's own step(model, optimizer, *batch) as written
+    takes_modules: ClassVar[bool] = False  # its name may say the modules it acts on: torch-checkpoint[encoder.layers.0-5]
 
     def __init__(self, options: TechniqueOptions = TechniqueOptions()):
         self.options = options
+        self.modules: tuple[str, ...] = ()  # the modules its name's bracket gave (`acting_on`); () where it chooses
+
+    def acting_on(self, modules: tuple[str, ...]) -> Technique:
+        """This technique on exactly `modules` (paths in the model), named with them in brackets."""
+        from benchlib.engines.techniques.modules import module_spec
+
+        self.modules = modules
+        self.name = f"{type(self).name}[{module_spec(list(modules))}]"
+        return self
 
     def not_applicable(self, model: torch.nn.Module, facts: StepFacts) -> str | None:
         """Why this technique cannot run this model's step, beyond its `needs`; None when it can."""
@@ -263,11 +273,25 @@ def refusal(first: Technique, second: Technique) -> str | None:
     return first.refuses(second) or second.refuses(first)
 
 
+def _bracketed(part: str) -> tuple[str, tuple[str, ...] | None]:
+    """A technique's name and the modules its bracket names (`torch-checkpoint[blocks.0-2]`), None without one."""
+    from benchlib.engines.techniques.modules import parse_module_spec
+
+    if not part.endswith("]") or "[" not in part:
+        return part, None
+    base, _, spec = part[:-1].partition("[")
+    try:
+        return base.strip(), parse_module_spec(spec)
+    except ValueError as error:
+        raise CombinationError(f"{part!r}: {error}") from None
+
+
 def combine(name: str, registry: dict[str, type[Technique]], options: TechniqueOptions = TechniqueOptions()
             ) -> Combination:
     """The combination `name` names (techniques joined by `+`), in the registry's order, or CombinationError
     saying what is valid."""
-    names = [part.strip() for part in name.split(COMBINED)]
+    given = [part.strip() for part in name.split(COMBINED)]
+    names = [_bracketed(part)[0] for part in given]
     unknown = [part for part in names if part not in registry]
     if unknown or not names:
         where = "" if unknown == [name] else f"{name!r}: "
@@ -279,7 +303,16 @@ def combine(name: str, registry: dict[str, type[Technique]], options: TechniqueO
     if len(set(names)) < len(names):
         raise CombinationError(f"{name!r} names a technique twice")
     order = list(registry)
-    parts = tuple(registry[part](options) for part in sorted(names, key=order.index))
+    parts = []
+    for part in sorted(given, key=lambda part: order.index(_bracketed(part)[0])):
+        base, modules = _bracketed(part)
+        technique = registry[base](options)
+        if modules is not None and not technique.takes_modules:
+            takes = [each for each, kind in registry.items() if kind.takes_modules]
+            raise CombinationError(f"{part!r}: {base} takes no modules in brackets; {', '.join(takes)} do "
+                                   f"({takes[0] if takes else 'torch-checkpoint'}[encoder.layers.0-5])")
+        parts.append(technique if modules is None else technique.acting_on(modules))
+    parts = tuple(parts)
     for index, first in enumerate(parts):
         for second in parts[index + 1:]:
             reason = refusal(first, second)

@@ -15,8 +15,8 @@ from benchlib.engine_names import (FUSED_OPTIMIZER, TORCH, TORCH_AUTOCAST, TORCH
 from benchlib.engines import AUTOCAST_DTYPE, DYNAMO, compiling
 from benchlib.engines.namespaces import sac_contexts
 from benchlib.engines.techniques.base import Aspect, Need, Technique, first_line
-from benchlib.engines.techniques.modules import (checkpoint_plan, checkpoint_targets, microbatch_scale, split_batch,
-                                                 wrap_checkpoint_targets)
+from benchlib.engines.techniques.modules import (checkpoint_blocks, checkpoint_plan, checkpoint_targets,
+                                                 microbatch_scale, module_spec, split_batch, wrap_checkpoint_targets)
 
 # What torch says when torch.func meets code it cannot transform (an autograd.Function without
 # setup_context, an in-place update of a captured tensor, a tensor without storage): the technique does
@@ -87,12 +87,18 @@ class Functional(Technique):
 class Checkpoint(Technique):
     name = TORCH_CHECKPOINT
     description = ("non-reentrant torch.utils.checkpoint where torch users put it: each stack of repeated blocks, "
-                   "else the longest nn.Sequential in √n segments, else each top-level child")
+                   "else the longest nn.Sequential in √n segments, else each top-level child; or on the modules "
+                   "its name gives (torch-checkpoint[encoder.layers.0-5])")
     changes = frozenset({Aspect.SAVING})
     imports = (DYNAMO,)
     runs_file_step = True
+    takes_modules = True
 
     def not_applicable(self, model, facts) -> str | None:
+        if self.modules:
+            missing = [path for path in self.modules if not _has_module(model, path)]
+            return (f"the model ({type(model).__name__}) has no module {', '.join(missing)}; its blocks: "
+                    f"{module_spec(checkpoint_blocks(model)) or 'none'}") if missing else None
         if checkpoint_targets(model):
             return None
         return (f"the model ({type(model).__name__}) is not an nn.Sequential, holds no nn.Sequential or "
@@ -100,6 +106,9 @@ class Checkpoint(Technique):
                 "nothing to checkpoint")
 
     def params(self, model) -> dict:
+        if self.modules:
+            return {"checkpoint": f"checkpoint of each of {module_spec(list(self.modules))}",
+                    "checkpoint_modules": list(self.modules), "checkpoint_segments": len(self.modules)}
         return checkpoint_plan(model) or {}
 
     def checkpoint_options(self) -> dict:
@@ -109,8 +118,20 @@ class Checkpoint(Technique):
         from torch.utils.checkpoint import checkpoint
 
         # random state preserved (the default): dropout draws the same masks in recomputation
-        wrap_checkpoint_targets(step.model, functools.partial(checkpoint, use_reentrant=False,
-                                                              **self.checkpoint_options()))
+        wrapped = functools.partial(checkpoint, use_reentrant=False, **self.checkpoint_options())
+        if not self.modules:
+            wrap_checkpoint_targets(step.model, wrapped)
+        for path in self.modules:
+            module = step.model.get_submodule(path)
+            module.forward = functools.partial(wrapped, module.forward)
+
+
+def _has_module(model, path: str) -> bool:
+    try:
+        model.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
 
 
 class Selective(Checkpoint):

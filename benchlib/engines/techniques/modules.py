@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -154,6 +155,52 @@ def wrap_checkpoint_targets(model: torch.nn.Module, checkpoint: Callable) -> Non
         else:
             for block in target.module.children():
                 block.forward = functools.partial(checkpoint, block.forward)
+
+
+def checkpoint_blocks(model: torch.nn.Module) -> list[str]:
+    """The module paths a checkpoint can be put on one by one, where torch users put them: every block of every
+    stack of repeated blocks (`block_stacks`), else each top-level child whose forward takes one tensor."""
+    stacks = block_stacks(model)
+    if stacks:
+        return [f"{path}.{name}" if path else name for path, stack in stacks for name, _ in stack.named_children()]
+    return [name for name, _ in checkpointable_children(model)]
+
+
+_RANGE = re.compile(r"^(?:(?P<stack>.+)\.)?(?P<first>\d+)-(?P<last>\d+)$")
+
+
+def module_spec(paths: list[str]) -> str:
+    """Module paths as an engine name's bracket says them: consecutive blocks of one stack as a range
+    (`encoder.layers.0-5`), the rest as they are, joined by commas (`parse_module_spec` reads them back)."""
+    groups: list[list] = []  # [stack, first, last] or [path]
+    for path in paths:
+        stack, _, index = path.rpartition(".") if "." in path else ("", "", path)
+        last = groups[-1] if groups else None
+        if index.isdigit() and last is not None and len(last) == 3 and last[0] == stack and last[2] + 1 == int(index):
+            last[2] = int(index)
+        else:
+            groups.append([stack, int(index), int(index)] if index.isdigit() else [path])
+    return ",".join(group[0] if len(group) == 1 else
+                    (f"{group[0]}." if group[0] else "") + (f"{group[1]}" if group[1] == group[2] else f"{group[1]}-{group[2]}")
+                    for group in groups)
+
+
+def parse_module_spec(spec: str) -> tuple[str, ...]:
+    """The module paths an engine name's bracket names: paths and ranges of blocks joined by commas."""
+    paths: list[str] = []
+    for item in (part.strip() for part in spec.split(",")):
+        if not item:
+            raise ValueError(f"[{spec}] names an empty module path; give paths or ranges such as encoder.layers.0-5")
+        match = _RANGE.match(item)
+        if match is None:
+            paths.append(item)
+            continue
+        first, last = int(match["first"]), int(match["last"])
+        if last < first:
+            raise ValueError(f"{item}: a range of blocks runs from the lower index to the higher (e.g. 0-5)")
+        prefix = f"{match['stack']}." if match["stack"] else ""
+        paths += [f"{prefix}{index}" for index in range(first, last + 1)]
+    return tuple(dict.fromkeys(paths))
 
 
 def split_batch(batch: tuple, parts: int) -> list[tuple]:

@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from benchlib.engine_names import split_names
 from benchlib.runner.notebooks import RunnerError, parse_assignments
 
 EXIT_FITS, EXIT_NONE_FITS = 0, 1
@@ -96,7 +97,7 @@ def fit_command(arguments: argparse.Namespace) -> int:
     from benchlib.report.page import HEADLINE_SUFFIX
 
     file, scale, device = arguments.file, arguments.scale, arguments.device
-    chosen = None if arguments.engines is None else [name.strip() for name in arguments.engines.split(",")]
+    chosen = None if arguments.engines is None else split_names(arguments.engines)
     if (scale is None) == (arguments.at is None):
         raise FitError("give --scale PARAM (the largest value that fits) or --at PARAM=VALUE (which engines fit that "
                        "value), one of them")
