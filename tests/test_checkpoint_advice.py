@@ -135,3 +135,18 @@ def test_fit_at_advises_the_blocks_measures_them_and_adds_one_where_the_plan_is_
     records = result.records()
     assert {row["variant"] for row in records if row["metric"] == "fit_total_bytes"} == {
         "torch", "torch-checkpoint[1.2-5]"}
+
+
+def test_a_plan_predicted_over_is_still_measured_and_said_over_only_as_measured(tmp_path, monkeypatch):
+    def measure(_file, engine, values, _device, by_module=None):
+        if by_module is not None:
+            by_module += _rows({f"1.{index}": 10 * MB for index in range(6)})
+        return (310 * MB if engine == "torch" else 240 * MB), 1e-3  # recomputation far under the prediction
+
+    monkeypatch.setattr(measured, "measure_step", measure)
+    monkeypatch.setattr("benchlib.measure.isolation.available_memory", lambda device: 10 ** 12)
+    path = tmp_path / "stack.py"
+    path.write_text(textwrap.dedent(STACK))
+    advice = fit_at(path, memory=f"{250 * MB}", at="n=8", engines=["torch"], progress=lambda line: None).advice
+    assert advice.predicted == pytest.approx(310 * MB - 60 * MB + 10 * MB) and advice.predicted > 250 * MB
+    assert advice.engine == "torch-checkpoint[1.0-5]" and advice.fits  # measured, not refused on the prediction

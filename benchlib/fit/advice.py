@@ -35,7 +35,8 @@ class CheckpointAdvice:
             return f"  {reference} does not fit, and no checkpoint plan of its blocks was found: {self.reason}"
         return (f"  {reference} does not fit: checkpointing {len(self.blocks)} of its {self.of} blocks, {self.engine}, "
                 f"is predicted at {format_bytes(int(self.predicted))} from the activations they saved; measured "
-                f"{format_bytes(int(self.total))}: " + ("fits" if self.fits else "still over")
+                f"{format_bytes(int(self.total))}: "
+                + ("fits" if self.fits else "still over; try it joined with torch-autocast or torch-microbatch")
                 + f" ({format_seconds(self.seconds)}/step)")
 
 
@@ -83,7 +84,8 @@ class EagerStep:
 def advise(model_file, values: dict, device, eager: EagerStep, usable: float, blocks: Sequence[str],
            progress: Callable[[str], None]) -> CheckpointAdvice:
     """The checkpoint plan for eager's step over the model's `blocks` (`checkpoint_blocks`), measured before it is
-    given."""
+    given; where even every block is predicted over, that plan is measured too (the prediction counts a whole
+    block's recomputation, which can be far more than it holds), and the line says what it measured."""
     from benchlib.engines.techniques.modules import module_spec
     from benchlib.fit import measured
 
@@ -95,10 +97,6 @@ def advise(model_file, values: dict, device, eager: EagerStep, usable: float, bl
     chosen, predicted = fewest_blocks(total, saved, usable)
     if not chosen:
         return CheckpointAdvice(reason="its blocks saved no activations that saved-tensor hooks could see", of=len(blocks))
-    if predicted > usable:
-        return CheckpointAdvice(reason=f"checkpointing every block that saves activations is predicted at "
-                                       f"{format_bytes(int(predicted))}, still over; try it joined with "
-                                       "torch-autocast or torch-microbatch", of=len(blocks))
     order = sorted((block for block in saved if saved[block] > 0), key=lambda block: -saved[block])
     advice = CheckpointAdvice(predicted=predicted, of=len(blocks))
     for _ in range(TRIES):
