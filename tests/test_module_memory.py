@@ -188,3 +188,17 @@ def test_the_gate_names_the_module_that_grew_and_the_largest_one_over_a_limit():
     over = check_step(grown, Limits.parse(peak="1 MB"))
     assert "the largest module: blocks.2" in over[0]
     assert StepCost.from_json({**baseline.to_json(), "modules": {}}).modules == {}  # baselines from before
+
+
+def test_history_keeps_each_module_and_role_a_series_and_names_the_one_that_stepped():
+    from benchlib.analysis.history import build_series, find_steps, series_name
+
+    rows = []
+    for index, step in enumerate([_step()] * 3 + [_step(wasteful=1)] * 3):
+        for row in _records(step):
+            rows.append({**row, "run_id": f"run{index}", "started_at": f"2026-11-{index + 1:02d}T10:00:00+00:00",
+                         "commit": f"c{index:06d}"})
+    series = build_series(pd.DataFrame(rows), metrics=[MODULE_METRIC])
+    steps = find_steps(series, threshold=0.05)
+    assert [series_name(row) for row in steps.itertuples()] == ["net/step/torch/module_bytes blocks.1 saved"]
+    assert steps.iloc[0]["to_run"] == "run3"
