@@ -104,7 +104,7 @@ def test_the_bisection_over_traces_finds_the_largest_fitting_value():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, --device cuda measures")
 def test_a_step_whose_operators_grow_with_the_value_is_traced_no_farther_than_eight_times_it(tmp_path, monkeypatch):
-    from benchlib.fit import predicted as cuda_prediction
+    from benchlib.fit import in_child, predicted as cuda_prediction
 
     asked = []
 
@@ -113,6 +113,8 @@ def test_a_step_whose_operators_grow_with_the_value_is_traced_no_farther_than_ei
         return cuda_prediction.Prediction(100 * MiB + values["n"] * MiB, 0, 1, operators=values["n"])
 
     monkeypatch.setattr(cuda_prediction, "predict_reserved", fake_trace)
+    monkeypatch.setattr(in_child, "predicted_engine", lambda facts, engine, values, scale, limit:  # here, faked
+                        cuda_prediction.predict_engine(read_model_file(facts.path), engine, values, scale, limit))
     path = model_file(tmp_path)
     result = fit(path, memory=100 * MiB + 1000 * MiB, scale="n", device="cuda", engines=["torch"],
                          params={"n": 16}, progress=lambda line: None)

@@ -429,20 +429,19 @@ def test_confirmation_measures_the_fastest_engine_at_the_common_value_too(tmp_pa
 
 
 def test_added_combinations_are_predicted_from_their_traces_and_measured_only_past_every_engine(tmp_path, monkeypatch):
-    from benchlib.fit import largest
+    from benchlib.fit import in_child
 
     per_byte = {"torch": 1.0, "torch-checkpoint+torch-autocast": 0.25, "torch-sac+torch-autocast": 2.0}
 
-    def trace(_file, engine, values):  # the combinations' steps, as if traced: bytes per sample by engine
+    def traces(_file, engine, values, scale, at):  # the combinations' steps, as if traced: bytes per sample by engine
         if engine not in per_byte:
-            raise NotImplementedError("not traceable here")
-        return int(values["n"] * MB * per_byte[engine])
+            return {}, "NotImplementedError: not traceable here"
+        return {value: int(value * MB * per_byte[engine]) for value in at}, None
 
     def measure(_file, engine, values, _device):
         return int(100 * MB + values["n"] * MB * per_byte[engine]), values["n"] * 1e-3
 
-    monkeypatch.setattr(measured, "traced_peak", trace)
-    monkeypatch.setattr(largest, "traced_peak", trace)
+    monkeypatch.setattr(in_child, "traced_peaks", traces)
     monkeypatch.setattr(measured, "measure_step", measure)
     lines = []
     result = fit(model_file(tmp_path), memory="300 MB", scale="n", engines=None,

@@ -4,12 +4,15 @@ parameter to measure. A question that cannot be asked as written is a `FitError`
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchlib.fit.sizing import MIN_POINTS
+from benchlib.usermodel.planning import FileFacts
 
 FRACTIONS = (1 / 8, 1 / 4, 1 / 2, 1)  # of the parameter's given value: the points measured
 
@@ -25,6 +28,22 @@ class MemoryLimit:
 
     size: Any
     margin: float = 0.0
+
+
+DEFAULT_TIMEOUT_S = 600.0  # each process fit starts (a measured step, a trace), as `run_isolated`'s default
+
+
+@dataclass(frozen=True)
+class FitFile(FileFacts):
+    """The model file as `fit` holds it: the facts a child read (none of the user's code runs in fit's process),
+    and the time each of its processes may take (`--timeout`)."""
+
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    @classmethod
+    def of(cls, facts: FileFacts, timeout_s: float = DEFAULT_TIMEOUT_S) -> FitFile:
+        return cls(**{field.name: getattr(facts, field.name) for field in dataclasses.fields(facts)},
+                   timeout_s=timeout_s)
 
 
 @dataclass(frozen=True)
@@ -47,13 +66,16 @@ class Question:
 
 
 def ask(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | None,
-        params: Mapping[str, Any] | None) -> Question:
+        params: Mapping[str, Any] | None, timeout_s: float | None = None) -> Question:
     """The `Question` of a fit of the model file at `path` over `scale` under `memory` (a size, or a `MemoryLimit`),
     or FitError. Without `engines`, the form's engines (sweeps left out) and the combinations `-p combinations` adds
-    (default: the ones users reach for)."""
+    (default: the ones users reach for). The file is read and form-checked in a child (`read_in_child`), as `run`
+    reads it; `timeout_s` limits each process fit starts later (default: `DEFAULT_TIMEOUT_S`)."""
     from benchlib.engines.techniques import CombinationError, added_combinations, technique_registry
-    from benchlib.usermodel import declare_model_files
     from benchlib.usermodel.case import combination_of
+    from benchlib.usermodel.declare import declaration
+    from benchlib.usermodel.loader import ModelFileError
+    from benchlib.usermodel.planning import measure_reading, read_in_child
     from benchlib.usermodel.gate import parse_bytes
     from benchlib.usermodel.measuring import TORCH_FORM
 
@@ -66,9 +88,14 @@ def ask(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | None
         raise FitError(f"--margin {margin:g}: a share of the limit kept free, from 0 (none) up to below 1 (e.g. 10%)")
     if engines is not None and not [engine for engine in engines if engine.strip()]:
         raise FitError("--engines names no engine; leave it out for the form's engines, or name some, as torch,torch-sac")
-    benchmark, (model_file,), form = declare_model_files([path])
-    if form is not TORCH_FORM:
-        raise FitError(f"{model_file.path}: fit takes a model file in the torch form (this one is in the array form)")
+    (read,) = read_in_child([[str(path)]])  # the file's code runs in a child, as `run` reads it
+    if isinstance(read, ModelFileError):
+        raise read
+    (facts,) = read
+    if facts.arrays:
+        raise FitError(f"{facts.path}: fit takes a model file in the torch form (this one is in the array form)")
+    benchmark, form = declaration([facts], False, functools.partial(measure_reading, [str(facts.path)])), TORCH_FORM
+    model_file = FitFile.of(facts) if timeout_s is None else FitFile.of(facts, timeout_s)
     if scale not in model_file.parameters:
         raise FitError(f"--scale {scale!r} is not a parameter of {model_file.path.name}; its parameters: "
                        f"{', '.join(model_file.parameters) or 'none'}")

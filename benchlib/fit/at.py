@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib.engine_names import REFERENCE
-from benchlib.fit import measured
+from benchlib.fit import in_child, measured
 from benchlib.fit.advice import CheckpointAdvice, EagerStep, advise
 from benchlib.fit.asking import MemoryLimit, ask, parse_at
 from benchlib.fit.largest import fit
@@ -104,11 +104,10 @@ class AtResult:
 def _advice(model_file, values: dict, device, eager: EagerStep, result: AtResult, progress) -> CheckpointAdvice:
     """The checkpoint plan (`advice.advise`) for eager's step over the model's blocks; a measured plan joins the
     engines, so its total and time are in the table and the records."""
-    from benchlib.engines.techniques.modules import checkpoint_blocks
-
-    model, _ = model_file.build(values)  # its structure: the blocks a checkpoint can be put on
-    blocks = checkpoint_blocks(model)
-    del model
+    try:
+        blocks = in_child.blocks(model_file, values)  # the model's structure, read where its code runs
+    except in_child.ChildFailed as failed:
+        return CheckpointAdvice(reason=str(failed))
     advice = advise(model_file, values, device, eager, result.usable, blocks, progress)
     if advice.engine and not math.isnan(advice.total) and advice.engine not in {e.engine for e in result.engines}:
         result.engines.append(AtEngine(advice.engine, total=advice.total, seconds=advice.seconds))
@@ -116,7 +115,8 @@ def _advice(model_file, values: dict, device, eager: EagerStep, result: AtResult
 
 
 def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engines: Sequence[str] | None = None,
-           params: Mapping[str, Any] | None = None, progress: Callable[[str], None] = print) -> AtResult:
+           params: Mapping[str, Any] | None = None, progress: Callable[[str], None] = print,
+           timeout_s: float | None = None) -> AtResult:
     """Every engine at `at` (NAME=VALUE) under `memory` (a size, or a `MemoryLimit`): measured in a fresh process each where this machine can hold
     the limit, else predicted by `fit`'s size model over the parameter, with its out-of-sample error as interval."""
     from benchlib.measure import resolve_device
@@ -124,7 +124,7 @@ def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engin
     from benchlib.measure.isolation import available_memory
 
     scale, value = parse_at(at)
-    question = ask(path, memory, scale, engines, {**(params or {}), scale: value})
+    question = ask(path, memory, scale, engines, {**(params or {}), scale: value}, timeout_s)
     model_file, values, limit, margin, chosen = (question.model_file, question.values, question.limit,
                                                  question.margin, question.engines)
     predicted = cuda_without_gpu(device)
@@ -132,7 +132,7 @@ def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engin
     if target is not None and limit <= available_memory(target):
         total = "the allocator's reserved peak" if target.is_cuda else "the process's resident high-water mark"
         result = AtResult(model_file.name, scale, value, limit, margin, target.name, total)
-        reasons = question.form.plan(model_file, values, target, chosen, {}).reasons
+        reasons = in_child.plan(model_file, values, target, chosen).reasons
         eager = None
         for engine in chosen:
             if engine in reasons:
@@ -153,7 +153,7 @@ def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engin
             result.advice = _advice(model_file, values, target, eager, result, progress)
         return result
     fitted = fit(path, memory=MemoryLimit(limit, margin), scale=scale, device=device, engines=chosen,
-                 params={**(params or {}), scale: value}, verify=False, progress=progress)
+                 params={**(params or {}), scale: value}, verify=False, progress=progress, timeout_s=timeout_s)
     result = AtResult(fitted.name, scale, value, limit, margin, fitted.device, fitted.total)
     for engine_fit in fitted.engines:
         if engine_fit.model is None:

@@ -23,12 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from benchlib.fit.asking import FitError, Question, ask, scale_points
-from benchlib.fit import measured
+from benchlib.fit import in_child, measured
 from benchlib.fit.measured import REACH, approach, check_at, confirm, fit_model, hold, step_down
 from benchlib.fit.pace import Pace
 from benchlib.fit.result import EngineFit, FitResult
 from benchlib.fit.sizing import MIN_POINTS, SEARCH_LIMIT, TRACE, SizeModel
-from benchlib.fit.tracing import traced_peak, untraced_reason
 from benchlib.units import format_bytes, format_seconds
 
 GIVE_UP = 2  # an engine refused or failed at this many values before any was measured is not asked again
@@ -38,17 +37,18 @@ __all__ = ["REACH", "fit"]
 
 def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engines: Sequence[str] | None = None,
         params: Mapping[str, Any] | None = None, verify: bool | None = None,
-        progress: Callable[[str], None] = print) -> FitResult:
+        progress: Callable[[str], None] = print, timeout_s: float | None = None) -> FitResult:
     """Fit every engine of the model file at `path` (the torch form) to the memory limit `memory` (bytes, or
     "24 GB", "80 GiB"..., or a `MemoryLimit` that keeps a margin free) over the integer parameter `scale`; see the
     module's docstring. Without `engines`, the form's and the combinations `-p combinations` adds (default: the
     ones users reach for). `verify` (default: wherever this machine can hold the limit) measures the answers in
-    fresh processes before they are given."""
+    fresh processes before they are given. Every call of the file's code runs in a child, each limited to
+    `timeout_s` (default `DEFAULT_TIMEOUT_S`; reading the file: the form check's limit)."""
     from benchlib.measure import Device, resolve_device
     from benchlib.measure.devices import cuda_without_gpu
     from benchlib.measure.isolation import available_memory
 
-    question = ask(path, memory, scale, engines, params)
+    question = ask(path, memory, scale, engines, params, timeout_s)
     model_file, values = question.model_file, question.values
     predicted = cuda_without_gpu(device)
     if predicted and verify:
@@ -82,7 +82,7 @@ def _applicable(question: Question, device, progress: Callable[[str], None]) -> 
     apply is left out, as `run` leaves it out, and the line says so."""
     from benchlib.usermodel.case import combination_of
 
-    reasons = question.form.plan(question.model_file, question.values, device, question.engines, {}).reasons
+    reasons = in_child.plan(question.model_file, question.values, device, question.engines).reasons
     fits = []
     for engine in question.engines:
         if engine in question.added and engine in reasons:
@@ -176,12 +176,10 @@ def _offset_model(reference: EngineFit, engine_fit: EngineFit, question: Questio
     if untraceable is not None:
         engine_fit.untraced = untraceable
         return None
-    try:
-        grid = sorted({*points, *(points[-1] * REACH ** k for k in (1, 2, 3))})
-        engine_fit.traced = {value: traced_peak(model_file, engine_fit.engine, {**values, scale: value})
-                             for value in grid}
-    except Exception as error:  # noqa: BLE001 - torch's tracer or the file's code under fake tensors: said, not fatal
-        engine_fit.untraced = untraced_reason(error)
+    grid = sorted({*points, *(points[-1] * REACH ** k for k in (1, 2, 3))})
+    engine_fit.traced, untraced = in_child.traced_peaks(model_file, engine_fit.engine, values, scale, grid)
+    if untraced is not None:
+        engine_fit.untraced, engine_fit.traced = untraced, {}
         return None
     measured = sorted((value, total) for value, total, _ in reference.points if value in reference.traced)
     offsets = [total - reference.traced[value] for value, total in measured]

@@ -8,10 +8,10 @@ import math
 import tempfile
 from collections.abc import Callable
 
+from benchlib.fit.asking import DEFAULT_TIMEOUT_S
 from benchlib.fit.pace import Pace
 from benchlib.fit.result import EngineFit
-from benchlib.fit.sizing import SEARCH_LIMIT, TRACE_TRUSTED, choose_model, trace_model
-from benchlib.fit.tracing import traced_peak, untraced_reason
+from benchlib.fit.sizing import SEARCH_LIMIT, TRACE_TRUSTED, choose_model, trace_model, trace_values
 from benchlib.records.metrics import CUDA_RESERVED_PEAK
 from benchlib.units import format_bytes, format_seconds
 
@@ -52,7 +52,8 @@ def measure_step(model_file, engine: str, values: dict, device, steps: int = STE
                                            "gradient_dir": gradients, **depth},
                                   name=f"{model_file.name}/{engine}", device=device.name,
                                   options=IsolationOptions(warmup=WARMUP, repeats=steps, timeline=False,
-                                                           malloc=USERS_ALLOCATOR,
+                                                           malloc=USERS_ALLOCATOR, timeout_s=getattr(
+                                                               model_file, "timeout_s", DEFAULT_TIMEOUT_S),
                                                            preload=preload(TORCH_FORM, model_file, engine, device)))
         except CaseNotApplicable as refused:
             return f"not applicable: {refused.reason}"
@@ -75,25 +76,25 @@ def fit_model(engine_fit: EngineFit, model_file, values: dict, scale: str, progr
 
 
 def _trace(engine_fit: EngineFit, model_file, values: dict, scale: str, progress: Progress) -> None:
-    """Trace the engine's step (`traced_peak`) and take the trace model where it predicts within `TRACE_TRUSTED`;
-    where torch cannot trace it, say why and keep the measured points' model."""
+    """Trace the engine's step (`traced_peak`, in a child: `in_child.traced_peaks`) and take the trace model where it
+    predicts within `TRACE_TRUSTED`; where torch cannot trace it, say why and keep the measured points' model."""
+    from benchlib.fit import in_child
     from benchlib.usermodel.case import combination_of
 
     untraceable = combination_of(model_file, engine_fit.engine).untraceable
     if untraceable is not None:
         engine_fit.untraced = untraceable
         return
-    def trace(value: int) -> int:  # each value traced once, however often the model is fitted again
-        if value not in engine_fit.traced:
-            engine_fit.traced[value] = traced_peak(model_file, engine_fit.engine, {**values, scale: value})
-        return engine_fit.traced[value]
-
-    try:
-        model, traced = trace_model([(v, total) for v, total, _ in engine_fit.points], trace)
-    except Exception as error:  # noqa: BLE001 - torch's tracer or the file's code under fake tensors: said, not fatal
-        engine_fit.untraced, engine_fit.traced = untraced_reason(error), {}
-        progress(f"{model_file.name} {engine_fit.engine}: not traced ({engine_fit.untraced})")
-        return
+    points = [(v, total) for v, total, _ in engine_fit.points]
+    missing = [value for value in trace_values(points) if value not in engine_fit.traced]  # each traced once
+    if missing:
+        traced, untraced = in_child.traced_peaks(model_file, engine_fit.engine, values, scale, missing)
+        if untraced is not None:
+            engine_fit.untraced, engine_fit.traced = untraced, {}
+            progress(f"{model_file.name} {engine_fit.engine}: not traced ({engine_fit.untraced})")
+            return
+        engine_fit.traced.update(traced)
+    model, traced = trace_model(points, engine_fit.traced.__getitem__)
     progress(f"{model_file.name} {engine_fit.engine}: traced at {len(traced)} values of {scale} up to {max(traced)}; "
              f"the trace model predicted the largest measured total within {100 * model.check_error:.1f}%")
     if model.check_error <= TRACE_TRUSTED:

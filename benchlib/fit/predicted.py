@@ -167,16 +167,38 @@ def largest_fitting(reserved: Callable[[int], int], traced: dict[int, int], limi
     return largest_where(fits, min(known), SEARCH_LIMIT if reach is None else reach, known)
 
 
+def predict_engine(model_file, engine: str, values: Mapping[str, Any], scale: str, limit: float) -> dict:
+    """One engine's prediction, in the child that read the file (`in_child.predicted_engine`): its reserved peaks
+    traced at the grid's points and at `TRACE_REACH` times the given value, then searched for the largest value
+    under `limit` (`largest_fitting`); as JSON: `traced` (value -> reserved), `largest`, `reach` (how far the search
+    traced, None: unbounded), `unseen`; or `reason` where its step could not be traced."""
+    points = scale_points(values[scale], scale)
+
+    def trace(value: int) -> Prediction:
+        return predict_reserved(model_file, engine, {**values, scale: value})
+
+    try:
+        grid = {value: trace(value) for value in sorted({*points, *(values[scale] * k for k in TRACE_REACH)})}
+        traced = {value: prediction.reserved for value, prediction in grid.items()}
+        # a step whose operators grow with the value (a loop over a sequence) costs a trace that grows too:
+        # traced no farther than the grid's end, and extrapolated by the size model beyond it
+        reach = None if len({prediction.operators for prediction in grid.values()}) == 1 else max(grid)
+        largest = largest_fitting(lambda value: trace(value).reserved, traced, limit, reach)
+    except Exception as error:  # noqa: BLE001 - torch's tracer or the file's code under fake tensors: said, not fatal
+        return {"reason": f"not predicted: its step could not be traced under fake tensors ({untraced_reason(error)})"}
+    return {"traced": {str(value): reserved for value, reserved in sorted(traced.items())}, "largest": largest,
+            "reach": reach, "unseen": sorted(set().union(*(prediction.unseen for prediction in grid.values())))}
+
+
 def predict_fit(model_file, fits: list[EngineFit], values: dict, scale: str, limit: float, device: str,
                 progress: Callable[[str], None]) -> FitResult:
     """`fit`'s answer on a machine without a GPU (`fits`: the engines, with the plan's reasons already set): each
-    engine traced at `points` and at `TRACE_REACH` times the given value, and its largest fitting value found over
-    traces (`largest_fitting`); the size model of the traced points is recorded with its check error."""
+    engine predicted in a child of its own (`predict_engine`), and the size model of its traced points recorded
+    with its check error."""
+    from benchlib.fit import in_child
     from benchlib.usermodel.case import combination_of
 
-    points = scale_points(values[scale], scale)
     unseen: set[str] = set()
-
     for engine_fit in fits:
         if engine_fit.reason:
             continue
@@ -184,29 +206,19 @@ def predict_fit(model_file, fits: list[EngineFit], values: dict, scale: str, lim
         if untraceable is not None:
             engine_fit.reason = "not predicted: " + untraceable
             continue
-
-        def trace(value: int, engine: str = engine_fit.engine) -> Prediction:
-            return predict_reserved(model_file, engine, {**values, scale: value})
-
-        try:
-            grid = {value: trace(value) for value in sorted({*points, *(values[scale] * k for k in TRACE_REACH)})}
-            traced = {value: prediction.reserved for value, prediction in grid.items()}
-            # a step whose operators grow with the value (a loop over a sequence) costs a trace that grows too:
-            # traced no farther than the grid's end, and extrapolated by the size model beyond it
-            reach = None if len({prediction.operators for prediction in grid.values()}) == 1 else max(grid)
-            largest = largest_fitting(lambda value: trace(value).reserved, traced, limit, reach)
-        except Exception as error:  # noqa: BLE001 - torch's tracer or the file's code under fake tensors: said, not fatal
-            engine_fit.reason = ("not predicted: its step could not be traced under fake tensors "
-                                 f"({untraced_reason(error)})")
+        made = in_child.predicted_engine(model_file, engine_fit.engine, values, scale, limit)
+        if "reason" in made:
+            engine_fit.reason = made["reason"]
             progress(f"{model_file.name} {engine_fit.engine}: {engine_fit.reason}")
             continue
-        engine_fit.traced = dict(sorted(traced.items()))
-        unseen.update(*(prediction.unseen for prediction in grid.values()))
+        engine_fit.traced = {int(value): reserved for value, reserved in made["traced"].items()}
+        unseen.update(made["unseen"])
         engine_fit.model = choose_model(list(engine_fit.traced), list(engine_fit.traced.values()))
+        largest, reach = made["largest"], made["reach"]
         if largest is not None and largest == reach:  # fits at the farthest value traced: the size model says beyond
             largest = engine_fit.model.largest_under(limit, reach) or reach
         engine_fit.max_fitting = largest
-        progress(f"{model_file.name} {engine_fit.engine}: traced at {len(traced)} values of {scale}; reserved at "
-                 f"{scale}={values[scale]}: {format_bytes(traced[values[scale]])} ({BASIS})")
+        progress(f"{model_file.name} {engine_fit.engine}: traced at {len(engine_fit.traced)} values of {scale}; "
+                 f"reserved at {scale}={values[scale]}: {format_bytes(engine_fit.traced[values[scale]])} ({BASIS})")
     return FitResult(model_file.name, scale, limit, device, f"the allocator's reserved peak, {BASIS}", fits,
                      basis=BASIS, unseen=sorted(unseen))

@@ -91,6 +91,12 @@ def choose_model(values: Sequence[float], totals: Sequence[float]) -> SizeModel:
     return SizeModel(kind, tuple(float(c) for c in np.polyfit(x, y, degree)), errors[kind])
 
 
+def trace_values(points: Sequence[tuple[int, int]]) -> list[int]:
+    """The values `trace_model` traces: the measured ones and `TRACE_REACH` times the largest."""
+    largest = max(value for value, _ in points)
+    return sorted({value for value, _ in points} | {largest * k for k in TRACE_REACH})
+
+
 def trace_model(points: Sequence[tuple[int, int]], trace: Callable[[int], int]) -> tuple[SizeModel, dict[int, int]]:
     """The trace size model of measured (value, total) points: the traced peaks at the measured values and at
     `TRACE_REACH` times the largest, as a polynomial (linear, or quadratic where that predicts the farthest
@@ -98,8 +104,7 @@ def trace_model(points: Sequence[tuple[int, int]], trace: Callable[[int], int]) 
     smaller points, predicts the largest measured total better (its error is the check's). Also every traced
     peak, by value."""
     measured = sorted(points)
-    largest = measured[-1][0]
-    traced = {value: trace(value) for value in sorted({v for v, _ in measured} | {largest * k for k in TRACE_REACH})}
+    traced = {value: trace(value) for value in trace_values(measured)}
     x, y = np.array(list(traced), float), np.array(list(traced.values()), float)
     errors = {degree: abs(np.polyval(np.polyfit(x[:-1], y[:-1], degree), x[-1]) - y[-1]) / max(y[-1], 1.0)
               for degree in (1, 2)}

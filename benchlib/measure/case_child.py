@@ -138,6 +138,13 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def _called(spec: dict, device: Device) -> dict:
+    """The outcome of calling the spec's target with its params: its JSON value, or what it raised."""
+    module_name, func_name = spec["target"].split(":")
+    value = getattr(import_module(module_name), func_name)(device=device, **spec["params"])
+    return {"ok": True, "value": value}
+
+
 def child_main(spec_path: str, result_path: str) -> int:
     """Run the case described in `spec_path`; write the outcome to `result_path` as JSON."""
     with open(spec_path) as f:
@@ -148,6 +155,10 @@ def child_main(spec_path: str, result_path: str) -> int:
     sys.path.extend(p for p in spec["sys_path"] if p not in sys.path)
     try:
         device = resolve_device(spec["device"])
+        if spec.get("call"):  # a call, not a case: the user's code run here rather than in the parent (`call_isolated`)
+            outcome = _called(spec, device)
+            write_json_atomic(outcome, result_path)
+            return 0
         prime_cuda_libraries(device)  # cuBLAS's per-thread workspaces are no part of any case's peak
         started = perf_counter()
         case = _load_case(spec["target"], device, spec["params"])

@@ -168,6 +168,43 @@ class IsolationOptions:
             raise ValueError(f"preload must be a tuple of module names, got {self.preload!r}")
 
 
+def _child_outcome(spec: dict, name: str, policy_env: dict, timeout_s: float, preload: tuple[str, ...]
+                   ) -> tuple[dict, str]:
+    """Run `spec` in a child of its own (`_run_child`) and read its outcome, with `isolation` (how it started) added;
+    CaseFailed where it timed out, crashed or raised, CaseNotApplicable where it said so."""
+    spec = {**spec, "sys_path": [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p)]}
+    env = {**os.environ, **policy_env}
+    with tempfile.TemporaryDirectory(prefix="benchlib-case-") as tmp:
+        spec_path, result_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "result.json")
+        output_path = os.path.join(tmp, "output.txt")
+        returncode, timed_out, isolation = _run_child(spec, spec_path, result_path, output_path, env, timeout_s, preload)
+        with open(output_path, errors="replace") as f:
+            output = _tail(f.read())
+        if timed_out:
+            raise CaseFailed(name, f"timed out after {timeout_s:g} s; the child was killed", output=output)
+        if not os.path.exists(result_path):
+            raise CaseFailed(name, _crash_reason(returncode), output=output)
+        with open(result_path) as f:
+            result = json.load(f)
+    if not result["ok"] and "not_applicable" in result:
+        raise CaseNotApplicable(name, result["not_applicable"], output=output)
+    if not result["ok"]:
+        raise CaseFailed(name, f"the child raised {result['error']}", child_traceback=result["traceback"], output=output)
+    return {**result, "isolation": isolation}, output
+
+
+def call_isolated(target: str, params: dict, *, name: str, device: str | Device = "cpu", timeout_s: float = 600,
+                  preload: tuple[str, ...] = ()) -> Any:
+    """`target(device=Device, **params)` called in a process of its own, as a case runs (forked from a warm template,
+    or a fresh interpreter), and its JSON value: the user's code (a model file read, traced) kept out of the
+    caller's process. CaseFailed where it raised, timed out or took its process down; CaseNotApplicable where it
+    raised NotApplicable."""
+    dev = resolve_device(device)
+    spec = {"target": target, "params": params, "name": name, "device": dev.name, "call": True}
+    result, _ = _child_outcome(spec, name, {}, timeout_s, preload)
+    return result["value"]
+
+
 def run_isolated(target: str, params: dict | None = None, *, name: str, device: str | Device = "cpu",
                  options: IsolationOptions = IsolationOptions()) -> IsolatedResult:
     """Measure one case in a fresh `python` subprocess; failures raise CaseFailed(name).
@@ -202,29 +239,10 @@ def run_isolated(target: str, params: dict | None = None, *, name: str, device: 
             "timeline": options.timeline, "timeline_interval_s": options.timeline_interval_s,
             "role_timeline": bool(options.role_timeline), "sites": bool(options.sites),
             "attribute": bool(options.attribute), "cuda_snapshot": options.cuda_snapshot,
-            "malloc_policy": options.malloc, "malloc_env": policy_env,
-            "sys_path": [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p)]}
-    env = {**os.environ, **policy_env}
+            "malloc_policy": options.malloc, "malloc_env": policy_env}
     started = perf_counter()
-    with tempfile.TemporaryDirectory(prefix="benchlib-case-") as tmp:
-        spec_path, result_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "result.json")
-        output_path = os.path.join(tmp, "output.txt")
-        returncode, timed_out, isolation = _run_child(spec, spec_path, result_path, output_path, env,
-                                                      options.timeout_s, options.preload)
-        with open(output_path, errors="replace") as f:
-            output = _tail(f.read())
-        if timed_out:
-            raise CaseFailed(name, f"timed out after {options.timeout_s} s; the child was killed",
-                             output=output)
-        if not os.path.exists(result_path):
-            raise CaseFailed(name, _crash_reason(returncode), output=output)
-        with open(result_path) as f:
-            result = json.load(f)
-    if not result["ok"] and "not_applicable" in result:
-        raise CaseNotApplicable(name, result["not_applicable"], output=output)
-    if not result["ok"]:
-        raise CaseFailed(name, f"the child raised {result['error']}",
-                         child_traceback=result["traceback"], output=output)
+    result, _ = _child_outcome(spec, name, policy_env, options.timeout_s, options.preload)
+    isolation = result.pop("isolation")
     measurement = Measurement.from_dict(result["measurement"])
     phases = dict(measurement.phase_s or {})  # the child's; the rest of the wall time is the process's own
     phases["process"] = max(0.0, perf_counter() - started - sum(phases.values()))

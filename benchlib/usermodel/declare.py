@@ -12,7 +12,7 @@ from benchlib.benchmark import Benchmark, DeclarationError, Parameter, Parameter
 from benchlib.engine_names import COMBINED, DEFAULT_COMBINATIONS
 from benchlib.engines.module_memory import DEFAULT_DEPTH
 from benchlib.engines.namespaces import SAC_SAVED_OPS, unknown_aten_ops
-from benchlib.engines.techniques import (COMBINATION_CHOICES, CombinationError, TechniqueOptions, combine, stand_in,
+from benchlib.engines.techniques import (COMBINATION_CHOICES, CombinationError, TechniqueOptions, combine,
                                          technique_registry)
 from benchlib.engines.techniques import DEFAULT as DEFAULT_CHOICE, NONE as NONE_CHOICE
 from benchlib.trials.cases import PRECISION, trials_parameter
@@ -51,14 +51,6 @@ MICROBATCHES = Parameter("microbatches", TechniqueOptions.microbatches, "the par
                          "into, alone or combined", minimum=2)
 
 
-def file_registry(model_file) -> dict:
-    """The techniques a file's engines can name: benchlib's, installed packages', and the file's own (its classes
-    where it was read here, stand-ins from the facts a child reported where it was not)."""
-    own = getattr(model_file, "techniques", {})
-    return technique_registry({name: technique if isinstance(technique, type) else stand_in(name, technique)
-                               for name, technique in own.items()})
-
-
 def _technique_rules(model_file, config) -> None:
     """Refused before any work: a SAC policy naming an op aten does not have (it would silently save nothing of
     it), an engine that names no technique, or techniques that cannot join in one step."""
@@ -66,7 +58,7 @@ def _technique_rules(model_file, config) -> None:
     if unknown:
         raise ValueError(f"sac_saved_ops: {', '.join(map(repr, unknown))} is no op of torch.ops.aten; valid: aten op "
                          f"names without overload, such as the default {', '.join(SAC_SAVED_OPS)}")
-    registry = file_registry(model_file)
+    registry = technique_registry(getattr(model_file, "techniques", {}))
     for engine in config.get("engines", ()):
         try:
             combine(engine, registry)

@@ -58,6 +58,10 @@ class ModelFile:
     def user_error(self, error: BaseException, function: str) -> str:
         return user_error(self.path, error, function)
 
+    @property
+    def has_optimizer(self) -> bool:
+        return self.optimizer is not None
+
     def build(self, values: Mapping[str, Any], device: Any = None) -> tuple[Any, tuple]:
         """The model and batch at `values`, seeded, on `device` (a torch.device; None keeps them where made)."""
         import torch

@@ -89,7 +89,7 @@ def _torch_plan(model_file: ModelFile, values: dict, device, engines, options: d
 
 def _torch_imports(model_file: ModelFile, engine: str, options: dict) -> tuple[str, ...]:
     combination = combine(engine, technique_registry(model_file.techniques), TechniqueOptions.from_json(options))
-    return combination.imports(model_file.optimizer is not None) + top_level_imports(model_file.path)
+    return combination.imports(model_file.has_optimizer) + top_level_imports(model_file.path)
 
 
 TORCH_FORM = Form(TARGET, tuple(BUILTIN), REFERENCE, _torch_plan, torch_categories=True, sweep_engines=SWEEP,

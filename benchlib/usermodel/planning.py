@@ -42,9 +42,11 @@ class FileFacts:
     parameters: dict[str, Any]
     quick: dict[str, Any]
     techniques: dict[str, list[str]] = field(default_factory=dict)  # its own TECHNIQUES: name -> aspects changed
+    has_optimizer: bool = False  # it defines optimizer(parameters)
+    arrays: bool = False  # it is in the array form
 
 
-def _measure_reading(paths: Sequence[str], *args, **kwargs):
+def measure_reading(paths: Sequence[str], *args, **kwargs):
     """Measure the files, read where this runs (the kernel): the parent never imported them."""
     from benchlib.usermodel import load_model_files
 
@@ -60,7 +62,8 @@ def _facts(group: Sequence[str]) -> dict:
     return {"arrays": isinstance(files[0], ArrayModelFile),
             "files": [{"path": str(f.path), "name": f.name, "parameters": f.parameters, "quick": f.quick,
                        "techniques": {name: [aspect.name for aspect in technique.changes]
-                                      for name, technique in getattr(f, "techniques", {}).items()}}
+                                      for name, technique in getattr(f, "techniques", {}).items()},
+                       "has_optimizer": getattr(f, "optimizer", None) is not None}
                       for f in files]}
 
 
@@ -113,10 +116,10 @@ def timeout_s() -> float:
     return value
 
 
-def declare_in_child(groups: Sequence[Sequence[str]]) -> list[Benchmark | ModelFileError]:
-    """Per group of model-file paths (versions of one NAME), its `Benchmark`, or the `ModelFileError` that
-    says why the files were refused, all read and checked in one child under the time limit. A child
-    that exits before it answers, hangs or is killed refuses every group, naming what happened."""
+def read_in_child(groups: Sequence[Sequence[str]]) -> list[list[FileFacts] | ModelFileError]:
+    """Per group of model-file paths (versions of one NAME), the facts of its files, or the `ModelFileError` that
+    says why they were refused, all read and checked in one child under the time limit. A child that exits before
+    it answers, hangs or is killed refuses every group, naming what happened."""
     limit = timeout_s()
     with tempfile.TemporaryDirectory(prefix="benchlib-plan-") as folder:
         result_path, output_path = Path(folder) / "result.json", Path(folder) / "output.txt"
@@ -141,18 +144,30 @@ def declare_in_child(groups: Sequence[Sequence[str]]) -> list[Benchmark | ModelF
                                    f"answered (does the file's code exit the process, e.g. os._exit or sys.exit?){tail}")
                     for group in groups]
         outcomes = json.loads(result_path.read_text(encoding="utf-8"))
-    answers: list[Benchmark | ModelFileError] = []
-    for group, outcome in zip(groups, outcomes):
+    answers: list[list[FileFacts] | ModelFileError] = []
+    for outcome in outcomes:
         if "error" in outcome:
             refusal = ModelFileError(outcome["error"])
             refusal.child_traceback = outcome.get("traceback", "")  # what `benchlib --debug` shows
             answers.append(refusal)
             continue
+        answers.append([FileFacts(Path(f["path"]), f["name"], f["parameters"], f["quick"], f["techniques"],
+                                  f["has_optimizer"], outcome["arrays"]) for f in outcome["files"]])
+    return answers
+
+
+def declare_in_child(groups: Sequence[Sequence[str]]) -> list[Benchmark | ModelFileError]:
+    """Per group of model-file paths (versions of one NAME), its `Benchmark`, or the `ModelFileError` that
+    says why the files were refused, all read and checked in one child under the time limit (`read_in_child`)."""
+    answers: list[Benchmark | ModelFileError] = []
+    for files in read_in_child(groups):
+        if isinstance(files, ModelFileError):
+            answers.append(files)
+            continue
         from benchlib.usermodel.declare import declaration  # torch and the figures: only for a file that passed
 
-        files = [FileFacts(Path(f["path"]), f["name"], f["parameters"], f["quick"], f["techniques"]) for f in outcome["files"]]
-        answers.append(declaration(files, outcome["arrays"],
-                                   functools.partial(_measure_reading, [str(f.path) for f in files])))
+        answers.append(declaration(files, files[0].arrays,
+                                   functools.partial(measure_reading, [str(f.path) for f in files])))
     return answers
 
 

@@ -60,9 +60,12 @@ def installed_techniques() -> tuple[tuple[str, type[Technique]], ...]:
 
 def technique_registry(own: Mapping[str, object] | None = None, source: str = "TECHNIQUES") -> dict[str, type[Technique]]:
     """Every technique a run can name, in the order combinations list them: benchlib's own, then installed
-    packages', then `own` (a model file's `TECHNIQUES`)."""
+    packages', then `own` (a model file's `TECHNIQUES`: its classes where the file was read here, or the aspects
+    each changes where a child read it, as `stand_in`s)."""
     registry: dict[str, type[Technique]] = dict(BUILTIN)
-    for name, technique in (*installed_techniques(), *((own or {}).items())):
+    own = {name: stand_in(name, technique) if isinstance(technique, (list, tuple)) else technique
+           for name, technique in (own or {}).items()}
+    for name, technique in (*installed_techniques(), *own.items()):
         checked = check_technique(name, technique, source)
         if name in registry:
             raise CombinationError(f"{source}: technique {name!r} is registered twice (an installed package has it)")

@@ -52,6 +52,10 @@ def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:
     fit_parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=None,
                             help="measure the answer in fresh processes before giving it, searching the true largest "
                                  "value (default: on wherever this machine can hold --memory; --no-verify skips)")
+    fit_parser.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",
+                            help="the longest each of fit's processes may take (a measured step, a trace): one that "
+                                 "runs longer is killed and said, and fit goes on (default: 600; reading and checking "
+                                 "the file: BENCHLIB_FORM_CHECK_TIMEOUT, as for run)")
     fit_parser.add_argument("--margin", default="0", metavar="SHARE",
                             help="headroom kept free of the limit: '10%%' or 0.1 (default: none)")
     fit_parser.add_argument("--out", type=Path, default=None, metavar="DIR",
@@ -73,6 +77,17 @@ def _new(path: Path, form: str) -> int:
         raise RunnerError(f"{path} cannot be written: {error.strerror}") from None
     print(f"wrote {path}; try it: benchlib run {path} --quick")
     return 0
+
+
+def _seconds(text: str) -> float:
+    """A positive number of seconds, or argparse's refusal saying what is valid."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1e9:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0")
+    return value
 
 
 def _share(text: str) -> float:
@@ -105,7 +120,8 @@ def fit_command(arguments: argparse.Namespace) -> int:
     if arguments.at is not None:
         return _fit_at(arguments, chosen, started, started_at)
     result = fit(file, memory=MemoryLimit(arguments.memory, _share(arguments.margin)), scale=scale, device=device,
-                 engines=chosen, params=parse_assignments(arguments.param), verify=arguments.verify)
+                 engines=chosen, params=parse_assignments(arguments.param), verify=arguments.verify,
+                 timeout_s=arguments.timeout)
     print("\n".join(result.lines()))
     question = (f"What is the largest {scale} at which {Path(file).name}'s step fits in {arguments.memory}, and under "
                 "which engine?")
@@ -126,7 +142,8 @@ def _fit_at(arguments: argparse.Namespace, chosen: list[str] | None, started: fl
     from benchlib.report.page import HEADLINE_SUFFIX, SUMMARY_COLUMN
 
     result = fit_at(arguments.file, memory=MemoryLimit(arguments.memory, _share(arguments.margin)), at=arguments.at,
-                    device=arguments.device, engines=chosen, params=parse_assignments(arguments.param))
+                    device=arguments.device, engines=chosen, params=parse_assignments(arguments.param),
+                    timeout_s=arguments.timeout)
     print("\n".join(result.lines()))
     question = (f"Which engines fit {Path(arguments.file).name}'s step at {result.scale}={result.value} in "
                 f"{arguments.memory}, and which is fastest?")

@@ -1,0 +1,114 @@
+"""Every call of the user's code that `fit` makes beside its measured steps, each in a process of its own
+(`benchlib.measure.isolation.call_isolated`), as `run` keeps the same file in children: the plan at the asked
+values, traces under fake tensors, the CUDA prediction, the model's blocks. A loss that exits, kills its process,
+raises or hangs costs that call, which fit reports, never fit's own process and what it has measured.
+
+The functions named `_in_child_*` run in the child (they read the file there); the others are the parent's side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from benchlib.fit.asking import FitError
+
+
+class ChildFailed(RuntimeError):
+    """A call of the user's code failed in its process: raised, exited, was killed or timed out; says which."""
+
+
+def _call(function: str, model_file, what: str, timeout_s: float | None = None, **params: Any) -> Any:
+    from benchlib.measure import CaseFailed, CaseNotApplicable
+    from benchlib.measure.isolation import call_isolated
+    from benchlib.usermodel.planning import timeout_s as form_check_timeout
+
+    limit = timeout_s or getattr(model_file, "timeout_s", None) or form_check_timeout()
+    try:
+        return call_isolated(f"{__name__}:{function}", {"path": str(model_file.path), **params},
+                             name=f"{model_file.name} {what}", timeout_s=limit, preload=("torch",))
+    except (CaseFailed, CaseNotApplicable) as failed:
+        raise ChildFailed(f"{what}: {failed.reason}") from None
+
+
+def plan(model_file, values: Mapping[str, Any], device, engines: Sequence[str]):
+    """The form's `Plan` at `values` (which engines do not apply, and why), made in a child under the form check's
+    time limit (the model and batch are built there)."""
+    from benchlib.usermodel.measuring import Plan
+    from benchlib.usermodel.planning import timeout_s as form_check_timeout
+
+    try:
+        made = _call("_in_child_plan", model_file, "building the model and batch at the asked values",
+                     timeout_s=form_check_timeout(), values=dict(values), target=device.name, engines=list(engines))
+    except ChildFailed as failed:  # the file's code fails at these values: refused before anything is measured
+        raise FitError(f"{model_file.path}: {failed}") from None
+    return Plan(**made)
+
+
+def traced_peaks(model_file, engine: str, values: Mapping[str, Any], scale: str, at: Sequence[int]
+                 ) -> tuple[dict[int, int], str | None]:
+    """The traced peaks (`tracing.traced_peak`) of `engine`'s step at each of `at`, traced in one child, and why the
+    trace stopped where it did (None: every value traced)."""
+    try:
+        made = _call("_in_child_traces", model_file, f"tracing {engine}", values=dict(values), engine=engine,
+                     scale=scale, at=[int(value) for value in at])
+    except ChildFailed as failed:
+        return {}, f"its trace's process failed ({failed})"
+    return {int(value): int(peak) for value, peak in made["peaks"].items()}, made["untraced"]
+
+
+def blocks(model_file, values: Mapping[str, Any]) -> list[str]:
+    """The module paths a checkpoint can be put on (`checkpoint_blocks`) of the model built at `values`, in a child."""
+    from benchlib.usermodel.planning import timeout_s as form_check_timeout
+
+    return _call("_in_child_blocks", model_file, "building the model at the asked values",
+                 timeout_s=form_check_timeout(), values=dict(values))
+
+
+def predicted_engine(model_file, engine: str, values: Mapping[str, Any], scale: str, limit: float) -> dict:
+    """`predicted.predict_engine` run in a child: the engine's CUDA reserved peaks traced over its grid and search,
+    or {"reason": ...} where its step could not be traced."""
+    try:
+        return _call("_in_child_predicted", model_file, f"predicting {engine}", values=dict(values), engine=engine,
+                     scale=scale, limit=float(limit))
+    except ChildFailed as failed:
+        return {"reason": f"not predicted: its trace's process failed ({failed})"}
+
+
+def _in_child_plan(*, device, path: str, values: dict, target: str, engines: list[str]) -> dict:
+    from benchlib.measure import Device
+    from benchlib.usermodel.loader import read_model_file
+    from benchlib.usermodel.measuring import TORCH_FORM
+
+    kind, _, index = target.partition(":")  # a CUDA device fit predicts for need not be here: its kind is asked
+    made = TORCH_FORM.plan(read_model_file(path), values, Device(kind, int(index) if index else None), engines, {})
+    return dataclasses.asdict(made)
+
+
+def _in_child_traces(*, device, path: str, values: dict, engine: str, scale: str, at: list[int]) -> dict:
+    from benchlib.fit.tracing import traced_peak, untraced_reason
+    from benchlib.usermodel.loader import read_model_file
+
+    model_file, peaks = read_model_file(path), {}
+    for value in at:
+        try:
+            peaks[str(value)] = traced_peak(model_file, engine, {**values, scale: value})
+        except Exception as error:  # noqa: BLE001 - torch's tracer or the file's code under fake tensors: said
+            return {"peaks": peaks, "untraced": untraced_reason(error)}
+    return {"peaks": peaks, "untraced": None}
+
+
+def _in_child_blocks(*, device, path: str, values: dict) -> list[str]:
+    from benchlib.engines.techniques.modules import checkpoint_blocks
+    from benchlib.usermodel.loader import read_model_file
+
+    model, _ = read_model_file(path).build(values)
+    return checkpoint_blocks(model)
+
+
+def _in_child_predicted(*, device, path: str, values: dict, engine: str, scale: str, limit: float) -> dict:
+    from benchlib.fit.predicted import predict_engine
+    from benchlib.usermodel.loader import read_model_file
+
+    return predict_engine(read_model_file(path), engine, values, scale, limit)

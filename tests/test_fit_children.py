@@ -1,0 +1,82 @@
+"""`fit` never runs the user's code in its own process: a loss that kills its process, exits or hangs costs the
+child that ran it (named in the output), never fit and what it measured; reading the file keeps `run`'s form-check
+time limit. Each case runs `benchlib fit` as a user would, in a process of its own, so a failure here cannot take
+the test run down with it."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+HOSTILE = """
+import os, signal, sys, time
+import torch
+
+NAME = "hostile"
+PARAMETERS = {"n": 64}
+MODE = os.environ["HOSTILE_MODE"]
+if MODE == "sleep at import":
+    time.sleep(600)
+
+def model(n):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+def batch(n):
+    return torch.randn(n, 8), torch.randn(n, 1)
+
+def loss(model, x, y):
+    with open(os.environ["HOSTILE_PIDS"], "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    if x.shape[0] > 100:  # a batch past what the machine holds, as the OOM killer would end it
+        if MODE == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif MODE == "exit":
+            sys.exit(0)
+        elif MODE == "sleep":
+            time.sleep(600)
+    return ((model(x) - y) ** 2).mean()
+"""
+
+
+def _fit(tmp_path, mode: str, *args: str, timeout: float = 300, env: dict | None = None):
+    path = tmp_path / "hostile.py"
+    path.write_text(textwrap.dedent(HOSTILE))
+    pids = tmp_path / "pids"
+    process = subprocess.Popen([sys.executable, "-m", "benchlib.runner.cli", "fit", str(path), "--memory", "2GB",
+                                "--engines", "torch", "--out", str(tmp_path / "out"), *args],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "HOSTILE_MODE": mode, "HOSTILE_PIDS": str(pids), **(env or {})})
+    out, _ = process.communicate(timeout=timeout)
+    called = {int(line) for line in pids.read_text().split()} if pids.exists() else set()
+    return process.returncode, out, process.pid, called
+
+
+@pytest.mark.slow
+def test_a_loss_that_kills_its_process_past_a_batch_costs_its_children_never_fit(tmp_path):
+    # the grid (8..64) holds; traces reach 8x the largest point and the search goes past 100: those children die
+    code, out, pid, called = _fit(tmp_path, "kill", "--scale", "n", "--no-verify")
+    assert code in (0, 1), out  # not -9: fit itself is never killed
+    assert "killed by SIGKILL" in out and "not traced" in out
+    assert called and pid not in called  # the loss ran, and never in fit's own process
+    (run,) = (tmp_path / "out").iterdir()
+    assert (run / "records.parquet").is_file() and (run / "report.html").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, said", [("exit", "exited with status"), ("sleep", "timed out after 5 s")])
+def test_a_loss_that_exits_or_hangs_fails_that_engine_within_the_timeout(tmp_path, mode, said):
+    code, out, pid, called = _fit(tmp_path, mode, "--at", "n=200", "--timeout", "5", timeout=120)
+    assert code == 1, out  # no engine fits: the one there is failed, and says how
+    assert f"torch failed: the child process {said}" in out or f"torch failed: {said}" in out
+    assert pid not in called
+    assert (tmp_path / "out").is_dir()
+
+
+@pytest.mark.slow
+def test_a_file_that_hangs_at_import_is_refused_within_the_form_checks_limit(tmp_path):
+    code, out, _, _ = _fit(tmp_path, "sleep at import", "--at", "n=8", timeout=60,
+                           env={"BENCHLIB_FORM_CHECK_TIMEOUT": "3"})
+    assert code == 2 and "the form check did not finish within 3 s" in out
