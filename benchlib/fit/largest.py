@@ -24,7 +24,7 @@ from typing import Any
 
 from benchlib.fit.asking import FitError, Question, ask, scale_points
 from benchlib.fit import in_child, measured
-from benchlib.fit.measured import REACH, approach, check_at, confirm, fit_model, hold, step_down
+from benchlib.fit.measured import FAILED, REACH, approach, check_at, confirm, fit_model, hold, step_down
 from benchlib.fit.pace import Pace
 from benchlib.fit.result import EngineFit, FitResult
 from benchlib.fit.sizing import MIN_POINTS, SEARCH_LIMIT, TRACE, SizeModel
@@ -109,6 +109,8 @@ def _measure_all(fits: list[EngineFit], question: Question, scale: str, device, 
             outcome = measured.measure_step(model_file, engine_fit.engine, {**values, scale: value}, device)
             if isinstance(outcome, str):  # maybe at this value only (micro-batches need a multiple of their count)
                 skipped[engine_fit.engine].append((value, outcome))
+                if outcome.startswith(FAILED):  # the user's code failed there: no answer at or past it
+                    engine_fit.failed[value] = outcome
                 pace.done(f"{model_file.name} {engine_fit.engine} {scale}={value}: {outcome}", value)
                 continue
             engine_fit.points.append((value, *outcome))
@@ -204,6 +206,8 @@ def _confirm(result: FitResult, question: Question, device, pace: Pace) -> None:
         def measure(value: int) -> tuple[int, float] | str:
             pace.plan([value])
             outcome = measured.measure_step(question.model_file, engine_fit.engine, {**question.values, scale: value}, device)
+            if isinstance(outcome, str) and outcome.startswith(FAILED):  # no answer at or past it, whatever was said
+                engine_fit.fail(value, outcome, usable)
             pace.done(f"confirming {engine_fit.engine} at {scale}={value}: " + (outcome if isinstance(outcome, str) else
                       f"{format_bytes(outcome[0])} ({'under' if outcome[0] <= usable else 'over'} the limit)"), value)
             return outcome

@@ -32,6 +32,7 @@ HOLD_REPEATS = 3  # processes an answer is measured in before it is given (`hold
 HOLD_STEPS = 5  # values `hold` steps down through before it gives up
 TIMID = 0.1  # an answer measured this far under the limit is searched up from (`step_down`)
 REACH = 2  # no answer on a device that can hold the limit lies more than this many times past a measured value
+FAILED = "failed: "  # how `measure_step` begins the reason of a step that failed (raised, killed, timed out)
 DEEP = 64  # module levels a step's memory by module is kept to when asked for (`by_module`): every block apart
 
 Progress = Callable[[str], None]
@@ -58,7 +59,7 @@ def measure_step(model_file, engine: str, values: dict, device, steps: int = STE
         except CaseNotApplicable as refused:
             return f"not applicable: {refused.reason}"
         except CaseFailed as failed:
-            return f"failed: {failed.reason}"
+            return f"{FAILED}{failed.reason}"
     if by_module is not None:
         by_module += result.breakdown
     measurement = result.measurement
@@ -125,6 +126,8 @@ def approach(engine_fit: EngineFit, model_file, values: dict, scale: str, device
         outcome = measure_step(model_file, engine_fit.engine, {**values, scale: value}, device)
         if isinstance(outcome, str):
             engine_fit.unmeasured = f"{scale}={value}: {outcome}"
+            if outcome.startswith(FAILED):
+                engine_fit.fail(value, outcome, limit)
             pace.done(f"{model_file.name} {engine_fit.engine} {scale}={value}: {outcome}", value)
             return
         engine_fit.points.append((value, *outcome))
@@ -152,7 +155,9 @@ def confirm(engine_fit: EngineFit, measure: Callable[[int], tuple[int, float] | 
     found = largest_measured(measure, engine_fit, scale, limit, affordable, progress)
     if found is None:  # the search stopped: the largest value measured under the limit, if any, is what holds
         totals = {v: total for v, total, _ in engine_fit.points} | engine_fit.checked
-        found = max((v for v, total in totals.items() if total <= limit), default=None)
+        ceiling = engine_fit.ceiling
+        found = max((v for v, total in totals.items() if total <= limit and (ceiling is None or v < ceiling)),
+                    default=None)
     engine_fit.confirmed = found
 
 
@@ -225,11 +230,13 @@ def largest_measured(measure: Callable[[int], tuple[int, float] | str], engine_f
     interpolated = False
     while True:
         totals = {value: total for value, total, _ in engine_fit.points} | engine_fit.checked
-        under = [value for value, total in totals.items() if total <= limit]
+        ceiling = engine_fit.ceiling
+        under = [value for value, total in totals.items() if total <= limit and (ceiling is None or value < ceiling)]
         if not under:
             return None
         low = max(under)
-        high = min((value for value, total in totals.items() if total > limit and value > low), default=None)
+        high = min([value for value, total in totals.items() if total > limit and value > low]
+                   + [value for value in engine_fit.failed if value > low], default=None)  # a failure is over
         step = engine_fit.multiple
         if high is not None and high - low <= max(step, int(low * RESOLUTION)):
             return low
@@ -238,7 +245,8 @@ def largest_measured(measure: Callable[[int], tuple[int, float] | str], engine_f
             # can draw a line that crosses far away)
             crossing = min(_crossing(below[0], totals[below[0]], low, totals[low], limit), int(low * REACH_UNBRACKETED))
             value = max(low + step, _multiple(crossing, step))
-        elif interpolated:  # the bracket's line did not end it: halve, so the search ends in any case
+        elif interpolated or high not in totals:  # the bracket's line did not end it, or its top failed (no total to
+            # draw a line to): halve, so the search ends in any case
             value, interpolated = _multiple((low + high) // 2, step), False
         else:
             value = min(high - step, max(low + step, _multiple(_crossing(low, totals[low], high, totals[high], limit),

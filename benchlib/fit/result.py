@@ -59,6 +59,21 @@ class EngineFit:
     checked: dict[int, int] = field(default_factory=dict)  # value -> total measured to confirm an answer
     confirmed: int | None = None  # the largest value measured under the limit, searched up to the first over it
     multiple: int = 1  # what the values asked beyond the grid are multiples of (micro-batches split evenly)
+    failed: dict[int, str] = field(default_factory=dict)  # value -> why its step failed there (raised, killed, timed
+    # out): every answer stays below the smallest
+
+    @property
+    def ceiling(self) -> int | None:
+        """The smallest value whose step failed: no answer at or past it."""
+        return min(self.failed, default=None)
+
+    def fail(self, value: int, why: str, limit: float) -> None:
+        """Note that the step failed at `value`, and take back any answer at or past it."""
+        self.failed[value] = why
+        if self.confirmed is not None and self.confirmed >= value:
+            self.confirmed = None
+        if self.model is not None and self.points:
+            self.max_fitting = self.answer(limit)
 
     @property
     def largest(self) -> int | None:
@@ -68,8 +83,13 @@ class EngineFit:
     def answer(self, limit: float) -> int | None:
         """The largest value whose predicted total, raised by the size model's own out-of-sample error (its upper
         bound), stays under `limit`, and never below a measured value whose measured total does; None when no
-        measured total is under it."""
+        measured total is under it. Where the step failed at some value, the largest value measured under `limit`
+        below it."""
         under = [value for value, total, _ in self.points if total <= limit]
+        ceiling = self.ceiling
+        if ceiling is not None:  # past a failure nothing is extrapolated: the largest value measured under it
+            measured = {value: total for value, total, _ in self.points} | self.checked
+            return max((value for value, total in measured.items() if total <= limit and value < ceiling), default=None)
         if not under:
             return None
         start = min(value for value, _, _ in self.points)
@@ -226,7 +246,9 @@ class FitResult:
                 row.update(largest=fit.largest, basis=f"the total does not grow with {self.scale}")
             elif fit.model is not None:
                 row["reason"] = row["reason"] or f"does not fit at the smallest {self.scale} measured"
-            notes = [note for note in (fit.untraced and f"not traced: {fit.untraced}",
+            failure = fit.ceiling is not None and (f"its step failed at {self.scale}={fit.ceiling} "
+                                                   f"({fit.failed[fit.ceiling]}): answers stay below it")
+            notes = [note for note in (failure, fit.untraced and f"not traced: {fit.untraced}",
                                        fit.unmeasured and f"not measured nearer the answer: {fit.unmeasured}") if note]
             row["reason"] = "; ".join([row["reason"], *notes] if row["reason"] else notes)
             rows.append(row | {"scale": self.scale, "answer": ""})
@@ -301,7 +323,10 @@ class FitResult:
                       "basis": self.basis,
                       **({"unseen": self.unseen} if self.unseen else {})}
             if fit.reason:  # not applicable here, not traceable, too few points: said, so no engine leaves no trace
-                rows.append(status_record(status="not_applicable", message=fit.reason, params=common, **labels))
+                rows.append(status_record(status="failed" if fit.failed else "not_applicable", message=fit.reason,
+                                          params=common, **labels))
+            for value, why in sorted(fit.failed.items()):
+                rows.append(status_record(status="failed", message=why, params={**common, "value": value}, **labels))
             for value, total, seconds in fit.points:
                 rows.append(make_record(**labels, metric="fit_total_bytes", value=float(total), unit="B",
                                         params={**common, "value": value}))
