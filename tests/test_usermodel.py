@@ -104,6 +104,10 @@ def refusal(tmp_path, capsys, text, *extra, name="model.py"):
      "{path}: batch(**params) must return a tensor or a tuple of tensors, got a list of int, int"),
     (GOOD + "\nraise_here = 0\ndef model(width, n):\n    return 1 / raise_here\n", "model.py",
      "{path}, line 19, in model: return 1 / raise_here: model(**params) raised ZeroDivisionError"),
+    (GOOD.replace("return torch.nn.Sequential(torch.nn.Linear(3, width), torch.nn.Tanh(), torch.nn.Linear(width, 1))",
+                  "return torch.nn.Tanh()").replace("return torch.randn(n, 3), torch.randn(n, 1)",
+                                                     "return torch.randn(n, 3, requires_grad=True), torch.randn(n, 3)"),
+     "model.py", "{path}: model(**params) returns a Tanh with no parameter that requires grad"),
     ("def loss(xp, x):\n    return xp.sum(x * x)\n", "model.py", "{path}: loss(xp, ...) is the array form's, which "
      "also needs params and data functions: params(**params) -> tuple of NumPy arrays"),
 ])

@@ -289,6 +289,10 @@ def check_form(model_file: ModelFile, values: Mapping[str, Any]) -> None:
         raise ModelFileError(model_file.user_error(error, "model(**params)")) from error
     if not isinstance(module, torch.nn.Module):
         raise refuse(path, f"model(**params) must return a torch.nn.Module, got {type(module).__name__}")
+    if not any(parameter.requires_grad for parameter in module.parameters()):
+        raise refuse(path, f"model(**params) returns a {type(module).__name__} with no parameter that requires grad: "
+                            "a training step's gradient is taken with respect to the model's parameters, so there "
+                            "is nothing to differentiate (give it at least one nn.Parameter)")
     try:
         made = model_file.batch(**values)
     except Exception as error:
