@@ -1,6 +1,7 @@
 """The memory gate on one gradient step: limits parsed or refused, checks that say why, baselines kept,
 and the tracked peak and its sites as deterministic numbers."""
 
+import json
 import textwrap
 
 import numpy as np
@@ -88,6 +89,49 @@ def test_baselines_round_trip_per_test_and_step(tmp_path):
     baselines.file("t").write_text("not json")
     with pytest.raises(GateError, match="is not a benchlib baseline file"):
         baselines.get("t", cost)
+
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"peak_bytes": -1}, "peak_bytes is -1; a baseline's peak_bytes is a number >= 0"),
+    ({"alloc_count": "many"}, "alloc_count is 'many'"),
+    ({"format": 99}, "format 99, where this benchlib reads format 1"),
+    ({"unknown_field": 1}, "unexpected keyword argument"),
+])
+def test_a_baseline_that_could_make_a_growth_limit_pass_is_refused_saying_what_is_wrong(tmp_path, change, words):
+    baselines = Baselines(tmp_path)
+    baselines.save("t", _cost())
+    data = json.loads(baselines.file("t").read_text())
+    if "format" in change:
+        data.update(change)
+    else:
+        data["steps"][0].update(change)
+    baselines.file("t").write_text(json.dumps(data))
+    with pytest.raises(GateError, match="is not a benchlib baseline file") as refused:
+        baselines.get("t", _cost())
+    assert words in str(refused.value)
+
+
+def _save_many(folder: str, engine: str, count: int) -> None:
+    baselines = Baselines(folder)
+    for index in range(count):
+        baselines.save("shared", _cost(engine=engine, peak=1000 + index))
+
+
+def test_processes_saving_one_file_at_once_keep_every_step_and_a_readable_file(tmp_path):
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    savers = [context.Process(target=_save_many, args=(str(tmp_path), f"engine-{index}", 150)) for index in range(4)]
+    for saver in savers:
+        saver.start()
+    for saver in savers:
+        saver.join(120)
+    assert all(saver.exitcode == 0 for saver in savers)
+    steps = json.loads(Baselines(tmp_path).file("shared").read_text())["steps"]
+    assert sorted(step["engine"] for step in steps) == [f"engine-{index}" for index in range(4)]
+    assert {step["peak_bytes"] for step in steps} == {1149}  # each saver's last
+    assert not list(tmp_path.glob("*.tmp"))
 
 
 def test_the_line_holding_the_peak_is_found_with_its_bytes():

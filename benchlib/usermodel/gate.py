@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -246,8 +247,13 @@ class Baselines:
             return []
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            return list(data["steps"])
-        except (ValueError, KeyError, TypeError) as error:
+            if data.get("format") != BASELINE_FORMAT:
+                raise ValueError(f"format {data.get('format')!r}, where this benchlib reads format {BASELINE_FORMAT}")
+            steps = list(data["steps"])
+            for step in steps:
+                _check_baseline(StepCost.from_json(step))
+            return steps
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise GateError(f"{path} is not a benchlib baseline file ({error}); delete it and record it again "
                             "with `pytest --benchlib-save-baselines`") from None
 
@@ -261,14 +267,33 @@ class Baselines:
         return same[0] if same else None
 
     def save(self, test_id: str, cost: StepCost) -> Path:
-        steps = [step for step in self._steps(test_id) if StepCost.from_json(step).key != cost.key]
+        """`cost` as this test's baseline of its step, beside the test's others. Savers take turns on the folder (a
+        lock), each writing a temporary file of its own, so processes saving at once (pytest-xdist's workers) never
+        lose each other's steps or leave a file half written."""
+        import fcntl
+
         path = self.file(test_id)
         path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps({"format": BASELINE_FORMAT, "test": test_id, "steps": [*steps, cost.to_json()]}, indent=1)
-        temporary = path.with_suffix(".json.tmp")
-        temporary.write_text(text + "\n", encoding="utf-8")
-        temporary.replace(path)
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            fcntl.flock(folder, fcntl.LOCK_EX)
+            steps = [step for step in self._steps(test_id) if StepCost.from_json(step).key != cost.key]
+            text = json.dumps({"format": BASELINE_FORMAT, "test": test_id, "steps": [*steps, cost.to_json()]}, indent=1)
+            handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            with os.fdopen(handle, "w", encoding="utf-8") as file:
+                file.write(text + "\n")
+            os.replace(temporary, path)
+        finally:
+            os.close(folder)  # and with it the lock
         return path
+
+
+def _check_baseline(step: StepCost) -> None:
+    """A stored step's counts are sizes: a negative or non-numeric one would make every growth limit pass."""
+    for name in ("peak_bytes", "alloc_count"):
+        value = getattr(step, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ValueError(f"{name} is {value!r}; a baseline's {name} is a number >= 0")
 
 
 def measure_step(model: str | Path, engine: str = "torch", *, params: dict | None = None, quick: bool = False,
