@@ -58,6 +58,14 @@ def test_counts_without_spread_step_only_past_the_threshold():
     assert step.to_run == "run4" and step.ratio == pytest.approx(400 / 354)
 
 
+def test_single_measurements_a_run_never_make_a_step_on_one_value_a_side():
+    # a fit's totals: one measurement per run and value, no trials; process-to-process noise of 31% between runs
+    records = _records([100e6, 131e6, 131e6], trials=1)
+    assert find_steps(build_series(records), threshold=0.05).empty
+    stepped = find_steps(build_series(_records([100e6, 100e6, 131e6, 131e6], trials=1)), threshold=0.05)
+    assert len(stepped) == 1 and stepped.iloc[0]["runs_before"] == 2  # two a side: judged
+
+
 def test_a_regression_then_its_fix_is_two_steps_the_latest_better():
     steps = find_steps(build_series(_records([1000.0] * 3 + [2000.0] * 3 + [1000.0] * 3, spread=0.01)),
                        threshold=0.05)

@@ -209,10 +209,13 @@ def change_points(medians: np.ndarray, scale: float) -> list[int]:
 
 def _step(points: pd.DataFrame, start: int, at: int, end: int, threshold: float) -> dict[str, Any] | None:
     """The step at `at` between segments [start, at) and [at, end): the ratio after/before of the
-    pooled trials' medians with its interval; None where it cannot be judged or is not one (its
-    interval holds 1, or it is within the threshold)."""
+    pooled trials' medians with its interval; None where it cannot be judged (a side holds one value: its
+    interval would have no width, and noise would read as a step) or is not one (its interval holds 1, or
+    it is within the threshold)."""
     before = np.concatenate(points["trials"].iloc[start:at].tolist())
     after = np.concatenate(points["trials"].iloc[at:end].tolist())
+    if min(before.size, after.size) < 2:  # one measurement on a side (a fit's point): no interval, so no step
+        return None
     if not (np.all(before > 0) and np.all(np.isfinite(after))):
         return None  # zero before (no GC pause, no allocation): no ratio to take
     interval = ratio_of_medians(before, after)
