@@ -38,8 +38,28 @@ def test_working_copies_are_made_once_and_an_edited_one_is_kept_and_named(tmp_pa
     nbformat.write(notebook, copy)
     assert working_copies(tmp_path / "lab", None) == ([], [NOTEBOOK])
     assert "quick = True" in copy.read_text()  # kept, never overwritten
-    with pytest.raises(RunnerError, match="holds the shipped notebooks themselves"):
+    with pytest.raises(RunnerError, match="is the shipped notebooks' folder"):
         working_copies(find_project_notebooks(), None)
+    with pytest.raises(RunnerError, match="is the shipped notebooks' folder or inside it"):
+        working_copies(find_project_notebooks() / "mine", None)
+
+
+def test_notebooks_and_lab_never_write_through_a_link_or_into_a_file(tmp_path, capsys):
+    from benchlib.runner.cli import main
+
+    folder, outside = tmp_path / "copies", tmp_path / "outside.ipynb"
+    folder.mkdir()
+    (folder / f"{NOTEBOOK}.ipynb").symlink_to(outside)  # dangling: exists() says free
+    assert main(["notebooks", str(folder)]) == 2
+    assert "never overwrites a notebook, nor writes through a link" in capsys.readouterr().err
+    with pytest.raises(RunnerError, match="which does not exist; benchlib never writes through a link"):
+        working_copies(folder, None)
+    assert not outside.exists()
+    (tmp_path / "file").write_text("")
+    assert main(["notebooks", str(tmp_path / "file")]) == 2
+    assert "is a file; give a folder" in capsys.readouterr().err
+    with pytest.raises(RunnerError, match="is a file; give a folder"):
+        working_copies(tmp_path / "file", None)
 
 
 def _free_port() -> int:

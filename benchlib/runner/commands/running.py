@@ -4,6 +4,7 @@ directory, list them with their parameters, copy the built-in notebooks out for 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -144,25 +145,42 @@ def _copy_notebooks(folder: Path, notebooks_dir: Path | None) -> int:
 
     source = notebooks_dir or find_project_notebooks()
     notebooks = available_notebooks(source)
-    taken = [name for name in notebooks if (folder / f"{name}.ipynb").exists()]
+    _check_folder(folder)
+    taken = [name for name in notebooks if _occupied(folder / f"{name}.ipynb")]
     if taken:
         raise RunnerError(f"{folder} already holds {', '.join(f'{name}.ipynb' for name in taken)}; benchlib notebooks "
-                          "never overwrites a notebook (choose an empty folder)")
+                          "never overwrites a notebook, nor writes through a link (choose an empty folder)")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for name, path in notebooks.items():
-            shutil.copyfile(path, folder / f"{name}.ipynb")
+            _copy_new(path, folder / f"{name}.ipynb")
     except OSError as error:
         raise RunnerError(f"{folder} cannot be written: {error.strerror}") from None
     print(f"copied {len(notebooks)} notebooks from {source} to {folder}: {', '.join(notebooks)}")
     return 0
 
 
+def _check_folder(folder: Path) -> None:
+    if folder.exists() and not folder.is_dir():
+        raise RunnerError(f"{folder} is a file; give a folder (new or existing) for the notebooks")
+
+
+def _occupied(path: Path) -> bool:
+    """Whether `path` is taken: a file, or a link (a dangling one too, which `exists()` calls free)."""
+    return path.exists() or path.is_symlink()
+
+
+def _copy_new(source: Path, copy: Path) -> None:
+    """`source` copied to `copy`, which must not exist: never over a file, never through a link (O_EXCL)."""
+    import shutil
+
+    with open(source, "rb") as read, open(copy, "xb") as write:
+        shutil.copyfileobj(read, write)
+
+
 def working_copies(folder: Path, notebooks_dir: Path | None) -> tuple[list[str], list[str]]:
     """Copy into `folder` each built-in notebook it lacks; returns (copied, kept copies whose cells'
     sources differ from the built-in notebook's). Outputs alone never make a copy differ."""
-    import shutil
-
     import nbformat
 
     from benchlib.runner.notebooks import available_notebooks, find_project_notebooks
@@ -171,16 +189,20 @@ def working_copies(folder: Path, notebooks_dir: Path | None) -> tuple[list[str],
         return [cell.source for cell in nbformat.read(path, as_version=4).cells]
 
     source = notebooks_dir or find_project_notebooks()
-    if folder.resolve() == source.resolve():
-        raise RunnerError(f"{folder} holds the shipped notebooks themselves; give benchlib lab another folder "
-                          "(--dir), where the working copies can change")
+    if folder.resolve() == source.resolve() or source.resolve() in folder.resolve().parents:
+        raise RunnerError(f"{folder} is the shipped notebooks' folder{'' if folder.resolve() == source.resolve() else ' or inside it'}; "
+                          "give benchlib lab another folder (--dir), where the working copies can change")
+    _check_folder(folder)
     copied, edited = [], []
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for name, path in available_notebooks(source).items():
             copy = folder / f"{name}.ipynb"
+            if copy.is_symlink() and not copy.exists():
+                raise RunnerError(f"{copy} is a link to {os.readlink(copy)}, which does not exist; benchlib never "
+                                  "writes through a link (remove it)")
             if not copy.exists():
-                shutil.copyfile(path, copy)
+                _copy_new(path, copy)
                 copied.append(name)
             elif sources(copy) != sources(path):
                 edited.append(name)
@@ -190,8 +212,6 @@ def working_copies(folder: Path, notebooks_dir: Path | None) -> tuple[list[str],
 
 
 def _lab(folder: Path, notebooks_dir: Path | None, jupyter_args: Sequence[str]) -> int:
-    import os
-
     from benchlib.records.store import RESULTS_ROOT_ENV, default_results_root
 
     copied, edited = working_copies(folder, notebooks_dir)
