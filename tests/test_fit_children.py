@@ -80,3 +80,33 @@ def test_a_file_that_hangs_at_import_is_refused_within_the_form_checks_limit(tmp
     code, out, _, _ = _fit(tmp_path, "sleep at import", "--at", "n=8", timeout=60,
                            env={"BENCHLIB_FORM_CHECK_TIMEOUT": "3"})
     assert code == 2 and "the form check did not finish within 3 s" in out
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_fit_keeps_every_point_measured_before_it(tmp_path):
+    import signal
+
+    path = tmp_path / "hostile.py"
+    path.write_text(textwrap.dedent(HOSTILE).replace("x.shape[0] > 100", "x.shape[0] > 20")
+                    .replace('PARAMETERS = {"n": 64}', 'PARAMETERS = {"n": 64}\nQUICK = {"n": 4}'))
+    process = subprocess.Popen([sys.executable, "-m", "benchlib.runner.cli", "fit", str(path), "--memory", "2GB",
+                                "--engines", "torch", "--scale", "n", "--out", str(tmp_path / "out")],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "HOSTILE_MODE": "sleep", "HOSTILE_PIDS": str(tmp_path / "pids")})
+    seen = []
+    for line in process.stdout:  # n=8 and n=16 are measured; n=32's loss sleeps: stop the fit there
+        seen.append(line)
+        if "hostile torch n=16:" in line:
+            process.send_signal(signal.SIGINT)
+            break
+    out = "".join(seen) + process.communicate(timeout=120)[0]
+    assert process.returncode == 130, out
+    assert "interrupted: what was measured is in" in out
+    (run,) = (tmp_path / "out").iterdir()
+    from benchlib.records import load_records
+    from benchlib.records.store import load_run_info
+
+    records = load_records(run)
+    measured = records[records["metric"] == "fit_total_bytes"]
+    assert sorted(measured["params"].map(lambda p: __import__("json").loads(p)["value"])) == [8, 16]
+    assert load_run_info(run)["interrupted"] is True and (run / "report.html").is_file()

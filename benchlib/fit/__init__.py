@@ -5,7 +5,8 @@ machine holds the limit, predicted with an interval where it cannot (`predicted`
 The rooms, each one job: `asking` (the question, checked before any work), `sizing` (size models and the one
 search they share), `tracing` (a step's bytes under fake tensors), `measured` (fresh processes, the march toward
 the answer, confirmation), `predicted` (CUDA through an allocator model), `result` (the answers, lines and
-records), `pace` (progress). The answer's table for report.html is `benchlib.report.tables.fit`.
+records), `pace` (progress), `in_child` (every call of the user's code, each in a process of its own), `advice`
+(which blocks to checkpoint where eager does not fit). The answer's table for report.html is `benchlib.report.tables.fit`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from benchlib.lazy_exports import lazy_exports
 
 _HOMES = {
     "FitError": "asking",
+    "FitInterrupted": "asking",
     "MemoryLimit": "asking",
     "fit": "largest",
     "fit_at": "at",

@@ -22,6 +22,15 @@ class FitError(ValueError):
     measure at three points, a size that does not parse): refused before anything is measured."""
 
 
+class FitInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) during a fit, carrying what was measured before it (`result`: a `FitResult` or an
+    `AtResult`), so the command saves it before it stops."""
+
+    def __init__(self, result: Any, signal_name: str = ""):
+        super().__init__()
+        self.result, self.signal_name = result, signal_name
+
+
 @dataclass(frozen=True)
 class MemoryLimit:
     """A limit with headroom: `size` ("24 GiB", bytes) of which `margin` (a fraction) is kept free."""
@@ -31,12 +40,27 @@ class MemoryLimit:
 
 
 DEFAULT_TIMEOUT_S = 600.0  # each process fit starts (a measured step, a trace), as `run_isolated`'s default
+TIMEOUT_ENV = "BENCHLIB_FIT_TIMEOUT"  # seconds each of fit's processes may take (`benchlib fit --timeout` sets it)
+
+
+def process_timeout() -> float:
+    """The time each of fit's processes may take: `BENCHLIB_FIT_TIMEOUT` seconds, else `DEFAULT_TIMEOUT_S`."""
+    import os
+
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    try:
+        value = float(text) if text else DEFAULT_TIMEOUT_S
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1e9:
+        raise FitError(f"{TIMEOUT_ENV} must be a number of seconds > 0, got {text!r}")
+    return value
 
 
 @dataclass(frozen=True)
 class FitFile(FileFacts):
     """The model file as `fit` holds it: the facts a child read (none of the user's code runs in fit's process),
-    and the time each of its processes may take (`--timeout`)."""
+    and the time each of its processes may take (`process_timeout`: `--timeout`)."""
 
     timeout_s: float = DEFAULT_TIMEOUT_S
 
@@ -66,11 +90,11 @@ class Question:
 
 
 def ask(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | None,
-        params: Mapping[str, Any] | None, timeout_s: float | None = None) -> Question:
+        params: Mapping[str, Any] | None) -> Question:
     """The `Question` of a fit of the model file at `path` over `scale` under `memory` (a size, or a `MemoryLimit`),
     or FitError. Without `engines`, the form's engines (sweeps left out) and the combinations `-p combinations` adds
     (default: the ones users reach for). The file is read and form-checked in a child (`read_in_child`), as `run`
-    reads it; `timeout_s` limits each process fit starts later (default: `DEFAULT_TIMEOUT_S`)."""
+    reads it; each process fit starts later may take `process_timeout()`."""
     from benchlib.engines.techniques import CombinationError, added_combinations, technique_registry
     from benchlib.usermodel.case import combination_of
     from benchlib.usermodel.declare import declaration
@@ -95,7 +119,7 @@ def ask(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | None
     if facts.arrays:
         raise FitError(f"{facts.path}: fit takes a model file in the torch form (this one is in the array form)")
     benchmark, form = declaration([facts], False, functools.partial(measure_reading, [str(facts.path)])), TORCH_FORM
-    model_file = FitFile.of(facts) if timeout_s is None else FitFile.of(facts, timeout_s)
+    model_file = FitFile.of(facts, process_timeout())
     if scale not in model_file.parameters:
         raise FitError(f"--scale {scale!r} is not a parameter of {model_file.path.name}; its parameters: "
                        f"{', '.join(model_file.parameters) or 'none'}")

@@ -14,7 +14,7 @@ from typing import Any
 from benchlib.engine_names import REFERENCE
 from benchlib.fit import in_child, measured
 from benchlib.fit.advice import CheckpointAdvice, EagerStep, advise
-from benchlib.fit.asking import MemoryLimit, ask, parse_at
+from benchlib.fit.asking import FitInterrupted, MemoryLimit, ask, parse_at
 from benchlib.fit.largest import fit
 from benchlib.fit.result import MEASURED
 from benchlib.units import format_bytes, format_seconds
@@ -114,9 +114,33 @@ def _advice(model_file, values: dict, device, eager: EagerStep, result: AtResult
     return advice
 
 
+def _measure_each(model_file, values: dict, device, engines: Mapping[str, str | None], result: AtResult,
+                  progress: Callable[[str], None]) -> None:
+    """Each engine at the value in a fresh process (`engines`: engine -> why it does not apply, None where it does),
+    into `result`; where eager torch is over, the checkpoint plan of its blocks (`_advice`)."""
+    scale, value = result.scale, result.value
+    eager = None
+    for engine, reason in engines.items():
+        if reason is not None:
+            result.engines.append(AtEngine(engine, reason=f"not applicable: {reason}"))
+            continue
+        by_module = {"by_module": []} if engine == REFERENCE else {}  # where eager is over: its blocks' bytes
+        outcome = measured.measure_step(model_file, engine, values, device, **by_module)  # the one measurement
+        if isinstance(outcome, str):
+            result.engines.append(AtEngine(engine, reason=outcome))
+        else:
+            result.engines.append(AtEngine(engine, total=outcome[0], seconds=outcome[1]))
+            if by_module and outcome[0] > result.usable:
+                eager = EagerStep(outcome[0], by_module["by_module"])
+        progress(f"{model_file.name} {engine} {scale}={value}: "
+                 + (outcome if isinstance(outcome, str) else f"{format_bytes(outcome[0])}, "
+                    f"{format_seconds(outcome[1])}/step"))
+    if eager is not None:  # eager does not fit: which of its blocks to checkpoint, measured as an engine
+        result.advice = _advice(model_file, values, device, eager, result, progress)
+
+
 def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engines: Sequence[str] | None = None,
-           params: Mapping[str, Any] | None = None, progress: Callable[[str], None] = print,
-           timeout_s: float | None = None) -> AtResult:
+           params: Mapping[str, Any] | None = None, progress: Callable[[str], None] = print) -> AtResult:
     """Every engine at `at` (NAME=VALUE) under `memory` (a size, or a `MemoryLimit`): measured in a fresh process each where this machine can hold
     the limit, else predicted by `fit`'s size model over the parameter, with its out-of-sample error as interval."""
     from benchlib.measure import resolve_device
@@ -124,7 +148,7 @@ def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engin
     from benchlib.measure.isolation import available_memory
 
     scale, value = parse_at(at)
-    question = ask(path, memory, scale, engines, {**(params or {}), scale: value}, timeout_s)
+    question = ask(path, memory, scale, engines, {**(params or {}), scale: value})
     model_file, values, limit, margin, chosen = (question.model_file, question.values, question.limit,
                                                  question.margin, question.engines)
     predicted = cuda_without_gpu(device)
@@ -133,27 +157,14 @@ def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engin
         total = "the allocator's reserved peak" if target.is_cuda else "the process's resident high-water mark"
         result = AtResult(model_file.name, scale, value, limit, margin, target.name, total)
         reasons = in_child.plan(model_file, values, target, chosen).reasons
-        eager = None
-        for engine in chosen:
-            if engine in reasons:
-                result.engines.append(AtEngine(engine, reason=f"not applicable: {reasons[engine]}"))
-                continue
-            by_module = {"by_module": []} if engine == REFERENCE else {}  # where eager is over: its blocks' bytes
-            outcome = measured.measure_step(model_file, engine, values, target, **by_module)  # the one measurement
-            if isinstance(outcome, str):
-                result.engines.append(AtEngine(engine, reason=outcome))
-            else:
-                result.engines.append(AtEngine(engine, total=outcome[0], seconds=outcome[1]))
-                if by_module and outcome[0] > result.usable:
-                    eager = EagerStep(outcome[0], by_module["by_module"])
-            progress(f"{model_file.name} {engine} {scale}={value}: "
-                     + (outcome if isinstance(outcome, str) else f"{format_bytes(outcome[0])}, "
-                        f"{format_seconds(outcome[1])}/step"))
-        if eager is not None:  # eager does not fit: which of its blocks to checkpoint, measured as an engine
-            result.advice = _advice(model_file, values, target, eager, result, progress)
+        try:
+            _measure_each(model_file, values, target, {engine: reasons.get(engine) for engine in chosen}, result,
+                          progress)
+        except KeyboardInterrupt as stopped:  # what was measured goes with it, for the command to save
+            raise FitInterrupted(result, getattr(stopped, "signal_name", "")) from None
         return result
     fitted = fit(path, memory=MemoryLimit(limit, margin), scale=scale, device=device, engines=chosen,
-                 params={**(params or {}), scale: value}, verify=False, progress=progress, timeout_s=timeout_s)
+                 params={**(params or {}), scale: value}, verify=False, progress=progress)
     result = AtResult(fitted.name, scale, value, limit, margin, fitted.device, fitted.total)
     for engine_fit in fitted.engines:
         if engine_fit.model is None:

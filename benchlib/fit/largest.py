@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchlib.fit.asking import FitError, Question, ask, scale_points
+from benchlib.fit.asking import FitError, FitInterrupted, Question, ask, scale_points
 from benchlib.fit import in_child, measured
 from benchlib.fit.measured import FAILED, REACH, approach, check_at, confirm, fit_model, hold, step_down
 from benchlib.fit.pace import Pace
@@ -37,18 +37,18 @@ __all__ = ["REACH", "fit"]
 
 def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engines: Sequence[str] | None = None,
         params: Mapping[str, Any] | None = None, verify: bool | None = None,
-        progress: Callable[[str], None] = print, timeout_s: float | None = None) -> FitResult:
+        progress: Callable[[str], None] = print) -> FitResult:
     """Fit every engine of the model file at `path` (the torch form) to the memory limit `memory` (bytes, or
     "24 GB", "80 GiB"..., or a `MemoryLimit` that keeps a margin free) over the integer parameter `scale`; see the
     module's docstring. Without `engines`, the form's and the combinations `-p combinations` adds (default: the
     ones users reach for). `verify` (default: wherever this machine can hold the limit) measures the answers in
     fresh processes before they are given. Every call of the file's code runs in a child, each limited to
-    `timeout_s` (default `DEFAULT_TIMEOUT_S`; reading the file: the form check's limit)."""
+    `asking.process_timeout()` (`BENCHLIB_FIT_TIMEOUT`; reading the file: the form check's limit)."""
     from benchlib.measure import Device, resolve_device
     from benchlib.measure.devices import cuda_without_gpu
     from benchlib.measure.isolation import available_memory
 
-    question = ask(path, memory, scale, engines, params, timeout_s)
+    question = ask(path, memory, scale, engines, params)
     model_file, values = question.model_file, question.values
     predicted = cuda_without_gpu(device)
     if predicted and verify:
@@ -60,20 +60,21 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
         verify = not predicted and question.limit <= available_memory(target)
     fits = _applicable(question, target, progress)
     if predicted:
-        from benchlib.fit.predicted import predict_fit
-
-        result = predict_fit(model_file, fits, values, scale, question.usable, target.name, progress)
+        result = _predict_all(model_file, fits, values, scale, question.usable, target.name, progress)
         return dataclasses.replace(result, limit=question.limit, margin=question.margin)
-    pace = Pace(progress)
-    named = [engine_fit for engine_fit in fits if engine_fit.engine not in question.added]
-    _measure_all(named, question, scale, target, pace)
-    added = [engine_fit for engine_fit in fits if engine_fit.engine in question.added]
-    frontier = _predict_added(added, named, question, scale, points, pace.say)
-    _measure_all(frontier, question, scale, target, pace)
     total = "the allocator's reserved peak" if target.is_cuda else "the process's resident high-water mark"
     result = FitResult(model_file.name, scale, question.limit, target.name, total, fits, margin=question.margin)
-    if verify:
-        _confirm(result, question, target, pace)
+    pace = Pace(progress)
+    try:
+        named = [engine_fit for engine_fit in fits if engine_fit.engine not in question.added]
+        _measure_all(named, question, scale, target, pace)
+        added = [engine_fit for engine_fit in fits if engine_fit.engine in question.added]
+        frontier = _predict_added(added, named, question, scale, points, pace.say)
+        _measure_all(frontier, question, scale, target, pace)
+        if verify:
+            _confirm(result, question, target, pace)
+    except KeyboardInterrupt as stopped:  # what was measured goes with it, for the command to save
+        raise FitInterrupted(result, getattr(stopped, "signal_name", "")) from None
     return result
 
 
@@ -224,3 +225,38 @@ def _confirm(result: FitResult, question: Question, device, pace: Pace) -> None:
     fastest, common = result.fastest, result.common_value
     if fastest is not None and common is not None and common < SEARCH_LIMIT:
         check_at(fastest, common, measuring(fastest), usable)
+
+
+def _predict_all(model_file, fits: list[EngineFit], values: dict, scale: str, limit: float, device: str,
+                progress: Callable[[str], None]) -> FitResult:
+    """`fit`'s answer on a machine without a GPU (`fits`: the engines, with the plan's reasons already set): each
+    engine predicted in a child of its own (`predicted.predict_engine`), and the size model of its traced points recorded
+    with its check error."""
+    from benchlib.fit.predicted import BASIS
+    from benchlib.fit.sizing import choose_model
+    from benchlib.usermodel.case import combination_of
+
+    unseen: set[str] = set()
+    for engine_fit in fits:
+        if engine_fit.reason:
+            continue
+        untraceable = combination_of(model_file, engine_fit.engine).untraceable
+        if untraceable is not None:
+            engine_fit.reason = "not predicted: " + untraceable
+            continue
+        made = in_child.predicted_engine(model_file, engine_fit.engine, values, scale, limit)
+        if "reason" in made:
+            engine_fit.reason = made["reason"]
+            progress(f"{model_file.name} {engine_fit.engine}: {engine_fit.reason}")
+            continue
+        engine_fit.traced = {int(value): reserved for value, reserved in made["traced"].items()}
+        unseen.update(made["unseen"])
+        engine_fit.model = choose_model(list(engine_fit.traced), list(engine_fit.traced.values()))
+        largest, reach = made["largest"], made["reach"]
+        if largest is not None and largest == reach:  # fits at the farthest value traced: the size model says beyond
+            largest = engine_fit.model.largest_under(limit, reach) or reach
+        engine_fit.max_fitting = largest
+        progress(f"{model_file.name} {engine_fit.engine}: traced at {len(engine_fit.traced)} values of {scale}; "
+                 f"reserved at {scale}={values[scale]}: {format_bytes(engine_fit.traced[values[scale]])} ({BASIS})")
+    return FitResult(model_file.name, scale, limit, device, f"the allocator's reserved peak, {BASIS}", fits,
+                     basis=BASIS, unseen=sorted(unseen))

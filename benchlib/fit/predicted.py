@@ -27,11 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchlib.fit.asking import scale_points
-from benchlib.fit.result import EngineFit, FitResult
-from benchlib.fit.sizing import SEARCH_LIMIT, TRACE_REACH, choose_model, largest_where
+from benchlib.fit.sizing import SEARCH_LIMIT, TRACE_REACH, largest_where
 from benchlib.fit.tracing import untraced_reason
 from benchlib.measure.caching_allocator import CachingAllocatorModel
-from benchlib.units import format_bytes
 
 BASIS = "predicted, not measured on a GPU"
 CUBLAS_WORKSPACES = (32 << 20, 32 << 20)  # cuBLAS's, for the caller's thread and autograd's (Hopper, torch 2.11)
@@ -188,37 +186,3 @@ def predict_engine(model_file, engine: str, values: Mapping[str, Any], scale: st
         return {"reason": f"not predicted: its step could not be traced under fake tensors ({untraced_reason(error)})"}
     return {"traced": {str(value): reserved for value, reserved in sorted(traced.items())}, "largest": largest,
             "reach": reach, "unseen": sorted(set().union(*(prediction.unseen for prediction in grid.values())))}
-
-
-def predict_fit(model_file, fits: list[EngineFit], values: dict, scale: str, limit: float, device: str,
-                progress: Callable[[str], None]) -> FitResult:
-    """`fit`'s answer on a machine without a GPU (`fits`: the engines, with the plan's reasons already set): each
-    engine predicted in a child of its own (`predict_engine`), and the size model of its traced points recorded
-    with its check error."""
-    from benchlib.fit import in_child
-    from benchlib.usermodel.case import combination_of
-
-    unseen: set[str] = set()
-    for engine_fit in fits:
-        if engine_fit.reason:
-            continue
-        untraceable = combination_of(model_file, engine_fit.engine).untraceable
-        if untraceable is not None:
-            engine_fit.reason = "not predicted: " + untraceable
-            continue
-        made = in_child.predicted_engine(model_file, engine_fit.engine, values, scale, limit)
-        if "reason" in made:
-            engine_fit.reason = made["reason"]
-            progress(f"{model_file.name} {engine_fit.engine}: {engine_fit.reason}")
-            continue
-        engine_fit.traced = {int(value): reserved for value, reserved in made["traced"].items()}
-        unseen.update(made["unseen"])
-        engine_fit.model = choose_model(list(engine_fit.traced), list(engine_fit.traced.values()))
-        largest, reach = made["largest"], made["reach"]
-        if largest is not None and largest == reach:  # fits at the farthest value traced: the size model says beyond
-            largest = engine_fit.model.largest_under(limit, reach) or reach
-        engine_fit.max_fitting = largest
-        progress(f"{model_file.name} {engine_fit.engine}: traced at {len(engine_fit.traced)} values of {scale}; "
-                 f"reserved at {scale}={values[scale]}: {format_bytes(engine_fit.traced[values[scale]])} ({BASIS})")
-    return FitResult(model_file.name, scale, limit, device, f"the allocator's reserved peak, {BASIS}", fits,
-                     basis=BASIS, unseen=sorted(unseen))

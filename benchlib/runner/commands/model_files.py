@@ -4,6 +4,8 @@ file's parameter that fits a memory limit, printed, with its records, figure and
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,8 +56,8 @@ def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:
                                  "value (default: on wherever this machine can hold --memory; --no-verify skips)")
     fit_parser.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",
                             help="the longest each of fit's processes may take (a measured step, a trace): one that "
-                                 "runs longer is killed and said, and fit goes on (default: 600; reading and checking "
-                                 "the file: BENCHLIB_FORM_CHECK_TIMEOUT, as for run)")
+                                 "runs longer is killed and said, and fit goes on (default: BENCHLIB_FIT_TIMEOUT, else "
+                                 "600; reading and checking the file: BENCHLIB_FORM_CHECK_TIMEOUT, as for run)")
     fit_parser.add_argument("--margin", default="0", metavar="SHARE",
                             help="headroom kept free of the limit: '10%%' or 0.1 (default: none)")
     fit_parser.add_argument("--out", type=Path, default=None, metavar="DIR",
@@ -105,7 +107,8 @@ def fit_command(arguments: argparse.Namespace) -> int:
     (refusals raise)."""
     import pandas as pd
 
-    from benchlib.fit import FitError, MemoryLimit, fit
+    from benchlib.fit import FitError, FitInterrupted, MemoryLimit, fit
+    from benchlib.fit.asking import TIMEOUT_ENV
     from benchlib.measure import resolve_device
     from benchlib.records.store import now_iso
     from benchlib.report.plots.usermodel import fit_figure
@@ -116,12 +119,17 @@ def fit_command(arguments: argparse.Namespace) -> int:
     if (scale is None) == (arguments.at is None):
         raise FitError("give --scale PARAM (the largest value that fits) or --at PARAM=VALUE (which engines fit that "
                        "value), one of them")
+    if arguments.timeout is not None:  # read by every process fit starts, as BENCHLIB_FORM_CHECK_TIMEOUT is
+        os.environ[TIMEOUT_ENV] = str(arguments.timeout)
     started, started_at = time.monotonic(), now_iso()
     if arguments.at is not None:
         return _fit_at(arguments, chosen, started, started_at)
-    result = fit(file, memory=MemoryLimit(arguments.memory, _share(arguments.margin)), scale=scale, device=device,
-                 engines=chosen, params=parse_assignments(arguments.param), verify=arguments.verify,
-                 timeout_s=arguments.timeout)
+    try:
+        result = fit(file, memory=MemoryLimit(arguments.memory, _share(arguments.margin)), scale=scale, device=device,
+                     engines=chosen, params=parse_assignments(arguments.param), verify=arguments.verify)
+    except FitInterrupted as stopped:
+        _save_interrupted(arguments, stopped, f"{stopped.result.name}_fit", started, started_at,
+                          pd.DataFrame(stopped.result.rows()))
     print("\n".join(result.lines()))
     question = (f"What is the largest {scale} at which {Path(file).name}'s step fits in {arguments.memory}, and under "
                 "which engine?")
@@ -138,12 +146,15 @@ def _fit_at(arguments: argparse.Namespace, chosen: list[str] | None, started: fl
     """`fit --at`: every engine at the value, printed fastest first among those that fit, saved as a run."""
     import pandas as pd
 
-    from benchlib.fit import MemoryLimit, fit_at
+    from benchlib.fit import FitInterrupted, MemoryLimit, fit_at
     from benchlib.report.page import HEADLINE_SUFFIX, SUMMARY_COLUMN
 
-    result = fit_at(arguments.file, memory=MemoryLimit(arguments.memory, _share(arguments.margin)), at=arguments.at,
-                    device=arguments.device, engines=chosen, params=parse_assignments(arguments.param),
-                    timeout_s=arguments.timeout)
+    try:
+        result = fit_at(arguments.file, memory=MemoryLimit(arguments.memory, _share(arguments.margin)), at=arguments.at,
+                        device=arguments.device, engines=chosen, params=parse_assignments(arguments.param))
+    except FitInterrupted as stopped:
+        _save_interrupted(arguments, stopped, f"{stopped.result.name}_fit_at", started, started_at,
+                          pd.DataFrame({SUMMARY_COLUMN: stopped.result.lines()}))
     print("\n".join(result.lines()))
     question = (f"Which engines fit {Path(arguments.file).name}'s step at {result.scale}={result.value} in "
                 f"{arguments.memory}, and which is fastest?")
@@ -165,6 +176,22 @@ def _saved(arguments: argparse.Namespace, result, name: str, question: str, devi
     frame = run.save_records(result.records(), result.name)
     run.save_table(headline, f"{result.name}{suffix}")
     return run, frame
+
+
+def _save_interrupted(arguments: argparse.Namespace, stopped, name: str, started: float, started_at: str,
+                      headline) -> None:
+    """Ctrl-C (or SIGTERM) during a fit: what it measured saved as an interrupted run, with its report, then the
+    interrupt goes on to the command's end (exit 130)."""
+    from benchlib.report.page import HEADLINE_SUFFIX, write_report
+
+    result = stopped.result
+    run, _ = _saved(arguments, result, name, f"{Path(arguments.file).name}'s fit, interrupted", result.device,
+                    started_at, headline, HEADLINE_SUFFIX)
+    run.record_notebook(name, status="interrupted", benchmarks=[result.name], path=str(Path(arguments.file).resolve()),
+                        duration_s=round(time.monotonic() - started, 3))
+    run.finish(interrupted=True)
+    print(f"interrupted: what was measured is in {run.path} (report: {write_report(run.path)})", file=sys.stderr)
+    raise KeyboardInterrupt from stopped
 
 
 def _finished(run, arguments: argparse.Namespace, name: str, benchmark: str, started: float, status: int) -> int:
