@@ -150,10 +150,11 @@ def test_the_answer_is_confirmed_by_measurement_by_default_and_no_verify_skips_i
     (["--memory", "1 GB", "--scale", "batch"], "'batch' is not a parameter of tiny.py; its parameters: width, n"),
     (["--memory", "1 GB", "--scale", "n", "--engines", "torch,jax"], "--engines: 'jax' is no technique; valid: torch"),
     (["--memory", "1 GB", "--scale", "n", "-p", "n=2"], "only 2 distinct values"),
+    (["--memory", "1 GB", "--scale", "n", "--out", "/dev/null/runs"], "cannot be created: '/dev/null' is a file"),
 ])
 def test_bad_input_is_refused_with_exit_2_before_anything_is_measured(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.setattr(measured, "measure_step", None)  # any measurement would raise
-    assert main(["fit", str(model_file(tmp_path)), *argv, "--out", str(tmp_path / "out")]) == 2
+    assert main(["fit", str(model_file(tmp_path)), "--out", str(tmp_path / "out"), *argv]) == 2  # a later --out wins
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
@@ -384,7 +385,7 @@ def test_at_a_limit_this_machine_cannot_hold_the_totals_are_predicted_with_their
 ])
 def test_at_refuses_what_it_cannot_answer_before_anything_is_measured(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.setattr(measured, "measure_step", None)
-    assert main(["fit", str(model_file(tmp_path)), *argv, "--out", str(tmp_path / "out")]) == 2
+    assert main(["fit", str(model_file(tmp_path)), "--out", str(tmp_path / "out"), *argv]) == 2  # a later --out wins
     assert message in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 

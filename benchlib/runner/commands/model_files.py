@@ -119,6 +119,10 @@ def fit_command(arguments: argparse.Namespace) -> int:
     if (scale is None) == (arguments.at is None):
         raise FitError("give --scale PARAM (the largest value that fits) or --at PARAM=VALUE (which engines fit that "
                        "value), one of them")
+    from benchlib.records.store import default_results_root
+    from benchlib.runner.preflight import check_out_dir
+
+    check_out_dir(arguments.out or default_results_root())  # before anything is measured, as `run` refuses it
     if arguments.timeout is not None:  # read by every process fit starts, as BENCHLIB_FORM_CHECK_TIMEOUT is
         os.environ[TIMEOUT_ENV] = str(arguments.timeout)
     started, started_at = time.monotonic(), now_iso()
