@@ -64,3 +64,36 @@ def test_verify_never_answers_a_value_whose_check_was_killed(tmp_path, monkeypat
     assert checked and all(torch_fit.largest < value for value in checked)
     assert torch_fit.largest == 64
     assert "killed by SIGKILL" in "\n".join(result.lines())
+
+
+def test_totals_that_do_not_grow_are_measured_farther_out_and_never_answer_any_value(tmp_path, monkeypatch):
+    from benchlib.fit.sizing import grows
+
+    asked = []
+
+    def flat(_file, engine, values, _device, **_options):  # noise around 100 MB, falling a little with the value
+        asked.append(values["n"])
+        return int(100 * MB - values["n"] * 10 + (values["n"] % 3) * 200_000), 1e-3
+
+    monkeypatch.setattr(measured, "measure_step", flat)
+    result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch"], params={"n": 64},
+                 verify=False, progress=lambda line: None)
+    (torch_fit,) = result.engines
+    assert asked[:4] == [8, 16, 32, 64] and asked[4:8] == [512, 4096, 32768, 262144]  # 8x farther, four times
+    assert not grows([(value, total) for value, total, _ in torch_fit.points])
+    assert torch_fit.largest == 262144  # the largest value measured: nothing read from a slope of noise
+    lines = "\n".join(result.lines())
+    assert "any value" not in lines and "does not measurably grow from n=8 to 262144" in lines
+    assert "its batch alone would take it to the limit at n=" in lines  # 16 bytes a sample: near 6.3 million
+
+
+def test_totals_that_grow_farther_out_are_fitted_from_there(tmp_path, monkeypatch):
+    def late(_file, engine, values, _device, **_options):  # flat to 64; 1 kB a sample shows from 512 on
+        return int(100 * MB + values["n"] * 1000), 1e-3
+
+    monkeypatch.setattr(measured, "measure_step", late)
+    result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch"], params={"n": 64},
+                 verify=False, progress=lambda line: None)
+    (torch_fit,) = result.engines
+    assert not torch_fit.flat and 512 in [value for value, _, _ in torch_fit.points]
+    assert abs(torch_fit.largest - 100_600) <= 1  # the line through the points, now that it rises

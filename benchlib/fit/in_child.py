@@ -66,6 +66,13 @@ def blocks(model_file, values: Mapping[str, Any]) -> list[str]:
                  timeout_s=form_check_timeout(), values=dict(values))
 
 
+def batch_bytes(model_file, values: Mapping[str, Any], scale: str, at: int) -> int:
+    """Bytes of the batch alone at `scale`=`at` (its tensors' storages), built in a child (at a value whose step was
+    measured, so it fits): what a step needs at the least, to scale to larger values."""
+    return int(_call("_in_child_batch_bytes", model_file, "building the batch", values=dict(values), scale=scale,
+                     at=int(at)))
+
+
 def predicted_engine(model_file, engine: str, values: Mapping[str, Any], scale: str, limit: float) -> dict:
     """`predicted.predict_engine` run in a child: the engine's CUDA reserved peaks traced over its grid and search,
     or {"reason": ...} where its step could not be traced."""
@@ -105,6 +112,16 @@ def _in_child_blocks(*, device, path: str, values: dict) -> list[str]:
 
     model, _ = read_model_file(path).build(values)
     return checkpoint_blocks(model)
+
+
+def _in_child_batch_bytes(*, device, path: str, values: dict, scale: str, at: int) -> int:
+    import torch
+
+    from benchlib.usermodel.loader import read_model_file
+
+    made = read_model_file(path).batch(**{**values, scale: at})  # the batch alone: no model is built
+    tensors = made if isinstance(made, (tuple, list)) else (made,)
+    return sum(tensor.untyped_storage().nbytes() for tensor in tensors if isinstance(tensor, torch.Tensor))
 
 
 def _in_child_predicted(*, device, path: str, values: dict, engine: str, scale: str, limit: float) -> dict:

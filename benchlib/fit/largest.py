@@ -24,7 +24,8 @@ from typing import Any
 
 from benchlib.fit.asking import FitError, FitInterrupted, Question, ask, scale_points
 from benchlib.fit import in_child, measured
-from benchlib.fit.measured import FAILED, REACH, approach, check_at, confirm, fit_model, hold, step_down
+from benchlib.fit.measured import (FAILED, REACH, approach, check_at, confirm, fit_model, hold, step_down,
+                                   until_it_grows)
 from benchlib.fit.pace import Pace
 from benchlib.fit.result import EngineFit, FitResult
 from benchlib.fit.sizing import MIN_POINTS, SEARCH_LIMIT, TRACE, SizeModel
@@ -126,6 +127,7 @@ def _measure_all(fits: list[EngineFit], question: Question, scale: str, device, 
             engine_fit.reason = (f"{len(engine_fit.points)} of {len(points)} values measured, {MIN_POINTS} needed: "
                                  + "; ".join(f"{scale}={value}: {outcome}" for value, outcome in refusals))
             continue
+        until_it_grows(engine_fit, model_file, values, scale, device, question.usable, pace)
         fit_model(engine_fit, model_file, values, scale, pace.say)
         approach(engine_fit, model_file, values, scale, device, question.usable, pace)
         engine_fit.max_fitting = engine_fit.answer(question.usable)

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from benchlib.fit.asking import DEFAULT_TIMEOUT_S
 from benchlib.fit.pace import Pace
 from benchlib.fit.result import EngineFit
-from benchlib.fit.sizing import SEARCH_LIMIT, TRACE_TRUSTED, choose_model, trace_model, trace_values
+from benchlib.fit.sizing import (GROWTH_RESOLUTION, SEARCH_LIMIT, TRACE_TRUSTED, choose_model, grows, trace_model,
+                                 trace_values)
 from benchlib.records.metrics import CUDA_RESERVED_PEAK
 from benchlib.units import format_bytes, format_seconds
 
@@ -100,6 +101,54 @@ def _trace(engine_fit: EngineFit, model_file, values: dict, scale: str, progress
              f"the trace model predicted the largest measured total within {100 * model.check_error:.1f}%")
     if model.check_error <= TRACE_TRUSTED:
         engine_fit.model = model
+
+
+FLAT_REACH = 8  # a total that does not measurably grow is measured again this many times farther out
+FLAT_STEPS = 4  # points measured farther out at most, before the answer stays the largest value measured
+
+
+def until_it_grows(engine_fit: EngineFit, model_file, values: dict, scale: str, device, limit: float,
+                   pace: Pace) -> None:
+    """Where the totals measured do not rise past the measurement's resolution (`sizing.grows`), points farther out
+    (`FLAT_REACH` times the largest, `FLAT_STEPS` at most) until they do: a slope read from noise can say any value
+    fits, or turn negative. A value whose batch alone would take the step past the limit, or past what this machine
+    has, is not measured. Where the totals still do not grow, `flat` says so, with the value at which the batch alone
+    would reach the limit, and the answer is the largest value measured (`EngineFit.answer`)."""
+    from benchlib.fit import in_child
+    from benchlib.measure.isolation import available_memory
+
+    points = sorted((value, total) for value, total, _ in engine_fit.points)
+    if grows(points):
+        return
+    (below, _), (largest, _) = points[-2], points[-1]
+    per_unit = (in_child.batch_bytes(model_file, values, scale, largest)
+                - in_child.batch_bytes(model_file, values, scale, below)) / (largest - below)
+    room = min(limit, available_memory(device))
+    for _ in range(FLAT_STEPS):
+        largest, total = max(points)
+        value = _multiple(largest * FLAT_REACH, engine_fit.multiple)
+        if total + per_unit * (value - largest) > room:
+            break
+        pace.plan([value])
+        outcome = measure_step(model_file, engine_fit.engine, {**values, scale: value}, device)
+        pace.done(f"{model_file.name} {engine_fit.engine} {scale}={value} (farther out: the totals did not grow): "
+                  + (outcome if isinstance(outcome, str) else f"{format_bytes(outcome[0])}"), value)
+        if isinstance(outcome, str):
+            if outcome.startswith(FAILED):
+                engine_fit.failed[value] = outcome
+            break
+        engine_fit.points.append((value, *outcome))
+        points = sorted((v, t) for v, t, _ in engine_fit.points)
+        if grows(points):
+            return
+    if grows(points):
+        return
+    low, high = points[0], max(points)
+    reach = "" if per_unit <= 0 else (f"; its batch alone would take it to the limit at {scale}="
+                                      f"{int(high[0] + (limit - high[1]) / per_unit)}")
+    engine_fit.flat = (f"its total does not measurably grow from {scale}={low[0]} to {high[0]} ({format_bytes(low[1])} "
+                       f"to {format_bytes(high[1])}: less than the {100 * GROWTH_RESOLUTION:.0f}% fresh processes' "
+                       f"totals vary), so no size model is read past what was measured{reach}")
 
 
 def approach(engine_fit: EngineFit, model_file, values: dict, scale: str, device, limit: float, pace: Pace) -> None:
@@ -227,6 +276,8 @@ def largest_measured(measure: Callable[[int], tuple[int, float] | str], engine_f
     bracketed, so a prediction that is far off costs a few processes, not one per doubling. None where a
     measurement failed, nothing measured is under the limit, or the next value would not fit this machine
     (`affordable` bytes)."""
+    if engine_fit.flat:  # no line to follow where the totals do not grow: the largest value measured stands
+        return None
     interpolated = False
     while True:
         totals = {value: total for value, total, _ in engine_fit.points} | engine_fit.checked

@@ -61,6 +61,7 @@ class EngineFit:
     multiple: int = 1  # what the values asked beyond the grid are multiples of (micro-batches split evenly)
     failed: dict[int, str] = field(default_factory=dict)  # value -> why its step failed there (raised, killed, timed
     # out): every answer stays below the smallest
+    flat: str = ""  # why no size model is read: its totals do not measurably grow over the values measured
 
     @property
     def ceiling(self) -> int | None:
@@ -83,13 +84,15 @@ class EngineFit:
     def answer(self, limit: float) -> int | None:
         """The largest value whose predicted total, raised by the size model's own out-of-sample error (its upper
         bound), stays under `limit`, and never below a measured value whose measured total does; None when no
-        measured total is under it. Where the step failed at some value, the largest value measured under `limit`
-        below it."""
+        measured total is under it. Where the step failed at some value, or its totals do not grow (`flat`), the
+        largest value measured under `limit` (below the failure)."""
         under = [value for value, total, _ in self.points if total <= limit]
         ceiling = self.ceiling
-        if ceiling is not None:  # past a failure nothing is extrapolated: the largest value measured under it
+        if ceiling is not None or self.flat:  # past a failure, or from totals that do not grow, nothing is
+            # extrapolated: the largest value measured under the limit (below the failure)
             measured = {value: total for value, total, _ in self.points} | self.checked
-            return max((value for value, total in measured.items() if total <= limit and value < ceiling), default=None)
+            return max((value for value, total in measured.items()
+                        if total <= limit and (ceiling is None or value < ceiling)), default=None)
         if not under:
             return None
         start = min(value for value, _, _ in self.points)
@@ -248,7 +251,7 @@ class FitResult:
                 row["reason"] = row["reason"] or f"does not fit at the smallest {self.scale} measured"
             failure = fit.ceiling is not None and (f"its step failed at {self.scale}={fit.ceiling} "
                                                    f"({fit.failed[fit.ceiling]}): answers stay below it")
-            notes = [note for note in (failure, fit.untraced and f"not traced: {fit.untraced}",
+            notes = [note for note in (failure, fit.flat, fit.untraced and f"not traced: {fit.untraced}",
                                        fit.unmeasured and f"not measured nearer the answer: {fit.unmeasured}") if note]
             row["reason"] = "; ".join([row["reason"], *notes] if row["reason"] else notes)
             rows.append(row | {"scale": self.scale, "answer": ""})

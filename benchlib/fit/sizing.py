@@ -21,6 +21,19 @@ LINEAR, QUADRATIC, TRACE = "linear", "quadratic", "trace"
 TRACE_REACH = (2, 4, 8)  # traced beyond the largest measured value, at these multiples of it
 TRACE_TRUSTED = 0.05  # a trace model that predicts the largest measured point this well is chosen
 SEARCH_LIMIT = 2 ** 40  # the largest value a search looks at: a total that does not grow fits "at any value"
+GROWTH_RESOLUTION = 0.05  # a total must rise by this share over the measured values for its slope to be read: fresh
+# processes' totals of one step differ by up to 2.4%, so a smaller rise is noise (a slope that can even turn negative)
+
+
+def grows(points: Sequence[tuple[int, int]]) -> bool:
+    """Whether the totals measured at these (value, total) points rise measurably: the fitted line's rise over them
+    exceeds `GROWTH_RESOLUTION` of their median total."""
+    x = np.array([value for value, _ in points], float)
+    y = np.array([total for _, total in points], float)
+    if x.size < 2 or np.ptp(x) == 0:
+        return False
+    slope = np.polyfit(x, y, 1)[0]
+    return slope * np.ptp(x) > GROWTH_RESOLUTION * float(np.median(y))
 
 
 def largest_where(fits: Callable[[int], bool], start: int, ceiling: int = SEARCH_LIMIT,
