@@ -97,3 +97,25 @@ def test_totals_that_grow_farther_out_are_fitted_from_there(tmp_path, monkeypatc
     (torch_fit,) = result.engines
     assert not torch_fit.flat and 512 in [value for value, _, _ in torch_fit.points]
     assert abs(torch_fit.largest - 100_600) <= 1  # the line through the points, now that it rises
+
+
+def test_every_confirming_process_is_capped_just_past_the_limit(tmp_path, monkeypatch):
+    from benchlib.measure import isolation
+
+    caps = {}
+
+    def measure(_file, engine, values, _device, cap_bytes=None, **_options):
+        caps[values["n"]] = cap_bytes
+        total = int(100 * MB + values["n"] * MB / 4)
+        if cap_bytes is not None and total > cap_bytes:  # the process ends itself past its cap
+            return cap_bytes + 1, float("nan")
+        return total, values["n"] * 1e-3
+
+    monkeypatch.setattr(measured, "measure_step", measure)
+    monkeypatch.setattr(isolation, "available_memory", lambda device: 10 ** 12)
+    result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch"], params={"n": 64},
+                 verify=True, progress=lambda line: None)
+    assert result.best.confirmed == 402
+    confirming = {value: cap for value, cap in caps.items() if value not in (8, 16, 32, 64, 252)}
+    assert confirming and set(confirming.values()) == {int(200.6 * MB * 1.05)}
+    assert {caps[value] for value in (8, 16, 32, 64)} == {None}  # the user's own grid runs as asked

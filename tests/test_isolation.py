@@ -251,3 +251,19 @@ def test_timeout_also_kills_what_the_child_started(tmp_path, monkeypatch):
         time.sleep(0.05)
     else:
         pytest.fail(f"grandchild {grandchild} still running after the timeout")
+
+
+def test_a_child_past_its_resident_cap_ends_itself_and_says_what_it_held():
+    from benchlib.measure import CaseCapped
+
+    cap = 300 * 10 ** 6
+    with pytest.raises(CaseCapped) as capped:  # 800 MB asked: the process ends near the cap, not at 800 MB
+        run_isolated("isolation_targets:allocate", {"n": 100_000_000}, name="big",
+                     options=IsolationOptions(timeline=False, rss_cap_bytes=cap))
+    assert cap < capped.value.resident < 800 * 10 ** 6 and capped.value.cap == cap
+    assert "passed the 0.3 GB cap" in str(capped.value)
+    small = run_isolated("isolation_targets:allocate", {"n": 1000}, name="small",
+                         options=IsolationOptions(timeline=False, rss_cap_bytes=cap))
+    assert small.measurement.peak_bytes is not None  # under its cap: measured as ever
+    with pytest.raises(ValueError, match="rss_cap_bytes must be a number of bytes > 0"):
+        IsolationOptions(rss_cap_bytes=-1)

@@ -24,7 +24,7 @@ from typing import Any
 
 from benchlib.fit.asking import FitError, FitInterrupted, Question, ask, scale_points
 from benchlib.fit import in_child, measured
-from benchlib.fit.measured import (FAILED, REACH, approach, check_at, confirm, fit_model, hold, step_down,
+from benchlib.fit.measured import (CAP_SLACK, FAILED, REACH, approach, check_at, confirm, fit_model, hold, step_down,
                                    until_it_grows)
 from benchlib.fit.pace import Pace
 from benchlib.fit.result import EngineFit, FitResult
@@ -204,11 +204,15 @@ def _confirm(result: FitResult, question: Question, device, pace: Pace) -> None:
 
     affordable = available_memory(device)
     scale, usable = result.scale, question.usable
+    # a confirming process ends itself once it is past the limit (it is over, whatever more it would take) or what
+    # this machine has: a prediction that was low cannot start a process larger than the machine
+    cap = int(min(question.limit * (1 + CAP_SLACK), affordable * 0.9))
 
     def measuring(engine_fit: EngineFit) -> Callable[[int], tuple[int, float] | str]:
         def measure(value: int) -> tuple[int, float] | str:
             pace.plan([value])
-            outcome = measured.measure_step(question.model_file, engine_fit.engine, {**question.values, scale: value}, device)
+            outcome = measured.measure_step(question.model_file, engine_fit.engine, {**question.values, scale: value},
+                                            device, cap_bytes=cap)
             if isinstance(outcome, str) and outcome.startswith(FAILED):  # no answer at or past it, whatever was said
                 engine_fit.fail(value, outcome, usable)
             pace.done(f"confirming {engine_fit.engine} at {scale}={value}: " + (outcome if isinstance(outcome, str) else

@@ -34,17 +34,19 @@ HOLD_STEPS = 5  # values `hold` steps down through before it gives up
 TIMID = 0.1  # an answer measured this far under the limit is searched up from (`step_down`)
 REACH = 2  # no answer on a device that can hold the limit lies more than this many times past a measured value
 FAILED = "failed: "  # how `measure_step` begins the reason of a step that failed (raised, killed, timed out)
+CAP_SLACK = 0.05  # a confirming process ends itself this far past the limit: it is over, and need not go on
 DEEP = 64  # module levels a step's memory by module is kept to when asked for (`by_module`): every block apart
 
 Progress = Callable[[str], None]
 
 
 def measure_step(model_file, engine: str, values: dict, device, steps: int = STEPS,
-                 by_module: list | None = None) -> tuple[int, float] | str:
+                 by_module: list | None = None, cap_bytes: int | None = None) -> tuple[int, float] | str:
     """(total bytes, median seconds per step over `steps` after a warm-up) of one engine's step at `values`, in a
     fresh process run as a training process runs (`USERS_ALLOCATOR`), or why not. Given `by_module`, the step's
-    memory by module to `DEEP` levels (its `module_bytes` rows) is added to it."""
-    from benchlib.measure import CaseFailed, CaseNotApplicable, IsolationOptions, run_isolated
+    memory by module to `DEEP` levels (its `module_bytes` rows) is added to it. Given `cap_bytes`, the process ends
+    itself once its resident memory passes it, and the total is what it held then (over the cap; NaN seconds)."""
+    from benchlib.measure import CaseCapped, CaseFailed, CaseNotApplicable, IsolationOptions, run_isolated
     from benchlib.usermodel.measuring import TARGET, TORCH_FORM, preload
 
     depth = {"module_depth": DEEP} if by_module is not None else {}
@@ -54,11 +56,13 @@ def measure_step(model_file, engine: str, values: dict, device, steps: int = STE
                                            "gradient_dir": gradients, **depth},
                                   name=f"{model_file.name}/{engine}", device=device.name,
                                   options=IsolationOptions(warmup=WARMUP, repeats=steps, timeline=False,
-                                                           malloc=USERS_ALLOCATOR, timeout_s=getattr(
-                                                               model_file, "timeout_s", DEFAULT_TIMEOUT_S),
+                                                           malloc=USERS_ALLOCATOR, rss_cap_bytes=cap_bytes,
+                                                           timeout_s=getattr(model_file, "timeout_s", DEFAULT_TIMEOUT_S),
                                                            preload=preload(TORCH_FORM, model_file, engine, device)))
         except CaseNotApplicable as refused:
             return f"not applicable: {refused.reason}"
+        except CaseCapped as capped:  # over the cap, so over the limit: what it held is a total past it
+            return capped.resident, math.nan
         except CaseFailed as failed:
             return f"{FAILED}{failed.reason}"
     if by_module is not None:

@@ -9,13 +9,13 @@ from .core import Measurement, StepTimes, measure, measure_steps, time_call
 from .devices import Device, DeviceError, resolve_device, torch_threads
 from .gcmonitor import GCMonitor, GCPause, tracked_objects
 from .case_child import Case, NotApplicable
-from .isolation import (DEFAULT_MALLOC_POLICY, MALLOC_POLICIES, CaseFailed, CaseNotApplicable,
+from .isolation import (DEFAULT_MALLOC_POLICY, MALLOC_POLICIES, CaseCapped, CaseFailed, CaseNotApplicable,
                         IsolatedResult, IsolationOptions, MemoryRequirementError, prepare_isolation,
                         run_isolated)
 from .timeline import MemoryTimeline, mark
 
 __all__ = [
-    "AllocationTracker", "AllocationTrackingUnavailable", "Allocations", "Attribution", "Case", "CaseFailed", "CaseNotApplicable", "NotApplicable",
+    "AllocationTracker", "AllocationTrackingUnavailable", "Allocations", "Attribution", "Case", "CaseCapped", "CaseFailed", "CaseNotApplicable", "NotApplicable",
     "DEFAULT_MALLOC_POLICY", "Device", "DeviceError", "GCMonitor", "GCPause", "IsolatedResult", "IsolationOptions",
     "MALLOC_POLICIES", "Measurement", "MemoryRequirementError", "MemoryTimeline",
     "StepTimes", "attribute_allocations", "count_allocations", "mark", "tracked_objects", "measure", "measure_steps", "prepare_isolation", "resolve_device", "run_isolated", "time_call", "torch_threads",

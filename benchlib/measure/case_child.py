@@ -145,6 +145,31 @@ def _called(spec: dict, device: Device) -> dict:
     return {"ok": True, "value": value}
 
 
+RSS_CAPPED_STATUS = 3  # the exit status of a child that passed its resident-memory cap (`IsolationOptions.rss_cap_bytes`)
+
+
+def _watch_resident(cap: int, result_path: str) -> None:
+    """A thread that ends this process the moment its resident memory passes `cap`, leaving the outcome `capped`
+    with the bytes it saw: a case asked at a value far past what fits must not take the machine down first."""
+    import threading
+    import time
+
+    page = os.sysconf("SC_PAGE_SIZE")
+
+    def watch() -> None:
+        with open("/proc/self/statm") as statm:
+            while True:
+                statm.seek(0)
+                resident = int(statm.read().split()[1]) * page
+                if resident > cap:
+                    write_json_atomic({"ok": False, "capped": resident, "cap": cap}, result_path)
+                    os._exit(RSS_CAPPED_STATUS)
+                time.sleep(0.005)
+
+    if os.path.exists("/proc/self/statm"):
+        threading.Thread(target=watch, name="benchlib-resident-cap", daemon=True).start()
+
+
 def child_main(spec_path: str, result_path: str) -> int:
     """Run the case described in `spec_path`; write the outcome to `result_path` as JSON."""
     with open(spec_path) as f:
@@ -160,6 +185,8 @@ def child_main(spec_path: str, result_path: str) -> int:
             write_json_atomic(outcome, result_path)
             return 0
         prime_cuda_libraries(device)  # cuBLAS's per-thread workspaces are no part of any case's peak
+        if spec.get("rss_cap_bytes"):
+            _watch_resident(int(spec["rss_cap_bytes"]), result_path)
         started = perf_counter()
         case = _load_case(spec["target"], device, spec["params"])
         setup_s = perf_counter() - started

@@ -81,6 +81,16 @@ class CaseNotApplicable(CaseFailed):
     """The case's engine cannot run its code (the child raised `NotApplicable`): `reason` says why."""
 
 
+class CaseCapped(CaseFailed):
+    """The child passed its resident-memory cap (`IsolationOptions.rss_cap_bytes`) and ended itself: `resident` is
+    what it held then, already more than the cap."""
+
+    def __init__(self, name: str, resident: int, cap: int, output: str = ""):
+        self.resident, self.cap = resident, cap
+        super().__init__(name, f"its resident memory passed the {cap / 1e9:.3g} GB cap ({resident / 1e9:.3g} GB): "
+                               "ended before it finished", output=output)
+
+
 class MemoryRequirementError(CaseFailed):
     """The case declared more memory than the device has available; it was not started."""
 
@@ -148,6 +158,7 @@ class IsolationOptions:
     cuda_snapshot: str | None = None  # on CUDA, one more call with the allocator's history: its snapshot's path
     preload: tuple[str, ...] = ()  # modules the case's set-up imports anyway (torch for a torch engine): a fork
     # template holds them already (`forkserver`); a fresh interpreter imports them in set-up as before
+    rss_cap_bytes: int | None = None  # the child ends itself once its resident memory passes this (`CaseCapped`)
 
     def __post_init__(self) -> None:
         _check_counts(self.warmup, self.repeats)
@@ -163,6 +174,8 @@ class IsolationOptions:
                              f"got {self.memory_required_bytes!r}")
         if self.cuda_snapshot is not None and not (isinstance(self.cuda_snapshot, str) and self.cuda_snapshot):
             raise ValueError(f"cuda_snapshot must be a file path or None, got {self.cuda_snapshot!r}")
+        if self.rss_cap_bytes is not None and not (isinstance(self.rss_cap_bytes, int) and self.rss_cap_bytes > 0):
+            raise ValueError(f"rss_cap_bytes must be a number of bytes > 0 or None, got {self.rss_cap_bytes!r}")
         malloc_environment(self.malloc)  # an unknown policy is refused, naming the valid ones
         if not (isinstance(self.preload, tuple) and all(isinstance(m, str) and m for m in self.preload)):
             raise ValueError(f"preload must be a tuple of module names, got {self.preload!r}")
@@ -186,6 +199,8 @@ def _child_outcome(spec: dict, name: str, policy_env: dict, timeout_s: float, pr
             raise CaseFailed(name, _crash_reason(returncode), output=output)
         with open(result_path) as f:
             result = json.load(f)
+    if not result["ok"] and "capped" in result:
+        raise CaseCapped(name, int(result["capped"]), int(result["cap"]), output=output)
     if not result["ok"] and "not_applicable" in result:
         raise CaseNotApplicable(name, result["not_applicable"], output=output)
     if not result["ok"]:
@@ -239,7 +254,7 @@ def run_isolated(target: str, params: dict | None = None, *, name: str, device: 
             "timeline": options.timeline, "timeline_interval_s": options.timeline_interval_s,
             "role_timeline": bool(options.role_timeline), "sites": bool(options.sites),
             "attribute": bool(options.attribute), "cuda_snapshot": options.cuda_snapshot,
-            "malloc_policy": options.malloc, "malloc_env": policy_env}
+            "malloc_policy": options.malloc, "malloc_env": policy_env, "rss_cap_bytes": options.rss_cap_bytes}
     started = perf_counter()
     result, _ = _child_outcome(spec, name, policy_env, options.timeout_s, options.preload)
     isolation = result.pop("isolation")
