@@ -151,6 +151,8 @@ def test_the_answer_is_confirmed_by_measurement_by_default_and_no_verify_skips_i
     (["--memory", "1 GB", "--scale", "n", "--engines", "torch,jax"], "--engines: 'jax' is no technique; valid: torch"),
     (["--memory", "1 GB", "--scale", "n", "-p", "n=2"], "only 2 distinct values"),
     (["--memory", "1 GB", "--scale", "n", "--out", "/dev/null/runs"], "cannot be created: '/dev/null' is a file"),
+    (["--memory", "1 GB", "--scale", "n", "-p", "trials=3"], "-p trials: is a setting of `benchlib run`'s trials"),
+    (["--memory", "1 GB", "--scale", "n", "--engines", ""], "--engines names no engine"),
 ])
 def test_bad_input_is_refused_with_exit_2_before_anything_is_measured(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.setattr(measured, "measure_step", None)  # any measurement would raise

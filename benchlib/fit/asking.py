@@ -39,6 +39,7 @@ class MemoryLimit:
     margin: float = 0.0
 
 
+RUN_ONLY = frozenset({"trials", "precision", "attribute", "module_depth"})  # `run`'s settings, which fit has no use for
 DEFAULT_TIMEOUT_S = 600.0  # each process fit starts (a measured step, a trace), as `run_isolated`'s default
 TIMEOUT_ENV = "BENCHLIB_FIT_TIMEOUT"  # seconds each of fit's processes may take (`benchlib fit --timeout` sets it)
 
@@ -110,6 +111,11 @@ def ask(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | None
         raise FitError(f"--memory: {error}") from None
     if not 0.0 <= margin < 1.0:
         raise FitError(f"--margin {margin:g}: a share of the limit kept free, from 0 (none) up to below 1 (e.g. 10%)")
+    run_only = sorted(set(params or {}) & RUN_ONLY)
+    if run_only:
+        raise FitError(f"-p {', '.join(run_only)}: {'is a setting' if len(run_only) == 1 else 'are settings'} of "
+                       "`benchlib run`'s trials; fit measures each value in fresh processes of its own (the engines: "
+                       "--engines)")
     if engines is not None and not [engine for engine in engines if engine.strip()]:
         raise FitError("--engines names no engine; leave it out for the form's engines, or name some, as torch,torch-sac")
     (read,) = read_in_child([[str(path)]])  # the file's code runs in a child, as `run` reads it
