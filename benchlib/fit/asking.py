@@ -46,16 +46,12 @@ TIMEOUT_ENV = "BENCHLIB_FIT_TIMEOUT"  # seconds each of fit's processes may take
 
 def process_timeout() -> float:
     """The time each of fit's processes may take: `BENCHLIB_FIT_TIMEOUT` seconds, else `DEFAULT_TIMEOUT_S`."""
-    import os
+    from benchlib.usermodel.planning import env_seconds
 
-    text = os.environ.get(TIMEOUT_ENV, "").strip()
     try:
-        value = float(text) if text else DEFAULT_TIMEOUT_S
-    except ValueError:
-        value = -1.0
-    if not 0 < value < 1e9:
-        raise FitError(f"{TIMEOUT_ENV} must be a number of seconds > 0, got {text!r}")
-    return value
+        return env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)
+    except ValueError as error:
+        raise FitError(str(error)) from None
 
 
 @dataclass(frozen=True)

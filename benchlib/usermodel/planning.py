@@ -104,16 +104,24 @@ def child_main(result_path: str) -> None:
     os._exit(0)
 
 
-def timeout_s() -> float:
-    """The form check's time limit: `BENCHLIB_FORM_CHECK_TIMEOUT` seconds, else `FORM_CHECK_TIMEOUT_S`."""
-    text = os.environ.get(TIMEOUT_ENV, "").strip()
+def env_seconds(name: str, default: float) -> float:
+    """Seconds from the environment variable `name`, else `default`; ValueError saying what is valid."""
+    text = os.environ.get(name, "").strip()
     try:
-        value = float(text) if text else FORM_CHECK_TIMEOUT_S
+        value = float(text) if text else default
     except ValueError:
         value = -1.0
     if not 0 < value < 1e9:
-        raise ModelFileError(f"{TIMEOUT_ENV} must be a number of seconds > 0, got {text!r}")
+        raise ValueError(f"{name} must be a number of seconds > 0, got {text!r}")
     return value
+
+
+def timeout_s() -> float:
+    """The form check's time limit: `BENCHLIB_FORM_CHECK_TIMEOUT` seconds, else `FORM_CHECK_TIMEOUT_S`."""
+    try:
+        return env_seconds(TIMEOUT_ENV, FORM_CHECK_TIMEOUT_S)
+    except ValueError as error:
+        raise ModelFileError(str(error)) from None
 
 
 def read_in_child(groups: Sequence[Sequence[str]]) -> list[list[FileFacts] | ModelFileError]:
