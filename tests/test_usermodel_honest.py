@@ -257,3 +257,11 @@ def test_a_files_own_step_runs_as_written_where_it_can_and_is_not_applicable_whe
     # the step as written: clipped by the global norm to 0.1, so the update is lr * 0.1 at most in norm
     norm = torch.sqrt(sum((u ** 2).sum() for u in reference_update))
     assert float(norm) <= 0.1 * 0.1 + 1e-6
+
+
+def test_fused_optimizers_reason_names_parameter_groups_as_well_as_coupling():
+    from benchlib.engines.techniques import combine, technique_registry
+
+    reason = combine(FUSED_OPTIMIZER, technique_registry()).regroups_optimizer
+    assert "couples them (clipping by their global norm)" in reason
+    assert "parameter groups with their own settings" in reason  # SGD groups: not named clipping alone

@@ -164,8 +164,10 @@ class FusedOptimizer(Technique):
     changes = frozenset({Aspect.OPTIMIZER})
     needs = frozenset({Need.OPTIMIZER})
     observes_gradients = True
-    regroups_optimizer = ("fused-optimizer steps one optimizer per parameter, and the file's optimizer step couples "
-                          "parameters (clipping by their global norm, say)")
+    regroups_optimizer = ("fused-optimizer steps one optimizer per parameter, made by the file's optimizer(parameters) "
+                          "from that parameter alone, and the file's optimizer step is not the same parameter by "
+                          "parameter: it couples them (clipping by their global norm) or sets groups of them apart "
+                          "(parameter groups with their own settings)")
 
     def refuses(self, other: Technique) -> str | None:
         if Aspect.BATCH in other.changes:
