@@ -105,7 +105,7 @@ def test_where_this_machine_cannot_hold_the_limit_the_line_says_how_far_it_extra
 
 def test_the_answer_is_read_from_the_size_models_upper_bound_and_keeps_the_margin(tmp_path, monkeypatch):
     noisy = {8: 1.0, 16: 1.0, 32: 1.0, 64: 1.1}  # the largest point 10% above the line through the others
-    monkeypatch.setattr(measured, "measure_step", lambda _file, _engine, values, _device: (
+    monkeypatch.setattr(measured, "measure_step", lambda _file, _engine, values, _device, **_options: (
         int((100 * MB + values["n"] * MB) * noisy.get(values["n"], 1.0)), 1e-3))
     result = fit(model_file(tmp_path), memory="300 MB", scale="n", engines=["torch"], params={"n": 64},
                  verify=False, progress=lambda line: None)
@@ -126,7 +126,7 @@ def test_the_answer_is_read_from_the_size_models_upper_bound_and_keeps_the_margi
 def test_the_answer_is_confirmed_by_measurement_by_default_and_no_verify_skips_it(tmp_path, monkeypatch, capsys):
     asked = []
 
-    def measure(_file, engine, values, _device):
+    def measure(_file, engine, values, _device, **_options):
         asked.append(values["n"])
         return int(100 * MB + values["n"] * MB), values["n"] * 1e-3
 
@@ -392,7 +392,7 @@ def test_at_refuses_what_it_cannot_answer_before_anything_is_measured(tmp_path, 
 
 
 def test_two_answers_the_largest_value_and_the_fastest_engine_at_the_largest_value_all_reach(tmp_path, monkeypatch):
-    def measure(_file, engine, values, _device):  # checkpointing: a quarter of the memory per sample, 3x the time
+    def measure(_file, engine, values, _device, **_options):  # checkpointing: a quarter of the memory per sample, 3x the time
         per_sample = {"torch": (MB, 1e-3), "torch-checkpoint": (MB / 4, 3e-3)}[engine]
         return int(100 * MB + values["n"] * per_sample[0]), values["n"] * per_sample[1]
 
@@ -415,7 +415,7 @@ def test_two_answers_the_largest_value_and_the_fastest_engine_at_the_largest_val
 def test_confirmation_measures_the_fastest_engine_at_the_common_value_too(tmp_path, monkeypatch):
     asked = []
 
-    def measure(_file, engine, values, _device):
+    def measure(_file, engine, values, _device, **_options):
         asked.append((engine, values["n"]))
         per_sample = {"torch": (MB, 1e-3), "torch-checkpoint": (MB / 4, 3e-3)}[engine]
         return int(100 * MB + values["n"] * per_sample[0]), values["n"] * per_sample[1]
@@ -441,7 +441,7 @@ def test_added_combinations_are_predicted_from_their_traces_and_measured_only_pa
             return {}, "NotImplementedError: not traceable here"
         return {value: int(value * MB * per_byte[engine]) for value in at}, None
 
-    def measure(_file, engine, values, _device):
+    def measure(_file, engine, values, _device, **_options):
         return int(100 * MB + values["n"] * MB * per_byte[engine]), values["n"] * 1e-3
 
     monkeypatch.setattr(in_child, "traced_peaks", traces)
@@ -464,7 +464,7 @@ def test_added_combinations_are_predicted_from_their_traces_and_measured_only_pa
 def test_an_engine_that_splits_the_batch_is_asked_only_multiples_of_its_split(tmp_path, monkeypatch):
     asked = []
 
-    def measure(_file, engine, values, _device):  # micro-batches refuse a batch that does not split in four
+    def measure(_file, engine, values, _device, **_options):  # micro-batches refuse a batch that does not split in four
         asked.append(values["n"])
         if values["n"] % 4:
             return "not applicable: the batch does not split into 4 equal micro-batches"
@@ -479,7 +479,7 @@ def test_an_engine_that_splits_the_batch_is_asked_only_multiples_of_its_split(tm
 
 
 def test_every_engine_is_confirmed_at_its_own_answer_and_searched_where_it_is_over(tmp_path, monkeypatch):
-    def measure(_file, engine, values, _device):  # checkpointing's total grows faster past its points than they show
+    def measure(_file, engine, values, _device, **_options):  # checkpointing's total grows faster past its points than they show
         n = values["n"]
         total = 100 * MB + n * MB if engine == "torch" else 100 * MB + n * MB / 4 + max(0, n - 252) ** 2 * MB / 400
         return int(total), 1e-3 * n
@@ -498,7 +498,7 @@ def test_every_engine_is_confirmed_at_its_own_answer_and_searched_where_it_is_ov
 def test_an_answer_is_measured_three_times_and_one_process_over_the_limit_takes_it_back(tmp_path, monkeypatch):
     seen = {}
 
-    def measure(_file, engine, values, _device):  # every second process at a value reads 3% more (another arena)
+    def measure(_file, engine, values, _device, **_options):  # every second process at a value reads 3% more (another arena)
         n = values["n"]
         seen[n] = seen.get(n, 0) + 1
         return int((100 * MB + n * MB) * (1.03 if seen[n] == 2 else 1.0)), 1e-3 * n
@@ -514,7 +514,7 @@ def test_an_answer_is_measured_three_times_and_one_process_over_the_limit_takes_
 def test_an_answer_far_under_the_limit_is_searched_up_so_it_is_not_timid(tmp_path, monkeypatch):
     noisy = {8: 1.0, 16: 1.0, 32: 1.0, 64: 1.3}  # a wide out-of-sample error: the upper bound answers far short
 
-    def measure(_file, engine, values, _device):
+    def measure(_file, engine, values, _device, **_options):
         n = values["n"]
         total = (100 * MB + n * MB) * (noisy.get(n, 1.0) if engine == "torch-checkpoint" else 1.0)
         return int(total if engine == "torch-checkpoint" else 100 * MB + n * MB / 8), 1e-3 * n
