@@ -24,6 +24,10 @@ TORCH_SAC = "torch-sac"  # selective activation checkpointing: matmul outputs sa
 TORCH_AUTOCAST = "torch-autocast"  # the forward pass under autocast to bfloat16
 TORCH_MICROBATCH = "torch-microbatch"  # the batch in micro-batches, gradients accumulated
 TORCH_OFFLOAD = "torch-offload"  # saved activations on the host (save_on_cpu), CUDA only
+# Parallel strategies: a step on several torch.distributed ranks (benchlib run --ranks N --parallel ddp,fsdp)
+DDP = "ddp"  # DistributedDataParallel: the whole model on every rank, gradients all-reduced
+FSDP = "fsdp"  # FSDP2's fully_shard per repeated block and at the root
+PARALLEL_STRATEGIES = (DDP, FSDP)
 # torch.compile with the partitioner's activation memory budget below its default 1.0 (all it would save): one engine
 # per budget, so each is a point of its own on the frontier
 COMPILE_BUDGETS = (0.5, 0.1, 0.0)
@@ -57,5 +61,5 @@ TORCH_AUTOGRAD = (TORCH, TORCH_CHECKPOINT, TORCH_SAC, TORCH_AUTOCAST, TORCH_COMP
 
 __all__ = ["MANUAL", "MANUAL_SEED", "BENCHLIB_INPLACE", "BENCHLIB_DEFERRED", "BENCHLIB_CHECKPOINT", "AUTOGRAD",
            "TORCH", "TORCH_CHECKPOINT", "TORCH_COMPILE", "TORCH_FUNC", "FUSED_OPTIMIZER",
-           "TORCH_SAC", "TORCH_AUTOCAST", "TORCH_MICROBATCH", "TORCH_OFFLOAD", "COMPILE_BUDGETS", "TORCH_COMPILE_BUDGETS",
+           "TORCH_SAC", "TORCH_AUTOCAST", "TORCH_MICROBATCH", "TORCH_OFFLOAD", "DDP", "FSDP", "PARALLEL_STRATEGIES", "COMPILE_BUDGETS", "TORCH_COMPILE_BUDGETS",
            "TORCH_AUTOGRAD", "COMBINED", "split_names", "DEFAULT_COMBINATIONS", "REFERENCE"]

@@ -15,7 +15,7 @@ from benchlib.fit import measured
 from benchlib.fit.advice import fewest_blocks, saved_by_block
 from benchlib.fit.at import fit_at
 from benchlib.records.metrics import MODULE_METRIC
-from benchlib.usermodel.case import _roles
+from benchlib.usermodel.case import memory_by_role
 
 MB = 10 ** 6
 STACK = """
@@ -79,7 +79,7 @@ def test_a_checkpoint_on_named_blocks_keeps_eagers_gradient_and_saves_only_their
         with step.observe(lambda name, g: captured.__setitem__(name, g.clone())):
             step()
         gradients[engine] = [captured[name] for name, _ in step.named]
-        roles, rows = _roles(step, 2)
+        roles, rows = memory_by_role(step, 2)
         saved[engine] = {row["params"]["module"]: row["value"] for row in rows if row["params"]["role"] == "saved"}
     assert max_relative_error(gradients["torch-checkpoint[1.0-1]"], gradients["torch"]) < 1e-6
     named, eager, every = saved["torch-checkpoint[1.0-1]"], saved["torch"], saved["torch-checkpoint"]

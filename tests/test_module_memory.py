@@ -16,7 +16,7 @@ from benchlib.engines.roles import GRADIENT_METRIC, OPTIMIZER_METRIC, PARAMETER_
 from benchlib.engines.techniques import Step
 from benchlib.records import make_record
 from benchlib.records.metrics import GRADIENT_ROLE, MODULE_METRIC, OPTIMIZER_ROLE, PARAMETER_ROLE, SAVED_ROLE
-from benchlib.usermodel.case import _roles
+from benchlib.usermodel.case import memory_by_role
 from benchlib.usermodel.gate import Limits, StepCost, check_step
 
 ROLE_METRICS = {PARAMETER_ROLE: PARAMETER_METRIC, OPTIMIZER_ROLE: OPTIMIZER_METRIC, GRADIENT_ROLE: GRADIENT_METRIC,
@@ -83,7 +83,7 @@ def _by_module(rows) -> dict[tuple[str, str], float]:
 
 
 def test_each_roles_modules_sum_to_its_total_and_own_what_they_should():
-    roles, rows = _roles(_step(), 1)
+    roles, rows = memory_by_role(_step(), 1)
     by_module = _by_module(rows)
     for role, metric in ROLE_METRICS.items():
         assert sum(v for (_, r), v in by_module.items() if r == role) == roles[metric]
@@ -95,7 +95,7 @@ def test_each_roles_modules_sum_to_its_total_and_own_what_they_should():
     assert by_module[NO_MODULE, SAVED_ROLE] > 0  # the loss's own saved tensors
     assert {module for module, _ in by_module} == {"embed", "blocks.0", "blocks.1", "blocks.2", "head", "tied",
                                                    NO_MODULE}
-    deeper = _by_module(_roles(_step(), 2)[1])  # blocks.1 is one level: its index joins it
+    deeper = _by_module(memory_by_role(_step(), 2)[1])  # blocks.1 is one level: its index joins it
     assert ("blocks.1.up", PARAMETER_ROLE) in deeper and ("blocks.1", PARAMETER_ROLE) not in deeper
     assert ("blocks.1", SAVED_ROLE) in deeper  # what Block.forward saves itself, outside up and down
 
@@ -132,7 +132,7 @@ def _independent_saved(step: Step) -> dict[str, int]:
 @pytest.mark.parametrize("wasteful", [None, 1])
 def test_the_module_holding_most_saved_agrees_with_torchs_module_tracker(wasteful):
     step = _step(wasteful)
-    ours = {module: value for (module, role), value in _by_module(_roles(step, 2)[1]).items() if role == SAVED_ROLE}
+    ours = {module: value for (module, role), value in _by_module(memory_by_role(step, 2)[1]).items() if role == SAVED_ROLE}
     theirs = _independent_saved(step)
     top = max(ours, key=ours.get)
     assert top == max(theirs, key=theirs.get) == ("blocks.1" if wasteful == 1 else top)
@@ -142,7 +142,7 @@ def test_the_module_holding_most_saved_agrees_with_torchs_module_tracker(wastefu
 def _records(step: Step, engine="torch", trials=2) -> list[dict]:
     labels = dict(benchmark="net", case="step", engine=engine, device="cpu", dtype="float32")
     return [make_record(**labels, metric=row["metric"], value=row["value"], params={**row["params"], "trial": trial})
-            for trial in range(trials) for row in _roles(step, 2)[1]]
+            for trial in range(trials) for row in memory_by_role(step, 2)[1]]
 
 
 def test_compare_flags_the_block_a_wasteful_twin_made_save_more_and_names_it():
@@ -176,7 +176,7 @@ def test_the_summary_table_and_report_name_the_largest_module():
 
 def _cost(step: Step, peak: int) -> StepCost:
     modules: dict = {}
-    for (module, role), value in _by_module(_roles(step, 2)[1]).items():
+    for (module, role), value in _by_module(memory_by_role(step, 2)[1]).items():
         modules.setdefault(module, {})[role] = value
     return StepCost("net", "net.py", "torch", "cpu", {}, peak, 100, 10, None, {}, (), modules)
 

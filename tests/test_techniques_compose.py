@@ -13,7 +13,7 @@ from benchlib import engine_names
 from benchlib.engine_names import (COMBINED, DEFAULT_COMBINATIONS, FUSED_OPTIMIZER, TORCH, TORCH_AUTOCAST,
                                    TORCH_CHECKPOINT, TORCH_MICROBATCH, TORCH_SAC)
 from benchlib.engines.gradients import gradient_tolerance, max_relative_error
-from benchlib.engines.techniques import (BUILTIN, Aspect, CombinationError, Step, StepFacts, Technique,
+from benchlib.engines.techniques import (BUILTIN, PARALLEL, Aspect, CombinationError, Step, StepFacts, Technique,
                                          TechniqueOptions, added_combinations, combine, technique_registry)
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -73,7 +73,7 @@ def test_techniques_join_in_the_registrys_order_and_the_default_combinations_are
     (f"{TORCH_CHECKPOINT}+{TORCH_SAC}", "torch-checkpoint and torch-sac both change what backward saves"),
     (f"{TORCH}+{TORCH_SAC}", "torch is the eager step every technique changes"),
     (f"{TORCH_SAC}+{TORCH_SAC}", "names a technique twice"),
-    ("torch-autocast+nope", "'nope' is no technique; valid: torch, torch.func"),
+    ("torch-autocast+nope", "'nope' is no technique; valid: torch, ddp, fsdp, torch.func"),
     ("torch.func+torch-checkpoint", "torch.func computes the gradient with grad()"),
     ("torch.compile+torch-sac", "torch-sac and torch.compile both change what backward saves"),
 ])
@@ -180,7 +180,7 @@ def test_an_installed_package_registers_a_technique_under_its_entry_point_group(
     techniques.installed_techniques.cache_clear()
     try:
         registry = technique_registry()
-        assert "extra" in registry and list(registry)[:len(BUILTIN)] == list(BUILTIN)
+        assert "extra" in registry and list(registry)[:len(BUILTIN) + len(PARALLEL)] == [TORCH, *PARALLEL, *list(BUILTIN)[1:]]
         assert combine(f"{TORCH_CHECKPOINT}+extra", registry).name == f"{TORCH_CHECKPOINT}+extra"
     finally:
         techniques.installed_techniques.cache_clear()

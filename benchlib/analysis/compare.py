@@ -70,10 +70,11 @@ CONTEXT_METRICS = frozenset({"baseline_bytes", "gc_pause_time", "gc_pause_genera
 # Params that describe one measurement rather than the configuration measured: the trial's place in
 # its order (and how many trials there were, so runs with different trial counts still match), the
 # load before it, what the allocation pass used, samples a sampler managed to take; and which model
-# file (and version of it) held the code, since the code is what two runs of one NAME compare.
+# file (and version of it) held the code, since the code is what two runs of one NAME compare; and which rank of a
+# step on several was its worst in a trial (every rank's own figures are `rank_*` records keyed by `rank`).
 MEASUREMENT_PARAMS = frozenset({"trial", "trials", "order_seed", "position", "loadavg_1m_before", "alloc_source",
                                 "alloc_steps", "samples_per_call", "file", "version", "precision", "stop",
-                                "precision_reached", "isolation"})
+                                "precision_reached", "isolation", "worst_rank"})
 CONFIG_COLUMN = "config"  # the params that name what was measured (sizes, policies...), as JSON
 
 

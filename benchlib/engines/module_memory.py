@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from benchlib.analysis.module_paths import NO_MODULE, cut_path
+from benchlib.engines.roles import local_storage
 from benchlib.records.metrics import MODULE_METRIC
 
 DEFAULT_DEPTH = 2
@@ -36,12 +37,12 @@ class ModulePaths:
         self.of_parameter: dict[int, str] = {}  # storage pointer -> owning path: a tied parameter's first owner
         for path, module in model.named_modules():
             for _, parameter in module.named_parameters(recurse=False):
-                self.of_parameter.setdefault(parameter.untyped_storage().data_ptr(), cut_path(path, depth))
+                self.of_parameter.setdefault(local_storage(parameter).data_ptr(), cut_path(path, depth))
         self.running: list[str] = []
         self.outside = outside  # the place of what is saved while none of the model's modules runs
 
     def parameter_owner(self, tensor) -> str:
-        return self.of_parameter.get(tensor.untyped_storage().data_ptr(), NO_MODULE)
+        return self.of_parameter.get(local_storage(tensor).data_ptr(), NO_MODULE)
 
     def innermost(self) -> str:
         return self.running[-1] if self.running else self.outside
@@ -74,7 +75,7 @@ def held_by_module(owned) -> dict[str, int]:
     parameters and optimizer state."""
     seen: dict[int, tuple[str, int]] = {}
     for owner, tensor in owned:
-        storage = tensor.untyped_storage()
+        storage = local_storage(tensor)
         seen.setdefault(storage.data_ptr(), (owner, storage.nbytes()))
     out: dict[str, int] = {}
     for path, nbytes in seen.values():

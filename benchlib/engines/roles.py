@@ -11,7 +11,7 @@ autograd expose neither, so all their memory is "other".
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable, Iterable
 
 from benchlib.engine_names import TORCH_AUTOGRAD
 from benchlib.records.metrics import GRADIENT_ROLE, SAVED_ROLE
@@ -62,6 +62,13 @@ class TapeCounters:
         return None
 
 
+def local_storage(tensor):
+    """The storage of `tensor`'s bytes on this rank: a sharded tensor's (DTensor's) local shard, whose wrapper
+    would report the whole tensor's size."""
+    to_local = getattr(tensor, "to_local", None)
+    return (tensor if to_local is None else to_local()).untyped_storage()
+
+
 class SavedTensors:
     """Context manager: counts the bytes of the storages torch autograd holds for backward,
     exactly, while it is active (views of one storage count once; `inputs`' storages not at all).
@@ -76,8 +83,10 @@ class SavedTensors:
 
     passive = False
 
-    def __init__(self, inputs: tuple = (), where: Callable[[], str] | None = None):
-        self.excluded = {tensor.untyped_storage().data_ptr() for tensor in inputs}
+    def __init__(self, inputs: tuple = (), where: Callable[[], str] | None = None,
+                 parameters: Callable[[], Iterable] | None = None):
+        self.excluded = {local_storage(tensor).data_ptr() for tensor in inputs}
+        self.parameters = parameters  # the module's parameters now: FSDP's gathered ones are no activations
         self.blocks: dict[int, list] = {}  # data_ptr -> [holders, nbytes, place]
         self.bytes = 0
         self.peak_bytes = 0
@@ -87,7 +96,8 @@ class SavedTensors:
     def _pack(self, tensor):
         storage = tensor.untyped_storage()
         key = storage.data_ptr()
-        if key in self.excluded:
+        if key in self.excluded or (self.parameters is not None and key in {
+                local_storage(p).data_ptr() for p in self.parameters()}):
             return tensor
         entry = self.blocks.get(key)
         if entry is None:
@@ -178,10 +188,11 @@ class LiveBytes:
     def add(self, name: str, tensor) -> None:
         import weakref
 
-        key = tensor.untyped_storage().data_ptr()
+        storage = local_storage(tensor)
+        key = storage.data_ptr()
         if key in self.live:
             return
-        nbytes = tensor.untyped_storage().nbytes()
+        nbytes = storage.nbytes()
         self.live[key] = nbytes, self.places.add(nbytes, name)
         self.bytes += nbytes
         if self.bytes > self.peak_bytes:

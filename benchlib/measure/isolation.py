@@ -185,27 +185,40 @@ def _child_outcome(spec: dict, name: str, policy_env: dict, timeout_s: float, pr
                    ) -> tuple[dict, str]:
     """Run `spec` in a child of its own (`_run_child`) and read its outcome, with `isolation` (how it started) added;
     CaseFailed where it timed out, crashed or raised, CaseNotApplicable where it said so."""
-    spec = {**spec, "sys_path": [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p)]}
+    spec = {**spec, "sys_path": child_sys_path()}
     env = {**os.environ, **policy_env}
     with tempfile.TemporaryDirectory(prefix="benchlib-case-") as tmp:
         spec_path, result_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "result.json")
         output_path = os.path.join(tmp, "output.txt")
         returncode, timed_out, isolation = _run_child(spec, spec_path, result_path, output_path, env, timeout_s, preload)
-        with open(output_path, errors="replace") as f:
-            output = _tail(f.read())
-        if timed_out:
-            raise CaseFailed(name, f"timed out after {timeout_s:g} s; the child was killed", output=output)
-        if not os.path.exists(result_path):
-            raise CaseFailed(name, _crash_reason(returncode), output=output)
-        with open(result_path) as f:
-            result = json.load(f)
+        result, output = read_outcome(name, result_path, output_path, returncode, timed_out and timeout_s)
+    return {**result, "isolation": isolation}, output
+
+
+def child_sys_path() -> list[str]:
+    """The import path a case's child extends its own with: this process's folders."""
+    return [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p)]
+
+
+def read_outcome(name: str, result_path: str, output_path: str, returncode: int, timed_out: float | bool
+                 ) -> tuple[dict, str]:
+    """A finished child's result and the tail of its output; CaseFailed where it timed out (after `timed_out`
+    seconds), crashed or raised, CaseCapped past its memory cap, CaseNotApplicable where it said so."""
+    with open(output_path, errors="replace") as f:
+        output = _tail(f.read())
+    if timed_out:
+        raise CaseFailed(name, f"timed out after {timed_out:g} s; the child was killed", output=output)
+    if not os.path.exists(result_path):
+        raise CaseFailed(name, _crash_reason(returncode), output=output)
+    with open(result_path) as f:
+        result = json.load(f)
     if not result["ok"] and "capped" in result:
         raise CaseCapped(name, int(result["capped"]), int(result["cap"]), output=output)
     if not result["ok"] and "not_applicable" in result:
         raise CaseNotApplicable(name, result["not_applicable"], output=output)
     if not result["ok"]:
         raise CaseFailed(name, f"the child raised {result['error']}", child_traceback=result["traceback"], output=output)
-    return {**result, "isolation": isolation}, output
+    return result, output
 
 
 def call_isolated(target: str, params: dict, *, name: str, device: str | Device = "cpu", timeout_s: float = 600,
@@ -227,6 +240,16 @@ def run_isolated(target: str, params: dict | None = None, *, name: str, device: 
     With `options.role_timeline`, a case that offers a role gauge has a call sampled at
     `options.timeline_interval_s` with its gauge (`IsolatedResult.role_timeline`): the measured call itself
     for a passive gauge and one measured call (`case_child.folded_roles`), else one more call after them."""
+    spec, policy_env = measuring_spec(target, params, name, device, options)
+    started = perf_counter()
+    result, _ = _child_outcome(spec, name, policy_env, options.timeout_s, options.preload)
+    return isolated_result(name, result, started)
+
+
+def measuring_spec(target: str, params: dict | None, name: str, device: str | Device, options: IsolationOptions
+                   ) -> tuple[dict, dict[str, str]]:
+    """The spec a child measures `target(**params)` from, and the environment its malloc policy sets; a bad
+    argument is refused here, before any process starts."""
     params = {} if params is None else params
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string naming the case, got {name!r}")
@@ -248,15 +271,18 @@ def run_isolated(target: str, params: dict | None = None, *, name: str, device: 
         available = available_memory(dev)
         if options.memory_required_bytes > available:
             raise MemoryRequirementError(name, int(options.memory_required_bytes), available, dev.name)
-
     spec = {"target": target, "params": params, "name": name, "device": dev.name,
             "warmup": options.warmup, "repeats": options.repeats, "track_allocations": options.track_allocations,
             "timeline": options.timeline, "timeline_interval_s": options.timeline_interval_s,
             "role_timeline": bool(options.role_timeline), "sites": bool(options.sites),
             "attribute": bool(options.attribute), "cuda_snapshot": options.cuda_snapshot,
             "malloc_policy": options.malloc, "malloc_env": policy_env, "rss_cap_bytes": options.rss_cap_bytes}
-    started = perf_counter()
-    result, _ = _child_outcome(spec, name, policy_env, options.timeout_s, options.preload)
+    return spec, policy_env
+
+
+def isolated_result(name: str, result: dict, started: float) -> IsolatedResult:
+    """A measuring child's result (JSON) as an IsolatedResult, its wall time since `started` less the child's own
+    phases counted as the process's."""
     isolation = result.pop("isolation")
     measurement = Measurement.from_dict(result["measurement"])
     phases = dict(measurement.phase_s or {})  # the child's; the rest of the wall time is the process's own
@@ -296,22 +322,26 @@ def _run_child(spec: dict, spec_path: str, result_path: str, output_path: str, e
     # Output goes to a file, not a pipe: a process the case leaves behind holding a pipe
     # open would otherwise keep us waiting after the child itself has finished.
     with open(output_path, "a") as output_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-W", _RUNPY_WARNING, "-m", "benchlib.measure.case_child", spec_path, result_path],
-            env=env, stdin=subprocess.DEVNULL, stdout=output_file, stderr=subprocess.STDOUT,
-            start_new_session=True)
+        proc = spawn_child(spec_path, result_path, output_file, env)
         try:
             proc.wait(timeout=timeout_s)
             timed_out = False
         except subprocess.TimeoutExpired:
             timed_out = True
         finally:  # also on KeyboardInterrupt: nothing of the case keeps running
-            _kill_group(proc)
+            kill_group(proc)
             proc.wait()
     return proc.returncode, timed_out, forkserver.SPAWN
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def spawn_child(spec_path: str, result_path: str, output_file, env: dict[str, str]) -> subprocess.Popen:
+    """A fresh interpreter running the spec (`case_child`), in a session of its own, its output into `output_file`."""
+    return subprocess.Popen(
+        [sys.executable, "-W", _RUNPY_WARNING, "-m", "benchlib.measure.case_child", spec_path, result_path],
+        env=env, stdin=subprocess.DEVNULL, stdout=output_file, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
     """Kill whatever is left of the child's session: the child and anything it started."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -18,6 +18,8 @@ TRIALS_RUN = "trials_run"  # the record of how many trials a case ran; params.st
 GRAD_UNCHECKED_METRIC = "grad_check_unavailable"
 COMPILE_METRIC = "compile_time"  # a compiling engine's first call, made in the set-up (never a measured call)
 COMPILE_COLUMN = "compile_s"  # its median over trials in a summary table
+COMMUNICATION_METRIC = "communication_share"  # a rank's share of one step with a collective in flight (torch.profiler)
+RANK_PREFIX = "rank_"  # a step on several ranks: every rank's own figure is `rank_<metric>` (params: rank, world_size)
 MODULE_METRIC = "module_bytes"  # a model's memory by module path (params: `module`, `role`; benchlib.engines.module_memory)
 SAVED_ROLE, GRADIENT_ROLE = "saved", "gradients"  # the roles a step allocates: columns of a role timeline
 PARAMETER_ROLE, OPTIMIZER_ROLE = "parameters", "optimizer"  # the roles held before a step
@@ -176,6 +178,19 @@ for _name, _unit, _kind, _meaning in (
     ("role_saved_bytes", "B", "memory", "forward values held for the backward pass: at the tape's peak (benchlib), "
                                         "or packed by torch's saved-tensor hooks in one call (torch)"),
     ("role_gradient_bytes", "B", "memory", "gradient buffers at the tape's peak (benchlib engines)"),
+    (COMMUNICATION_METRIC, "", "time", "the share of a rank's step (0-1) during which a collective (all-reduce, "
+     "all-gather, reduce-scatter) was in flight, waiting for other ranks included: one more step after the measured "
+     "ones, under torch.profiler (its gloo:/nccl: events); the worst rank's"),
+    *[(f"{RANK_PREFIX}{name}", unit, kind, f"{meaning}: one rank's (params.rank of params.world_size); a step on "
+       "several ranks records its worst rank (the most held: baseline and peak) under the plain name") for name, unit, kind, meaning in (
+        ("peak_bytes", "B", "memory", "peak memory of one step, above its baseline"),
+        ("baseline_bytes", "B", "memory", "memory held before its steps (the model's share, optimizer state)"),
+        ("time", "s", "time", "median time of one step"),
+        ("role_parameter_bytes", "B", "memory", "parameters held (a shard's local bytes)"),
+        ("role_optimizer_bytes", "B", "memory", "optimizer state held (a shard's local bytes)"),
+        ("role_gradient_bytes", "B", "memory", "gradients at their most"),
+        ("role_saved_bytes", "B", "memory", "saved activations at their most"),
+        (COMMUNICATION_METRIC, "", "time", "the share of one step with a collective in flight"))],
     (MODULE_METRIC, "B", "memory", "bytes a module path holds in one role (params: module, role), each role's at its "
                                    "own most: parameters, optimizer state, gradients, saved activations"),
     *[(harness_metric(phase), "s", "time", f"one trial's seconds, {meaning} (params.trial says which)")

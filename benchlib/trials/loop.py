@@ -25,7 +25,7 @@ from benchlib.records.metrics import GRAD_UNCHECKED_METRIC, harness_metric
 from benchlib.analysis.stats import interleaved_order
 from benchlib.trials.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline, TrialStopping
 
-CHILD_PARAMS = ("malloc_policy", "malloc_env", "isolation")
+CHILD_PARAMS = ("malloc_policy", "malloc_env", "isolation", "worst_rank")  # worst_rank: of a step on several ranks
 NOT_RUN_MESSAGE = "the budget ran out before its first trial (benchlib run --budget)"
 
 K = TypeVar("K")
@@ -88,6 +88,9 @@ class Unit:
     # Why another optimizer step with the same gradient means this engine does not apply (fused-optimizer
     # steps one optimizer per parameter); None: another step is a failure like a wrong gradient.
     regroups_optimizer: str | None = None
+    # Its trial's check judged the gradient itself (a step on several ranks: against eager torch over every rank's
+    # batch), so it needs no reference unit's saved gradient.
+    judges_own_gradient: bool = False
 
 
 @dataclass(frozen=True)
@@ -217,12 +220,13 @@ class TrialLoop:
                 if unit.engine == settings.reference:
                     no_reference[unit.group] = None
                     seed_dependent[unit.group] = bool(checks.get(SEED_DEPENDENT_METRIC))
-                elif no_reference[unit.group] is None:
-                    errors = _saved_errors(folder, unit.engine, settings.reference,
-                                           array_floor(unit.labels["dtype"]))
+                elif unit.judges_own_gradient or no_reference[unit.group] is None:
+                    errors = ({metric: checks.pop(metric) for metric in (GRAD_ERROR_METRIC, WORST_ARRAY_METRIC)
+                               if metric in checks} if unit.judges_own_gradient else
+                              _saved_errors(folder, unit.engine, settings.reference, array_floor(unit.labels["dtype"])))
                     if UPDATE_ERROR_METRIC in checks:  # a step that regroups the optimizer judged its own update
                         errors[UPDATE_ERROR_METRIC] = checks.pop(UPDATE_ERROR_METRIC)
-                    verdict, why = self._judge(unit, errors, seed_dependent[unit.group])
+                    verdict, why = self._judge(unit, errors, seed_dependent[unit.group] and not unit.judges_own_gradient)
                     if verdict == "not applicable":  # a different step: its figures would invite a comparison
                         self.note(unit, "not applicable", why)
                         failed.add(key)

@@ -17,8 +17,9 @@ from benchlib.engines.gradients import (SEED_DEPENDENT_METRIC, UPDATE_ERROR_METR
                                         max_relative_error, require_finite, save_gradient)
 from benchlib.analysis.module_paths import COMPILED, NO_MODULE
 from benchlib.engines.module_memory import DEFAULT_DEPTH, ModulePaths, held_by_module, module_rows
+from benchlib.engines.techniques.parallel import unwrapped
 from benchlib.engines.roles import GRADIENT_METRIC, OPTIMIZER_METRIC, PARAMETER_METRIC, SAVED_METRIC, LiveBytes, SavedTensors
-from benchlib.engines.techniques import REFERENCE, Combination, Step, TechniqueOptions, combine, technique_registry
+from benchlib.engines.techniques import REFERENCE, Aspect, Combination, Step, TechniqueOptions, combine, technique_registry
 from benchlib.measure import Case
 from benchlib.measure.torch_categories import torch_categories
 from benchlib.records.metrics import COMPILE_METRIC, GRADIENT_ROLE, OPTIMIZER_ROLE, PARAMETER_ROLE, SAVED_ROLE
@@ -38,13 +39,13 @@ CASE_METRICS = (  # what a model file's case records beyond the shared metrics
 )
 
 
-def _roles(step: Step, depth: int) -> tuple[dict[str, float], list[dict]]:
+def memory_by_role(step: Step, depth: int) -> tuple[dict[str, float], list[dict]]:
     """Memory by role in one more step: parameters and optimizer state as held, gradients and (for the
     engines that differentiate with torch.autograd) saved activations at their most; and the same bytes by
     module path (`module_memory`), each role's at its own most, so a role's modules sum to its total."""
     import torch
 
-    paths = ModulePaths(step.model, depth, outside=NO_MODULE if step.compile_s is None else COMPILED)
+    paths = ModulePaths(unwrapped(step.model), depth, outside=NO_MODULE if step.compile_s is None else COMPILED)
     owners = {name: paths.parameter_owner(p) for name, p in step.named}
     gradients = LiveBytes(where=owners.__getitem__)
     state = [(paths.parameter_owner(parameter), value) for optimizer in step.optimizers
@@ -59,7 +60,9 @@ def _roles(step: Step, depth: int) -> tuple[dict[str, float], list[dict]]:
             step()
         by_module[GRADIENT_ROLE] = gradients.places.peak
         return {**roles, GRADIENT_METRIC: float(gradients.peak_bytes)}, module_rows(by_module, depth)
-    saved = SavedTensors(inputs=(*step.batch, *(p for _, p in step.named)), where=paths.innermost)
+    sharded = step.combination.owner(Aspect.PLACEMENT) is not None  # a parameter gathered for a block's forward
+    saved = SavedTensors(inputs=(*step.batch, *(p for _, p in step.named)), where=paths.innermost,
+                         parameters=step.model.parameters if sharded else None)
     with paths.tracking(), saved, step.observe(gradients.add):
         step()
     by_module.update({GRADIENT_ROLE: gradients.places.peak, SAVED_ROLE: saved.places.peak})
@@ -132,7 +135,7 @@ def case(*, device, path: str, engine: str, values: dict, gradient_dir: str, cat
     by_module: list[dict] = []
 
     def check(_result) -> dict[str, float]:
-        roles, by_module[:] = guarded(model_file, what, _roles, step, module_depth)
+        roles, by_module[:] = guarded(model_file, what, memory_by_role, step, module_depth)
         if step.compile_s is not None:
             roles[COMPILE_METRIC] = step.compile_s
         gradient, update = guarded(model_file, what, _gradient, model_file, engine, values, device, STEP_SEED,

@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchlib.benchmark import Benchmark, DeclarationError, Parameter, ParameterError
-from benchlib.engine_names import COMBINED, DEFAULT_COMBINATIONS
+from benchlib.engine_names import COMBINED, DEFAULT_COMBINATIONS, PARALLEL_STRATEGIES
 from benchlib.engines.module_memory import DEFAULT_DEPTH
 from benchlib.engines.namespaces import SAC_SAVED_OPS, unknown_aten_ops
-from benchlib.engines.techniques import (COMBINATION_CHOICES, CombinationError, TechniqueOptions, combine,
+from benchlib.engines.techniques import (COMBINATION_CHOICES, Aspect, CombinationError, TechniqueOptions, combine,
                                          technique_registry)
 from benchlib.engines.techniques import DEFAULT as DEFAULT_CHOICE, NONE as NONE_CHOICE
 from benchlib.trials.cases import PRECISION, trials_parameter
@@ -47,6 +47,10 @@ SAC_POLICY = Parameter("sac_saved_ops", SAC_SAVED_OPS, "the aten ops whose outpu
 COMBINATIONS = Parameter("combinations", DEFAULT_CHOICE, "the combinations of techniques measured beside the engines: "
                          f"{DEFAULT_CHOICE} ({', '.join(DEFAULT_COMBINATIONS)}, where they apply), all (every valid "
                          "one) or none (--quick: none)", quick=NONE_CHOICE, choices=COMBINATION_CHOICES)
+RANKS = Parameter("ranks", 1, "the torch.distributed ranks each engine's step runs on under -p parallel (gloo on the "
+                  "CPU, NCCL on CUDA, a GPU per rank); 1: one process (benchlib run --ranks N)", minimum=1)
+PARALLEL = Parameter("parallel", "", f"with ranks > 1, the parallel strategies each engine runs under, joined by "
+                     f"commas: {', '.join(PARALLEL_STRATEGIES)} (benchlib run --parallel ddp,fsdp)")
 MICROBATCHES = Parameter("microbatches", TechniqueOptions.microbatches, "the parts torch-microbatch splits the batch "
                          "into, alone or combined", minimum=2)
 
@@ -59,16 +63,36 @@ def _technique_rules(model_file, config) -> None:
         raise ValueError(f"sac_saved_ops: {', '.join(map(repr, unknown))} is no op of torch.ops.aten; valid: aten op "
                          f"names without overload, such as the default {', '.join(SAC_SAVED_OPS)}")
     registry = technique_registry(getattr(model_file, "techniques", {}))
+    placed = []
     for engine in config.get("engines", ()):
         try:
-            combine(engine, registry)
+            combination = combine(engine, registry)
         except CombinationError as error:
             raise ValueError(f"engines: {error}") from None
+        if combination.owner(Aspect.PLACEMENT) is not None:
+            placed.append(engine)
+    ranks, strategies = config.get("ranks", 1), parallel_strategies(config)
+    if ranks > 1 and not (strategies or placed):
+        raise ValueError(f"ranks={ranks}: say how the step is spread over them: --parallel "
+                         f"{' or '.join(PARALLEL_STRATEGIES)} (-p parallel=fsdp), or an engine that names one "
+                         f"(-p engines=fsdp+torch-checkpoint)")
+    if ranks == 1 and (strategies or placed):
+        raise ValueError(f"{', '.join(strategies or placed)} runs on several ranks: give --ranks N (N >= 2)")
+
+
+def parallel_strategies(config) -> list[str]:
+    """The strategies `-p parallel` names (comma-separated), or ValueError saying which are valid."""
+    named = [part.strip() for part in str(config.get("parallel", "")).split(",") if part.strip()]
+    unknown = [name for name in named if name not in PARALLEL_STRATEGIES]
+    if unknown:
+        raise ValueError(f"parallel: {', '.join(map(repr, unknown))} is no parallel strategy; valid: "
+                         f"{', '.join(PARALLEL_STRATEGIES)}, or both joined by a comma")
+    return list(dict.fromkeys(named))
 
 
 def _parameters(model_file, form: Form) -> tuple[Parameter, ...]:
     own = (TRIALS, PRECISION, _engine_choice(form), ATTRIBUTE,  # benchlib's parameters of every model file
-           *((COMBINATIONS, MICROBATCHES, SAC_POLICY, MODULE_DEPTH) if form.composes else ()))
+           *((COMBINATIONS, MICROBATCHES, SAC_POLICY, MODULE_DEPTH, RANKS, PARALLEL) if form.composes else ()))
     parameters = []
     for name, default in model_file.parameters.items():
         if name in {each.name for each in own}:

@@ -34,6 +34,7 @@ FORM = ("model(**params) -> torch.nn.Module, batch(**params) -> tensor or tuple 
 ARRAY_FORM = ("params(**params) -> tuple of NumPy arrays (differentiated), data(**params) -> tuple of NumPy "
               "arrays, loss(xp, *params, *data) -> scalar")
 SEED = 0  # every process builds the same initial model and batch: gradients compare across engines
+RANK_SEED_STRIDE = 1000  # rank r's batch is drawn from SEED + 1 + r * RANK_SEED_STRIDE, apart from every other seed
 
 
 class ModelFileError(ValueError):
@@ -64,17 +65,25 @@ class ModelFile:
 
     def build(self, values: Mapping[str, Any], device: Any = None) -> tuple[Any, tuple]:
         """The model and batch at `values`, seeded, on `device` (a torch.device; None keeps them where made)."""
+        module = self.seeded_model(values)
+        return (module if device is None else module.to(device)), self.seeded_batch(values, device)
+
+    def seeded_model(self, values: Mapping[str, Any]) -> Any:
+        """The model at `values` from the seed every process builds it with, where torch makes it."""
         import torch
 
         torch.manual_seed(SEED)
-        module = self.model(**values)
-        torch.manual_seed(SEED + 1)
+        return self.model(**values)
+
+    def seeded_batch(self, values: Mapping[str, Any], device: Any = None, rank: int = 0) -> tuple:
+        """The batch at `values` on `device`: rank r of a data-parallel step draws its own (rank 0 the one every
+        single-process step draws)."""
+        import torch
+
+        torch.manual_seed(SEED + 1 + RANK_SEED_STRIDE * rank)
         made = self.batch(**values)
         tensors = made if isinstance(made, (tuple, list)) else (made,)
-        if device is not None:
-            module = module.to(device)
-            tensors = tuple(tensor.to(device) for tensor in tensors)
-        return module, tuple(tensors)
+        return tuple(tensors if device is None else (tensor.to(device) for tensor in tensors))
 
 
 class UserCodeError(RuntimeError):

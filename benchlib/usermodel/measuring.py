@@ -14,7 +14,8 @@ from typing import Any
 
 from benchlib.benchmark import Config
 from benchlib.engines import case_imports
-from benchlib.engines.techniques import (COMPILING, REFERENCE, SWEEP, BUILTIN, StepFacts,
+from benchlib.engine_names import COMBINED
+from benchlib.engines.techniques import (COMPILING, REFERENCE, SWEEP, BUILTIN, Aspect, StepFacts,
                                          TechniqueOptions, added_combinations, combine, technique_registry)
 from benchlib.engines.module_memory import DEFAULT_DEPTH
 from benchlib.engines.techniques.modules import stochastic_modules
@@ -22,6 +23,7 @@ from benchlib.trials import Deadline, TrialLoop, TrialSettings, Unit
 from benchlib.usermodel.loader import ModelFile, top_level_imports
 
 TARGET = "benchlib.usermodel.case:case"
+RANKED_TARGET = "benchlib.usermodel.ranked:case"  # one rank's share of a step on several ranks
 CASE = "step"
 WARMUP = 1  # untimed steps per process: the optimizer's state exists before the baseline is read
 STEPS = 5  # timed steps per process (their median is a trial's time)
@@ -65,14 +67,15 @@ def technique_options(config: Config) -> dict:
                             tuple(config.get("sac_saved_ops", None) or ())).to_json()
 
 
-def _torch_plan(model_file: ModelFile, values: dict, device, engines, options: dict) -> Plan:
+def _torch_plan(model_file: ModelFile, values: dict, device, engines, options: dict, world_size: int = 1) -> Plan:
     model, _ = model_file.build(values)
     first = next(model.parameters(), None)
     registry = technique_registry(model_file.techniques)
-    facts = StepFacts(model_file.optimizer is not None, model_file.step is not None, device.kind)
     reasons, params, dtypes, regroups = {}, {}, {}, {}
     for engine in engines:
         combination = combine(engine, registry, TechniqueOptions.from_json(options))
+        ranks = world_size if placed(combination) else 1
+        facts = StepFacts(model_file.optimizer is not None, model_file.step is not None, device.kind, ranks)
         reason = combination.not_applicable(model, facts)
         if reason is not None:
             reasons[engine] = reason
@@ -96,17 +99,33 @@ TORCH_FORM = Form(TARGET, tuple(BUILTIN), REFERENCE, _torch_plan, torch_categori
                   compiling_engines=COMPILING, imports=_torch_imports, composes=True)
 
 
+def placed(combination) -> bool:
+    """Whether the combination's step runs on several ranks (a parallel strategy is one of its parts)."""
+    return combination.owner(Aspect.PLACEMENT) is not None
+
+
 def run_engines(form: Form, config: Config, model_file) -> tuple[list[str], list[str]]:
     """The engines a run measures, the reference first: the named ones (`-p engines`), then, for a form whose
     engines compose, the combinations `-p combinations` adds; and which of them were added (they are left out
-    where they do not apply, not recorded as not applicable)."""
+    where they do not apply, not recorded as not applicable). On several ranks (`-p ranks`), each named engine
+    without a parallel strategy runs under each of `-p parallel` (`fsdp+torch-checkpoint`), eager torch in one
+    process too, as the baseline; the default engines are eager torch alone and no combination is added."""
     if not form.composes:
         return [engine for engine in form.engines if engine in config.engines], []
     registry = technique_registry(model_file.techniques)
-    named = list(dict.fromkeys(combine(engine, registry).name for engine in config.engines))  # the registry's order
+    ranks = int(config.get("ranks", 1))
+    given = config.engines if ranks == 1 or tuple(config.engines) != tuple(form.engines) else (form.reference,)
+    named = list(dict.fromkeys(combine(engine, registry).name for engine in given))  # the registry's order
+    if ranks > 1:
+        strategies = [part.strip() for part in str(config.get("parallel", "")).split(",") if part.strip()]
+        named = list(dict.fromkeys([form.reference, *(
+            each for engine in named for each in ([engine] if placed(combine(engine, registry)) else
+                                                   [combine(strategy if engine == form.reference else
+                                                            f"{strategy}{COMBINED}{engine}", registry).name
+                                                    for strategy in strategies]))]))
     if form.reference in named:
         named.insert(0, named.pop(named.index(form.reference)))
-    added = added_combinations(config.get("combinations", "none"), registry, named)
+    added = added_combinations(config.get("combinations", "none") if ranks == 1 else "none", registry, named)
     return named + added, added
 
 
@@ -131,6 +150,13 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
     values = {name: config.plain()[name] for name in first.parameters}
     trials, name = config.trials, first.name
     engines, added = run_engines(form, config, first)
+    ranks = int(config.get("ranks", 1))
+    if ranks > 1:
+        from benchlib.measure import rank_devices
+
+        rank_devices(device, ranks)  # refused before any work where the device cannot hold a rank each
+    on_ranks = {engine for engine in engines if ranks > 1 and placed(combine(engine, technique_registry(
+        first.techniques)))} if form.composes else set()
     several = len(versions) > 1
     cases = {version: version if several else CASE for version in versions}
     loop = TrialLoop(TrialSettings(trials=trials, precision=float(config.get("precision", 0.0)),
@@ -141,7 +167,7 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
                 "trials": trials, "order_seed": ORDER_SEED, "warmup": WARMUP, "steps": STEPS}
         status = "not applicable"
         try:
-            plan = form.plan(model_file, values, device, engines, options)
+            plan = form.plan(model_file, values, device, engines, options, **({"world_size": ranks} if ranks > 1 else {}))
         except Exception as error:  # the user's code fails at these values: every case fails alike
             message = model_file.user_error(error, "building the case (at the run's values)")
             status, plan = "failed", Plan(dict.fromkeys(engines, message), "float32", {})
@@ -152,10 +178,11 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
                 continue
             labels[version, engine] = dict(benchmark=name, case=cases[version], engine=engine, device=device.name,
                                            dtype=plan.engine_dtypes.get(engine, plan.dtype))
-            unit = Unit(group=version, engine=engine, labels=labels[version, engine], params=base,
+            unit = Unit(group=version, engine=engine, labels=labels[version, engine],
+                        params={**base, "world_size": ranks} if engine in on_ranks else base,
                         name=f"{name} {version}" if several else name,
                         trial_params=plan.engine_params.get(engine, {}),
-                        regroups_optimizer=plan.regroups_optimizer.get(engine))
+                        regroups_optimizer=plan.regroups_optimizer.get(engine), judges_own_gradient=engine in on_ranks)
             if engine in plan.reasons:
                 loop.note(unit, status, plan.reasons[engine])
             else:
@@ -170,9 +197,16 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
     def measure(unit: Unit, trial: int, gradient_dir: str):
         import benchlib.measure  # looked up per call: tests replace run_isolated
 
-        traced = attribute and trial == 0  # the attribution passes: sites, and torch's categories
+        traced = attribute and trial == 0 and unit.engine not in on_ranks  # the attribution passes: sites, and
+        # torch's categories (one process's)
         case_name = f"{name}/{cases[unit.group]}/{unit.engine}"
         snapshot = snapshot_path(case_name, device) if trial == 0 else None
+        if unit.engine in on_ranks:
+            return benchlib.measure.run_ranks(
+                RANKED_TARGET, {"path": str(versions[unit.group].path), "engine": unit.engine, "values": values,
+                                "options": options, "module_depth": depth},
+                name=case_name, world_size=ranks, devices=rank_devices(device, ranks),
+                options=IsolationOptions(warmup=WARMUP, repeats=STEPS, track_allocations=track, timeline=False))
         return benchlib.measure.run_isolated(
             form.target, {"path": str(versions[unit.group].path), "engine": unit.engine, "values": values,
                           "gradient_dir": gradient_dir,

@@ -13,6 +13,7 @@ from benchlib.engines.gradients import GRAD_ERROR_METRIC
 from benchlib.engines.roles import GRADIENT_METRIC, SAVED_METRIC
 from benchlib.units import format_bytes, format_seconds
 from benchlib.records.metrics import COMPILE_COLUMN, COMPILE_METRIC, MODULE_METRIC
+from benchlib.analysis.ranks import rank_table, ranks_words
 from benchlib.analysis.modules import holder_words, largest_holder, module_table, module_totals
 from benchlib.analysis.compare import trial_values
 from benchlib.analysis.frontier import TRACKED, deciding_peak, frontier_frame, median_with_interval
@@ -104,14 +105,24 @@ def _holder(totals: pd.DataFrame, case: str, engine: str) -> tuple[str, float, s
     return row["module"], float(row["share"]), f"  {holder_words(row)}"
 
 
+def _held(metrics: dict) -> float:
+    """What the engine's process held at its peak (baseline and peak, medians over trials); NaN without a baseline."""
+    if "baseline_bytes" not in metrics:
+        return math.nan
+    return float(np.median(metrics["baseline_bytes"]) + np.median(metrics["peak_bytes"]))
+
+
 def _version_rows(records: pd.DataFrame, samples: dict, prefix: str, width: int) -> list[dict]:
     """Per engine of one version: peak above the baseline with its 95% interval over trials, the tracked
     peak (the allocators' count, byte-exact), the ratio to the engine with the lowest peak (with interval),
     the step role that holds the most, the module that holds the most, time per step; or why it did not run.
     `summary` is the row as one line."""
     rows = []
+    ranks = rank_table(records)
+    on_ranks = set(ranks["engine"])  # their peaks stand on baselines of other sizes: compared by what ranks hold
     peak_metric, by = deciding_peak(samples)
-    best = min(samples, key=lambda engine: np.median(samples[engine][peak_metric]), default=None)
+    best = min((engine for engine in samples if engine not in on_ranks),
+               key=lambda engine: np.median(samples[engine][peak_metric]), default=None)
     comparable = best is not None and bool(np.all(samples[best][peak_metric] > 0))
     # the array form measures no roles: its lines say nothing of them rather than "not measured" on each
     any_roles = any(role in metrics for metrics in samples.values() for role in STEP_ROLES)
@@ -128,14 +139,16 @@ def _version_rows(records: pd.DataFrame, samples: dict, prefix: str, width: int)
         metrics = samples[engine]
         peak, low, high = median_with_interval(metrics["peak_bytes"])
         tracked = float(np.median(metrics[TRACKED])) if TRACKED in metrics else math.nan
-        ratio, ratio_low, ratio_high = (_ratio(samples[best][peak_metric], metrics[peak_metric]) if comparable
-                                        else (math.nan, math.nan, math.nan))
+        ratio, ratio_low, ratio_high = (_ratio(samples[best][peak_metric], metrics[peak_metric])
+                                        if comparable and engine not in on_ranks else (math.nan, math.nan, math.nan))
         roles = {role: float(np.median(metrics[role])) for role in STEP_ROLES if role in metrics}
         role = max(roles, key=roles.get, default=None)
         time_s, time_low, time_high = median_with_interval(metrics["time"])
         error = float(np.max(metrics[GRAD_ERROR_METRIC])) if GRAD_ERROR_METRIC in metrics else math.nan
         compile_s = float(np.median(metrics[COMPILE_METRIC])) if COMPILE_METRIC in metrics else math.nan
-        if not comparable:
+        if engine in on_ranks:
+            ratio_text = "per rank"
+        elif not comparable:
             ratio_text = "lowest" if engine == best else "no ratio (the lowest peak is 0: below the resolution)"
         else:
             ratio_text = f"best by {by}" if engine == best else \
@@ -145,7 +158,8 @@ def _version_rows(records: pd.DataFrame, samples: dict, prefix: str, width: int)
         module, share, module_text = _holder(totals, group["case"].iloc[0], engine)
         role_text = ("" if not any_roles else "  roles not measured" if not role
                      else f"  {STEP_ROLES[role]} {format_bytes(int(roles[role]))} ({', '.join(unmeasured)} not measured)"
-                     if unmeasured else f"  mostly {STEP_ROLES[role]} ({format_bytes(int(roles[role]))})") + module_text
+                     if unmeasured else f"  mostly {STEP_ROLES[role]} ({format_bytes(int(roles[role]))})") + module_text \
+            + ranks_words(ranks, group["case"].iloc[0], engine, _held(metrics))
         stop, stop_words = _stop_text(group)
         reason = _whole_message(statuses)
         failure = reason.splitlines()[0] if reason else ""
@@ -190,7 +204,8 @@ def _versus(samples: dict, version: str, baseline: str, width: int) -> list[dict
 def _frontier_rows(records: pd.DataFrame, version: str, prefix: str, width: int) -> list[dict]:
     """The answer to "which engine gets the step under a memory level, fastest?": the frontier engines
     (`frontier_frame`) from the lowest peak up, each the fastest of those that fit under its peak."""
-    every = frontier_frame(records)
+    on_ranks = set(rank_table(records)["engine"])  # peaks above baselines of other sizes: not on one frontier
+    every = frontier_frame(records[~records["variant"].isin(on_ranks)])
     if every.empty or every["engine"].nunique() < 2:  # (no engine with a checked gradient: no columns at all)
         return []
     frame = every[every["pareto"]].sort_values("peak")

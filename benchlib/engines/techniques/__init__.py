@@ -19,6 +19,7 @@ from benchlib.engine_names import (COMBINED, DEFAULT_COMBINATIONS, REFERENCE, TO
 from benchlib.engines.techniques.base import (Aspect, Combination, CombinationError, Need, StepFacts, Technique,
                                               TechniqueOptions, combine, refusal)
 from benchlib.engines.techniques.builtin import BUILTIN
+from benchlib.engines.techniques.parallel import PARALLEL
 from benchlib.engines.techniques.step import Step
 
 ENTRY_POINT_GROUP = "benchlib.techniques"
@@ -28,7 +29,7 @@ ALL, DEFAULT, NONE = "all", "default", "none"  # which combinations a model file
 COMBINATION_CHOICES = (DEFAULT, ALL, NONE)
 
 __all__ = ["Aspect", "Combination", "CombinationError", "Need", "Step", "StepFacts", "Technique", "TechniqueOptions",
-           "BUILTIN", "REFERENCE", "SWEEP", "COMPILING", "COMBINATION_CHOICES", "technique_registry", "combine",
+           "BUILTIN", "PARALLEL", "REFERENCE", "SWEEP", "COMPILING", "COMBINATION_CHOICES", "technique_registry", "combine",
            "added_combinations", "check_technique", "stand_in"]
 
 
@@ -40,7 +41,7 @@ def check_technique(name: str, technique: object, source: str) -> type[Technique
     if not name or COMBINED in name or name != name.strip():
         raise CombinationError(f"{source}: technique name {name!r} must be non-empty, without spaces around it, and "
                                f"without {COMBINED!r} (which joins techniques)")
-    if name in BUILTIN:
+    if name in BUILTIN or name in PARALLEL:
         raise CombinationError(f"{source}: {name!r} is benchlib's own technique; give yours another name")
     if technique.name and technique.name != name:
         raise CombinationError(f"{source}: {name!r} maps to {technique.__name__}, whose name is {technique.name!r}")
@@ -59,10 +60,10 @@ def installed_techniques() -> tuple[tuple[str, type[Technique]], ...]:
 
 
 def technique_registry(own: Mapping[str, object] | None = None, source: str = "TECHNIQUES") -> dict[str, type[Technique]]:
-    """Every technique a run can name, in the order combinations list them: benchlib's own, then installed
-    packages', then `own` (a model file's `TECHNIQUES`: its classes where the file was read here, or the aspects
+    """Every technique a run can name, in the order combinations list them: benchlib's own (eager torch, the
+    parallel strategies, the rest), then installed packages', then `own` (a model file's `TECHNIQUES`: its classes where the file was read here, or the aspects
     each changes where a child read it, as `stand_in`s)."""
-    registry: dict[str, type[Technique]] = dict(BUILTIN)
+    registry: dict[str, type[Technique]] = {TORCH: BUILTIN[TORCH], **PARALLEL, **BUILTIN}
     own = {name: stand_in(name, technique) if isinstance(technique, (list, tuple)) else technique
            for name, technique in (own or {}).items()}
     for name, technique in (*installed_techniques(), *own.items()):
@@ -87,8 +88,8 @@ def _valid(names: Iterable[str], registry: Mapping[str, type[Technique]]) -> boo
 
 def added_combinations(which: str, registry: Mapping[str, type[Technique]], named: Iterable[str] = ()) -> list[str]:
     """The combinations `-p combinations=which` adds to the named engines: the ones users reach for
-    (`DEFAULT_COMBINATIONS`), every valid join of two or more techniques (eager torch and the compile budget
-    sweep left out), or none."""
+    (`DEFAULT_COMBINATIONS`), every valid join of two or more techniques (eager torch, the parallel strategies
+    and the compile budget sweep left out), or none."""
     if which not in COMBINATION_CHOICES:
         raise CombinationError(f"combinations must be one of {', '.join(COMBINATION_CHOICES)}, got {which!r}")
     named = set(named)
@@ -96,7 +97,7 @@ def added_combinations(which: str, registry: Mapping[str, type[Technique]], name
         return []
     if which == DEFAULT:
         return [name for name in DEFAULT_COMBINATIONS if name not in named]
-    joinable = [name for name in registry if name not in (TORCH, *SWEEP)]
+    joinable = [name for name in registry if name not in (TORCH, *SWEEP, *PARALLEL)]
     found = [COMBINED.join(group) for size in range(2, len(joinable) + 1)
              for group in itertools.combinations(joinable, size) if _valid(group, registry)]
     return [name for name in found if name not in named]

@@ -52,6 +52,7 @@ class Aspect(str, Enum):
     BATCH = "how the batch is split"
     OPTIMIZER = "the optimizer step"
     GRADIENT = "how the gradient is computed"
+    PLACEMENT = "where the parameters live across ranks"
 
     @property
     def exclusive(self) -> bool:
@@ -64,6 +65,7 @@ class Need(str, Enum):
     OPTIMIZER = "an optimizer(parameters)"
     CUDA = "a CUDA device"
     FLOAT32 = "float32 parameters"
+    RANKS = "several ranks (benchlib run --ranks N)"
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,7 @@ class StepFacts:
     has_optimizer: bool
     has_step: bool  # the file defines its own step(model, optimizer, *batch)
     device_kind: str
+    world_size: int = 1  # the ranks the step runs on (torch.distributed), 1 in one process
 
 
 class Technique:
@@ -124,6 +127,11 @@ class Technique:
     def not_applicable(self, model: torch.nn.Module, facts: StepFacts) -> str | None:
         """Why this technique cannot run this model's step, beyond its `needs`; None when it can."""
         return None
+
+    def place(self, build: Callable[[], torch.nn.Module], device: torch.device) -> torch.nn.Module:
+        """The model its step runs on, built by `build()` (seeded, on the host) and put where this rank holds it:
+        on `device` as a whole unless the technique owns PLACEMENT (data parallel, sharded)."""
+        return build().to(device)
 
     def refuses(self, other: Technique) -> str | None:
         """Why this technique cannot join `other` beyond a shared aspect; None when it can."""
@@ -218,6 +226,10 @@ class Combination:
     def observes_gradients(self) -> bool:
         return any(part.observes_gradients for part in self.parts)
 
+    def place(self, build: Callable[[], torch.nn.Module], device: torch.device) -> torch.nn.Module:
+        """The model the step runs on, placed by the part that owns PLACEMENT (eager's placement without one)."""
+        return (self.owner(Aspect.PLACEMENT) or Technique()).place(build, device)
+
     def imports(self, has_optimizer: bool) -> tuple[str, ...]:
         """What its step imports beyond torch the first time it runs (torch.optim imports the dynamo stack)."""
         from benchlib.engines import DYNAMO
@@ -254,6 +266,8 @@ class Combination:
 def _needs_missing(part: Technique, model: torch.nn.Module, facts: StepFacts) -> str | None:
     if Need.OPTIMIZER in part.needs and not facts.has_optimizer:
         return f"the file declares no optimizer(parameters): {part.name} needs {Need.OPTIMIZER.value}"
+    if Need.RANKS in part.needs and facts.world_size < 2:
+        return f"{part.name} needs {Need.RANKS.value}; this run has one process"
     if Need.CUDA in part.needs and facts.device_kind != "cuda":
         return f"{part.name} needs {Need.CUDA.value} ({part.description})"
     if Need.FLOAT32 in part.needs:

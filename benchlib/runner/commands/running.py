@@ -59,6 +59,15 @@ def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:
              "peak, the temporaries, and site-by-site diffs, in the records and report.html (model files and "
              "identical_closures; needs memray)")
     run_parser.add_argument(
+        "--ranks", type=int, default=None, metavar="N",
+        help="a model file's step on N torch.distributed ranks, a process each (gloo on the CPU, NCCL on CUDA, a GPU "
+             "per rank), under --parallel; records carry rank and world_size (same as -p ranks=N; docs/distributed.md)")
+    run_parser.add_argument(
+        "--parallel", default=None, metavar="ddp,fsdp",
+        help="with --ranks: the parallel strategies to measure each engine under, ddp (a whole copy per rank, "
+             "gradients all-reduced) and/or fsdp (FSDP2, sharded per repeated block); eager torch in one process "
+             "runs beside them as the baseline (same as -p parallel=fsdp)")
+    run_parser.add_argument(
         "--png", action="store_true",
         help="also save every figure as figures/<name>.png and as PNG in the executed notebooks "
              "(needs kaleido, pip install -e '.[png]', and a Chrome/Chromium; refused otherwise)",
@@ -106,7 +115,7 @@ def _run(arguments: argparse.Namespace) -> int:
     result = run(
         arguments.notebooks,
         device=arguments.device,
-        params=parse_assignments(arguments.param),
+        params={**parse_assignments(arguments.param), **_ranks_params(arguments)},
         out=arguments.out,
         quick=arguments.quick,
         notebooks_dir=arguments.notebooks_dir,
@@ -121,6 +130,12 @@ def _run(arguments: argparse.Namespace) -> int:
         command=["benchlib", *arguments.argv],
     )
     return result.exit_code
+
+
+def _ranks_params(arguments: argparse.Namespace) -> dict:
+    """--ranks and --parallel as the parameters they stand for."""
+    given = {"ranks": str(arguments.ranks)} if arguments.ranks is not None else {}
+    return {**given, **({"parallel": arguments.parallel} if arguments.parallel is not None else {})}
 
 
 def _list(names: Sequence[str], notebooks_dir: Path | None) -> int:

@@ -1,0 +1,140 @@
+"""Steps on several torch.distributed ranks: data parallel (`ddp`) and fully sharded (`fsdp`).
+
+A parallel strategy is the technique that owns PLACEMENT: where each rank holds the model. It joins the
+others with `+` (`fsdp+torch-checkpoint`, `ddp+torch-autocast`); the rest of the step is theirs. Each
+rank's process joins its group first (`join_group`: gloo on the CPU, NCCL on CUDA, met through a file, so no
+port is chosen: `RankGroup`), then builds its step (`benchlib.usermodel.ranked`). FSDP2 builds the model on the meta
+device, shards each repeated block (the checkpoint targets) and the root, and only then materializes its
+shard: built whole and then sharded, a rank would hold the whole model once (more than DDP's copy at its
+peak). Rank 0 alone builds the seeded model whole, to broadcast the initial values from, as torch's recipe
+for a full checkpoint does; that is set-up, before any measured step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+
+from benchlib.engine_names import DDP, FSDP
+from benchlib.engines.techniques.base import Aspect, Need, Technique
+from benchlib.engines.techniques.modules import checkpoint_blocks
+
+COMMUNICATION_EVENTS = ("gloo:", "nccl:")  # torch.profiler's names of a collective's own work, by backend
+
+
+@dataclass(frozen=True)
+class RankGroup:
+    """Who this process is among the ranks of one step, where they meet (a file), and how long a collective waits
+    for the others: what `benchlib.measure.run_ranks` hands each rank as its `group` param."""
+
+    rank: int
+    world_size: int
+    rendezvous: str
+    timeout_s: float
+
+    def join(self, device: torch.device) -> None:
+        """Join the group: gloo on the CPU, NCCL on CUDA."""
+        import torch.distributed as dist
+
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                store=dist.FileStore(self.rendezvous, self.world_size), rank=self.rank,
+                                world_size=self.world_size, timeout=timedelta(seconds=self.timeout_s))
+
+
+def gathered(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a sharded one (a collective: every rank calls it in the same order); others as they are."""
+    full_tensor = getattr(tensor, "full_tensor", None)
+    return tensor if full_tensor is None else full_tensor()
+
+
+def communication_share(call: Callable[[], object]) -> float:
+    """The share of `call()` during which a collective was in flight (waiting for another rank included), as
+    torch.profiler times the backend's own events against the span of everything it saw; collectives in flight
+    at once count once."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        call()
+    events = [(event.time_range.start, event.time_range.end, event.name) for event in profiler.events()]
+    if not events:
+        return 0.0
+    spans = sorted((start, end) for start, end, name in events if name.startswith(COMMUNICATION_EVENTS))
+    total, reached = 0.0, -math.inf
+    for start, end in spans:
+        total += max(0.0, end - max(start, reached))
+        reached = max(reached, end)
+    whole = max(end for _, end, _ in events) - min(start for start, _, _ in events)
+    return min(1.0, total / whole) if whole > 0 else 0.0
+
+
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The user's model inside a data-parallel wrapper (DDP's `module`), so its module paths are the file's own."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+class DataParallel(Technique):
+    name = DDP
+    description = "DistributedDataParallel: the whole model on every rank, gradients all-reduced during backward"
+    changes = frozenset({Aspect.PLACEMENT})
+    needs = frozenset({Need.RANKS})
+    imports = ("torch.distributed",)
+    untraceable = "its step communicates across ranks"
+    runs_file_step = True
+
+    def place(self, build: Callable[[], torch.nn.Module], device: torch.device) -> torch.nn.Module:
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(build().to(device), device_ids=[device] if device.type == "cuda" else None)
+
+
+class FullyShard(Technique):
+    name = FSDP
+    description = ("FSDP2: fully_shard on each repeated block and the root, built on the meta device; parameters, "
+                   "gradients and optimizer state sharded across ranks")
+    changes = frozenset({Aspect.PLACEMENT})
+    needs = frozenset({Need.RANKS})
+    imports = ("torch.distributed", "torch.distributed.fsdp", "torch.distributed.checkpoint.state_dict")
+    untraceable = "its step communicates across ranks"
+    runs_file_step = True
+
+    def params(self, model: torch.nn.Module) -> dict:
+        return {"sharded_modules": checkpoint_blocks(model)}
+
+    def place(self, build: Callable[[], torch.nn.Module], device: torch.device) -> torch.nn.Module:
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from torch.distributed.fsdp import fully_shard
+
+        from benchlib.measure.case_child import NotApplicable
+
+        try:
+            with torch.device("meta"):
+                model = build()
+        except Exception as error:
+            raise NotApplicable(f"the model cannot be built on the meta device, which sharding it without a whole "
+                                f"copy per rank needs: {type(error).__name__}: {error}") from error
+        for path in checkpoint_blocks(model):
+            fully_shard(model.get_submodule(path))
+        fully_shard(model)
+        model.to_empty(device=device)
+        whole = build() if dist.get_rank() == 0 else None
+        set_model_state_dict(model, whole.state_dict() if whole is not None else {},
+                             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        kept = set(model.state_dict())
+        for name, buffer in model.named_buffers():  # what the state dict leaves out (non-persistent buffers)
+            if name not in kept:
+                if whole is not None:
+                    buffer.copy_(whole.get_buffer(name))
+                dist.broadcast(buffer, src=0)
+        return model
+
+
+PARALLEL = {technique.name: technique for technique in (DataParallel, FullyShard)}

@@ -1,0 +1,145 @@
+"""Steps on several torch.distributed ranks (gloo on the CPU): each rank's roles are its shard's, the gathered
+gradient is what data parallelism must compute (and a step that does not reduce is caught), a rank that dies
+ends the step and is named, and bad settings are refused before any work."""
+
+import json
+import textwrap
+
+import pandas as pd
+import pytest
+
+from benchlib.engines.gradients import gradient_tolerance
+from benchlib.measure import IsolatedResult, Measurement, RankedResult
+from benchlib.records import load_records
+from benchlib.runner.cli import main
+
+MODEL = """
+import torch
+from torch import nn
+
+NAME = "ranked_stack"
+PARAMETERS = {"width": 32, "depth": 4}
+
+class Block(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.fc, self.norm = nn.Linear(width, width), nn.LayerNorm(width)
+
+    def forward(self, x):
+        return x + torch.tanh(self.fc(self.norm(x)))
+
+def model(width, depth):
+    return nn.Sequential(nn.Linear(6, width), nn.Sequential(*[Block(width) for _ in range(depth)]), nn.Linear(width, 2))
+
+def batch(width, depth):
+    return torch.randn(8, 6), torch.randint(0, 2, (8,))
+
+def loss(model, x, y):
+    return nn.functional.cross_entropy(model(x), y)
+
+def optimizer(parameters):
+    return torch.optim.Adam(parameters, lr=1e-3)
+"""
+
+# A placement of the file's own that never reduces: each rank keeps its own batch's gradient
+NO_REDUCTION = """
+from benchlib.engines.techniques import Aspect, Need, Technique
+
+class Alone(Technique):
+    changes = frozenset({Aspect.PLACEMENT})
+    needs = frozenset({Need.RANKS})
+    runs_file_step = True
+
+TECHNIQUES = {"alone": Alone}
+"""
+
+DIES = """
+import os
+
+def loss(model, x, y):
+    import torch.distributed as dist
+    if dist.is_initialized() and dist.get_rank() == 1:
+        os._exit(1)
+    return nn.functional.cross_entropy(model(x), y)
+"""
+
+
+def _run(tmp_path, source: str, *args: str) -> tuple[int, pd.DataFrame]:
+    (tmp_path / "model.py").write_text(textwrap.dedent(source))
+    code = main(["run", str(tmp_path / "model.py"), "-p", "trials=1", "--device", "cpu",
+                 "--out", str(tmp_path / "out"), *args])
+    runs = list((tmp_path / "out").iterdir()) if (tmp_path / "out").exists() else []
+    return code, (load_records(runs[0]) if runs else pd.DataFrame())
+
+
+def _value(records: pd.DataFrame, engine: str, metric: str, **params) -> list[float]:
+    rows = records[(records["variant"] == engine) & (records["metric"] == metric)]
+    keep = rows["params"].map(lambda text: all(json.loads(text).get(k) == v for k, v in params.items()))
+    return list(rows[keep]["value"])
+
+
+@pytest.mark.slow
+def test_fsdp_holds_half_of_every_held_role_per_rank_and_both_strategies_compute_the_same_gradient(tmp_path):
+    code, records = _run(tmp_path, MODEL, "--ranks", "2", "--parallel", "ddp,fsdp")
+    assert code == 0
+    for role in ("role_parameter_bytes", "role_optimizer_bytes", "role_gradient_bytes"):
+        (whole,) = _value(records, "torch", role)
+        for rank in (0, 1):  # every width is even: each shard is exactly half, byte for byte; Adam's step counts
+            # (a scalar per parameter) are every rank's own
+            (shard,) = _value(records, "fsdp", f"rank_{role}", rank=rank, world_size=2)
+            assert shard == whole / 2 if role != "role_optimizer_bytes" else abs(shard - whole / 2) <= 0.01 * whole
+            assert _value(records, "ddp", f"rank_{role}", rank=rank, world_size=2) == [whole]
+    for engine in ("ddp", "fsdp"):
+        (error,) = _value(records, engine, "grad_max_rel_err")
+        assert error <= gradient_tolerance("float32")
+        (peak,) = records[(records["variant"] == engine) & (records["metric"] == "peak_bytes")].itertuples()
+        assert json.loads(peak.params)["world_size"] == 2 and json.loads(peak.params)["worst_rank"] in (0, 1)
+    saved = _value(records, "fsdp", "rank_role_saved_bytes", rank=0)  # gathered parameters are no activations
+    assert saved == _value(records, "torch", "role_saved_bytes")
+
+
+@pytest.mark.slow
+def test_a_placement_that_never_reduces_fails_the_gradient_check(tmp_path):
+    code, records = _run(tmp_path, MODEL + NO_REDUCTION, "--ranks", "2", "-p", "engines=alone")
+    assert code == 1
+    (failed,) = records[(records["variant"] == "alone") & (records["metric"] == "failed")].itertuples()
+    assert "not the same maths" in json.loads(failed.params)["message"]
+
+
+@pytest.mark.slow
+def test_a_rank_that_exits_mid_step_ends_the_step_and_is_named(tmp_path):
+    code, records = _run(tmp_path, MODEL + DIES, "--ranks", "2", "--parallel", "fsdp", "--timeout", "120")
+    assert code == 1
+    (failed,) = records[(records["variant"] == "fsdp") & (records["metric"] == "failed")].itertuples()
+    message = json.loads(failed.params)["message"]
+    assert "rank 1 of 2 failed first" in message and "exited with status 1" in message
+    assert "rank 0: its collective lost rank 1" in message
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--ranks", "2"), "say how the step is spread"),
+    (("--parallel", "fsdp"), "give --ranks N"),
+    (("--ranks", "2", "--parallel", "zero3"), "'zero3' is no parallel strategy; valid: ddp, fsdp"),
+    (("-p", "engines=fsdp+ddp", "--ranks", "2"), "both change where the parameters live"),
+])
+def test_bad_rank_settings_are_refused_before_any_work(tmp_path, capsys, args, words):
+    code, records = _run(tmp_path, MODEL, *args)
+    assert code == 2 and records.empty
+    assert words in capsys.readouterr().err
+
+
+def _rank(peak: int, baseline: int, checks: dict) -> IsolatedResult:
+    measurement = Measurement(name="x", device="cpu", times_s=(0.1,), gc_count=0, gc_seconds=0.0,
+                              peak_bytes=peak, baseline_bytes=baseline)
+    return IsolatedResult("x", measurement, checks, {"pid": 1})
+
+
+def test_the_worst_rank_is_the_one_holding_most_and_rank_0_judges_the_gradient():
+    result = RankedResult((_rank(100, 500, {"grad_max_rel_err": 0.0, "role_saved_bytes": 7.0}),
+                           _rank(150, 400, {"role_saved_bytes": 9.0}),
+                           _rank(90, 520, {"role_saved_bytes": 8.0})))
+    assert result.worst == 2 and result.environment["worst_rank"] == 2
+    assert result.checks == {"role_saved_bytes": 8.0, "grad_max_rel_err": 0.0}
+    rows = {(row["metric"], row["params"]["rank"]): row["value"] for row in result.breakdown}
+    assert rows[("rank_peak_bytes", 1)] == 150 and rows[("rank_baseline_bytes", 0)] == 500
+    assert rows[("rank_role_saved_bytes", 2)] == 8.0
