@@ -47,3 +47,32 @@ def ranks_words(table: pd.DataFrame, case: str, engine: str, held: float) -> str
     talk = f", {100 * share:.0f}% of a step in collectives" if share == share else ""
     return (f"  on {int(worst['world_size'])} ranks, worst rank {int(worst['rank'])} holds "
             f"{format_bytes(int(worst['held_bytes']))}" + (f" ({others})" if others else "") + talk)
+
+
+HELD_ROLES = {"role_parameter_bytes": "parameters", "role_optimizer_bytes": "optimizer state",
+              "role_gradient_bytes": "gradients", "role_saved_bytes": "saved activations"}
+REST = "the rest of the process"  # interpreter, libraries, communication buffers, the allocator's keep
+
+
+def held_by_role(records: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """What each process of a run with steps on several ranks held at its peak, by role: a row per rank of each
+    such step (`rank_table`), and one per engine that ran in one process, to set beside them; `REST` is the held
+    bytes no role accounts for. Empty for a run on one process."""
+    if table.empty:
+        return pd.DataFrame(columns=["case", "engine", "process", *HELD_ROLES.values(), REST, "held_bytes"])
+    rows = [{"case": row.case, "engine": row.engine, "process": f"rank {int(row.rank)} of {int(row.world_size)}",
+             **{words: getattr(row, metric) for metric, words in HELD_ROLES.items()}, "held_bytes": row.held_bytes}
+            for row in table.itertuples()]
+    alone = records[~records["variant"].isin(set(table["engine"]))]
+    medians = alone.groupby(["case", "variant", "metric"], sort=False)["value"].median()
+    for (case, engine), of_engine in medians.groupby(level=["case", "variant"], sort=False):
+        values = of_engine.droplevel(["case", "variant"])
+        if "baseline_bytes" in values and "peak_bytes" in values:
+            rows.insert(0, {"case": case, "engine": engine, "process": "one process",
+                            **{words: values.get(metric, 0.0) for metric, words in HELD_ROLES.items()},
+                            "held_bytes": values["baseline_bytes"] + values["peak_bytes"]})
+    frame = pd.DataFrame(rows).fillna(0.0)
+    alone = frame["process"] == "one process"  # first, then each step on ranks, rank by rank
+    frame = pd.concat([frame[alone], frame[~alone].sort_values(["case", "engine", "process"], kind="stable")])
+    frame[REST] = (frame["held_bytes"] - frame[list(HELD_ROLES.values())].sum(axis=1)).clip(lower=0.0)
+    return frame

@@ -298,6 +298,7 @@ def build_report(run: str | os.PathLike) -> str:
     from benchlib.report.tables.cuda import allocator_section
     from benchlib.report.tables.harness import harness_section
     from benchlib.report.tables.modules import modules_section
+    from benchlib.report.tables.ranks import ranks_section
     from benchlib.report.tables.sites import sites_section
     from benchlib.analysis.sites import ATTRIBUTION_METRICS
 
@@ -340,6 +341,7 @@ def build_report(run: str | os.PathLike) -> str:
             if records is not None:
                 parts.append(allocator_section(records, benchmark, run_path))
             if records is not None:
+                parts.append(_part_html(ranks_section, "Memory per rank", records, benchmark, figure_specs))
                 parts.append(_part_html(modules_section, "Memory by module", records, benchmark, figure_specs))
             if attributed is not None:
                 parts.append(_part_html(sites_section, "Allocation sites", attributed, benchmark, figure_specs))
