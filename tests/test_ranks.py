@@ -143,3 +143,28 @@ def test_the_worst_rank_is_the_one_holding_most_and_rank_0_judges_the_gradient()
     rows = {(row["metric"], row["params"]["rank"]): row["value"] for row in result.breakdown}
     assert rows[("rank_peak_bytes", 1)] == 150 and rows[("rank_baseline_bytes", 0)] == 500
     assert rows[("rank_role_saved_bytes", 2)] == 8.0
+
+
+@pytest.mark.slow
+def test_fit_on_ranks_answers_per_rank_confirmed_on_real_ranks(tmp_path, capsys):
+    from benchlib.fit import fit
+
+    batched = (MODEL.replace('"depth": 4}', '"depth": 4, "batch_size": 64}').replace("(width, depth)", "(width, depth, batch_size)")
+               .replace("torch.randn(8, 6), torch.randint(0, 2, (8,))",
+                        "torch.randn(batch_size, 6), torch.randint(0, 2, (batch_size,))"))
+    (tmp_path / "model.py").write_text(textwrap.dedent(batched))
+    result = fit(tmp_path / "model.py", memory="3 GB", scale="batch_size", params={"ranks": 2, "parallel": "fsdp",
+                                                                                    "width": 256},
+                 verify=False, progress=lambda line: None)
+    (engine,) = result.engines
+    assert engine.engine == "fsdp" and result.world_size == 2 and engine.points
+    assert "its worst rank's resident high-water mark" in result.total
+    assert all(json.loads(record["params"])["world_size"] == 2 for record in result.records() if "params" in record)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="measures the ranks where there are GPUs")
+def test_fit_on_ranks_without_a_gpu_per_rank_is_refused_before_any_work(tmp_path, capsys):
+    (tmp_path / "model.py").write_text(textwrap.dedent(MODEL))
+    assert main(["fit", str(tmp_path / "model.py"), "--memory", "1GB", "--scale", "width", "--ranks", "2",
+                 "--parallel", "fsdp", "--device", "cuda", "--out", str(tmp_path / "out")]) == 2
+    assert "measures every rank on a GPU of its own, and this machine has none" in capsys.readouterr().err

@@ -60,11 +60,12 @@ class FitFile(FileFacts):
     and the time each of its processes may take (`process_timeout`: `--timeout`)."""
 
     timeout_s: float = DEFAULT_TIMEOUT_S
+    world_size: int = 1  # the ranks each engine's step runs on (`-p ranks`): its totals are its worst rank's
 
     @classmethod
-    def of(cls, facts: FileFacts, timeout_s: float = DEFAULT_TIMEOUT_S) -> FitFile:
+    def of(cls, facts: FileFacts, timeout_s: float = DEFAULT_TIMEOUT_S, world_size: int = 1) -> FitFile:
         return cls(**{field.name: getattr(facts, field.name) for field in dataclasses.fields(facts)},
-                   timeout_s=timeout_s)
+                   timeout_s=timeout_s, world_size=world_size)
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ def ask(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | None
     from benchlib.usermodel.loader import ModelFileError
     from benchlib.usermodel.planning import measure_reading, read_in_child
     from benchlib.usermodel.gate import parse_bytes
-    from benchlib.usermodel.measuring import TORCH_FORM
+    from benchlib.usermodel.measuring import TORCH_FORM, spread_over_ranks
 
     memory, margin = (memory.size, memory.margin) if isinstance(memory, MemoryLimit) else (memory, 0.0)
     try:
@@ -121,20 +122,23 @@ def ask(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | None
     if facts.arrays:
         raise FitError(f"{facts.path}: fit takes a model file in the torch form (this one is in the array form)")
     benchmark, form = declaration([facts], False, functools.partial(measure_reading, [str(facts.path)])), TORCH_FORM
-    model_file = FitFile.of(facts, process_timeout())
-    if scale not in model_file.parameters:
-        raise FitError(f"--scale {scale!r} is not a parameter of {model_file.path.name}; its parameters: "
-                       f"{', '.join(model_file.parameters) or 'none'}")
+    if scale not in facts.parameters:
+        raise FitError(f"--scale {scale!r} is not a parameter of {facts.path.name}; its parameters: "
+                       f"{', '.join(facts.parameters) or 'none'}")
     by_name = {parameter.name: parameter for parameter in benchmark.parameters}
     typed = {name: by_name[name].parse(value) if isinstance(value, str) and name in by_name else value
              for name, value in (params or {}).items()}  # -p text, as `run` reads it
-    values = benchmark.config(typed).plain()
+    values = benchmark.config(typed).plain()  # its rules check ranks and their strategies, as `run` does
+    model_file = FitFile.of(facts, process_timeout(), values["ranks"])
     named = list(engines or [engine for engine in values["engines"] if engine not in form.sweep_engines])
     try:  # each a technique or a combination, named in the registry's order as its records will carry it
         chosen = list(dict.fromkeys(combination_of(model_file, engine.strip()).name for engine in named if engine.strip()))
+        if model_file.world_size > 1:  # the answer is per rank: every engine under a strategy, none in one process
+            chosen = spread_over_ranks(chosen if engines else [form.reference], values["parallel"],
+                                       technique_registry(model_file.techniques), form.reference)
     except CombinationError as error:
         raise FitError(f"--engines: {error}") from None
-    added = [] if engines or not form.composes else \
+    added = [] if engines or not form.composes or model_file.world_size > 1 else \
         added_combinations(values.get("combinations", "none"), technique_registry(model_file.techniques), chosen)
     return Question(model_file, form, {name: values[name] for name in model_file.parameters}, limit, margin,
                     chosen + added, added)

@@ -15,7 +15,7 @@ from benchlib.engine_names import REFERENCE
 from benchlib.fit import in_child, measured
 from benchlib.fit.advice import CheckpointAdvice, EagerStep, advise
 from benchlib.fit.asking import FitInterrupted, MemoryLimit, ask, parse_at
-from benchlib.fit.largest import fit
+from benchlib.fit.largest import fit, on_ranks, total_words
 from benchlib.fit.result import MEASURED
 from benchlib.units import format_bytes, format_seconds
 
@@ -153,10 +153,11 @@ def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engin
                                                  question.margin, question.engines)
     predicted = cuda_without_gpu(device)
     target = None if predicted else resolve_device(device)
+    on_ranks(model_file.world_size, target, predicted)
     if target is not None and limit <= available_memory(target):
-        total = "the allocator's reserved peak" if target.is_cuda else "the process's resident high-water mark"
-        result = AtResult(model_file.name, scale, value, limit, margin, target.name, total)
-        reasons = in_child.plan(model_file, values, target, chosen).reasons
+        result = AtResult(model_file.name, scale, value, limit, margin, target.name,
+                          total_words(target, model_file.world_size))
+        reasons = in_child.plan(model_file, values, target, chosen, model_file.world_size).reasons
         try:
             _measure_each(model_file, values, target, {engine: reasons.get(engine) for engine in chosen}, result,
                           progress)

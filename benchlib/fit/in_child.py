@@ -32,7 +32,7 @@ def _call(function: str, model_file, what: str, timeout_s: float | None = None, 
         raise ChildFailed(f"{what}: {failed.reason}") from None
 
 
-def plan(model_file, values: Mapping[str, Any], device, engines: Sequence[str]):
+def plan(model_file, values: Mapping[str, Any], device, engines: Sequence[str], world_size: int = 1):
     """The form's `Plan` at `values` (which engines do not apply, and why), made in a child under the form check's
     time limit (the model and batch are built there)."""
     from benchlib.usermodel.measuring import Plan
@@ -40,7 +40,8 @@ def plan(model_file, values: Mapping[str, Any], device, engines: Sequence[str]):
 
     try:
         made = _call("_in_child_plan", model_file, "building the model and batch at the asked values",
-                     timeout_s=form_check_timeout(), values=dict(values), target=device.name, engines=list(engines))
+                     timeout_s=form_check_timeout(), values=dict(values), target=device.name, engines=list(engines),
+                     world_size=world_size)
     except ChildFailed as failed:  # the file's code fails at these values: refused before anything is measured
         raise FitError(f"{model_file.path}: {failed}") from None
     return Plan(**made)
@@ -83,13 +84,14 @@ def predicted_engine(model_file, engine: str, values: Mapping[str, Any], scale: 
         return {"reason": f"not predicted: its trace's process failed ({failed})"}
 
 
-def _in_child_plan(*, device, path: str, values: dict, target: str, engines: list[str]) -> dict:
+def _in_child_plan(*, device, path: str, values: dict, target: str, engines: list[str], world_size: int = 1) -> dict:
     from benchlib.measure import Device
     from benchlib.usermodel.loader import read_model_file
     from benchlib.usermodel.measuring import TORCH_FORM
 
     kind, _, index = target.partition(":")  # a CUDA device fit predicts for need not be here: its kind is asked
-    made = TORCH_FORM.plan(read_model_file(path), values, Device(kind, int(index) if index else None), engines, {})
+    made = TORCH_FORM.plan(read_model_file(path), values, Device(kind, int(index) if index else None), engines, {},
+                           world_size=world_size)
     return dataclasses.asdict(made)
 
 

@@ -57,14 +57,15 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
                        "--verify, --device cuda predicts from a trace under fake tensors")
     points = scale_points(values[scale], scale)
     target = Device("cuda", int(device.partition(":")[2] or 0)) if predicted else resolve_device(device)
+    on_ranks(model_file.world_size, target, predicted)
     if verify is None:  # confirmed by default wherever this machine can hold the limit
         verify = not predicted and question.limit <= available_memory(target)
     fits = _applicable(question, target, progress)
     if predicted:
         result = _predict_all(model_file, fits, values, scale, question.usable, target.name, progress)
         return dataclasses.replace(result, limit=question.limit, margin=question.margin)
-    total = "the allocator's reserved peak" if target.is_cuda else "the process's resident high-water mark"
-    result = FitResult(model_file.name, scale, question.limit, target.name, total, fits, margin=question.margin)
+    result = FitResult(model_file.name, scale, question.limit, target.name, total_words(target, model_file.world_size),
+                       fits, margin=question.margin, world_size=model_file.world_size)
     pace = Pace(progress)
     try:
         named = [engine_fit for engine_fit in fits if engine_fit.engine not in question.added]
@@ -79,12 +80,35 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
     return result
 
 
+def total_words(target, world_size: int) -> str:
+    """What a measured total is, in words: CUDA's reserved peak or the resident high-water mark, the worst rank's."""
+    total = "the allocator's reserved peak" if target.is_cuda else "the process's resident high-water mark"
+    return total.replace("the process's", "its worst rank's") if world_size > 1 else total
+
+
+def on_ranks(world_size: int, target, predicted: bool) -> None:
+    """FitError where a step on `world_size` ranks cannot run here: each rank is measured on a device of its own."""
+    from benchlib.measure import rank_devices
+
+    if world_size < 2:
+        return
+    if predicted:
+        raise FitError(f"--ranks {world_size} on CUDA measures every rank on a GPU of its own, and this machine has "
+                       "none; a prediction of each rank from one process is not built yet (docs/distributed.md). On "
+                       "the CPU, gloo ranks are measured: --device cpu")
+    try:
+        rank_devices(target, world_size)
+    except ValueError as error:
+        raise FitError(f"--ranks: {error}") from None
+
+
 def _applicable(question: Question, device, progress: Callable[[str], None]) -> list[EngineFit]:
     """An `EngineFit` per engine, with the form's reason where it does not apply; an added combination that does not
     apply is left out, as `run` leaves it out, and the line says so."""
     from benchlib.usermodel.case import combination_of
 
-    reasons = in_child.plan(question.model_file, question.values, device, question.engines).reasons
+    reasons = in_child.plan(question.model_file, question.values, device, question.engines,
+                            question.model_file.world_size).reasons
     fits = []
     for engine in question.engines:
         if engine in question.added and engine in reasons:

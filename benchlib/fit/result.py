@@ -133,6 +133,7 @@ class FitResult:
     basis: str = MEASURED  # or predicted.BASIS: the totals are predicted, nothing ran on the device
     unseen: list[str] = field(default_factory=list)  # predicted: what CUDA's kernels take that the trace did not see
     margin: float = 0.0  # the share of the limit kept free: answers stay under limit * (1 - margin)
+    world_size: int = 1  # the ranks each step ran on: values are per rank, totals the worst rank's
 
     @property
     def usable(self) -> float:
@@ -201,8 +202,9 @@ class FitResult:
                 lines.extend(f"    {why}" for why in self.unseen)
             return lines
         seconds, label = best.seconds_per_sample(best.largest)
-        lines = [f"{self.name}: the largest {self.scale} under {limit} ({self.total}) is {_value(best.largest)}, "
-                 f"with {best.engine} ({format_seconds(seconds)} per sample, {label}); {_basis(best)}"
+        lines = [f"{self.name}: the largest {self.scale} under {limit} ({self.total}) is {_value(best.largest)}"
+                 + (f" per rank ({_value(best.largest * self.world_size)} across {self.world_size} ranks)"
+                    if self.world_size > 1 else "") + f", with {best.engine} ({format_seconds(seconds)} per sample, {label}); {_basis(best)}"
                  + (_bound(best) if best.largest not in best.checked else "")]
         fastest, common, timed = self.fastest, self.common_value, self.timed_value
         if fastest is not None and len([fit for fit in self.fitted if fit.points]) > 1:
@@ -323,6 +325,7 @@ class FitResult:
             labels = dict(benchmark=self.name, case=f"fit {self.scale}", engine=fit.engine, device=self.device,
                           dtype="float32")
             common = {"scale": self.scale, "limit": self.limit, "margin": self.margin, "total": self.total,
+                      **({"world_size": self.world_size} if self.world_size > 1 else {}),
                       "basis": self.basis,
                       **({"unseen": self.unseen} if self.unseen else {})}
             if fit.reason:  # not applicable here, not traceable, too few points: said, so no engine leaves no trace

@@ -21,7 +21,7 @@ from time import perf_counter
 from benchlib.records.metrics import RANK_PREFIX
 
 from .devices import Device
-from .isolation import (CaseFailed, CaseNotApplicable, IsolatedResult, IsolationOptions, child_sys_path,
+from .isolation import (CaseCapped, CaseFailed, CaseNotApplicable, IsolatedResult, IsolationOptions, child_sys_path,
                         isolated_result, kill_group, measuring_spec, read_outcome, spawn_child)
 
 PEER_GRACE_S = 15.0  # how long the other ranks may take to end once one has failed
@@ -155,6 +155,9 @@ def _outcome(name: str, ranks: list, ended: list, timeout_s: float, started: flo
             failures.append((timed_out, at, rank, error))
     if not failures:
         return RankedResult(tuple(results))
+    capped = next((error for *_, error in failures if isinstance(error, CaseCapped)), None)
+    if capped is not None:  # a rank past its memory cap: the step is over it, whatever the others said
+        raise capped
     not_applicable = next((error for *_, error in failures if isinstance(error, CaseNotApplicable)), None)
     if not_applicable is not None:
         raise CaseNotApplicable(name, not_applicable.reason, output=not_applicable.output)

@@ -329,6 +329,12 @@ def parse_assignments(texts: Sequence[str]) -> dict[str, str]:
     return params
 
 
+def ranks_params(arguments) -> dict:
+    """--ranks and --parallel as the parameters they stand for."""
+    given = {"ranks": str(arguments.ranks)} if arguments.ranks is not None else {}
+    return {**given, **({"parallel": arguments.parallel} if arguments.parallel is not None else {})}
+
+
 def check_value(spec: NotebookSpec, name: str, value: Any) -> Any:
     """`value` as parameter `name` of `spec` holds it, or a RunnerError saying what is valid."""
     try:

@@ -104,6 +104,16 @@ def placed(combination) -> bool:
     return combination.owner(Aspect.PLACEMENT) is not None
 
 
+def spread_over_ranks(engines: list[str], parallel: str, registry, reference: str) -> list[str]:
+    """Each engine on several ranks: as named where it has a parallel strategy, else under each strategy of `parallel`
+    (comma-separated), `reference` standing for the strategy alone (`fsdp`, `fsdp+torch-checkpoint`)."""
+    strategies = [part.strip() for part in str(parallel).split(",") if part.strip()]
+    spread = [[engine] if placed(combine(engine, registry)) else
+              [combine(strategy if engine == reference else f"{strategy}{COMBINED}{engine}", registry).name
+               for strategy in strategies] for engine in engines]
+    return list(dict.fromkeys(name for names in spread for name in names))
+
+
 def run_engines(form: Form, config: Config, model_file) -> tuple[list[str], list[str]]:
     """The engines a run measures, the reference first: the named ones (`-p engines`), then, for a form whose
     engines compose, the combinations `-p combinations` adds; and which of them were added (they are left out
@@ -117,12 +127,7 @@ def run_engines(form: Form, config: Config, model_file) -> tuple[list[str], list
     given = config.engines if ranks == 1 or tuple(config.engines) != tuple(form.engines) else (form.reference,)
     named = list(dict.fromkeys(combine(engine, registry).name for engine in given))  # the registry's order
     if ranks > 1:
-        strategies = [part.strip() for part in str(config.get("parallel", "")).split(",") if part.strip()]
-        named = list(dict.fromkeys([form.reference, *(
-            each for engine in named for each in ([engine] if placed(combine(engine, registry)) else
-                                                   [combine(strategy if engine == form.reference else
-                                                            f"{strategy}{COMBINED}{engine}", registry).name
-                                                    for strategy in strategies]))]))
+        named = [form.reference, *spread_over_ranks(named, config.get("parallel", ""), registry, form.reference)]
     if form.reference in named:
         named.insert(0, named.pop(named.index(form.reference)))
     added = added_combinations(config.get("combinations", "none") if ranks == 1 else "none", registry, named)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchlib.engine_names import split_names
-from benchlib.runner.notebooks import RunnerError, parse_assignments
+from benchlib.runner.notebooks import RunnerError, parse_assignments, ranks_params
 
 EXIT_FITS, EXIT_NONE_FITS = 0, 1
 
@@ -51,6 +51,11 @@ def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:
                                  "and the combinations -p combinations=default|all|none adds)")
     fit_parser.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
                             help="a parameter value, as for run (the --scale one sets the largest value measured)")
+    fit_parser.add_argument("--ranks", type=int, default=None, metavar="N",
+                            help="the step on N torch.distributed ranks under --parallel: the answer is per rank, each "
+                                 "measured on real ranks (gloo on the CPU; a GPU per rank on CUDA); same as -p ranks=N")
+    fit_parser.add_argument("--parallel", default=None, metavar="ddp,fsdp",
+                            help="with --ranks: the parallel strategies each engine runs under (same as -p parallel=)")
     fit_parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=None,
                             help="measure the answer in fresh processes before giving it, searching the true largest "
                                  "value (default: on wherever this machine can hold --memory; --no-verify skips)")
@@ -130,7 +135,8 @@ def fit_command(arguments: argparse.Namespace) -> int:
         return _fit_at(arguments, chosen, started, started_at)
     try:
         result = fit(file, memory=MemoryLimit(arguments.memory, _share(arguments.margin)), scale=scale, device=device,
-                     engines=chosen, params=parse_assignments(arguments.param), verify=arguments.verify)
+                     engines=chosen, params={**parse_assignments(arguments.param), **ranks_params(arguments)},
+                     verify=arguments.verify)
     except FitInterrupted as stopped:
         _save_interrupted(arguments, stopped, f"{stopped.result.name}_fit", started, started_at,
                           pd.DataFrame(stopped.result.rows()))
@@ -155,7 +161,8 @@ def _fit_at(arguments: argparse.Namespace, chosen: list[str] | None, started: fl
 
     try:
         result = fit_at(arguments.file, memory=MemoryLimit(arguments.memory, _share(arguments.margin)), at=arguments.at,
-                        device=arguments.device, engines=chosen, params=parse_assignments(arguments.param))
+                        device=arguments.device, engines=chosen,
+                        params={**parse_assignments(arguments.param), **ranks_params(arguments)})
     except FitInterrupted as stopped:
         _save_interrupted(arguments, stopped, f"{stopped.result.name}_fit_at", started, started_at,
                           pd.DataFrame({SUMMARY_COLUMN: stopped.result.lines()}))

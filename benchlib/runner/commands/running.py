@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchlib.runner.notebooks import RunnerError, parse_assignments, select_notebooks
+from benchlib.runner.notebooks import RunnerError, parse_assignments, ranks_params, select_notebooks
 
 
 def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:
@@ -115,7 +115,7 @@ def _run(arguments: argparse.Namespace) -> int:
     result = run(
         arguments.notebooks,
         device=arguments.device,
-        params={**parse_assignments(arguments.param), **_ranks_params(arguments)},
+        params={**parse_assignments(arguments.param), **ranks_params(arguments)},
         out=arguments.out,
         quick=arguments.quick,
         notebooks_dir=arguments.notebooks_dir,
@@ -130,12 +130,6 @@ def _run(arguments: argparse.Namespace) -> int:
         command=["benchlib", *arguments.argv],
     )
     return result.exit_code
-
-
-def _ranks_params(arguments: argparse.Namespace) -> dict:
-    """--ranks and --parallel as the parameters they stand for."""
-    given = {"ranks": str(arguments.ranks)} if arguments.ranks is not None else {}
-    return {**given, **({"parallel": arguments.parallel} if arguments.parallel is not None else {})}
 
 
 def _list(names: Sequence[str], notebooks_dir: Path | None) -> int:
