@@ -213,3 +213,29 @@ def test_metrics_of_one_name_are_told_apart_by_the_settings_that_differ():
     assert names == ["calibration/matmul/numpy/flop_rate [dtype=float32, n=64]",
                      "calibration/matmul/numpy/flop_rate [dtype=float32, n=256]",
                      "calibration/matmul/numpy/flop_rate [dtype=float64, n=256]"]
+
+
+def test_a_largest_fitting_value_that_falls_is_worse_where_a_byte_count_that_falls_is_better():
+    import benchlib.fit.result  # noqa: F401  (registers the fit's metrics, max_fitting higher-is-better among them)
+
+    def run(value: float) -> pd.DataFrame:
+        return pd.DataFrame([make_record(benchmark="b", case="fit n", engine="torch", device="cpu", dtype="float32",
+                                         metric=metric, value=value,
+                                         params={"trial": trial, "scale": "n"})
+                             for trial in (0, 1) for metric in ("max_fitting", "fit_total_bytes")])
+
+    labels = compare_records(run(1000.0), run(500.0)).set_index("metric")["label"]
+    assert labels["max_fitting"] == "worse" and labels["fit_total_bytes"] == "better"
+
+
+def test_a_report_of_a_run_deleted_meanwhile_is_refused_and_never_makes_the_folder_again(tmp_path, monkeypatch):
+    import shutil
+
+    from benchlib.report import page
+
+    run = Run.create(tmp_path, "cpu", notebooks={})
+    run.finish(interrupted=False)
+    monkeypatch.setattr(page, "build_report", lambda path: (shutil.rmtree(path), "<html></html>")[1])
+    with pytest.raises(OSError, match="report.html"):
+        page.write_report(run.path)
+    assert not run.path.exists()

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from benchlib.records import load_records, load_run_info
+from benchlib.records.store import list_runs
 from benchlib.runner.cli import main
 from benchlib.fit import measured
 from benchlib.fit.asking import FitError, MemoryLimit, scale_points
@@ -171,9 +172,14 @@ def test_exit_0_when_an_engine_fits_and_1_when_none_fits_at_the_smallest_value(t
     assert load_run_info(run)["notebooks"]["tiny_fit"]["benchmarks"] == ["tiny"]
     page = (run / "report.html").read_text()
     assert "the largest n under 150.0 MB" in page and "data-name='tiny_fit'" in page
+    assert load_run_info(run)["notebooks"]["tiny_fit"]["status"] == "ok"
     assert main(["fit", path, "--memory", "50 MB", "--scale", "n", "--engines", "torch", "-p", "n=16",
                  "--out", str(tmp_path / "out2")]) == 1
     assert "no engine fits 50.00 MB" in capsys.readouterr().out
+    (run,) = (tmp_path / "out2").iterdir()  # exit 1 is listed as failed, the answer its reason
+    entry = load_run_info(run)["notebooks"]["tiny_fit"]
+    assert entry["status"] == "failed" and "no engine fits 50.00 MB" in entry["error"]
+    assert list_runs(tmp_path / "out2")["failed"].tolist() == [1]
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from benchlib.analysis.derived import with_step_summaries
-from benchlib.records.metrics import HARNESS_PHASES, TRIALS_RUN, harness_metric
+from benchlib.records.metrics import HARNESS_PHASES, METRICS, TRIALS_RUN, harness_metric
 from benchlib.analysis.stats import (
     BETTER,
     DEFAULT_ALPHA,
@@ -50,6 +50,13 @@ LOWER_IS_BETTER_BY_UNIT = {
     "FLOP/s": False,
     "model-samples/s": False,
 }
+
+def lower_is_better(metric: str, unit: str) -> bool | None:
+    """Which way `metric` counts as better: as registered where its registration says (a largest fitting value:
+    higher), else by its unit; None where neither has a way (ratios, flags)."""
+    better = METRICS[metric].better if metric in METRICS else None
+    return LOWER_IS_BETTER_BY_UNIT.get(unit) if better is None else better == "lower"
+
 
 # Units of timed measurements: they drift with the machine's state between sittings.
 TIMED_UNITS = frozenset({"s", "B/s", "FLOP/s", "model-samples/s"})
@@ -142,8 +149,8 @@ def _label(samples: _Samples, interval: RatioInterval, noise: list[str], *, metr
     across hundreds of metrics. `same` when the test cannot decide but, with two values a side, the
     ratio's whole 95% interval lies within the threshold (equivalence shown, e.g. peak bytes).
     """
-    lower_is_better = LOWER_IS_BETTER_BY_UNIT.get(unit)
-    if lower_is_better is None or metric in CONTEXT_METRICS:
+    lower = lower_is_better(metric, unit)
+    if lower is None or metric in CONTEXT_METRICS:
         return NO_DIRECTION
     a, b, independent = samples.a, samples.b, samples.independent
     timed, enough = unit in TIMED_UNITS, min(a.size, b.size) >= 2
@@ -151,12 +158,12 @@ def _label(samples: _Samples, interval: RatioInterval, noise: list[str], *, metr
     tight = enough and a.max() <= a.min() * (1 + spread) and b.max() <= b.min() * (1 + spread)
     if not timed and tight:
         if b.min() > a.max() * (1 + threshold):
-            return WORSE if lower_is_better else BETTER
+            return WORSE if lower else BETTER
         if b.max() < a.min() * (1 - threshold):
-            return BETTER if lower_is_better else WORSE
+            return BETTER if lower else WORSE
     if timed and not independent:
         return NOISY if noise else INCONCLUSIVE
-    label = judge(a, b, lower_is_better=lower_is_better, alpha=DEFAULT_ALPHA, min_effect=threshold) \
+    label = judge(a, b, lower_is_better=lower, alpha=DEFAULT_ALPHA, min_effect=threshold) \
         if independent else INCONCLUSIVE
     if label == INCONCLUSIVE and enough and 1 - threshold <= interval.ci_low and interval.ci_high <= 1 + threshold:
         return SAME

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from benchlib.analysis.compare import (CONFIG_COLUMN, CONTEXT_METRICS, KEY_COLUMNS, LOWER_IS_BETTER_BY_UNIT,
+from benchlib.analysis.compare import (CONFIG_COLUMN, CONTEXT_METRICS, KEY_COLUMNS, lower_is_better,
                                       UNIT_COLUMN, VALUE_COLUMN, key_name, trial_values, with_config)
 from benchlib.analysis.derived import with_step_summaries
 from benchlib.units import unit_scale
@@ -125,7 +125,8 @@ def machine(info: Mapping[str, Any]) -> str:
 
 def judged(records: pd.DataFrame) -> pd.Series:
     """Rows of metrics with a better direction that describe a result, not its context."""
-    return records[UNIT_COLUMN].isin(list(LOWER_IS_BETTER_BY_UNIT)) & ~records["metric"].isin(CONTEXT_METRICS)
+    directed = [lower_is_better(metric, unit) is not None for metric, unit in zip(records["metric"], records[UNIT_COLUMN])]
+    return pd.Series(directed, index=records.index, dtype=bool) & ~records["metric"].isin(CONTEXT_METRICS)
 
 
 def build_series(records: pd.DataFrame, *, headlines: Mapping[str, Sequence[str]] | None = None,
@@ -222,13 +223,13 @@ def _step(points: pd.DataFrame, start: int, at: int, end: int, threshold: float)
     if interval.ci_low <= 1 <= interval.ci_high or abs(interval.ratio - 1) <= threshold:
         return None
     last, first = points.iloc[at - 1], points.iloc[at]
-    lower_is_better = LOWER_IS_BETTER_BY_UNIT[first[UNIT_COLUMN]]
+    lower = lower_is_better(first["metric"], first[UNIT_COLUMN])
     return {**{column: first[column] for column in SERIES_COLUMNS}, "from_run": last["run_id"],
             "to_run": first["run_id"], "from_commit": last["commit"], "to_commit": first["commit"],
             "to_started_at": first["started_at"], "runs_before": at - start, "runs_after": end - at,
             "median_before": float(np.median(before)), "median_after": float(np.median(after)),
             "ratio": interval.ratio, "ci_low": interval.ci_low, "ci_high": interval.ci_high,
-            "label": WORSE if (interval.ratio > 1) == lower_is_better else BETTER,
+            "label": WORSE if (interval.ratio > 1) == lower else BETTER,
             "position": at}
 
 

@@ -60,7 +60,8 @@ def measure_step(model_file, engine: str, values: dict, device, steps: int = STE
         try:
             if world_size > 1:  # every rank at once: the total is its worst rank's
                 result = run_ranks(RANKED_TARGET, {"path": str(model_file.path), "engine": engine, "values": values,
-                                                   **depth}, name=f"{model_file.name}/{engine}", world_size=world_size,
+                                                   "checked": False},
+                                   name=f"{model_file.name}/{engine}", world_size=world_size,
                                    devices=rank_devices(device, world_size), options=options)
             else:
                 result = run_isolated(TARGET, {"path": str(model_file.path), "engine": engine, "values": values,

@@ -38,8 +38,9 @@ FIT_METRICS = (  # what a fit records: a command's, not a benchmark's, so regist
     ("fit_verify_error", "ratio", "check", "(predicted - measured) / measured total at the largest fitting value, "
      "measured for real (`benchlib fit --verify`; params.predicted, params.measured)"),
 )
+HIGHER_IS_BETTER = ("max_fitting", "true_max_fitting")  # a larger value fitting is the better outcome
 for _metric in FIT_METRICS:
-    METRICS.register(*_metric)
+    METRICS.register(*_metric, better="higher" if _metric[0] in HIGHER_IS_BETTER else None)
 
 
 @dataclass

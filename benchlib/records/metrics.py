@@ -60,6 +60,7 @@ class Metric:
     unit: str
     kind: str
     meaning: str
+    better: str | None = None  # "lower" or "higher" where not its unit's way (a largest fitting value: higher)
 
 
 class MetricRegistry:
@@ -68,12 +69,14 @@ class MetricRegistry:
     def __init__(self):
         self._metrics: dict[str, Metric] = {}
 
-    def register(self, name: str, unit: str, kind: str, meaning: str) -> Metric:
+    def register(self, name: str, unit: str, kind: str, meaning: str, better: str | None = None) -> Metric:
+        if better not in (None, "lower", "higher"):
+            raise MetricError(f"better of {name!r} must be 'lower', 'higher' or None (its unit's way), got {better!r}")
         if unit not in UNITS:
             raise MetricError(f"unit of {name!r} must be one of {UNITS}, got {unit!r}")
         if kind not in KINDS:
             raise MetricError(f"kind of {name!r} must be one of {', '.join(KINDS)}, got {kind!r}")
-        metric = Metric(name, unit, kind, meaning)
+        metric = Metric(name, unit, kind, meaning, better)
         known = self._metrics.get(name)
         if known is not None and known != metric:
             raise MetricError(f"metric {name!r} is already registered as {known}")

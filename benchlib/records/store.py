@@ -52,14 +52,15 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def _atomic_write(path: Path, write: Any) -> Path:
+def _atomic_write(path: Path, write: Any, make_folder: bool = True) -> Path:
     """Call `write(temp_path)`, then rename over `path`; on any error the old file stays and no temp is left.
-    An OSError (a full disk, a directory where the file should be, no permission) names `path`, the
-    file the user knows, rather than the temporary one or none."""
+    An OSError (a full disk, a directory where the file should be, no permission, a folder that is gone where
+    `make_folder` is false) names `path`, the file the user knows, rather than the temporary one or none."""
     path = Path(path)
     temp_name = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if make_folder:
+            path.parent.mkdir(parents=True, exist_ok=True)
         descriptor, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         os.close(descriptor)
         write(temp_name)
@@ -106,9 +107,10 @@ def rows_held(path: Path) -> int:
         return 0
 
 
-def write_text_atomic(text: str, path: str | os.PathLike) -> Path:
-    """Write text (UTF-8) atomically."""
-    return _atomic_write(Path(path), lambda temp: Path(temp).write_text(text, encoding="utf-8"))
+def write_text_atomic(text: str, path: str | os.PathLike, make_folder: bool = True) -> Path:
+    """Write text (UTF-8) atomically; without `make_folder`, only into a folder that exists (a run's, which
+    something else may have deleted meanwhile: never made again holding this file alone)."""
+    return _atomic_write(Path(path), lambda temp: Path(temp).write_text(text, encoding="utf-8"), make_folder)
 
 
 def write_json_atomic(data: Any, path: str | os.PathLike) -> Path:

@@ -418,4 +418,4 @@ def write_report(run: str | os.PathLike) -> Path:
     run_path = resolve_run(run)
     if not (run_path / RUN_INFO).is_file():
         raise FileNotFoundError(f"{run_path} has no run.json: a report needs the run's metadata")
-    return write_text_atomic(build_report(run_path), run_path / REPORT)
+    return write_text_atomic(build_report(run_path), run_path / REPORT, make_folder=False)

@@ -148,7 +148,7 @@ def fit_command(arguments: argparse.Namespace) -> int:
                         pd.DataFrame(result.rows()), HEADLINE_SUFFIX)
     if any(fit.model is not None for fit in result.engines):  # else nothing to draw: each engine says why
         run.save_figure(fit_figure(frame), f"{result.name}_fit")
-    return _finished(run, arguments, f"{result.name}_fit", result.name, started,
+    return _finished(run, arguments, f"{result.name}_fit", result, started,
                      EXIT_FITS if result.best is not None else EXIT_NONE_FITS)
 
 
@@ -171,7 +171,7 @@ def _fit_at(arguments: argparse.Namespace, chosen: list[str] | None, started: fl
                 f"{arguments.memory}, and which is fastest?")
     run, _ = _saved(arguments, result, f"{result.name}_fit_at", question, result.device, started_at,
                     pd.DataFrame({SUMMARY_COLUMN: result.lines()}), HEADLINE_SUFFIX)
-    return _finished(run, arguments, f"{result.name}_fit_at", result.name, started,
+    return _finished(run, arguments, f"{result.name}_fit_at", result, started,
                      EXIT_FITS if result.fitting else EXIT_NONE_FITS)
 
 
@@ -205,15 +205,18 @@ def _save_interrupted(arguments: argparse.Namespace, stopped, name: str, started
     raise KeyboardInterrupt from stopped
 
 
-def _finished(run, arguments: argparse.Namespace, name: str, benchmark: str, started: float, status: int) -> int:
-    """The run closed (no seed rule applies to a fit, so its verdicts are empty) and its report written."""
+def _finished(run, arguments: argparse.Namespace, name: str, result, started: float, status: int) -> int:
+    """The run closed (no seed rule applies to a fit, so its verdicts are empty) and its report written; a fit that
+    exits 1 (nothing fits, or nothing could be measured) is listed as failed, its answer the reason."""
     import pandas as pd
 
     from benchlib.analysis.seed_verdicts import save_verdicts
     from benchlib.report.page import write_report
 
-    run.record_notebook(name, status="ok", benchmarks=[benchmark], path=str(Path(arguments.file).resolve()),
-                        duration_s=round(time.monotonic() - started, 3))
+    failed = {} if status == EXIT_FITS else {"error": result.lines()[0]}
+    run.record_notebook(name, status="failed" if failed else "ok", benchmarks=[result.name],
+                        path=str(Path(arguments.file).resolve()), duration_s=round(time.monotonic() - started, 3),
+                        **failed)
     save_verdicts(pd.DataFrame(), run.path)
     run.finish(interrupted=False)
     print(f"report: {write_report(run.path)}")
