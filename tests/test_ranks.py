@@ -168,3 +168,20 @@ def test_fit_on_ranks_without_a_gpu_per_rank_is_refused_before_any_work(tmp_path
     assert main(["fit", str(tmp_path / "model.py"), "--memory", "1GB", "--scale", "width", "--ranks", "2",
                  "--parallel", "fsdp", "--device", "cuda", "--out", str(tmp_path / "out")]) == 2
     assert "measures every rank on a GPU of its own, and this machine has none" in capsys.readouterr().err
+
+
+def test_a_global_batch_is_split_evenly_over_the_ranks_or_refused_saying_what_would():
+    from argparse import Namespace
+
+    from benchlib.runner.notebooks import RunnerError, ranks_params
+
+    asked = Namespace(ranks=4, parallel="fsdp", global_batch="batch_size=64")
+    assert ranks_params(asked, {"width": "8"}) == {"width": "8", "ranks": "4", "parallel": "fsdp", "batch_size": "16"}
+    for ranks, global_batch, given, words in [
+        (4, "batch_size=66", {}, "does not split evenly over 4 ranks; a multiple of 4 does (e.g. batch_size=64)"),
+        (None, "batch_size=64", {}, "give --ranks N"),
+        (2, "batch_size=64", {"batch_size": "8"}, "both set batch_size"),
+        (2, "batch_size=lots", {}, "must be a whole number"),
+    ]:
+        with pytest.raises(RunnerError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            ranks_params(Namespace(ranks=ranks, parallel="fsdp", global_batch=global_batch), given)

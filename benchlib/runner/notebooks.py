@@ -329,10 +329,32 @@ def parse_assignments(texts: Sequence[str]) -> dict[str, str]:
     return params
 
 
-def ranks_params(arguments) -> dict:
-    """--ranks and --parallel as the parameters they stand for."""
-    given = {"ranks": str(arguments.ranks)} if arguments.ranks is not None else {}
-    return {**given, **({"parallel": arguments.parallel} if arguments.parallel is not None else {})}
+def ranks_params(arguments, params: dict[str, str]) -> dict[str, str]:
+    """`params` (the -p assignments) with what --ranks, --parallel and --global-batch NAME=B stand for: the ranks,
+    their strategies, and NAME at B split evenly over the ranks (each rank's batch); RunnerError where B does not
+    split, there are no ranks to split it over, or -p gives NAME too."""
+    given = dict(params)
+    if arguments.ranks is not None:
+        given["ranks"] = str(arguments.ranks)
+    if arguments.parallel is not None:
+        given["parallel"] = arguments.parallel
+    if getattr(arguments, "global_batch", None) is None:
+        return given
+    name, value = parse_assignment(arguments.global_batch)
+    ranks = arguments.ranks or 1
+    if ranks < 2:
+        raise RunnerError(f"--global-batch {name}={value} is split over the ranks: give --ranks N (N >= 2) and --parallel")
+    if name in params:
+        raise RunnerError(f"-p {name} and --global-batch {name}= both set {name}; give one (-p sets each rank's)")
+    try:
+        total = int(value)
+    except ValueError:
+        raise RunnerError(f"--global-batch {name}={value!r}: the global batch must be a whole number") from None
+    if total < ranks or total % ranks:
+        raise RunnerError(f"--global-batch {name}={total} does not split evenly over {ranks} ranks; a multiple of "
+                          f"{ranks} does (e.g. {name}={max(ranks, total - total % ranks)})")
+    given[name] = str(total // ranks)
+    return given
 
 
 def check_value(spec: NotebookSpec, name: str, value: Any) -> Any:

@@ -135,7 +135,7 @@ def fit_command(arguments: argparse.Namespace) -> int:
         return _fit_at(arguments, chosen, started, started_at)
     try:
         result = fit(file, memory=MemoryLimit(arguments.memory, _share(arguments.margin)), scale=scale, device=device,
-                     engines=chosen, params={**parse_assignments(arguments.param), **ranks_params(arguments)},
+                     engines=chosen, params=ranks_params(arguments, parse_assignments(arguments.param)),
                      verify=arguments.verify)
     except FitInterrupted as stopped:
         _save_interrupted(arguments, stopped, f"{stopped.result.name}_fit", started, started_at,
@@ -162,7 +162,7 @@ def _fit_at(arguments: argparse.Namespace, chosen: list[str] | None, started: fl
     try:
         result = fit_at(arguments.file, memory=MemoryLimit(arguments.memory, _share(arguments.margin)), at=arguments.at,
                         device=arguments.device, engines=chosen,
-                        params={**parse_assignments(arguments.param), **ranks_params(arguments)})
+                        params=ranks_params(arguments, parse_assignments(arguments.param)))
     except FitInterrupted as stopped:
         _save_interrupted(arguments, stopped, f"{stopped.result.name}_fit_at", started, started_at,
                           pd.DataFrame({SUMMARY_COLUMN: stopped.result.lines()}))

@@ -68,6 +68,10 @@ def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:
              "gradients all-reduced) and/or fsdp (FSDP2, sharded per repeated block); eager torch in one process "
              "runs beside them as the baseline (same as -p parallel=fsdp)")
     run_parser.add_argument(
+        "--global-batch", default=None, metavar="NAME=B",
+        help="with --ranks N: the file's batch parameter NAME at B across all ranks, each rank's B/N (B a multiple "
+             "of N); without it, each rank takes the file's batch as given (the global batch is N times it)")
+    run_parser.add_argument(
         "--png", action="store_true",
         help="also save every figure as figures/<name>.png and as PNG in the executed notebooks "
              "(needs kaleido, pip install -e '.[png]', and a Chrome/Chromium; refused otherwise)",
@@ -115,7 +119,7 @@ def _run(arguments: argparse.Namespace) -> int:
     result = run(
         arguments.notebooks,
         device=arguments.device,
-        params={**parse_assignments(arguments.param), **ranks_params(arguments)},
+        params=ranks_params(arguments, parse_assignments(arguments.param)),
         out=arguments.out,
         quick=arguments.quick,
         notebooks_dir=arguments.notebooks_dir,
