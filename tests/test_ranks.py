@@ -185,3 +185,28 @@ def test_a_global_batch_is_split_evenly_over_the_ranks_or_refused_saying_what_wo
     ]:
         with pytest.raises(RunnerError, match=words.replace("(", r"\(").replace(")", r"\)")):
             ranks_params(Namespace(ranks=ranks, parallel="fsdp", global_batch=global_batch), given)
+
+
+HANGS = """
+import time
+
+def loss(model, x, y):
+    import torch.distributed as dist
+    if dist.is_initialized() and dist.get_rank() == 1:
+        time.sleep(3600)
+    return nn.functional.cross_entropy(model(x), y)
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_that_hangs_is_named_and_not_the_rank_waiting_for_it(tmp_path):
+    from benchlib.measure import CaseFailed, IsolationOptions, rank_devices, resolve_device, run_ranks
+    from benchlib.usermodel.measuring import RANKED_TARGET
+
+    (tmp_path / "model.py").write_text(textwrap.dedent(MODEL + HANGS))
+    params = {"path": str(tmp_path / "model.py"), "engine": "ddp", "values": {"width": 32, "depth": 4}}
+    with pytest.raises(CaseFailed) as failed:
+        run_ranks(RANKED_TARGET, params, name="hangs", world_size=2, devices=rank_devices(resolve_device("cpu"), 2),
+                  options=IsolationOptions(timeout_s=40))
+    assert "rank 1 of 2 failed first: timed out after 40 s" in failed.value.reason
+    assert "rank 0: its collective lost rank 1" in failed.value.reason

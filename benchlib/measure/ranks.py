@@ -4,8 +4,9 @@ Each rank is measured as `run_isolated` measures a case, in a process of its own
 they meet through a file in a folder of this call's (`params["rendezvous"]`), so no port is chosen and
 none can clash. Ranks wait on each other in every collective, so one that raises, exits or is killed
 ends the step for all: its peers' collectives fail within moments (gloo sees the closed connection), and
-whatever still runs `PEER_GRACE_S` later, or past the timeout, is killed. The failure names the rank
-that ended first and its own error. A template cannot fork ranks (it serves one case at a time), so each
+whatever still runs `PEER_GRACE_S` later, or past the timeout, is killed. A rank that hangs is found the
+other way round: its peers' collectives give up first (`COLLECTIVE_SHARE` of the time), and it is still
+running. The failure names the rank that failed of its own accord first, and its own error. A template cannot fork ranks (it serves one case at a time), so each
 imports torch itself; its threads are the machine's cores shared among the ranks.
 """
 
@@ -27,7 +28,10 @@ from .isolation import (CaseCapped, CaseFailed, CaseNotApplicable, IsolatedResul
 PEER_GRACE_S = 15.0  # how long the other ranks may take to end once one has failed
 POLL_S = 0.05
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted",
-             "Socket Timeout", "timed out after")  # what a collective says when another rank has gone
+             "Socket Timeout", "Timed out waiting", "Watchdog caught collective operation timeout")  # what a
+# collective says when another rank has gone or stopped answering
+COLLECTIVE_SHARE = 0.8  # a collective waits this share of the process's time: a rank that hangs outside one is then
+# still running when its peers' collectives give up, so it is the one named
 SPAWN = "spawn"
 RANK_FIGURES = ("role_parameter_bytes", "role_optimizer_bytes", "role_gradient_bytes", "role_saved_bytes",
                 "communication_share")  # a rank's checks kept per rank, beside its peak and time
@@ -90,7 +94,8 @@ def run_ranks(target: str, params: dict, *, name: str, world_size: int, devices:
     with tempfile.TemporaryDirectory(prefix="benchlib-ranks-") as tmp:
         ranks = []
         for rank, device in enumerate(devices):
-            rank_params = {**params, "group": {"rank": rank, "world_size": world_size, "timeout_s": options.timeout_s,
+            rank_params = {**params, "group": {"rank": rank, "world_size": world_size,
+                                               "timeout_s": options.timeout_s * COLLECTIVE_SHARE,
                                                "rendezvous": os.path.join(tmp, "rendezvous")}}
             spec, policy_env = measuring_spec(target, rank_params, f"{name} rank {rank}", device, options)
             folder = os.path.join(tmp, f"rank-{rank}")
@@ -161,19 +166,23 @@ def _outcome(name: str, ranks: list, ended: list, timeout_s: float, started: flo
     not_applicable = next((error for *_, error in failures if isinstance(error, CaseNotApplicable)), None)
     if not_applicable is not None:
         raise CaseNotApplicable(name, not_applicable.reason, output=not_applicable.output)
-    _, _, rank, first = min(failures, key=lambda failure: failure[:2])  # a timed-out rank was waiting on another
+    # the first to fail of its own accord: not a collective that lost its peer, and not killed while it waited
+    _, _, rank, first = min(failures, key=lambda failure: (_lost_peer(failure[3]), failure[0], failure[1]))
     others = [f"rank {other}: {_peer_words(error, rank)}" for _, _, other, error in sorted(failures) if other != rank]
     reason = f"rank {rank} of {len(ranks)} failed first: {first.reason}" + (
         f"; the other ranks ended with it ({'; '.join(others)})" if others else "")
     raise CaseFailed(name, reason, child_traceback=first.child_traceback, output=first.output)
 
 
+def _lost_peer(error: CaseFailed) -> bool:
+    """Whether a rank failed because a collective lost another rank (it closed, or stopped answering)."""
+    text = f"{error.reason}\n{error.child_traceback}\n{error.output}"
+    return any(sign in text for sign in PEER_LOST)
+
+
 def _peer_words(error: CaseFailed, first: int) -> str:
     """How a rank that failed after `first` ended: its collective lost the failed rank, or its own first line."""
-    text = f"{error.reason}\n{error.child_traceback}"
-    if any(sign in text for sign in PEER_LOST):
-        return f"its collective lost rank {first}"
-    return error.reason.splitlines()[0][:200]
+    return f"its collective lost rank {first}" if _lost_peer(error) else error.reason.splitlines()[0][:200]
 
 
 def rank_devices(device: Device, world_size: int) -> list[Device]:
