@@ -179,5 +179,5 @@ def test_measure_step_is_deterministic_and_refuses_engines_that_do_not_apply(tmp
     with pytest.raises(GateError, match="fused-optimizer does not apply to .*tiny.py: the file declares no optimizer"):
         measure_step(path, "fused-optimizer")
     with pytest.raises(GateError, match="'jax' is not an engine of tiny.py's form: 'jax' is no technique; valid: "
-                                        "torch, torch.func"):
+                                        "torch, ddp, fsdp, torch.func"):
         measure_step(path, "jax")
