@@ -142,6 +142,21 @@ def test_the_fake_tensor_trace_replays_the_same_allocations_as_real_tensors(tmp_
     assert predict_reserved(file, engine, {"n": 4}).reserved == bare.reserved + 64 * MiB
 
 
+def test_a_model_that_deep_copies_its_layers_as_it_is_built_is_traced(tmp_path):
+    """nn.TransformerEncoder copies its layer: built under the fake mode, those copies held another mode's tensors."""
+    (tmp_path / "encoder.py").write_text(
+        "import torch\nfrom torch import nn\nPARAMETERS = {'batch_size': 4}\n"
+        "def model(batch_size):\n"
+        "    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)\n"
+        "    return nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)\n"
+        "def batch(batch_size):\n    return (torch.randn(batch_size, 8, 32),)\n"
+        "def loss(model, x):\n    return model(x).square().mean()\n")
+    file = read_model_file(tmp_path / "encoder.py")
+    fake = predict_reserved(file, "torch", {"batch_size": 4}, workspaces=())
+    real = predict_reserved(file, "torch", {"batch_size": 4}, workspaces=(), fake=False)
+    assert (fake.reserved, fake.allocated) == (real.reserved, real.allocated) and fake.allocated > 0
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, --device cuda measures")
 def test_fit_on_cuda_without_a_gpu_predicts_labels_everything_and_measures_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(measured, "measure_step", None)  # any measurement would raise

@@ -75,11 +75,12 @@ def batch_bytes(model_file, values: Mapping[str, Any], scale: str, at: int) -> i
 
 
 def predicted_engine(model_file, engine: str, values: Mapping[str, Any], scale: str, limit: float) -> dict:
-    """`predicted.predict_engine` run in a child: the engine's CUDA reserved peaks traced over its grid and search,
-    or {"reason": ...} where its step could not be traced."""
+    """`predicted.predict_engine` run in a child: the engine's CUDA reserved peaks (on `model_file.world_size` ranks,
+    rank 0's, simulated there) traced over its grid and search, or {"reason": ...} where its step could not be
+    traced."""
     try:
         return _call("_in_child_predicted", model_file, f"predicting {engine}", values=dict(values), engine=engine,
-                     scale=scale, limit=float(limit))
+                     scale=scale, limit=float(limit), world_size=getattr(model_file, "world_size", 1))
     except ChildFailed as failed:
         return {"reason": f"not predicted: its trace's process failed ({failed})"}
 
@@ -126,8 +127,9 @@ def _in_child_batch_bytes(*, device, path: str, values: dict, scale: str, at: in
     return sum(tensor.untyped_storage().nbytes() for tensor in tensors if isinstance(tensor, torch.Tensor))
 
 
-def _in_child_predicted(*, device, path: str, values: dict, engine: str, scale: str, limit: float) -> dict:
+def _in_child_predicted(*, device, path: str, values: dict, engine: str, scale: str, limit: float,
+                        world_size: int = 1) -> dict:
     from benchlib.fit.predicted import predict_engine
     from benchlib.usermodel.loader import read_model_file
 
-    return predict_engine(read_model_file(path), engine, values, scale, limit)
+    return predict_engine(read_model_file(path), engine, values, scale, limit, world_size)

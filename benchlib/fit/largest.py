@@ -87,15 +87,12 @@ def total_words(target, world_size: int) -> str:
 
 
 def on_ranks(world_size: int, target, predicted: bool) -> None:
-    """FitError where a step on `world_size` ranks cannot run here: each rank is measured on a device of its own."""
+    """FitError where a step on `world_size` ranks cannot run here: each rank is measured on a device of its own
+    (predicted on CUDA without a GPU: rank 0 simulated in one process)."""
     from benchlib.measure import rank_devices
 
-    if world_size < 2:
+    if world_size < 2 or predicted:
         return
-    if predicted:
-        raise FitError(f"--ranks {world_size} on CUDA measures every rank on a GPU of its own, and this machine has "
-                       "none; a prediction of each rank from one process is not built yet (docs/distributed.md). On "
-                       "the CPU, gloo ranks are measured: --device cpu")
     try:
         rank_devices(target, world_size)
     except ValueError as error:
@@ -288,5 +285,8 @@ def _predict_all(model_file, fits: list[EngineFit], values: dict, scale: str, li
         engine_fit.max_fitting = largest
         progress(f"{model_file.name} {engine_fit.engine}: traced at {len(engine_fit.traced)} values of {scale}; "
                  f"reserved at {scale}={values[scale]}: {format_bytes(engine_fit.traced[values[scale]])} ({BASIS})")
-    return FitResult(model_file.name, scale, limit, device, f"the allocator's reserved peak, {BASIS}", fits,
-                     basis=BASIS, unseen=sorted(unseen))
+    total = f"the allocator's reserved peak, {BASIS}"
+    if model_file.world_size > 1:
+        total = f"rank 0's reserved peak (the largest shard), simulated in one process, {BASIS}"
+    return FitResult(model_file.name, scale, limit, device, total, fits, basis=BASIS, unseen=sorted(unseen),
+                     world_size=model_file.world_size)

@@ -74,9 +74,12 @@ class _StorageEvents:
 
     def note(self, tensor) -> None:
         import torch
+        from torch.distributed.tensor import DTensor
 
         if not isinstance(tensor, torch.Tensor):
             return
+        if isinstance(tensor, DTensor):  # a sharded parameter, gradient or state: the rank holds its local shard
+            tensor = tensor.to_local()
         storage = tensor.untyped_storage()
         if storage in self.seen:
             return
@@ -84,6 +87,47 @@ class _StorageEvents:
         self.seen[storage] = key
         self.allocator.malloc(key, storage.nbytes())
         weakref.finalize(storage, self.allocator.free, key)
+
+    def resized(self, tensor) -> None:
+        """A storage resized in place (FSDP frees a block's gathered parameters so, and gathers them again): its
+        block freed, and one of its new size taken."""
+        storage = tensor.untyped_storage()
+        key = self.seen.get(storage)
+        if key is None:
+            self.note(tensor)
+            return
+        self.allocator.free(key)
+        self.allocator.malloc(key, storage.nbytes())
+
+
+@contextlib.contextmanager
+def _storage_resizes(events: _StorageEvents):
+    """FSDP2 frees a block's gathered parameters after it runs by resizing their storages to nothing, and
+    gathers them by resizing them back: no operator, so the dispatch mode would not see it. Its two helpers
+    (private to torch) are wrapped here to tell the allocator model; a torch without them is traced as it is."""
+    try:
+        from torch.distributed.fsdp._fully_shard import _fsdp_param as fsdp_param
+    except ImportError:
+        yield
+        return
+    helpers = {name: getattr(fsdp_param, name, None) for name in ("alloc_storage", "free_storage")}
+    if None in helpers.values():
+        yield
+        return
+
+    def noting(helper):
+        def resize(tensor):
+            helper(tensor)
+            events.resized(tensor)
+        return resize
+
+    for name, helper in helpers.items():
+        setattr(fsdp_param, name, noting(helper))
+    try:
+        yield
+    finally:
+        for name, helper in helpers.items():
+            setattr(fsdp_param, name, helper)
 
 
 def _recording_mode(events: _StorageEvents):
@@ -114,24 +158,50 @@ def _moved_order(module) -> list:
     return tensors
 
 
+def _materialized(build: Callable[[], Any]):
+    """The model built on the meta device and materialized where it is asked (fake tensors under a fake mode): a
+    model that deep-copies its layers as it is built (nn.TransformerEncoder) would otherwise hold parameters of
+    another fake mode, which torch refuses to mix. A model that cannot be built on the meta device (its
+    construction reads values) is built as it is."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    try:
+        with unset_fake_temporarily(), torch.device("meta"):
+            model = build()
+    except Exception:  # noqa: BLE001 - the file's own construction: built under the mode instead
+        return build()
+    return model.to_empty(device="cpu")
+
+
 def predict_reserved(model_file, engine: str, values: Mapping[str, Any],
-                     workspaces: Sequence[int] = CUBLAS_WORKSPACES, fake: bool = True) -> Prediction:
+                     workspaces: Sequence[int] = CUBLAS_WORKSPACES, fake: bool = True,
+                     world_size: int = 1) -> Prediction:
     """The predicted CUDA reserved peak of `engine`'s step at `values` (see the module's docstring). Raises where
-    torch cannot trace the step under fake tensors (data-dependent control flow, torch.func's wrappers).
-    `fake=False` records the same step over real tensors, as a test compares."""
+    torch cannot trace the step under fake tensors (data-dependent control flow, torch.func's wrappers). On
+    `world_size` ranks, rank 0's, simulated in this process (`simulated_rank`): its parallel strategy places the
+    model and the file's batch is rank 0's. `fake=False` records the same step over real tensors, as a test
+    compares."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+    from benchlib.engines.techniques.parallel import simulated_rank
     from benchlib.usermodel.case import combination_of, make_step
 
-    untraceable = combination_of(model_file, engine).untraceable
-    if untraceable is not None:
-        raise ValueError(untraceable)
+    combination = combination_of(model_file, engine)
+    if combination.untraceable is not None:
+        raise ValueError(combination.untraceable)
     allocator = CachingAllocatorModel()
     events = _StorageEvents(allocator)
-    with warnings.catch_warnings(), FakeTensorMode() if fake else contextlib.nullcontext():
+    ranks = simulated_rank(world_size) if world_size > 1 else contextlib.nullcontext()
+    # the model is made on the meta device and materialized under the mode: those tensors are not fake yet
+    tensors = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+    with warnings.catch_warnings(), ranks, tensors:
         warnings.simplefilter("ignore")
-        model, batch = model_file.build(values)
+        build = lambda: model_file.seeded_model(values)  # noqa: E731 - the placement's builder
+        # on the CPU, where the trace runs: moving fake parameters is refused, and the bytes are the same
+        model = combination.place(build, torch.device("cpu")) if world_size > 1 else _materialized(build)
+        batch = model_file.seeded_batch(values)
         if any(isinstance(module, torch.nn.RNNBase) for module in model.modules()):
             events.unseen.add(RECURRENT)
         real = [index for index, tensor in enumerate(batch) if not isinstance(tensor, FakeTensor)]
@@ -141,7 +211,7 @@ def predict_reserved(model_file, engine: str, values: Mapping[str, Any],
             events.note(tensor)
         for index, nbytes in enumerate(workspaces):
             allocator.malloc(("cublas workspace", index), nbytes)
-        with _recording_mode(events):
+        with _recording_mode(events), _storage_resizes(events):
             step = make_step(model_file, engine, model, batch)
             for _ in range(STEPS_TRACED):
                 step()
@@ -165,15 +235,16 @@ def largest_fitting(reserved: Callable[[int], int], traced: dict[int, int], limi
     return largest_where(fits, min(known), SEARCH_LIMIT if reach is None else reach, known)
 
 
-def predict_engine(model_file, engine: str, values: Mapping[str, Any], scale: str, limit: float) -> dict:
+def predict_engine(model_file, engine: str, values: Mapping[str, Any], scale: str, limit: float,
+                   world_size: int = 1) -> dict:
     """One engine's prediction, in the child that read the file (`in_child.predicted_engine`): its reserved peaks
-    traced at the grid's points and at `TRACE_REACH` times the given value, then searched for the largest value
-    under `limit` (`largest_fitting`); as JSON: `traced` (value -> reserved), `largest`, `reach` (how far the search
-    traced, None: unbounded), `unseen`; or `reason` where its step could not be traced."""
+    (rank 0's of `world_size`) traced at the grid's points and at `TRACE_REACH` times the given value, then searched
+    for the largest value under `limit` (`largest_fitting`); as JSON: `traced` (value -> reserved), `largest`,
+    `reach` (how far the search traced, None: unbounded), `unseen`; or `reason` where its step could not be traced."""
     points = scale_points(values[scale], scale)
 
     def trace(value: int) -> Prediction:
-        return predict_reserved(model_file, engine, {**values, scale: value})
+        return predict_reserved(model_file, engine, {**values, scale: value}, world_size=world_size)
 
     try:
         grid = {value: trace(value) for value in sorted({*points, *(values[scale] * k for k in TRACE_REACH)})}

@@ -194,9 +194,11 @@ class FitResult:
                     + ("traced" if self.predicted else "measured")]
         if self.predicted:
             lines = [f"{self.name}, {self.basis}: the largest {self.scale} under {limit} of CUDA reserved memory is "
-                     f"{_value(best.largest)}, with {best.engine}",
-                     "  (a trace under fake tensors replayed through a model of the caching allocator; time per sample "
-                     "needs a GPU)"]
+                     f"{_value(best.largest)}{self._per_rank(best.largest)}, with {best.engine}",
+                     "  (a trace under fake tensors replayed through a model of the caching allocator"
+                     + (f"; rank 0 of {self.world_size} simulated in one process under torch's fake process group, "
+                        "whose collectives move nothing" if self.world_size > 1 else "")
+                     + "; time per sample needs a GPU)"]
             if self.unseen:  # one reason a line: the answer box stays readable
                 lines.append(f"  a floor, not a bound: the trace does not see this memory, so a smaller {self.scale} "
                              "may be the largest (confirm with --verify on the GPU):")
@@ -204,8 +206,7 @@ class FitResult:
             return lines
         seconds, label = best.seconds_per_sample(best.largest)
         lines = [f"{self.name}: the largest {self.scale} under {limit} ({self.total}) is {_value(best.largest)}"
-                 + (f" per rank ({_value(best.largest * self.world_size)} across {self.world_size} ranks)"
-                    if self.world_size > 1 else "") + f", with {best.engine} ({format_seconds(seconds)} per sample, {label}); {_basis(best)}"
+                 + self._per_rank(best.largest) + f", with {best.engine} ({format_seconds(seconds)} per sample, {label}); {_basis(best)}"
                  + (_bound(best) if best.largest not in best.checked else "")]
         fastest, common, timed = self.fastest, self.common_value, self.timed_value
         if fastest is not None and len([fit for fit in self.fitted if fit.points]) > 1:
@@ -217,6 +218,12 @@ class FitResult:
                             {v for v, _, _ in fastest.points} else "")
                          + self._runner_up(fastest, timed))
         return lines
+
+    def _per_rank(self, value: int) -> str:
+        """" per rank (V across N ranks)" on several ranks; nothing in one process."""
+        if self.world_size < 2:
+            return ""
+        return f" per rank ({_value(value * self.world_size)} across {self.world_size} ranks)"
 
     def _runner_up(self, fastest: EngineFit, timed: int) -> str:
         """Where the next engine's time is within `CLOSE` of the fastest's, that the medians of a few steps do not

@@ -128,9 +128,11 @@ class Technique:
         """Why this technique cannot run this model's step, beyond its `needs`; None when it can."""
         return None
 
-    def place(self, build: Callable[[], torch.nn.Module], device: torch.device) -> torch.nn.Module:
+    def place(self, build: Callable[[], torch.nn.Module], device: torch.device,
+              computes_in: str | None = None) -> torch.nn.Module:
         """The model its step runs on, built by `build()` (seeded, on the host) and put where this rank holds it:
-        on `device` as a whole unless the technique owns PLACEMENT (data parallel, sharded)."""
+        on `device` as a whole unless the technique owns PLACEMENT (data parallel, sharded). `computes_in`: the
+        dtype another part computes the forward in (autocast's), which a placement may gather parameters in."""
         return build().to(device)
 
     def refuses(self, other: Technique) -> str | None:
@@ -227,8 +229,11 @@ class Combination:
         return any(part.observes_gradients for part in self.parts)
 
     def place(self, build: Callable[[], torch.nn.Module], device: torch.device) -> torch.nn.Module:
-        """The model the step runs on, placed by the part that owns PLACEMENT (eager's placement without one)."""
-        return (self.owner(Aspect.PLACEMENT) or Technique()).place(build, device)
+        """The model the step runs on, placed by the part that owns PLACEMENT (eager's placement without one), told
+        the dtype the forward computes in where a part changes it."""
+        placement = self.owner(Aspect.PLACEMENT) or Technique()
+        dtype = self.computes_in
+        return placement.place(build, device) if dtype is None else placement.place(build, device, computes_in=dtype)
 
     def imports(self, has_optimizer: bool) -> tuple[str, ...]:
         """What its step imports beyond torch the first time it runs (torch.optim imports the dynamo stack)."""

@@ -8,12 +8,19 @@ device, shards each repeated block (the checkpoint targets) and the root, and on
 shard: built whole and then sharded, a rank would hold the whole model once (more than DDP's copy at its
 peak). Rank 0 alone builds the seeded model whole, to broadcast the initial values from, as torch's recipe
 for a full checkpoint does; that is set-up, before any measured step.
+
+One rank can also be simulated in one process (`simulated_rank`): torch's fake process group, whose
+collectives return at once, with fake tensors, so `benchlib fit --device cuda --ranks N` predicts what a rank
+holds without N GPUs. There FSDP shards outside the fake tensor mode (its device mesh reads values) and
+materializes fake shards; no values are loaded, as a trace needs only shapes. DDP's reducer, in C++, cannot
+run on fake tensors.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -45,6 +52,27 @@ class RankGroup:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                 store=dist.FileStore(self.rendezvous, self.world_size), rank=self.rank,
                                 world_size=self.world_size, timeout=timedelta(seconds=self.timeout_s))
+
+
+@contextlib.contextmanager
+def simulated_rank(world_size: int) -> Iterator[None]:
+    """This process as rank 0 of `world_size` under torch's fake process group: every collective returns at once
+    and moves nothing, so a step placed here holds what one rank holds (its shard, its buffers), not what it
+    receives. Rank 0 holds the largest shard where a dimension does not split evenly (torch chunks it so)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _simulated() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_initialized() and dist.get_backend() == "fake"
 
 
 def gathered(tensor: torch.Tensor) -> torch.Tensor:
@@ -86,10 +114,12 @@ class DataParallel(Technique):
     changes = frozenset({Aspect.PLACEMENT})
     needs = frozenset({Need.RANKS})
     imports = ("torch.distributed",)
-    untraceable = "its step communicates across ranks"
+    untraceable = ("DDP's reducer, in C++, cannot run on fake tensors, so no rank of it is simulated in one process; "
+                   "it is measured on ranks")
     runs_file_step = True
 
-    def place(self, build: Callable[[], torch.nn.Module], device: torch.device) -> torch.nn.Module:
+    def place(self, build: Callable[[], torch.nn.Module], device: torch.device,
+              computes_in: str | None = None) -> torch.nn.Module:
         from torch.nn.parallel import DistributedDataParallel
 
         return DistributedDataParallel(build().to(device), device_ids=[device] if device.type == "cuda" else None)
@@ -98,43 +128,66 @@ class DataParallel(Technique):
 class FullyShard(Technique):
     name = FSDP
     description = ("FSDP2: fully_shard on each repeated block and the root, built on the meta device; parameters, "
-                   "gradients and optimizer state sharded across ranks")
+                   "gradients and optimizer state sharded across ranks; with autocast, its mixed precision policy")
     changes = frozenset({Aspect.PLACEMENT})
     needs = frozenset({Need.RANKS})
     imports = ("torch.distributed", "torch.distributed.fsdp", "torch.distributed.checkpoint.state_dict")
-    untraceable = "its step communicates across ranks"
     runs_file_step = True
 
     def params(self, model: torch.nn.Module) -> dict:
         return {"sharded_modules": checkpoint_blocks(model)}
 
-    def place(self, build: Callable[[], torch.nn.Module], device: torch.device) -> torch.nn.Module:
-        import torch.distributed as dist
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-        from torch.distributed.fsdp import fully_shard
+    def place(self, build: Callable[[], torch.nn.Module], device: torch.device,
+              computes_in: str | None = None) -> torch.nn.Module:
+        """Sharded per block and at the root; joined with autocast (`computes_in`), FSDP's mixed precision policy
+        gathers the parameters in that dtype and reduces gradients in float32, as torch's recipe does."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        from torch.distributed.fsdp import MixedPrecisionPolicy
 
-        from benchlib.measure.case_child import NotApplicable
-
-        try:
-            with torch.device("meta"):
-                model = build()
-        except Exception as error:
-            raise NotApplicable(f"the model cannot be built on the meta device, which sharding it without a whole "
-                                f"copy per rank needs: {type(error).__name__}: {error}") from error
-        for path in checkpoint_blocks(model):
-            fully_shard(model.get_submodule(path))
-        fully_shard(model)
-        model.to_empty(device=device)
-        whole = build() if dist.get_rank() == 0 else None
-        set_model_state_dict(model, whole.state_dict() if whole is not None else {},
-                             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-        kept = set(model.state_dict())
-        for name, buffer in model.named_buffers():  # what the state dict leaves out (non-persistent buffers)
-            if name not in kept:
-                if whole is not None:
-                    buffer.copy_(whole.get_buffer(name))
-                dist.broadcast(buffer, src=0)
+        policy = MixedPrecisionPolicy() if computes_in is None else \
+            MixedPrecisionPolicy(param_dtype=getattr(torch, computes_in), reduce_dtype=torch.float32)
+        with unset_fake_temporarily():  # the mesh and the shards' layout are made from real (meta) tensors
+            model = _sharded_on_meta(build, policy)
+        model.to_empty(device=device)  # under a fake tensor mode, fake shards: a trace needs no values
+        if not _simulated():
+            _load_from_rank0(model, build)
         return model
+
+
+def _sharded_on_meta(build: Callable[[], torch.nn.Module], policy) -> torch.nn.Module:
+    """The model built on the meta device, `fully_shard` on each repeated block (the checkpoint targets), then the
+    root, under the mixed precision `policy`: no rank ever holds it whole."""
+    from torch.distributed.fsdp import fully_shard
+
+    from benchlib.measure.case_child import NotApplicable
+
+    try:
+        with torch.device("meta"):
+            model = build()
+    except Exception as error:
+        raise NotApplicable(f"the model cannot be built on the meta device, which sharding it without a whole "
+                            f"copy per rank needs: {type(error).__name__}: {error}") from error
+    for path in checkpoint_blocks(model):
+        fully_shard(model.get_submodule(path), mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    return model
+
+
+def _load_from_rank0(model: torch.nn.Module, build: Callable[[], torch.nn.Module]) -> None:
+    """Every rank's shard of the seeded values rank 0 builds whole, and the buffers the state dict leaves out
+    (non-persistent ones), broadcast from it."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    whole = build() if dist.get_rank() == 0 else None
+    set_model_state_dict(model, whole.state_dict() if whole is not None else {},
+                         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    kept = set(model.state_dict())
+    for name, buffer in model.named_buffers():
+        if name not in kept:
+            if whole is not None:
+                buffer.copy_(whole.get_buffer(name))
+            dist.broadcast(buffer, src=0)
 
 
 PARALLEL = {technique.name: technique for technique in (DataParallel, FullyShard)}
