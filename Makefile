@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.benchlib-installed
 ARGS ?=
 
-.PHONY: bench test lab install lowest clean-venv
+.PHONY: bench test lab docs install lowest clean-venv
 
 install: $(STAMP)
 
@@ -41,6 +41,12 @@ lowest: $(STAMP)
 ## runs go to results/ (linked into lab/). ARGS go to jupyter lab; as root --allow-root is added.
 lab: $(STAMP)
 	$(BIN)/benchlib lab --dir lab -- $(ARGS)
+
+## The documentation site from README.md's pages in docs/ (mkdocs, Material theme) into site/: open site/index.html.
+## --strict: a link to a page or heading that does not exist fails the build (tests/test_docs.py runs it too).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	@echo "site: $(CURDIR)/site/index.html"
 
 clean-venv:
 	rm -rf $(VENV)

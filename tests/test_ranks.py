@@ -182,6 +182,24 @@ def test_one_simulated_rank_holds_half_the_state_and_its_trace_replays_what_real
         predict_reserved(model_file, "ddp", values, world_size=2)
 
 
+def test_fsdp_joined_with_autocast_gathers_parameters_in_its_dtype_and_reduces_in_float32(tmp_path):
+    import torch
+
+    from benchlib.engines.techniques.parallel import simulated_rank
+    from benchlib.usermodel.case import combination_of
+    from benchlib.usermodel.loader import read_model_file
+
+    (tmp_path / "model.py").write_text(textwrap.dedent(MODEL))
+    model_file, values = read_model_file(tmp_path / "model.py"), {"width": 32, "depth": 4}
+    with simulated_rank(2):
+        policies = {engine: combination_of(model_file, engine).place(lambda: model_file.seeded_model(values),
+                                                                      torch.device("cpu"))._get_fsdp_state()._mp_policy
+                    for engine in ("fsdp", "fsdp+torch-autocast")}
+    assert (policies["fsdp"].param_dtype, policies["fsdp"].reduce_dtype) == (None, None)
+    assert (policies["fsdp+torch-autocast"].param_dtype, policies["fsdp+torch-autocast"].reduce_dtype) == \
+        (torch.bfloat16, torch.float32)
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="measures the ranks where there are GPUs")
 def test_fit_on_ranks_on_cuda_without_a_gpu_predicts_rank_0_from_one_process(tmp_path, capsys):
     (tmp_path / "model.py").write_text(textwrap.dedent(MODEL))
