@@ -89,7 +89,7 @@ class _ReaderSafe:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `benchlib` command; returns the exit status (README, "Exit status"): an
+    """Entry point of the `benchlib` command; returns the exit status (docs/setup.md, "Exit status"): an
     error ends as one line, `benchlib: error: ...`, and 2; its traceback only with --debug. Output to a
     reader that left early changes no exit status."""
     stdout = sys.stdout

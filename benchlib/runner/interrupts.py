@@ -1,6 +1,6 @@
 """SIGTERM and SIGHUP (a CI job's time-out, a cancelled job, a closed terminal) handled like Ctrl-C, for
 the whole of a `benchlib` command: planning included, so a run stopped while it checks a model file
-still ends with its message and exit status 130 (README, "Exit status"), not the shell's 143."""
+still ends with its message and exit status 130 (docs/setup.md, "Exit status"), not the shell's 143."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The results commands of `benchlib`: runs, compare, history, report and merge-records, each a thin
 adapter from its parsed arguments to `benchlib.records`, `benchlib.analysis` and `benchlib.report`. Each
-returns the command's exit status (README, "Exit status")."""
+returns the command's exit status (docs/setup.md, "Exit status")."""
 
 from __future__ import annotations
 
