@@ -73,6 +73,21 @@ def test_only_measure_and_the_schedulers_read_a_clock():
     assert readers == []
 
 
+def test_only_report_knows_the_figure_libraries():
+    """plotly and kaleido (figures, their files, PNG export through a browser) are presentation: the records
+    layer writes files and lists runs, and nothing that measures or judges draws."""
+    drawing = []
+    for path in PACKAGE.rglob("*.py"):
+        if _part(path) == "report":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            drawing += [f"{path.relative_to(PACKAGE)}:{node.lineno} {name}" for name in names
+                        if name.split(".")[0] in ("plotly", "kaleido")]
+    assert not drawing
+
+
 def test_which_benchmark_runs_first_is_declared_not_named():
     from benchlib import registry
 

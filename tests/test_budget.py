@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import benchlib.measure
+from benchlib.report.tables.comparison import comparison_text
 from benchlib.trials.cases import Cases, compare_engines
 from benchlib.engines.gradients import save_gradient
 from benchlib.measure.core import Measurement
@@ -66,9 +67,9 @@ def test_each_engine_stops_at_its_own_reason_and_says_it(fake_children):
     comparison = _compare(trials=6, precision=0.02)
     assert _stops(comparison) == {("a", "manual"): (3, DETERMINISTIC), ("a", "benchlib-inplace"): (3, PRECISION),
                                   ("a", "torch"): (6, MAX_TRIALS)}
-    summary = comparison.summary().set_index("engine")
+    summary = comparison.summary_frame().set_index("engine")
     assert summary.loc["torch", "trials"] == 6 and summary.loc["torch", "stop"] == MAX_TRIALS
-    assert "stop" in comparison.table_text()
+    assert "stop" in comparison_text(comparison)
 
 
 def test_precision_zero_runs_every_trial(fake_children):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchlib.report.tables.comparison import comparison_text
 from benchlib.engines import compiling, get_engine
 from benchlib.engines.gradients import LOST_ARRAY, array_floor, load_gradient, max_relative_error
 from benchlib.measure import Device, MemoryTimeline
@@ -88,11 +89,11 @@ def test_dot_chain_at_float32_judges_autocast_at_bfloat16_and_compile_at_float32
     compile_time = frame[frame["metric"] == "compile_time"]
     assert list(compile_time["variant"]) == ["torch.compile"] and (compile_time["value"] > 0).all()
     # shown apart from the step's time: in the summary, the printed table and the report's answer table
-    summary = comparison.summary().set_index("engine")
+    summary = comparison.summary_frame().set_index("engine")
     assert summary.loc["torch.compile", "compile_s"] == compile_time["value"].iloc[0]
     assert summary[["compile_s"]].drop(index="torch.compile").isna().all().all()
-    assert "compile_s" in comparison.table_text().splitlines()[0]
-    answers = answer_table(comparison.summary())
+    assert "compile_s" in comparison_text(comparison).splitlines()[0]
+    answers = answer_table(comparison.summary_frame())
     assert list(answers.loc[answers["engine"] == "torch.compile", "compile (apart)"] != "") == [True]
 
 

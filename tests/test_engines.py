@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import benchlib.measure
+from benchlib.report.tables.comparison import comparison_text
 from benchlib.engines import ENGINE_NAMES, ENGINES, NotApplicableError, get_engine
 from benchlib.engines import namespaces
 from benchlib.trials.cases import (
@@ -198,11 +199,11 @@ def test_the_parent_compares_each_saved_gradient_with_manuals_and_deletes_the_fi
         comparison.check_gradients()
     unchecked = frame[frame["metric"] == "grad_check_unavailable"]
     assert list(zip(unchecked["case"], unchecked["variant"])) == [("manual fails", "torch")]
-    summary = comparison.summary().set_index(["case", "engine"])
+    summary = comparison.summary_frame().set_index(["case", "engine"])
     assert summary.loc[("manual fails", "torch"), "reason"] == (
         "gradient not checked: manual failed, so there is no gradient to compare with")
     assert summary.loc[("manual fails", "manual"), "status"] == "failed"
-    assert "torch (manual fails): gradient not checked: manual failed" in comparison.table_text()
+    assert "torch (manual fails): gradient not checked: manual failed" in comparison_text(comparison)
 
 
 def test_check_gradients_says_what_was_checked_and_what_could_not_be():
@@ -229,11 +230,11 @@ def test_a_comparison_without_manual_measures_it_in_the_same_run_and_its_table_s
     comparison = compare_engines(Cases("b", "engine_targets:case", {"c": {}}),
                                  {"engines": ["manual-seed", "torch"], "dtype": "float64"}, device="cpu",
                                  progress=said.append)
-    summary = comparison.summary().set_index("engine")
+    summary = comparison.summary_frame().set_index("engine")
     assert list(summary.index) == ["manual", "manual-seed", "torch"]
     assert summary.loc["torch", "peak_ratio"] > 0 and summary.loc["torch", "grad_max_rel_err"] == 0
     assert said[0].startswith("b: manual added to the engines")
-    lines = comparison.table_text().splitlines()
+    lines = comparison_text(comparison).splitlines()
     assert lines[0] == comparison.notes[0] and "peak/manual" in lines[1] and "time/manual" in lines[1]
 
 
@@ -271,7 +272,7 @@ def test_summary_gives_ratios_to_manual_and_gradient_mismatches_raise():
     comparison = EngineComparison("b", "cpu", "float64", records=(
         _records("manual", 100, 2.0) + _records("torch", 150, 1.0, 1e-14)
         + _records("benchlib-deferred", 200, 4.0, 1e-6)))
-    summary = comparison.summary().set_index("engine")
+    summary = comparison.summary_frame().set_index("engine")
     assert list(summary.index) == ["manual", "benchlib-deferred", "torch"]
     assert summary.loc["benchlib-deferred", "peak_ratio"] == 2.0
     assert summary.loc["torch", "time_ratio"] == 0.5
@@ -293,13 +294,13 @@ def test_summary_ratios_are_medians_over_trials_with_an_interval_only_from_two_t
     comparison = EngineComparison("b", "cpu", "float64", records=(
         _trial_records("manual", [100, 100, 100], [[1.0, 9.0, 1.0], [1.0], [1.0]])
         + _trial_records("torch", [200, 200, 200], [[2.0], [2.0], [2.0]])))
-    summary = comparison.summary().set_index("engine")
+    summary = comparison.summary_frame().set_index("engine")
     assert summary.loc["torch", "trials"] == 3
     assert summary.loc["torch", ["peak_ratio", "peak_ratio_low", "peak_ratio_high"]].tolist() == [2.0, 2.0, 2.0]
     # the 9 s repeat sits inside trial 0, whose median stays 1 s: one slow repeat is not a trial
     assert summary.loc["torch", ["time_ratio", "time_ratio_low", "time_ratio_high"]].tolist() == [2.0, 2.0, 2.0]
     single = EngineComparison("b", "cpu", "float64", records=(
-        _trial_records("manual", [100], [[1.0]]) + _trial_records("torch", [150], [[1.0]]))).summary().set_index("engine")
+        _trial_records("manual", [100], [[1.0]]) + _trial_records("torch", [150], [[1.0]]))).summary_frame().set_index("engine")
     assert single.loc["torch", "peak_ratio"] == 1.5 and math.isnan(single.loc["torch", "peak_ratio_low"])
 
 
@@ -321,7 +322,7 @@ def test_trials_run_interleaved_in_fresh_processes_and_record_their_trial_and_pl
     assert all(p["trials"] == 2 and p["order_seed"] == 3 for p in params)
     errors = frame[frame["metric"] == "grad_max_rel_err"]
     assert len(errors) == 2 and (errors["value"] < 1e-12).all()  # every trial's gradient checked
-    assert comparison.summary().set_index("engine").loc["benchlib-inplace", "trials"] == 2
+    assert comparison.summary_frame().set_index("engine").loc["benchlib-inplace", "trials"] == 2
 
 
 def test_summary_lists_cases_that_did_not_run():

@@ -13,6 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
+from benchlib.report.figure_files import save_figure
 from benchlib.analysis.seed_verdicts import save_verdicts
 from benchlib.records import Run, make_record
 from benchlib.report.page import build_report, group_by_notebook, write_report
@@ -43,9 +44,9 @@ def small_run(root: Path) -> Run:
     run.record_notebook("alpha_beta", status="partial", duration_s=2.0, error="CaseFailed: engine x crashed\nmore")
     run.save_records([make_record(benchmark="alpha", case="c", engine="e", device="cpu", dtype="float64",
                                   metric="time", value=1.0, unit="s")], "alpha")
-    run.save_figure(go.Figure(go.Bar(x=["a"], y=[1], name="</script><b>x</b>")), "alpha_bars")
-    run.save_figure(go.Figure(go.Scatter(x=[1, 2], y=[3, 4])), "alpha_beta_line")
-    run.save_figure(go.Figure(), "loose")
+    save_figure(run, go.Figure(go.Bar(x=["a"], y=[1], name="</script><b>x</b>")), "alpha_bars")
+    save_figure(run, go.Figure(go.Scatter(x=[1, 2], y=[3, 4])), "alpha_beta_line")
+    save_figure(run, go.Figure(), "loose")
     return run
 
 
@@ -196,7 +197,7 @@ def test_a_notebook_that_wrote_another_benchmarks_records_holds_its_answers_figu
                                                   ("cuda_malloc_count", 3, "count"), ("cuda_alloc_retries", 0, "count"))],
                      "my_mlp")
     run.save_table(_engine_headline(), "my_mlp_headline")
-    run.save_figure(go.Figure(go.Bar(x=["torch"], y=[8])), "my_mlp_peak")
+    save_figure(run, go.Figure(go.Bar(x=["torch"], y=[8])), "my_mlp_peak")
     (run.path / "cuda_snapshots").mkdir()
     (run.path / "cuda_snapshots" / "my_mlp-step-torch.pickle").write_bytes(b"")
     page = build_report(run.path)

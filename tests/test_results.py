@@ -15,6 +15,7 @@ import plotly.io
 import pytest
 import torch
 
+from benchlib.report.figure_files import save_figure
 from benchlib.records import (
     METRICS,
     RECORD_COLUMNS,
@@ -211,8 +212,8 @@ def test_run_saves_records_per_benchmark_and_merged(tmp_path):
 def test_save_figure_writes_html_json_and_one_plotly_bundle(tmp_path):
     run = Run.open(tmp_path / "run-f")
     fig = go.Figure(go.Bar(x=["a", "b"], y=[1, 2]))
-    html = run.save_figure(fig, "bars")
-    run.save_figure(fig, "bars_again")
+    html = save_figure(run, fig, "bars")
+    save_figure(run, fig, "bars_again")
     figures = run.path / "figures"
     assert sorted(os.listdir(figures)) == ["bars.html", "bars.json", "bars_again.html", "bars_again.json", "plotly.min.js"]
     assert 'src="plotly.min.js"' in html.read_text()
@@ -220,7 +221,7 @@ def test_save_figure_writes_html_json_and_one_plotly_bundle(tmp_path):
     assert list(reloaded.data[0].y) == [1, 2]
     # a second run beside it shares the one copy of plotly.js on disk (a hard link), and each stays whole
     other = Run.open(tmp_path / "run-g")
-    other.save_figure(fig, "bars")
+    save_figure(other, fig, "bars")
     assert os.path.samefile(other.path / "figures" / "plotly.min.js", figures / "plotly.min.js")
     assert (figures / "plotly.min.js").stat().st_nlink == 2 and sorted(os.listdir(tmp_path)) == ["run-f", "run-g"]
     shutil.rmtree(run.path)  # deleting the first run leaves the second's figures whole

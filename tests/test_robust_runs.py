@@ -211,7 +211,7 @@ def test_sigterm_while_a_model_file_is_checked_stops_with_130_a_message_and_no_c
                           "def batch():\n    return torch.ones(3, 2)\n\n\ndef loss(model, x):\n    return model(x).sum()\n")
     runner = subprocess.Popen([sys.executable, "-m", "benchlib.runner.cli", "run", str(model_file), "--out", str(tmp_path / "out")],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    checking = wait_for_descendant(runner, "benchlib.usermodel.planning", timeout_s=60)
+    checking = wait_for_descendant(runner, "benchlib.usermodel.reading", timeout_s=60)
     runner.send_signal(signal.SIGTERM)
     output, _ = runner.communicate(timeout=60)
     assert runner.returncode == 130, output  # before: 143, killed by the default action, no word said

@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from benchlib.records import load_records, load_run_info
-from benchlib.runner import RunnerError, plan, run, select_notebooks
+from benchlib.runner import RunnerError, run, select_notebooks, values_for
 from benchlib.runner.cli import main
 
 NOTEBOOKS = Path(__file__).parent / "notebooks"
 
 
 def planned(notebooks=("probe",), quick=False, **params):
-    return {spec.name: values for spec, values in plan(select_notebooks(notebooks, NOTEBOOKS), params=params, quick=quick)}
+    return {spec.name: values for spec, values in values_for(select_notebooks(notebooks, NOTEBOOKS), params=params, quick=quick)}
 
 
 def test_plan_applies_quick_then_params_with_types_of_the_defaults():
@@ -42,7 +42,7 @@ def test_plan_applies_quick_then_params_with_types_of_the_defaults():
 )
 def test_plan_refuses_bad_names_and_types(notebooks, params, message):
     with pytest.raises(RunnerError, match=message):
-        plan(select_notebooks(notebooks, NOTEBOOKS), params=params, quick=False)
+        values_for(select_notebooks(notebooks, NOTEBOOKS), params=params, quick=False)
 
 
 def test_quick_is_refused_for_a_notebook_without_quick_sizes(tmp_path):
@@ -50,7 +50,7 @@ def test_quick_is_refused_for_a_notebook_without_quick_sizes(tmp_path):
     notebook.cells = [cell for cell in notebook.cells if "quick" not in cell.metadata.get("tags", [])]
     nbformat.write(notebook, tmp_path / "plain.ipynb")
     with pytest.raises(RunnerError, match="plain.ipynb has no cell tagged 'quick'"):
-        plan(select_notebooks(["plain"], tmp_path), params={}, quick=True)
+        values_for(select_notebooks(["plain"], tmp_path), params={}, quick=True)
 
 
 def refused_cases():

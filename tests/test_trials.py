@@ -148,6 +148,6 @@ def test_an_engine_measured_then_failed_is_one_row_in_the_summary_and_it_reads_f
                for engine in ("manual", "torch") for metric, value in (("time", 1.0), ("peak_bytes", 100.0))]
     comparison = EngineComparison("b", "cpu", "float64", records=records, problems=[
         {"case": "c", "engine": "torch", "status": "failed", "message": "not the same maths"}])
-    summary = comparison.summary().set_index("engine")
+    summary = comparison.summary_frame().set_index("engine")
     assert list(summary.index) == ["manual", "torch"]
     assert summary.loc["torch", "status"] == "failed" and summary.loc["torch", "reason"] == "not the same maths"

@@ -182,7 +182,7 @@ class _Stack(torch.nn.Module):
 def test_torch_checkpoint_segments_a_models_repeated_blocks(monkeypatch, as_list, plan, checkpointed):
     from torch.utils import checkpoint as torch_checkpoint
 
-    from benchlib.engines.techniques.modules import checkpoint_plan
+    from benchlib.engines.techniques.modules import checkpoint_params
 
     calls = []
     original = torch_checkpoint.checkpoint
@@ -191,7 +191,7 @@ def test_torch_checkpoint_segments_a_models_repeated_blocks(monkeypatch, as_list
     for engine in (TORCH, TORCH_CHECKPOINT):
         torch.manual_seed(0)
         model, batch = _Stack(9, as_list), (torch.randn(5, 4), torch.randn(5, 1))
-        assert checkpoint_plan(model)["checkpoint"] == plan
+        assert checkpoint_params(model)["checkpoint"] == plan
         step = Step(engine, model, batch, lambda m, x, y: ((m(x) - y) ** 2).mean(), None)
         captured = {}
         with step.observe(lambda name, g: captured.__setitem__(name, g.detach().clone())):

@@ -160,7 +160,7 @@ def test_an_xp_name_only_some_engines_lack_makes_those_engines_not_applicable(tm
 
     assert lacking({"tanh", "where", "stack"}) == {}
     model_file = read_array_file(write(tmp_path, RESIDUAL))
-    plan = ARRAY_FORM_RUN.plan(model_file, {"width": 6, "steps": 3, "n": 4}, "cpu")
+    plan = ARRAY_FORM_RUN.facts(model_file, {"width": 6, "steps": 3, "n": 4}, "cpu")
     assert plan.dtype == "float32" and plan.reasons == {}
     torch_only = namespaces.torch_namespace()
     torch_only.cosh = torch.cosh  # an xp name only torch's engines would have: the others say they lack it

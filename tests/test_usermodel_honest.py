@@ -11,7 +11,7 @@ from benchlib.engines.gradients import max_relative_error
 from benchlib.measure import NotApplicable, resolve_device
 from benchlib.usermodel.case import _gradient, _joint_update, case
 from benchlib.engines.techniques import Step
-from benchlib.engines.techniques.modules import checkpoint_plan, stochastic_modules
+from benchlib.engines.techniques.modules import checkpoint_params, stochastic_modules
 from benchlib.usermodel.loader import read_model_file
 
 DROPOUT = """
@@ -183,7 +183,7 @@ class _Resnetish(torch.nn.Module):
 def test_torch_checkpoint_wraps_the_repeated_blocks_wherever_they_live_and_says_which(monkeypatch):
     from torch.utils import checkpoint as torch_checkpoint
 
-    plans = {"transformer": checkpoint_plan(_Transformerish()), "resnet": checkpoint_plan(_Resnetish())}
+    plans = {"transformer": checkpoint_params(_Transformerish()), "resnet": checkpoint_params(_Resnetish())}
     assert plans["transformer"]["checkpoint_modules"] == ["encoder.layers.0", "encoder.layers.1", "encoder.layers.2"]
     assert plans["transformer"]["checkpoint"] == "checkpoint of each of the 3 blocks of encoder.layers (nn.ModuleList)"
     assert plans["resnet"]["checkpoint_modules"] == ["layer1.0", "layer1.1", "layer2.0", "layer2.1", "layer2.2"]
@@ -243,7 +243,7 @@ def test_a_files_own_step_runs_as_written_where_it_can_and_is_not_applicable_whe
     model_file, cpu = _file(tmp_path, OWN_STEP.replace("return ClippedSGD(", "return torch.optim.SGD(")), \
         resolve_device("cpu")
     check_form(model_file, {})
-    plan = TORCH_FORM.plan(model_file, {}, cpu, TORCH_FORM.engines, {})
+    plan = TORCH_FORM.facts(model_file, {}, cpu, TORCH_FORM.engines, {})
     # the engines that change only what the forward saves run the file's step as written (offload: CUDA only)
     assert set(plan.reasons) == {TORCH_FUNC, FUSED_OPTIMIZER, TORCH_AUTOCAST, TORCH_MICROBATCH, TORCH_OFFLOAD,
                                  TORCH_COMPILE, *TORCH_COMPILE_BUDGETS}

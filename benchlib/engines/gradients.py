@@ -11,8 +11,7 @@ import numpy as np
 
 from benchlib.engines import Engine
 from benchlib.engine_names import MANUAL
-
-GRAD_ERROR_METRIC = "grad_max_rel_err"
+from benchlib.records.metrics import GRAD_ERROR_METRIC
 # max|g - g_manual| / max|g_manual| an engine's gradient may reach. Reordered sums of hundreds of
 # contributions cost thousands of float32 rounding errors where they cancel (the RNN's bias
 # gradients at T=200 reach 7e-5); a wrong gradient is off by far more than either bound.

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib.fit.sizing import MIN_POINTS
-from benchlib.usermodel.planning import FileFacts
+from benchlib.usermodel.reading import FileFacts
 
 FRACTIONS = (1 / 8, 1 / 4, 1 / 2, 1)  # of the parameter's given value: the points measured
 
@@ -46,7 +46,7 @@ TIMEOUT_ENV = "BENCHLIB_FIT_TIMEOUT"  # seconds each of fit's processes may take
 
 def process_timeout() -> float:
     """The time each of fit's processes may take: `BENCHLIB_FIT_TIMEOUT` seconds, else `DEFAULT_TIMEOUT_S`."""
-    from benchlib.usermodel.planning import env_seconds
+    from benchlib.usermodel.reading import env_seconds
 
     try:
         return env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)
@@ -97,7 +97,7 @@ def ask(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | None
     from benchlib.usermodel.case import combination_of
     from benchlib.usermodel.declare import declaration
     from benchlib.usermodel.loader import ModelFileError
-    from benchlib.usermodel.planning import measure_reading, read_in_child
+    from benchlib.usermodel.reading import measure_reading, read_in_child
     from benchlib.usermodel.gate import parse_bytes
     from benchlib.usermodel.measuring import TORCH_FORM, spread_over_ranks
 

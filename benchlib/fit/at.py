@@ -157,7 +157,7 @@ def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engin
     if target is not None and limit <= available_memory(target):
         result = AtResult(model_file.name, scale, value, limit, margin, target.name,
                           total_words(target, model_file.world_size))
-        reasons = in_child.plan(model_file, values, target, chosen, model_file.world_size).reasons
+        reasons = in_child.engine_facts(model_file, values, target, chosen, model_file.world_size).reasons
         try:
             _measure_each(model_file, values, target, {engine: reasons.get(engine) for engine in chosen}, result,
                           progress)

@@ -1,5 +1,5 @@
 """Every call of the user's code that `fit` makes beside its measured steps, each in a process of its own
-(`benchlib.measure.isolation.call_isolated`), as `run` keeps the same file in children: the plan at the asked
+(`benchlib.measure.isolation.call_isolated`), as `run` keeps the same file in children: the engine facts at the asked
 values, traces under fake tensors, the CUDA prediction, the model's blocks. A loss that exits, kills its process,
 raises or hangs costs that call, which fit reports, never fit's own process and what it has measured.
 
@@ -22,7 +22,7 @@ class ChildFailed(RuntimeError):
 def _call(function: str, model_file, what: str, timeout_s: float | None = None, **params: Any) -> Any:
     from benchlib.measure import CaseFailed, CaseNotApplicable
     from benchlib.measure.isolation import call_isolated
-    from benchlib.usermodel.planning import timeout_s as form_check_timeout
+    from benchlib.usermodel.reading import timeout_s as form_check_timeout
 
     limit = timeout_s or getattr(model_file, "timeout_s", None) or form_check_timeout()
     try:
@@ -32,19 +32,19 @@ def _call(function: str, model_file, what: str, timeout_s: float | None = None, 
         raise ChildFailed(f"{what}: {failed.reason}") from None
 
 
-def plan(model_file, values: Mapping[str, Any], device, engines: Sequence[str], world_size: int = 1):
-    """The form's `Plan` at `values` (which engines do not apply, and why), made in a child under the form check's
+def engine_facts(model_file, values: Mapping[str, Any], device, engines: Sequence[str], world_size: int = 1):
+    """The form's `EngineFacts` at `values` (which engines do not apply, and why), made in a child under the form check's
     time limit (the model and batch are built there)."""
-    from benchlib.usermodel.measuring import Plan
-    from benchlib.usermodel.planning import timeout_s as form_check_timeout
+    from benchlib.usermodel.measuring import EngineFacts
+    from benchlib.usermodel.reading import timeout_s as form_check_timeout
 
     try:
-        made = _call("_in_child_plan", model_file, "building the model and batch at the asked values",
+        made = _call("_in_child_engine_facts", model_file, "building the model and batch at the asked values",
                      timeout_s=form_check_timeout(), values=dict(values), target=device.name, engines=list(engines),
                      world_size=world_size)
     except ChildFailed as failed:  # the file's code fails at these values: refused before anything is measured
         raise FitError(f"{model_file.path}: {failed}") from None
-    return Plan(**made)
+    return EngineFacts(**made)
 
 
 def traced_peaks(model_file, engine: str, values: Mapping[str, Any], scale: str, at: Sequence[int]
@@ -61,7 +61,7 @@ def traced_peaks(model_file, engine: str, values: Mapping[str, Any], scale: str,
 
 def blocks(model_file, values: Mapping[str, Any]) -> list[str]:
     """The module paths a checkpoint can be put on (`checkpoint_blocks`) of the model built at `values`, in a child."""
-    from benchlib.usermodel.planning import timeout_s as form_check_timeout
+    from benchlib.usermodel.reading import timeout_s as form_check_timeout
 
     return _call("_in_child_blocks", model_file, "building the model at the asked values",
                  timeout_s=form_check_timeout(), values=dict(values))
@@ -85,13 +85,13 @@ def predicted_engine(model_file, engine: str, values: Mapping[str, Any], scale: 
         return {"reason": f"not predicted: its trace's process failed ({failed})"}
 
 
-def _in_child_plan(*, device, path: str, values: dict, target: str, engines: list[str], world_size: int = 1) -> dict:
+def _in_child_engine_facts(*, device, path: str, values: dict, target: str, engines: list[str], world_size: int = 1) -> dict:
     from benchlib.measure import Device
     from benchlib.usermodel.loader import read_model_file
     from benchlib.usermodel.measuring import TORCH_FORM
 
     kind, _, index = target.partition(":")  # a CUDA device fit predicts for need not be here: its kind is asked
-    made = TORCH_FORM.plan(read_model_file(path), values, Device(kind, int(index) if index else None), engines, {},
+    made = TORCH_FORM.facts(read_model_file(path), values, Device(kind, int(index) if index else None), engines, {},
                            world_size=world_size)
     return dataclasses.asdict(made)
 

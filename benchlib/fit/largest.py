@@ -104,7 +104,7 @@ def _applicable(question: Question, device, progress: Callable[[str], None]) -> 
     apply is left out, as `run` leaves it out, and the line says so."""
     from benchlib.usermodel.case import combination_of
 
-    reasons = in_child.plan(question.model_file, question.values, device, question.engines,
+    reasons = in_child.engine_facts(question.model_file, question.values, device, question.engines,
                             question.model_file.world_size).reasons
     fits = []
     for engine in question.engines:
@@ -122,7 +122,7 @@ def _measure_all(fits: list[EngineFit], question: Question, scale: str, device, 
     model_file, values = question.model_file, question.values
     points = scale_points(values[scale], scale)
     applicable = [engine_fit for engine_fit in fits if not engine_fit.reason]
-    pace.plan(value for value in points for _ in applicable)
+    pace.expect(value for value in points for _ in applicable)
     skipped: dict[str, list[tuple[int, str]]] = {engine_fit.engine: [] for engine_fit in applicable}
     for value in points:
         for engine_fit in applicable:
@@ -231,7 +231,7 @@ def _confirm(result: FitResult, question: Question, device, pace: Pace) -> None:
 
     def measuring(engine_fit: EngineFit) -> Callable[[int], tuple[int, float] | str]:
         def measure(value: int) -> tuple[int, float] | str:
-            pace.plan([value])
+            pace.expect([value])
             outcome = measured.measure_step(question.model_file, engine_fit.engine, {**question.values, scale: value},
                                             device, cap_bytes=cap)
             if isinstance(outcome, str) and outcome.startswith(FAILED):  # no answer at or past it, whatever was said

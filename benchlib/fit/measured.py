@@ -141,7 +141,7 @@ def until_it_grows(engine_fit: EngineFit, model_file, values: dict, scale: str, 
         value = _multiple(largest * FLAT_REACH, engine_fit.multiple)
         if total + per_unit * (value - largest) > room:
             break
-        pace.plan([value])
+        pace.expect([value])
         outcome = measure_step(model_file, engine_fit.engine, {**values, scale: value}, device)
         pace.done(f"{model_file.name} {engine_fit.engine} {scale}={value} (farther out: the totals did not grow): "
                   + (outcome if isinstance(outcome, str) else f"{format_bytes(outcome[0])}"), value)
@@ -183,7 +183,7 @@ def approach(engine_fit: EngineFit, model_file, values: dict, scale: str, device
         # an answer that grows as the model learns from the new point stays within REACH of it (no creeping by ones);
         # its predicted total is under the limit, which this machine holds
         value = _multiple(math.ceil(answer / (REACH * APPROACH_SLACK)), engine_fit.multiple)
-        pace.plan([value])
+        pace.expect([value])
         outcome = measure_step(model_file, engine_fit.engine, {**values, scale: value}, device)
         if isinstance(outcome, str):
             engine_fit.unmeasured = f"{scale}={value}: {outcome}"

@@ -21,7 +21,7 @@ class Pace:
         self.fixed: int | None = None
         self.started = time.monotonic()
 
-    def plan(self, values: Iterable[int]) -> None:
+    def expect(self, values: Iterable[int]) -> None:
         """More processes to come, by value (the grid at first; points toward the answer, confirmations)."""
         self.left.update(values)
         if self.left:

@@ -16,6 +16,7 @@ TRIALS_RUN = "trials_run"  # the record of how many trials a case ran; params.st
 # Recorded (value 1, the reason in params["message"]) for an engine that ran but whose gradient could not be
 # compared (benchlib.trials): no reference gradient, or a stochastic step drawn differently
 GRAD_UNCHECKED_METRIC = "grad_check_unavailable"
+GRAD_ERROR_METRIC = "grad_max_rel_err"  # max|g - g_reference| / max|g_reference| (benchlib.engines.gradients)
 COMPILE_METRIC = "compile_time"  # a compiling engine's first call, made in the set-up (never a measured call)
 COMPILE_COLUMN = "compile_s"  # its median over trials in a summary table
 COMMUNICATION_METRIC = "communication_share"  # a rank's share of one step with a collective in flight (torch.profiler)

@@ -1,4 +1,4 @@
-"""Run directories: atomic writes of records, figures and run.json, and loading runs back.
+"""Run directories: atomic writes of records, tables and run.json, and loading runs back.
 
 A run directory holds `run.json`, `records.parquet` (every benchmark's rows),
 `records/<benchmark>.parquet`, `figures/`, `tables/` and, under the runner, `notebooks/`. Each
@@ -28,8 +28,15 @@ RUN_INFO = "run.json"
 RECORDS = "records.parquet"
 CUDA_SNAPSHOT_FOLDER = "cuda_snapshots"  # a run's CUDA allocator snapshots (benchlib.measure.cuda_snapshot)
 RESULTS_ROOT_ENV = "BENCHLIB_RESULTS"
-FIGURE_PNG_ENV = "BENCHLIB_FIGURE_PNG"  # "1": save_figure also writes figures/<name>.png (benchlib run --png)
+FIGURES = "figures"  # a run's figure files (`benchlib.report.figure_files`)
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def file_name(name: Any, what: str) -> str:
+    """`name`, where it can name a file in a run directory (letters, digits, '_', '-', '.'); else ValueError."""
+    if not isinstance(name, str) or not _SAFE_NAME.match(name):
+        raise ValueError(f"{what} name must be letters, digits, '_', '-', '.' (it names a file), got {name!r}")
+    return name
 
 
 def _current_umask() -> int:
@@ -52,7 +59,7 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def _atomic_write(path: Path, write: Any, make_folder: bool = True) -> Path:
+def write_atomic(path: Path, write: Any, make_folder: bool = True) -> Path:
     """Call `write(temp_path)`, then rename over `path`; on any error the old file stays and no temp is left.
     An OSError (a full disk, a directory where the file should be, no permission, a folder that is gone where
     `make_folder` is false) names `path`, the file the user knows, rather than the temporary one or none."""
@@ -79,7 +86,7 @@ def _atomic_write(path: Path, write: Any, make_folder: bool = True) -> Path:
 
 def write_parquet_atomic(df: pd.DataFrame, path: str | os.PathLike) -> Path:
     """Write `df` to parquet at `path` via a temp file in the same directory and `os.replace`."""
-    return _atomic_write(Path(path), lambda temp: df.to_parquet(temp, index=False))
+    return write_atomic(Path(path), lambda temp: df.to_parquet(temp, index=False))
 
 
 def write_records_atomic(frame: pd.DataFrame, path: str | os.PathLike) -> Path:
@@ -94,7 +101,7 @@ def write_records_atomic(frame: pd.DataFrame, path: str | os.PathLike) -> Path:
         if pq.read_metadata(temp).num_rows != table.num_rows:
             raise OSError(f"the new file does not read back {table.num_rows} rows; the old one is kept")
 
-    return _atomic_write(Path(path), write_and_verify)
+    return write_atomic(Path(path), write_and_verify)
 
 
 def rows_held(path: Path) -> int:
@@ -110,7 +117,7 @@ def rows_held(path: Path) -> int:
 def write_text_atomic(text: str, path: str | os.PathLike, make_folder: bool = True) -> Path:
     """Write text (UTF-8) atomically; without `make_folder`, only into a folder that exists (a run's, which
     something else may have deleted meanwhile: never made again holding this file alone)."""
-    return _atomic_write(Path(path), lambda temp: Path(temp).write_text(text, encoding="utf-8"), make_folder)
+    return write_atomic(Path(path), lambda temp: Path(temp).write_text(text, encoding="utf-8"), make_folder)
 
 
 def write_json_atomic(data: Any, path: str | os.PathLike) -> Path:
@@ -297,70 +304,15 @@ class Run:
         write_records_atomic(merged, self.path / RECORDS)
         return skipped
 
-    def save_figure(self, fig: Any, name: str) -> Path:
-        """`figures/<name>.html` (plotly.js shared once per run directory) and `figures/<name>.json` to reload."""
-        if not isinstance(name, str) or not _SAFE_NAME.match(name):
-            raise ValueError(f"figure name must be letters, digits, '_', '-', '.' (it names a file), got {name!r}")
-        figures = self.path / "figures"
-        figures.mkdir(parents=True, exist_ok=True)
-        bundle = figures / "plotly.min.js"
-        if not bundle.exists():
-            _link_plotly_bundle(bundle, self.path.parent)
-        write_text_atomic(fig.to_json(), figures / f"{name}.json")
-        if os.environ.get(FIGURE_PNG_ENV) == "1":
-            _atomic_write(figures / f"{name}.png", lambda temp: fig.write_image(temp, format="png", width=1200, height=fig.layout.height or 500))
-        return write_text_atomic(fig.to_html(include_plotlyjs="directory", full_html=True), figures / f"{name}.html")
-
     def save_table(self, df: pd.DataFrame, name: str) -> Path:
         """`tables/<name>.parquet`: a table that is not tidy records (e.g. memory timeline samples), atomically."""
-        if not isinstance(name, str) or not _SAFE_NAME.match(name):
-            raise ValueError(f"table name must be letters, digits, '_', '-', '.' (it names a file), got {name!r}")
+        file_name(name, "table")
         if not isinstance(df, pd.DataFrame):
             raise TypeError(f"save_table takes a pandas DataFrame, got {type(df).__name__}")
         return write_parquet_atomic(df, self.path / "tables" / f"{name}.parquet")
 
     def load_records(self) -> pd.DataFrame:
         return load_records(self.path)
-
-
-def _link_plotly_bundle(bundle: Path, root: Path) -> None:
-    """`bundle` as a hard link to an identical plotly.js in another run beside this one (4.8 MB a run
-    otherwise): each run's figures still open on their own, moved or zipped, and deleting one run
-    frees nothing another needs, but the disk holds one copy. A copy is written where no run beside
-    has the same plotly.js or a link cannot be made (another file system)."""
-    from plotly.offline import get_plotlyjs
-
-    script = get_plotlyjs().encode("utf-8")
-    temporary = bundle.with_name(f".{bundle.name}.{os.getpid()}")
-    for other in root.glob(f"*/figures/{bundle.name}"):
-        try:  # only a file of this user's: no one else's rewrite of it may reach these figures
-            facts = other.stat()
-            if facts.st_uid != os.getuid() or facts.st_size != len(script) or other.read_bytes() != script:
-                continue
-            os.link(other, temporary)
-            os.replace(temporary, bundle)
-            return
-        except OSError:
-            temporary.unlink(missing_ok=True)
-    _atomic_write(bundle, lambda path: Path(path).write_bytes(script))
-
-
-def check_static_export() -> None:
-    """Refuse static (PNG) figure export where it cannot work: plotly exports through kaleido,
-    which drives a Chrome or Chromium; one tiny export proves both are there."""
-    try:
-        import kaleido  # noqa: F401  (plotly imports it itself; here only to name what is missing)
-    except ImportError:
-        raise RuntimeError("PNG export needs kaleido: pip install -e '.[png]' (and a Chrome or Chromium, "
-                           "e.g. Debian's chromium package)") from None
-    import plotly.graph_objects as go
-
-    try:
-        go.Figure().to_image(format="png", width=10, height=10)
-    except Exception as error:  # kaleido says why (no browser found, browser failed to start)
-        raise RuntimeError(f"PNG export is not available here: kaleido could not drive a Chrome/Chromium "
-                           f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
-                           "install one (Debian: apt-get install chromium) or run without --png") from None
 
 
 LATEST = "latest"  # the run name resolve_run reads as the newest run under the root

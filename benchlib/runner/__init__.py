@@ -13,7 +13,7 @@ _HOMES = {
     "RunResult": "outcomes",
     "RunnerError": "notebooks",
     "inspect": "notebooks",
-    "plan": "preflight",
+    "values_for": "preflight",
     "run": "execute",
     "select_notebooks": "notebooks",
 }

@@ -18,6 +18,7 @@ import pandas as pd
 
 from benchlib import registry
 from benchlib.records import Run
+from benchlib.report.figure_files import save_figure
 from benchlib.report.page import HEADLINE_SUFFIX
 from benchlib.analysis.stats import median_interval
 from benchlib.trials import Interrupted
@@ -77,7 +78,7 @@ def run_declared(name: str | list[str], parameters: Mapping[str, Any], *, device
     figures = {}
     for figure_name, build in benchmark.figures.items():
         figures[figure_name] = build(frame)
-        run.save_figure(figures[figure_name], f"{benchmark.name}_{figure_name}")
+        save_figure(run, figures[figure_name], f"{benchmark.name}_{figure_name}")
     print(f"{benchmark.name}: {len(frame)} records in {run.path}")
     return Outcome(frame, headline, figures, run)
 

@@ -28,9 +28,8 @@ import pandas as pd
 from benchlib.records import Run, default_results_root, load_records
 from benchlib.measure.forkserver import isolation_mode
 from benchlib.trials.stopping import DEADLINE_ENV
+from benchlib.report.figure_files import FIGURE_PNG_ENV, check_static_export, save_figure
 from benchlib.records.store import (
-    FIGURE_PNG_ENV,
-    check_static_export,
     now_iso,
     RecordsKept,
     RecordsUnreadable,
@@ -40,7 +39,7 @@ from benchlib.records.store import (
 from benchlib.runner.outcomes import (NotebookResult, RunResult, case_outcomes, last_duration,
                                       model_file_provenance)
 from benchlib.runner.preflight import (ATTRIBUTE, check_attribution_available, check_kernel, check_out_dir,
-                                       check_values, plan, resolve_run_device, with_attribute)
+                                       check_values, resolve_run_device, values_for, with_attribute)
 from benchlib.runner.interrupts import Terminated, terminate_as_interrupt
 from benchlib.runner.kernels import ProgressLines, become_subreaper, ipc_kernel_manager, reap_orphans
 from benchlib.runner.papermill_exec import FAILED, TIMED_OUT, WarmKernel, execute_notebook
@@ -155,7 +154,7 @@ def run(notebooks: Sequence[str] = (), *, options: RunOptions | None = None, **o
         specs = select_notebooks(notebooks, notebooks_dir)  # model files read and checked here, once
         if options.attribute:
             params = with_attribute(specs, params, stream)
-        planned = plan(specs, params=dict(params or {}), quick=quick)
+        planned = values_for(specs, params=dict(params or {}), quick=quick)
         attributed = [spec.name for spec, values in planned if values.get(ATTRIBUTE)]
         if attributed:
             check_attribution_available(attributed)
@@ -463,5 +462,5 @@ def _save_grid_figures(results_run: Run) -> None:
         rows = records[records["benchmark"] == benchmark]
         for metric in GRID_METRICS:
             if (rows["metric"] == metric).any():
-                results_run.save_figure(grid_figure(rows, metric=metric, grid=results_run.info.get("grid", {})),
+                save_figure(results_run, grid_figure(rows, metric=metric, grid=results_run.info.get("grid", {})),
                                         f"grid_{benchmark}_{metric}")

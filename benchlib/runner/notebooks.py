@@ -131,9 +131,9 @@ def is_model_file(name: str) -> bool:
 
 def model_file_specs(groups: Sequence[Sequence[str]]) -> list[NotebookSpec]:
     """Each group of model files (paths ending in .py; several: versions of one NAME) as one benchmark run by
-    the generic notebook, every group read and checked in one child process (`benchlib.usermodel.planning`:
+    the generic notebook, every group read and checked in one child process (`benchlib.usermodel.reading`:
     the user's code never runs in the runner's); the first refusal is raised, saying why."""
-    from benchlib.usermodel.planning import declare_in_child
+    from benchlib.usermodel.reading import declare_in_child
 
     for name in (name for group in groups for name in group):
         try:

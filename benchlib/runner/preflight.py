@@ -1,5 +1,5 @@
 """Everything `benchlib run` checks before anything runs: the benchmarks' values by their declarations
-(`plan`, `check_values`, memory included), the output root, the Jupyter kernel, the device, and the
+(`values_for`, `check_values`, memory included), the output root, the Jupyter kernel, the device, and the
 attribution pass's tracker. Each refusal is a `RunnerError` that says what is valid."""
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def resolve_run_device(device: str) -> Any:
         raise RunnerError(f"--device {device!r}: {error}") from error
 
 
-def plan(
+def values_for(
     specs: Sequence[NotebookSpec],
     *,
     params: Mapping[str, Any],

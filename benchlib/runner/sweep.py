@@ -130,7 +130,7 @@ def pack_point(results_dir: Path, executed: Path, summary: Mapping[str, Any]) ->
 
 def unpack_point(data: bytes, results_dir: Path, executed: Path) -> dict[str, Any]:
     """Write a packed point into the run (each file atomically); return its summary."""
-    from benchlib.records.store import _atomic_write
+    from benchlib.records.store import write_atomic
 
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
         summary = json.loads(archive.read(POINT_SUMMARY))
@@ -141,7 +141,7 @@ def unpack_point(data: bytes, results_dir: Path, executed: Path) -> dict[str, An
             if not target.resolve().is_relative_to(results_dir.resolve()) and target != executed:
                 raise ValueError(f"a packed point names a file outside its results: {name}")
             content = archive.read(name)
-            _atomic_write(target, lambda temp, content=content: Path(temp).write_bytes(content))
+            write_atomic(target, lambda temp, content=content: Path(temp).write_bytes(content))
     return summary
 
 

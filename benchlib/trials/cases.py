@@ -14,22 +14,19 @@ where the gauge is passive and the trial makes one; else one more call after the
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping
 
-import numpy as np
 import pandas as pd
 
 from benchlib.benchmark import Config, Parameter, distinct
 from benchlib.engines import ENGINE_NAMES, case_imports, get_engine
 from benchlib.engines.gradients import (GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, WORST_ARRAY_METRIC, error_limit,
                                         gradient_tolerance)
-from benchlib.engine_names import MANUAL, MANUAL_SEED
 from benchlib.records.metrics import GRADIENT_ROLE, SAVED_ROLE
 from benchlib.trials.loop import GRAD_UNCHECKED_METRIC, TrialLoop, TrialSettings, Unit
-from benchlib.trials.stopping import TRIALS_RUN, Deadline
-from benchlib.records.metrics import COMPILE_COLUMN, COMPILE_METRIC
+from benchlib.analysis.comparison import REFERENCE_ENGINE, summarize
+from benchlib.trials.stopping import Deadline
 
 # Time is measured in the same calls as the memory timeline (one fresh process per case), so the
 # sampler thread runs during the timed repeats (its cost is measured by the calibration notebook,
@@ -38,8 +35,6 @@ TIMELINE_INTERVAL_S = 0.002
 ROLE_TIMELINE_COLUMNS = ["case", "engine", "t_s", "bytes", "phase", SAVED_ROLE, GRADIENT_ROLE]
 DTYPES = tuple(GRADIENT_TOLERANCE)  # the dtypes an engine comparison runs in (those with a gradient tolerance)
 DATA_DTYPE = "data_dtype"  # in a lowering engine's params (autocast): the dtype of the data it was given
-REFERENCE_ENGINE = MANUAL  # the lean hand-written gradient: every engine's gradient is checked against it, ratios are to it
-SEED_ENGINE = MANUAL_SEED  # the seed's own hand-written gradient, the second baseline where a workload has one
 
 
 # How trials stop, for every benchmark that runs engines in fresh processes (`TrialStopping`).
@@ -156,12 +151,11 @@ class EngineComparison:
 
         return records_frame(self.records)
 
-    def summary(self, params: Iterable[str] = ()) -> pd.DataFrame:
-        """One row per case and engine: peak and median time, each with its ratio to `manual`.
-
-        `params` names case parameters (e.g. "T") to add as columns, for sweeps.
+    def summary_frame(self, params: Iterable[str] = ()) -> pd.DataFrame:
+        """One row per case and engine: peak and median time, each with its ratio to `manual`
+        (`analysis.comparison.summarize`). `params` names case parameters (e.g. "T") to add as columns, for sweeps.
         """
-        table = summarize(self.frame(), self.problems)
+        table = summarize(self.frame(), self.problems, ENGINE_NAMES)
         for name in params:
             table.insert(1, name, table["case"].map(lambda case: self.case_params[case][name]))
         return table
@@ -220,126 +214,6 @@ class EngineComparison:
         run.save_table(self.timeline_frame(), f"{self.benchmark}_timelines")
         run.save_table(self.role_timeline_frame(), f"{self.benchmark}_role_timelines")
 
-    def display_frame(self, summary: pd.DataFrame | None = None) -> pd.DataFrame:
-        """The summary as a notebook or a terminal shows it: MB, each ratio as "1.02 [0.98, 1.07]" headed by
-        its baseline (to manual and, where it ran, to manual-seed), seconds, the compile's seconds where an engine
-        compiled (in the set-up, never in time_s), the gradient error."""
-        summary = self.summary() if summary is None else summary
-        shown = summary.assign(peak_MB=summary["peak_bytes"] / 1e6, peak_ratio=with_interval(summary, "peak_ratio"),
-                               time_ratio=with_interval(summary, "time_ratio"),
-                               peak_ratio_seed=with_interval(summary, "peak_ratio_seed"))
-        params = [column for column in summary.columns if column not in SUMMARY_COLUMNS]  # `summary(params=...)`'s
-        columns = ["case", *params, "engine", "status", "trials", "stop", "peak_MB", "peak_ratio", "time_s", "time_ratio",
-                   *(["peak_ratio_seed"] if summary["peak_ratio_seed"].notna().any() else []),
-                   *([COMPILE_COLUMN] if summary[COMPILE_COLUMN].notna().any() else []), GRAD_ERROR_METRIC]
-        return shown[columns].rename(columns=RATIO_HEADINGS)
-
-    def table_text(self) -> str:
-        """`display_frame` as plain text, then what planning changed, the reasons and the problems."""
-        summary = self.summary()
-        if summary.empty:
-            return "no cases ran"
-        shown = self.display_frame(summary)
-        text = "\n".join(self.notes + [shown.to_string(index=False, float_format=lambda v: f"{v:.4g}")])
-        for row in summary[(summary["status"] == "ok") & (summary["reason"] != "")].itertuples():
-            text += f"\n{row.engine} ({row.case}): {row.reason}"
-        for problem in self.problems:
-            text += f"\n\n{problem['engine']} ({problem['case']}) {problem['status']}: {problem['message']}"
-        return text
-
-
-# Each ratio column of `summarize` headed by its baseline, wherever a table is printed.
-RATIO_HEADINGS = {"peak_ratio": f"peak/{REFERENCE_ENGINE}", "time_ratio": f"time/{REFERENCE_ENGINE}",
-                  "peak_ratio_seed": f"peak/{SEED_ENGINE}"}
-
-
-def with_interval(summary: pd.DataFrame, column: str) -> pd.Series:
-    """A ratio column as text, "1.02 [0.98, 1.07]" (its 95% interval), or the ratio alone without one."""
-    def text(row) -> str:
-        if math.isnan(row[column]):
-            return "—"
-        low, high = row[f"{column}_low"], row[f"{column}_high"]
-        return f"{row[column]:.3g}" if math.isnan(low) else f"{row[column]:.3g} [{low:.3g}, {high:.3g}]"
-
-    return summary.apply(text, axis=1) if not summary.empty else pd.Series(dtype=str)
-
-
-SUMMARY_COLUMNS = ["case", "engine", "status", "trials", "stop", "peak_bytes", "peak_ratio", "peak_ratio_low",
-                   "peak_ratio_high", "time_s", "time_ratio", "time_ratio_low", "time_ratio_high", "peak_ratio_seed",
-                   "peak_ratio_seed_low", "peak_ratio_seed_high", COMPILE_COLUMN, GRAD_ERROR_METRIC, "reason"]
-
-
-def summarize(frame: pd.DataFrame, problems: Iterable[Mapping] = ()) -> pd.DataFrame:
-    """Trials (and why they stopped), peak bytes, median time and gradient error per case and engine, with ratios to `manual`
-    (the lean floor: `peak_ratio`, `time_ratio`) and, where it ran, to `manual-seed` (the seed's own
-    hand-written gradient: `peak_ratio_seed`).
-
-    Each ratio is a ratio of medians over trials with its 95% bootstrap interval (`*_low`, `*_high`;
-    NaN with a single trial a side, which gives a point, not an interval).
-    """
-    from benchlib.analysis.compare import trial_values
-
-    columns = SUMMARY_COLUMNS
-    rows, samples = [], {}
-    for (case, engine), group in frame.groupby(["case", "variant"], sort=False):
-        by_metric = {metric: trial_values(rows_of_metric) for metric, rows_of_metric in group.groupby("metric")}
-        if "time" not in by_metric:
-            continue
-        samples[case, engine] = by_metric
-        unchecked = group[group["metric"] == GRAD_UNCHECKED_METRIC]["params"]
-        stops = group.loc[group["metric"] == TRIALS_RUN, "params"].map(lambda p: json.loads(p)["stop"])
-        rows.append({"case": case, "engine": engine, "status": "ok", "trials": len(by_metric["time"]),
-                     "stop": stops.iloc[0] if len(stops) else "",
-                     "peak_bytes": float(np.median(by_metric["peak_bytes"])) if "peak_bytes" in by_metric else math.nan,
-                     "time_s": float(np.median(by_metric["time"])),
-                     COMPILE_COLUMN: float(np.median(by_metric[COMPILE_METRIC])) if COMPILE_METRIC in by_metric
-                     else math.nan,
-                     GRAD_ERROR_METRIC: float(np.max(by_metric[GRAD_ERROR_METRIC])) if GRAD_ERROR_METRIC in by_metric
-                     else math.nan,
-                     "reason": "".join(f"gradient not checked: {json.loads(p)['message']}" for p in unchecked[:1])})
-    measured = {(row["case"], row["engine"]): row for row in rows}
-    for problem in problems:
-        row = measured.get((problem["case"], problem["engine"]))
-        if row is not None:  # measured, then failed (a wrong gradient, a later trial): one row, never `ok`
-            row.update(status=problem["status"], reason=problem["message"])
-            continue
-        rows.append({"case": problem["case"], "engine": problem["engine"], "status": problem["status"], "trials": 0,
-                     "stop": "",
-                     "peak_bytes": math.nan, "time_s": math.nan, COMPILE_COLUMN: math.nan, GRAD_ERROR_METRIC: math.nan,
-                     "reason": problem["message"]})
-    table = pd.DataFrame(rows, columns=columns)
-    if table.empty:
-        return table
-    for index, row in table.iterrows():
-        own = samples.get((row["case"], row["engine"]))
-        for baseline, ratios in ((REFERENCE_ENGINE, (("peak_bytes", "peak_ratio"), ("time", "time_ratio"))),
-                                 (SEED_ENGINE, (("peak_bytes", "peak_ratio_seed"),))):
-            _fill_ratios(table, index, samples.get((row["case"], baseline)), own, ratios,
-                         itself=row["engine"] == baseline)
-    order = {name: index for index, name in enumerate(ENGINE_NAMES)}
-    table["_case_order"] = table["case"].map({case: i for i, case in enumerate(dict.fromkeys(table["case"]))})
-    table["_engine_order"] = table["engine"].map(order)
-    return (table.sort_values(["_case_order", "_engine_order"], kind="stable")
-            .drop(columns=["_case_order", "_engine_order"]).reset_index(drop=True))
-
-
-def _fill_ratios(table: pd.DataFrame, index, reference: dict | None, own: dict | None, ratios, *, itself: bool) -> None:
-    """Each (metric, column) of `ratios`: own over reference, a ratio of medians with its interval."""
-    from benchlib.analysis.stats import ratio_of_medians
-
-    if reference is None or own is None:
-        return
-    if itself:  # its own baseline: exactly 1, no interval to take
-        table.loc[index, [column for _, column in ratios]] = 1.0
-        return
-    for metric, column in ratios:
-        a, b = reference.get(metric), own.get(metric)
-        if a is None or b is None or not np.all(a > 0):
-            continue
-        interval = ratio_of_medians(a, b)
-        single = min(a.size, b.size) < 2
-        table.loc[index, [column, f"{column}_low", f"{column}_high"]] = (
-            interval.ratio, math.nan if single else interval.ci_low, math.nan if single else interval.ci_high)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from benchlib.lazy_exports import lazy_exports
 
 # Public names and the module that holds each: imported when first asked for, so that a process that
-# only plans (the runner refusing a bad file, `usermodel.planning`'s parent side) never imports torch.
+# only plans (the runner refusing a bad file, `usermodel.reading`'s parent side) never imports torch.
 _HOMES = {
     "ModelFileError": "loader",
     "read_model_file": "loader",

@@ -25,7 +25,7 @@ import numpy as np
 
 from benchlib.engines.functional import array_engine, array_not_applicable
 from benchlib.engine_names import AUTOGRAD, BENCHLIB_CHECKPOINT, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, TORCH, TORCH_FUNC
-from benchlib.usermodel.measuring import Form, Plan
+from benchlib.usermodel.measuring import EngineFacts, Form
 from benchlib.engines.namespaces import OP_NAMES
 from benchlib.usermodel.loader import ARRAY_FORM, SEED, ModelFileError, declared, kind, open_model_file, refuse, signature, user_error
 
@@ -160,7 +160,7 @@ def check_array_form(model_file: ArrayModelFile, values: Mapping[str, Any]) -> N
                            f"losses; never float() or .item(), which no engine can differentiate), got {got}")
 
 
-def _plan(model_file: ArrayModelFile, values: dict, device, _engines=(), _options=None) -> Plan:
+def _array_facts(model_file: ArrayModelFile, values: dict, device, _engines=(), _options=None) -> EngineFacts:
     """Built once at the run's values: the dtype, and why an engine does not apply (its device, its
     namespace lacks a name the loss uses, torch has no torch.func). Every engine is planned; the array
     form has no technique options."""
@@ -173,7 +173,7 @@ def _plan(model_file: ArrayModelFile, values: dict, device, _engines=(), _option
         reason = array_not_applicable(engine, device)
         if reason is not None:
             reasons.setdefault(engine, reason)
-    return Plan(reasons, str(params[0].dtype), {})
+    return EngineFacts(reasons, str(params[0].dtype), {})
 
 
-ARRAY_FORM_RUN = Form("benchlib.usermodel.array_case:case", ARRAY_ENGINES, TORCH, _plan)
+ARRAY_FORM_RUN = Form("benchlib.usermodel.array_case:case", ARRAY_ENGINES, TORCH, _array_facts)

@@ -163,7 +163,7 @@ def declare_model_files(paths: Sequence[str | Path]) -> tuple[Benchmark, list, F
 def declaration(files: Sequence, arrays: bool, measure) -> Benchmark:
     """The benchmark of model files already read and checked: `files` give path, name, parameters and
     quick (the files themselves, or their facts as a child that checked them reported them:
-    `benchlib.usermodel.planning`), `measure` measures them."""
+    `benchlib.usermodel.reading`), `measure` measures them."""
     model_file, form = files[0], ARRAY_FORM_RUN if arrays else TORCH_FORM
     names = " and ".join(Path(f.path).name for f in files)
     step = "one gradient of the loss with respect to the params arrays" if arrays else \

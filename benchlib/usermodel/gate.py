@@ -327,7 +327,7 @@ def measure_step(model: str | Path, engine: str = "torch", *, params: dict | Non
     values = {name: values[name] for name in model_file.parameters}
     if not target.is_cuda and not memray_available():
         raise GateError("a gate on CPU counts allocations with memray (Linux and macOS): pip install memray")
-    reason = form.plan(model_file, values, target, [engine], {}).reasons.get(engine)
+    reason = form.facts(model_file, values, target, [engine], {}).reasons.get(engine)
     if reason is not None:
         raise GateError(f"{engine} does not apply to {model_file.path}: {reason}")
     with tempfile.TemporaryDirectory(prefix="benchlib-gate-") as gradients:

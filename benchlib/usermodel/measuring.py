@@ -31,7 +31,7 @@ ORDER_SEED = 0
 
 
 @dataclass(frozen=True)
-class Plan:
+class EngineFacts:
     """One run's facts, from the file's pieces built once in the parent at the run's values."""
 
     reasons: dict[str, str]  # engine -> why it does not apply
@@ -46,12 +46,12 @@ class Plan:
 @dataclass(frozen=True)
 class Form:
     """What a model file's form gives the run: the child target, its engines (the reference runs
-    first) and `plan(model_file, values, device, engines, options) -> Plan`."""
+    first) and `facts(model_file, values, device, engines, options) -> EngineFacts`."""
 
     target: str
     engines: tuple[str, ...]  # its engines; in the torch form, the techniques measured alone by default
     reference: str
-    plan: Callable[..., Plan]
+    facts: Callable[..., EngineFacts]
     torch_categories: bool = False  # its child can add torch.profiler's categories (with `attribute`)
     imports: Callable[[Any, str, dict], tuple[str, ...]] = lambda model_file, engine, options: ()  # what (model
     # file, engine)'s step imports beyond its array library the first time it runs: its fork template preloads them
@@ -67,7 +67,7 @@ def technique_options(config: Config) -> dict:
                             tuple(config.get("sac_saved_ops", None) or ())).to_json()
 
 
-def _torch_plan(model_file: ModelFile, values: dict, device, engines, options: dict, world_size: int = 1) -> Plan:
+def _torch_facts(model_file: ModelFile, values: dict, device, engines, options: dict, world_size: int = 1) -> EngineFacts:
     model, _ = model_file.build(values)
     first = next(model.parameters(), None)
     registry = technique_registry(model_file.techniques)
@@ -85,7 +85,7 @@ def _torch_plan(model_file: ModelFile, values: dict, device, engines, options: d
         if combination.regroups_optimizer:
             regroups[engine] = combination.regroups_optimizer
     stochastic = stochastic_modules(model)
-    return Plan(reasons, str(first.dtype).removeprefix("torch.") if first is not None else "float32", params,
+    return EngineFacts(reasons, str(first.dtype).removeprefix("torch.") if first is not None else "float32", params,
                 {"stochastic_modules": stochastic} if stochastic else {}, engine_dtypes=dtypes,
                 regroups_optimizer=regroups)
 
@@ -95,7 +95,7 @@ def _torch_imports(model_file: ModelFile, engine: str, options: dict) -> tuple[s
     return combination.imports(model_file.has_optimizer) + top_level_imports(model_file.path)
 
 
-TORCH_FORM = Form(TARGET, tuple(BUILTIN), REFERENCE, _torch_plan, torch_categories=True, sweep_engines=SWEEP,
+TORCH_FORM = Form(TARGET, tuple(BUILTIN), REFERENCE, _torch_facts, torch_categories=True, sweep_engines=SWEEP,
                   compiling_engines=COMPILING, imports=_torch_imports, composes=True)
 
 
@@ -172,24 +172,24 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
                 "trials": trials, "order_seed": ORDER_SEED, "warmup": WARMUP, "steps": STEPS}
         status = "not applicable"
         try:
-            plan = form.plan(model_file, values, device, engines, options, **({"world_size": ranks} if ranks > 1 else {}))
+            facts = form.facts(model_file, values, device, engines, options, **({"world_size": ranks} if ranks > 1 else {}))
         except Exception as error:  # the user's code fails at these values: every case fails alike
             message = model_file.user_error(error, "building the case (at the run's values)")
-            status, plan = "failed", Plan(dict.fromkeys(engines, message), "float32", {})
-        base.update(plan.params)
+            status, facts = "failed", EngineFacts(dict.fromkeys(engines, message), "float32", {})
+        base.update(facts.params)
         for engine in engines:
-            if engine in added and engine in plan.reasons and status != "failed":
-                left_out.setdefault(engine, plan.reasons[engine])  # an added combination that does not apply
+            if engine in added and engine in facts.reasons and status != "failed":
+                left_out.setdefault(engine, facts.reasons[engine])  # an added combination that does not apply
                 continue
             labels[version, engine] = dict(benchmark=name, case=cases[version], engine=engine, device=device.name,
-                                           dtype=plan.engine_dtypes.get(engine, plan.dtype))
+                                           dtype=facts.engine_dtypes.get(engine, facts.dtype))
             unit = Unit(group=version, engine=engine, labels=labels[version, engine],
                         params={**base, "world_size": ranks} if engine in on_ranks else base,
                         name=f"{name} {version}" if several else name,
-                        trial_params=plan.engine_params.get(engine, {}),
-                        regroups_optimizer=plan.regroups_optimizer.get(engine), judges_own_gradient=engine in on_ranks)
-            if engine in plan.reasons:
-                loop.note(unit, status, plan.reasons[engine])
+                        trial_params=facts.engine_params.get(engine, {}),
+                        regroups_optimizer=facts.regroups_optimizer.get(engine), judges_own_gradient=engine in on_ranks)
+            if engine in facts.reasons:
+                loop.note(unit, status, facts.reasons[engine])
             else:
                 units.append(unit)
     for engine, reason in left_out.items():

@@ -29,6 +29,7 @@ from benchlib.engine_names import BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, M
 from benchlib.engines.roles import role_gauge, tape_roles
 from benchlib.measure import Case, mark
 from benchlib.analysis.seed_verdicts import RatioRule
+from benchlib.report.tables.comparison import comparison_text
 
 SEED_SIZES = {"D": 1000, "depth": 100}
 # torch.compile runs when named: its compile in every fresh process (7-9 s at the seed's sizes) added 62 s to this
@@ -235,7 +236,7 @@ def main(argv=None) -> int:
     except ParameterError as error:
         parser.error(str(error))
     comparison = run(config, device, progress=lambda line: print(line, file=sys.stderr))
-    print(comparison.table_text())
+    print(comparison_text(comparison))
     return 0 if comparison.ok else 1
 
 

@@ -15,7 +15,7 @@ from benchlib.engine_names import (FUSED_OPTIMIZER, TORCH, TORCH_AUTOCAST, TORCH
 from benchlib.engines import AUTOCAST_DTYPE, DYNAMO, compiling
 from benchlib.engines.namespaces import sac_contexts
 from benchlib.engines.techniques.base import Aspect, Need, Technique, first_line
-from benchlib.engines.techniques.modules import (checkpoint_blocks, checkpoint_plan, checkpoint_targets,
+from benchlib.engines.techniques.modules import (checkpoint_blocks, checkpoint_params, checkpoint_targets,
                                                  microbatch_scale, module_spec, split_batch, wrap_checkpoint_targets)
 
 # What torch says when torch.func meets code it cannot transform (an autograd.Function without
@@ -109,7 +109,7 @@ class Checkpoint(Technique):
         if self.modules:
             return {"checkpoint": f"checkpoint of each of {module_spec(list(self.modules))}",
                     "checkpoint_modules": list(self.modules), "checkpoint_segments": len(self.modules)}
-        return checkpoint_plan(model) or {}
+        return checkpoint_params(model) or {}
 
     def checkpoint_options(self) -> dict:
         return {}

@@ -107,7 +107,7 @@ def checkpoint_targets(model: torch.nn.Module) -> list[CheckpointTarget]:
     return [CheckpointTarget(name, child, whole=True) for name, child in checkpointable_children(model)]
 
 
-def checkpoint_plan(model: torch.nn.Module) -> dict | None:
+def checkpoint_params(model: torch.nn.Module) -> dict | None:
     """What torch-checkpoint checkpoints in `model`, as its records carry it: `checkpoint` in words,
     `checkpoint_modules` (the paths recomputed in backward) and `checkpoint_segments` (how many); None
     when nothing can be."""

@@ -116,6 +116,7 @@ def fit_command(arguments: argparse.Namespace) -> int:
     from benchlib.fit.asking import TIMEOUT_ENV
     from benchlib.measure import resolve_device
     from benchlib.records.store import now_iso
+    from benchlib.report.figure_files import save_figure
     from benchlib.report.plots.usermodel import fit_figure
     from benchlib.report.page import HEADLINE_SUFFIX
 
@@ -147,7 +148,7 @@ def fit_command(arguments: argparse.Namespace) -> int:
     run, frame = _saved(arguments, result, f"{result.name}_fit", question, ran_on.name, started_at,
                         pd.DataFrame(result.rows()), HEADLINE_SUFFIX)
     if any(fit.model is not None for fit in result.engines):  # else nothing to draw: each engine says why
-        run.save_figure(fit_figure(frame), f"{result.name}_fit")
+        save_figure(run, fit_figure(frame), f"{result.name}_fit")
     return _finished(run, arguments, f"{result.name}_fit", result, started,
                      EXIT_FITS if result.best is not None else EXIT_NONE_FITS)
 

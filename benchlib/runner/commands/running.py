@@ -152,8 +152,6 @@ def _list(names: Sequence[str], notebooks_dir: Path | None) -> int:
 
 
 def _copy_notebooks(folder: Path, notebooks_dir: Path | None) -> int:
-    import shutil
-
     from benchlib.runner.notebooks import available_notebooks, find_project_notebooks
 
     source = notebooks_dir or find_project_notebooks()

@@ -4,7 +4,7 @@ hang, leave a thread running) it does to that child, and the runner refuses the 
 import pytest
 
 from benchlib.usermodel import ModelFileError, load_model_file
-from benchlib.usermodel.planning import declare_in_child
+from benchlib.usermodel.reading import declare_in_child
 
 HEAD = "import torch\n\ndef model():\n    return torch.nn.Linear(2, 1)\n\ndef batch():\n    return torch.randn(3, 2)\n\n"
 GOOD = HEAD + "def loss(model, x):\n    return model(x).sum()\n"

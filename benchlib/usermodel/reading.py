@@ -3,7 +3,7 @@
 Reading a model file imports it (its module-level code runs) and the form check calls its `model`,
 `batch` and `loss`: code that may exit the process, hang, or leave a thread running. `benchlib run`
 plans in its own process, so all of that happens here instead, in `python -m
-benchlib.usermodel.planning`, under a time limit: the child reads and checks the files
+benchlib.usermodel.reading`, under a time limit: the child reads and checks the files
 (`declare_model_files`, exactly as in-process) and sends back their facts (paths, NAME, form,
 PARAMETERS, QUICK) as JSON; the parent builds the same `Benchmark` from them (`declaration`), whose
 `measure` reads the files again where it runs: in the notebook's kernel, itself a child.
@@ -129,10 +129,10 @@ def read_in_child(groups: Sequence[Sequence[str]]) -> list[list[FileFacts] | Mod
     says why they were refused, all read and checked in one child under the time limit. A child that exits before
     it answers, hangs or is killed refuses every group, naming what happened."""
     limit = timeout_s()
-    with tempfile.TemporaryDirectory(prefix="benchlib-plan-") as folder:
+    with tempfile.TemporaryDirectory(prefix="benchlib-reading-") as folder:
         result_path, output_path = Path(folder) / "result.json", Path(folder) / "output.txt"
         with open(output_path, "w") as output:
-            process = subprocess.Popen([sys.executable, "-m", "benchlib.usermodel.planning", str(result_path)],
+            process = subprocess.Popen([sys.executable, "-m", "benchlib.usermodel.reading", str(result_path)],
                                        stdin=subprocess.PIPE, stdout=output, stderr=subprocess.STDOUT,
                                        start_new_session=True, text=True)
             try:
