@@ -96,6 +96,12 @@ def test_fsdp_holds_half_of_every_held_role_per_rank_and_both_strategies_compute
         assert json.loads(peak.params)["world_size"] == 2 and json.loads(peak.params)["worst_rank"] in (0, 1)
     saved = _value(records, "fsdp", "rank_role_saved_bytes", rank=0)  # gathered parameters are no activations
     assert saved == _value(records, "torch", "role_saved_bytes")
+    # each rank gathers blocks whole as they run: at least one block's parameters (fc and norm: (w + 3) w floats),
+    # never more than the whole model's; a rank of DDP gathers nothing
+    (whole,) = _value(records, "torch", "role_parameter_bytes")
+    gathered = [_value(records, "fsdp", "rank_role_gathered_bytes", rank=rank)[0] for rank in (0, 1)]
+    assert gathered[0] == gathered[1] and 4 * (32 + 3) * 32 <= gathered[0] <= whole
+    assert not _value(records, "ddp", "rank_role_gathered_bytes", rank=0)
 
 
 @pytest.mark.slow

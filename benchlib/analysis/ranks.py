@@ -12,7 +12,7 @@ from benchlib.units import format_bytes
 
 RANK_COLUMNS = ["case", "engine", "world_size", "rank", "held_bytes", "baseline_bytes", "peak_bytes", "time",
                 "communication_share", "role_parameter_bytes", "role_optimizer_bytes", "role_gradient_bytes",
-                "role_saved_bytes"]
+                "role_saved_bytes", "role_gathered_bytes"]
 
 
 def rank_table(records: pd.DataFrame) -> pd.DataFrame:
@@ -50,7 +50,8 @@ def ranks_words(table: pd.DataFrame, case: str, engine: str, held: float) -> str
 
 
 HELD_ROLES = {"role_parameter_bytes": "parameters", "role_optimizer_bytes": "optimizer state",
-              "role_gradient_bytes": "gradients", "role_saved_bytes": "saved activations"}
+              "role_gradient_bytes": "gradients", "role_saved_bytes": "saved activations",
+              "role_gathered_bytes": "gathered parameters"}
 REST = "the rest of the process"  # interpreter, libraries, communication buffers, the allocator's keep
 
 

@@ -89,8 +89,8 @@ class _StorageEvents:
         weakref.finalize(storage, self.allocator.free, key)
 
     def resized(self, tensor) -> None:
-        """A storage resized in place (FSDP frees a block's gathered parameters so, and gathers them again): its
-        block freed, and one of its new size taken."""
+        """A storage resized in place (FSDP frees a block's gathered parameters so, and gathers them again:
+        `parallel.storage_resizes`): its block freed, and one of its new size taken."""
         storage = tensor.untyped_storage()
         key = self.seen.get(storage)
         if key is None:
@@ -98,36 +98,6 @@ class _StorageEvents:
             return
         self.allocator.free(key)
         self.allocator.malloc(key, storage.nbytes())
-
-
-@contextlib.contextmanager
-def _storage_resizes(events: _StorageEvents):
-    """FSDP2 frees a block's gathered parameters after it runs by resizing their storages to nothing, and
-    gathers them by resizing them back: no operator, so the dispatch mode would not see it. Its two helpers
-    (private to torch) are wrapped here to tell the allocator model; a torch without them is traced as it is."""
-    try:
-        from torch.distributed.fsdp._fully_shard import _fsdp_param as fsdp_param
-    except ImportError:
-        yield
-        return
-    helpers = {name: getattr(fsdp_param, name, None) for name in ("alloc_storage", "free_storage")}
-    if None in helpers.values():
-        yield
-        return
-
-    def noting(helper):
-        def resize(tensor):
-            helper(tensor)
-            events.resized(tensor)
-        return resize
-
-    for name, helper in helpers.items():
-        setattr(fsdp_param, name, noting(helper))
-    try:
-        yield
-    finally:
-        for name, helper in helpers.items():
-            setattr(fsdp_param, name, helper)
 
 
 def _recording_mode(events: _StorageEvents):
@@ -185,7 +155,7 @@ def predict_reserved(model_file, engine: str, values: Mapping[str, Any],
     import torch
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    from benchlib.engines.techniques.parallel import simulated_rank
+    from benchlib.engines.techniques.parallel import simulated_rank, storage_resizes
     from benchlib.usermodel.case import combination_of, make_step
 
     combination = combination_of(model_file, engine)
@@ -211,7 +181,7 @@ def predict_reserved(model_file, engine: str, values: Mapping[str, Any],
             events.note(tensor)
         for index, nbytes in enumerate(workspaces):
             allocator.malloc(("cublas workspace", index), nbytes)
-        with _recording_mode(events), _storage_resizes(events):
+        with _recording_mode(events), storage_resizes(events.resized):
             step = make_step(model_file, engine, model, batch)
             for _ in range(STEPS_TRACED):
                 step()

@@ -34,7 +34,7 @@ COLLECTIVE_SHARE = 0.8  # a collective waits this share of the process's time: a
 # still running when its peers' collectives give up, so it is the one named
 SPAWN = "spawn"
 RANK_FIGURES = ("role_parameter_bytes", "role_optimizer_bytes", "role_gradient_bytes", "role_saved_bytes",
-                "communication_share")  # a rank's checks kept per rank, beside its peak and time
+                "role_gathered_bytes", "communication_share")  # a rank's checks kept per rank, beside its peak and time
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ GRAD_UNCHECKED_METRIC = "grad_check_unavailable"
 GRAD_ERROR_METRIC = "grad_max_rel_err"  # max|g - g_reference| / max|g_reference| (benchlib.engines.gradients)
 COMPILE_METRIC = "compile_time"  # a compiling engine's first call, made in the set-up (never a measured call)
 COMPILE_COLUMN = "compile_s"  # its median over trials in a summary table
+GATHERED_METRIC = "role_gathered_bytes"  # a sharded rank's parameters gathered whole as its blocks run (FSDP2)
 COMMUNICATION_METRIC = "communication_share"  # a rank's share of one step with a collective in flight (torch.profiler)
 RANK_PREFIX = "rank_"  # a step on several ranks: every rank's own figure is `rank_<metric>` (params: rank, world_size)
 MODULE_METRIC = "module_bytes"  # a model's memory by module path (params: `module`, `role`; benchlib.engines.module_memory)
@@ -182,6 +183,8 @@ for _name, _unit, _kind, _meaning in (
     ("role_saved_bytes", "B", "memory", "forward values held for the backward pass: at the tape's peak (benchlib), "
                                         "or packed by torch's saved-tensor hooks in one call (torch)"),
     ("role_gradient_bytes", "B", "memory", "gradient buffers at the tape's peak (benchlib engines)"),
+    (GATHERED_METRIC, "B", "memory", "a sharded rank's parameters gathered whole from every rank's shard (FSDP2's "
+     "unsharded parameters, each block's from its all-gather until it is resharded), at their most in one step"),
     (COMMUNICATION_METRIC, "", "time", "the share of a rank's step (0-1) during which a collective (all-reduce, "
      "all-gather, reduce-scatter) was in flight, waiting for other ranks included: one more step after the measured "
      "ones, under torch.profiler (its gloo:/nccl: events); the worst rank's"),
@@ -194,6 +197,7 @@ for _name, _unit, _kind, _meaning in (
         ("role_optimizer_bytes", "B", "memory", "optimizer state held (a shard's local bytes)"),
         ("role_gradient_bytes", "B", "memory", "gradients at their most"),
         ("role_saved_bytes", "B", "memory", "saved activations at their most"),
+        (GATHERED_METRIC, "B", "memory", "parameters gathered whole as its blocks run, at their most"),
         (COMMUNICATION_METRIC, "", "time", "the share of one step with a collective in flight"))],
     (MODULE_METRIC, "B", "memory", "bytes a module path holds in one role (params: module, role), each role's at its "
                                    "own most: parameters, optimizer state, gradients, saved activations"),

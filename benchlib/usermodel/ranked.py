@@ -4,7 +4,8 @@ Every rank runs this target at once (`benchlib.measure.run_ranks`): it joins the
 combination's parallel strategy place the seeded model (`Technique.place`), draws its own batch (rank r
 from its own seed, so the global batch is the file's batch times the ranks), and measures its step as any
 case is measured. Its check makes the same extra steps as one process's: memory by role and by module on
-this rank (a sharded tensor counted by its local shard), then the gradient on a freshly placed model,
+this rank (a sharded tensor counted by its local shard; under FSDP, the parameters gathered whole as its
+blocks run, a role of their own), then the gradient on a freshly placed model,
 gathered whole on every rank, and one step under torch.profiler for the share of its time spent in collectives.
 Rank 0 judges the gradient against what data parallelism must compute: eager torch in this one process,
 the mean of the gradients of every rank's batch from the same random streams.
@@ -16,9 +17,9 @@ from benchlib.engines.gradients import GRAD_ERROR_METRIC, WORST_ARRAY_METRIC, ar
     require_finite
 from benchlib.engines.module_memory import DEFAULT_DEPTH
 from benchlib.engines.techniques import REFERENCE, Step, TechniqueOptions
-from benchlib.engines.techniques.parallel import RankGroup, communication_share, gathered
+from benchlib.engines.techniques.parallel import GatheredBytes, RankGroup, communication_share, gathered
 from benchlib.measure import Case
-from benchlib.records.metrics import COMMUNICATION_METRIC
+from benchlib.records.metrics import COMMUNICATION_METRIC, GATHERED_METRIC
 from benchlib.usermodel.case import STEP_SEED, combination_of, memory_by_role
 from benchlib.usermodel.loader import ModelFile, guarded, read_model_file
 
@@ -86,7 +87,10 @@ def case(*, device, path: str, engine: str, values: dict, group: dict, options: 
     by_module: list[dict] = []
 
     def check(_result) -> dict[str, float]:
-        roles, by_module[:] = guarded(model_file, what, memory_by_role, step, module_depth)
+        with GatheredBytes().watching() as gathered_bytes:
+            roles, by_module[:] = guarded(model_file, what, memory_by_role, step, module_depth)
+        if gathered_bytes.seen:  # a sharded step: what its blocks held gathered whole
+            roles[GATHERED_METRIC] = float(gathered_bytes.peak)
         roles.update(guarded(model_file, what, _gradient_errors, model_file, engine, values, device, group, options))
         roles[COMMUNICATION_METRIC] = guarded(model_file, what, communication_share, step)
         return roles

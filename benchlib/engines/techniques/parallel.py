@@ -75,6 +75,60 @@ def _simulated() -> bool:
     return dist.is_initialized() and dist.get_backend() == "fake"
 
 
+@contextlib.contextmanager
+def storage_resizes(noted: Callable[[torch.Tensor], None]) -> Iterator[None]:
+    """`noted(tensor)` after FSDP2 resizes a gathered parameter's storage: to nothing once its block has run,
+    back to whole when it gathers it again. No operator does it, so neither a dispatch mode nor a saved-tensor
+    hook sees it; torch's two helpers (private) are wrapped for the block's time. A torch without them: nothing
+    is noted."""
+    try:
+        from torch.distributed.fsdp._fully_shard import _fsdp_param as fsdp_param
+    except ImportError:
+        yield
+        return
+    helpers = {name: getattr(fsdp_param, name, None) for name in ("alloc_storage", "free_storage")}
+    if None in helpers.values():
+        yield
+        return
+
+    def noting(helper):
+        def resize(tensor):
+            helper(tensor)
+            noted(tensor)
+        return resize
+
+    for name, helper in helpers.items():
+        setattr(fsdp_param, name, noting(helper))
+    try:
+        yield
+    finally:
+        for name, helper in helpers.items():
+            setattr(fsdp_param, name, helper)
+
+
+class GatheredBytes:
+    """The bytes of parameters a rank holds gathered whole from every rank's shard, at their most over what it
+    watches (`with gathered.watching(): step()`): FSDP2's unsharded parameters, each block's from its all-gather
+    until it is resharded. `seen` is False where nothing was gathered (DDP, one process)."""
+
+    def __init__(self):
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        self.live = WeakIdKeyDictionary()  # storage -> its bytes now (torch keeps a storage's Python object)
+        self.peak = 0
+        self.seen = False
+
+    def _noted(self, tensor: torch.Tensor) -> None:
+        self.seen = True
+        self.live[tensor.untyped_storage()] = tensor.untyped_storage().nbytes()
+        self.peak = max(self.peak, sum(self.live.values()))
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[GatheredBytes]:
+        with storage_resizes(self._noted):
+            yield self
+
+
 def gathered(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor of a sharded one (a collective: every rank calls it in the same order); others as they are."""
     full_tensor = getattr(tensor, "full_tensor", None)

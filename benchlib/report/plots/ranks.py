@@ -11,8 +11,10 @@ from benchlib.records.metrics import GRADIENT_ROLE, OPTIMIZER_ROLE, PARAMETER_RO
 from benchlib.report.plots.common import apply_layout
 from benchlib.report.plots.modules import ROLE_COLORS
 
+GATHERED_COLOR = "#f2a541"  # parameters held whole only while their block runs: apart from the sharded ones
 COLORS = dict(zip(HELD_ROLES.values(), (ROLE_COLORS[PARAMETER_ROLE], ROLE_COLORS[OPTIMIZER_ROLE],
-                                        ROLE_COLORS[GRADIENT_ROLE], ROLE_COLORS[SAVED_ROLE])), **{REST: "#d9d9d9"})
+                                        ROLE_COLORS[GRADIENT_ROLE], ROLE_COLORS[SAVED_ROLE], GATHERED_COLOR)),
+              **{REST: "#d9d9d9"})
 
 
 def held_per_rank(frame: pd.DataFrame, title: str) -> go.Figure:
