@@ -372,7 +372,7 @@ class Benchmark:
                 f"these sizes need about {required / 1e9:.2f} GB, but {available / 1e9:.2f} GB are available on "
                 f"{device.name} ({MEMORY_HEADROOM:.0%} may be planned); choose smaller sizes")
 
-    def summary(self) -> dict[str, Any]:
+    def run_info(self) -> dict[str, Any]:
         """What run.json keeps of the declaration: enough for the report to introduce the section."""
         return {"question": self.question, "cases": self.cases, "seed": None if self.seed is None else {"title": self.seed.title,
                                                                                   "link": self.seed.link},

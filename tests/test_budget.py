@@ -106,7 +106,7 @@ def test_trial_stopping_keeps_to_the_deadline_with_the_mean_duration():
     while stopping.affords("x"):
         clock.now += 10
         stopping.add("x", 1.0 + clock.now, seconds=10)
-    assert stopping.summary("x")["trials_run"] == 2 and stopping.stopped["x"] == BUDGET
+    assert stopping.stop_facts("x")["trials_run"] == 2 and stopping.stopped["x"] == BUDGET
 
 
 def test_an_inconclusive_verdict_says_why_and_how_its_trials_stopped(fake_children):

@@ -42,7 +42,7 @@ def test_notebook_runs_with_quick_sizes(tmp_path):
     from benchlib.runner import run
 
     result = run(["checkpointing"], device="cpu", out=tmp_path, quick=True, progress=False, stream=io.StringIO())
-    assert result.ok, result.summary()
+    assert result.ok, result.status_table()
     records = pd.read_parquet(result.path / "records" / "checkpointing.parquet")
     budgets = {json.loads(p)["budget"] for p in records["params"]}
     assert budgets == {2, 4, 12, "sqrt"}

@@ -218,7 +218,7 @@ def test_notebook_runs_with_quick_sizes_and_writes_its_records_and_figures(tmp_p
     engines = ["benchlib-inplace", "torch"]  # every engine's protocol is tested above; this is the notebook's path
     result = run(["identical_closures"], device="cpu", out=tmp_path, quick=True, params={"engines": engines},
                  progress=False, stream=io.StringIO())
-    assert result.ok, result.summary()
+    assert result.ok, result.status_table()
     records = pd.read_parquet(result.path / "records" / "identical_closures.parquet")
     measured = records[records["dimension"] != "tracker"]
     assert set(measured["variant"]) == set(engines)

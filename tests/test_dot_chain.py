@@ -128,7 +128,7 @@ def test_notebook_runs_with_quick_sizes_and_writes_every_engines_records(tmp_pat
     from benchlib.runner import run
 
     result = run(["dot_chain"], device="cpu", out=tmp_path, quick=True, progress=False, stream=io.StringIO())
-    assert result.ok, result.summary()
+    assert result.ok, result.status_table()
     records = pd.read_parquet(result.path / "records" / "dot_chain.parquet")
     first_look = dot_chain.BENCHMARK.parameter("engines").default  # every engine but the compiling one
     assert set(first_look) == set(ENGINE_NAMES) - {"torch.compile"}

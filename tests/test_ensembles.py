@@ -176,7 +176,7 @@ def test_gc_accounting_sees_the_forced_collections(tensors):
     for step in forced:
         assert result.gc_count[step] >= 1 and 2 in result.gc_generations[step]
         assert result.gc_s[step] > 0
-    assert result.summary()["gc_pauses"] >= len([s for s in forced if s >= 1])
+    assert result.statistics()["gc_pauses"] >= len([s for s in forced if s >= 1])
     assert gc.isenabled()
 
 
@@ -262,7 +262,7 @@ def test_train_records_every_collection_and_what_the_cycles_hold(tensors):
     assert uncounted.pauses["step"].tolist() == [1, 3] and (uncounted.pauses["tracked_before"] == -1).all()
     metrics = set(records_frame(uncounted.records(CPU))["metric"])
     assert "gc_pause_time" in metrics and "gc_pause_tracked" not in metrics
-    summary = result.summary()
+    summary = result.statistics()
     assert summary["cycle_bytes_max"] == 8 * per_cycle  # after warm-up (step 0)
     assert gc.isenabled()
 
@@ -289,7 +289,7 @@ def test_train_counts_allocations_in_a_separate_pass_and_records_tidy_rows(tenso
                                     "step_gc_pauses", "step_gc_time", "step_loss", "step_memory"}
     assert len(frame) == 5 + 5 * 5
     derived = with_step_summaries(frame).set_index("metric")["value"]
-    summary = result.summary()
+    summary = result.statistics()
     shared = set(STEP_SUMMARIES) & set(summary)
     assert shared == set(STEP_SUMMARIES) - {"cycle_bytes_max"}  # no cycles left, none held
     assert {metric: derived[metric] for metric in shared} == pytest.approx({metric: summary[metric] for metric in shared})
@@ -439,7 +439,7 @@ def test_notebook_runs_through_the_runner_with_quick_sizes(tmp_path):
     empty.mkdir()
     result = run(["mnist_ensembles"], device="cpu", out=tmp_path / "runs", quick=True, progress=False,
                  stream=io.StringIO(), params={"data_dir": str(empty), "download": False})
-    assert result.ok, result.summary()
+    assert result.ok, result.status_table()
     records = pd.read_parquet(result.path / "records" / "mnist_ensembles.parquet")
     params = [json.loads(p) for p in records["params"]]
     assert {p["data"] for p in params} == {"synthetic"}

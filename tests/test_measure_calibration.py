@@ -91,7 +91,7 @@ def test_figures_and_summary_from_records():
     assert list(plots.overhead_frame(frame)["setting"]) == ["sampler every 10 ms"]
     assert [t.name for t in plots.overhead_figure(frame).data] == ["ratio of medians",
                                                                     "ratio of minima"]
-    table = calibration.summary(frame)
+    table = calibration.headline_frame(frame)
     assert set(table["metric"]) == {"flop_rate", "bandwidth", "time_ratio", "time_ratio_min",
                                     "sample_time"}
     assert set(table["unit"]) == {"GFLOP/s", "GB/s", "ratio", "μs"}

@@ -161,7 +161,7 @@ def test_notebook_runs_with_quick_sizes_and_writes_every_engines_records_for_eve
     from benchlib.runner import run
 
     result = run(["rnn_fanout"], device="cpu", out=tmp_path, quick=True, progress=False, stream=io.StringIO())
-    assert result.ok, result.summary()
+    assert result.ok, result.status_table()
     records = pd.read_parquet(result.path / "records" / "rnn_fanout.parquet")
     assert set(records["case"]) == {"T=2", "T=4"}
     assert set(records["dtype"]) == {"float32"}

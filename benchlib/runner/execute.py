@@ -181,7 +181,7 @@ def run(notebooks: Sequence[str] = (), *, options: RunOptions | None = None, **o
             grid={name: list(values) for name, values in (grid or {}).items()},
             executor=executor if executor == "local" else f"dask ({scheduler or 'local cluster'})",
             notebooks_dir=str(notebooks_dir.resolve()) if notebooks_dir else None,
-            benchmarks={spec.name: spec.benchmark.summary() for spec, _ in planned},
+            benchmarks={spec.name: spec.benchmark.run_info() for spec, _ in planned},
             model_files=model_file_provenance(planned),
             command=list(options.command) if options.command is not None else None,
             attributed=attributed,
@@ -230,7 +230,7 @@ def _conclude(results_run: Run, result: RunResult, planned: Sequence[tuple[Noteb
         lines = summary_lines(results_run.path, spec.name)
         if lines:
             print("\n".join([f"{spec.name}:", *(f"  {line}" for line in lines)]), file=stream, flush=True)
-    print(result.summary(), file=stream, flush=True)
+    print(result.status_table(), file=stream, flush=True)
     records = load_records(results_run.path)
     verdicts = seed_verdicts(records, verdict_rules())
     save_verdicts(verdicts, results_run.path)
@@ -308,7 +308,7 @@ class _RunLoop:
         self.result.interrupted = True
         self.run_.finish(interrupted=True, interrupted_by=reason)  # one write of run.json with every final state
         self.say(f"[{index}/{len(self.executions)}] {', '.join(e.key for e in stopped)}: interrupted ({reason})")
-        self.say(self.result.summary())
+        self.say(self.result.status_table())
         from benchlib.report.page import write_report
 
         self.result.report = write_report(self.run_.path)

@@ -54,7 +54,7 @@ class RunResult:
             return EXIT_INTERRUPTED
         return 0 if self.ok else 1
 
-    def summary(self) -> str:
+    def status_table(self) -> str:
         """The table printed at the end: notebook, status, duration (and the error of a failed one)."""
         width = max([len("notebook")] + [len(result.name) for result in self.notebooks])
         lines = [f"{'notebook':<{width}}  {'status':<11}  {'duration':>9}"]

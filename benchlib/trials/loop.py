@@ -264,7 +264,7 @@ class TrialLoop:
         for key, unit in keys.items():
             if key in failed:
                 continue
-            facts = stopping.summary(key)
+            facts = stopping.stop_facts(key)
             count = facts.pop("trials_run")
             if count == 0:
                 self.note(unit, "not run", NOT_RUN_MESSAGE)

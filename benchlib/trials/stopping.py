@@ -103,7 +103,7 @@ class TrialStopping:
             self.stopped[unit] = reason
         return reason
 
-    def summary(self, unit: Hashable) -> dict:
+    def stop_facts(self, unit: Hashable) -> dict:
         """trials run, why they stopped, and the relative half-width of the headline's interval they reached."""
         figures = self.figures.get(unit, [])
         reached = relative_half_width(figures) if len(figures) > 1 else math.nan

@@ -296,7 +296,7 @@ def run_calibration(device="cpu", config: Config | None = None,
     return records
 
 
-def summary(frame: pd.DataFrame) -> pd.DataFrame:
+def headline_frame(frame: pd.DataFrame) -> pd.DataFrame:
     """Median of each headline metric per case, engine, dtype and parameters (a table)."""
     headline = {"flop_rate": ("GFLOP/s", 1e-9), "bandwidth": ("GB/s", 1e-9),
                 "time_ratio": ("ratio", 1.0), "time_ratio_min": ("ratio", 1.0),

@@ -45,7 +45,7 @@ class Study:
 
 def progress_line(result) -> str:
     """One finished cell: median / p99 / max step time, throughput and GC share."""
-    s = result.summary()
+    s = result.statistics()
     return (f"{result.case():45s} median {s['step_time_median'] * 1e3:8.2f} ms  p99 {s['step_time_p99'] * 1e3:8.2f} ms  "
             f"max {s['step_time_max'] * 1e3:8.2f} ms  {s['throughput']:10.4g} model-samples/s  "
             f"gc {100 * s['gc_share']:.2f}%  data={result.labels['data']}")

@@ -58,7 +58,7 @@ class TrainResult:
         by_step = self.pauses.groupby("step")["generation"].apply(tuple)
         return [by_step.get(step, ()) for step in range(len(self.step_s))]
 
-    def summary(self) -> dict[str, float]:
+    def statistics(self) -> dict[str, float]:
         """Step-time statistics over the timed steps (`step_summaries`, as results derive them from
         the stored steps) and the measured allocations and peak."""
         steps = {"step_time": self.step_s, "step_gc_time": self.gc_s, "step_gc_pauses": self.gc_count,
@@ -432,7 +432,7 @@ def summary_frame(results: list[TrainResult]):
 
     rows = [{"strategy": r.strategy, "gc_policy": r.labels["gc_policy"], "heap_objects": r.labels["heap_objects"],
              "torch_threads": r.labels["torch_threads"], "cycles": r.labels.get("cycles", 0), "data": r.labels["data"],
-             "trial": r.labels.get("trial", 0), **r.summary()} for r in results]
+             "trial": r.labels.get("trial", 0), **r.statistics()} for r in results]
     return pd.DataFrame(rows)
 
 
