@@ -266,71 +266,33 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
     trial is timed under the same instrument).
     `cases.describe` adds JSON-able facts to every record's params without passing them to the child.
     """
-    from benchlib.measure import IsolationOptions, resolve_device
+    from benchlib.measure import resolve_device
     from benchlib.measure.isolation import malloc_environment
 
-    benchmark, target, describe = cases.benchmark, cases.target, cases.describe
-    dtype, malloc = settings["dtype"], settings.get("malloc")
-    repeats, warmup, trials = settings.get("repeats", 1), settings.get("warmup", 0), settings.get("trials", 1)
-    precision = settings.get("precision", 0.0)
+    benchmark, dtype, malloc = cases.benchmark, settings["dtype"], settings.get("malloc")
+    trials, precision = settings.get("trials", 1), settings.get("precision", 0.0)
     deadline = deadline or Deadline.from_environment()
-    engines, added = planned_engines(validate_common(dtype=dtype, engines=cases.engines or settings["engines"],
-                                                     repeats=repeats, warmup=warmup, trials=trials))
+    engines, added = planned_engines(validate_common(
+        dtype=dtype, engines=cases.engines or settings["engines"], repeats=settings.get("repeats", 1),
+        warmup=settings.get("warmup", 0), trials=trials))
     if malloc is not None:
         malloc_environment(malloc)  # an unknown policy is refused here, naming the valid ones
     device = resolve_device(device)
     comparison = EngineComparison(benchmark=benchmark, device=device.name, dtype=dtype, notes=[added] if added else [])
     if added and progress:
         progress(f"{benchmark}: {added}")
-    timelines, role_timelines = [], []
-    options = {} if malloc is None else {"malloc": malloc}
     loop = TrialLoop(TrialSettings(trials=trials, precision=precision, order_seed=order_seed,
                                    reference=REFERENCE_ENGINE), progress)
-
-    def measure(unit: Unit, trial: int, gradient_dir: str):
-        import benchlib.measure  # looked up per call: tests replace run_isolated
-
-        child_params = comparison.case_params[unit.labels["case"]]
-        required = cases.memory_required(unit.engine, child_params) if cases.memory_required else None
-        return benchlib.measure.run_isolated(
-            target, {**child_params, "engine": unit.engine, "dtype": dtype, "gradient_dir": gradient_dir},
-            name=f"{benchmark}/{unit.labels['case']}/{unit.engine}", device=device.name,
-            options=IsolationOptions(warmup=warmup, repeats=repeats, track_allocations=False, timeline=True,
-                                     timeout_s=timeout_s, timeline_interval_s=TIMELINE_INTERVAL_S,
-                                     role_timeline=trial == 0, memory_required_bytes=required,
-                                     preload=case_imports(unit.engine, device), **options))
-
-    def keep(unit: Unit, trial: int, result) -> None:
-        labels = dict(case=unit.labels["case"], engine=unit.engine)
-        if result.measurement.timeline is not None and trial == 0:
-            timelines.append(result.measurement.timeline.assign(**labels))
-        if result.role_timeline is not None:
-            role_timelines.append(result.role_timeline.assign(**labels))
-
+    timelines = _Timelines()
+    measure = _measuring(cases, comparison, settings, device, timeout_s)
     try:
         for index, (case, child_params) in enumerate(cases.params.items()):
             comparison.case_params[case] = dict(child_params)
-            case_params = {**child_params, **(describe or {}), "trials": trials, "precision": precision,
+            case_params = {**child_params, **(cases.describe or {}), "trials": trials, "precision": precision,
                            "order_seed": order_seed}
-            units = []
-            for engine_name in engines:
-                engine = get_engine(engine_name)
-                unit = Unit(group=case, engine=engine_name, name=f"{benchmark} {case}", params=case_params,
-                            labels=dict(benchmark=benchmark, case=case, engine=engine_name, device=device.name,
-                                        dtype=engine.computes_in(dtype)),
-                            trial_params={**(cases.engine_params(engine_name, child_params) if cases.engine_params
-                                             else {}), "timeline_interval_s": TIMELINE_INTERVAL_S,
-                                          # a lowering engine's records carry the dtype it computes in; the data's:
-                                          **({DATA_DTYPE: dtype} if engine.computes_in(dtype) != dtype else {})})
-                reason = engine.not_applicable(device, dtype)
-                if reason is None and cases.not_applicable is not None:
-                    reason = cases.not_applicable(engine_name)
-                if reason is None:
-                    units.append(unit)
-                else:
-                    loop.note(unit, "not applicable", reason)
+            units = _case_units(cases, loop, (case, child_params, case_params), engines, device, dtype)
             loop.run(units, measure, deadline=deadline.share(len(cases.params) - index), first_always_runs=index == 0,
-                     keep=keep)
+                     keep=timelines.keep)
     except KeyboardInterrupt:  # in a trial or between cases: what finished is kept, then the interrupt goes on
         if results is not None and loop.records:
             results.save_records(loop.records, benchmark)
@@ -338,14 +300,85 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
                 progress(f"{benchmark}: interrupted; the {len(loop.records)} records of its finished trials "
                          f"are in {results.path}")
         raise
+    return _gathered(comparison, loop, timelines)
+
+
+def _measuring(cases: Cases, comparison: EngineComparison, settings: Mapping, device, timeout_s: float):
+    """The trial loop's `measure(unit, trial, gradient_dir)`: one case of one engine in a fresh process."""
+    from benchlib.measure import IsolationOptions
+
+    dtype, malloc = settings["dtype"], settings.get("malloc")
+    options = {} if malloc is None else {"malloc": malloc}
+
+    def measure(unit: Unit, trial: int, gradient_dir: str):
+        import benchlib.measure  # looked up per call: tests replace run_isolated
+
+        child_params = comparison.case_params[unit.labels["case"]]
+        required = cases.memory_required(unit.engine, child_params) if cases.memory_required else None
+        return benchlib.measure.run_isolated(
+            cases.target, {**child_params, "engine": unit.engine, "dtype": dtype, "gradient_dir": gradient_dir},
+            name=f"{cases.benchmark}/{unit.labels['case']}/{unit.engine}", device=device.name,
+            options=IsolationOptions(warmup=settings.get("warmup", 0), repeats=settings.get("repeats", 1),
+                                     track_allocations=False, timeline=True, timeout_s=timeout_s,
+                                     timeline_interval_s=TIMELINE_INTERVAL_S, role_timeline=trial == 0,
+                                     memory_required_bytes=required, preload=case_imports(unit.engine, device),
+                                     **options))
+
+    return measure
+
+
+def _case_units(cases: Cases, loop: TrialLoop, of_case: tuple[str, dict, dict], engines: list[str], device,
+                dtype: str) -> list[Unit]:
+    """The units of one case (`of_case`: its name, the child's params and every record's), an engine each; one
+    that cannot run here is noted in `loop` as not applicable."""
+    case, child_params, case_params = of_case
+    units = []
+    for engine_name in engines:
+        engine = get_engine(engine_name)
+        own = cases.engine_params(engine_name, child_params) if cases.engine_params else {}
+        unit = Unit(group=case, engine=engine_name, name=f"{cases.benchmark} {case}", params=case_params,
+                    labels=dict(benchmark=cases.benchmark, case=case, engine=engine_name, device=device.name,
+                                dtype=engine.computes_in(dtype)),
+                    trial_params={**own, "timeline_interval_s": TIMELINE_INTERVAL_S,
+                                  # a lowering engine's records carry the dtype it computes in; the data's:
+                                  **({DATA_DTYPE: dtype} if engine.computes_in(dtype) != dtype else {})})
+        reason = engine.not_applicable(device, dtype)
+        if reason is None and cases.not_applicable is not None:
+            reason = cases.not_applicable(engine_name)
+        if reason is None:
+            units.append(unit)
+        else:
+            loop.note(unit, "not applicable", reason)
+    return units
+
+
+class _Timelines:
+    """The memory timelines of each case and engine's first trial, and its role timeline where it made one."""
+
+    def __init__(self):
+        self.memory: list[pd.DataFrame] = []
+        self.roles: list[pd.DataFrame] = []
+
+    def keep(self, unit: Unit, trial: int, result) -> None:
+        labels = dict(case=unit.labels["case"], engine=unit.engine)
+        if result.measurement.timeline is not None and trial == 0:
+            self.memory.append(result.measurement.timeline.assign(**labels))
+        if result.role_timeline is not None:
+            self.roles.append(result.role_timeline.assign(**labels))
+
+
+def _gathered(comparison: EngineComparison, loop: TrialLoop, timelines: _Timelines) -> EngineComparison:
+    """The loop's records, problems and timelines in `comparison`; AllCasesFailed where nothing was measured."""
     comparison.records, comparison.problems = loop.records, loop.problems
-    if timelines:
-        comparison.timelines = pd.concat(timelines, ignore_index=True)[["case", "engine", "t_s", "bytes", "phase"]]
-    if role_timelines:
-        comparison.role_timelines = pd.concat(role_timelines, ignore_index=True).reindex(columns=ROLE_TIMELINE_COLUMNS)
+    if timelines.memory:
+        comparison.timelines = pd.concat(timelines.memory, ignore_index=True)[["case", "engine", "t_s", "bytes",
+                                                                               "phase"]]
+    if timelines.roles:
+        comparison.role_timelines = pd.concat(timelines.roles, ignore_index=True).reindex(
+            columns=ROLE_TIMELINE_COLUMNS)
     failed = [problem for problem in comparison.problems if problem["status"] == "failed"]
     if failed and not any(record["metric"] == "time" for record in comparison.records):
         first = failed[0]
-        raise AllCasesFailed(f"{benchmark}: all {len(failed)} case(s) failed; the first, {first['engine']} "
-                             f"({first['case']}): {first['message']}")
+        raise AllCasesFailed(f"{comparison.benchmark}: all {len(failed)} case(s) failed; the first, "
+                             f"{first['engine']} ({first['case']}): {first['message']}")
     return comparison
