@@ -104,6 +104,27 @@ class TrialSettings:
     reference: str
 
 
+@dataclass
+class _Group:
+    """One group's state while the loop runs: where its gradients are saved, why its engines' gradients cannot
+    be compared (None once its reference was measured) and whether the reference's own gradient is stochastic."""
+
+    folder: str
+    no_reference: str | None
+    seed_dependent: bool = False
+
+    @classmethod
+    def made(cls, root: str, index: int, reference: str) -> _Group:
+        folder = os.path.join(root, f"group-{index}")
+        os.mkdir(folder)
+        return cls(folder, f"{reference} did not run, so there is no gradient to compare with")
+
+    def lost(self, unit: Unit, reference: str, what: str) -> None:
+        """The reference of this group failed or does not apply, before it was ever measured: say so to the rest."""
+        if unit.engine == reference and self.no_reference is not None:
+            self.no_reference = f"{what}, so there is no gradient to compare with"
+
+
 class TrialLoop:
     """Runs units' trials and keeps their records, and `problems` (failed, not run, not applicable) as the
     tables that list them want them: {case, engine, status, message}."""
@@ -169,98 +190,113 @@ class TrialLoop:
         the gradient into `gradient_dir` (one per group, deleted before this returns). `keep(unit, trial,
         result)` sees every measured trial. A unit stops at its `TrialStopping` reason, its first failure,
         or the deadline (`first_always_runs`: except the very first child)."""
-        from benchlib.measure import CaseFailed, CaseNotApplicable
-        from benchlib.records import make_record
-
-        settings, trials = self.settings, self.settings.trials
-        stopping = TrialStopping(precision=settings.precision, max_trials=trials, deadline=deadline)
+        settings = self.settings
+        stopping = TrialStopping(precision=settings.precision, max_trials=settings.trials, deadline=deadline)
         keys = {(unit.group, unit.engine): unit for unit in units}
-        groups = list(dict.fromkeys(unit.group for unit in units))
-        no_reference = {group: f"{settings.reference} did not run, so there is no gradient to compare with"
-                        for group in groups}
-        seed_dependent = dict.fromkeys(groups, False)
         failed: set = set()
         with tempfile.TemporaryDirectory(prefix="benchlib-gradients-") as root:
-            folders = {group: os.path.join(root, f"group-{index}") for index, group in enumerate(groups)}
-            for folder in folders.values():
-                os.mkdir(folder)
-            order = trial_order(keys, trials, settings.order_seed, opens=lambda key: key[1] == settings.reference)
+            groups = {group: _Group.made(root, index, settings.reference)
+                      for index, group in enumerate(dict.fromkeys(unit.group for unit in units))}
+            order = trial_order(keys, settings.trials, settings.order_seed,
+                                opens=lambda key: key[1] == settings.reference)
             for position, (trial, key) in enumerate(order):
                 unit = keys[key]
                 if key in failed or key in stopping.stopped:
                     continue
                 if not (first_always_runs and position == 0) and not stopping.affords(key):
                     continue
-                params = {**unit.params, **unit.trial_params, "trial": trial, "position": position}
-                folder = folders[unit.group]
                 started = stopping.now()
-                try:
-                    result = measure(unit, trial, folder)
-                except KeyboardInterrupt:  # Ctrl-C, or a signal made one: what finished is the caller's to keep
-                    raise Interrupted(self.records) from None
-                except CaseNotApplicable as error:  # the engine cannot run this code: no failure, no trials
-                    self.note(unit, "not applicable", error.reason)
-                    failed.add(key)
-                    if unit.engine == settings.reference and no_reference[unit.group] is not None:
-                        no_reference[unit.group] = f"{settings.reference} does not apply, so there is no gradient " \
-                                                   "to compare with"
-                    continue
-                except CaseFailed as error:  # includes MemoryRequirementError: refused before it starts
-                    skipped = f" (its {trials - trial - 1} later trial(s) skipped)" if trial < trials - 1 else ""
-                    which = f"trial {trial + 1} of {trials}: " if trials > 1 else ""
-                    self.note(unit, "failed", f"{which}{error}{skipped}", params)
-                    failed.add(key)
-                    if unit.engine == settings.reference and no_reference[unit.group] is not None:  # never measured
-                        no_reference[unit.group] = f"{settings.reference} failed, so there is no gradient to compare with"
-                    continue
-                params.update(child_start_params(result.environment))
-                checks = dict(result.checks)
-                unchecked = mismatch = None
-                verdict = None
-                if unit.engine == settings.reference:
-                    no_reference[unit.group] = None
-                    seed_dependent[unit.group] = bool(checks.get(SEED_DEPENDENT_METRIC))
-                elif unit.judges_own_gradient or no_reference[unit.group] is None:
-                    errors = ({metric: checks.pop(metric) for metric in (GRAD_ERROR_METRIC, WORST_ARRAY_METRIC)
-                               if metric in checks} if unit.judges_own_gradient else
-                              _saved_errors(folder, unit.engine, settings.reference, array_floor(unit.labels["dtype"])))
-                    if UPDATE_ERROR_METRIC in checks:  # a step that regroups the optimizer judged its own update
-                        errors[UPDATE_ERROR_METRIC] = checks.pop(UPDATE_ERROR_METRIC)
-                    verdict, why = self._judge(unit, errors, seed_dependent[unit.group] and not unit.judges_own_gradient)
-                    if verdict == "not applicable":  # a different step: its figures would invite a comparison
-                        self.note(unit, "not applicable", why)
-                        failed.add(key)
-                        continue
-                    checks.update(errors)  # the measured differences, whatever they are judged
-                    if verdict == "not comparable":
-                        unchecked = why
-                    else:
-                        mismatch = why if verdict == "failed" else None
-                else:
-                    unchecked = no_reference[unit.group]
-                measurement = result.measurement
-                self.records += measurement.records(**unit.labels, params=params)
-                self.records += [make_record(**unit.labels, metric=metric, value=value, params=params)
-                                 for metric, value in checks.items()]
-                self.records += [make_record(**unit.labels, metric=row["metric"], value=row["value"],
-                                             params={**params, **row["params"]}) for row in result.breakdown]
-                self.records += [make_record(**unit.labels, metric=harness_metric(phase), value=seconds,
-                                             params=params) for phase, seconds in (measurement.phase_s or {}).items()]
-                if unchecked is not None:
-                    self.records.append(make_record(**unit.labels, metric=GRAD_UNCHECKED_METRIC, value=1.0,
-                                                    params={**params, "message": unchecked}))
-                if keep is not None:
-                    keep(unit, trial, result)
-                self._say(f"{unit.name} {unit.engine} trial {trial + 1}/{trials}: {measurement}"
-                          + "".join(f", {k} {v:.3g}" for k, v in checks.items())
-                          + (f", gradient not checked: {unchecked}" if unchecked is not None else ""))
-                if mismatch is not None:  # measured, kept, and failed: its later trials would only repeat it
-                    self.note(unit, "failed", mismatch, params)
+                peak = self._trial(unit, (trial, position), measure, groups[unit.group], keep)
+                if peak is None:  # failed or not applicable, and noted: its later trials would only repeat it
                     failed.add(key)
                     continue
-                reason = stopping.add(key, float(measurement.peak_bytes or 0), stopping.now() - started)
+                reason = stopping.add(key, peak, stopping.now() - started)
                 if reason not in (None, MAX_TRIALS):
                     self._say(f"{unit.name} {unit.engine}: stopped after {trial + 1} trial(s) ({reason})")
+        self._conclude(keys, failed, stopping)
+
+    def _trial(self, unit: Unit, at: tuple[int, int], measure: Callable[[Unit, int, str], Any], group: _Group,
+               keep: Callable[[Unit, int, Any], None] | None) -> float | None:
+        """One trial of `unit` (`at`: the trial and its position in the order), measured, judged and recorded: the
+        peak its stopping rule reads, or None where it failed or does not apply (noted)."""
+        from benchlib.measure import CaseFailed, CaseNotApplicable
+
+        (trial, position), trials, reference = at, self.settings.trials, self.settings.reference
+        params = {**unit.params, **unit.trial_params, "trial": trial, "position": position}
+        try:
+            result = measure(unit, trial, group.folder)
+        except KeyboardInterrupt:  # Ctrl-C, or a signal made one: what finished is the caller's to keep
+            raise Interrupted(self.records) from None
+        except CaseNotApplicable as error:  # the engine cannot run this code: no failure, no trials
+            self.note(unit, "not applicable", error.reason)
+            group.lost(unit, reference, f"{reference} does not apply")
+            return None
+        except CaseFailed as error:  # includes MemoryRequirementError: refused before it starts
+            skipped = f" (its {trials - trial - 1} later trial(s) skipped)" if trial < trials - 1 else ""
+            which = f"trial {trial + 1} of {trials}: " if trials > 1 else ""
+            self.note(unit, "failed", f"{which}{error}{skipped}", params)
+            group.lost(unit, reference, f"{reference} failed")
+            return None
+        params.update(child_start_params(result.environment))
+        checks = dict(result.checks)
+        verdict, why = self._gradient_verdict(unit, checks, group)
+        if verdict == "not applicable":  # a different step: its figures would invite a comparison
+            self.note(unit, "not applicable", why)
+            return None
+        unchecked = why if verdict in ("not comparable", "unchecked") else None
+        self._record(unit, result, checks, params, unchecked)
+        if keep is not None:
+            keep(unit, trial, result)
+        self._say(f"{unit.name} {unit.engine} trial {trial + 1}/{trials}: {result.measurement}"
+                  + "".join(f", {k} {v:.3g}" for k, v in checks.items())
+                  + (f", gradient not checked: {unchecked}" if unchecked is not None else ""))
+        if verdict == "failed":  # measured, kept, and failed
+            self.note(unit, "failed", why, params)
+            return None
+        return float(result.measurement.peak_bytes or 0)
+
+    def _gradient_verdict(self, unit: Unit, checks: dict, group: _Group) -> tuple[str | None, str]:
+        """How `unit`'s gradient compares with its group's reference, its errors moved into `checks`: (None, "")
+        where it agrees, or is the reference (whose facts `group` takes); ("unchecked", why) with no reference
+        to compare with; else `_judge`'s verdict."""
+        reference = self.settings.reference
+        if unit.engine == reference:
+            group.no_reference, group.seed_dependent = None, bool(checks.get(SEED_DEPENDENT_METRIC))
+            return None, ""
+        if not unit.judges_own_gradient and group.no_reference is not None:
+            return "unchecked", group.no_reference
+        errors = ({metric: checks.pop(metric) for metric in (GRAD_ERROR_METRIC, WORST_ARRAY_METRIC) if metric in checks}
+                  if unit.judges_own_gradient else
+                  _saved_errors(group.folder, unit.engine, reference, array_floor(unit.labels["dtype"])))
+        if UPDATE_ERROR_METRIC in checks:  # a step that regroups the optimizer judged its own update
+            errors[UPDATE_ERROR_METRIC] = checks.pop(UPDATE_ERROR_METRIC)
+        verdict, why = self._judge(unit, errors, group.seed_dependent and not unit.judges_own_gradient)
+        if verdict != "not applicable":
+            checks.update(errors)  # the measured differences, whatever they are judged
+        return verdict, why
+
+    def _record(self, unit: Unit, result, checks: Mapping[str, float], params: dict, unchecked: str | None) -> None:
+        """A measured trial's records: its measurement, its checks, its breakdown rows, the harness's phases, and
+        why its gradient was not checked, where it was not."""
+        from benchlib.records import make_record
+
+        measurement = result.measurement
+        self.records += measurement.records(**unit.labels, params=params)
+        self.records += [make_record(**unit.labels, metric=metric, value=value, params=params)
+                         for metric, value in checks.items()]
+        self.records += [make_record(**unit.labels, metric=row["metric"], value=row["value"],
+                                     params={**params, **row["params"]}) for row in result.breakdown]
+        self.records += [make_record(**unit.labels, metric=harness_metric(phase), value=seconds,
+                                     params=params) for phase, seconds in (measurement.phase_s or {}).items()]
+        if unchecked is not None:
+            self.records.append(make_record(**unit.labels, metric=GRAD_UNCHECKED_METRIC, value=1.0,
+                                            params={**params, "message": unchecked}))
+
+    def _conclude(self, keys: Mapping[tuple, Unit], failed: set, stopping: TrialStopping) -> None:
+        """Each unit that did not fail: its `trials_run` record (why it stopped), or `not run` where the budget
+        left it none."""
+        from benchlib.records import make_record
+
         for key, unit in keys.items():
             if key in failed:
                 continue
