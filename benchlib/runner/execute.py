@@ -128,14 +128,49 @@ def run(notebooks: Sequence[str] = (), *, options: RunOptions | None = None, **o
     with elapsed time and an ETA.
     """
     options = RunOptions.of(options, overrides)
-    device, params, quick, grid = options.device, options.params, options.quick, options.grid
-    executor, scheduler = options.executor, options.scheduler
     stream = options.stream or sys.stdout
-    notebooks_dir = Path(options.notebooks_dir) if options.notebooks_dir is not None else None
     root = Path(options.out) if options.out is not None else default_results_root()
+    _refuse_bad_options(options)
+    with _warm_kernel(notebooks, options) as warm:  # started while the model files are checked
+        plan = _checked_plan(notebooks, options, root, stream)
+        client, cluster = dask_client(options.scheduler) if options.executor == "dask" else (None, None)
+        results_run = _created_run(root, plan, options)
+        result = RunResult(results_run.run_id, results_run.path)
+        injected = {"device": plan.device.name, "results_dir": str(results_run.path.resolve())}
+        for execution in plan.executions:
+            results_run.info["notebooks"][execution.key] = {
+                "status": "not run", "parameters": _parameters(results_run, execution, injected),
+                "path": str(execution.spec.path.resolve()), **({"grid": execution.point} if execution.point else {})}
+        results_run.write_info()
+        what = (f"{len(plan.executions)} grid point(s) of {len(plan.planned)} notebook(s)" if options.grid
+                else f"{len(plan.planned)} notebook(s)")
+        print(f"run {results_run.run_id}: {what} on {plan.device.name} -> {results_run.path}", file=stream, flush=True)
+        become_subreaper()
+        loop = _RunLoop(results_run, result, plan.executions, injected, root, replace(options, stream=stream), warm)
+        try:
+            with terminate_as_interrupt():
+                if client is None:
+                    loop.run_locally()
+                else:
+                    loop.run_on_dask(client)
+        finally:
+            if client is not None:
+                client.close()
+            if cluster is not None:
+                cluster.close()
+        if options.grid:
+            _save_grid_figures(results_run)
+        results_run.finish(interrupted=False, data_sources={r.name: r.data_source for r in result.notebooks if r.data_source})
+        _conclude(results_run, result, plan.planned, stream)
+        return result
+
+
+def _refuse_bad_options(options: RunOptions) -> None:
+    """RunnerError for options that cannot go together or are out of range, before anything is read."""
+    executor = options.executor
     if executor not in EXECUTORS:
         raise RunnerError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
-    if scheduler and executor != "dask":
+    if options.scheduler and executor != "dask":
         raise RunnerError("--scheduler goes with --executor dask")
     if options.timeout_s is not None and not (0 < options.timeout_s <= MAX_TIMEOUT_S):
         raise RunnerError(f"--timeout must be a number of seconds > 0, got {options.timeout_s:g} (at most "
@@ -150,71 +185,66 @@ def run(notebooks: Sequence[str] = (), *, options: RunOptions | None = None, **o
         isolation_mode()  # BENCHLIB_ISOLATION, read by every isolated case: refused here, before any notebook
     except ValueError as error:
         raise RunnerError(str(error)) from None
-    with _warm_kernel(notebooks, options) as warm:  # started while the model files are checked
-        specs = select_notebooks(notebooks, notebooks_dir)  # model files read and checked here, once
-        if options.attribute:
-            params = with_attribute(specs, params, stream)
-        planned = values_for(specs, params=dict(params or {}), quick=quick)
-        attributed = [spec.name for spec, values in planned if values.get(ATTRIBUTE)]
-        if attributed:
-            check_attribution_available(attributed)
-        executions = expand(planned, dict(grid or {}), dict(params or {}))
-        resolved = resolve_run_device(device)
-        check_values([(execution.spec, execution.values) for execution in executions], resolved)
-        check_out_dir(root)
-        check_kernel()
-        if options.png:
-            try:
-                check_static_export()
-            except RuntimeError as unavailable:
-                raise RunnerError(f"--png: {unavailable}") from None
-        client, cluster = dask_client(scheduler) if executor == "dask" else (None, None)
 
-        typed_params = {name: next(values[name] for _, values in planned if name in values) for name in (params or {})}
-        results_run = Run.create(
-            root,
-            resolved,
-            allocator_policy=_allocator_policy(),
-            device_requested=device,
-            quick=quick,
-            params=typed_params,
-            grid={name: list(values) for name, values in (grid or {}).items()},
-            executor=executor if executor == "local" else f"dask ({scheduler or 'local cluster'})",
-            notebooks_dir=str(notebooks_dir.resolve()) if notebooks_dir else None,
-            benchmarks={spec.name: spec.benchmark.run_info() for spec, _ in planned},
-            model_files=model_file_provenance(planned),
-            command=list(options.command) if options.command is not None else None,
-            attributed=attributed,
-            budget_s=options.budget_s,
-            runner={"pid": os.getpid(), "host": socket.gethostname()},
-        )
-        result = RunResult(results_run.run_id, results_run.path)
-        injected = {"device": resolved.name, "results_dir": str(results_run.path.resolve())}
-        for execution in executions:
-            results_run.info["notebooks"][execution.key] = {
-                "status": "not run", "parameters": _parameters(results_run, execution, injected),
-                "path": str(execution.spec.path.resolve()), **({"grid": execution.point} if execution.point else {})}
-        results_run.write_info()
-        what = f"{len(executions)} grid point(s) of {len(planned)} notebook(s)" if grid else f"{len(planned)} notebook(s)"
-        print(f"run {results_run.run_id}: {what} on {resolved.name} -> {results_run.path}", file=stream, flush=True)
-        become_subreaper()
-        loop = _RunLoop(results_run, result, executions, injected, root, replace(options, stream=stream), warm)
+
+@dataclass(frozen=True)
+class _RunPlan:
+    """What a run will do, every part of it checked: each notebook with its values, the executions (a grid
+    point each), the device, the notebooks that attribute allocations, and the values as given typed."""
+
+    planned: list[tuple[NotebookSpec, dict[str, Any]]]
+    executions: list
+    device: Any
+    attributed: list[str]
+    typed_params: dict[str, Any]
+
+
+def _checked_plan(notebooks: Sequence[str], options: RunOptions, root: Path, stream) -> _RunPlan:
+    """The notebooks read (model files checked, once), their values, grid and device checked, the output folder,
+    kernel and PNG export too: every refusal before a run directory exists."""
+    params = options.params
+    notebooks_dir = Path(options.notebooks_dir) if options.notebooks_dir is not None else None
+    specs = select_notebooks(notebooks, notebooks_dir)
+    if options.attribute:
+        params = with_attribute(specs, params, stream)
+    planned = values_for(specs, params=dict(params or {}), quick=options.quick)
+    attributed = [spec.name for spec, values in planned if values.get(ATTRIBUTE)]
+    if attributed:
+        check_attribution_available(attributed)
+    executions = expand(planned, dict(options.grid or {}), dict(params or {}))
+    resolved = resolve_run_device(options.device)
+    check_values([(execution.spec, execution.values) for execution in executions], resolved)
+    check_out_dir(root)
+    check_kernel()
+    if options.png:
         try:
-            with terminate_as_interrupt():
-                if client is None:
-                    loop.run_locally()
-                else:
-                    loop.run_on_dask(client)
-        finally:
-            if client is not None:
-                client.close()
-            if cluster is not None:
-                cluster.close()
-        if grid:
-            _save_grid_figures(results_run)
-        results_run.finish(interrupted=False, data_sources={r.name: r.data_source for r in result.notebooks if r.data_source})
-        _conclude(results_run, result, planned, stream)
-        return result
+            check_static_export()
+        except RuntimeError as unavailable:
+            raise RunnerError(f"--png: {unavailable}") from None
+    typed = {name: next(values[name] for _, values in planned if name in values) for name in (params or {})}
+    return _RunPlan(planned, executions, resolved, attributed, typed)
+
+
+def _created_run(root: Path, plan: _RunPlan, options: RunOptions) -> Run:
+    """The run directory and its run.json: the environment, what was asked and how it was planned."""
+    notebooks_dir, grid, executor = options.notebooks_dir, options.grid, options.executor
+    return Run.create(
+        root,
+        plan.device,
+        allocator_policy=_allocator_policy(),
+        device_requested=options.device,
+        quick=options.quick,
+        params=plan.typed_params,
+        grid={name: list(values) for name, values in (grid or {}).items()},
+        executor=executor if executor == "local" else f"dask ({options.scheduler or 'local cluster'})",
+        notebooks_dir=str(Path(notebooks_dir).resolve()) if notebooks_dir is not None else None,
+        benchmarks={spec.name: spec.benchmark.run_info() for spec, _ in plan.planned},
+        model_files=model_file_provenance(plan.planned),
+        command=list(options.command) if options.command is not None else None,
+        attributed=plan.attributed,
+        budget_s=options.budget_s,
+        runner={"pid": os.getpid(), "host": socket.gethostname()},
+    )
 
 
 def _conclude(results_run: Run, result: RunResult, planned: Sequence[tuple[NotebookSpec, dict[str, Any]]],
