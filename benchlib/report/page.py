@@ -14,6 +14,7 @@ import html
 import json
 import re
 import os
+from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -260,6 +261,9 @@ def _part_html(build, what: str, records: pd.DataFrame, benchmark: str, figure_s
 
 def build_report(run: str | os.PathLike) -> str:
     """The report page of a run directory (or run id) as one HTML string."""
+    from benchlib.analysis.sites import ATTRIBUTION_METRICS
+    from benchlib.report.tables.harness import harness_section
+
     run_path = resolve_run(run)
     info = load_run_info(run_path)
     notebooks = list(info.get("notebooks", {}))
@@ -270,82 +274,16 @@ def build_report(run: str | os.PathLike) -> str:
     figures = group_by_notebook(figure_names(run_path), [*notebooks, *unclaimed], written)
     table_names = sorted(path.stem for path in (run_path / "tables").glob("*.parquet"))
     tables = group_by_notebook(table_names, [*notebooks, *unclaimed], written)
-    figure_specs: list[dict[str, Any]] = []
-    esc = html.escape
-
-    parts = [f"<h1>benchlib run {esc(info.get('run_id', run_path.name))}</h1>"]
-    parts.append(f"<p class='env'>started {esc(str(info.get('started_at')))}, ended {esc(str(info.get('ended_at') or 'not finished'))}</p>")
-    parts += [f"<p class='env'>{esc(line)}</p>" for line in _environment_lines(info)]
     sections = [name for name in figures if figures[name] or name in notebooks or tables.get(name)]
-    parts.append("<nav>" + "".join(f"<a href='#{esc(name)}'>{esc(name)}</a>" for name in sections) + "</nav>")
     headlines = {section: _headline_tables(run_path, tables.get(section, [])) for section in sections}
-    answers = [(section, _answer_html(frame)) for section, shown in headlines.items() for _, frame in shown]
-    if any(answer for _, answer in answers):  # the answer first: each engine-comparing benchmark's table
-        parts.append("<h2 id='answers'>Answers</h2>" + "".join(
-            f"<p><a href='#{esc(section)}'>{esc(section)}</a></p>{answer}" for section, answer in answers if answer))
-    parts.append("<h2 id='status'>Notebooks</h2>" + table_html(_status_table(info)))
-    verdicts = _verdict_section(run_path)
-    if verdicts:  # left out where no seed rule applies to what the run measured
-        judged = "<table" in verdicts
-        parts.append("<h2 id='verdicts'>Seed verdicts</h2>"
-                     "<p>Did this run reproduce each seed's claim? The ratio's 95% interval inside the claimed range "
-                     "reproduces it, wholly outside refutes it, anything else (one trial a side, too much noise) is "
-                     "inconclusive.</p>"
-                     + (f"<p class='warning'>{esc(QUICK_CAVEAT[0].upper() + QUICK_CAVEAT[1:])}.</p>"
-                        if info.get("quick") and judged else "")
-                     + verdicts)
-
-    from benchlib.report.tables.cuda import allocator_section
-    from benchlib.report.tables.harness import harness_section
-    from benchlib.report.tables.modules import modules_section
-    from benchlib.report.tables.ranks import ranks_section
-    from benchlib.report.tables.sites import sites_section
-    from benchlib.analysis.sites import ATTRIBUTION_METRICS
-
     records = _records(run_path)
     attributed = records if records is not None and records["metric"].isin(ATTRIBUTION_METRICS).any() else None
+    page = _Page(run_path, info, figure_specs=[])
+    parts = page.opening(sections, headlines)
     for section in sections:
-        entry = info.get("notebooks", {}).get(section, {})
-        parts.append(f"<h2 id='{esc(section)}'>{esc(section)}</h2>")
-        question = notebook_question(run_path, section, info) if section in notebooks else ""
-        if question:
-            parts.append(f"<p class='question'>{esc(question)}</p>")
-        if entry:
-            status = entry.get("status", "?")
-            link = entry.get("output")
-            line = f"status <span class='status-{esc(status)}'>{esc(status)}</span>"
-            if entry.get("duration_s") is not None:
-                line += f", {entry['duration_s']:.0f} s"
-            if link:
-                line += f"; executed notebook: {_run_link(run_path, str(link))}"
-            parts.append(f"<p>{line}</p>")
-        for name, frame in headlines[section]:
-            answer = _answer_html(frame)
-            if answer and is_fit_headline(frame):  # shown once, at the top: here the figure and every column
-                parts.append(f"<p><a href='#answers'>The answer is at the top.</a></p><details><summary>{esc(name)}: "
-                             "every column</summary>" + table_html(frame) + "</details>")
-            elif answer:  # the answer, as at the top; the full table folds away
-                parts.append(answer + f"<details><summary>{esc(name)}: every column</summary>"
-                             + table_html(frame.drop(columns=[SUMMARY_COLUMN], errors="ignore")) + "</details>")
-            else:
-                shown, same = constant_columns_apart(frame)
-                parts.append(f"<h3>{esc(name)}</h3>" + (f"<p class='env'>{esc(every_row_text(same))}</p>" if same else "")
-                             + "<div class='wide'>" + table_html(shown) + "</div>")
-        for name in figures.get(section, []):
-            figure_id = f"figure-{len(figure_specs)}"
-            figure_json = json.loads((run_path / "figures" / f"{name}.json").read_text(encoding="utf-8"))
-            figure_specs.append({"id": figure_id, "name": name, "figure": figure_json})
-            parts.append(f"<div class='figure' id='{figure_id}' data-name='{esc(name)}'></div>")
-        benchmarks = [section.split("@")[0], *written.get(section, [])]
-        for benchmark in dict.fromkeys(benchmarks):
-            if records is not None:
-                parts.append(allocator_section(records, benchmark, run_path))
-            if records is not None:
-                parts.append(_part_html(ranks_section, "Memory per rank", records, benchmark, figure_specs))
-                parts.append(_part_html(modules_section, "Memory by module", records, benchmark, figure_specs))
-            if attributed is not None:
-                parts.append(_part_html(sites_section, "Allocation sites", attributed, benchmark, figure_specs))
-
+        parts += page.section(section, headlines[section], figures.get(section, []))
+        for benchmark in dict.fromkeys([section.split("@")[0], *written.get(section, [])]):
+            parts += page.measured_parts(benchmark, records, attributed)
     # how far to trust the figures above, and what measuring them cost: after the answers they qualify
     noise_path = run_path / "tables" / "noise.parquet"
     if noise_path.is_file():
@@ -356,7 +294,100 @@ def build_report(run: str | os.PathLike) -> str:
                      + (table_html(_readable_noise(noise)) if not noise.empty else "<p>None flagged.</p>"))
     if records is not None:
         parts.append(harness_section(records))
-    return html_page(f"benchlib run {info.get('run_id', run_path.name)}", parts, figure_specs)
+    return html_page(f"benchlib run {info.get('run_id', run_path.name)}", parts, page.figure_specs)
+
+
+@dataclass
+class _Page:
+    """The report of one run being written: its folder, its run.json, and the figures placed so far (drawn by
+    the page's script from their specs)."""
+
+    run_path: Path
+    info: dict
+    figure_specs: list[dict[str, Any]]
+
+    def opening(self, sections: list[str], headlines: dict) -> list[str]:
+        """The title, the environment, the sections' links, the answers, the notebooks' status, the verdicts."""
+        esc, info, run_path = html.escape, self.info, self.run_path
+        parts = [f"<h1>benchlib run {esc(info.get('run_id', run_path.name))}</h1>",
+                 f"<p class='env'>started {esc(str(info.get('started_at')))}, ended "
+                 f"{esc(str(info.get('ended_at') or 'not finished'))}</p>"]
+        parts += [f"<p class='env'>{esc(line)}</p>" for line in _environment_lines(info)]
+        parts.append("<nav>" + "".join(f"<a href='#{esc(name)}'>{esc(name)}</a>" for name in sections) + "</nav>")
+        answers = [(section, _answer_html(frame)) for section, shown in headlines.items() for _, frame in shown]
+        if any(answer for _, answer in answers):  # the answer first: each engine-comparing benchmark's table
+            parts.append("<h2 id='answers'>Answers</h2>" + "".join(
+                f"<p><a href='#{esc(section)}'>{esc(section)}</a></p>{answer}" for section, answer in answers if answer))
+        parts.append("<h2 id='status'>Notebooks</h2>" + table_html(_status_table(info)))
+        verdicts = _verdict_section(run_path)
+        if verdicts:  # left out where no seed rule applies to what the run measured
+            judged = "<table" in verdicts
+            parts.append("<h2 id='verdicts'>Seed verdicts</h2>"
+                         "<p>Did this run reproduce each seed's claim? The ratio's 95% interval inside the claimed "
+                         "range reproduces it, wholly outside refutes it, anything else (one trial a side, too much "
+                         "noise) is inconclusive.</p>"
+                         + (f"<p class='warning'>{esc(QUICK_CAVEAT[0].upper() + QUICK_CAVEAT[1:])}.</p>"
+                            if info.get("quick") and judged else "")
+                         + verdicts)
+        return parts
+
+    def section(self, section: str, headlines: list, figures: list[str]) -> list[str]:
+        """A notebook's section: its question, status, headline tables and figures."""
+        esc, run_path = html.escape, self.run_path
+        entry = self.info.get("notebooks", {}).get(section, {})
+        parts = [f"<h2 id='{esc(section)}'>{esc(section)}</h2>"]
+        question = notebook_question(run_path, section, self.info) if section in self.info.get("notebooks", {}) else ""
+        if question:
+            parts.append(f"<p class='question'>{esc(question)}</p>")
+        if entry:
+            status = entry.get("status", "?")
+            line = f"status <span class='status-{esc(status)}'>{esc(status)}</span>"
+            if entry.get("duration_s") is not None:
+                line += f", {entry['duration_s']:.0f} s"
+            if entry.get("output"):
+                line += f"; executed notebook: {_run_link(run_path, str(entry['output']))}"
+            parts.append(f"<p>{line}</p>")
+        parts += [_headline_html(name, frame) for name, frame in headlines]
+        for name in figures:
+            figure_id = f"figure-{len(self.figure_specs)}"
+            figure_json = json.loads((run_path / "figures" / f"{name}.json").read_text(encoding="utf-8"))
+            self.figure_specs.append({"id": figure_id, "name": name, "figure": figure_json})
+            parts.append(f"<div class='figure' id='{figure_id}' data-name='{esc(name)}'></div>")
+        return parts
+
+    def measured_parts(self, benchmark: str, records: pd.DataFrame | None,
+                       attributed: pd.DataFrame | None) -> list[str]:
+        """What a benchmark's records say beyond its headline: CUDA's allocator, memory per rank and by module,
+        allocation sites."""
+        from benchlib.report.tables.cuda import allocator_section
+        from benchlib.report.tables.modules import modules_section
+        from benchlib.report.tables.ranks import ranks_section
+        from benchlib.report.tables.sites import sites_section
+
+        parts = []
+        if records is not None:
+            parts.append(allocator_section(records, benchmark, self.run_path))
+            parts.append(_part_html(ranks_section, "Memory per rank", records, benchmark, self.figure_specs))
+            parts.append(_part_html(modules_section, "Memory by module", records, benchmark, self.figure_specs))
+        if attributed is not None:
+            parts.append(_part_html(sites_section, "Allocation sites", attributed, benchmark, self.figure_specs))
+        return parts
+
+
+def _headline_html(name: str, frame: pd.DataFrame) -> str:
+    """One headline table: a fit's answer points to the top, an answer shows as at the top with every column
+    folded away, any other table with its constant columns said once."""
+    esc = html.escape
+    answer = _answer_html(frame)
+    if answer and is_fit_headline(frame):  # shown once, at the top: here the figure and every column
+        return (f"<p><a href='#answers'>The answer is at the top.</a></p><details><summary>{esc(name)}: "
+                "every column</summary>" + table_html(frame) + "</details>")
+    if answer:  # the answer, as at the top; the full table folds away
+        return (answer + f"<details><summary>{esc(name)}: every column</summary>"
+                + table_html(frame.drop(columns=[SUMMARY_COLUMN], errors="ignore")) + "</details>")
+    shown, same = constant_columns_apart(frame)
+    return (f"<h3>{esc(name)}</h3>" + (f"<p class='env'>{esc(every_row_text(same))}</p>" if same else "")
+            + "<div class='wide'>" + table_html(shown) + "</div>")
 
 
 def _answer_html(headline: pd.DataFrame) -> str:
