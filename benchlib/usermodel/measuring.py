@@ -146,94 +146,139 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
     is of one form, whose `Form` gives the engines, the reference and the child. One version is case
     `step`; several are one case each, named by version."""
     from benchlib.measure import IsolationOptions, prepare_isolation
-    from benchlib.measure.allocations import memray_available
-    from benchlib.measure.cuda_snapshot import snapshot_path
 
+    run = _ModelRun.of(versions, form, config, device)
     first = next(iter(versions.values()))
-    options = technique_options(config) if form.composes else {}
-    prepare_isolation(IsolationOptions(preload=preload(form, first, form.reference, device, options)))  # beside the plans
-    values = {name: config.plain()[name] for name in first.parameters}
-    trials, name = config.trials, first.name
-    engines, added = run_engines(form, config, first)
-    ranks = int(config.get("ranks", 1))
-    if ranks > 1:
+    prepare_isolation(IsolationOptions(preload=preload(form, first, form.reference, device, run.options)))  # beside
+    # the engine facts
+    if run.ranks > 1:
         from benchlib.measure import rank_devices
 
-        rank_devices(device, ranks)  # refused before any work where the device cannot hold a rank each
-    on_ranks = {engine for engine in engines if ranks > 1 and placed(combine(engine, technique_registry(
-        first.techniques)))} if form.composes else set()
-    several = len(versions) > 1
-    cases = {version: version if several else CASE for version in versions}
-    loop = TrialLoop(TrialSettings(trials=trials, precision=float(config.get("precision", 0.0)),
+        rank_devices(device, run.ranks)  # refused before any work where the device cannot hold a rank each
+    loop = TrialLoop(TrialSettings(trials=config.trials, precision=float(config.get("precision", 0.0)),
                                    order_seed=ORDER_SEED, reference=form.reference), progress)
     units, labels, left_out = [], {}, {}
     for version, model_file in versions.items():
-        base = {**values, "file": str(model_file.path), **({"version": version} if several else {}),
-                "trials": trials, "order_seed": ORDER_SEED, "warmup": WARMUP, "steps": STEPS}
-        status = "not applicable"
-        try:
-            facts = form.facts(model_file, values, device, engines, options, **({"world_size": ranks} if ranks > 1 else {}))
-        except Exception as error:  # the user's code fails at these values: every case fails alike
-            message = model_file.user_error(error, "building the case (at the run's values)")
-            status, facts = "failed", EngineFacts(dict.fromkeys(engines, message), "float32", {})
-        base.update(facts.params)
-        for engine in engines:
-            if engine in added and engine in facts.reasons and status != "failed":
-                left_out.setdefault(engine, facts.reasons[engine])  # an added combination that does not apply
-                continue
-            labels[version, engine] = dict(benchmark=name, case=cases[version], engine=engine, device=device.name,
-                                           dtype=facts.engine_dtypes.get(engine, facts.dtype))
-            unit = Unit(group=version, engine=engine, labels=labels[version, engine],
-                        params={**base, "world_size": ranks} if engine in on_ranks else base,
-                        name=f"{name} {version}" if several else name,
-                        trial_params=facts.engine_params.get(engine, {}),
-                        regroups_optimizer=facts.regroups_optimizer.get(engine), judges_own_gradient=engine in on_ranks)
-            if engine in facts.reasons:
-                loop.note(unit, status, facts.reasons[engine])
-            else:
-                units.append(unit)
+        units += run.version_units(loop, version, model_file, labels, left_out)
     for engine, reason in left_out.items():
-        progress(f"{name} {engine}: left out of the combinations this run adds ({reason})")
-    track = device.is_cuda or memray_available()
-    attribute = bool(config.get("attribute", False))
-    depth = int(config.get("module_depth", DEFAULT_DEPTH))
+        progress(f"{run.name} {engine}: left out of the combinations this run adds ({reason})")
     attributions: dict[tuple[str, str], dict] = {}
-
-    def measure(unit: Unit, trial: int, gradient_dir: str):
-        import benchlib.measure  # looked up per call: tests replace run_isolated
-
-        traced = attribute and trial == 0 and unit.engine not in on_ranks  # the attribution passes: sites, and
-        # torch's categories (one process's)
-        case_name = f"{name}/{cases[unit.group]}/{unit.engine}"
-        snapshot = snapshot_path(case_name, device) if trial == 0 else None
-        if unit.engine in on_ranks:
-            return benchlib.measure.run_ranks(
-                RANKED_TARGET, {"path": str(versions[unit.group].path), "engine": unit.engine, "values": values,
-                                "options": options, "module_depth": depth},
-                name=case_name, world_size=ranks, devices=rank_devices(device, ranks),
-                options=IsolationOptions(warmup=WARMUP, repeats=STEPS, track_allocations=track, timeline=False))
-        return benchlib.measure.run_isolated(
-            form.target, {"path": str(versions[unit.group].path), "engine": unit.engine, "values": values,
-                          "gradient_dir": gradient_dir,
-                          **({"options": options, "module_depth": depth} if form.composes else {}),
-                          **({"categories": True} if traced and form.torch_categories else {})},
-            name=case_name, device=device.name,
-            options=IsolationOptions(warmup=WARMUP, repeats=STEPS, track_allocations=track, timeline=False,
-                                     attribute=traced, cuda_snapshot=snapshot,
-                                     preload=preload(form, versions[unit.group], unit.engine, device, options)))
 
     def keep(unit: Unit, trial: int, result) -> None:
         if result.measurement.attribution is not None:
             attributions[unit.group, unit.engine] = result.measurement.attribution
 
-    loop.run(units, measure, deadline=Deadline.from_environment(), keep=keep)
+    loop.run(units, run.measure, deadline=Deadline.from_environment(), keep=keep)
     records: dict[str, list[dict]] = {version: [] for version in versions}
-    version_of = {case: version for version, case in cases.items()}
+    version_of = {case: version for version, case in run.cases.items()}
     for record in loop.records:
         records[version_of[record["case"]]].append(record)
-    for version, rows in site_diffs(attributions, labels, cases, form.reference).items():
+    for version, rows in site_diffs(attributions, labels, run.cases, form.reference).items():
         records[version] += rows
     return [record for version in versions for record in records[version]]
+
+
+@dataclass(frozen=True)
+class _ModelRun:
+    """What every case of one run of model files shares: the versions and their form, the values, the engines
+    (and the combinations the run added), the technique options, the ranks and which engines run on them."""
+
+    versions: Mapping[str, Any]
+    form: Form
+    config: Config
+    device: Any
+    values: dict
+    engines: list[str]
+    added: list[str]
+    options: dict
+    on_ranks: set[str]
+
+    @classmethod
+    def of(cls, versions: Mapping[str, Any], form: Form, config: Config, device) -> _ModelRun:
+        first = next(iter(versions.values()))
+        engines, added = run_engines(form, config, first)
+        ranks = int(config.get("ranks", 1))
+        on_ranks = {engine for engine in engines if ranks > 1 and placed(combine(engine, technique_registry(
+            first.techniques)))} if form.composes else set()
+        return cls(versions, form, config, device, {name: config.plain()[name] for name in first.parameters},
+                   engines, added, technique_options(config) if form.composes else {}, on_ranks)
+
+    @property
+    def name(self) -> str:
+        return next(iter(self.versions.values())).name
+
+    @property
+    def ranks(self) -> int:
+        return int(self.config.get("ranks", 1))
+
+    @property
+    def cases(self) -> dict[str, str]:
+        """Each version's case: `step` for one version, the version's name for several."""
+        return {version: version if len(self.versions) > 1 else CASE for version in self.versions}
+
+    def version_units(self, loop: TrialLoop, version: str, model_file: Any, labels: dict,
+                      left_out: dict) -> list[Unit]:
+        """One version's units, an engine each, its labels in `labels`; an engine that does not apply is noted in
+        `loop` (an added combination is left out instead, with why in `left_out`)."""
+        several, ranks = len(self.versions) > 1, self.ranks
+        base = {**self.values, "file": str(model_file.path), **({"version": version} if several else {}),
+                "trials": self.config.trials, "order_seed": ORDER_SEED, "warmup": WARMUP, "steps": STEPS}
+        status = "not applicable"
+        try:
+            facts = self.form.facts(model_file, self.values, self.device, self.engines, self.options,
+                                    **({"world_size": ranks} if ranks > 1 else {}))
+        except Exception as error:  # the user's code fails at these values: every case fails alike
+            message = model_file.user_error(error, "building the case (at the run's values)")
+            status, facts = "failed", EngineFacts(dict.fromkeys(self.engines, message), "float32", {})
+        base.update(facts.params)
+        units = []
+        for engine in self.engines:
+            if engine in self.added and engine in facts.reasons and status != "failed":
+                left_out.setdefault(engine, facts.reasons[engine])  # an added combination that does not apply
+                continue
+            labels[version, engine] = dict(benchmark=self.name, case=self.cases[version], engine=engine,
+                                           device=self.device.name, dtype=facts.engine_dtypes.get(engine, facts.dtype))
+            unit = Unit(group=version, engine=engine, labels=labels[version, engine],
+                        params={**base, "world_size": ranks} if engine in self.on_ranks else base,
+                        name=f"{self.name} {version}" if several else self.name,
+                        trial_params=facts.engine_params.get(engine, {}),
+                        regroups_optimizer=facts.regroups_optimizer.get(engine),
+                        judges_own_gradient=engine in self.on_ranks)
+            if engine in facts.reasons:
+                loop.note(unit, status, facts.reasons[engine])
+            else:
+                units.append(unit)
+        return units
+
+    def measure(self, unit: Unit, trial: int, gradient_dir: str):
+        """One trial of `unit` in fresh processes: a rank each where it runs on ranks, else one child of the form."""
+        import benchlib.measure  # looked up per call: tests replace run_isolated
+        from benchlib.measure import IsolationOptions, rank_devices
+        from benchlib.measure.allocations import memray_available
+        from benchlib.measure.cuda_snapshot import snapshot_path
+
+        device, options, form = self.device, self.options, self.form
+        depth = int(self.config.get("module_depth", DEFAULT_DEPTH))
+        track = device.is_cuda or memray_available()
+        # the attribution passes (sites, and torch's categories) in one process's first trial
+        traced = bool(self.config.get("attribute", False)) and trial == 0 and unit.engine not in self.on_ranks
+        case_name = f"{self.name}/{self.cases[unit.group]}/{unit.engine}"
+        path = str(self.versions[unit.group].path)
+        if unit.engine in self.on_ranks:
+            return benchlib.measure.run_ranks(
+                RANKED_TARGET, {"path": path, "engine": unit.engine, "values": self.values, "options": options,
+                                "module_depth": depth},
+                name=case_name, world_size=self.ranks, devices=rank_devices(device, self.ranks),
+                options=IsolationOptions(warmup=WARMUP, repeats=STEPS, track_allocations=track, timeline=False))
+        return benchlib.measure.run_isolated(
+            form.target, {"path": path, "engine": unit.engine, "values": self.values, "gradient_dir": gradient_dir,
+                          **({"options": options, "module_depth": depth} if form.composes else {}),
+                          **({"categories": True} if traced and form.torch_categories else {})},
+            name=case_name, device=device.name,
+            options=IsolationOptions(warmup=WARMUP, repeats=STEPS, track_allocations=track, timeline=False,
+                                     attribute=traced, cuda_snapshot=snapshot_path(case_name, device) if trial == 0
+                                     else None,
+                                     preload=preload(form, self.versions[unit.group], unit.engine, device, options)))
 
 
 def site_diffs(attributions: Mapping[tuple[str, str], dict], labels: Mapping[tuple[str, str], dict],
