@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 import torch
@@ -258,29 +259,10 @@ def run_grid(
     ``sweep`` names a side experiment (e.g. "threads") in the labels and case names, so its cells
     never share a case name with the main grid's. ``progress`` is called with each finished result.
     """
-    strategies, warmup = grid.strategies, plan.warmup
-    unknown = [s for s in strategies if s not in STRATEGY_CLASSES]
-    if unknown:
-        raise ValueError(f"unknown strategies {unknown}; valid: {', '.join(STRATEGIES)}")
-    bad_policies = [p for p in grid.gc_policies if p not in GC_POLICIES]
-    if bad_policies:
-        raise ValueError(f"unknown GC policies {bad_policies}; valid: {', '.join(GC_POLICIES)}")
-    bad_heaps = [h for h in grid.heap_sizes if not isinstance(h, int) or h < 0]
-    if bad_heaps:
-        raise ValueError(f"heap sizes must be integers >= 0 (samples held as tuples), got {bad_heaps}")
-    if set(plan.steps_per_strategy) - set(STRATEGIES):
-        raise ValueError(f"steps_per_strategy names unknown strategies; valid: {', '.join(STRATEGIES)}")
-    for name in strategies:
-        if plan.steps_of(name) <= warmup:
-            raise ValueError(f"{name}: steps must exceed warmup ({warmup})")
-    torch_device = device.torch
-    _use_vmap_once()
-    x_all, y_all = data.as_float_tensors(torch_device)
-    init = initial_parameters(config)
-    longest = max(plan.steps_of(s) for s in strategies)
-    all_batches = minibatch_indices(len(data), config.batch, longest + plan.alloc_steps, config.seed).to(torch_device)
     from benchlib.analysis.stats import interleaved_order
 
+    _check_grid(grid, plan)
+    cells = _Cells.of(data, device, config, plan, grid, sweep)
     results, groups = GridResults(), len(grid.heap_sizes) * len(grid.gc_policies)
     deadline = deadline or Deadline()
     first_rounds: dict[str, list[float]] = {}  # seconds of each strategy's first-round cells, across groups
@@ -299,24 +281,7 @@ def run_grid(
                         results.not_run.append((name, policy_name, heap_size))
                         continue
                     started = budget.now()
-                    n_steps = plan.steps_of(name)
-                    cell_plan = replace(plan, alloc_steps=plan.alloc_steps if trial == 0 else 0)
-                    batches = torch.cat([all_batches[:n_steps], all_batches[longest:longest + cell_plan.alloc_steps]])
-                    strategy = make_strategy(name, init, config, device)
-                    policy = GCPolicy(name=policy_name, every=plan.manual_every, generation=plan.manual_generation,
-                                      cuda=device.kind == "cuda")
-                    labels = asdict(config) | data.describe() | policy.describe() | {
-                        "strategy": name, "optimizer": strategy.optimizer, "heap_objects": heap_size,
-                        "steps": n_steps, "warmup": warmup, "alloc_steps": cell_plan.alloc_steps,
-                        "params_per_net": config.params_per_net, "sweep": sweep,
-                        "device": device.name, "trial": trial, "trials": plan.trials, "order_seed": plan.order_seed,
-                        "position": position,
-                    }
-                    try:
-                        result = train(strategy, x_all, y_all, batches, device=device, policy=policy, plan=cell_plan,
-                                       labels=labels)
-                    finally:
-                        strategy.close()
+                    result = cells.train(name, policy_name, heap_size, (trial, position))
                     results.append(result)
                     budget.add(name, 0.0, budget.now() - started)
                     if trial == 0:
@@ -324,6 +289,70 @@ def run_grid(
                     if progress is not None:
                         progress(result)
     return results
+
+
+def _check_grid(grid: Grid, plan: TrainingPlan) -> None:
+    """ValueError, saying what is valid, for a grid or plan that names what does not exist or cannot run."""
+    unknown = [s for s in grid.strategies if s not in STRATEGY_CLASSES]
+    if unknown:
+        raise ValueError(f"unknown strategies {unknown}; valid: {', '.join(STRATEGIES)}")
+    bad_policies = [p for p in grid.gc_policies if p not in GC_POLICIES]
+    if bad_policies:
+        raise ValueError(f"unknown GC policies {bad_policies}; valid: {', '.join(GC_POLICIES)}")
+    bad_heaps = [h for h in grid.heap_sizes if not isinstance(h, int) or h < 0]
+    if bad_heaps:
+        raise ValueError(f"heap sizes must be integers >= 0 (samples held as tuples), got {bad_heaps}")
+    if set(plan.steps_per_strategy) - set(STRATEGIES):
+        raise ValueError(f"steps_per_strategy names unknown strategies; valid: {', '.join(STRATEGIES)}")
+    for name in grid.strategies:
+        if plan.steps_of(name) <= plan.warmup:
+            raise ValueError(f"{name}: steps must exceed warmup ({plan.warmup})")
+
+
+@dataclass(frozen=True)
+class _Cells:
+    """What every cell of a grid starts from: the data on the device, the initial parameters, the batches (the
+    longest strategy's, then the allocation pass's), and the settings its labels carry."""
+
+    data: Any
+    device: Any
+    config: EnsembleConfig
+    plan: TrainingPlan
+    sweep: str | None
+    tensors: tuple  # x_all, y_all, all_batches
+    init: Any
+    longest: int
+
+    @classmethod
+    def of(cls, data, device, config: EnsembleConfig, plan: TrainingPlan, grid: Grid, sweep: str | None) -> _Cells:
+        _use_vmap_once()
+        x_all, y_all = data.as_float_tensors(device.torch)
+        longest = max(plan.steps_of(s) for s in grid.strategies)
+        batches = minibatch_indices(len(data), config.batch, longest + plan.alloc_steps, config.seed).to(device.torch)
+        return cls(data, device, config, plan, sweep, (x_all, y_all, batches), initial_parameters(config), longest)
+
+    def train(self, name: str, policy_name: str, heap_size: int, at: tuple[int, int]) -> TrainResult:
+        """One cell (`at`: its trial and position in the order), trained from the shared start, its strategy
+        closed after; the allocation pass in the first trial only (its counts do not drift)."""
+        (trial, position), plan, config, device = at, self.plan, self.config, self.device
+        x_all, y_all, all_batches = self.tensors
+        n_steps = plan.steps_of(name)
+        cell_plan = replace(plan, alloc_steps=plan.alloc_steps if trial == 0 else 0)
+        batches = torch.cat([all_batches[:n_steps], all_batches[self.longest:self.longest + cell_plan.alloc_steps]])
+        strategy = make_strategy(name, self.init, config, device)
+        policy = GCPolicy(name=policy_name, every=plan.manual_every, generation=plan.manual_generation,
+                          cuda=device.kind == "cuda")
+        labels = asdict(config) | self.data.describe() | policy.describe() | {
+            "strategy": name, "optimizer": strategy.optimizer, "heap_objects": heap_size,
+            "steps": n_steps, "warmup": plan.warmup, "alloc_steps": cell_plan.alloc_steps,
+            "params_per_net": config.params_per_net, "sweep": self.sweep,
+            "device": device.name, "trial": trial, "trials": plan.trials, "order_seed": plan.order_seed,
+            "position": position,
+        }
+        try:
+            return train(strategy, x_all, y_all, batches, device=device, policy=policy, plan=cell_plan, labels=labels)
+        finally:
+            strategy.close()
 
 
 def not_run_records(cells: Sequence[tuple[str, str, int]], device, labels: dict) -> list[dict]:
