@@ -171,7 +171,7 @@ def train(
     briefly raises a CPU peak: about 8 B per object). Memory in use and the bytes the uncollected
     cycles hold are read after each step, outside its time.
     """
-    from benchlib.measure import count_allocations, measure_steps
+    from benchlib.measure import measure_steps
     from benchlib.measure.devices import heap_trim_available
 
     warmup, alloc_steps, cycles = plan.warmup, plan.alloc_steps, plan.cycles
@@ -209,22 +209,31 @@ def train(
     result = TrainResult(strategy.name, labels, np.asarray(timed.step_s, dtype=float), loss, warmup, pauses,
                          memory - timed.baseline_bytes, held, peak_bytes=float(peak))
     if alloc_steps:
-        extra = batches[steps:]
-
-        def allocation_pass():
-            for idx in extra:
-                strategy.step(x_all[idx], y_all[idx])
-            device.synchronize()
-
-        allocs = count_allocations(allocation_pass, device)
-        result.alloc_count_per_step = allocs.count / alloc_steps
-        result.alloc_bytes_per_step = allocs.bytes / alloc_steps
-        if allocs.python_count is not None:
-            result.alloc_count_python_per_step = allocs.python_count / alloc_steps
-            result.alloc_bytes_python_per_step = allocs.python_bytes / alloc_steps
-        result.alloc_source = allocs.source
-        result.labels["alloc_source"] = allocs.source
+        _count_allocations(result, strategy, (x_all, y_all, batches[steps:]), device)
     return result
+
+
+def _count_allocations(result: TrainResult, strategy: Strategy, extra: tuple, device) -> None:
+    """The allocation pass: the steps over `extra`'s batches (x_all, y_all, batch indices) counted, not timed,
+    per step into `result`, with where the counts come from."""
+    from benchlib.measure import count_allocations
+
+    x_all, y_all, batches = extra
+
+    def allocation_pass():
+        for idx in batches:
+            strategy.step(x_all[idx], y_all[idx])
+        device.synchronize()
+
+    steps = len(batches)
+    allocs = count_allocations(allocation_pass, device)
+    result.alloc_count_per_step = allocs.count / steps
+    result.alloc_bytes_per_step = allocs.bytes / steps
+    if allocs.python_count is not None:
+        result.alloc_count_python_per_step = allocs.python_count / steps
+        result.alloc_bytes_python_per_step = allocs.python_bytes / steps
+    result.alloc_source = allocs.source
+    result.labels["alloc_source"] = allocs.source
 
 
 class GridResults(list):
