@@ -5,6 +5,8 @@ Both take the run's records frame; several versions of one file (one case each) 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -157,50 +159,18 @@ def fit_figure(records: pd.DataFrame) -> go.Figure:
     """`benchlib fit`: where does each engine's total memory cross the limit? Per engine its measured totals
     (dots), its size model's prediction (dashed), what was measured to confirm an answer (open diamonds) and the
     confirmed answer (a star), against the scale parameter; the limit as a line, each largest fitting value marked."""
-    import json
-
-    def read(frame: pd.DataFrame, key: str, default=None) -> pd.Series:
-        return frame["params"].map(lambda text: json.loads(text).get(key, default))
-
     totals = records[records["metric"] == "fit_total_bytes"]
-    confirming = read(totals, "confirms", False).astype(bool) if len(totals) else pd.Series(dtype=bool)
+    confirming = _param(totals, "confirms", False).astype(bool) if len(totals) else pd.Series(dtype=bool)
     measured, checked = totals[~confirming], totals[confirming]
     predicted = records[records["metric"] == "predicted_total_bytes"]
-    largest = records[records["metric"] == "max_fitting"]
     either = measured if len(measured) else predicted
     params = json.loads(either["params"].iloc[0]) if len(either) else {}
-    scale, limit = params.get("scale", "value"), params.get("limit")
+    scale = params.get("scale", "value")
     traced_only = params.get("basis", "measured") != "measured"  # predicted without a GPU: no measured points
     fig = go.Figure()
+    largest = records[records["metric"] == "max_fitting"]
     for engine in dict.fromkeys([*measured["variant"], *predicted["variant"]]):
-        color = engine_color(engine)
-        rows = measured[measured["variant"] == engine]
-        if len(rows):
-            fig.add_trace(go.Scatter(x=read(rows, "value"), y=rows["value"] / MB, mode="markers",
-                                     name=f"{engine} measured", legendgroup=engine, marker=dict(color=color, size=9),
-                                     hovertemplate=f"{engine}: %{{y:.1f}} MB at {scale}=%{{x}}<extra>measured</extra>"))
-        curve = predicted[predicted["variant"] == engine]
-        if len(curve):
-            curve = curve.assign(at=read(curve, "value"), model=read(curve, "model", "")).sort_values("at")
-            for model, part in curve.groupby("model", sort=False):
-                traced = traced_only and model == "trace"  # a prediction's traces: the allocator's steps, drawn as such
-                fig.add_trace(go.Scatter(
-                    x=part["at"], y=part["value"] / MB, mode="lines+markers" if traced else "lines",
-                    name=f"{engine} {'traced' if traced else model + ' model'}"
-                         + ("" if len(rows) or traced_only else " (not measured)"), legendgroup=engine,
-                    line=dict(color=color, dash="solid" if traced else "dash", shape="hv" if traced else "linear"),
-                    marker=dict(color=color, size=5),
-                    hovertemplate=f"{engine}: %{{y:.1f}} MB at {scale}=%{{x}}<extra>predicted</extra>"))
-        best = largest[largest["variant"] == engine]["value"]
-        if len(curve) and len(best) and 0 < best.iloc[0] <= curve["at"].max():
-            fig.add_vline(x=float(best.iloc[0]), line=dict(color=color, dash="dot", width=1))
-        confirms = checked[checked["variant"] == engine]
-        if len(confirms):
-            fig.add_trace(go.Scatter(x=read(confirms, "value"), y=confirms["value"] / MB, mode="markers",
-                                     name=f"{engine} confirming", legendgroup=engine,
-                                     marker=dict(color=color, size=11, symbol="diamond-open", line=dict(width=2)),
-                                     hovertemplate=f"{engine}: %{{y:.1f}} MB at {scale}=%{{x}}"
-                                                   "<extra>measured to confirm</extra>"))
+        _engine_traces(fig, engine, (measured, predicted, checked, largest), scale, traced_only)
     for row in records[records["metric"] == "true_max_fitting"].itertuples():
         searched = json.loads(row.params)["searched"]
         at = int(row.value)
@@ -210,14 +180,7 @@ def fit_figure(records: pd.DataFrame) -> go.Figure:
                                      marker=dict(color=engine_color(row.variant), size=16, symbol="star"),
                                      hovertemplate=f"{row.variant}: %{{y:.1f}} MB measured at {scale}=%{{x}}, the "
                                                    "largest under the limit<extra>confirmed</extra>"))
-    if limit is not None:
-        fig.add_hline(y=limit / MB, line=dict(color="#d62728", width=2),
-                      annotation_text=f"limit {limit / MB:,.0f} MB", annotation_position="top left")
-        if params.get("margin"):  # what the answers stay under
-            usable = limit * (1 - params["margin"])
-            fig.add_hline(y=usable / MB, line=dict(color="#d62728", width=1, dash="dash"),
-                          annotation_text=f"less the {100 * params['margin']:g}% margin: {usable / MB:,.0f} MB",
-                          annotation_position="bottom left")
+    _limit_lines(fig, params)
     what = (f"CUDA reserved peak of one step against {scale}, {params['basis']}" if traced_only
             else f"total memory of one step against {scale}")
     if params.get("unseen"):  # CUDA's own kernel choices take memory the trace did not see
@@ -230,3 +193,55 @@ def fit_figure(records: pd.DataFrame) -> go.Figure:
         fig.update_xaxes(type="log")
     fig.update_layout(legend=dict(orientation="v", yanchor="top", y=1, xanchor="left", x=1.02))
     return fig
+
+
+def _param(frame: pd.DataFrame, key: str, default=None) -> pd.Series:
+    return frame["params"].map(lambda text: json.loads(text).get(key, default))
+
+
+def _engine_traces(fig: go.Figure, engine: str, frames: tuple, scale: str, traced_only: bool) -> None:
+    """One engine's measured totals, its size model's (or trace's) prediction, its answer's line and what was
+    measured to confirm it (`frames`: measured, predicted, confirming and largest-value rows)."""
+    measured, predicted, checked, largest = frames
+    color = engine_color(engine)
+    rows = measured[measured["variant"] == engine]
+    if len(rows):
+        fig.add_trace(go.Scatter(x=_param(rows, "value"), y=rows["value"] / MB, mode="markers",
+                                 name=f"{engine} measured", legendgroup=engine, marker=dict(color=color, size=9),
+                                 hovertemplate=f"{engine}: %{{y:.1f}} MB at {scale}=%{{x}}<extra>measured</extra>"))
+    curve = predicted[predicted["variant"] == engine]
+    if len(curve):
+        curve = curve.assign(at=_param(curve, "value"), model=_param(curve, "model", "")).sort_values("at")
+        for model, part in curve.groupby("model", sort=False):
+            traced = traced_only and model == "trace"  # a prediction's traces: the allocator's steps, drawn as such
+            fig.add_trace(go.Scatter(
+                x=part["at"], y=part["value"] / MB, mode="lines+markers" if traced else "lines",
+                name=f"{engine} {'traced' if traced else model + ' model'}"
+                     + ("" if len(rows) or traced_only else " (not measured)"), legendgroup=engine,
+                line=dict(color=color, dash="solid" if traced else "dash", shape="hv" if traced else "linear"),
+                marker=dict(color=color, size=5),
+                hovertemplate=f"{engine}: %{{y:.1f}} MB at {scale}=%{{x}}<extra>predicted</extra>"))
+    best = largest[largest["variant"] == engine]["value"]
+    if len(curve) and len(best) and 0 < best.iloc[0] <= curve["at"].max():
+        fig.add_vline(x=float(best.iloc[0]), line=dict(color=color, dash="dot", width=1))
+    confirms = checked[checked["variant"] == engine]
+    if len(confirms):
+        fig.add_trace(go.Scatter(x=_param(confirms, "value"), y=confirms["value"] / MB, mode="markers",
+                                 name=f"{engine} confirming", legendgroup=engine,
+                                 marker=dict(color=color, size=11, symbol="diamond-open", line=dict(width=2)),
+                                 hovertemplate=f"{engine}: %{{y:.1f}} MB at {scale}=%{{x}}"
+                                               "<extra>measured to confirm</extra>"))
+
+
+def _limit_lines(fig: go.Figure, params: dict) -> None:
+    """The limit as a line, and what the answers stay under where a margin was kept."""
+    limit = params.get("limit")
+    if limit is None:
+        return
+    fig.add_hline(y=limit / MB, line=dict(color="#d62728", width=2),
+                  annotation_text=f"limit {limit / MB:,.0f} MB", annotation_position="top left")
+    if params.get("margin"):
+        usable = limit * (1 - params["margin"])
+        fig.add_hline(y=usable / MB, line=dict(color="#d62728", width=1, dash="dash"),
+                      annotation_text=f"less the {100 * params['margin']:g}% margin: {usable / MB:,.0f} MB",
+                      annotation_position="bottom left")
