@@ -89,6 +89,30 @@ def _phase_reached(study: Study, phase: str, deadline: Deadline, variants: dict,
     return False
 
 
+def _main_grid(study: Study, results, plan: TrainingPlan, device, labels: dict, progress) -> None:
+    """The main grid's results in `study`: its trials, steps and per-cell medians, and its records (with each
+    cell the budget left unrun said)."""
+    skipped = results.not_run
+    study.trials, study.steps = summary_frame(results), steps_frame(results)
+    study.summary = cell_medians(study.trials)
+    study.records += [row for result in results for row in result.records(device)]
+    study.records += trials_run_records(results, plan.trials, device)
+    study.records += not_run_records(skipped, device, labels)
+    for strategy, policy, heap in skipped:
+        progress(f"{strategy}|gc={policy}|heap={heap}: not run: the budget ran out before it started")
+
+
+def _floor(study: Study, ensemble: EnsembleConfig, calibration, device, labels: dict) -> None:
+    """The arithmetic floor of one training step, from this run's calibration where it measured the FLOP rate
+    (else a matmul measured here), at the training's thread count."""
+    threads = torch.get_num_threads()  # the training's: the floor is taken at the same count
+    flop_rate = calibration_flop_rate(calibration, device.name, threads=threads if device.kind == "cpu" else None)
+    study.flop_source = "calibration records of this run" if flop_rate else "matmul 1024x1024 measured here"
+    study.floor = flop_floor(ensemble, flop_rate or matmul_flops(device))
+    study.records += flop_floor_records(study.floor, device, labels | {"flop_source": study.flop_source,
+                                                                       "torch_threads": threads})
+
+
 def _measure_study(config: Any, data, *, device, calibration, save, progress) -> Study:
     ensemble = EnsembleConfig(n_nets=config.n_nets, hidden=config.hidden, batch=config.batch, seed=config.seed)
     plan = training_plan(config)
@@ -101,23 +125,11 @@ def _measure_study(config: Any, data, *, device, calibration, save, progress) ->
     notebook = Deadline.from_environment()
     results = run_grid(data, device=device, config=ensemble, grid=grid, plan=plan, progress=shown,
                        deadline=notebook.share(2))
-    skipped = results.not_run
-    study.trials, study.steps = summary_frame(results), steps_frame(results)
-    study.summary = cell_medians(study.trials)
-    study.records += [row for result in results for row in result.records(device)]
-    study.records += trials_run_records(results, plan.trials, device)
-    study.records += not_run_records(skipped, device, labels)
-    for strategy, policy, heap in skipped:
-        progress(f"{strategy}|gc={policy}|heap={heap}: not run: the budget ran out before it started")
+    _main_grid(study, results, plan, device, labels, progress)
     if save is not None:
         save(study.records)
 
-    threads = torch.get_num_threads()  # the training's: the floor is taken at the same count
-    flop_rate = calibration_flop_rate(calibration, device.name, threads=threads if device.kind == "cpu" else None)
-    study.flop_source = "calibration records of this run" if flop_rate else "matmul 1024x1024 measured here"
-    study.floor = flop_floor(ensemble, flop_rate or matmul_flops(device))
-    study.records += flop_floor_records(study.floor, device, labels | {"flop_source": study.flop_source,
-                                                                       "torch_threads": threads})
+    _floor(study, ensemble, calibration, device, labels)
 
     reached = lambda phase, variants: _phase_reached(study, phase, notebook, variants, device, labels, progress)  # noqa: E731
     if reached("gc.collect", {"collector": ["python-gc"]}):
