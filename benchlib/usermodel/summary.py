@@ -136,11 +136,7 @@ def _version_rows(records: pd.DataFrame, samples: dict, prefix: str, width: int)
     for engine, group in records.groupby("variant", sort=False):
         statuses = group[group["metric"].isin(["failed", "not_applicable", "not_run"])]
         if engine not in samples:
-            status = statuses["metric"].iloc[0] if len(statuses) else "failed"
-            reason = _whole_message(statuses)
-            message = reason.splitlines()[0] if reason else ""
-            rows.append({"engine": engine, "status": status, "trials": 0, "reason": reason,
-                         SUMMARY_COLUMN: f"{prefix}{engine:<{width}} {status.replace('_', ' ')}: {message}"})
+            rows.append(_unmeasured_row(engine, statuses, f"{prefix}{engine:<{width}}"))
             continue
         metrics = samples[engine]
         peak, low, high = median_with_interval(metrics["peak_bytes"])
@@ -160,11 +156,8 @@ def _version_rows(records: pd.DataFrame, samples: dict, prefix: str, width: int)
             ratio_text = f"best by {by}" if engine == best else \
                 f"{ratio:.2f}x{_bracket(ratio_low, ratio_high, '{:.2f}'.format)} the best" \
                 + (" by tracked peak" if peak_metric == TRACKED else "")
-        unmeasured = [words for metric, words in STEP_ROLES.items() if metric not in roles]
         module, share, module_text = _holder(totals, group["case"].iloc[0], engine)
-        role_text = ("" if not any_roles else "  roles not measured" if not role
-                     else f"  {STEP_ROLES[role]} {format_bytes(int(roles[role]))} ({', '.join(unmeasured)} not measured)"
-                     if unmeasured else f"  mostly {STEP_ROLES[role]} ({format_bytes(int(roles[role]))})") + module_text \
+        role_text = (_role_words(roles, role) if any_roles else "") + module_text \
             + ranks_words(ranks, group["case"].iloc[0], engine, _held(metrics))
         stop, stop_words = _stop_text(group)
         reason = _whole_message(statuses)
@@ -187,6 +180,26 @@ def _version_rows(records: pd.DataFrame, samples: dict, prefix: str, width: int)
                      "peak_ratio_to": best if comparable else "",
                      "reason": reason, SUMMARY_COLUMN: line})
     return sorted(rows, key=lambda row: _order(row["engine"]))
+
+
+def _unmeasured_row(engine: str, statuses: pd.DataFrame, label: str) -> dict:
+    """The row of an engine none of whose trials was measured: its status (failed, not applicable, not run) and
+    why, the line beginning with `label`."""
+    status = statuses["metric"].iloc[0] if len(statuses) else "failed"
+    reason = _whole_message(statuses)
+    message = reason.splitlines()[0] if reason else ""
+    return {"engine": engine, "status": status, "trials": 0, "reason": reason,
+            SUMMARY_COLUMN: f"{label} {status.replace('_', ' ')}: {message}"}
+
+
+def _role_words(roles: dict[str, float], role: str | None) -> str:
+    """The step role that holds the most, in words, and which roles were not measured."""
+    if not role:
+        return "  roles not measured"
+    unmeasured = [words for metric, words in STEP_ROLES.items() if metric not in roles]
+    if unmeasured:
+        return f"  {STEP_ROLES[role]} {format_bytes(int(roles[role]))} ({', '.join(unmeasured)} not measured)"
+    return f"  mostly {STEP_ROLES[role]} ({format_bytes(int(roles[role]))})"
 
 
 def _versus(samples: dict, version: str, baseline: str, width: int) -> list[dict]:
