@@ -88,6 +88,28 @@ def test_only_report_knows_the_figure_libraries():
     assert not drawing
 
 
+LONGEST = 60  # lines of a function below its docstring
+# Exempt by what they are: a command family's argument declarations (one parser call per option), and a seed's
+# hand-written gradient transcribed with its buffer lifetimes (split, its temporaries would die earlier than the
+# seed's, and the peak measured would not be the seed's).
+LONG_BY_NATURE = {"add_commands", "bench_rnn_seed_gradient"}
+
+
+def test_no_function_is_longer_than_sixty_lines_below_its_docstring():
+    long = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name in LONG_BY_NATURE:
+                continue
+            first = node.body[0]
+            docstring = (first.end_lineno - first.lineno + 1 if isinstance(first, ast.Expr)
+                         and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str) else 0)
+            lines = node.end_lineno - node.lineno + 1 - docstring
+            if lines > LONGEST:
+                long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}: {lines} lines")
+    assert not long, "\n".join(long)
+
+
 def test_which_benchmark_runs_first_is_declared_not_named():
     from benchlib import registry
 
