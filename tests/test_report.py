@@ -105,12 +105,12 @@ def test_a_quick_run_ends_with_a_report_that_renders_every_figure_in_chromium(tm
 
 
 def test_png_is_refused_before_anything_runs_where_export_cannot_work(tmp_path, monkeypatch, capsys):
-    import benchlib.runner.execute as execute
+    import benchlib.runner.preflight as preflight
 
     def unavailable():
         raise RuntimeError("PNG export needs kaleido")
 
-    monkeypatch.setattr(execute, "check_static_export", unavailable)
+    monkeypatch.setattr(preflight, "check_static_export", unavailable)
     code = main(["run", "probe", "--png", "--device", "cpu", "--notebooks-dir", str(NOTEBOOKS), "--out", str(tmp_path)])
     assert code == 2
     assert "--png: PNG export needs kaleido" in capsys.readouterr().err

@@ -26,9 +26,8 @@ from typing import Any, TextIO
 import pandas as pd
 
 from benchlib.records import Run, default_results_root, load_records
-from benchlib.measure.forkserver import isolation_mode
 from benchlib.trials.stopping import DEADLINE_ENV
-from benchlib.report.figure_files import FIGURE_PNG_ENV, check_static_export, save_figure
+from benchlib.report.figure_files import FIGURE_PNG_ENV, save_figure
 from benchlib.records.store import (
     now_iso,
     RecordsKept,
@@ -38,22 +37,19 @@ from benchlib.records.store import (
 )
 from benchlib.runner.outcomes import (NotebookResult, RunResult, case_outcomes, last_duration,
                                       model_file_provenance)
-from benchlib.runner.preflight import (ATTRIBUTE, check_attribution_available, check_kernel, check_out_dir,
-                                       check_values, resolve_run_device, values_for, with_attribute)
+from benchlib.runner.preflight import RunPlan, checked_plan, refuse_bad_options
 from benchlib.runner.interrupts import Terminated, terminate_as_interrupt
 from benchlib.runner.kernels import ProgressLines, become_subreaper, ipc_kernel_manager, reap_orphans
 from benchlib.runner.papermill_exec import FAILED, TIMED_OUT, WarmKernel, execute_notebook
 from benchlib.runner.sweep import (
     BENCHMARK_SLOT,
-    EXECUTORS,
     Execution,
     dask_client,
     execute_remote,
-    expand,
     unpack_point,
 )
 from benchlib.registry import verdict_rules
-from benchlib.runner.notebooks import DECLARED_NOTEBOOK, NotebookSpec, RunnerError, is_model_file, select_notebooks
+from benchlib.runner.notebooks import DECLARED_NOTEBOOK, NotebookSpec, is_model_file
 
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a watchdog's wait must be a finite number the clock can take
 # Kernels save each figure as plotly JSON *and* HTML (plotly.js once per notebook), so executed
@@ -130,9 +126,9 @@ def run(notebooks: Sequence[str] = (), *, options: RunOptions | None = None, **o
     options = RunOptions.of(options, overrides)
     stream = options.stream or sys.stdout
     root = Path(options.out) if options.out is not None else default_results_root()
-    _refuse_bad_options(options)
+    refuse_bad_options(options, MAX_TIMEOUT_S)
     with _warm_kernel(notebooks, options) as warm:  # started while the model files are checked
-        plan = _checked_plan(notebooks, options, root, stream)
+        plan = checked_plan(notebooks, options, root, stream)
         client, cluster = dask_client(options.scheduler) if options.executor == "dask" else (None, None)
         results_run = _created_run(root, plan, options)
         result = RunResult(results_run.run_id, results_run.path)
@@ -165,67 +161,7 @@ def run(notebooks: Sequence[str] = (), *, options: RunOptions | None = None, **o
         return result
 
 
-def _refuse_bad_options(options: RunOptions) -> None:
-    """RunnerError for options that cannot go together or are out of range, before anything is read."""
-    executor = options.executor
-    if executor not in EXECUTORS:
-        raise RunnerError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
-    if options.scheduler and executor != "dask":
-        raise RunnerError("--scheduler goes with --executor dask")
-    if options.timeout_s is not None and not (0 < options.timeout_s <= MAX_TIMEOUT_S):
-        raise RunnerError(f"--timeout must be a number of seconds > 0, got {options.timeout_s:g} (at most "
-                          f"{MAX_TIMEOUT_S:g}, a week; leave it out for no limit)")
-    if options.budget_s is not None:
-        if not (options.budget_s > 0 and math.isfinite(options.budget_s)):
-            raise RunnerError(f"--budget must be a number of minutes > 0, got {options.budget_s / 60:g}")
-        if executor != "local":
-            raise RunnerError("--budget shares the time among notebooks run one after another: it goes with "
-                              "--executor local (on a Dask cluster, bound each point with --timeout)")
-    try:
-        isolation_mode()  # BENCHLIB_ISOLATION, read by every isolated case: refused here, before any notebook
-    except ValueError as error:
-        raise RunnerError(str(error)) from None
-
-
-@dataclass(frozen=True)
-class _RunPlan:
-    """What a run will do, every part of it checked: each notebook with its values, the executions (a grid
-    point each), the device, the notebooks that attribute allocations, and the values as given typed."""
-
-    planned: list[tuple[NotebookSpec, dict[str, Any]]]
-    executions: list
-    device: Any
-    attributed: list[str]
-    typed_params: dict[str, Any]
-
-
-def _checked_plan(notebooks: Sequence[str], options: RunOptions, root: Path, stream) -> _RunPlan:
-    """The notebooks read (model files checked, once), their values, grid and device checked, the output folder,
-    kernel and PNG export too: every refusal before a run directory exists."""
-    params = options.params
-    notebooks_dir = Path(options.notebooks_dir) if options.notebooks_dir is not None else None
-    specs = select_notebooks(notebooks, notebooks_dir)
-    if options.attribute:
-        params = with_attribute(specs, params, stream)
-    planned = values_for(specs, params=dict(params or {}), quick=options.quick)
-    attributed = [spec.name for spec, values in planned if values.get(ATTRIBUTE)]
-    if attributed:
-        check_attribution_available(attributed)
-    executions = expand(planned, dict(options.grid or {}), dict(params or {}))
-    resolved = resolve_run_device(options.device)
-    check_values([(execution.spec, execution.values) for execution in executions], resolved)
-    check_out_dir(root)
-    check_kernel()
-    if options.png:
-        try:
-            check_static_export()
-        except RuntimeError as unavailable:
-            raise RunnerError(f"--png: {unavailable}") from None
-    typed = {name: next(values[name] for _, values in planned if name in values) for name in (params or {})}
-    return _RunPlan(planned, executions, resolved, attributed, typed)
-
-
-def _created_run(root: Path, plan: _RunPlan, options: RunOptions) -> Run:
+def _created_run(root: Path, plan: RunPlan, options: RunOptions) -> Run:
     """The run directory and its run.json: the environment, what was asked and how it was planned."""
     notebooks_dir, grid, executor = options.notebooks_dir, options.grid, options.executor
     return Run.create(

@@ -1,19 +1,25 @@
-"""Everything `benchlib run` checks before anything runs: the benchmarks' values by their declarations
-(`values_for`, `check_values`, memory included), the output root, the Jupyter kernel, the device, and the
-attribution pass's tracker. Each refusal is a `RunnerError` that says what is valid."""
+"""Everything `benchlib run` checks before anything runs, and the run plan made of it in one place
+(`checked_plan` -> `RunPlan`): the options (`refuse_bad_options`), the benchmarks' values by their declarations
+(`values_for`, `check_values`, memory included), the grid, the output root, the Jupyter kernel, the device, PNG
+export and the attribution pass's tracker. Each refusal is a `RunnerError` that says what is valid."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from benchlib.benchmark import INJECTED, ParameterError, unknown_parameters
+from benchlib.measure.forkserver import isolation_mode
 from benchlib.records.store import RUN_INFO
-from benchlib.runner.notebooks import NotebookSpec, RunnerError, check_value, coerce_text
+from benchlib.report.figure_files import check_static_export
+from benchlib.runner.notebooks import NotebookSpec, RunnerError, check_value, coerce_text, select_notebooks
 from benchlib.runner.papermill_exec import KERNEL_NAME
+from benchlib.runner.sweep import EXECUTORS, expand
 
 ATTRIBUTE = "attribute"  # the parameter of the benchmarks that offer an attribution pass (--attribute sets it)
 
@@ -126,3 +132,62 @@ def check_attribution_available(names: Sequence[str]) -> None:
                           "installed in this environment (Linux and macOS: pip install memray); run without --attribute")
 
 
+def refuse_bad_options(options, max_timeout_s: float) -> None:
+    """RunnerError for `benchlib run`'s options (a `RunOptions`) that cannot go together or are out of range,
+    before anything is read."""
+    executor = options.executor
+    if executor not in EXECUTORS:
+        raise RunnerError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    if options.scheduler and executor != "dask":
+        raise RunnerError("--scheduler goes with --executor dask")
+    if options.timeout_s is not None and not (0 < options.timeout_s <= max_timeout_s):
+        raise RunnerError(f"--timeout must be a number of seconds > 0, got {options.timeout_s:g} (at most "
+                          f"{max_timeout_s:g}, a week; leave it out for no limit)")
+    if options.budget_s is not None:
+        if not (options.budget_s > 0 and math.isfinite(options.budget_s)):
+            raise RunnerError(f"--budget must be a number of minutes > 0, got {options.budget_s / 60:g}")
+        if executor != "local":
+            raise RunnerError("--budget shares the time among notebooks run one after another: it goes with "
+                              "--executor local (on a Dask cluster, bound each point with --timeout)")
+    try:
+        isolation_mode()  # BENCHLIB_ISOLATION, read by every isolated case: refused here, before any notebook
+    except ValueError as error:
+        raise RunnerError(str(error)) from None
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run will do, every part of it checked: each notebook with its values, the executions (a grid
+    point each), the device, the notebooks that attribute allocations, and the values as given typed."""
+
+    planned: list[tuple[NotebookSpec, dict[str, Any]]]
+    executions: list
+    device: Any
+    attributed: list[str]
+    typed_params: dict[str, Any]
+
+
+def checked_plan(notebooks: Sequence[str], options, root: Path, stream) -> RunPlan:
+    """The notebooks read (model files checked, once), their values, grid and device checked, the output folder,
+    kernel and PNG export too: every refusal before a run directory exists."""
+    params = options.params
+    notebooks_dir = Path(options.notebooks_dir) if options.notebooks_dir is not None else None
+    specs = select_notebooks(notebooks, notebooks_dir)
+    if options.attribute:
+        params = with_attribute(specs, params, stream)
+    planned = values_for(specs, params=dict(params or {}), quick=options.quick)
+    attributed = [spec.name for spec, values in planned if values.get(ATTRIBUTE)]
+    if attributed:
+        check_attribution_available(attributed)
+    executions = expand(planned, dict(options.grid or {}), dict(params or {}))
+    resolved = resolve_run_device(options.device)
+    check_values([(execution.spec, execution.values) for execution in executions], resolved)
+    check_out_dir(root)
+    check_kernel()
+    if options.png:
+        try:
+            check_static_export()
+        except RuntimeError as unavailable:
+            raise RunnerError(f"--png: {unavailable}") from None
+    typed = {name: next(values[name] for _, values in planned if name in values) for name in (params or {})}
+    return RunPlan(planned, executions, resolved, attributed, typed)
