@@ -222,7 +222,8 @@ def test_fit_on_ranks_on_cuda_without_a_gpu_predicts_rank_0_from_one_process(tmp
 def test_a_global_batch_is_split_evenly_over_the_ranks_or_refused_saying_what_would():
     from argparse import Namespace
 
-    from benchlib.runner.notebooks import RunnerError, ranks_params
+    from benchlib.runner.arguments import ranks_params
+    from benchlib.runner.notebooks import RunnerError
 
     asked = Namespace(ranks=4, parallel="fsdp", global_batch="batch_size=64")
     assert ranks_params(asked, {"width": "8"}) == {"width": "8", "ranks": "4", "parallel": "fsdp", "batch_size": "16"}

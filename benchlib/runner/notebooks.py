@@ -120,7 +120,7 @@ def declared_notebook(benchmark: Benchmark) -> Path:
 
 def _spec(name: str, path: Path) -> NotebookSpec:
     known = declared().get(name)
-    return NotebookSpec(known, path.resolve()) if known is not None else inspect(name, path)
+    return NotebookSpec(known, path.resolve()) if known is not None else notebook_spec(name, path)
 
 
 def is_model_file(name: str) -> bool:
@@ -173,7 +173,7 @@ def select_notebooks(names: Sequence[str], notebooks_dir: Path | None = None) ->
         specs = {name: NotebookSpec(benchmark, declared_notebook(benchmark)) for name, benchmark in declared().items()}
         for name, path in (available_notebooks(folder) if folder.is_dir() else {}).items():
             if name not in specs:
-                specs[name] = inspect(name, path)
+                specs[name] = notebook_spec(name, path)
         if not specs:
             raise RunnerError(f"no benchmarks: nothing declared and no notebooks (*.ipynb) in {str(folder)!r}")
         return list(specs.values())
@@ -267,7 +267,7 @@ def _first_paragraph(path: Path) -> str:
     return ""
 
 
-def inspect(name: str, path: Path) -> NotebookSpec:
+def notebook_spec(name: str, path: Path) -> NotebookSpec:
     """An undeclared notebook as a benchmark: its parameters cell's literal defaults typed by their
     values, its `quick` cell's sizes; refused, saying why, when the runner cannot drive it."""
     from papermill.inspection import _infer_parameters  # inspect_notebook would want kernel metadata
@@ -308,53 +308,6 @@ def inspect(name: str, path: Path) -> NotebookSpec:
     except DeclarationError as error:
         raise RunnerError(f"{path.name}: {error}") from None
     return NotebookSpec(benchmark, path.resolve(), has_quick=quick_cell is not None)
-
-
-def parse_assignment(text: str) -> tuple[str, Any]:
-    """`NAME=VALUE` from the command line."""
-    name, equals, value = text.partition("=")
-    if not equals or not name.strip().isidentifier():
-        raise RunnerError(f"-p takes NAME=VALUE (e.g. -p repeats=3 or -p engines='[\"torch\"]'), got {text!r}")
-    return name.strip(), value
-
-
-def parse_assignments(texts: Sequence[str]) -> dict[str, str]:
-    """`-p NAME=VALUE` assignments as a dict; a name given twice is refused (which one would win is a guess)."""
-    params: dict[str, str] = {}
-    for text in texts:
-        name, value = parse_assignment(text)
-        if name in params:
-            raise RunnerError(f"-p {name} is given twice ({params[name]!r} and {value!r}); give each parameter once")
-        params[name] = value
-    return params
-
-
-def ranks_params(arguments, params: dict[str, str]) -> dict[str, str]:
-    """`params` (the -p assignments) with what --ranks, --parallel and --global-batch NAME=B stand for: the ranks,
-    their strategies, and NAME at B split evenly over the ranks (each rank's batch); RunnerError where B does not
-    split, there are no ranks to split it over, or -p gives NAME too."""
-    given = dict(params)
-    if arguments.ranks is not None:
-        given["ranks"] = str(arguments.ranks)
-    if arguments.parallel is not None:
-        given["parallel"] = arguments.parallel
-    if getattr(arguments, "global_batch", None) is None:
-        return given
-    name, value = parse_assignment(arguments.global_batch)
-    ranks = arguments.ranks or 1
-    if ranks < 2:
-        raise RunnerError(f"--global-batch {name}={value} is split over the ranks: give --ranks N (N >= 2) and --parallel")
-    if name in params:
-        raise RunnerError(f"-p {name} and --global-batch {name}= both set {name}; give one (-p sets each rank's)")
-    try:
-        total = int(value)
-    except ValueError:
-        raise RunnerError(f"--global-batch {name}={value!r}: the global batch must be a whole number") from None
-    if total < ranks or total % ranks:
-        raise RunnerError(f"--global-batch {name}={total} does not split evenly over {ranks} ranks; a multiple of "
-                          f"{ranks} does (e.g. {name}={max(ranks, total - total % ranks)})")
-    given[name] = str(total // ranks)
-    return given
 
 
 def check_value(spec: NotebookSpec, name: str, value: Any) -> Any:

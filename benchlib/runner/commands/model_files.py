@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchlib.engine_names import split_names
-from benchlib.runner.notebooks import RunnerError, parse_assignments, ranks_params
+from benchlib.runner.arguments import parse_assignments, ranks_params
+from benchlib.runner.notebooks import RunnerError
 
 EXIT_FITS, EXIT_NONE_FITS = 0, 1
 

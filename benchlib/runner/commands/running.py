@@ -9,7 +9,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchlib.runner.notebooks import RunnerError, parse_assignments, ranks_params, select_notebooks
+from benchlib.runner.arguments import parse_assignments, ranks_params
+from benchlib.runner.notebooks import RunnerError, select_notebooks
 
 
 def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:

@@ -1,0 +1,57 @@
+"""What the command line's values stand for: `-p NAME=VALUE` assignments, and the parameters `--ranks`,
+`--parallel` and `--global-batch NAME=B` set. Text only: each value is parsed and checked by the parameter
+that declares it (`runner.preflight`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from benchlib.runner.notebooks import RunnerError
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """`NAME=VALUE` from the command line."""
+    name, equals, value = text.partition("=")
+    if not equals or not name.strip().isidentifier():
+        raise RunnerError(f"-p takes NAME=VALUE (e.g. -p repeats=3 or -p engines='[\"torch\"]'), got {text!r}")
+    return name.strip(), value
+
+
+def parse_assignments(texts: Sequence[str]) -> dict[str, str]:
+    """`-p NAME=VALUE` assignments as a dict; a name given twice is refused (which one would win is a guess)."""
+    params: dict[str, str] = {}
+    for text in texts:
+        name, value = parse_assignment(text)
+        if name in params:
+            raise RunnerError(f"-p {name} is given twice ({params[name]!r} and {value!r}); give each parameter once")
+        params[name] = value
+    return params
+
+
+def ranks_params(arguments, params: dict[str, str]) -> dict[str, str]:
+    """`params` (the -p assignments) with what --ranks, --parallel and --global-batch NAME=B stand for: the ranks,
+    their strategies, and NAME at B split evenly over the ranks (each rank's batch); RunnerError where B does not
+    split, there are no ranks to split it over, or -p gives NAME too."""
+    given = dict(params)
+    if arguments.ranks is not None:
+        given["ranks"] = str(arguments.ranks)
+    if arguments.parallel is not None:
+        given["parallel"] = arguments.parallel
+    if getattr(arguments, "global_batch", None) is None:
+        return given
+    name, value = parse_assignment(arguments.global_batch)
+    ranks = arguments.ranks or 1
+    if ranks < 2:
+        raise RunnerError(f"--global-batch {name}={value} is split over the ranks: give --ranks N (N >= 2) and --parallel")
+    if name in params:
+        raise RunnerError(f"-p {name} and --global-batch {name}= both set {name}; give one (-p sets each rank's)")
+    try:
+        total = int(value)
+    except ValueError:
+        raise RunnerError(f"--global-batch {name}={value!r}: the global batch must be a whole number") from None
+    if total < ranks or total % ranks:
+        raise RunnerError(f"--global-batch {name}={total} does not split evenly over {ranks} ranks; a multiple of "
+                          f"{ranks} does (e.g. {name}={max(ranks, total - total % ranks)})")
+    given[name] = str(total // ranks)
+    return given
