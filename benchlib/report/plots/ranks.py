@@ -27,5 +27,6 @@ def held_per_rank(frame: pd.DataFrame, title: str) -> go.Figure:
         fig.add_trace(go.Bar(y=labels, x=frame[role], name=role, orientation="h", marker_color=color,
                              hovertemplate="%{y}<br>" + role + ": %{x:.4s}B<extra></extra>"))
     apply_layout(fig, title=title, x_title="bytes held at the step's peak", height=max(320, 60 + 34 * len(labels)))
-    fig.update_layout(barmode="stack", yaxis=dict(autorange="reversed"), xaxis=dict(tickformat=".3s", ticksuffix="B"))
+    fig.update_layout(barmode="stack", yaxis=dict(autorange="reversed"), xaxis=dict(tickformat=".3s", ticksuffix="B"),
+                      legend=dict(traceorder="normal"))  # left to right, as the bars stack
     return fig
