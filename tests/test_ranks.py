@@ -74,8 +74,10 @@ def _run(tmp_path, source: str, *args: str) -> tuple[int, pd.DataFrame]:
 
 def _value(records: pd.DataFrame, engine: str, metric: str, **params) -> list[float]:
     rows = records[(records["variant"] == engine) & (records["metric"] == metric)]
+    if rows.empty:
+        return []
     keep = rows["params"].map(lambda text: all(json.loads(text).get(k) == v for k, v in params.items()))
-    return list(rows[keep]["value"])
+    return list(rows[keep.astype(bool)]["value"])
 
 
 @pytest.mark.slow
