@@ -223,8 +223,8 @@ class Benchmark:
     (`benchlib.analysis.seed_verdicts.RatioRule` / `SlopeRule`); `figures` maps a figure's name to a
     builder of the run's records frame (drawn by the generic notebook; a notebook draws its own).
     `metrics` ((name, unit, kind, meaning), ...) and `dimensions` ({name: meaning}) are the metrics
-    and kinds of variant its records use that benchlib does not know yet: declaring the benchmark
-    registers them, so a new benchmark needs no edit to `benchlib.records`; `colors` ({series: colour})
+    and kinds of variant its records use that benchlib does not know yet: checked when declared and
+    registered by `register`, so a new benchmark needs no edit to `benchlib.records`; `colors` ({series: colour})
     are its own series' colours in every figure (`benchlib.report.palette`; engines have theirs).
     `summarize(records)`, if
     given, builds the headline table instead of the medians of the `headline` metrics; a `summary`
@@ -270,12 +270,25 @@ class Benchmark:
         other = [rule for rule in self.verdicts if getattr(rule, "benchmark", self.name) != self.name]
         if other:
             problems.append(f"verdict rules name another benchmark: {sorted({r.benchmark for r in other})}")
+        problems += self._metric_problems()
         if problems:
             raise DeclarationError(f"benchmark {self.name!r}: " + "; ".join(problems))
-        self._register()
 
-    def _register(self) -> None:
-        """Its new metrics, dimensions and colours into the shared registries (the same meaning twice is fine)."""
+    def _metric_problems(self) -> list[str]:
+        from benchlib.records.metrics import MetricError, checked_metric
+
+        try:
+            for metric in self.metrics:
+                checked_metric(*metric)
+        except (MetricError, TypeError) as error:
+            return [f"metrics: {error}"]
+        return []
+
+    def register(self) -> Benchmark:
+        """Its metrics, dimensions and colours into the shared registries, so the records it writes validate and
+        its series keep their colours: the one step that does, taken by discovery (`benchlib.registry`) for every
+        declared benchmark and by `config`, which every measurement starts from. Declaring a benchmark registers
+        nothing. The same meaning twice is fine; another meaning for a name is refused (DeclarationError)."""
         from benchlib.records.metrics import METRICS, MetricError
         from benchlib.records.schema import DIMENSIONS
         from benchlib.report.palette import PaletteError, register
@@ -293,6 +306,7 @@ class Benchmark:
             register(self.name, self.colors)
         except PaletteError as error:
             raise DeclarationError(f"benchmark {self.name!r}: colors: {error}") from None
+        return self
 
     def __repr__(self) -> str:
         return f"Benchmark({self.name!r})"
@@ -321,7 +335,10 @@ class Benchmark:
     def config(self, values: Mapping[str, Any] | None = None, *, device: Any = None) -> Config:
         """The checked Config: defaults overridden by `values`, each value by its parameter, then
         `rules`, then (when a `device` is given) `memory` against what that device has available.
-        Names the runner injects (device, results_dir) are ignored; unknown names are refused."""
+        Names the runner injects (device, results_dir) are ignored; unknown names are refused. Every
+        measurement starts from a Config, so making one registers the benchmark (`register`): the
+        records it writes then validate, in whichever process or kernel made it."""
+        self.register()
         values = {k: v for k, v in (values or {}).items() if k not in INJECTED}
         unknown = sorted(set(values) - set(self.names))
         if unknown:

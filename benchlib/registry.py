@@ -58,7 +58,7 @@ def _builtin_targets() -> list[str]:
 @lru_cache(maxsize=1)
 def benchmarks() -> dict[str, Benchmark]:
     """Every declared benchmark by name: the built-ins (yardsticks first, then by name), then the
-    entry points in name order."""
+    entry points in name order; each registered (`Benchmark.register`), once every name is known unique."""
     found: dict[str, tuple[Benchmark, str]] = {}
     builtin = sorted(((_load(target, "built-in"), "built-in", target) for target in _builtin_targets()),
                      key=lambda source: (not source[0].yardstick, source[0].name))
@@ -71,6 +71,11 @@ def benchmarks() -> dict[str, Benchmark]:
             raise RegistryError(f"{where} ({target}) declares benchmark {benchmark.name!r}, which "
                                 f"{found[benchmark.name][1]} already declares; names must be unique")
         found[benchmark.name] = (benchmark, f"{where} ({target})")
+    for benchmark, where in found.values():
+        try:
+            benchmark.register()
+        except DeclarationError as error:
+            raise RegistryError(f"{where}: {error}") from None
     return {name: benchmark for name, (benchmark, _) in found.items()}
 
 
@@ -86,7 +91,7 @@ def resolve(name_or_path: str | Sequence[str]) -> Benchmark:
     """A declared benchmark by name, else the benchmark the model file at that path declares (a list of
     paths: versions of one NAME, one benchmark). A file whose NAME a declared benchmark already has is
     refused (`RegistryError`), as a duplicate entry point is; a file the torch form refuses raises
-    `benchlib.usermodel.ModelFileError`."""
+    `benchlib.usermodel.ModelFileError`. Either way the benchmark comes registered (`Benchmark.register`)."""
     if isinstance(name_or_path, str) and (name_or_path in benchmarks() or not (
             name_or_path.endswith(".py") or Path(name_or_path).is_file())):
         return get(name_or_path)
@@ -94,7 +99,7 @@ def resolve(name_or_path: str | Sequence[str]) -> Benchmark:
 
     benchmark = load_model_files([name_or_path] if isinstance(name_or_path, str) else name_or_path)
     refuse_declared_name(benchmark, name_or_path)
-    return benchmark
+    return benchmark.register()
 
 
 def refuse_declared_name(benchmark: Benchmark, source: str | Sequence[str]) -> None:

@@ -127,6 +127,26 @@ def test_a_declaration_is_checked_when_it_is_made():
         Parameter("device", "cpu", "injected by the runner")
 
 
+def test_declaring_registers_nothing_and_one_explicit_step_registers_what_it_declares():
+    from benchlib.records import METRICS, make_record
+    from benchlib.records.schema import RecordError
+
+    declared = Benchmark(name="explicit_probe", question="q?", parameters=(Parameter("n", 2, "a size"),),
+                         measure=print, metrics=(("explicit_probe_count", "count", "count", "a probe's count"),))
+    with pytest.raises(RecordError, match="unknown metric .explicit_probe_count."):
+        make_record(benchmark="explicit_probe", case="c", engine="e", device="cpu", dtype="float32",
+                    metric="explicit_probe_count", value=1)
+    assert declared.config({"n": 3}).n == 3  # a Config is what every measurement starts from: it registers
+    assert METRICS["explicit_probe_count"].unit == "count"
+    assert declared.register() is declared  # again: the same meaning twice is fine
+    with pytest.raises(DeclarationError, match="metrics: unit of 'bad' must be one of"):  # checked when declared
+        Benchmark(name="b", question="q?", parameters=(), measure=print, metrics=(("bad", "furlongs", "count", "?"),))
+    clash = Benchmark(name="clash", question="q?", parameters=(), measure=print,
+                      metrics=(("explicit_probe_count", "B", "memory", "another meaning"),))
+    with pytest.raises(DeclarationError, match="already registered"):
+        clash.register()
+
+
 @pytest.mark.parametrize(("default", "text", "value"), [
     (3, "5", 5), (0.5, "1", 1.0), (True, "False", False), ("a", "123", "123"), ((1, 2), "[3, 4]", (3, 4)),
     (("x",), "y,z", ("y", "z")), (("x",), "['y']", ("y",)),

@@ -32,10 +32,12 @@ def test_engine_colours_are_fixed_for_known_engines_and_stable_for_others():
 def test_a_benchmark_declares_its_own_series_colours_and_cannot_recolour_another_s():
     declared = Benchmark(name="colour_probe", question="?", parameters=(), measure=lambda config, device: [],
                          colors={"probe-series": "#010203"})
+    assert engine_color("probe-series") != "#010203"  # declaring registers nothing
+    declared.register()
     assert engine_color("probe-series") == "#010203" and declared.colors["probe-series"] == "#010203"
     with pytest.raises(DeclarationError, match="'torch' is already drawn in"):
         Benchmark(name="colour_thief", question="?", parameters=(), measure=lambda config, device: [],
-                  colors={"torch": "#010204"})
+                  colors={"torch": "#010204"}).register()
     SERIES_COLORS.pop("colour_probe")
 
 

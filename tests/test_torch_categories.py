@@ -28,7 +28,7 @@ def test_torch_sees_the_parameters_and_the_batch_with_their_exact_bytes():
 
 
 def test_the_report_lines_up_roles_and_categories_per_engine():
-    for metric in CASE_METRICS:  # a model file's benchmark registers them when it is declared
+    for metric in CASE_METRICS:  # a model file's benchmark registers them (Benchmark.register)
         METRICS.register(*metric)
 
     def row(engine, metric, value):

@@ -3,7 +3,7 @@
 `make_record` checks each record's metric here, so a typo or a unit that disagrees fails in the
 workload that made it. This module holds the metrics every benchmark shares (a measurement's,
 the CUDA allocator's, allocation sites', case outcomes and gradient checks, memory by role); a
-benchmark declares its own (`Benchmark(metrics=...)`), which registers them when it is declared.
+benchmark declares its own (`Benchmark(metrics=...)`), registered by `Benchmark.register`.
 Store raw values: a median, a ratio or a share that can be computed from stored values is
 derived when read (`benchlib.analysis`, `benchlib.report`).
 """
@@ -65,6 +65,18 @@ class Metric:
     better: str | None = None  # "lower" or "higher" where not its unit's way (a largest fitting value: higher)
 
 
+def checked_metric(name: str, unit: str, kind: str, meaning: str, better: str | None = None) -> Metric:
+    """The `Metric` these facts declare, or a MetricError saying which fact is invalid: a declaration is checked when
+    made, before anything registers it."""
+    if better not in (None, "lower", "higher"):
+        raise MetricError(f"better of {name!r} must be 'lower', 'higher' or None (its unit's way), got {better!r}")
+    if unit not in UNITS:
+        raise MetricError(f"unit of {name!r} must be one of {UNITS}, got {unit!r}")
+    if kind not in KINDS:
+        raise MetricError(f"kind of {name!r} must be one of {', '.join(KINDS)}, got {kind!r}")
+    return Metric(name, unit, kind, meaning, better)
+
+
 class MetricRegistry:
     """Metric name -> `Metric`; registering a name twice with different facts is refused."""
 
@@ -72,13 +84,7 @@ class MetricRegistry:
         self._metrics: dict[str, Metric] = {}
 
     def register(self, name: str, unit: str, kind: str, meaning: str, better: str | None = None) -> Metric:
-        if better not in (None, "lower", "higher"):
-            raise MetricError(f"better of {name!r} must be 'lower', 'higher' or None (its unit's way), got {better!r}")
-        if unit not in UNITS:
-            raise MetricError(f"unit of {name!r} must be one of {UNITS}, got {unit!r}")
-        if kind not in KINDS:
-            raise MetricError(f"kind of {name!r} must be one of {', '.join(KINDS)}, got {kind!r}")
-        metric = Metric(name, unit, kind, meaning, better)
+        metric = checked_metric(name, unit, kind, meaning, better)
         known = self._metrics.get(name)
         if known is not None and known != metric:
             raise MetricError(f"metric {name!r} is already registered as {known}")
