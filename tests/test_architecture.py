@@ -110,6 +110,33 @@ def test_no_function_is_longer_than_sixty_lines_below_its_docstring():
     assert not long, "\n".join(long)
 
 
+def _calls(name: str, *, bare: bool = False) -> list[str]:
+    """Where the package calls `name` (a function, class or method; `bare`: with no arguments), as path:line."""
+    return [f"{path.relative_to(PACKAGE)}:{node.lineno}" for path in PACKAGE.rglob("*.py")
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Call) and name in (getattr(node.func, "id", None), getattr(node.func, "attr", None))
+            and not (bare and (node.args or node.keywords))]
+
+
+def test_the_stopping_rule_is_built_in_one_place_beside_the_trial_loop():
+    assert [call.split(":")[0] for call in _calls("TrialStopping")] == ["trials/loop.py"]
+
+
+def test_what_tests_replace_is_injected_not_looked_up_per_call():
+    """A child runner is a parameter (`isolate=`), so production code never re-reads a module attribute a test
+    may have swapped."""
+    looked_up = [f"{path.relative_to(PACKAGE)}" for path in PACKAGE.rglob("*.py")
+                 if re.search(r"benchlib\.measure\.run_(isolated|ranks)\(", path.read_text(encoding="utf-8"))]
+    assert looked_up == []
+
+
+def test_a_benchmark_is_registered_by_one_explicit_step():
+    """Declaring a Benchmark registers nothing; `register()` is called by discovery, a model file's resolution and
+    `config()`, which every measurement starts from."""
+    assert sorted(call.split(":")[0] for call in _calls("register", bare=True)) == [
+        "benchmark.py", "registry.py", "registry.py"]
+
+
 def test_which_benchmark_runs_first_is_declared_not_named():
     from benchlib import registry
 

@@ -6,7 +6,6 @@ import json
 import numpy as np
 import pytest
 
-import benchlib.measure
 from benchlib.report.tables.comparison import comparison_text
 from benchlib.trials.cases import Cases, compare_engines
 from benchlib.engines.gradients import save_gradient
@@ -30,31 +29,34 @@ class FakeClock:
         return self.now
 
 
-@pytest.fixture
-def fake_children(monkeypatch):
-    """compare_engines' children replaced by PEAKS, one value per call of each engine; every child
-    advances `clock` by 10 s. Returns (clock, calls)."""
-    clock, calls = FakeClock(), []
+class FakeChildren:
+    """compare_engines' children, injected as its `isolate`: PEAKS, one value per call of each engine; every
+    child advances `clock` by 10 s and is listed in `calls`."""
 
-    def run_isolated(target, params, *, name, device, options):
+    def __init__(self):
+        self.clock, self.calls = FakeClock(), []
+
+    def __call__(self, target, params, *, name, device, options):
         engine = params["engine"]
-        trial = sum(1 for called in calls if called == (params["case"], engine))
-        calls.append((params["case"], engine))
-        clock.now += 10.0
+        trial = sum(1 for called in self.calls if called == (params["case"], engine))
+        self.calls.append((params["case"], engine))
+        self.clock.now += 10.0
         save_gradient(np.ones(3), params["gradient_dir"], engine)
         measurement = Measurement(name=name, device="cpu", times_s=(0.01,), gc_count=0, gc_seconds=0.0,
                                   peak_bytes=int(PEAKS[engine][trial % len(PEAKS[engine])]), baseline_bytes=0)
         return IsolatedResult(name, measurement, {}, {"malloc_policy": "glibc-default", "malloc_env": {}})
 
-    monkeypatch.setattr(benchlib.measure, "run_isolated", run_isolated)
-    return clock, calls
+
+@pytest.fixture
+def fake_children():
+    return FakeChildren()
 
 
-def _compare(cases=("a",), deadline=None, **settings):
+def _compare(children, cases=("a",), deadline=None, **settings):
     engines = ["manual", "benchlib-inplace", "torch"]
     return compare_engines(Cases("b", "nowhere:case", {case: {"case": case} for case in cases}),
                            {"engines": engines, "dtype": "float64", **settings}, device="cpu", progress=None,
-                           deadline=deadline)
+                           deadline=deadline, isolate=children)
 
 
 def _stops(comparison):
@@ -64,7 +66,7 @@ def _stops(comparison):
 
 
 def test_each_engine_stops_at_its_own_reason_and_says_it(fake_children):
-    comparison = _compare(trials=6, precision=0.02)
+    comparison = _compare(fake_children, trials=6, precision=0.02)
     assert _stops(comparison) == {("a", "manual"): (3, DETERMINISTIC), ("a", "benchlib-inplace"): (3, PRECISION),
                                   ("a", "torch"): (6, MAX_TRIALS)}
     summary = comparison.summary_frame().set_index("engine")
@@ -73,16 +75,16 @@ def test_each_engine_stops_at_its_own_reason_and_says_it(fake_children):
 
 
 def test_precision_zero_runs_every_trial(fake_children):
-    _, calls = fake_children
-    comparison = _compare(trials=4, precision=0.0)
+    calls = fake_children.calls
+    comparison = _compare(fake_children, trials=4, precision=0.0)
     assert len(calls) == 12
     assert set(_stops(comparison).values()) == {(4, MAX_TRIALS)}
 
 
 def test_a_deadline_shares_the_time_among_cases_and_lists_what_it_could_not_afford(fake_children):
-    clock, calls = fake_children
+    clock, calls = fake_children.clock, fake_children.calls
     # 45 s for two cases of 10 s children: case a gets 22.5 s (two children), case b the 25 s left (two)
-    comparison = _compare(cases=("a", "b"), deadline=Deadline(clock.now + 45, clock), trials=6, precision=0.02)
+    comparison = _compare(fake_children, cases=("a", "b"), deadline=Deadline(clock.now + 45, clock), trials=6, precision=0.02)
     assert [case for case, _ in calls] == ["a", "a", "b", "b"] and calls[0] == ("a", "manual")
     stops = _stops(comparison)
     assert len(stops) == 4 and {stop for count, stop in stops.values()} == {BUDGET}
@@ -94,8 +96,8 @@ def test_a_deadline_shares_the_time_among_cases_and_lists_what_it_could_not_affo
 
 
 def test_the_first_child_runs_even_past_the_deadline_so_there_is_a_baseline(fake_children):
-    clock, calls = fake_children
-    comparison = _compare(deadline=Deadline(clock.now - 1, clock), trials=3, precision=0.02)
+    clock, calls = fake_children.clock, fake_children.calls
+    comparison = _compare(fake_children, deadline=Deadline(clock.now - 1, clock), trials=3, precision=0.02)
     assert calls == [("a", "manual")]
     assert [p["engine"] for p in comparison.problems] == ["benchlib-inplace", "torch"]
 
@@ -110,7 +112,7 @@ def test_trial_stopping_keeps_to_the_deadline_with_the_mean_duration():
 
 
 def test_an_inconclusive_verdict_says_why_and_how_its_trials_stopped(fake_children):
-    comparison = _compare(trials=6, precision=0.02)
+    comparison = _compare(fake_children, trials=6, precision=0.02)
     records = comparison.frame().assign(run_id="r")
     rule = RatioRule("b", "torch needs as much as manual", "peak_bytes", "torch", "manual", 0.025, 0.05)
     (verdict,) = seed_verdicts(records, (rule,)).itertuples()
@@ -137,8 +139,8 @@ def test_a_model_files_summary_says_which_engine_the_budget_left_unrun():
 def test_compare_says_how_each_sides_trials_stopped(fake_children):
     from benchlib.analysis.compare import compare_records
 
-    a = _compare(trials=6, precision=0.02).frame()
-    b = _compare(trials=4, precision=0.0).frame()
+    a = _compare(fake_children, trials=6, precision=0.02).frame()
+    b = _compare(fake_children, trials=4, precision=0.0).frame()
     rows = compare_records(a, b, metrics=["peak_bytes"]).set_index("variant")
     assert rows.loc["manual", "stopped"] == "A: 3 trials, deterministic; B: 4 trials, max_trials"
     assert rows.loc["torch", "stopped"] == "A: 6 trials, max_trials; B: 4 trials, max_trials"

@@ -309,11 +309,12 @@ MANUAL_FIRST = "manual".__eq__
 
 @pytest.mark.slow
 def test_trials_run_interleaved_in_fresh_processes_and_record_their_trial_and_place():
-    import benchlib.workloads.dot_chain  # noqa: F401  (its declaration registers the x_scale metric its check reports)
+    from benchlib.workloads import dot_chain
 
+    dot_chain.BENCHMARK.register()  # the x_scale metric its check reports
     comparison = compare_engines(
         Cases("dot_chain", "benchlib.workloads.dot_chain:case", {"c": {"D": 6, "depth": 3}}),
-        {"engines": ["benchlib-inplace", "manual"], "dtype": "float64", "trials": 2}, device="cpu", order_seed=3,
+        {"engines": ["benchlib-inplace", "manual"], "dtype": "float64", "trials": 2, "order_seed": 3}, device="cpu",
         progress=None)
     frame = comparison.frame()
     params = frame[frame["metric"] == "peak_bytes"]["params"].map(json.loads)
@@ -486,9 +487,9 @@ def test_records_carry_the_segmentation_of_torch_checkpoint_only(tmp_path, monke
     assert "checkpoint" not in params["manual"]
 
 
-def test_an_interrupted_comparison_saves_the_finished_trials_into_the_run_before_the_interrupt_goes_on(tmp_path, monkeypatch):
+def test_an_interrupted_comparison_saves_the_finished_trials_into_the_run_before_the_interrupt_goes_on(tmp_path):
     import benchlib.measure
-    import benchlib.workloads.dot_chain  # noqa: F401  (registers the metrics its check reports)
+    from benchlib.workloads import dot_chain
     from benchlib.records import Run, load_records
     from benchlib.trials import Interrupted
 
@@ -500,12 +501,12 @@ def test_an_interrupted_comparison_saves_the_finished_trials_into_the_run_before
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(benchlib.measure, "run_isolated", interrupted_on_the_fourth)
     run, said = Run.open(tmp_path / "run"), []
+    dot_chain.BENCHMARK.register()  # the metrics its check reports
     with pytest.raises(Interrupted):
         compare_engines(Cases("dot_chain", "benchlib.workloads.dot_chain:case", {"c": {"D": 6, "depth": 3}}),
                         {"engines": ["benchlib-inplace", "manual"], "dtype": "float64", "trials": 3}, device="cpu",
-                        progress=said.append, results=run)
+                        progress=said.append, results=run, isolate=interrupted_on_the_fourth)
     kept = load_records(run.path)
     assert (kept["metric"] == "time").sum() == 3  # the three trials that finished, none lost
     assert any("interrupted; the" in line and str(run.path) in line for line in said)

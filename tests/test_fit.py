@@ -328,8 +328,7 @@ def test_verify_bisects_where_the_totals_are_not_a_line():
     assert len(probed) <= 5
 
 
-def test_fit_measures_under_the_allocator_a_training_process_has_not_the_one_run_compares_peaks_under(
-        tmp_path, monkeypatch):
+def test_fit_measures_under_the_allocator_a_training_process_has_not_the_one_run_compares_peaks_under(tmp_path):
     # glibc keeps freed heap: a small ViT's step read 900 MB under run's fixed mmap threshold where a lean process
     # of its own reached 1077 MB, so answers overshot the limit
     import benchlib.measure
@@ -342,9 +341,8 @@ def test_fit_measures_under_the_allocator_a_training_process_has_not_the_one_run
         seen.append(options.malloc)
         raise benchlib.measure.CaseNotApplicable("tiny/torch", "stop here")
 
-    monkeypatch.setattr(benchlib.measure, "run_isolated", run_isolated)
     outcome = measured.measure_step(read_model_file(model_file(tmp_path)), "torch", {"width": 4, "n": 3},
-                               resolve_device("cpu"))
+                                    resolve_device("cpu"), isolate=run_isolated)
     assert outcome == "not applicable: stop here"
     assert seen == ["training-process"] and DEFAULT_MALLOC_POLICY != "training-process"
 

@@ -41,12 +41,14 @@ Progress = Callable[[str], None]
 
 
 def measure_step(model_file, engine: str, values: dict, device, steps: int = STEPS,
-                 by_module: list | None = None, cap_bytes: int | None = None) -> tuple[int, float] | str:
+                 by_module: list | None = None, cap_bytes: int | None = None,
+                 isolate: Callable | None = None) -> tuple[int, float] | str:
     """(total bytes, median seconds per step over `steps` after a warm-up) of one engine's step at `values`, in a
     fresh process run as a training process runs (`USERS_ALLOCATOR`), or why not; on several ranks
     (`model_file.world_size`), every rank a fresh process and the total its worst rank's. Given `by_module`, the step's
     memory by module to `DEEP` levels (its `module_bytes` rows) is added to it. Given `cap_bytes`, the process ends
-    itself once its resident memory passes it, and the total is what it held then (over the cap; NaN seconds)."""
+    itself once its resident memory passes it, and the total is what it held then (over the cap; NaN seconds).
+    `isolate` runs the one process as `run_isolated` (the default) does."""
     from benchlib.measure import (CaseCapped, CaseFailed, CaseNotApplicable, IsolationOptions, rank_devices,
                                   run_isolated, run_ranks)
     from benchlib.usermodel.measuring import RANKED_TARGET, TARGET, TORCH_FORM, preload
@@ -64,9 +66,10 @@ def measure_step(model_file, engine: str, values: dict, device, steps: int = STE
                                    name=f"{model_file.name}/{engine}", world_size=world_size,
                                    devices=rank_devices(device, world_size), options=options)
             else:
-                result = run_isolated(TARGET, {"path": str(model_file.path), "engine": engine, "values": values,
-                                               "gradient_dir": gradients, **depth},
-                                      name=f"{model_file.name}/{engine}", device=device.name, options=options)
+                result = (isolate or run_isolated)(
+                    TARGET, {"path": str(model_file.path), "engine": engine, "values": values, "gradient_dir": gradients,
+                             **depth},
+                    name=f"{model_file.name}/{engine}", device=device.name, options=options)
         except CaseNotApplicable as refused:
             return f"not applicable: {refused.reason}"
         except CaseCapped as capped:  # over the cap, so over the limit: what it held is a total past it

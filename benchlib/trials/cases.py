@@ -234,14 +234,15 @@ class Cases:
     engine_params: Callable[[str, Mapping], Mapping] | None = None
 
 
-def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_seed: int | None = 0,
-                    timeout_s: float = 600, progress: Callable[[str], None] | None = print,
-                    deadline: Deadline | None = None, results: Any = None) -> EngineComparison:
+def compare_engines(cases: Cases, settings: Mapping, *, device="auto", timeout_s: float = 600,
+                    progress: Callable[[str], None] | None = print, deadline: Deadline | None = None,
+                    results: Any = None, isolate: Callable | None = None) -> EngineComparison:
     """Run `cases.target` for every case and engine, each in a fresh process, up to `trials` times,
     through the one trial loop (`benchlib.trials.TrialLoop`).
 
     `settings` holds dtype, engines (unless `cases.engines` fixes them), repeats, trials, precision,
-    warmup and malloc: the values of `comparison_parameters`, i.e. a benchmark's Config, or a plain mapping.
+    warmup and malloc (the values of `comparison_parameters`, i.e. a benchmark's Config, or a plain mapping),
+    and order_seed (default 0). `isolate` runs one child as `benchlib.measure.run_isolated` (the default) does.
     An engine stops before `trials` once its peak settles (`TrialStopping`: identical peaks, or the
     95% interval within `precision`, 0 or absent: never), or when `deadline` (default: the one
     `benchlib run --budget` set, if any) leaves no time for its next trial; the cases share the time
@@ -266,11 +267,12 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
     trial is timed under the same instrument).
     `cases.describe` adds JSON-able facts to every record's params without passing them to the child.
     """
-    from benchlib.measure import resolve_device
+    from benchlib.measure import resolve_device, run_isolated
     from benchlib.measure.isolation import malloc_environment
 
     benchmark, dtype, malloc = cases.benchmark, settings["dtype"], settings.get("malloc")
     trials, precision = settings.get("trials", 1), settings.get("precision", 0.0)
+    order_seed = settings.get("order_seed", 0)
     deadline = deadline or Deadline.from_environment()
     engines, added = planned_engines(validate_common(
         dtype=dtype, engines=cases.engines or settings["engines"], repeats=settings.get("repeats", 1),
@@ -284,7 +286,7 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
     loop = TrialLoop(TrialSettings(trials=trials, precision=precision, order_seed=order_seed,
                                    reference=REFERENCE_ENGINE), progress)
     timelines = _Timelines()
-    measure = _measuring(cases, comparison, settings, device, timeout_s)
+    measure = _measuring(cases, comparison, settings, device, timeout_s, isolate or run_isolated)
     try:
         for index, (case, child_params) in enumerate(cases.params.items()):
             comparison.case_params[case] = dict(child_params)
@@ -303,19 +305,18 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", order_see
     return _gathered(comparison, loop, timelines)
 
 
-def _measuring(cases: Cases, comparison: EngineComparison, settings: Mapping, device, timeout_s: float):
-    """The trial loop's `measure(unit, trial, gradient_dir)`: one case of one engine in a fresh process."""
+def _measuring(cases: Cases, comparison: EngineComparison, settings: Mapping, device, timeout_s: float,
+               isolate: Callable):
+    """The trial loop's `measure(unit, trial, gradient_dir)`: one case of one engine in a fresh process (`isolate`)."""
     from benchlib.measure import IsolationOptions
 
     dtype, malloc = settings["dtype"], settings.get("malloc")
     options = {} if malloc is None else {"malloc": malloc}
 
     def measure(unit: Unit, trial: int, gradient_dir: str):
-        import benchlib.measure  # looked up per call: tests replace run_isolated
-
         child_params = comparison.case_params[unit.labels["case"]]
         required = cases.memory_required(unit.engine, child_params) if cases.memory_required else None
-        return benchlib.measure.run_isolated(
+        return isolate(
             cases.target, {**child_params, "engine": unit.engine, "dtype": dtype, "gradient_dir": gradient_dir},
             name=f"{cases.benchmark}/{unit.labels['case']}/{unit.engine}", device=device.name,
             options=IsolationOptions(warmup=settings.get("warmup", 0), repeats=settings.get("repeats", 1),

@@ -93,6 +93,13 @@ class Unit:
     judges_own_gradient: bool = False
 
 
+def stopping_rule(max_trials: int, deadline: Deadline | None = None, precision: float = 0.0) -> TrialStopping:
+    """The one place a stopping rule is built: at most `max_trials` per unit, within `deadline`, and (precision > 0)
+    once a unit's peak settles. The trial loop's rule, and the studies that run their trials in one process
+    (mnist_ensembles' grid, identical_closures' protocol) take theirs here with precision 0: count and deadline."""
+    return TrialStopping(precision=precision, max_trials=max_trials, deadline=deadline)
+
+
 @dataclass(frozen=True)
 class TrialSettings:
     """How trials run: at most `trials` per unit, stopping once the peak's interval is within `precision`
@@ -191,7 +198,7 @@ class TrialLoop:
         result)` sees every measured trial. A unit stops at its `TrialStopping` reason, its first failure,
         or the deadline (`first_always_runs`: except the very first child)."""
         settings = self.settings
-        stopping = TrialStopping(precision=settings.precision, max_trials=settings.trials, deadline=deadline)
+        stopping = stopping_rule(settings.trials, deadline, settings.precision)
         keys = {(unit.group, unit.engine): unit for unit in units}
         failed: set = set()
         with tempfile.TemporaryDirectory(prefix="benchlib-gradients-") as root:

@@ -69,7 +69,7 @@ class Deadline:
 class TrialStopping:
     """Which unit (an engine of a case, say) runs its next trial: each stops by `stop_reason` on its
     headline figure, or at the deadline once its next trial, at its mean duration so far, would end past it.
-    `stopped` holds every unit that stopped, with its reason; `summary(unit)` the facts a `trials_run` record keeps."""
+    `stopped` holds every unit that stopped, with its reason; `stop_facts(unit)` the facts a `trials_run` record keeps."""
 
     def __init__(self, *, precision: float, max_trials: int, deadline: Deadline | None = None):
         self.precision, self.max_trials = precision, max_trials

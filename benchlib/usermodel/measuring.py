@@ -252,8 +252,7 @@ class _ModelRun:
 
     def measure(self, unit: Unit, trial: int, gradient_dir: str):
         """One trial of `unit` in fresh processes: a rank each where it runs on ranks, else one child of the form."""
-        import benchlib.measure  # looked up per call: tests replace run_isolated
-        from benchlib.measure import IsolationOptions, rank_devices
+        from benchlib.measure import IsolationOptions, rank_devices, run_isolated, run_ranks
         from benchlib.measure.allocations import memray_available
         from benchlib.measure.cuda_snapshot import snapshot_path
 
@@ -265,12 +264,12 @@ class _ModelRun:
         case_name = f"{self.name}/{self.cases[unit.group]}/{unit.engine}"
         path = str(self.versions[unit.group].path)
         if unit.engine in self.on_ranks:
-            return benchlib.measure.run_ranks(
+            return run_ranks(
                 RANKED_TARGET, {"path": path, "engine": unit.engine, "values": self.values, "options": options,
                                 "module_depth": depth},
                 name=case_name, world_size=self.ranks, devices=rank_devices(device, self.ranks),
                 options=IsolationOptions(warmup=WARMUP, repeats=STEPS, track_allocations=track, timeline=False))
-        return benchlib.measure.run_isolated(
+        return run_isolated(
             form.target, {"path": path, "engine": unit.engine, "values": self.values, "gradient_dir": gradient_dir,
                           **({"options": options, "module_depth": depth} if form.composes else {}),
                           **({"categories": True} if traced and form.torch_categories else {})},

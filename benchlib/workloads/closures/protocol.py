@@ -9,7 +9,8 @@ from typing import Any, Callable, Iterator
 from benchlib.engines.gradients import GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, max_relative_error
 from benchlib.measure import attribute_allocations, count_allocations, resolve_device, time_call
 from benchlib.records import make_record, status_record
-from benchlib.trials.stopping import Deadline, TrialStopping
+from benchlib.trials.loop import stopping_rule
+from benchlib.trials.stopping import Deadline
 from benchlib.workloads.closures.spec import (
     NAME, MWE_DTYPES, ORDERS, INITIAL, RERUN, NEW, RESETUP, STEPS, PAIRS, N_SAMPLES, BATCH_SIZE, GRADS_IDENTICAL,
     NOT_APPLICABLE, TRACKER_CASE, Protocol,
@@ -247,7 +248,7 @@ def run(config, device="auto", *, progress: Callable[[str], None] | None = print
     device = resolve_device(device)
     records = tracker_records(device, protocol.alloc_samples)
     # under `benchlib run --budget`, a combination starts only if it fits at the mean duration so far
-    budget = TrialStopping(precision=0.0, max_trials=1, deadline=Deadline.from_environment())
+    budget = stopping_rule(1, Deadline.from_environment())
     for index, (mwe, engine, order) in enumerate(itertools.product(config.mwes, config.engines, config.orders)):
         if index > 0 and not budget.affords((mwe, engine, order)):
             message = "the budget ran out before it started (benchlib run --budget)"

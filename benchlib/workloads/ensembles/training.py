@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from benchlib.records import make_record
-from benchlib.trials.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline, TrialStopping
+from benchlib.trials.loop import stopping_rule
+from benchlib.trials.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline
 from benchlib.analysis.derived import step_summaries
 from benchlib.workloads.ensembles.config import DEFAULT_POLICY, STRATEGIES, GC_POLICIES, EnsembleConfig, initial_parameters
 from benchlib.workloads.ensembles.strategies import Strategy, STRATEGY_CLASSES, make_strategy
@@ -278,7 +279,7 @@ def run_grid(
     for heap_size in grid.heap_sizes:
         with long_lived_heap(data, heap_size):
             for policy_name in grid.gc_policies:
-                budget = TrialStopping(precision=0.0, max_trials=plan.trials, deadline=deadline.share(groups))
+                budget = stopping_rule(plan.trials, deadline.share(groups))
                 groups -= 1
                 crossed = grid.strategies_under(policy_name)
                 order = interleaved_order(list(crossed), plan.trials, seed=plan.order_seed)
