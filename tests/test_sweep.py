@@ -12,7 +12,8 @@ import pytest
 from benchlib.records import load_records, load_run_info
 from benchlib.runner import RunnerError
 from benchlib.runner.cli import main
-from benchlib.runner.sweep import execute_remote, parse_grid, unpack_point
+from benchlib.runner.arguments import parse_grid
+from benchlib.runner.sweep import execute_remote, unpack_point
 
 NOTEBOOKS = Path(__file__).parent / "notebooks"
 
@@ -115,7 +116,7 @@ def test_without_a_grid_a_dask_run_keeps_the_runners_run_json_and_merges_the_rec
 
 def test_grid_values_that_sanitize_alike_keep_distinct_readable_keys():
     from benchlib.runner.notebooks import select_notebooks
-    from benchlib.runner.sweep import expand
+    from benchlib.runner.preflight import expand
 
     (spec,) = select_notebooks(["probe"], NOTEBOOKS)
     keys = [e.key for e in expand([(spec, {})], {"label": ["a b", "a-b", "a/b", "c"]}, {})]

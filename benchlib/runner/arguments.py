@@ -1,9 +1,10 @@
-"""What the command line's values stand for: `-p NAME=VALUE` assignments, and the parameters `--ranks`,
-`--parallel` and `--global-batch NAME=B` set. Text only: each value is parsed and checked by the parameter
+"""What the command line's values stand for: `-p NAME=VALUE` assignments, `--grid NAME=V1,V2` axes, and the
+parameters `--ranks`, `--parallel` and `--global-batch NAME=B` set. Text only: each value is parsed and checked by the parameter
 that declares it (`runner.preflight`)."""
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,3 +56,24 @@ def ranks_params(arguments, params: dict[str, str]) -> dict[str, str]:
                           f"{ranks} does (e.g. {name}={max(ranks, total - total % ranks)})")
     given[name] = str(total // ranks)
     return given
+
+
+def parse_grid(assignments: Sequence[str]) -> dict[str, list[Any]]:
+    """`NAME=V1,V2,...` texts as {name: [values]}: the values as one Python list literal where they
+    parse as one (`D=100,200`, `engines=['a'],['b']`), else comma-separated text (`dtype=float32,float64`)."""
+    grid: dict[str, list[Any]] = {}
+    for text in assignments:
+        name, equals, values = text.partition("=")
+        name = name.strip()
+        if not equals or not name.isidentifier() or not values:
+            raise RunnerError(f"--grid takes NAME=V1,V2,... (e.g. --grid D=100,200 or --grid dtype=float32,float64), got {text!r}")
+        if name in grid:
+            raise RunnerError(f"--grid {name} is given twice; list all its values in one --grid")
+        try:
+            parsed = ast.literal_eval(f"[{values}]")
+        except (ValueError, SyntaxError):
+            parsed = None
+        grid[name] = parsed if isinstance(parsed, list) and parsed else values.split(",")
+        if len(set(map(repr, grid[name]))) != len(grid[name]):
+            raise RunnerError(f"--grid {name} repeats a value: {values}")
+    return grid

@@ -37,13 +37,12 @@ from benchlib.records.store import (
 )
 from benchlib.runner.outcomes import (NotebookResult, RunResult, case_outcomes, last_duration,
                                       model_file_provenance)
-from benchlib.runner.preflight import RunPlan, checked_plan, refuse_bad_options
+from benchlib.runner.preflight import Execution, RunPlan, checked_plan, refuse_bad_options
 from benchlib.runner.interrupts import Terminated, terminate_as_interrupt
 from benchlib.runner.kernels import ProgressLines, become_subreaper, ipc_kernel_manager, reap_orphans
 from benchlib.runner.papermill_exec import FAILED, TIMED_OUT, WarmKernel, execute_notebook
 from benchlib.runner.sweep import (
     BENCHMARK_SLOT,
-    Execution,
     dask_client,
     execute_remote,
     unpack_point,

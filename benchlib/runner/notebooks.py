@@ -50,6 +50,15 @@ class NotebookSpec:
     def describe_parameters(self) -> str:
         return self.benchmark.describe_parameters()
 
+    def typed(self, name: str, given: Any) -> Any:
+        """A value given for parameter `name` as the parameter holds it: text (the command line's) parsed by it, a
+        str parameter taking the text as typed; any other value checked by it. A RunnerError says what is valid."""
+        try:
+            parameter = self.benchmark.parameter(name)
+            return parameter.parse(given) if isinstance(given, str) else parameter.check(given)
+        except ParameterError as error:
+            raise RunnerError(f"{self.name}: {error}") from None
+
     def notebook_parameters(self, values: Mapping[str, Any], injected: Mapping[str, str]) -> dict[str, Any]:
         """What papermill injects: every declared value (so the notebook runs the declaration's values,
         not its cell's) and device/results_dir; a `measure` benchmark gets its name and values as one dict."""
@@ -308,19 +317,3 @@ def notebook_spec(name: str, path: Path) -> NotebookSpec:
     except DeclarationError as error:
         raise RunnerError(f"{path.name}: {error}") from None
     return NotebookSpec(benchmark, path.resolve(), has_quick=quick_cell is not None)
-
-
-def check_value(spec: NotebookSpec, name: str, value: Any) -> Any:
-    """`value` as parameter `name` of `spec` holds it, or a RunnerError saying what is valid."""
-    try:
-        return spec.benchmark.parameter(name).check(value)
-    except ParameterError as error:
-        raise RunnerError(f"{spec.name}: {error}") from None
-
-
-def coerce_text(spec: NotebookSpec, name: str, text: str) -> Any:
-    """A command-line value for `name`: parsed by its parameter (a str parameter takes the text as typed)."""
-    try:
-        return spec.benchmark.parameter(name).parse(text)
-    except ParameterError as error:
-        raise RunnerError(f"{spec.name}: {error}") from None

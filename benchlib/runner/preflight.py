@@ -1,26 +1,32 @@
 """Everything `benchlib run` checks before anything runs, and the run plan made of it in one place
 (`checked_plan` -> `RunPlan`): the options (`refuse_bad_options`), the benchmarks' values by their declarations
 (`values_for`, `check_values`, memory included), the grid, the output root, the Jupyter kernel, the device, PNG
-export and the attribution pass's tracker. Each refusal is a `RunnerError` that says what is valid."""
+export and the attribution pass's tracker; a grid expanded into its points (`expand` -> `Execution`). Each refusal is a `RunnerError` that says what is valid."""
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import json
 import math
 import os
+import re
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 from benchlib.benchmark import INJECTED, ParameterError, unknown_parameters
 from benchlib.measure.forkserver import isolation_mode
 from benchlib.records.store import RUN_INFO
 from benchlib.report.figure_files import check_static_export
-from benchlib.runner.notebooks import NotebookSpec, RunnerError, check_value, coerce_text, select_notebooks
+from benchlib.runner.notebooks import NotebookSpec, RunnerError, select_notebooks
 from benchlib.runner.papermill_exec import KERNEL_NAME
-from benchlib.runner.sweep import EXECUTORS, expand
+from benchlib.runner.sweep import EXECUTORS
 
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.=,-]+")  # what a point's key may hold
 ATTRIBUTE = "attribute"  # the parameter of the benchmarks that offer an attribution pass (--attribute sets it)
 
 
@@ -105,7 +111,7 @@ def values_for(
             values.update(spec.benchmark.quick)
         for name, value in params.items():
             if name in spec.parameters:
-                values[name] = coerce_text(spec, name, value) if isinstance(value, str) else check_value(spec, name, value)
+                values[name] = spec.typed(name, value)
         planned.append((spec, values))
     return planned
 
@@ -153,6 +159,56 @@ def refuse_bad_options(options, max_timeout_s: float) -> None:
         isolation_mode()  # BENCHLIB_ISOLATION, read by every isolated case: refused here, before any notebook
     except ValueError as error:
         raise RunnerError(str(error)) from None
+
+
+@dataclass(frozen=True)
+class Execution:
+    """One papermill execution: a notebook, its checked parameter values, and its grid point (empty without a grid)."""
+
+    spec: NotebookSpec
+    values: dict[str, Any]
+    point: dict[str, Any] = field(default_factory=dict)
+    tag: str = ""  # set by expand() when another point's key reads the same
+
+    @property
+    def key(self) -> str:
+        """The name in run.json and of its files: the notebook, then `@NAME=VALUE,...` for a grid point
+        (and `~tag` where values that differ read alike once made safe for a file name)."""
+        if not self.point:
+            return self.spec.name
+        label = ",".join(f"{name}={_text(value)}" for name, value in self.point.items())
+        return f"{self.spec.name}@{_UNSAFE.sub('-', label)}" + (f"~{self.tag}" if self.tag else "")
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+
+def expand(planned: Sequence[tuple[NotebookSpec, dict[str, Any]]], grid: Mapping[str, Sequence[Any]],
+           params: Mapping[str, Any]) -> list[Execution]:
+    """Every notebook at every grid point its parameters cover, each value checked like `-p` (typed by the default)."""
+    for name in grid:
+        if name in params:
+            raise RunnerError(f"{name} is both a -p value and a --grid axis; give it in one place")
+        if not any(name in spec.parameters for spec, _ in planned):
+            raise RunnerError(f"--grid {name}: no selected notebook has a parameter {name!r}")
+    executions = []
+    for spec, values in planned:
+        axes = [name for name in grid if name in spec.parameters]
+        for combination in itertools.product(*(grid[name] for name in axes)):
+            point = {}
+            for name, value in zip(axes, combination):
+                point[name] = spec.typed(name, value)
+            executions.append(Execution(spec, {**values, **point}, point))
+    return _distinct_keys(executions)
+
+
+def _distinct_keys(executions: list[Execution]) -> list[Execution]:
+    """Points whose keys collide (`a b` and `a/b` both read `a-b`) get a short hash of their exact
+    values, so no point's files or run.json entry overwrite another's."""
+    counts = Counter(execution.key for execution in executions)
+    return [replace(execution, tag=hashlib.sha1(json.dumps(execution.point, sort_keys=True, default=repr).encode())
+                    .hexdigest()[:6]) if counts[execution.key] > 1 else execution for execution in executions]
 
 
 @dataclass(frozen=True)

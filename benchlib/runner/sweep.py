@@ -1,4 +1,5 @@
-"""Parameter grids and where their points run.
+"""Where a grid's points run (the grid is read in `runner.arguments` and expanded into points in
+`runner.preflight`).
 
 `--grid NAME=V1,V2` (repeatable) makes the cartesian product of the grid with the `-p` values;
 each point is one papermill execution with its own results directory (`points/<point>/`) and
@@ -16,100 +17,22 @@ others finish.
 
 from __future__ import annotations
 
-import ast
-import hashlib
 import io
-import itertools
 import json
-import re
 import tempfile
 import time
 import zipfile
-from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from benchlib.runner.kernels import ipc_kernel_manager, reap_orphans
-from benchlib.runner.notebooks import NotebookSpec, RunnerError, check_value, coerce_text
+from benchlib.runner.notebooks import RunnerError
 from benchlib.runner.papermill_exec import execute_notebook
 
 BENCHMARK_SLOT = "benchmark"  # the Dask worker resource a timed point needs; one per machine (per GPU)
 POINT_SUMMARY = "point.json"  # inside a point's archive: status, error, duration
 EXECUTORS = ("local", "dask")
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.=,-]+")
-
-
-@dataclass(frozen=True)
-class Execution:
-    """One papermill execution: a notebook, its checked parameter values, and its grid point (empty without a grid)."""
-
-    spec: NotebookSpec
-    values: dict[str, Any]
-    point: dict[str, Any] = field(default_factory=dict)
-    tag: str = ""  # set by expand() when another point's key reads the same
-
-    @property
-    def key(self) -> str:
-        """The name in run.json and of its files: the notebook, then `@NAME=VALUE,...` for a grid point
-        (and `~tag` where values that differ read alike once made safe for a file name)."""
-        if not self.point:
-            return self.spec.name
-        label = ",".join(f"{name}={_text(value)}" for name, value in self.point.items())
-        return f"{self.spec.name}@{_UNSAFE.sub('-', label)}" + (f"~{self.tag}" if self.tag else "")
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-
-
-def parse_grid(assignments: Sequence[str]) -> dict[str, list[Any]]:
-    """`NAME=V1,V2,...` texts as {name: [values]}: the values as one Python list literal where they
-    parse as one (`D=100,200`, `engines=['a'],['b']`), else comma-separated text (`dtype=float32,float64`)."""
-    grid: dict[str, list[Any]] = {}
-    for text in assignments:
-        name, equals, values = text.partition("=")
-        name = name.strip()
-        if not equals or not name.isidentifier() or not values:
-            raise RunnerError(f"--grid takes NAME=V1,V2,... (e.g. --grid D=100,200 or --grid dtype=float32,float64), got {text!r}")
-        if name in grid:
-            raise RunnerError(f"--grid {name} is given twice; list all its values in one --grid")
-        try:
-            parsed = ast.literal_eval(f"[{values}]")
-        except (ValueError, SyntaxError):
-            parsed = None
-        grid[name] = parsed if isinstance(parsed, list) and parsed else values.split(",")
-        if len(set(map(repr, grid[name]))) != len(grid[name]):
-            raise RunnerError(f"--grid {name} repeats a value: {values}")
-    return grid
-
-
-def expand(planned: Sequence[tuple[NotebookSpec, dict[str, Any]]], grid: Mapping[str, Sequence[Any]],
-           params: Mapping[str, Any]) -> list[Execution]:
-    """Every notebook at every grid point its parameters cover, each value checked like `-p` (typed by the default)."""
-    for name in grid:
-        if name in params:
-            raise RunnerError(f"{name} is both a -p value and a --grid axis; give it in one place")
-        if not any(name in spec.parameters for spec, _ in planned):
-            raise RunnerError(f"--grid {name}: no selected notebook has a parameter {name!r}")
-    executions = []
-    for spec, values in planned:
-        axes = [name for name in grid if name in spec.parameters]
-        for combination in itertools.product(*(grid[name] for name in axes)):
-            point = {}
-            for name, value in zip(axes, combination):
-                point[name] = coerce_text(spec, name, value) if isinstance(value, str) else check_value(spec, name, value)
-            executions.append(Execution(spec, {**values, **point}, point))
-    return _distinct_keys(executions)
-
-
-def _distinct_keys(executions: list[Execution]) -> list[Execution]:
-    """Points whose keys collide (`a b` and `a/b` both read `a-b`) get a short hash of their exact
-    values, so no point's files or run.json entry overwrite another's."""
-    counts = Counter(execution.key for execution in executions)
-    return [replace(execution, tag=hashlib.sha1(json.dumps(execution.point, sort_keys=True, default=repr).encode())
-                    .hexdigest()[:6]) if counts[execution.key] > 1 else execution for execution in executions]
 
 
 # ---------------------------------------------------------------- one point, anywhere

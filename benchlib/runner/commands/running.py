@@ -115,7 +115,7 @@ def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:
 
 def _run(arguments: argparse.Namespace) -> int:
     from benchlib.runner.execute import run
-    from benchlib.runner.sweep import parse_grid
+    from benchlib.runner.arguments import parse_grid
 
     result = run(
         arguments.notebooks,
