@@ -88,9 +88,9 @@ def test_a_deadline_shares_the_time_among_cases_and_lists_what_it_could_not_affo
     assert [case for case, _ in calls] == ["a", "a", "b", "b"] and calls[0] == ("a", "manual")
     stops = _stops(comparison)
     assert len(stops) == 4 and {stop for count, stop in stops.values()} == {BUDGET}
-    not_run = [(p["case"], p["engine"]) for p in comparison.problems if p["status"] == "not run"]
+    not_run = [(p.case, p.engine) for p in comparison.problems if p.status == "not run"]
     assert len(not_run) == 2 and not set(not_run) & set(calls)  # every engine that never ran is listed
-    assert all("budget" in p["message"] for p in comparison.problems)
+    assert all("budget" in p.message for p in comparison.problems)
     assert comparison.ok  # what the budget left out is listed, not failed
     assert clock.now <= 1000 + 45
 
@@ -99,7 +99,7 @@ def test_the_first_child_runs_even_past_the_deadline_so_there_is_a_baseline(fake
     clock, calls = fake_children.clock, fake_children.calls
     comparison = _compare(fake_children, deadline=Deadline(clock.now - 1, clock), trials=3, precision=0.02)
     assert calls == [("a", "manual")]
-    assert [p["engine"] for p in comparison.problems] == ["benchlib-inplace", "torch"]
+    assert [p.engine for p in comparison.problems] == ["benchlib-inplace", "torch"]
 
 
 def test_trial_stopping_keeps_to_the_deadline_with_the_mean_duration():

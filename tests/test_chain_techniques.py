@@ -72,8 +72,8 @@ def _comparison(module, **values):
 
 def test_dot_chain_at_float64_records_autocast_as_not_applicable_with_its_reason():
     comparison = _comparison(dot_chain, D=8, depth=3, dtype="float64", engines=["manual", "torch-autocast"])
-    assert [(p["engine"], p["status"]) for p in comparison.problems] == [("torch-autocast", "not applicable")]
-    assert "dtype=float32" in comparison.problems[0]["message"]
+    assert [(p.engine, p.status) for p in comparison.problems] == [("torch-autocast", "not applicable")]
+    assert "dtype=float32" in comparison.problems[0].message
 
 
 def test_dot_chain_at_float32_judges_autocast_at_bfloat16_and_compile_at_float32():
@@ -108,9 +108,9 @@ def test_autocast_loses_whole_gradients_of_the_seeds_rnn_so_it_is_not_a_default_
     assert max_relative_error(got, want) <= 5e-2
     assert max_relative_error(got, want, floor=array_floor("bfloat16")) > LOST_ARRAY
     comparison = _comparison(rnn, batch=2, hidden=32, T=4, T_sweep=[4], engines=["manual", "torch-autocast"])
-    assert [(p["engine"], p["status"]) for p in comparison.problems] == [("torch-autocast", "failed")]
+    assert [(p.engine, p.status) for p in comparison.problems] == [("torch-autocast", "failed")]
     assert "agrees with manual's within the bfloat16 tolerance 0.05 as a whole, but one array of it differs by 1 of " \
-           "its own size, past 0.5: bfloat16 lost it" in comparison.problems[0]["message"]
+           "its own size, past 0.5: bfloat16 lost it" in comparison.problems[0].message
     assert "torch-autocast" not in rnn.BENCHMARK.parameter("engines").default
 
 

@@ -358,8 +358,8 @@ def test_a_failing_case_becomes_a_failed_record_and_the_others_survive():
     frame = comparison.frame()
     assert set(frame[frame["case"] == "good"]["metric"]) >= {"time", "peak_bytes", "x_scale"}
     (failed,) = comparison.problems
-    assert failed["case"] == "bad" and failed["status"] == "failed"
-    assert "unexpected keyword argument 'bogus'" in failed["message"]
+    assert failed.case == "bad" and failed.status == "failed"
+    assert "unexpected keyword argument 'bogus'" in failed.message
     assert list(frame[frame["case"] == "bad"]["metric"]) == ["failed"]
     assert not comparison.ok
 

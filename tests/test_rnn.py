@@ -82,8 +82,8 @@ def test_manual_seed_is_not_applicable_to_a_model_without_a_seed_gradient_and_un
     config = rnn.BENCHMARK.config({"model": "per-step-loss", "batch": 2, "hidden": 8, "T": 3, "T_sweep": [3],
                                    "engines": ["manual", "manual-seed"], "trials": 1, "repeats": 1})
     comparison = rnn.run(config, "cpu", progress=None)
-    assert [(p["engine"], p["status"]) for p in comparison.problems] == [("manual-seed", "not applicable")]
-    assert "has no seed-written gradient (only bench_rnn does)" in comparison.problems[0]["message"]
+    assert [(p.engine, p.status) for p in comparison.problems] == [("manual-seed", "not applicable")]
+    assert "has no seed-written gradient (only bench_rnn does)" in comparison.problems[0].message
     with pytest.raises(ValueError, match="model must be one of bench_rnn, per-step-loss"):
         rnn.BENCHMARK.config({"model": "lstm"})
 

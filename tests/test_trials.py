@@ -1,6 +1,7 @@
 """The one trial loop: its order, and the same records whatever runs through it."""
 
 from benchlib.trials import trial_order
+from benchlib.analysis.comparison import Problem
 
 MANUAL_FIRST = "manual".__eq__  # the reference opens the first round
 
@@ -71,7 +72,7 @@ def test_one_loop_checks_each_groups_gradients_against_its_own_reference_and_rec
     assert [r["value"] for r in by["g3", "wrong", "grad_max_rel_err"]] == [1.0] * 3  # recorded, not judged
     assert by["g3", "wrong", "trials_run"][0]["value"] == 3.0
     assert by["g1", "manual", "trials_run"][0]["value"] == 3.0
-    failed = {(p["case"], p["engine"]): p["message"] for p in loop.problems if p["status"] == "failed"}
+    failed = {(p.case, p.engine): p.message for p in loop.problems if p.status == "failed"}
     assert set(failed) == {("g1", "broken"), ("g1", "wrong"), ("g2", "manual"), ("g2", "broken"), ("g3", "broken")}
     assert "past the float64 tolerance 1e-10: not the same maths" in failed["g1", "wrong"]
     params = json.loads(by["g1", "wrong", "peak_bytes"][0]["params"])
@@ -91,8 +92,7 @@ def test_a_child_that_says_its_engine_cannot_run_the_code_is_not_applicable_not_
 
     loop = TrialLoop(TrialSettings(trials=2, precision=0.0, order_seed=None, reference="manual"), None)
     loop.run(_units(["g"], ["manual", "torch.func"]), measure)
-    assert loop.problems == [{"case": "g", "engine": "torch.func", "status": "not applicable",
-                              "message": "torch.func cannot transform this step: because"}]
+    assert loop.problems == [Problem("g", "torch.func", "not applicable", "torch.func cannot transform this step: because")]
     assert [r["metric"] for r in loop.records if r["variant"] == "torch.func"] == ["not_applicable"]
 
 
@@ -108,7 +108,7 @@ def test_the_loop_lists_what_the_deadline_left_unrun_and_always_runs_the_first_c
     loop = TrialLoop(TrialSettings(trials=2, precision=0.0, order_seed=None, reference="manual"), None)
     loop.run(_units(["g"], ["torch", "manual"]), measure, deadline=Deadline(at=0.0))
     assert calls == ["manual"]
-    assert [(p["engine"], p["status"]) for p in loop.problems] == [("torch", "not run")]
+    assert [(p.engine, p.status) for p in loop.problems] == [("torch", "not run")]
     assert [r["metric"] for r in loop.records if r["variant"] == "torch"] == ["not_run"]
 
 
@@ -126,7 +126,7 @@ def test_the_same_gradient_with_another_optimizer_step_is_not_applicable_and_its
              for unit in _units(["g"], ["manual", "fused", "same"])]
     loop = TrialLoop(TrialSettings(trials=2, precision=0.0, order_seed=None, reference="manual"), None)
     loop.run(units, measure)
-    problems = {p["engine"]: (p["status"], p["message"]) for p in loop.problems}
+    problems = {p.engine: (p.status, p.message) for p in loop.problems}
     assert list(problems) == ["fused"] and problems["fused"][0] == "not applicable"
     assert "the update its optimizer step makes differs by 2 from the file's optimizer step on the same gradient" \
         in problems["fused"][1]
@@ -135,8 +135,8 @@ def test_the_same_gradient_with_another_optimizer_step_is_not_applicable_and_its
     # an engine that does not regroup the optimizer and makes another step is wrong, not inapplicable
     loop = TrialLoop(TrialSettings(trials=2, precision=0.0, order_seed=None, reference="manual"), None)
     loop.run(_units(["g"], ["manual", "fused"]), measure)
-    assert [(p["engine"], p["status"]) for p in loop.problems] == [("fused", "failed")]
-    assert "not the same step" in loop.problems[0]["message"]
+    assert [(p.engine, p.status) for p in loop.problems] == [("fused", "failed")]
+    assert "not the same step" in loop.problems[0].message
 
 
 def test_an_engine_measured_then_failed_is_one_row_in_the_summary_and_it_reads_failed():
@@ -146,8 +146,8 @@ def test_an_engine_measured_then_failed_is_one_row_in_the_summary_and_it_reads_f
     labels = dict(benchmark="b", case="c", device="cpu", dtype="float64")
     records = [make_record(**labels, engine=engine, metric=metric, value=value, params={"trial": 0})
                for engine in ("manual", "torch") for metric, value in (("time", 1.0), ("peak_bytes", 100.0))]
-    comparison = EngineComparison("b", "cpu", "float64", records=records, problems=[
-        {"case": "c", "engine": "torch", "status": "failed", "message": "not the same maths"}])
+    comparison = EngineComparison("b", "cpu", "float64", records=records,
+                                  problems=[Problem("c", "torch", "failed", "not the same maths")])
     summary = comparison.summary_frame().set_index("engine")
     assert list(summary.index) == ["manual", "torch"]
     assert summary.loc["torch", "status"] == "failed" and summary.loc["torch", "reason"] == "not the same maths"

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -19,12 +20,23 @@ REFERENCE_ENGINE = MANUAL  # the lean hand-written gradient: every ratio's basel
 SEED_ENGINE = MANUAL_SEED  # the seed's own hand-written gradient, the second baseline where a workload has one
 
 
+@dataclass(frozen=True)
+class Problem:
+    """A case's engine that did not give a clean measurement: `status` "failed", "not run" or "not applicable", and
+    why (`message`). The trial loop leaves them; the summary and its tables list them."""
+
+    case: str
+    engine: str
+    status: str
+    message: str
+
+
 SUMMARY_COLUMNS = ["case", "engine", "status", "trials", "stop", "peak_bytes", "peak_ratio", "peak_ratio_low",
                    "peak_ratio_high", "time_s", "time_ratio", "time_ratio_low", "time_ratio_high", "peak_ratio_seed",
                    "peak_ratio_seed_low", "peak_ratio_seed_high", COMPILE_COLUMN, GRAD_ERROR_METRIC, "reason"]
 
 
-def summarize(frame: pd.DataFrame, problems: Iterable[Mapping] = (), engine_order: Sequence[str] = ()
+def summarize(frame: pd.DataFrame, problems: Iterable[Problem] = (), engine_order: Sequence[str] = ()
               ) -> pd.DataFrame:
     """Trials (and why they stopped), peak bytes, median time and gradient error per case and engine, with ratios to `manual`
     (the lean floor: `peak_ratio`, `time_ratio`) and, where it ran, to `manual-seed` (the seed's own
@@ -55,14 +67,14 @@ def summarize(frame: pd.DataFrame, problems: Iterable[Mapping] = (), engine_orde
                      "reason": "".join(f"gradient not checked: {json.loads(p)['message']}" for p in unchecked[:1])})
     measured = {(row["case"], row["engine"]): row for row in rows}
     for problem in problems:
-        row = measured.get((problem["case"], problem["engine"]))
+        row = measured.get((problem.case, problem.engine))
         if row is not None:  # measured, then failed (a wrong gradient, a later trial): one row, never `ok`
-            row.update(status=problem["status"], reason=problem["message"])
+            row.update(status=problem.status, reason=problem.message)
             continue
-        rows.append({"case": problem["case"], "engine": problem["engine"], "status": problem["status"], "trials": 0,
+        rows.append({"case": problem.case, "engine": problem.engine, "status": problem.status, "trials": 0,
                      "stop": "",
                      "peak_bytes": math.nan, "time_s": math.nan, COMPILE_COLUMN: math.nan, GRAD_ERROR_METRIC: math.nan,
-                     "reason": problem["message"]})
+                     "reason": problem.message})
     table = pd.DataFrame(rows, columns=columns)
     if table.empty:
         return table

@@ -25,7 +25,7 @@ from benchlib.engines.gradients import (GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, W
                                         gradient_tolerance)
 from benchlib.records.metrics import GRADIENT_ROLE, SAVED_ROLE
 from benchlib.trials.loop import GRAD_UNCHECKED_METRIC, TrialLoop, TrialSettings, Unit
-from benchlib.analysis.comparison import REFERENCE_ENGINE, summarize
+from benchlib.analysis.comparison import REFERENCE_ENGINE, Problem, summarize
 from benchlib.trials.stopping import Deadline
 
 # Time is measured in the same calls as the memory timeline (one fresh process per case), so the
@@ -137,14 +137,14 @@ class EngineComparison:
     timelines: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(
         columns=["case", "engine", "t_s", "bytes", "phase"]))
     role_timelines: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=ROLE_TIMELINE_COLUMNS))
-    problems: list[dict] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
     case_params: dict[str, dict] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # what planning changed (`planned_engines`), said with the table
 
     @property
     def ok(self) -> bool:
         """No case failed and every gradient is within tolerance (not-applicable cases are fine)."""
-        return not any(p["status"] == "failed" for p in self.problems) and self.gradient_mismatches().empty
+        return not any(p.status == "failed" for p in self.problems) and self.gradient_mismatches().empty
 
     def frame(self) -> pd.DataFrame:
         from benchlib.records import records_frame
@@ -377,9 +377,9 @@ def _gathered(comparison: EngineComparison, loop: TrialLoop, timelines: _Timelin
     if timelines.roles:
         comparison.role_timelines = pd.concat(timelines.roles, ignore_index=True).reindex(
             columns=ROLE_TIMELINE_COLUMNS)
-    failed = [problem for problem in comparison.problems if problem["status"] == "failed"]
+    failed = [problem for problem in comparison.problems if problem.status == "failed"]
     if failed and not any(record["metric"] == "time" for record in comparison.records):
         first = failed[0]
         raise AllCasesFailed(f"{comparison.benchmark}: all {len(failed)} case(s) failed; the first, "
-                             f"{first['engine']} ({first['case']}): {first['message']}")
+                             f"{first.engine} ({first.case}): {first.message}")
     return comparison

@@ -22,6 +22,7 @@ from benchlib.engines.gradients import (GRAD_ERROR_METRIC, LOST_ARRAY, SEED_DEPE
                                         UPDATE_ERROR_METRIC, WORST_ARRAY_METRIC, array_floor, error_limit,
                                         gradient_file, gradient_tolerance, saved_gradient_error)
 from benchlib.records.metrics import GRAD_UNCHECKED_METRIC, harness_metric
+from benchlib.analysis.comparison import Problem
 from benchlib.analysis.stats import interleaved_order
 from benchlib.trials.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline, TrialStopping
 
@@ -133,13 +134,12 @@ class _Group:
 
 
 class TrialLoop:
-    """Runs units' trials and keeps their records, and `problems` (failed, not run, not applicable) as the
-    tables that list them want them: {case, engine, status, message}."""
+    """Runs units' trials and keeps their records, and `problems` (`Problem`s: failed, not run, not applicable)."""
 
     def __init__(self, settings: TrialSettings, progress: Callable[[str], None] | None = print):
         self.settings, self.progress = settings, progress
         self.records: list[dict] = []
-        self.problems: list[dict] = []
+        self.problems: list[Problem] = []
 
     def _say(self, line: str) -> None:
         if self.progress is not None:
@@ -151,8 +151,7 @@ class TrialLoop:
 
         self.records.append(status_record(**unit.labels, status=status.replace(" ", "_"), message=message,
                                           params=dict(unit.params if params is None else params)))
-        self.problems.append({"case": unit.labels["case"], "engine": unit.engine, "status": status,
-                              "message": message})
+        self.problems.append(Problem(unit.labels["case"], unit.engine, status, message))
         self._say(f"{unit.name} {unit.engine}: {status}: {message.splitlines()[0]}")
 
     def _judge(self, unit: Unit, errors: Mapping[str, float], seed_dependent: bool) -> tuple[str | None, str]:

@@ -51,5 +51,5 @@ def comparison_text(comparison) -> str:
     for row in summary[(summary["status"] == "ok") & (summary["reason"] != "")].itertuples():
         text += f"\n{row.engine} ({row.case}): {row.reason}"
     for problem in comparison.problems:
-        text += f"\n\n{problem['engine']} ({problem['case']}) {problem['status']}: {problem['message']}"
+        text += f"\n\n{problem.engine} ({problem.case}) {problem.status}: {problem.message}"
     return text
