@@ -12,6 +12,7 @@ from benchlib.engines.gradients import max_relative_error
 from benchlib.engines.techniques import CombinationError, Step, combine, technique_registry
 from benchlib.engines.techniques.modules import checkpoint_blocks, module_spec, parse_module_spec
 from benchlib.fit import measured
+from benchlib.fit.measured import StepOutcome
 from benchlib.fit.advice import fewest_blocks, saved_by_block
 from benchlib.fit.at import fit_at
 from benchlib.records.metrics import MODULE_METRIC
@@ -116,7 +117,8 @@ def test_fit_at_advises_the_blocks_measures_them_and_adds_one_where_the_plan_is_
         if by_module is not None:
             by_module += _rows({f"1.{index}.a": per_block * (1 + index / 10) for index in range(6)})
         total = base + sum(per_block * (1 + index / 10) * (0.2 if f"1.{index}" in blocks else 1) for index in range(6))
-        return int(total + 15 * MB * bool(blocks)), 1e-3  # the recomputation costs more than the prediction says
+        # the recomputation costs more than the prediction says
+        return StepOutcome(int(total + 15 * MB * bool(blocks)), 1e-3)
 
     monkeypatch.setattr(measured, "measure_step", measure)
     monkeypatch.setattr("benchlib.measure.isolation.available_memory", lambda device: 10 ** 12)
@@ -141,7 +143,7 @@ def test_a_plan_predicted_over_is_still_measured_and_said_over_only_as_measured(
     def measure(_file, engine, values, _device, by_module=None):
         if by_module is not None:
             by_module += _rows({f"1.{index}": 10 * MB for index in range(6)})
-        return (310 * MB if engine == "torch" else 240 * MB), 1e-3  # recomputation far under the prediction
+        return StepOutcome(310 * MB if engine == "torch" else 240 * MB, 1e-3)  # recomputation far under the prediction
 
     monkeypatch.setattr(measured, "measure_step", measure)
     monkeypatch.setattr("benchlib.measure.isolation.available_memory", lambda device: 10 ** 12)

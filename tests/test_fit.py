@@ -14,6 +14,7 @@ from benchlib.runner.cli import main
 from benchlib.fit import measured
 from benchlib.fit.asking import FitError, MemoryLimit, scale_points
 from benchlib.fit.largest import fit
+from benchlib.fit.measured import StepOutcome
 from benchlib.fit.result import EngineFit
 from benchlib.fit.sizing import LINEAR, QUADRATIC, SEARCH_LIMIT, TRACE, SizeModel, choose_model, trace_model
 from benchlib.fit.tracing import traced_peak, tracked_peak
@@ -33,7 +34,8 @@ def fake_measure(totals):
     """`_measure` replaced: engine -> total(n) in bytes; time 1 ms per sample."""
     def measure(_model_file, engine, values, _device, **_options):
         total = totals.get(engine)
-        return "not applicable: on purpose" if total is None else (int(total(values["n"])), values["n"] * 1e-3)
+        return (StepOutcome(reason="not applicable: on purpose") if total is None
+                else StepOutcome(int(total(values["n"])), values["n"] * 1e-3))
     return measure
 
 
@@ -106,7 +108,7 @@ def test_where_this_machine_cannot_hold_the_limit_the_line_says_how_far_it_extra
 
 def test_the_answer_is_read_from_the_size_models_upper_bound_and_keeps_the_margin(tmp_path, monkeypatch):
     noisy = {8: 1.0, 16: 1.0, 32: 1.0, 64: 1.1}  # the largest point 10% above the line through the others
-    monkeypatch.setattr(measured, "measure_step", lambda _file, _engine, values, _device, **_options: (
+    monkeypatch.setattr(measured, "measure_step", lambda _file, _engine, values, _device, **_options: StepOutcome(
         int((100 * MB + values["n"] * MB) * noisy.get(values["n"], 1.0)), 1e-3))
     result = fit(model_file(tmp_path), memory="300 MB", scale="n", engines=["torch"], params={"n": 64},
                  verify=False, progress=lambda line: None)
@@ -129,7 +131,7 @@ def test_the_answer_is_confirmed_by_measurement_by_default_and_no_verify_skips_i
 
     def measure(_file, engine, values, _device, **_options):
         asked.append(values["n"])
-        return int(100 * MB + values["n"] * MB), values["n"] * 1e-3
+        return StepOutcome(int(100 * MB + values["n"] * MB), values["n"] * 1e-3)
 
     monkeypatch.setattr(measured, "measure_step", measure)
     path = str(model_file(tmp_path))
@@ -188,7 +190,7 @@ def test_a_real_fit_predicts_the_measured_total_at_twice_the_largest_point(tmp_p
     path.write_text(textwrap.dedent(GOOD).replace('"width": 16, "n": 8', '"width": 1024, "n": 16384'))
     result = fit(path, memory="100 GB", scale="n", engines=["torch"], params={"n": 16384}, progress=lambda line: None)
     (torch_fit,) = result.engines
-    total, _seconds = measured.measure_step(read_model_file(path), "torch", {"width": 1024, "n": 32768}, fitting_device())
+    total = measured.measure_step(read_model_file(path), "torch", {"width": 1024, "n": 32768}, fitting_device()).total
     assert math.isfinite(torch_fit.model.check_error)
     assert abs(torch_fit.model(32768) - total) / total < 0.10
 
@@ -293,7 +295,7 @@ def test_verify_finds_the_true_largest_value_by_measurement_from_either_side_of_
 
     def measure(value):
         probed.append(value)
-        return (1000 * value, 0.0) if value not in failing else "failed: on purpose"
+        return StepOutcome(1000 * value, 0.0) if value not in failing else StepOutcome(reason="failed: on purpose")
 
     def search(predicted, limit=10_500, affordable=1e12):
         best = linear_fit(checked={predicted: 1000 * predicted})
@@ -320,7 +322,7 @@ def test_verify_bisects_where_the_totals_are_not_a_line():
 
     def measure(value):  # a step at 12: the allocator takes a new segment
         probed.append(value)
-        return (1000 * value + (5000 if value >= 12 else 0), 0.0)
+        return StepOutcome(1000 * value + (5000 if value >= 12 else 0), 0.0)
 
     best = linear_fit(checked={8: 8000})
     largest = measured.largest_measured(measure, best, "n", 14_000, 1e12, lambda line: None)
@@ -343,7 +345,7 @@ def test_fit_measures_under_the_allocator_a_training_process_has_not_the_one_run
 
     outcome = measured.measure_step(read_model_file(model_file(tmp_path)), "torch", {"width": 4, "n": 3},
                                     resolve_device("cpu"), isolate=run_isolated)
-    assert outcome == "not applicable: stop here"
+    assert outcome == StepOutcome(reason="not applicable: stop here")
     assert seen == ["training-process"] and DEFAULT_MALLOC_POLICY != "training-process"
 
 
@@ -353,7 +355,7 @@ def test_at_the_batch_you_have_the_engines_that_fit_are_ranked_fastest_first(tmp
     per_step = {"torch": 2e-3, "torch-checkpoint": 3e-3, joined: 1e-3}
     totals = {"torch": lambda n: 100 * MB + n * MB, "torch-checkpoint": lambda n: 100 * MB + n * MB / 4,
               joined: lambda n: 100 * MB + n * MB / 8}
-    monkeypatch.setattr(measured, "measure_step", lambda _file, engine, values, _device, **_options: (
+    monkeypatch.setattr(measured, "measure_step", lambda _file, engine, values, _device, **_options: StepOutcome(
         int(totals[engine](values["n"])), per_step[engine]))
     path = str(model_file(tmp_path))
     engines = "torch,torch-checkpoint,torch-autocast+torch-checkpoint"
@@ -398,7 +400,7 @@ def test_at_refuses_what_it_cannot_answer_before_anything_is_measured(tmp_path, 
 def test_two_answers_the_largest_value_and_the_fastest_engine_at_the_largest_value_all_reach(tmp_path, monkeypatch):
     def measure(_file, engine, values, _device, **_options):  # checkpointing: a quarter of the memory per sample, 3x the time
         per_sample = {"torch": (MB, 1e-3), "torch-checkpoint": (MB / 4, 3e-3)}[engine]
-        return int(100 * MB + values["n"] * per_sample[0]), values["n"] * per_sample[1]
+        return StepOutcome(int(100 * MB + values["n"] * per_sample[0]), values["n"] * per_sample[1])
 
     monkeypatch.setattr(measured, "measure_step", measure)
     result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch", "torch-checkpoint"],
@@ -422,7 +424,7 @@ def test_confirmation_measures_the_fastest_engine_at_the_common_value_too(tmp_pa
     def measure(_file, engine, values, _device, **_options):
         asked.append((engine, values["n"]))
         per_sample = {"torch": (MB, 1e-3), "torch-checkpoint": (MB / 4, 3e-3)}[engine]
-        return int(100 * MB + values["n"] * per_sample[0]), values["n"] * per_sample[1]
+        return StepOutcome(int(100 * MB + values["n"] * per_sample[0]), values["n"] * per_sample[1])
 
     monkeypatch.setattr(measured, "measure_step", measure)
     result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch", "torch-checkpoint"],
@@ -446,7 +448,7 @@ def test_added_combinations_are_predicted_from_their_traces_and_measured_only_pa
         return {value: int(value * MB * per_byte[engine]) for value in at}, None
 
     def measure(_file, engine, values, _device, **_options):
-        return int(100 * MB + values["n"] * MB * per_byte[engine]), values["n"] * 1e-3
+        return StepOutcome(int(100 * MB + values["n"] * MB * per_byte[engine]), values["n"] * 1e-3)
 
     monkeypatch.setattr(in_child, "traced_peaks", traces)
     monkeypatch.setattr(measured, "measure_step", measure)
@@ -471,8 +473,8 @@ def test_an_engine_that_splits_the_batch_is_asked_only_multiples_of_its_split(tm
     def measure(_file, engine, values, _device, **_options):  # micro-batches refuse a batch that does not split in four
         asked.append(values["n"])
         if values["n"] % 4:
-            return "not applicable: the batch does not split into 4 equal micro-batches"
-        return int(100 * MB + values["n"] * MB / 4), values["n"] * 1e-3
+            return StepOutcome(reason="not applicable: the batch does not split into 4 equal micro-batches")
+        return StepOutcome(int(100 * MB + values["n"] * MB / 4), values["n"] * 1e-3)
 
     monkeypatch.setattr(measured, "measure_step", measure)
     result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch-microbatch"], params={"n": 64},
@@ -486,7 +488,7 @@ def test_every_engine_is_confirmed_at_its_own_answer_and_searched_where_it_is_ov
     def measure(_file, engine, values, _device, **_options):  # checkpointing's total grows faster past its points than they show
         n = values["n"]
         total = 100 * MB + n * MB if engine == "torch" else 100 * MB + n * MB / 4 + max(0, n - 252) ** 2 * MB / 400
-        return int(total), 1e-3 * n
+        return StepOutcome(int(total), 1e-3 * n)
 
     monkeypatch.setattr(measured, "measure_step", measure)
     result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch", "torch-checkpoint"],
@@ -505,7 +507,7 @@ def test_an_answer_is_measured_three_times_and_one_process_over_the_limit_takes_
     def measure(_file, engine, values, _device, **_options):  # every second process at a value reads 3% more (another arena)
         n = values["n"]
         seen[n] = seen.get(n, 0) + 1
-        return int((100 * MB + n * MB) * (1.03 if seen[n] == 2 else 1.0)), 1e-3 * n
+        return StepOutcome(int((100 * MB + n * MB) * (1.03 if seen[n] == 2 else 1.0)), 1e-3 * n)
 
     monkeypatch.setattr(measured, "measure_step", measure)
     result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch"], params={"n": 64},
@@ -521,7 +523,7 @@ def test_an_answer_far_under_the_limit_is_searched_up_so_it_is_not_timid(tmp_pat
     def measure(_file, engine, values, _device, **_options):
         n = values["n"]
         total = (100 * MB + n * MB) * (noisy.get(n, 1.0) if engine == "torch-checkpoint" else 1.0)
-        return int(total if engine == "torch-checkpoint" else 100 * MB + n * MB / 8), 1e-3 * n
+        return StepOutcome(int(total if engine == "torch-checkpoint" else 100 * MB + n * MB / 8), 1e-3 * n)
 
     monkeypatch.setattr(measured, "measure_step", measure)
     result = fit(model_file(tmp_path), memory="300 MB", scale="n", engines=["torch", "torch-checkpoint"],

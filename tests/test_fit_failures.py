@@ -5,6 +5,7 @@ why, and the records keep the failure as `failed`, never `not_applicable`."""
 import json
 
 from benchlib.fit import fit, measured
+from benchlib.fit.measured import StepOutcome
 from test_fit import MB, model_file
 
 KILLED = "failed: the child process was killed by SIGKILL (often the kernel's out-of-memory killer) before writing a result"
@@ -16,8 +17,8 @@ def _measure(fails_from: int, why: str = "failed: the child raised ValueError: b
     def measure(_file, engine, values, _device, **_options):
         asked.append(values["n"])
         if values["n"] >= fails_from:
-            return why
-        return int(100 * MB + values["n"] * MB / 4), values["n"] * 1e-3
+            return StepOutcome(reason=why)
+        return StepOutcome(int(100 * MB + values["n"] * MB / 4), values["n"] * 1e-3)
     return measure, asked
 
 
@@ -53,8 +54,8 @@ def test_verify_never_answers_a_value_whose_check_was_killed(tmp_path, monkeypat
     def measure(_file, engine, values, _device, **_options):  # the grid holds; every confirming process is killed
         if values["n"] > 64:
             checked.append(values["n"])
-            return KILLED
-        return int(100 * MB + values["n"] * MB / 4), values["n"] * 1e-3
+            return StepOutcome(reason=KILLED)
+        return StepOutcome(int(100 * MB + values["n"] * MB / 4), values["n"] * 1e-3)
 
     monkeypatch.setattr(measured, "measure_step", measure)
     monkeypatch.setattr(isolation, "available_memory", lambda device: 10 ** 12)
@@ -73,7 +74,7 @@ def test_totals_that_do_not_grow_are_measured_farther_out_and_never_answer_any_v
 
     def flat(_file, engine, values, _device, **_options):  # noise around 100 MB, falling a little with the value
         asked.append(values["n"])
-        return int(100 * MB - values["n"] * 10 + (values["n"] % 3) * 200_000), 1e-3
+        return StepOutcome(int(100 * MB - values["n"] * 10 + (values["n"] % 3) * 200_000), 1e-3)
 
     monkeypatch.setattr(measured, "measure_step", flat)
     result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch"], params={"n": 64},
@@ -89,7 +90,7 @@ def test_totals_that_do_not_grow_are_measured_farther_out_and_never_answer_any_v
 
 def test_totals_that_grow_farther_out_are_fitted_from_there(tmp_path, monkeypatch):
     def late(_file, engine, values, _device, **_options):  # flat to 64; 1 kB a sample shows from 512 on
-        return int(100 * MB + values["n"] * 1000), 1e-3
+        return StepOutcome(int(100 * MB + values["n"] * 1000), 1e-3)
 
     monkeypatch.setattr(measured, "measure_step", late)
     result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch"], params={"n": 64},
@@ -108,8 +109,8 @@ def test_every_confirming_process_is_capped_just_past_the_limit(tmp_path, monkey
         caps[values["n"]] = cap_bytes
         total = int(100 * MB + values["n"] * MB / 4)
         if cap_bytes is not None and total > cap_bytes:  # the process ends itself past its cap
-            return cap_bytes + 1, float("nan")
-        return total, values["n"] * 1e-3
+            return StepOutcome(cap_bytes + 1, float("nan"))
+        return StepOutcome(total, values["n"] * 1e-3)
 
     monkeypatch.setattr(measured, "measure_step", measure)
     monkeypatch.setattr(isolation, "available_memory", lambda device: 10 ** 12)

@@ -103,10 +103,10 @@ def advise(model_file, values: dict, device, eager: EagerStep, usable: float, bl
         ordered = [block for block in blocks if block in chosen]  # the model's order, so ranges read as ranges
         advice.blocks, advice.engine = tuple(ordered), f"{TORCH_CHECKPOINT}[{module_spec(ordered)}]"
         outcome = measured.measure_step(model_file, advice.engine, values, device)
-        if isinstance(outcome, str):
-            advice.reason = f"{advice.engine} {outcome}"
+        if not outcome.measured:
+            advice.reason = f"{advice.engine} {outcome.reason}"
             return advice
-        advice.total, advice.seconds = outcome
+        advice.total, advice.seconds = outcome.total, outcome.seconds
         advice.fits = advice.total <= usable
         progress(f"{model_file.name} {advice.engine}: {format_bytes(int(advice.total))}, "
                  + ("fits" if advice.fits else "still over"))

@@ -126,15 +126,14 @@ def _measure_each(model_file, values: dict, device, engines: Mapping[str, str | 
             continue
         by_module = {"by_module": []} if engine == REFERENCE else {}  # where eager is over: its blocks' bytes
         outcome = measured.measure_step(model_file, engine, values, device, **by_module)  # the one measurement
-        if isinstance(outcome, str):
-            result.engines.append(AtEngine(engine, reason=outcome))
+        if not outcome.measured:
+            result.engines.append(AtEngine(engine, reason=outcome.reason))
         else:
-            result.engines.append(AtEngine(engine, total=outcome[0], seconds=outcome[1]))
-            if by_module and outcome[0] > result.usable:
-                eager = EagerStep(outcome[0], by_module["by_module"])
+            result.engines.append(AtEngine(engine, total=outcome.total, seconds=outcome.seconds))
+            if by_module and outcome.total > result.usable:
+                eager = EagerStep(outcome.total, by_module["by_module"])
         progress(f"{model_file.name} {engine} {scale}={value}: "
-                 + (outcome if isinstance(outcome, str) else f"{format_bytes(outcome[0])}, "
-                    f"{format_seconds(outcome[1])}/step"))
+                 + (outcome.reason or f"{format_bytes(outcome.total)}, {format_seconds(outcome.seconds)}/step"))
     if eager is not None:  # eager does not fit: which of its blocks to checkpoint, measured as an engine
         result.advice = _advice(model_file, values, device, eager, result, progress)
 

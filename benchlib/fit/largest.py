@@ -24,7 +24,7 @@ from typing import Any
 
 from benchlib.fit.asking import FitError, FitInterrupted, Question, ask, scale_points
 from benchlib.fit import in_child, measured
-from benchlib.fit.measured import (CAP_SLACK, FAILED, REACH, approach, check_at, confirm, fit_model, hold, step_down,
+from benchlib.fit.measured import (CAP_SLACK, REACH, approach, check_at, confirm, fit_model, hold, step_down,
                                    until_it_grows)
 from benchlib.fit.pace import Pace
 from benchlib.fit.result import EngineFit, FitResult
@@ -130,15 +130,15 @@ def _measure_all(fits: list[EngineFit], question: Question, scale: str, device, 
                 pace.drop(value)
                 continue
             outcome = measured.measure_step(model_file, engine_fit.engine, {**values, scale: value}, device)
-            if isinstance(outcome, str):  # maybe at this value only (micro-batches need a multiple of their count)
-                skipped[engine_fit.engine].append((value, outcome))
-                if outcome.startswith(FAILED):  # the user's code failed there: no answer at or past it
-                    engine_fit.failed[value] = outcome
-                pace.done(f"{model_file.name} {engine_fit.engine} {scale}={value}: {outcome}", value)
+            if not outcome.measured:  # maybe at this value only (micro-batches need a multiple of their count)
+                skipped[engine_fit.engine].append((value, outcome.reason))
+                if outcome.failed:  # the user's code failed there: no answer at or past it
+                    engine_fit.failed[value] = outcome.reason
+                pace.done(f"{model_file.name} {engine_fit.engine} {scale}={value}: {outcome.reason}", value)
                 continue
-            engine_fit.points.append((value, *outcome))
-            pace.done(f"{model_file.name} {engine_fit.engine} {scale}={value}: {format_bytes(outcome[0])}, "
-                      f"{format_seconds(outcome[1])}/step", value)
+            engine_fit.points.append((value, outcome.total, outcome.seconds))
+            pace.done(f"{model_file.name} {engine_fit.engine} {scale}={value}: {format_bytes(outcome.total)}, "
+                      f"{format_seconds(outcome.seconds)}/step", value)
     for engine_fit in applicable:
         refusals = skipped[engine_fit.engine]
         if not engine_fit.points:  # refused or failed each time: its last reason, and where
@@ -229,15 +229,16 @@ def _confirm(result: FitResult, question: Question, device, pace: Pace) -> None:
     # this machine has: a prediction that was low cannot start a process larger than the machine
     cap = int(min(question.limit * (1 + CAP_SLACK), affordable * 0.9))
 
-    def measuring(engine_fit: EngineFit) -> Callable[[int], tuple[int, float] | str]:
-        def measure(value: int) -> tuple[int, float] | str:
+    def measuring(engine_fit: EngineFit) -> measured.Measure:
+        def measure(value: int) -> measured.StepOutcome:
             pace.expect([value])
             outcome = measured.measure_step(question.model_file, engine_fit.engine, {**question.values, scale: value},
                                             device, cap_bytes=cap)
-            if isinstance(outcome, str) and outcome.startswith(FAILED):  # no answer at or past it, whatever was said
-                engine_fit.fail(value, outcome, usable)
-            pace.done(f"confirming {engine_fit.engine} at {scale}={value}: " + (outcome if isinstance(outcome, str) else
-                      f"{format_bytes(outcome[0])} ({'under' if outcome[0] <= usable else 'over'} the limit)"), value)
+            if outcome.failed:  # no answer at or past it, whatever was said
+                engine_fit.fail(value, outcome.reason, usable)
+            pace.done(f"confirming {engine_fit.engine} at {scale}={value}: " + (outcome.reason or
+                      f"{format_bytes(outcome.total)} ({'under' if outcome.total <= usable else 'over'} the limit)"),
+                      value)
             return outcome
         return measure
 

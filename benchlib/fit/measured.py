@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from benchlib.fit.asking import DEFAULT_TIMEOUT_S
 from benchlib.fit.pace import Pace
@@ -40,9 +41,31 @@ DEEP = 64  # module levels a step's memory by module is kept to when asked for (
 Progress = Callable[[str], None]
 
 
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one measured step came to (`measure_step`): its total bytes and median seconds per step, or why it has
+    none (`reason`; it begins with `FAILED` where the user's code failed). A step ended at its resident cap has the
+    total it held then and NaN seconds."""
+
+    total: int = 0
+    seconds: float = math.nan
+    reason: str = ""
+
+    @property
+    def measured(self) -> bool:
+        return not self.reason
+
+    @property
+    def failed(self) -> bool:
+        return self.reason.startswith(FAILED)
+
+
+Measure = Callable[[int], StepOutcome]  # one engine's step at a value of the scale, in a fresh process
+
+
 def measure_step(model_file, engine: str, values: dict, device, steps: int = STEPS,
                  by_module: list | None = None, cap_bytes: int | None = None,
-                 isolate: Callable | None = None) -> tuple[int, float] | str:
+                 isolate: Callable | None = None) -> StepOutcome:
     """(total bytes, median seconds per step over `steps` after a warm-up) of one engine's step at `values`, in a
     fresh process run as a training process runs (`USERS_ALLOCATOR`), or why not; on several ranks
     (`model_file.world_size`), every rank a fresh process and the total its worst rank's. Given `by_module`, the step's
@@ -71,17 +94,17 @@ def measure_step(model_file, engine: str, values: dict, device, steps: int = STE
                              **depth},
                     name=f"{model_file.name}/{engine}", device=device.name, options=options)
         except CaseNotApplicable as refused:
-            return f"not applicable: {refused.reason}"
+            return StepOutcome(reason=f"not applicable: {refused.reason}")
         except CaseCapped as capped:  # over the cap, so over the limit: what it held is a total past it
-            return capped.resident, math.nan
+            return StepOutcome(capped.resident)
         except CaseFailed as failed:
-            return f"{FAILED}{failed.reason}"
+            return StepOutcome(reason=f"{FAILED}{failed.reason}")
     if by_module is not None:
         by_module += result.breakdown
     measurement = result.measurement
     if device.is_cuda:
-        return int(measurement.cuda_allocator[CUDA_RESERVED_PEAK]), measurement.median_s
-    return int((measurement.baseline_bytes or 0) + (measurement.peak_bytes or 0)), measurement.median_s
+        return StepOutcome(int(measurement.cuda_allocator[CUDA_RESERVED_PEAK]), measurement.median_s)
+    return StepOutcome(int((measurement.baseline_bytes or 0) + (measurement.peak_bytes or 0)), measurement.median_s)
 
 
 def fit_model(engine_fit: EngineFit, model_file, values: dict, scale: str, progress: Progress) -> None:
@@ -147,12 +170,12 @@ def until_it_grows(engine_fit: EngineFit, model_file, values: dict, scale: str, 
         pace.expect([value])
         outcome = measure_step(model_file, engine_fit.engine, {**values, scale: value}, device)
         pace.done(f"{model_file.name} {engine_fit.engine} {scale}={value} (farther out: the totals did not grow): "
-                  + (outcome if isinstance(outcome, str) else f"{format_bytes(outcome[0])}"), value)
-        if isinstance(outcome, str):
-            if outcome.startswith(FAILED):
-                engine_fit.failed[value] = outcome
+                  + (outcome.reason or format_bytes(outcome.total)), value)
+        if not outcome.measured:
+            if outcome.failed:
+                engine_fit.failed[value] = outcome.reason
             break
-        engine_fit.points.append((value, *outcome))
+        engine_fit.points.append((value, outcome.total, outcome.seconds))
         points = sorted((v, t) for v, t, _ in engine_fit.points)
         if grows(points):
             return
@@ -188,19 +211,19 @@ def approach(engine_fit: EngineFit, model_file, values: dict, scale: str, device
         value = _multiple(math.ceil(answer / (REACH * APPROACH_SLACK)), engine_fit.multiple)
         pace.expect([value])
         outcome = measure_step(model_file, engine_fit.engine, {**values, scale: value}, device)
-        if isinstance(outcome, str):
-            engine_fit.unmeasured = f"{scale}={value}: {outcome}"
-            if outcome.startswith(FAILED):
-                engine_fit.fail(value, outcome, limit)
-            pace.done(f"{model_file.name} {engine_fit.engine} {scale}={value}: {outcome}", value)
+        if not outcome.measured:
+            engine_fit.unmeasured = f"{scale}={value}: {outcome.reason}"
+            if outcome.failed:
+                engine_fit.fail(value, outcome.reason, limit)
+            pace.done(f"{model_file.name} {engine_fit.engine} {scale}={value}: {outcome.reason}", value)
             return
-        engine_fit.points.append((value, *outcome))
-        pace.done(f"{model_file.name} {engine_fit.engine} {scale}={value}: {format_bytes(outcome[0])}, "
-                  f"{format_seconds(outcome[1])}/step (toward the answer, predicted {answer})", value)
+        engine_fit.points.append((value, outcome.total, outcome.seconds))
+        pace.done(f"{model_file.name} {engine_fit.engine} {scale}={value}: {format_bytes(outcome.total)}, "
+                  f"{format_seconds(outcome.seconds)}/step (toward the answer, predicted {answer})", value)
         fit_model(engine_fit, model_file, values, scale, pace.say)
 
 
-def confirm(engine_fit: EngineFit, measure: Callable[[int], tuple[int, float] | str], scale: str, limit: float,
+def confirm(engine_fit: EngineFit, measure: Measure, scale: str, limit: float,
             affordable: float, progress: Progress) -> None:
     """The engine measured at its predicted answer, then the largest value whose measured total stays under `limit`
     searched by measurement (`largest_measured`): `checked` holds every total, `confirmed` the answer, left None
@@ -213,9 +236,9 @@ def confirm(engine_fit: EngineFit, measure: Callable[[int], tuple[int, float] | 
         return
     if value not in engine_fit.checked:
         outcome = measure(value)
-        if isinstance(outcome, str):  # the measuring line said why
+        if not outcome.measured:  # the measuring line said why
             return
-        engine_fit.checked[value] = outcome[0]
+        engine_fit.checked[value] = outcome.total
     found = largest_measured(measure, engine_fit, scale, limit, affordable, progress)
     if found is None:  # the search stopped: the largest value measured under the limit, if any, is what holds
         totals = {v: total for v, total, _ in engine_fit.points} | engine_fit.checked
@@ -225,7 +248,7 @@ def confirm(engine_fit: EngineFit, measure: Callable[[int], tuple[int, float] | 
     engine_fit.confirmed = found
 
 
-def hold(engine_fit: EngineFit, measure: Callable[[int], tuple[int, float] | str], limit: float,
+def hold(engine_fit: EngineFit, measure: Measure, limit: float,
          progress: Progress) -> None:
     """The confirmed answer measured in `HOLD_REPEATS` processes in all, its largest total kept: the same step's
     resident high-water differs from process to process (by up to 14% on the CPU: glibc's arenas and mmap
@@ -237,9 +260,9 @@ def hold(engine_fit: EngineFit, measure: Callable[[int], tuple[int, float] | str
             return
         for _ in range(HOLD_REPEATS - (value in engine_fit.checked)):
             outcome = measure(value)
-            if isinstance(outcome, str):  # the measuring line said why; the answer stays as measured so far
+            if not outcome.measured:  # the measuring line said why; the answer stays as measured so far
                 return
-            engine_fit.checked[value] = max(engine_fit.checked.get(value, 0), outcome[0])
+            engine_fit.checked[value] = max(engine_fit.checked.get(value, 0), outcome.total)
             if engine_fit.checked[value] > limit:
                 break
         if engine_fit.checked[value] <= limit:
@@ -252,7 +275,7 @@ def hold(engine_fit: EngineFit, measure: Callable[[int], tuple[int, float] | str
     progress(f"confirming {engine_fit.engine}: {engine_fit.unmeasured}")
 
 
-def step_down(engine_fit: EngineFit, measure: Callable[[int], tuple[int, float] | str], scale: str, limit: float,
+def step_down(engine_fit: EngineFit, measure: Measure, scale: str, limit: float,
               affordable: float, progress: Progress) -> None:
     """An engine's own answer measured once; where it is over the limit, the next value `RESOLUTION` below, until one
     is under (`HOLD_STEPS` at most); where it is under by more than `TIMID`, searched up (`largest_measured`), so a
@@ -270,21 +293,21 @@ def step_down(engine_fit: EngineFit, measure: Callable[[int], tuple[int, float] 
         value = _multiple(int(value * (1 - RESOLUTION)), engine_fit.multiple)
 
 
-def check_at(engine_fit: EngineFit, value: int, measure: Callable[[int], tuple[int, float] | str],
+def check_at(engine_fit: EngineFit, value: int, measure: Measure,
              limit: float) -> bool:
     """One fresh process at `value` where the engine's total there was not yet measured; whether it stays under
     `limit` (an answer that does not is taken back: the caller gives the next one)."""
     if value in engine_fit.checked or value in {v for v, _, _ in engine_fit.points}:
         return engine_fit.total_at(value)[0] <= limit
     outcome = measure(value)
-    if isinstance(outcome, str):  # the measuring line said why
+    if not outcome.measured:  # the measuring line said why
         return False
-    engine_fit.checked[value] = outcome[0]
-    return outcome[0] <= limit
+    engine_fit.checked[value] = outcome.total
+    return outcome.total <= limit
 
 
-def largest_measured(measure: Callable[[int], tuple[int, float] | str], engine_fit: EngineFit, scale: str,
-                     limit: float, affordable: float, progress: Progress) -> int | None:
+def largest_measured(measure: Measure, engine_fit: EngineFit, scale: str, limit: float, affordable: float,
+                     progress: Progress) -> int | None:
     """The largest value whose measured total stays under `limit`, to within `RESOLUTION` of it, searched by
     measurement from the engine's points and what `checked` holds (one fresh process per value): each next value is where the straight line through the
     two nearest measured totals crosses the limit (`_crossing`), bisection every other step once the answer is
@@ -322,10 +345,10 @@ def largest_measured(measure: Callable[[int], tuple[int, float] | str], engine_f
             progress(f"confirming: {scale}={value} would need more memory than this machine has: search stopped")
             return None
         outcome = measure(value)
-        if isinstance(outcome, str):
-            progress(f"confirming: {scale}={value}: {outcome}: search stopped")
+        if not outcome.measured:
+            progress(f"confirming: {scale}={value}: {outcome.reason}: search stopped")
             return None
-        engine_fit.checked[value] = outcome[0]
+        engine_fit.checked[value] = outcome.total
 
 
 def _crossing(value_a: int, total_a: int, value_b: int, total_b: int, limit: float) -> int:
