@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import benchlib.measure
+from benchlib.analysis.comparison import Problem
 from benchlib.report.tables.comparison import comparison_text
 from benchlib.engines import ENGINE_NAMES, ENGINES, NotApplicableError, get_engine
 from benchlib.engines import namespaces
@@ -327,7 +328,7 @@ def test_trials_run_interleaved_in_fresh_processes_and_record_their_trial_and_pl
 
 
 def test_summary_lists_cases_that_did_not_run():
-    problems = [{"case": "c", "engine": "autograd", "status": "not applicable", "message": "CPU only"}]
+    problems = [Problem("c", "autograd", "not applicable", "CPU only")]
     table = summarize(records_frame(_records("manual", 100, 2.0)), problems).set_index("engine")
     assert table.loc["autograd", "status"] == "not applicable"
     assert table.loc["autograd", "reason"] == "CPU only"

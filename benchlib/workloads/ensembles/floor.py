@@ -17,6 +17,7 @@ def matmul_flops(device, n: int = 1024, repeats: int = 5) -> float:
     from benchlib.records import records_frame
     from benchlib.workloads import calibration
 
+    calibration.BENCHMARK.register()  # its records (the `library` kind, `flop_rate`) are made here, in this kernel
     rows = calibration.matmul_flops(device, sizes=[n], dtypes=["float32"], repeats=repeats)
     return calibration_flop_rate(records_frame(rows), device.name)
 
