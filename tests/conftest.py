@@ -1,8 +1,17 @@
-"""Shared test set-up: no test writes into the project's own results/."""
+"""Shared test set-up: no test writes into the project's own results/; the declared benchmarks are registered."""
 
 import pytest
 
 pytest_plugins = ["pytester"]  # test_pytest_plugin runs users' test suites in temporary projects
+
+
+@pytest.fixture(autouse=True, scope="session")
+def declared_benchmarks():
+    """Every declared benchmark registered, as the runner's discovery registers them: tests call a workload's own
+    functions, which make its benchmark's records, without the Config a kernel makes first (and registers by)."""
+    from benchlib import registry
+
+    return registry.benchmarks()
 
 
 @pytest.fixture(autouse=True)

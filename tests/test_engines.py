@@ -310,9 +310,6 @@ MANUAL_FIRST = "manual".__eq__
 
 @pytest.mark.slow
 def test_trials_run_interleaved_in_fresh_processes_and_record_their_trial_and_place():
-    from benchlib.workloads import dot_chain
-
-    dot_chain.BENCHMARK.register()  # the x_scale metric its check reports
     comparison = compare_engines(
         Cases("dot_chain", "benchlib.workloads.dot_chain:case", {"c": {"D": 6, "depth": 3}}),
         {"engines": ["benchlib-inplace", "manual"], "dtype": "float64", "trials": 2, "order_seed": 3}, device="cpu",
@@ -490,7 +487,6 @@ def test_records_carry_the_segmentation_of_torch_checkpoint_only(tmp_path, monke
 
 def test_an_interrupted_comparison_saves_the_finished_trials_into_the_run_before_the_interrupt_goes_on(tmp_path):
     import benchlib.measure
-    from benchlib.workloads import dot_chain
     from benchlib.records import Run, load_records
     from benchlib.trials import Interrupted
 
@@ -503,7 +499,6 @@ def test_an_interrupted_comparison_saves_the_finished_trials_into_the_run_before
         return real(*args, **kwargs)
 
     run, said = Run.open(tmp_path / "run"), []
-    dot_chain.BENCHMARK.register()  # the metrics its check reports
     with pytest.raises(Interrupted):
         compare_engines(Cases("dot_chain", "benchlib.workloads.dot_chain:case", {"c": {"D": 6, "depth": 3}}),
                         {"engines": ["benchlib-inplace", "manual"], "dtype": "float64", "trials": 3}, device="cpu",

@@ -386,9 +386,6 @@ def test_bad_config_and_policy_are_refused():
 
 
 def test_flop_rate_is_read_from_calibration_records_of_the_same_device_and_thread_count():
-    from benchlib.workloads import calibration
-
-    calibration.BENCHMARK.register()  # its flop_rate metric
 
     def row(value, device="cpu", dtype="float32", engine="torch", n=512, threads=2):
         return make_record(benchmark="calibration", case="matmul", engine=engine, device=device, dtype=dtype,

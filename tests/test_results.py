@@ -91,9 +91,6 @@ def test_make_record_names_a_missing_label_and_an_unknown_keyword():
 
 
 def test_the_varying_dimension_is_named_by_its_keyword_and_units_come_from_the_registry():
-    from benchlib.workloads import ensembles
-
-    ensembles.BENCHMARK.register()  # its `strategy` dimension and step_time metric
 
     row = make_record(benchmark="mnist_ensembles", case="c", strategy="naive", device="cpu", dtype="float32",
                       metric="step_time", value=0.1)
