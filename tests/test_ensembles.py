@@ -49,6 +49,17 @@ def test_the_thread_sized_net_has_4780_parameters_and_its_flop_count():
     assert floor["floor_step_s"] == pytest.approx(floor["flops_per_step"] / 1e9)
 
 
+def test_every_metric_of_the_flop_floor_is_declared_by_mnist_ensembles_itself():
+    # in a full run the floor reads calibration's records, and the kernel registers only this benchmark
+    import subprocess
+    import sys
+
+    code = ("from benchlib.workloads import ensembles as E; E.BENCHMARK.config(); "
+            "print(len(E.flop_floor_records(E.flop_floor(E.EnsembleConfig(), 1e9), 'cpu', {})))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "3", done.stderr[-2000:]
+
+
 @pytest.mark.parametrize("strategy", E.STRATEGIES)
 def test_every_strategy_starts_from_the_same_parameters(strategy):
     init = E.initial_parameters(SMALL)

@@ -31,6 +31,8 @@ METRICS = (
     ("gc_pause_step", "count", "count", "the training step in which one collection began (repeat = pause index)"),
     ("step_memory", "B", "memory", "memory in use after one step above the cell's start (RSS on CPU, allocated on CUDA; repeat = step index)"),
     ("step_cycle_bytes", "B", "memory", "bytes of step tensors held by reference cycles not yet collected, after one step (repeat = step index)"),
+    # the rate the floor is computed at, recorded with it; calibration declares the same metric alike
+    ("flop_rate", "FLOP/s", "rate", "matrix-product floating-point operations per second"),
     ("floor_step_s", "s", "time", "FLOP floor of one ensemble step at the measured FLOP rate"),
     ("ceiling_model_samples_per_s", "model-samples/s", "rate", "throughput ceiling at the measured FLOP rate"),
     # LeNet5 epochs
