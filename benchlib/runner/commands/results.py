@@ -149,6 +149,7 @@ def compare_command(arguments: argparse.Namespace) -> int:
     from benchlib.analysis.compare import (WORSE, any_worse, compact_table, compare_runs, headline, key_name,
                                           machine_drift)
 
+    yardsticks = registry.yardsticks(declared())  # every benchmark registered: each metric judged its own way
     comparison = compare_runs(arguments.run_a, arguments.run_b, root=arguments.out, threshold=arguments.threshold,
                               metrics=arguments.metric, benchmarks=arguments.benchmark)
     if comparison.empty:
@@ -165,7 +166,7 @@ def compare_command(arguments: argparse.Namespace) -> int:
             print(comparison.drop(columns=["config"]).to_string(index=False))
         else:
             print("\n".join(compact_table(comparison)))
-        drift = machine_drift(comparison, registry.yardsticks(declared()))
+        drift = machine_drift(comparison, yardsticks)
         prose = [drift or "machine drift: unknown (no yardstick benchmark, such as calibration, is in both runs)",
                  *verdict_changes(arguments).splitlines()]
         print("\n".join(_wrapped(prose)))
@@ -189,6 +190,7 @@ def history_command(arguments: argparse.Namespace) -> int:
 
     if arguments.html is not None:  # refused before anything is read, not after the answer is printed
         refuse_overwriting_run_data(arguments.html, HISTORY_PAGE)
+    declared()  # every benchmark registered: each metric judged its own way
     history = read_history(arguments.runs, arguments.out)
     for message in history.skipped:
         print(f"skipped: {message}", file=sys.stderr)
