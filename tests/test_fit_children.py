@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -93,10 +94,16 @@ def test_ctrl_c_during_a_fit_keeps_every_point_measured_before_it(tmp_path):
                                 "--engines", "torch", "--scale", "n", "--out", str(tmp_path / "out")],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env={**os.environ, "HOSTILE_MODE": "sleep", "HOSTILE_PIDS": str(tmp_path / "pids")})
-    seen = []
+    seen, pids = [], tmp_path / "pids"
     for line in process.stdout:  # n=8 and n=16 are measured; n=32's loss sleeps: stop the fit there
         seen.append(line)
         if "hostile torch n=16:" in line:
+            # Ctrl-C once n=32's child is in its loss, as a user stops a long measurement
+            called = len(pids.read_text().split())
+            for _ in range(600):
+                if len(pids.read_text().split()) > called:
+                    break
+                time.sleep(0.1)
             process.send_signal(signal.SIGINT)
             break
     out = "".join(seen) + process.communicate(timeout=120)[0]
