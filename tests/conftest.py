@@ -1,5 +1,10 @@
-"""Shared test set-up: no test writes into the project's own results/; the declared benchmarks are registered."""
+"""Shared test set-up: no test writes into the project's own results/; the declared benchmarks are registered; a
+test that starts a process is marked `slow` (`make check` runs the others, in seconds)."""
 
+import os
+import subprocess
+
+import _posixsubprocess
 import pytest
 
 pytest_plugins = ["pytester"]  # test_pytest_plugin runs users' test suites in temporary projects
@@ -45,3 +50,87 @@ def counting_backend(monkeypatch):
     monkeypatch.setattr(compiling, "COMPILE_BACKEND", backend)
     yield backend
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def fit_children_here(monkeypatch):
+    """fit's calls of a model file's code (its reading and form check, the engine facts, traces, blocks) made in this
+    process through the doors its children pass (`reading.read_in_child`, `in_child.call_in_child`), with the same
+    JSON values: for tests of fit's search whose measured steps are faked, so that they start no process."""
+    import json
+
+    from benchlib.fit import in_child
+    from benchlib.measure import resolve_device
+    from benchlib.usermodel import reading
+
+    def call_here(function, model_file, what, timeout_s=None, **params):
+        made = getattr(in_child, function)(device=resolve_device("cpu"), path=str(model_file.path), **params)
+        return json.loads(json.dumps(made, allow_nan=False))
+
+    monkeypatch.setattr(reading, "read_in_child",
+                        lambda groups: reading.answers([reading.read_outcome(list(map(str, group))) for group in groups]))
+    monkeypatch.setattr(in_child, "call_in_child", call_here)
+
+
+class ProcessGuard:
+    """Records every process a test not marked `slow` starts, from its set-up to its end: `subprocess` (a kernel's, a
+    browser's and the fork template's launchers among its callers) and multiprocessing reach `fork_exec`, the rest
+    `os.fork`, `posix_spawn` or `system`. The process still starts (the test runs as written), and the test then
+    fails, naming what it started."""
+
+    WATCHED = ((subprocess, "_fork_exec"), (_posixsubprocess, "fork_exec"), (os, "fork"), (os, "posix_spawn"),
+               (os, "posix_spawnp"), (os, "system"))
+
+    def __init__(self):
+        self.started: list[str] = []
+        self._real = {}
+
+    def __enter__(self):
+        for owner, name in self.WATCHED:
+            real = self._real[(owner, name)] = getattr(owner, name)
+            setattr(owner, name, self._recording(name, real))
+        return self
+
+    def __exit__(self, *_exc):
+        for (owner, name), real in self._real.items():
+            setattr(owner, name, real)
+
+    def _recording(self, name, real):
+        def started(*args, **kwargs):
+            self.started.append(f"{name.lstrip('_')}: {_command(name, args)}")
+            return real(*args, **kwargs)
+        return started
+
+
+def _command(name: str, args: tuple) -> str:
+    """The command a launcher was given, as far as its arguments say (fork has none)."""
+    if name.endswith("fork_exec") and args and isinstance(args[0], (list, tuple)):
+        return " ".join(os.fsdecode(part) for part in args[0])[:200]
+    if name in ("posix_spawn", "posix_spawnp") and len(args) > 1:
+        return " ".join(map(str, args[1]))[:200]
+    return str(args[0])[:200] if args else "(a copy of this process)"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("slow") is None:
+        item._process_guard = ProcessGuard().__enter__()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A passing test not marked `slow` that started a process (in its set-up or its body) fails, saying so."""
+    outcome = yield
+    guard = getattr(item, "_process_guard", None)
+    if guard is None:
+        return
+    report = outcome.get_result()
+    if call.when == "call" and guard.started and report.passed:
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid} started {len(guard.started)} process(es) but is not marked slow: mark it "
+                           f"@pytest.mark.slow (`make check` runs only the tests that start none).\n  "
+                           + "\n  ".join(guard.started[:5]))
+    elif call.when == "teardown":
+        guard.__exit__(None, None, None)
+        del item._process_guard

@@ -70,12 +70,14 @@ def _comparison(module, **values):
     return module.run(config, "cpu", progress=None)
 
 
+@pytest.mark.slow
 def test_dot_chain_at_float64_records_autocast_as_not_applicable_with_its_reason():
     comparison = _comparison(dot_chain, D=8, depth=3, dtype="float64", engines=["manual", "torch-autocast"])
     assert [(p.engine, p.status) for p in comparison.problems] == [("torch-autocast", "not applicable")]
     assert "dtype=float32" in comparison.problems[0].message
 
 
+@pytest.mark.slow
 def test_dot_chain_at_float32_judges_autocast_at_bfloat16_and_compile_at_float32():
     comparison = _comparison(dot_chain, D=16, depth=4, dtype="float32",
                              engines=["manual", "torch-autocast", "torch.compile"])
@@ -97,6 +99,7 @@ def test_dot_chain_at_float32_judges_autocast_at_bfloat16_and_compile_at_float32
     assert list(answers.loc[answers["engine"] == "torch.compile", "compile (apart)"] != "") == [True]
 
 
+@pytest.mark.slow
 def test_autocast_loses_whole_gradients_of_the_seeds_rnn_so_it_is_not_a_default_engine(tmp_path):
     # the seed's weights are of scale 0.01: in bfloat16, Wout's and b's gradients vanish while bout's, the largest,
     # stays right; one error relative to the largest entry would read 3e-2 and pass
@@ -132,6 +135,7 @@ def test_half_precision_gradients_are_also_judged_array_by_array_down_to_what_th
     assert np.isnan(max_relative_error([np.array([np.nan]), small], [np.array([1.0]), small], floor=floor))
 
 
+@pytest.mark.slow
 def test_a_lost_array_is_a_mismatch_listed_first_and_the_sweep_measures_w_in_the_datas_dtype():
     comparison = _comparison(rnn, batch=2, hidden=32, T=4, T_sweep=[2], engines=["manual", "torch-autocast"])
     mismatches = comparison.gradient_mismatches()
@@ -189,6 +193,7 @@ for engine in sys.argv[1:]:
 """
 
 
+@pytest.mark.slow
 def test_a_template_preloads_torch_dynamo_exactly_for_the_chain_engines_that_import_it():
     # What a fork template preloads (`case_imports`) must be what the case imports anyway: more puts objects in
     # its heap a fresh process has not, less leaves 0.9 s of import in every trial's set-up

@@ -29,6 +29,7 @@ def _run(script: str, folder: Path, **env: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # minutes of work beside the suite's other workers
 def test_the_ci_recipe_passes_lean_fails_wasteful_and_refuses_a_foreign_baseline(tmp_path):
     record, gate = _bash_block("mkdir -p benchmarks/baseline"), _bash_block("benchlib compare")
     (tmp_path / "model.py").write_text(LEAN.replace('NAME = "mlp"\n', ""))

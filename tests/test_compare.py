@@ -26,6 +26,7 @@ def _write_run(root, name, slow_factor=1.0):
     return run.path
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_the_same_run_twice_is_same_and_exits_zero(tmp_path, capsys):
     a, b = _write_run(tmp_path, "a"), _write_run(tmp_path, "b")
     table = compare_runs(a, b)
@@ -35,6 +36,7 @@ def test_the_same_run_twice_is_same_and_exits_zero(tmp_path, capsys):
     assert main(["compare", str(a), str(b)]) == 0
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_a_slower_engine_exits_one_naming_engine_and_metric(tmp_path, capsys):
     a, b = _write_run(tmp_path, "a"), _write_run(tmp_path, "b", slow_factor=1.5)
     assert main(["compare", str(a), str(b), "--format", "csv"]) == 1
@@ -152,6 +154,7 @@ def test_machine_drift_reads_the_calibration_timings_of_both_runs():
     assert machine_drift(compare_records(_trials("time", "s", TIMES), _trials("time", "s", TIMES)), ["calibration"]) is None
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 @pytest.mark.parametrize(("extra", "message"), [
     (["--metric", "nosuch"], "metric nosuch: in neither run; they hold: peak_bytes, time"),
     (["--benchmark", "nosuch"], "benchmark nosuch: in neither run; they hold: dot_chain"),
@@ -163,12 +166,14 @@ def test_unknown_metric_or_benchmark_is_exit_2_naming_what_the_runs_hold(tmp_pat
     assert message in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_a_run_without_records_is_exit_2(tmp_path, capsys):
     a, empty = _write_run(tmp_path, "a"), Run.create(tmp_path / "empty", "cpu").path
     assert main(["compare", str(a), str(empty)]) == 2
     assert f"{empty} has no records" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_the_table_answers_first_counts_and_worst_regressions(tmp_path, capsys):
     a, b = _write_run(tmp_path, "a"), _write_run(tmp_path, "b", slow_factor=1.5)
     assert main(["compare", str(a), str(b)]) == 1
@@ -228,6 +233,7 @@ def test_a_largest_fitting_value_that_falls_is_worse_where_a_byte_count_that_fal
     assert labels["max_fitting"] == "worse" and labels["fit_total_bytes"] == "better"
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_a_report_of_a_run_deleted_meanwhile_is_refused_and_never_makes_the_folder_again(tmp_path, monkeypatch):
     import shutil
 

@@ -99,6 +99,7 @@ def test_an_entry_point_benchmark_lists_runs_reports_and_compares(tmp_path):
     assert "tiny_sum" in compared.stdout and "verdicts: none changed" in compared.stdout
 
 
+@pytest.mark.slow
 def test_discovery_names_the_module_of_a_broken_or_duplicate_declaration(tmp_path):
     env = _install(tmp_path / "dup", PACKAGE, {"again": "tinybench:BENCHMARK", "tiny_sum": "tinybench:BENCHMARK"})
     duplicate = _benchlib(env, "list")

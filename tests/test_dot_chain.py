@@ -52,6 +52,7 @@ def _run_case(engine, gradient_dir, device=CPU, dtype="float64", D=12, depth=8, 
     return result, case.check(result * (1 + wrong_by) if wrong_by else result)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("engine", [name for name in ENGINE_NAMES if name != "manual"])
 def test_every_engine_agrees_with_manual_through_the_case_and_its_saved_gradient(engine, dtype, tmp_path):

@@ -104,6 +104,7 @@ def _loss(xp):
     return loss
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("name", AUTOMATIC)
 def test_every_engine_differentiates_one_loss_written_against_its_namespace(name, dtype):
@@ -225,6 +226,7 @@ def test_planning_adds_the_baseline_every_ratio_is_to_and_says_so():
     assert planned_engines(["torch", "manual"]) == (["torch", "manual"], None)
 
 
+@pytest.mark.slow
 def test_a_comparison_without_manual_measures_it_in_the_same_run_and_its_table_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     said = []
@@ -472,6 +474,7 @@ def test_torch_checkpoint_runs_one_non_reentrant_checkpoint_per_segment_without_
     assert all(kwargs == {"use_reentrant": False, "preserve_rng_state": False} for _, kwargs in calls)
 
 
+@pytest.mark.slow
 def test_records_carry_the_segmentation_of_torch_checkpoint_only(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     comparison = compare_engines(
@@ -485,6 +488,7 @@ def test_records_carry_the_segmentation_of_torch_checkpoint_only(tmp_path, monke
     assert "checkpoint" not in params["manual"]
 
 
+@pytest.mark.slow
 def test_an_interrupted_comparison_saves_the_finished_trials_into_the_run_before_the_interrupt_goes_on(tmp_path):
     import benchlib.measure
     from benchlib.records import Run, load_records

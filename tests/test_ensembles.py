@@ -49,6 +49,7 @@ def test_the_thread_sized_net_has_4780_parameters_and_its_flop_count():
     assert floor["floor_step_s"] == pytest.approx(floor["flops_per_step"] / 1e9)
 
 
+@pytest.mark.slow
 def test_every_metric_of_the_flop_floor_is_declared_by_mnist_ensembles_itself():
     # in a full run the floor reads calibration's records, and the kernel registers only this benchmark
     import subprocess

@@ -84,6 +84,7 @@ def test_a_file_that_hangs_at_import_is_refused_within_the_form_checks_limit(tmp
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # the interrupt is timed by the child's progress
 def test_ctrl_c_during_a_fit_keeps_every_point_measured_before_it(tmp_path):
     import signal
 

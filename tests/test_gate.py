@@ -118,6 +118,7 @@ def _save_many(folder: str, engine: str, count: int) -> None:
         baselines.save("shared", _cost(engine=engine, peak=1000 + index))
 
 
+@pytest.mark.slow
 def test_processes_saving_one_file_at_once_keep_every_step_and_a_readable_file(tmp_path):
     import multiprocessing
 

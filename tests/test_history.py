@@ -181,6 +181,7 @@ MODEL = textwrap.dedent('''
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # minutes of work beside the suite's other workers
 def test_real_runs_of_a_model_file_whose_width_doubles_step_and_exit_one(tmp_path):
     repo, out = tmp_path / "repo", tmp_path / "results"
     repo.mkdir()

@@ -52,6 +52,7 @@ def test_a_model_file_with_a_non_ascii_stem_gets_an_ascii_name_and_a_non_ascii_n
         read_model_file(path)
 
 
+@pytest.mark.slow
 def test_a_reader_that_leaves_early_does_not_change_the_exit_status():
     import subprocess
     import sys
@@ -82,6 +83,7 @@ def test_a_run_json_without_its_facts_or_looping_on_itself_is_listed_with_its_pr
     assert "run.json is a link that leads nowhere" in runs.loc[str(looping), "problem"]
 
 
+@pytest.mark.slow
 def test_a_model_file_whose_name_is_not_utf8_is_refused_before_any_work_naming_its_bytes(tmp_path, capsys):
     import os
 

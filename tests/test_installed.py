@@ -121,6 +121,7 @@ def _run(*command, cwd=None, timeout=900):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # minutes of work beside the suite's other workers
 def test_installed_beside_another_torch_it_keeps_that_torch_and_runs_a_model_file_and_the_gate(wheel, tmp_path):
     """A user's own environment: a fresh virtual environment with torch 2.14.1 installed first, then the wheel
     with its dependencies (at the project's pins, torch's excepted); pip keeps that torch, and from a folder

@@ -25,6 +25,7 @@ def _records(*, failed: bool = False) -> list[dict]:
     return rows
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_a_notebook_run_opened_in_the_kernel_is_running_until_its_last_cell_then_finished_with_a_report(results_root):
     config = get("dot_chain").config({"D": 8, "depth": 2})
     run = Run.open("", device="cpu", config=config)
@@ -44,6 +45,7 @@ def test_a_notebook_run_opened_in_the_kernel_is_running_until_its_last_cell_then
     assert finish_notebook(run) is None  # once
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_failed_cases_make_an_interactive_notebook_partial_as_the_runner_would(results_root):
     run = Run.open("", device="cpu", config=get("dot_chain").config({"D": 8, "depth": 2}))
     run.save_records(_records(failed=True), "dot_chain")
@@ -53,6 +55,7 @@ def test_failed_cases_make_an_interactive_notebook_partial_as_the_runner_would(r
     assert list_runs(results_root).set_index("run_id").loc[run.run_id, "failed"] == 1
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_a_run_the_runner_made_is_left_to_the_runner(results_root):
     made = Run.create(results_root, device="cpu")  # what `benchlib run` does before the kernels start
     joined = Run.open(str(made.path), device="cpu", config=get("dot_chain").config())
@@ -61,6 +64,7 @@ def test_a_run_the_runner_made_is_left_to_the_runner(results_root):
     assert info["ended_at"] is None and info["notebooks"] == {} and not (made.path / "report.html").exists()
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_a_run_opened_at_quick_values_says_so_and_one_opened_under_the_runner_is_the_runners(results_root, monkeypatch):
     from benchlib.benchmark import Config
     from benchlib.records.store import UNDER_RUNNER_ENV

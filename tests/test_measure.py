@@ -645,6 +645,7 @@ def test_rss_fallback_without_proc_agrees_with_proc(monkeypatch):
     assert abs(without_proc - with_proc) < 16 * 2**20
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_rss_after_fork_is_the_childs_own():
     devices_module.process_rss()  # open the descriptor in the parent

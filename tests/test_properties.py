@@ -113,6 +113,7 @@ def test_records_written_then_read_round_trip(tmp_path_factory, values, case, ex
     pd.testing.assert_frame_equal(read_records_file(path), back)
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 @SOME
 @given(sizes=st.lists(st.integers(min_value=1, max_value=5), min_size=1, max_size=4),
        broken=st.lists(st.booleans(), min_size=4, max_size=4), removed=st.lists(st.booleans(), min_size=4, max_size=4))
@@ -163,6 +164,7 @@ def _files(root) -> dict:
     return {str(path): path.read_bytes() for path in Path(root).rglob("*") if path.is_file()}
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 @SOME
 @given(content=st.one_of(JSON.map(lambda value: __import__("json").dumps(value)),
                          RUN_KEYS.map(lambda value: __import__("json").dumps(value)),
@@ -185,6 +187,7 @@ def test_any_run_json_is_listed_with_its_problem_and_hides_no_good_run(tmp_path_
     assert _files(root) == before
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 @SOME
 @given(raw=st.binary(max_size=400))
 def test_any_bytes_as_a_records_file_are_refused_naming_the_file(tmp_path_factory, raw):
@@ -202,6 +205,7 @@ def test_any_bytes_as_a_records_file_are_refused_naming_the_file(tmp_path_factor
     assert _files(root) == before
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 @SOME
 @given(name=st.one_of(st.text(max_size=30), st.sampled_from(["", ".", "..", "/", "latest", "good/..", "../good",
                                                              "good/run.json", "\x00", "a" * 300, "~", "odd/"])))

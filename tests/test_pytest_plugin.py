@@ -44,6 +44,7 @@ def test_the_plugin_is_registered_for_every_test_suite():
     assert "benchlib.pytest_plugin" in {entry.value for entry in entry_points(group="pytest11")}
 
 
+@pytest.mark.slow
 def test_a_suite_without_the_marker_imports_neither_the_gate_nor_torch(pytester):
     # the plugin is installed in every suite of the environment: it must cost them nothing
     pytester.makepyfile(test_plain=textwrap.dedent('''
@@ -95,6 +96,7 @@ def test_absolute_limits_and_what_cannot_be_checked(pytester):
     assert "no baseline at these values" in output
 
 
+@pytest.mark.slow
 def test_a_limit_that_does_not_parse_is_a_usage_error(pytester):
     pytester.makepyfile(test_bad=textwrap.dedent('''
         import pytest
@@ -108,6 +110,7 @@ def test_a_limit_that_does_not_parse_is_a_usage_error(pytester):
     assert "'lots' is not a memory size; valid:" in result.stderr.str()
 
 
+@pytest.mark.slow
 def test_a_device_that_is_not_here_is_a_usage_error(pytester):
     pytester.makepyfile(test_any="def test_any(gradient_step):\n    pass\n")
     result = pytester.runpytest_subprocess("--benchlib-device", "gpu7")
@@ -115,6 +118,7 @@ def test_a_device_that_is_not_here_is_a_usage_error(pytester):
     assert "--benchlib-device gpu7: malformed device 'gpu7'; valid forms:" in result.stderr.str()
 
 
+@pytest.mark.slow
 def test_an_infinite_limit_is_a_usage_error_not_an_internal_error(pytester):
     pytester.makepyfile(test_bad=textwrap.dedent('''
         import pytest
@@ -128,6 +132,7 @@ def test_an_infinite_limit_is_a_usage_error_not_an_internal_error(pytester):
     result.stderr.fnmatch_lines(["*is not a finite memory size*"])
 
 
+@pytest.mark.slow
 def test_a_marker_whose_test_measures_no_step_never_passes(pytester):
     pytester.makepyfile(test_unchecked=textwrap.dedent('''
         import pytest

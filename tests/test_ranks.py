@@ -124,6 +124,7 @@ def test_a_rank_that_exits_mid_step_ends_the_step_and_is_named(tmp_path):
     assert "rank 0: its collective lost rank 1" in message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, words", [
     (("--ranks", "2"), "say how the step is spread"),
     (("--parallel", "fsdp"), "give --ranks N"),
@@ -154,6 +155,7 @@ def test_the_worst_rank_is_the_one_holding_most_and_rank_0_judges_the_gradient()
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # minutes of work beside the suite's other workers
 def test_fit_on_ranks_answers_per_rank_confirmed_on_real_ranks(tmp_path, capsys):
     from benchlib.fit import fit
 
@@ -208,6 +210,7 @@ def test_fsdp_joined_with_autocast_gathers_parameters_in_its_dtype_and_reduces_i
         (torch.bfloat16, torch.float32)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="measures the ranks where there are GPUs")
 def test_fit_on_ranks_on_cuda_without_a_gpu_predicts_rank_0_from_one_process(tmp_path, capsys):
     (tmp_path / "model.py").write_text(textwrap.dedent(MODEL))
@@ -251,6 +254,7 @@ def loss(model, x, y):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # which rank's clock runs out first is a race under load
 def test_a_rank_that_hangs_is_named_and_not_the_rank_waiting_for_it(tmp_path):
     from benchlib.measure import CaseFailed, IsolationOptions, rank_devices, resolve_device, run_ranks
     from benchlib.usermodel.measuring import RANKED_TARGET

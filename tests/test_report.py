@@ -55,6 +55,7 @@ def test_figures_group_under_the_longest_notebook_prefix():
     assert groups == {"alpha": ["alpha_bars", "alpha"], "alpha_beta": ["alpha_beta_line"], "other figures": ["loose"]}
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_report_holds_every_figure_status_and_environment_escaped(tmp_path):
     run = small_run(tmp_path)
     page = build_report(run.path)
@@ -70,6 +71,7 @@ def test_report_holds_every_figure_status_and_environment_escaped(tmp_path):
     assert write_report(run.path) == run.path / "report.html"
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_report_command_writes_the_page_and_refuses_an_unknown_run(tmp_path, capsys):
     run = small_run(tmp_path)
     assert main(["report", str(run.path)]) == 0
@@ -130,6 +132,7 @@ def test_png_saves_every_figure_as_a_file_and_in_the_executed_notebook(tmp_path)
     assert '"image/png"' in executed
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_the_report_carries_the_seed_verdicts_of_the_runs_records(tmp_path):
     run = Run.create(tmp_path, "cpu", quick=True)
     records = [make_record(benchmark="dot_chain", case="c", engine=engine, device="cpu", dtype="float64",
@@ -165,6 +168,7 @@ def _engine_headline() -> pd.DataFrame:
                     "fastest within a memory level:", "  up to 100.0 kB: torch"]})
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_the_report_leads_with_the_answer_as_a_table_with_whole_reasons_and_the_wide_table_folds_away(tmp_path):
     run = Run.create(tmp_path, "cpu")
     run.record_notebook("my_model", status="ok", duration_s=1.0)
@@ -186,6 +190,7 @@ def test_the_report_leads_with_the_answer_as_a_table_with_whole_reasons_and_the_
     assert "peak_bytes" in section and ">summary<" not in section
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_a_notebook_that_wrote_another_benchmarks_records_holds_its_answers_figures_and_cuda_view(tmp_path):
     # the your_model notebook runs a model file named my_mlp: what it saves is named after my_mlp
     run = Run.create(tmp_path, "cuda:0")
@@ -211,6 +216,7 @@ def test_a_notebook_that_wrote_another_benchmarks_records_holds_its_answers_figu
         "your_model": ["my_mlp_peak"], "other figures": ["my_mlp2_peak"]}
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 @pytest.mark.parametrize("output", ["javascript:alert(1)", " javascript:alert(1)", "https://example.com/x.ipynb",
                                     "../../elsewhere.ipynb", "/etc/passwd", "//example.com/x"])
 def test_only_a_relative_path_inside_the_run_becomes_a_link(tmp_path, output):

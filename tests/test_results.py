@@ -107,6 +107,7 @@ def test_status_record_is_the_one_way_to_say_how_a_case_ended():
         status_record(status="broken", benchmark="b", case="c", engine="torch", device="cpu", dtype="float32")
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_runs_stamp_the_schema_version_in_run_json_and_parquet_metadata(tmp_path):
     import pyarrow.parquet as pq
 
@@ -192,6 +193,7 @@ def test_failed_write_keeps_previous_file_and_leaves_no_temp(tmp_path, monkeypat
     pd.testing.assert_frame_equal(pd.read_parquet(path), before)
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_run_saves_records_per_benchmark_and_merged(tmp_path):
     run = Run.open(tmp_path / "run-a", device="cpu")
     run.save_records([record(benchmark="dot_chain", value=1), record(benchmark="dot_chain", value=2, repeat=1)], "dot_chain")
@@ -208,6 +210,7 @@ def test_run_saves_records_per_benchmark_and_merged(tmp_path):
         run.save_records([record()], "../escape")
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_save_figure_writes_html_json_and_one_plotly_bundle(tmp_path):
     run = Run.open(tmp_path / "run-f")
     fig = go.Figure(go.Bar(x=["a", "b"], y=[1, 2]))
@@ -227,6 +230,7 @@ def test_save_figure_writes_html_json_and_one_plotly_bundle(tmp_path):
     assert (other.path / "figures" / "plotly.min.js").read_text().startswith("/**")
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_save_table_writes_a_parquet_under_tables_and_refuses_unsafe_names(tmp_path):
     run = Run.open(tmp_path / "run-t")
     table = pd.DataFrame({"engine": ["manual", "torch"], "t_s": [0.0, 0.002], "bytes": [0, 4096], "phase": ["", "forward"]})
@@ -240,6 +244,7 @@ def test_save_table_writes_a_parquet_under_tables_and_refuses_unsafe_names(tmp_p
         run.save_table(table.to_dict(), "as_dict")
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_capture_environment_fields(monkeypatch):
     monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
     env = capture_environment("cpu", allocator_policy="mmap-128k")
@@ -259,6 +264,7 @@ def test_capture_environment_fields(monkeypatch):
     json.dumps(env)  # run.json must hold it
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_run_open_empty_creates_run_dir_with_run_json(results_root):
     run = Run.open("", device="cpu")
     assert run.path.parent == results_root
@@ -280,6 +286,7 @@ def test_run_ids_are_unique(tmp_path):
     assert second.name == first.name + "-2"
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_list_runs_and_loading_by_id_or_path(results_root):
     first = Run.open("")
     first.save_records([record(value=1), record(value=2, repeat=1)], "dot_chain")
@@ -304,6 +311,7 @@ def test_default_results_root_walks_up_to_the_project(tmp_path, monkeypatch):
     assert default_results_root() == tmp_path / "results"
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_reference_records_come_from_the_newest_committed_reference_run_that_holds_them(tmp_path):
     from benchlib.records import reference_records
 

@@ -65,6 +65,7 @@ def _run_case(engine, gradient_dir, device=CPU, dtype="float64", hidden=16, wron
     return result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", list(rnn.MODELS))
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("engine", [name for name in ENGINE_NAMES if name not in ("manual", "torch-autocast")])
@@ -78,6 +79,7 @@ def test_every_engine_agrees_with_manual_through_the_case_and_its_saved_gradient
     assert saved_gradient_error(tmp_path, engine) <= GRADIENT_TOLERANCE[dtype]
 
 
+@pytest.mark.slow
 def test_manual_seed_is_not_applicable_to_a_model_without_a_seed_gradient_and_unknown_models_are_refused():
     config = rnn.BENCHMARK.config({"model": "per-step-loss", "batch": 2, "hidden": 8, "T": 3, "T_sweep": [3],
                                    "engines": ["manual", "manual-seed"], "trials": 1, "repeats": 1})
@@ -226,6 +228,7 @@ def test_torch_checkpoint_holds_less_than_torch_when_the_states_dominate(model, 
             < 0.6 * _tracked_peak_bytes("torch", model, **sizes))
 
 
+@pytest.mark.slow
 def test_the_rnn_measures_with_hidden_states_mapped_and_records_the_segmentation():
     assert rnn.BENCHMARK.defaults()["malloc"] == "mmap-64k"
     assert rnn.chain_steps("bench_rnn", 200) == 200 and rnn.chain_steps("per-step-loss", 200) == 199

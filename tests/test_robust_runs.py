@@ -59,6 +59,7 @@ def test_a_notebook_whose_cases_all_failed_stops_with_the_first_cases_error(tmp_
     assert entry["error"].startswith("AllCasesFailed: cases: all 1 case(s) failed; the first, manual (c)")
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_case_outcomes_read_failures_and_data_sources_from_the_records_a_notebook_saved(tmp_path):
     run_ = Run.create(tmp_path, "cpu")
     since = time.time() - 1
@@ -112,6 +113,7 @@ def test_bad_values_are_refused_with_exit_2_before_a_kernel_starts(notebook, par
     assert not out.exists()
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_out_inside_a_run_and_a_missing_results_root_are_refused(tmp_path, capsys):
     made = Run.create(tmp_path, "cpu")
     assert cli("run", "probe", out=made.path / "nested") == 2
@@ -147,6 +149,7 @@ def corrupt(path: Path) -> None:
     path.write_bytes(b"PAR1" + os.urandom(64) + b"PAR1")
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_a_corrupt_records_file_is_named_listed_and_rebuilt_from_fragments(tmp_path, capsys):
     good = Run.create(tmp_path, "cpu")
     good.save_records([make_record(benchmark="b", case="c", engine="e", device="cpu", dtype="float64",
@@ -173,6 +176,7 @@ def test_a_corrupt_records_file_is_named_listed_and_rebuilt_from_fragments(tmp_p
     assert "b.parquet: cannot read records" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_running_entry_whose_runner_is_gone_is_shown_as_stale():
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
@@ -219,6 +223,7 @@ def test_sigterm_while_a_model_file_is_checked_stops_with_130_a_message_and_no_c
     assert gone(checking)
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_typed_parameters_in_run_json_and_the_eta_basis(tmp_path, monkeypatch):
     import papermill
 
@@ -316,6 +321,7 @@ def test_a_case_child_dies_with_the_process_that_started_it_even_when_that_is_ki
         psutil.Process(int(started.read_text())).kill()  # the grandchild is the runner's to reap, not this test's
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="subreapers are Linux's")
 def test_the_runner_reaps_what_a_dead_kernel_left_behind(tmp_path):
     script = (
@@ -355,6 +361,7 @@ def test_progress_lines_carry_the_notebook_elapsed_time_and_time_left():
     assert "left" not in unknown.getvalue() and unknown.getvalue().endswith("| step\n")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(subprocess.run(["which", "make"], capture_output=True).returncode != 0, reason="no make")
 def test_make_lab_opens_working_copies_and_passes_args_to_jupyter():
     stamp = ".venv/.benchlib-installed"
@@ -387,6 +394,7 @@ def two_row_run(tmp_path) -> Run:
     return run_
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_merge_records_never_replaces_records_parquet_with_fewer_rows(tmp_path, capsys):
     run_ = two_row_run(tmp_path)
     corrupt(run_.path / "records" / "b.parquet")
@@ -471,6 +479,7 @@ def broken_runs(tmp_path) -> dict[str, Path]:
     return made
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 @pytest.mark.parametrize(("command", "broken", "code", "named"), [
     ("compare", "empty_records", 2, "records.parquet: cannot read records"),
     ("compare", "records_dir", 2, "records.parquet: not a file (a directory)"),
@@ -503,6 +512,7 @@ def test_a_broken_run_gives_one_line_naming_the_file_and_the_documented_exit(com
         assert err.splitlines()[-1].startswith("benchlib: error: ")
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_a_full_disk_is_named_and_leaves_records_as_they_were(tmp_path, monkeypatch, capsys):
     import errno
 
@@ -609,6 +619,7 @@ def test_ctrl_c_on_a_model_file_run_keeps_the_trials_that_finished_and_prints_no
     assert len(records[records["metric"] == "time"]) >= 3 and load_run_info(run_dir)["interrupted"] is True
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_a_fifo_as_a_runs_file_is_named_as_one_under_the_root_given_never_the_default(tmp_path):
     from benchlib.records.store import resolve_run
 

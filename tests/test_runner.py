@@ -117,6 +117,7 @@ def test_cli_runs_notebooks_records_a_failure_and_keeps_the_rest(tmp_path, capsy
     assert seen["executable"] == sys.executable  # the kernel is the runner's own Python
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_interrupt_keeps_what_was_written(tmp_path, monkeypatch, capsys):
     import papermill
 
@@ -134,6 +135,7 @@ def test_interrupt_keeps_what_was_written(tmp_path, monkeypatch, capsys):
     assert main(["run", "failing", "--device", "cpu", "--notebooks-dir", str(NOTEBOOKS), "--out", str(tmp_path)]) == 130
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_cli_runs_lists_past_runs(tmp_path, capsys):
     from benchlib.records import Run
 
@@ -165,6 +167,7 @@ def test_a_budget_gives_the_kernel_a_deadline_within_it(tmp_path):
     assert load_run_info(result.path)["budget_s"] == 600
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_a_spent_budget_lists_every_notebook_as_not_run(tmp_path):
     stream = io.StringIO()
     result = run(["probe", "failing"], quick=True, device="cpu", progress=False, notebooks_dir=NOTEBOOKS,

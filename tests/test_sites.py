@@ -73,6 +73,7 @@ print(json.dumps([[m.alloc_bytes, m.alloc_count] for m in counts]))
 """
 
 
+@pytest.mark.slow
 @needs_memray
 def test_measure_with_attribute_keeps_the_other_passes_and_records_the_sites():
     # the allocation counts compared in a fresh process: the system allocator's counts take in threads with no
@@ -185,6 +186,7 @@ def loss(model, x, y):
 '''
 
 
+@pytest.mark.slow
 @needs_memray
 def test_attribute_names_the_users_line_holding_the_peak_in_records_and_report(tmp_path, capsys):
     from benchlib.records import load_records
@@ -213,6 +215,7 @@ def test_attribute_names_the_users_line_holding_the_peak_in_records_and_report(t
     assert f"your line holding most of the peak is wide.py:{line} in forward" in page
 
 
+@pytest.mark.slow
 def test_attribute_is_refused_before_anything_runs_without_memray(tmp_path, capsys, monkeypatch):
     import benchlib.measure.allocations as allocations
     from benchlib.runner.cli import main

@@ -162,6 +162,7 @@ class _Client:
         pass
 
 
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_ctrl_c_during_a_dask_grid_leaves_no_point_submitted(tmp_path, monkeypatch):
     """Ctrl-C after one point came back: that point keeps its state, every other ends `interrupted` in run.json."""
     distributed = pytest.importorskip("distributed", reason="the dask extra is not installed")

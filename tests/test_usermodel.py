@@ -78,6 +78,7 @@ def refusal(tmp_path, capsys, text, *extra, name="model.py"):
     return error
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("text", "name", "message"), [
     (None, "model.py", "model file {path} does not exist"),
     ("model = 1\n", "model.txt", "{path}: is not a Python file (.py)"),
@@ -116,6 +117,7 @@ def test_a_file_not_in_the_torch_form_is_refused_with_exit_2_naming_file_and_fun
     assert message.format(path=(tmp_path / name).resolve()) in error
 
 
+@pytest.mark.slow
 def test_versions_of_one_name_at_other_values_are_refused_and_debug_shows_the_traceback(tmp_path, capsys):
     first, second = write(tmp_path, GOOD, "a.py"), write(tmp_path, GOOD.replace('"width": 16', '"width": 17'), "b.py")
     out = tmp_path / "out"
@@ -127,6 +129,7 @@ def test_versions_of_one_name_at_other_values_are_refused_and_debug_shows_the_tr
     assert "Traceback" in error and 'broken.py", line 2' in error and not out.exists()
 
 
+@pytest.mark.slow
 def test_parameters_are_typed_by_their_defaults_with_quick_values_and_trials(tmp_path, capsys):
     text = GOOD.replace('"n": 8}', '"n": 8, "sizes": [1, 2]}').replace("(width, n)", "(width, n, sizes)")
     benchmark = load_model_file(write(tmp_path, text))

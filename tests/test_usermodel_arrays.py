@@ -119,6 +119,7 @@ def write(folder: Path, text: str, name: str = "model.py") -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("text", "message"), [
     (RESIDUAL.replace("def data(", "def dat("), "{path}: defines params but no data function; the array form is params"),
     (RESIDUAL.replace("def params(width, steps, n):", "def params(width):"),

@@ -31,6 +31,7 @@ def version(folder: Path, name: str, megabytes: int) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_files_of_one_name_are_one_benchmark_and_other_names_stay_apart(tmp_path):
     first, second = version(tmp_path, "v1.py", 16), version(tmp_path, "v2.py", 64)
     other = tmp_path / "other.py"
@@ -64,6 +65,7 @@ def test_two_versions_run_interleaved_with_a_summary_line_comparing_them(tmp_pat
     assert {f"tiny_{name}.json" for name in ("peak", "roles")} <= {p.name for p in (run / "figures").iterdir()}
 
 
+@pytest.mark.slow
 def test_versions_of_one_name_in_two_forms_are_refused_with_exit_2(tmp_path, capsys):
     torch_file = version(tmp_path, "v1.py", 1)
     array_file = tmp_path / "v2.py"

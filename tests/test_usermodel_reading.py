@@ -16,6 +16,7 @@ def _write(tmp_path, name, text):
     return str(path)
 
 
+@pytest.mark.slow
 def test_the_child_declares_the_same_benchmark_as_reading_the_file_here(tmp_path):
     path = _write(tmp_path, "fine.py", GOOD.replace("import torch\n", "import torch\nPARAMETERS = {'w': [1, 2]}\n")
                   .replace("def model():", "def model(w):").replace("def batch():", "def batch(w):"))
@@ -25,6 +26,7 @@ def test_the_child_declares_the_same_benchmark_as_reading_the_file_here(tmp_path
     assert declared.question == here.question and declared.headline == here.headline
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("body, expected", [
     ("def loss(model, x):\n    import os\n    os._exit(0)\n", "ended with exit status 0 before it answered"),
     ("import threading, time\nthreading.Thread(target=time.sleep, args=(600,), name='poller').start()\n"
@@ -39,6 +41,7 @@ def test_a_file_whose_code_breaks_its_process_is_refused_saying_how(tmp_path, bo
         assert [type(a).__name__ for a in declare_in_child([[bad], [good]])] == ["ModelFileError", "Benchmark"]
 
 
+@pytest.mark.slow
 def test_a_file_that_hangs_is_refused_at_the_time_limit(tmp_path, monkeypatch):
     monkeypatch.setenv("BENCHLIB_FORM_CHECK_TIMEOUT", "3")
     path = _write(tmp_path, "hangs.py", HEAD + "def loss(model, x):\n    while True:\n        pass\n")
@@ -49,6 +52,7 @@ def test_a_file_that_hangs_is_refused_at_the_time_limit(tmp_path, monkeypatch):
         declare_in_child([[path]])
 
 
+@pytest.mark.slow
 def test_benchlib_run_refuses_a_file_that_exits_the_process_with_exit_2_and_no_run(tmp_path, capsys):
     from benchlib.runner.cli import main
 

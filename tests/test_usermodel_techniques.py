@@ -247,6 +247,7 @@ for engine in sys.argv[3:]:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("has_optimizer", [False, True])
 def test_a_template_preloads_torch_dynamo_exactly_for_the_steps_that_import_it(tmp_path, has_optimizer):
     # What a fork template preloads must be what the case would import anyway: more would put objects in its

@@ -36,6 +36,7 @@ def evaluate(kernel, expression: str) -> str:
 printed: list[str] = []
 
 
+@pytest.mark.slow
 def test_a_notebook_in_its_folder_and_environment_takes_it_once_with_its_imports_made(tmp_path):
     printed.clear()
     with WarmKernel(tmp_path, {"WARM_TEST": "yes"}, imports=("answer = 41 + 1",)) as warm:
@@ -50,6 +51,7 @@ def test_a_notebook_in_its_folder_and_environment_takes_it_once_with_its_imports
     assert not kernels_alive()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("other", ["folder", "environment", "nobody"])
 def test_a_kernel_no_notebook_fits_is_shut_down(tmp_path, other):
     with WarmKernel(tmp_path, {"WARM_TEST": "yes"}) as warm:
@@ -61,6 +63,7 @@ def test_a_kernel_no_notebook_fits_is_shut_down(tmp_path, other):
     assert not kernels_alive()
 
 
+@pytest.mark.slow
 def test_a_model_file_run_uses_it_and_a_refused_one_leaves_no_kernel(tmp_path, monkeypatch):
     taken = []
 
