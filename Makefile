@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.benchlib-installed
 ARGS ?=
 
-.PHONY: bench test lab docs install lowest clean-venv
+.PHONY: bench test check lab docs install lowest clean-venv
 
 install: $(STAMP)
 
@@ -21,9 +21,20 @@ $(STAMP): pyproject.toml constraints.txt
 bench: $(STAMP)
 	$(BIN)/benchlib run --device auto $(ARGS)
 
-## The test suite (CI runs exactly this).
+## The test suite (CI runs exactly this): the tests that may share the machine on WORKERS processes (pytest-xdist,
+## one per core), then the `serial` ones alone, whose figures a neighbour would change. Both parts run; either failing
+## fails it (pytest's exit 5, no test selected, counts as none failed). The 20 slowest of each are listed.
+WORKERS ?= auto
+PYTEST := $(BIN)/python -m pytest --durations=20
 test: $(STAMP)
-	$(BIN)/python -m pytest $(ARGS)
+	@status=0; \
+	$(PYTEST) -n $(WORKERS) -m "not serial" $(ARGS) || status=$$?; \
+	$(PYTEST) -m serial $(ARGS) || { code=$$?; [ $$code = 5 ] || status=$$code; }; \
+	[ $$status != 5 ] || status=0; exit $$status
+
+## The inner loop: every test that starts no process (tests/conftest.py fails one that does without the `slow` mark).
+check: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" -n $(WORKERS) $(ARGS)
 
 ## The fast tests in an environment where every declared dependency is at the lowest version its range allows
 ## (uv's lowest-direct resolution, checked by tools/check_lowest.py), so each lower bound in pyproject.toml is tested.
@@ -33,7 +44,7 @@ lowest: $(STAMP)
 	$(BIN)/python -m pip install --quiet -c constraints.txt uv
 	@test -x $(LOWEST)/bin/python || $(PYTHON) -m venv $(LOWEST)
 	$(BIN)/uv pip install --quiet --python $(LOWEST)/bin/python --resolution lowest-direct -e . \
-		$$(grep -E '^(pytest|hypothesis)==' constraints.txt)
+		$$(grep -E '^(pytest|pytest-timeout|hypothesis)==' constraints.txt)
 	$(LOWEST)/bin/python tools/check_lowest.py
 	$(LOWEST)/bin/python -m pytest -m "not slow" $(ARGS)
 
