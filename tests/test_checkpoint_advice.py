@@ -106,7 +106,7 @@ def test_the_fewest_blocks_are_the_largest_savers_with_one_recomputed_at_a_time(
     assert fewest_blocks(200.0, {"1.0": 0.0}, 100.0) == ([], 200.0)
 
 
-def test_fit_at_advises_the_blocks_measures_them_and_adds_one_where_the_plan_is_still_over(tmp_path, monkeypatch):
+def test_fit_at_advises_the_blocks_measures_them_and_adds_one_where_the_plan_is_still_over(fit_children_here, tmp_path, monkeypatch):
     per_block = 10 * MB  # each of the six blocks saves this much; a checkpointed block keeps a fifth of it
     base = 200 * MB
     measured_engines = []
@@ -139,7 +139,7 @@ def test_fit_at_advises_the_blocks_measures_them_and_adds_one_where_the_plan_is_
         "torch", "torch-checkpoint[1.2-5]"}
 
 
-def test_a_plan_predicted_over_is_still_measured_and_said_over_only_as_measured(tmp_path, monkeypatch):
+def test_a_plan_predicted_over_is_still_measured_and_said_over_only_as_measured(fit_children_here, tmp_path, monkeypatch):
     def measure(_file, engine, values, _device, by_module=None):
         if by_module is not None:
             by_module += _rows({f"1.{index}": 10 * MB for index in range(6)})

@@ -103,7 +103,7 @@ def test_the_bisection_over_traces_finds_the_largest_fitting_value():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, --device cuda measures")
-def test_a_step_whose_operators_grow_with_the_value_is_traced_no_farther_than_eight_times_it(tmp_path, monkeypatch):
+def test_a_step_whose_operators_grow_with_the_value_is_traced_no_farther_than_eight_times_it(fit_children_here, tmp_path, monkeypatch):
     from benchlib.fit import in_child, predicted as cuda_prediction
 
     asked = []
@@ -158,7 +158,8 @@ def test_a_model_that_deep_copies_its_layers_as_it_is_built_is_traced(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, --device cuda measures")
-def test_fit_on_cuda_without_a_gpu_predicts_labels_everything_and_measures_nothing(tmp_path, monkeypatch, capsys):
+@pytest.mark.slow  # its run directory's environment asks git
+def test_fit_on_cuda_without_a_gpu_predicts_labels_everything_and_measures_nothing(fit_children_here, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(measured, "measure_step", None)  # any measurement would raise
     path = str(model_file(tmp_path))
     assert main(["fit", path, "--memory", "100 MB", "--scale", "n", "-p", "n=16", "--device", "cuda",
@@ -215,7 +216,8 @@ def loss(model, x):
 """
 
 
-def test_a_step_whose_cuda_kernels_choose_their_own_memory_is_predicted_as_a_floor_and_says_so(tmp_path, monkeypatch,
+@pytest.mark.slow  # its run directory's environment asks git
+def test_a_step_whose_cuda_kernels_choose_their_own_memory_is_predicted_as_a_floor_and_says_so(fit_children_here, tmp_path, monkeypatch,
                                                                                                   capsys):
     plain = predict_reserved(read_model_file(model_file(tmp_path)), "torch", {"width": 16, "n": 8})
     assert plain.unseen == frozenset()  # linear layers: what the trace sees is what CUDA allocates

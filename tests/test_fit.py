@@ -66,7 +66,7 @@ def test_the_points_are_fractions_of_the_value_given_and_too_few_are_refused():
         scale_points(0.5, "lr")
 
 
-def test_the_best_engine_fits_the_largest_value_and_the_others_say_what_they_give_up(tmp_path, monkeypatch):
+def test_the_best_engine_fits_the_largest_value_and_the_others_say_what_they_give_up(fit_children_here, tmp_path, monkeypatch):
     monkeypatch.setattr(measured, "measure_step", fake_measure({"torch": lambda n: 100 * MB + n * MB,
                                                            "torch-checkpoint": lambda n: 100 * MB + n * MB / 4}))
     result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch", "torch-checkpoint", "torch.func"],
@@ -91,7 +91,7 @@ def test_the_best_engine_fits_the_largest_value_and_the_others_say_what_they_giv
                                                    "fit_check_error"}
 
 
-def test_where_this_machine_cannot_hold_the_limit_the_line_says_how_far_it_extrapolated(tmp_path, monkeypatch):
+def test_where_this_machine_cannot_hold_the_limit_the_line_says_how_far_it_extrapolated(fit_children_here, tmp_path, monkeypatch):
     from benchlib.measure import isolation
 
     monkeypatch.setattr(measured, "measure_step", fake_measure({"torch": lambda n: 100 * MB + n * MB / 4}))
@@ -106,7 +106,7 @@ def test_where_this_machine_cannot_hold_the_limit_the_line_says_how_far_it_extra
     assert "not measured nearer the answer: the limit is above the 150.0 MB cpu has available" in result.lines()[1]
 
 
-def test_the_answer_is_read_from_the_size_models_upper_bound_and_keeps_the_margin(tmp_path, monkeypatch):
+def test_the_answer_is_read_from_the_size_models_upper_bound_and_keeps_the_margin(fit_children_here, tmp_path, monkeypatch):
     noisy = {8: 1.0, 16: 1.0, 32: 1.0, 64: 1.1}  # the largest point 10% above the line through the others
     monkeypatch.setattr(measured, "measure_step", lambda _file, _engine, values, _device, **_options: StepOutcome(
         int((100 * MB + values["n"] * MB) * noisy.get(values["n"], 1.0)), 1e-3))
@@ -126,7 +126,8 @@ def test_the_answer_is_read_from_the_size_models_upper_bound_and_keeps_the_margi
     assert {json.loads(row["params"])["margin"] for row in kept.records() if row["metric"] == "max_fitting"} == {0.1}
 
 
-def test_the_answer_is_confirmed_by_measurement_by_default_and_no_verify_skips_it(tmp_path, monkeypatch, capsys):
+@pytest.mark.slow  # its run directory's environment asks git
+def test_the_answer_is_confirmed_by_measurement_by_default_and_no_verify_skips_it(fit_children_here, tmp_path, monkeypatch, capsys):
     asked = []
 
     def measure(_file, engine, values, _device, **_options):
@@ -157,14 +158,15 @@ def test_the_answer_is_confirmed_by_measurement_by_default_and_no_verify_skips_i
     (["--memory", "1 GB", "--scale", "n", "-p", "trials=3"], "-p trials: is a setting of `benchlib run`'s trials"),
     (["--memory", "1 GB", "--scale", "n", "--engines", ""], "--engines names no engine"),
 ])
-def test_bad_input_is_refused_with_exit_2_before_anything_is_measured(tmp_path, monkeypatch, capsys, argv, message):
+def test_bad_input_is_refused_with_exit_2_before_anything_is_measured(fit_children_here, tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.setattr(measured, "measure_step", None)  # any measurement would raise
     assert main(["fit", str(model_file(tmp_path)), "--out", str(tmp_path / "out"), *argv]) == 2  # a later --out wins
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
-def test_exit_0_when_an_engine_fits_and_1_when_none_fits_at_the_smallest_value(tmp_path, monkeypatch, capsys):
+@pytest.mark.slow  # its run directory's environment asks git
+def test_exit_0_when_an_engine_fits_and_1_when_none_fits_at_the_smallest_value(fit_children_here, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(measured, "measure_step", fake_measure({"torch": lambda n: 100 * MB + n * MB}))
     path = str(model_file(tmp_path))
     assert main(["fit", path, "--memory", "150 MB", "--scale", "n", "--engines", "torch", "-p", "n=16",
@@ -272,7 +274,7 @@ def test_a_fake_tensor_trace_counts_the_bytes_a_real_step_holds_at_its_peak(tmp_
     assert huge > 10 * 2**30 and resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before < 2**30
 
 
-def test_a_step_torch_cannot_trace_keeps_the_measured_model_and_says_why(tmp_path, monkeypatch):
+def test_a_step_torch_cannot_trace_keeps_the_measured_model_and_says_why(fit_children_here, tmp_path, monkeypatch):
     path = tmp_path / "held.py"  # the batch, a slice of a tensor made at import: real, where the trace is fake
     path.write_text(OWN_ACTIVATIONS.replace("def batch(n):", "DATA = torch.randn(4096, 16)\n\ndef batch(n):")
                     .replace("return (torch.randn(n, 16),)", "return (DATA[:n],)"))
@@ -350,7 +352,8 @@ def test_fit_measures_under_the_allocator_a_training_process_has_not_the_one_run
 
 
 
-def test_at_the_batch_you_have_the_engines_that_fit_are_ranked_fastest_first(tmp_path, monkeypatch, capsys):
+@pytest.mark.slow  # its run directory's environment asks git
+def test_at_the_batch_you_have_the_engines_that_fit_are_ranked_fastest_first(fit_children_here, tmp_path, monkeypatch, capsys):
     joined = "torch-checkpoint+torch-autocast"  # as named below, in the other order: measured under this name
     per_step = {"torch": 2e-3, "torch-checkpoint": 3e-3, joined: 1e-3}
     totals = {"torch": lambda n: 100 * MB + n * MB, "torch-checkpoint": lambda n: 100 * MB + n * MB / 4,
@@ -373,7 +376,7 @@ def test_at_the_batch_you_have_the_engines_that_fit_are_ranked_fastest_first(tmp
     assert "no engine fits under 100.0 MB" in capsys.readouterr().out
 
 
-def test_at_a_limit_this_machine_cannot_hold_the_totals_are_predicted_with_their_interval(tmp_path, monkeypatch):
+def test_at_a_limit_this_machine_cannot_hold_the_totals_are_predicted_with_their_interval(fit_children_here, tmp_path, monkeypatch):
     from benchlib.measure import isolation
     from benchlib.fit.at import fit_at
 
@@ -391,13 +394,13 @@ def test_at_a_limit_this_machine_cannot_hold_the_totals_are_predicted_with_their
     (["--memory", "1 GB"], "give --scale PARAM"),
     (["--memory", "1 GB", "--at", "width=x"], "--at 'width=x'"),
 ])
-def test_at_refuses_what_it_cannot_answer_before_anything_is_measured(tmp_path, monkeypatch, capsys, argv, message):
+def test_at_refuses_what_it_cannot_answer_before_anything_is_measured(fit_children_here, tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.setattr(measured, "measure_step", None)
     assert main(["fit", str(model_file(tmp_path)), "--out", str(tmp_path / "out"), *argv]) == 2  # a later --out wins
     assert message in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
-def test_two_answers_the_largest_value_and_the_fastest_engine_at_the_largest_value_all_reach(tmp_path, monkeypatch):
+def test_two_answers_the_largest_value_and_the_fastest_engine_at_the_largest_value_all_reach(fit_children_here, tmp_path, monkeypatch):
     def measure(_file, engine, values, _device, **_options):  # checkpointing: a quarter of the memory per sample, 3x the time
         per_sample = {"torch": (MB, 1e-3), "torch-checkpoint": (MB / 4, 3e-3)}[engine]
         return StepOutcome(int(100 * MB + values["n"] * per_sample[0]), values["n"] * per_sample[1])
@@ -418,7 +421,7 @@ def test_two_answers_the_largest_value_and_the_fastest_engine_at_the_largest_val
     assert low <= rows["torch"]["total_bytes"] <= high
 
 
-def test_confirmation_measures_the_fastest_engine_at_the_common_value_too(tmp_path, monkeypatch):
+def test_confirmation_measures_the_fastest_engine_at_the_common_value_too(fit_children_here, tmp_path, monkeypatch):
     asked = []
 
     def measure(_file, engine, values, _device, **_options):
@@ -437,7 +440,7 @@ def test_confirmation_measures_the_fastest_engine_at_the_common_value_too(tmp_pa
                                                                                           ("torch-checkpoint", 403)}
 
 
-def test_added_combinations_are_predicted_from_their_traces_and_measured_only_past_every_engine(tmp_path, monkeypatch):
+def test_added_combinations_are_predicted_from_their_traces_and_measured_only_past_every_engine(fit_children_here, tmp_path, monkeypatch):
     from benchlib.fit import in_child
 
     per_byte = {"torch": 1.0, "torch-checkpoint+torch-autocast": 0.25, "torch-sac+torch-autocast": 2.0}
@@ -467,7 +470,7 @@ def test_added_combinations_are_predicted_from_their_traces_and_measured_only_pa
     assert any("past every measured engine (200): measured" in line for line in lines)
 
 
-def test_an_engine_that_splits_the_batch_is_asked_only_multiples_of_its_split(tmp_path, monkeypatch):
+def test_an_engine_that_splits_the_batch_is_asked_only_multiples_of_its_split(fit_children_here, tmp_path, monkeypatch):
     asked = []
 
     def measure(_file, engine, values, _device, **_options):  # micro-batches refuse a batch that does not split in four
@@ -484,7 +487,7 @@ def test_an_engine_that_splits_the_batch_is_asked_only_multiples_of_its_split(tm
     assert all(value % 4 == 0 for value in asked) and microbatch.confirmed == 400  # 402 is no multiple of 4
 
 
-def test_every_engine_is_confirmed_at_its_own_answer_and_searched_where_it_is_over(tmp_path, monkeypatch):
+def test_every_engine_is_confirmed_at_its_own_answer_and_searched_where_it_is_over(fit_children_here, tmp_path, monkeypatch):
     def measure(_file, engine, values, _device, **_options):  # checkpointing's total grows faster past its points than they show
         n = values["n"]
         total = 100 * MB + n * MB if engine == "torch" else 100 * MB + n * MB / 4 + max(0, n - 252) ** 2 * MB / 400
@@ -501,7 +504,7 @@ def test_every_engine_is_confirmed_at_its_own_answer_and_searched_where_it_is_ov
     assert result.best is checkpoint and result.best.largest == checkpoint.confirmed
 
 
-def test_an_answer_is_measured_three_times_and_one_process_over_the_limit_takes_it_back(tmp_path, monkeypatch):
+def test_an_answer_is_measured_three_times_and_one_process_over_the_limit_takes_it_back(fit_children_here, tmp_path, monkeypatch):
     seen = {}
 
     def measure(_file, engine, values, _device, **_options):  # every second process at a value reads 3% more (another arena)
@@ -517,7 +520,7 @@ def test_an_answer_is_measured_three_times_and_one_process_over_the_limit_takes_
     assert seen[torch_fit.confirmed] >= 3 and torch_fit.checked[torch_fit.confirmed] <= 200.6 * MB
 
 
-def test_an_answer_far_under_the_limit_is_searched_up_so_it_is_not_timid(tmp_path, monkeypatch):
+def test_an_answer_far_under_the_limit_is_searched_up_so_it_is_not_timid(fit_children_here, tmp_path, monkeypatch):
     noisy = {8: 1.0, 16: 1.0, 32: 1.0, 64: 1.3}  # a wide out-of-sample error: the upper bound answers far short
 
     def measure(_file, engine, values, _device, **_options):

@@ -22,7 +22,7 @@ def _measure(fails_from: int, why: str = "failed: the child raised ValueError: b
     return measure, asked
 
 
-def test_an_answer_is_never_extrapolated_past_a_value_whose_step_failed(tmp_path, monkeypatch):
+def test_an_answer_is_never_extrapolated_past_a_value_whose_step_failed(fit_children_here, tmp_path, monkeypatch):
     measure, asked = _measure(fails_from=100)  # the grid (8..64) holds; the next point toward the answer fails
     monkeypatch.setattr(measured, "measure_step", measure)
     result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch"], params={"n": 64},
@@ -36,7 +36,7 @@ def test_an_answer_is_never_extrapolated_past_a_value_whose_step_failed(tmp_path
     assert failed and all(json.loads(row["params"])["value"] >= 100 for row in failed)
 
 
-def test_a_step_that_fails_past_its_first_value_is_recorded_failed_not_not_applicable(tmp_path, monkeypatch):
+def test_a_step_that_fails_past_its_first_value_is_recorded_failed_not_not_applicable(fit_children_here, tmp_path, monkeypatch):
     measure, _ = _measure(fails_from=16)
     monkeypatch.setattr(measured, "measure_step", measure)
     result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch"], params={"n": 64},
@@ -46,7 +46,7 @@ def test_a_step_that_fails_past_its_first_value_is_recorded_failed_not_not_appli
     assert "failed" in metrics and "not_applicable" not in metrics
 
 
-def test_verify_never_answers_a_value_whose_check_was_killed(tmp_path, monkeypatch):
+def test_verify_never_answers_a_value_whose_check_was_killed(fit_children_here, tmp_path, monkeypatch):
     from benchlib.measure import isolation
 
     checked = []
@@ -67,7 +67,7 @@ def test_verify_never_answers_a_value_whose_check_was_killed(tmp_path, monkeypat
     assert "killed by SIGKILL" in "\n".join(result.lines())
 
 
-def test_totals_that_do_not_grow_are_measured_farther_out_and_never_answer_any_value(tmp_path, monkeypatch):
+def test_totals_that_do_not_grow_are_measured_farther_out_and_never_answer_any_value(fit_children_here, tmp_path, monkeypatch):
     from benchlib.fit.sizing import grows
 
     asked = []
@@ -88,7 +88,7 @@ def test_totals_that_do_not_grow_are_measured_farther_out_and_never_answer_any_v
     assert "its batch alone would take it to the limit at n=" in lines  # 16 bytes a sample: near 6.3 million
 
 
-def test_totals_that_grow_farther_out_are_fitted_from_there(tmp_path, monkeypatch):
+def test_totals_that_grow_farther_out_are_fitted_from_there(fit_children_here, tmp_path, monkeypatch):
     def late(_file, engine, values, _device, **_options):  # flat to 64; 1 kB a sample shows from 512 on
         return StepOutcome(int(100 * MB + values["n"] * 1000), 1e-3)
 
@@ -100,7 +100,7 @@ def test_totals_that_grow_farther_out_are_fitted_from_there(tmp_path, monkeypatc
     assert abs(torch_fit.largest - 100_600) <= 1  # the line through the points, now that it rises
 
 
-def test_every_confirming_process_is_capped_just_past_the_limit(tmp_path, monkeypatch):
+def test_every_confirming_process_is_capped_just_past_the_limit(fit_children_here, tmp_path, monkeypatch):
     from benchlib.measure import isolation
 
     caps = {}

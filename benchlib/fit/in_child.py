@@ -19,7 +19,10 @@ class ChildFailed(RuntimeError):
     """A call of the user's code failed in its process: raised, exited, was killed or timed out; says which."""
 
 
-def _call(function: str, model_file, what: str, timeout_s: float | None = None, **params: Any) -> Any:
+def call_in_child(function: str, model_file, what: str, timeout_s: float | None = None, **params: Any) -> Any:
+    """`function(device=, path=model_file.path, **params)` of this module called in a process of its own under
+    `timeout_s` (else the file's or the form check's limit), its JSON value back, or ChildFailed saying why: the one
+    door of every fit child, which tests of fit's search replace to call the function in their own process."""
     from benchlib.measure import CaseFailed, CaseNotApplicable
     from benchlib.measure.isolation import call_isolated
     from benchlib.usermodel.reading import timeout_s as form_check_timeout
@@ -39,7 +42,7 @@ def engine_facts(model_file, values: Mapping[str, Any], device, engines: Sequenc
     from benchlib.usermodel.reading import timeout_s as form_check_timeout
 
     try:
-        made = _call("_in_child_engine_facts", model_file, "building the model and batch at the asked values",
+        made = call_in_child("_in_child_engine_facts", model_file, "building the model and batch at the asked values",
                      timeout_s=form_check_timeout(), values=dict(values), target=device.name, engines=list(engines),
                      world_size=world_size)
     except ChildFailed as failed:  # the file's code fails at these values: refused before anything is measured
@@ -52,7 +55,7 @@ def traced_peaks(model_file, engine: str, values: Mapping[str, Any], scale: str,
     """The traced peaks (`tracing.traced_peak`) of `engine`'s step at each of `at`, traced in one child, and why the
     trace stopped where it did (None: every value traced)."""
     try:
-        made = _call("_in_child_traces", model_file, f"tracing {engine}", values=dict(values), engine=engine,
+        made = call_in_child("_in_child_traces", model_file, f"tracing {engine}", values=dict(values), engine=engine,
                      scale=scale, at=[int(value) for value in at])
     except ChildFailed as failed:
         return {}, f"its trace's process failed ({failed})"
@@ -63,14 +66,14 @@ def blocks(model_file, values: Mapping[str, Any]) -> list[str]:
     """The module paths a checkpoint can be put on (`checkpoint_blocks`) of the model built at `values`, in a child."""
     from benchlib.usermodel.reading import timeout_s as form_check_timeout
 
-    return _call("_in_child_blocks", model_file, "building the model at the asked values",
+    return call_in_child("_in_child_blocks", model_file, "building the model at the asked values",
                  timeout_s=form_check_timeout(), values=dict(values))
 
 
 def batch_bytes(model_file, values: Mapping[str, Any], scale: str, at: int) -> int:
     """Bytes of the batch alone at `scale`=`at` (its tensors' storages), built in a child (at a value whose step was
     measured, so it fits): what a step needs at the least, to scale to larger values."""
-    return int(_call("_in_child_batch_bytes", model_file, "building the batch", values=dict(values), scale=scale,
+    return int(call_in_child("_in_child_batch_bytes", model_file, "building the batch", values=dict(values), scale=scale,
                      at=int(at)))
 
 
@@ -79,7 +82,7 @@ def predicted_engine(model_file, engine: str, values: Mapping[str, Any], scale: 
     rank 0's, simulated there) traced over its grid and search, or {"reason": ...} where its step could not be
     traced."""
     try:
-        return _call("_in_child_predicted", model_file, f"predicting {engine}", values=dict(values), engine=engine,
+        return call_in_child("_in_child_predicted", model_file, f"predicting {engine}", values=dict(values), engine=engine,
                      scale=scale, limit=float(limit), world_size=getattr(model_file, "world_size", 1))
     except ChildFailed as failed:
         return {"reason": f"not predicted: its trace's process failed ({failed})"}

@@ -72,25 +72,30 @@ def _stray_threads() -> list[str]:
             if thread is not threading.main_thread() and not thread.daemon and thread.is_alive()]
 
 
+def read_outcome(group: Sequence[str]) -> dict:
+    """One group's facts as JSON values, or {"error", "traceback"} saying why its files are refused: what the child
+    sends back for it (`child_main`; tests of fit's search call it in their own process)."""
+    try:
+        outcome = _facts(group)
+    except (ModelFileError, DeclarationError) as error:
+        return {"error": str(error), "traceback": traceback.format_exc()}
+    except Exception as error:  # noqa: BLE001 - the user's code: name it; --debug shows the traceback
+        return {"error": f"{group[0]}: reading the file raised {type(error).__name__}: {error}",
+                "traceback": traceback.format_exc()}
+    try:
+        json.dumps(outcome, allow_nan=False)
+    except (TypeError, ValueError) as error:  # PARAMETERS that JSON cannot carry
+        return {"error": f"{group[0]}: PARAMETERS and QUICK must be numbers, strings, booleans or lists of them ({error})"}
+    return outcome
+
+
 def child_main(result_path: str) -> None:
     """Read groups of paths (JSON on stdin), write one outcome per group to `result_path`, and leave at
     once: a thread the user's code started cannot keep this process, and says so."""
     groups = json.load(sys.stdin)
     outcomes = []
     for group in groups:
-        try:
-            outcome = _facts(group)
-        except (ModelFileError, DeclarationError) as error:
-            outcome = {"error": str(error), "traceback": traceback.format_exc()}
-        except Exception as error:  # noqa: BLE001 - the user's code: name it; --debug shows the traceback
-            outcome = {"error": f"{group[0]}: reading the file raised {type(error).__name__}: {error}",
-                       "traceback": traceback.format_exc()}
-        if "error" not in outcome:
-            try:
-                json.dumps(outcome, allow_nan=False)
-            except (TypeError, ValueError) as error:  # PARAMETERS that JSON cannot carry
-                outcome = {"error": f"{group[0]}: PARAMETERS and QUICK must be numbers, strings, booleans or lists of "
-                                    f"them ({error})"}
+        outcome = read_outcome(group)
         stray = _stray_threads()
         if stray and "error" not in outcome:  # this group's code started them: its refusal, no other's
             outcome = {"error": f"{', '.join(map(str, group))}: the file's code started thread(s) {', '.join(stray)} "
@@ -151,32 +156,36 @@ def read_in_child(groups: Sequence[Sequence[str]]) -> list[list[FileFacts] | Mod
             return [ModelFileError(f"{', '.join(map(str, group))}: the process checking the file {why} before it "
                                    f"answered (does the file's code exit the process, e.g. os._exit or sys.exit?){tail}")
                     for group in groups]
-        outcomes = json.loads(result_path.read_text(encoding="utf-8"))
-    answers: list[list[FileFacts] | ModelFileError] = []
+        return answers(json.loads(result_path.read_text(encoding="utf-8")))
+
+
+def answers(outcomes: Sequence[dict]) -> list[list[FileFacts] | ModelFileError]:
+    """The child's outcomes (`read_outcome`, one per group) as each group's `FileFacts`, or its `ModelFileError`."""
+    made: list[list[FileFacts] | ModelFileError] = []
     for outcome in outcomes:
         if "error" in outcome:
             refusal = ModelFileError(outcome["error"])
             refusal.child_traceback = outcome.get("traceback", "")  # what `benchlib --debug` shows
-            answers.append(refusal)
+            made.append(refusal)
             continue
-        answers.append([FileFacts(Path(f["path"]), f["name"], f["parameters"], f["quick"], f["techniques"],
-                                  f["has_optimizer"], outcome["arrays"]) for f in outcome["files"]])
-    return answers
+        made.append([FileFacts(Path(f["path"]), f["name"], f["parameters"], f["quick"], f["techniques"],
+                               f["has_optimizer"], outcome["arrays"]) for f in outcome["files"]])
+    return made
 
 
 def declare_in_child(groups: Sequence[Sequence[str]]) -> list[Benchmark | ModelFileError]:
     """Per group of model-file paths (versions of one NAME), its `Benchmark`, or the `ModelFileError` that
     says why the files were refused, all read and checked in one child under the time limit (`read_in_child`)."""
-    answers: list[Benchmark | ModelFileError] = []
+    declared: list[Benchmark | ModelFileError] = []
     for files in read_in_child(groups):
         if isinstance(files, ModelFileError):
-            answers.append(files)
+            declared.append(files)
             continue
         from benchlib.usermodel.declare import declaration  # torch and the figures: only for a file that passed
 
-        answers.append(declaration(files, files[0].arrays,
+        declared.append(declaration(files, files[0].arrays,
                                    functools.partial(measure_reading, [str(f.path) for f in files])))
-    return answers
+    return declared
 
 
 def _kill(process: subprocess.Popen) -> None:
