@@ -76,7 +76,8 @@ def measure_step(model_file, engine: str, values: dict, device, steps: int = STE
                                   run_isolated, run_ranks)
     from benchlib.usermodel.measuring import RANKED_TARGET, TARGET, TORCH_FORM, preload
 
-    depth = {"module_depth": DEEP} if by_module is not None else {}
+    # memory by module is made by the check after the measured steps; without it, the check would be thrown away
+    depth = {"module_depth": DEEP} if by_module is not None else {"check": "none"}
     options = IsolationOptions(warmup=WARMUP, repeats=steps, timeline=False, malloc=USERS_ALLOCATOR,
                                rss_cap_bytes=cap_bytes, timeout_s=getattr(model_file, "timeout_s", DEFAULT_TIMEOUT_S),
                                preload=preload(TORCH_FORM, model_file, engine, device))

@@ -4,8 +4,9 @@ The child re-reads the file (JSON crosses the process boundary, never the user's
 the seeded model and batch, and measures the step. The check then makes two more steps outside the
 measured ones: one on the measured model under saved-tensor hooks and a gradient counter (memory by
 role), and one on a fresh seeded model to save the gradient the step computes (the parent compares
-it with eager torch's). With `categories` (`--attribute`) one more step runs under torch.profiler:
-torch's own memory categories at its peak, beside the roles. An exception in the user's code names
+it with eager torch's). With `check="categories"` (`--attribute`) one more step runs under torch.profiler:
+torch's own memory categories at its peak, beside the roles; with `check="none"` (`benchlib fit`) no check
+runs. An exception in the user's code names
 the file's line that raised it.
 """
 
@@ -25,6 +26,10 @@ from benchlib.measure.torch_categories import torch_categories
 from benchlib.records.metrics import COMPILE_METRIC, GRADIENT_ROLE, OPTIMIZER_ROLE, PARAMETER_ROLE, SAVED_ROLE
 from benchlib.usermodel.loader import SEED, ModelFile, guarded, read_model_file
 
+# What runs after the measured steps: nothing (`benchlib fit`, which asks only what the steps hold: the check's extra
+# steps would cost time for a result nobody reads, and a confirming process is ended past its cap whenever it reaches
+# it), the roles and the gradient check (`run`), or torch's memory categories besides (`run --attribute`).
+CHECKS = ("none", "gradient", "categories")
 STEP_SEED = SEED + 2  # the random stream every engine's checked step starts from (dropout masks alike)
 
 # A step that replaces the file's optimizer step (`Technique.regroups_optimizer`: fused-optimizer, alone or joined)
@@ -122,11 +127,13 @@ def _seed_dependent(model_file: ModelFile, values: dict, device: Any, gradient: 
     return float(bool(gradient) and not max_relative_error(again, gradient) <= (tolerance or 0.0))
 
 
-def case(*, device, path: str, engine: str, values: dict, gradient_dir: str, categories: bool = False,
+def case(*, device, path: str, engine: str, values: dict, gradient_dir: str, check: str = "gradient",
          options: dict | None = None, module_depth: int = DEFAULT_DEPTH) -> Case:
     """`engine`: a technique, or several joined by `+`; `options`: the run's technique settings
     (`measuring.technique_options`: micro-batches, the SAC policy); `module_depth`: the levels of module
-    paths its memory by module keeps."""
+    paths its memory by module keeps; `check`: what runs after the measured steps (`CHECKS`)."""
+    if check not in CHECKS:
+        raise ValueError(f"check={check!r}: valid values are {', '.join(CHECKS)}")
     model_file = read_model_file(path)
     model, batch = guarded(model_file, "model or batch (building the case)", model_file.build, values, device.torch)
     step = guarded(model_file, f"{engine}'s set-up (optimizer)", make_step, model_file, engine, model, batch, options)
@@ -134,7 +141,7 @@ def case(*, device, path: str, engine: str, values: dict, gradient_dir: str, cat
     regroups = step.combination.regroups_optimizer is not None and model_file.optimizer is not None
     by_module: list[dict] = []
 
-    def check(_result) -> dict[str, float]:
+    def checked(_result) -> dict[str, float]:
         roles, by_module[:] = guarded(model_file, what, memory_by_role, step, module_depth)
         if step.compile_s is not None:
             roles[COMPILE_METRIC] = step.compile_s
@@ -149,8 +156,9 @@ def case(*, device, path: str, engine: str, values: dict, gradient_dir: str, cat
         if engine == REFERENCE:
             roles[SEED_DEPENDENT_METRIC] = guarded(model_file, what, _seed_dependent, model_file, values, device,
                                                    gradient)
-        if categories:  # torch's own view of one more step, beside the roles (`--attribute`)
+        if check == "categories":  # torch's own view of one more step, beside the roles (`--attribute`)
             roles.update(guarded(model_file, what, torch_categories, step, device.name))
         return roles
 
-    return Case(lambda: guarded(model_file, what, step), check, breakdown=lambda: by_module)
+    return Case(lambda: guarded(model_file, what, step), None if check == "none" else checked,
+                breakdown=lambda: by_module)

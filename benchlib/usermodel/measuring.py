@@ -272,7 +272,7 @@ class _ModelRun:
         return run_isolated(
             form.target, {"path": path, "engine": unit.engine, "values": self.values, "gradient_dir": gradient_dir,
                           **({"options": options, "module_depth": depth} if form.composes else {}),
-                          **({"categories": True} if traced and form.torch_categories else {})},
+                          **({"check": "categories"} if traced and form.torch_categories else {})},
             name=case_name, device=device.name,
             options=IsolationOptions(warmup=WARMUP, repeats=STEPS, track_allocations=track, timeline=False,
                                      attribute=traced, cuda_snapshot=snapshot_path(case_name, device) if trial == 0
