@@ -28,7 +28,7 @@ WORKERS ?= auto
 PYTEST := $(BIN)/python -m pytest --durations=20
 test: $(STAMP)
 	@status=0; \
-	$(PYTEST) -n $(WORKERS) -m "not serial" $(ARGS) || status=$$?; \
+	$(PYTEST) -n $(WORKERS) --dist worksteal -m "not serial" $(ARGS) || status=$$?; \
 	$(PYTEST) -m serial $(ARGS) || { code=$$?; [ $$code = 5 ] || status=$$code; }; \
 	[ $$status != 5 ] || status=0; exit $$status
 
