@@ -351,6 +351,24 @@ def test_fit_measures_under_the_allocator_a_training_process_has_not_the_one_run
     assert seen == ["training-process"] and DEFAULT_MALLOC_POLICY != "training-process"
 
 
+def test_a_measured_step_runs_no_check_unless_its_memory_by_module_is_asked_for(tmp_path):
+    import benchlib.measure
+    from benchlib.measure import resolve_device
+
+    asked = []
+
+    def run_isolated(_target, params, **_kwargs):
+        asked.append(params)
+        raise benchlib.measure.CaseNotApplicable("tiny/torch", "stop here")
+
+    file = read_model_file(model_file(tmp_path))
+    measured.measure_step(file, "torch", {"width": 4, "n": 3}, resolve_device("cpu"), isolate=run_isolated)
+    measured.measure_step(file, "torch", {"width": 4, "n": 3}, resolve_device("cpu"), by_module=[],
+                          isolate=run_isolated)
+    assert asked[0]["check"] == "none"  # the check's gradients and roles would be thrown away
+    assert "check" not in asked[1] and asked[1]["module_depth"] == measured.DEEP  # memory by module is the check's
+
+
 
 @pytest.mark.slow  # its run directory's environment asks git
 def test_at_the_batch_you_have_the_engines_that_fit_are_ranked_fastest_first(fit_children_here, tmp_path, monkeypatch, capsys):
