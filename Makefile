@@ -22,19 +22,24 @@ bench: $(STAMP)
 	$(BIN)/benchlib run --device auto $(ARGS)
 
 ## The test suite (CI runs exactly this): the tests that may share the machine on WORKERS processes (pytest-xdist,
-## one per core), then the `serial` ones alone, whose figures a neighbour would change. Both parts run; either failing
-## fails it (pytest's exit 5, no test selected, counts as none failed). The 20 slowest of each are listed.
+## one per core), then the `serial` ones alone in this process, whose figures a neighbour would change (an xdist
+## worker's own thread, a busy core). Both parts run; either failing fails it (pytest's exit 5, no test selected,
+## counts as none failed). The 20 slowest of each are listed.
 WORKERS ?= auto
 PYTEST := $(BIN)/python -m pytest --durations=20
-test: $(STAMP)
+# $(call suite,AND): the tests `not serial AND` on WORKERS processes, then those `serial AND` alone.
+define suite
 	@status=0; \
-	$(PYTEST) -n $(WORKERS) --dist worksteal -m "not serial" $(ARGS) || status=$$?; \
-	$(PYTEST) -m serial $(ARGS) || { code=$$?; [ $$code = 5 ] || status=$$code; }; \
+	$(PYTEST) -n $(WORKERS) --dist worksteal -m "not serial$(1)" $(ARGS) || status=$$?; \
+	$(PYTEST) -m "serial$(1)" $(ARGS) || { code=$$?; [ $$code = 5 ] || status=$$code; }; \
 	[ $$status != 5 ] || status=0; exit $$status
+endef
+test: $(STAMP)
+	$(call suite,)
 
 ## The inner loop: every test that starts no process (tests/conftest.py fails one that does without the `slow` mark).
 check: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" -n $(WORKERS) $(ARGS)
+	$(call suite, and not slow)
 
 ## The fast tests in an environment where every declared dependency is at the lowest version its range allows
 ## (uv's lowest-direct resolution, checked by tools/check_lowest.py), so each lower bound in pyproject.toml is tested.

@@ -69,6 +69,7 @@ def _warm_counts(frame, step):
     return rows["value"].tolist()
 
 
+@pytest.mark.serial  # counts this process's allocations: an xdist worker's own thread would add to them
 def test_benchlib_steady_state_allocations_are_equal_for_both_setups():
     frame = _frame(closures.run_protocol("dense", "benchlib-inplace", "seed", device="cpu", protocol=TINY))
     counts = {step: _warm_counts(frame, step) for step in STEPS}
@@ -83,6 +84,7 @@ def test_benchlib_steady_state_allocations_are_equal_for_both_setups():
     assert warm["grads identical"].all()
 
 
+@pytest.mark.serial  # counts this process's allocations: an xdist worker's own thread would add to them
 def test_the_trackers_floor_is_subtracted_and_kept_in_each_counts_params():
     frame = records_frame(closures.tracker_records("cpu", samples=3))
     counts = frame[frame["metric"].isin(["alloc_count", "alloc_count_python"])]
@@ -104,6 +106,7 @@ def _memray_python_count_under(fn, function: str, path) -> int:
                if record.allocator in python and any(frame[0] == function for frame in record.stack_trace()))
 
 
+@pytest.mark.serial  # counts this process's allocations: an xdist worker's own thread would add to them
 def test_a_warm_torch_closure_calls_python_count_is_memrays_count_of_that_call(tmp_path):
     problem = closures.MWE("dense", _engine("torch"))
     state = problem.setup("setup1")

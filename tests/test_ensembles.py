@@ -104,6 +104,7 @@ def test_the_hand_written_backward_matches_autograd_to_rounding(tensors):
         torch.testing.assert_close(after[name], reference[name], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.serial  # counts this process's allocations: an xdist worker's own thread would add to them
 def test_a_warm_fused_step_allocates_no_buffer_and_leaves_no_python_object(tensors):
     from benchlib.measure import count_allocations
 
@@ -285,6 +286,7 @@ def test_the_long_lived_heap_stays_tracked(data):
         assert len(heap) == 40 and all(gc.is_tracked(sample) for sample in heap)
 
 
+@pytest.mark.serial  # counts this process's allocations: an xdist worker's own thread would add to them
 def test_train_counts_allocations_in_a_separate_pass_and_records_tidy_rows(tensors):
     result = run_train(tensors, E.GCPolicy("default"), steps=5, alloc_steps=2)
     assert len(result.step_s) == 5 and (result.step_s > 0).all()

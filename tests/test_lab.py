@@ -81,6 +81,7 @@ def _wait_for_server(url: str, lab: subprocess.Popen, log: Path, timeout_s: floa
     pytest.fail(f"JupyterLab did not answer in {timeout_s} s:\n{log.read_text()[-3000:]}")
 
 
+@pytest.mark.serial  # a browser's Run All, timed out beside busy workers
 @pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it where it runs as root)")
 def test_a_notebook_run_all_in_jupyterlab_at_quick_sizes_draws_its_figures_and_leaves_the_shipped_one_clean(tmp_path):

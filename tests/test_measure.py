@@ -17,6 +17,9 @@ from benchlib.measure import devices as devices_module
 from benchlib.measure.devices import hwm_resettable
 from benchlib.measure.timeline import timeline_from_json, timeline_to_json
 
+# Counts this process's own allocations and threads: an xdist worker's own thread would add to them.
+pytestmark = pytest.mark.serial
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA device on this machine")
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(),

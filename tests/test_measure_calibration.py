@@ -10,6 +10,9 @@ from benchlib.records import records_frame
 from benchlib.report.plots import calibration as plots
 from benchlib.workloads import calibration
 
+# Counts this process's own allocations and threads: an xdist worker's own thread would add to them.
+pytestmark = pytest.mark.serial
+
 NOTEBOOK = "notebooks/calibration.ipynb"
 
 
