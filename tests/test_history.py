@@ -181,7 +181,8 @@ MODEL = textwrap.dedent('''
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)  # minutes of work beside the suite's other workers
+@pytest.mark.serial  # a tiny model's peaks, at page resolution, moved between identical runs beside busy workers
+@pytest.mark.timeout(1200)  # minutes of work: six runs and the history
 def test_real_runs_of_a_model_file_whose_width_doubles_step_and_exit_one(tmp_path):
     repo, out = tmp_path / "repo", tmp_path / "results"
     repo.mkdir()
