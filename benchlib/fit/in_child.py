@@ -43,8 +43,8 @@ def engine_facts(model_file, values: Mapping[str, Any], device, engines: Sequenc
 
     try:
         made = call_in_child("_in_child_engine_facts", model_file, "building the model and batch at the asked values",
-                     timeout_s=form_check_timeout(), values=dict(values), target=device.name, engines=list(engines),
-                     world_size=world_size)
+                             timeout_s=form_check_timeout(), values=dict(values), target=device.name,
+                             engines=list(engines), world_size=world_size)
     except ChildFailed as failed:  # the file's code fails at these values: refused before anything is measured
         raise FitError(f"{model_file.path}: {failed}") from None
     return EngineFacts(**made)
@@ -56,7 +56,7 @@ def traced_peaks(model_file, engine: str, values: Mapping[str, Any], scale: str,
     trace stopped where it did (None: every value traced)."""
     try:
         made = call_in_child("_in_child_traces", model_file, f"tracing {engine}", values=dict(values), engine=engine,
-                     scale=scale, at=[int(value) for value in at])
+                             scale=scale, at=[int(value) for value in at])
     except ChildFailed as failed:
         return {}, f"its trace's process failed ({failed})"
     return {int(value): int(peak) for value, peak in made["peaks"].items()}, made["untraced"]
@@ -67,14 +67,14 @@ def blocks(model_file, values: Mapping[str, Any]) -> list[str]:
     from benchlib.usermodel.reading import timeout_s as form_check_timeout
 
     return call_in_child("_in_child_blocks", model_file, "building the model at the asked values",
-                 timeout_s=form_check_timeout(), values=dict(values))
+                         timeout_s=form_check_timeout(), values=dict(values))
 
 
 def batch_bytes(model_file, values: Mapping[str, Any], scale: str, at: int) -> int:
     """Bytes of the batch alone at `scale`=`at` (its tensors' storages), built in a child (at a value whose step was
     measured, so it fits): what a step needs at the least, to scale to larger values."""
-    return int(call_in_child("_in_child_batch_bytes", model_file, "building the batch", values=dict(values), scale=scale,
-                     at=int(at)))
+    return int(call_in_child("_in_child_batch_bytes", model_file, "building the batch", values=dict(values),
+                             scale=scale, at=int(at)))
 
 
 def predicted_engine(model_file, engine: str, values: Mapping[str, Any], scale: str, limit: float) -> dict:
@@ -82,8 +82,9 @@ def predicted_engine(model_file, engine: str, values: Mapping[str, Any], scale: 
     rank 0's, simulated there) traced over its grid and search, or {"reason": ...} where its step could not be
     traced."""
     try:
-        return call_in_child("_in_child_predicted", model_file, f"predicting {engine}", values=dict(values), engine=engine,
-                     scale=scale, limit=float(limit), world_size=getattr(model_file, "world_size", 1))
+        return call_in_child("_in_child_predicted", model_file, f"predicting {engine}", values=dict(values),
+                             engine=engine, scale=scale, limit=float(limit),
+                             world_size=getattr(model_file, "world_size", 1))
     except ChildFailed as failed:
         return {"reason": f"not predicted: its trace's process failed ({failed})"}
 

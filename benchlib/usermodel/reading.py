@@ -85,7 +85,8 @@ def read_outcome(group: Sequence[str]) -> dict:
     try:
         json.dumps(outcome, allow_nan=False)
     except (TypeError, ValueError) as error:  # PARAMETERS that JSON cannot carry
-        return {"error": f"{group[0]}: PARAMETERS and QUICK must be numbers, strings, booleans or lists of them ({error})"}
+        return {"error": f"{group[0]}: PARAMETERS and QUICK must be numbers, strings, booleans or lists of them "
+                         f"({error})"}
     return outcome
 
 
