@@ -134,3 +134,22 @@ def pytest_runtest_makereport(item, call):
     elif call.when == "teardown":
         guard.__exit__(None, None, None)
         del item._process_guard
+
+
+def _expected_cost(item) -> float:
+    """A test's rough cost for ordering: minutes-long tests (a timeout past the default), then the `slow` ones."""
+    timeout = item.get_closest_marker("timeout")
+    if timeout is not None and timeout.args and timeout.args[0] > float(item.config.getini("timeout")):
+        return 15.0  # about fifteen typical slow tests
+    return 1.0 if item.get_closest_marker("slow") is not None else 0.02
+
+
+def pytest_collection_modifyitems(config, items):
+    """The costliest files first, each kept whole (its module fixtures are made once): on xdist the long tests
+    start early and spread over the workers, and the last ones to run are short, so no worker idles beside one
+    long test at the end."""
+    cost: dict[str, float] = {}
+    for item in items:
+        cost[item.module.__name__] = cost.get(item.module.__name__, 0.0) + _expected_cost(item)
+    first_seen = {name: index for index, name in enumerate(dict.fromkeys(item.module.__name__ for item in items))}
+    items.sort(key=lambda item: (-cost[item.module.__name__], first_seen[item.module.__name__]))

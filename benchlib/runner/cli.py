@@ -10,6 +10,7 @@ import traceback
 from collections.abc import Sequence
 
 from benchlib.runner.commands import FAMILIES
+from benchlib.runner.startup import skip_iri_grammars
 
 EXIT_REFUSED = 2
 
@@ -92,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `benchlib` command; returns the exit status (docs/setup.md, "Exit status"): an
     error ends as one line, `benchlib: error: ...`, and 2; its traceback only with --debug. Output to a
     reader that left early changes no exit status."""
+    skip_iri_grammars()
     stdout = sys.stdout
     sys.stdout = _ReaderSafe(stdout)
     try:

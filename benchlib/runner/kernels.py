@@ -3,6 +3,7 @@ shows of it while it runs, and what it cleans up after it.
 
 - Kernels are reached over IPC sockets in a private temporary directory, not TCP: nothing listens
   on a port, and ipykernel has no reason to warn that TCP traffic is unencrypted.
+- Kernels start as benchlib's own processes do (`benchlib.runner.startup`), before the first cell.
 - SIGTERM and SIGHUP (CI time-outs, job cancels, closed terminals) are turned into the same
   interrupt as Ctrl-C, so run.json is finished and marked `interrupted` rather than left `running`.
 - The runner is the subreaper of its descendants (Linux): a process a dead kernel leaves behind is
@@ -23,6 +24,8 @@ from typing import TextIO
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import default
 
+from benchlib.runner.startup import KERNEL_LINE
+
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
 
@@ -37,6 +40,10 @@ def ipc_kernel_manager(socket_dir: str) -> type[AsyncKernelManager]:
         @default("ip")
         def _default_ip(self) -> str:
             return tempfile.mkdtemp(prefix="kernel-", dir=socket_dir) + "/socket"
+
+        def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
+            """The kernel's command, which first skips the imports benchlib's processes skip (runner.startup)."""
+            return super().format_kernel_cmd([f"--IPKernelApp.exec_lines={KERNEL_LINE}", *(extra_arguments or [])])
 
     return IPCKernelManager
 
