@@ -113,8 +113,9 @@ def test_a_step_whose_operators_grow_with_the_value_is_traced_no_farther_than_ei
         return cuda_prediction.Prediction(100 * MiB + values["n"] * MiB, 0, 1, operators=values["n"])
 
     monkeypatch.setattr(cuda_prediction, "predict_reserved", fake_trace)
-    monkeypatch.setattr(in_child, "predicted_engine", lambda facts, engine, values, scale, limit:  # here, faked
-                        cuda_prediction.predict_engine(read_model_file(facts.path), engine, values, scale, limit))
+    monkeypatch.setattr(in_child, "predicted_engine", lambda facts, engine, values, scale, limit, gpu:  # here, faked
+                        cuda_prediction.predict_engine(read_model_file(facts.path), engine, values, scale, limit,
+                                                       gpu=gpu))
     path = model_file(tmp_path)
     result = fit(path, memory=100 * MiB + 1000 * MiB, scale="n", device="cuda", engines=["torch"],
                          params={"n": 16}, progress=lambda line: None)
@@ -152,7 +153,7 @@ def test_a_model_that_deep_copies_its_layers_as_it_is_built_is_traced(tmp_path):
         "def batch(batch_size):\n    return (torch.randn(batch_size, 8, 32),)\n"
         "def loss(model, x):\n    return model(x).square().mean()\n")
     file = read_model_file(tmp_path / "encoder.py")
-    fake = predict_reserved(file, "torch", {"batch_size": 4}, workspaces=())
+    fake = predict_reserved(file, "torch", {"batch_size": 4}, workspaces=(), gpu=None)  # the CPU's attention, as real
     real = predict_reserved(file, "torch", {"batch_size": 4}, workspaces=(), fake=False)
     assert (fake.reserved, fake.allocated) == (real.reserved, real.allocated) and fake.allocated > 0
 

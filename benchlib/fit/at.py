@@ -15,7 +15,7 @@ from benchlib.engine_names import REFERENCE
 from benchlib.fit import in_child, measured
 from benchlib.fit.advice import CheckpointAdvice, EagerStep, advise
 from benchlib.fit.asking import FitInterrupted, MemoryLimit, ask, parse_at
-from benchlib.fit.largest import fit, on_ranks, total_words
+from benchlib.fit.largest import fit, gpu_question, on_ranks, total_words
 from benchlib.fit.result import MEASURED
 from benchlib.units import format_bytes, format_seconds
 
@@ -147,6 +147,7 @@ def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engin
     from benchlib.measure.isolation import available_memory
 
     scale, value = parse_at(at)
+    memory, gpu = gpu_question(memory, cuda_without_gpu(device), device)
     question = ask(path, memory, scale, engines, {**(params or {}), scale: value})
     model_file, values, limit, margin, chosen = (question.model_file, question.values, question.limit,
                                                  question.margin, question.engines)
@@ -163,8 +164,9 @@ def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engin
         except KeyboardInterrupt as stopped:  # what was measured goes with it, for the command to save
             raise FitInterrupted(result, getattr(stopped, "signal_name", "")) from None
         return result
-    fitted = fit(path, memory=MemoryLimit(limit, margin), scale=scale, device=device, engines=chosen,
-                 params={**(params or {}), scale: value}, verify=False, progress=progress)
+    fitted = fit(path, memory=MemoryLimit(limit, margin, gpu if cuda_without_gpu(device) else None), scale=scale,
+                 device=device, engines=chosen, params={**(params or {}), scale: value}, verify=False,
+                 progress=progress)
     result = AtResult(fitted.name, scale, value, limit, margin, fitted.device, fitted.total)
     for engine_fit in fitted.engines:
         if engine_fit.model is None:

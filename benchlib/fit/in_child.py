@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from benchlib.fit.asking import FitError
+from benchlib.fit.cuda_policy import DEFAULT_GPU
 
 
 class ChildFailed(RuntimeError):
@@ -77,14 +78,15 @@ def batch_bytes(model_file, values: Mapping[str, Any], scale: str, at: int) -> i
                              scale=scale, at=int(at)))
 
 
-def predicted_engine(model_file, engine: str, values: Mapping[str, Any], scale: str, limit: float) -> dict:
-    """`predicted.predict_engine` run in a child: the engine's CUDA reserved peaks (on `model_file.world_size` ranks,
-    rank 0's, simulated there) traced over its grid and search, or {"reason": ...} where its step could not be
-    traced."""
+def predicted_engine(model_file, engine: str, values: Mapping[str, Any], scale: str, limit: float,
+                     gpu: str = DEFAULT_GPU) -> dict:
+    """`predicted.predict_engine` run in a child: the engine's CUDA reserved peaks on the GPU `gpu` names (on
+    `model_file.world_size` ranks, rank 0's, simulated there) traced over its grid and search, or {"reason": ...}
+    where its step could not be traced."""
     try:
         return call_in_child("_in_child_predicted", model_file, f"predicting {engine}", values=dict(values),
                              engine=engine, scale=scale, limit=float(limit),
-                             world_size=getattr(model_file, "world_size", 1))
+                             world_size=getattr(model_file, "world_size", 1), gpu=gpu)
     except ChildFailed as failed:
         return {"reason": f"not predicted: its trace's process failed ({failed})"}
 
@@ -132,8 +134,8 @@ def _in_child_batch_bytes(*, device, path: str, values: dict, scale: str, at: in
 
 
 def _in_child_predicted(*, device, path: str, values: dict, engine: str, scale: str, limit: float,
-                        world_size: int = 1) -> dict:
+                        world_size: int = 1, gpu: str = DEFAULT_GPU) -> dict:
     from benchlib.fit.predicted import predict_engine
     from benchlib.usermodel.loader import read_model_file
 
-    return predict_engine(read_model_file(path), engine, values, scale, limit, world_size)
+    return predict_engine(read_model_file(path), engine, values, scale, limit, world_size, gpu)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchlib.fit.asking import FitError, FitInterrupted, Question, ask, scale_points
+from benchlib.fit.asking import FitError, FitInterrupted, MemoryLimit, Question, ask, scale_points
 from benchlib.fit import in_child, measured
 from benchlib.fit.measured import (CAP_SLACK, REACH, approach, check_at, confirm, fit_model, hold, step_down,
                                    until_it_grows)
@@ -44,14 +44,16 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
     module's docstring. Without `engines`, the form's and the combinations `-p combinations` adds (default: the
     ones users reach for). `verify` (default: wherever this machine can hold the limit) measures the answers in
     fresh processes before they are given. Every call of the file's code runs in a child, each limited to
-    `asking.process_timeout()` (`BENCHLIB_FIT_TIMEOUT`; reading the file: the form check's limit)."""
+    `asking.process_timeout()` (`BENCHLIB_FIT_TIMEOUT`; reading the file: the form check's limit). A prediction is
+    made for the card `MemoryLimit.gpu` names (default `cuda_policy.DEFAULT_GPU`)."""
     from benchlib.measure import Device, resolve_device
     from benchlib.measure.devices import cuda_without_gpu
     from benchlib.measure.isolation import available_memory
 
+    predicted = cuda_without_gpu(device)
+    memory, card = gpu_question(memory, predicted, device)
     question = ask(path, memory, scale, engines, params)
     model_file, values = question.model_file, question.values
-    predicted = cuda_without_gpu(device)
     if predicted and verify:
         raise FitError("--verify measures the best engine on the device, and this machine has no GPU; without "
                        "--verify, --device cuda predicts from a trace under fake tensors")
@@ -62,7 +64,7 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
         verify = not predicted and question.limit <= available_memory(target)
     fits = _applicable(question, target, progress)
     if predicted:
-        result = _predict_all(model_file, fits, values, scale, question.usable, target.name, progress)
+        result = _predict_all(model_file, fits, values, scale, question.usable, target.name, progress, card)
         return dataclasses.replace(result, limit=question.limit, margin=question.margin)
     result = FitResult(model_file.name, scale, question.limit, target.name, total_words(target, model_file.world_size),
                        fits, margin=question.margin, world_size=model_file.world_size)
@@ -255,16 +257,38 @@ def _confirm(result: FitResult, question: Question, device, pace: Pace) -> None:
         check_at(fastest, common, measuring(fastest), usable)
 
 
+def gpu_question(memory: Any, predicted: bool, device: str) -> tuple[Any, str]:
+    """The limit and the name of the card a prediction is for: `MemoryLimit.gpu` (`--gpu`) only where fit predicts,
+    and its memory where no size is given. Refused, saying what is valid, before any work."""
+    from benchlib.fit.cuda_policy import DEFAULT_GPU, gpu_named
+
+    gpu = memory.gpu if isinstance(memory, MemoryLimit) else None
+    if gpu is not None and not predicted:
+        raise FitError(f"--gpu names the GPU a prediction is made for, with --device cuda on a machine without one; "
+                       f"with --device {device} fit measures here")
+    try:
+        card = gpu_named(gpu or DEFAULT_GPU)
+    except ValueError as error:
+        raise FitError(str(error)) from None
+    if memory is None or (isinstance(memory, MemoryLimit) and memory.size is None):
+        if gpu is None:
+            raise FitError("give --memory SIZE (the limit), or --gpu NAME for a prediction at that card's memory")
+        memory = MemoryLimit(card.memory_bytes, memory.margin, gpu)
+    return memory, gpu or DEFAULT_GPU
+
+
 def _predict_all(model_file, fits: list[EngineFit], values: dict, scale: str, limit: float, device: str,
-                progress: Callable[[str], None]) -> FitResult:
+                progress: Callable[[str], None], gpu: str) -> FitResult:
     """`fit`'s answer on a machine without a GPU (`fits`: the engines, with the plan's reasons already set): each
     engine predicted in a child of its own (`predicted.predict_engine`), and the size model of its traced points recorded
     with its check error."""
+    from benchlib.fit.cuda_policy import emulated
     from benchlib.fit.predicted import BASIS
     from benchlib.fit.sizing import choose_model
     from benchlib.usermodel.case import combination_of
 
     unseen: set[str] = set()
+    assumed: set[str] = set()
     for engine_fit in fits:
         if engine_fit.reason:
             continue
@@ -272,13 +296,14 @@ def _predict_all(model_file, fits: list[EngineFit], values: dict, scale: str, li
         if untraceable is not None:
             engine_fit.reason = "not predicted: " + untraceable
             continue
-        made = in_child.predicted_engine(model_file, engine_fit.engine, values, scale, limit)
+        made = in_child.predicted_engine(model_file, engine_fit.engine, values, scale, limit, gpu)
         if "reason" in made:
             engine_fit.reason = made["reason"]
             progress(f"{model_file.name} {engine_fit.engine}: {engine_fit.reason}")
             continue
         engine_fit.traced = {int(value): reserved for value, reserved in made["traced"].items()}
         unseen.update(made["unseen"])
+        assumed.update(made["assumed"])
         engine_fit.model = choose_model(list(engine_fit.traced), list(engine_fit.traced.values()))
         largest, reach = made["largest"], made["reach"]
         if largest is not None and largest == reach:  # fits at the farthest value traced: the size model says beyond
@@ -290,4 +315,4 @@ def _predict_all(model_file, fits: list[EngineFit], values: dict, scale: str, li
     if model_file.world_size > 1:
         total = f"rank 0's reserved peak (the largest shard), simulated in one process, {BASIS}"
     return FitResult(model_file.name, scale, limit, device, total, fits, basis=BASIS, unseen=sorted(unseen),
-                     world_size=model_file.world_size)
+                     target=emulated(gpu), assumed=sorted(assumed), world_size=model_file.world_size)

@@ -1,19 +1,20 @@
 """`benchlib fit --device cuda` on a machine without a GPU: each engine's reserved peak predicted from the
-step traced under fake tensors (no memory taken) and replayed through a model of the CUDA caching
-allocator (`benchlib.measure.caching_allocator`). Nothing here is measured on a GPU, and everything it
-shows says so (`BASIS`).
+step traced under fake tensors (no memory taken) as a named GPU would run it, and replayed through a model of the
+CUDA caching allocator (`benchlib.measure.caching_allocator`). Nothing here is measured on a GPU, and everything
+it shows says so (`BASIS`).
 
 The trace follows what a measured CUDA process does (`benchlib.usermodel.measuring`): the model and the
 batch built, then moved to the device (parameters and buffers in the order `Module.to` copies them, then
 the batch), cuBLAS's workspaces taken (`prime_cuda_libraries`), and `STEPS_TRACED` steps, whose first
 makes the gradients and the optimizer's state. Every tensor storage the step makes is an allocation of
-its bytes, freed when torch frees it; the allocator model turns that sequence into reserved segments.
+its bytes, freed when torch frees it; the allocator model turns that sequence into reserved segments. The step
+runs under `cuda_policy.as_cuda(gpu)`: autocast casts as CUDA's does, and attention runs the kernel CUDA would
+choose on that GPU (checked against an H200's measurements: tests/test_cuda_truth.py).
 
-What the trace cannot know: the trace runs the CPU's operators, so where CUDA picks another kernel with
-another workspace (cuDNN's convolution algorithms, fused attention, cuDNN's recurrent layers) its bytes
-differ, and the answer for such a step is labelled a floor, not a bound (`Prediction.unseen`); cuBLAS's
-workspace size depends on the GPU and `CUBLAS_WORKSPACE_CONFIG` (`CUBLAS_WORKSPACES` assumes what an H100
-and an H200 took). Checked against an H200's and an H100's measurements in docs/techniques.md.
+What the trace still cannot know: where CUDA picks a kernel with a workspace of its own (cuDNN's convolution
+algorithms, cuDNN's recurrent layers), its bytes differ, and the answer for such a step is labelled a floor, not a
+bound (`Prediction.unseen`); cuBLAS's workspace size depends on the GPU and `CUBLAS_WORKSPACE_CONFIG`
+(`CUBLAS_WORKSPACES` assumes what an H100 and an H200 took).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchlib.fit.asking import scale_points
+from benchlib.fit.cuda_policy import DEFAULT_GPU, GPUS, Gpu, as_cuda, gpu_named
 from benchlib.fit.sizing import SEARCH_LIMIT, TRACE_REACH, largest_where
 from benchlib.fit.tracing import untraced_reason
 from benchlib.measure.caching_allocator import CachingAllocatorModel
@@ -37,11 +39,10 @@ STEPS_TRACED = 4  # fit's measured processes run one warm-up step and three meas
 # Operators whose CUDA kernels take memory a trace of the CPU's operators does not see, by what an aten name holds:
 # the trace's answer for a step that runs them is a floor of what CUDA takes (checked on an H100 in
 # docs/techniques.md: a small BatchNorm CNN's largest batch predicted 39% too large, a transformer's 4%).
-ATTENTION = "CUDA's fused attention kernels allocate other tensors than the CPU's"
+ATTENTION = "attention ran the CPU's own kernel, not the one CUDA would choose (called past the dispatcher)"
 GPU_KERNEL_CHOICES = {
     "convolution": "cuDNN picks each convolution's algorithm, and its workspace, on the GPU",
-    "scaled_dot_product": ATTENTION,
-    "_fused_sdp_choice": ATTENTION,  # asked first: where the math path follows, no other attention name shows
+    "_scaled_dot_product_flash_attention_for_cpu": ATTENTION,  # as_cuda routes scaled_dot_product_attention
 }
 # ...and by module, where the CPU decomposes what CUDA runs as one kernel (a GRU's cells, say)
 RECURRENT = "cuDNN runs nn.LSTM, nn.GRU and nn.RNN as one kernel with a reserve buffer of its own"
@@ -57,6 +58,8 @@ class Prediction:
     segments: int
     operators: int  # operators the traced steps dispatched: what a trace costs, whatever the tensors' sizes
     unseen: frozenset[str] = frozenset()  # why CUDA's kernels take memory the trace did not see (GPU_KERNEL_CHOICES)
+    attention: frozenset[str] = frozenset()  # the attention kernels CUDA would run, as the trace ran them
+    assumed: frozenset[str] = frozenset()  # where a choice could not be known and the larger branch was taken
 
 
 class _StorageEvents:
@@ -129,10 +132,10 @@ def _moved_order(module) -> list:
 
 
 def _materialized(build: Callable[[], Any]):
-    """The model built on the meta device and materialized where it is asked (fake tensors under a fake mode): a
-    model that deep-copies its layers as it is built (nn.TransformerEncoder) would otherwise hold parameters of
-    another fake mode, which torch refuses to mix. A model that cannot be built on the meta device (its
-    construction reads values) is built as it is."""
+    """The model built on the meta device and materialized where it is asked (fake tensors under a fake mode), its
+    tied weights tied again: a model that deep-copies its layers as it is built (nn.TransformerEncoder) would
+    otherwise hold parameters of another fake mode, which torch refuses to mix. A model that cannot be built on
+    the meta device (its construction reads values) is built as it is."""
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -141,17 +144,34 @@ def _materialized(build: Callable[[], Any]):
             model = build()
     except Exception:  # noqa: BLE001 - the file's own construction: built under the mode instead
         return build()
-    return model.to_empty(device="cpu")
+    tied = _tied_places(model)
+    model = model.to_empty(device="cpu")
+    for (owner, name), *others in tied:  # `to_empty` gives each place a tensor of its own: tied again
+        for module, other in others:
+            setattr(module, other, getattr(owner, name))
+    return model
+
+
+def _tied_places(model) -> list[list[tuple]]:
+    """(module, attribute) pairs that hold one parameter or buffer between them (a language model's embedding
+    and output weights), each group listed once."""
+    places: dict[int, list[tuple]] = {}
+    for _, module in model.named_modules(remove_duplicate=False):
+        for tensors in (module._parameters, module._buffers):
+            for name, tensor in tensors.items():
+                if tensor is not None and (module, name) not in places.get(id(tensor), []):
+                    places.setdefault(id(tensor), []).append((module, name))
+    return [group for group in places.values() if len(group) > 1]
 
 
 def predict_reserved(model_file, engine: str, values: Mapping[str, Any],
                      workspaces: Sequence[int] = CUBLAS_WORKSPACES, fake: bool = True,
-                     world_size: int = 1) -> Prediction:
-    """The predicted CUDA reserved peak of `engine`'s step at `values` (see the module's docstring). Raises where
-    torch cannot trace the step under fake tensors (data-dependent control flow, torch.func's wrappers). On
+                     world_size: int = 1, gpu: Gpu | None = GPUS[DEFAULT_GPU]) -> Prediction:
+    """The predicted CUDA reserved peak of `engine`'s step at `values` on `gpu` (see the module's docstring). Raises
+    where torch cannot trace the step under fake tensors (data-dependent control flow, torch.func's wrappers). On
     `world_size` ranks, rank 0's, simulated in this process (`simulated_rank`): its parallel strategy places the
     model and the file's batch is rank 0's. `fake=False` records the same step over real tensors, as a test
-    compares."""
+    compares, with the CPU's kernels (the only ones real CPU tensors have)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
@@ -166,7 +186,8 @@ def predict_reserved(model_file, engine: str, values: Mapping[str, Any],
     ranks = simulated_rank(world_size) if world_size > 1 else contextlib.nullcontext()
     # the model is made on the meta device and materialized under the mode: those tensors are not fake yet
     tensors = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
-    with warnings.catch_warnings(), ranks, tensors:
+    kernels = as_cuda(gpu) if gpu is not None and fake else contextlib.nullcontext(None)
+    with warnings.catch_warnings(), ranks, tensors, kernels as policy:
         warnings.simplefilter("ignore")
         build = lambda: model_file.seeded_model(values)  # noqa: E731 - the placement's builder
         # on the CPU, where the trace runs: moving fake parameters is refused, and the bytes are the same
@@ -186,8 +207,9 @@ def predict_reserved(model_file, engine: str, values: Mapping[str, Any],
             for _ in range(STEPS_TRACED):
                 step()
         del step, model, batch
+    chosen = (frozenset(policy.attention), frozenset(policy.assumed)) if policy is not None else ((), ())
     return Prediction(allocator.peak_reserved, allocator.peak_allocated, allocator.segments, events.operators,
-                      frozenset(events.unseen))
+                      frozenset(events.unseen), *map(frozenset, chosen))
 
 
 def largest_fitting(reserved: Callable[[int], int], traced: dict[int, int], limit: int,
@@ -206,15 +228,17 @@ def largest_fitting(reserved: Callable[[int], int], traced: dict[int, int], limi
 
 
 def predict_engine(model_file, engine: str, values: Mapping[str, Any], scale: str, limit: float,
-                   world_size: int = 1) -> dict:
-    """One engine's prediction, in the child that read the file (`in_child.predicted_engine`): its reserved peaks
-    (rank 0's of `world_size`) traced at the grid's points and at `TRACE_REACH` times the given value, then searched
-    for the largest value under `limit` (`largest_fitting`); as JSON: `traced` (value -> reserved), `largest`,
-    `reach` (how far the search traced, None: unbounded), `unseen`; or `reason` where its step could not be traced."""
+                   world_size: int = 1, gpu: str = DEFAULT_GPU) -> dict:
+    """One engine's prediction on the GPU `gpu` names, in the child that read the file (`in_child.predicted_engine`):
+    its reserved peaks (rank 0's of `world_size`) traced at the grid's points and at `TRACE_REACH` times the given
+    value, then searched for the largest value under `limit` (`largest_fitting`); as JSON: `traced` (value ->
+    reserved), `largest`, `reach` (how far the search traced, None: unbounded), `unseen`, `attention` (the kernels
+    CUDA would run), `assumed` (the larger branches taken); or `reason` where its step could not be traced."""
     points = scale_points(values[scale], scale)
+    card = gpu_named(gpu)
 
     def trace(value: int) -> Prediction:
-        return predict_reserved(model_file, engine, {**values, scale: value}, world_size=world_size)
+        return predict_reserved(model_file, engine, {**values, scale: value}, world_size=world_size, gpu=card)
 
     try:
         grid = {value: trace(value) for value in sorted({*points, *(values[scale] * k for k in TRACE_REACH)})}
@@ -225,5 +249,9 @@ def predict_engine(model_file, engine: str, values: Mapping[str, Any], scale: st
         largest = largest_fitting(lambda value: trace(value).reserved, traced, limit, reach)
     except Exception as error:  # noqa: BLE001 - torch's tracer or the file's code under fake tensors: said, not fatal
         return {"reason": f"not predicted: its step could not be traced under fake tensors ({untraced_reason(error)})"}
+
+    def union(part: str) -> list[str]:
+        return sorted(set().union(*(getattr(prediction, part) for prediction in grid.values())))
+
     return {"traced": {str(value): reserved for value, reserved in sorted(traced.items())}, "largest": largest,
-            "reach": reach, "unseen": sorted(set().union(*(prediction.unseen for prediction in grid.values())))}
+            "reach": reach, "unseen": union("unseen"), "attention": union("attention"), "assumed": union("assumed")}

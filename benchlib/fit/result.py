@@ -133,6 +133,8 @@ class FitResult:
     engines: list[EngineFit]
     basis: str = MEASURED  # or predicted.BASIS: the totals are predicted, nothing ran on the device
     unseen: list[str] = field(default_factory=list)  # predicted: what CUDA's kernels take that the trace did not see
+    target: str = ""  # predicted: the GPU and the torch whose kernel choices the trace made (cuda_policy)
+    assumed: list[str] = field(default_factory=list)  # predicted: where a choice was unknown, the larger branch taken
     margin: float = 0.0  # the share of the limit kept free: answers stay under limit * (1 - margin)
     world_size: int = 1  # the ranks each step ran on: values are per rank, totals the worst rank's
 
@@ -195,6 +197,7 @@ class FitResult:
         if self.predicted:
             lines = [f"{self.name}, {self.basis}: the largest {self.scale} under {limit} of CUDA reserved memory is "
                      f"{_value(best.largest)}{self._per_rank(best.largest)}, with {best.engine}",
+                     *([f"  for {self.target}"] if self.target else []),
                      "  (a trace under fake tensors replayed through a model of the caching allocator"
                      + (f"; rank 0 of {self.world_size} simulated in one process under torch's fake process group, "
                         "whose collectives move nothing" if self.world_size > 1 else "")
@@ -203,6 +206,9 @@ class FitResult:
                 lines.append(f"  a floor, not a bound: the trace does not see this memory, so a smaller {self.scale} "
                              "may be the largest (confirm with --verify on the GPU):")
                 lines.extend(f"    {why}" for why in self.unseen)
+            if self.assumed:
+                lines.append("  where CUDA's choice could not be known, the larger branch was taken:")
+                lines.extend(f"    {why}" for why in self.assumed)
             return lines
         seconds, label = best.seconds_per_sample(best.largest)
         lines = [f"{self.name}: the largest {self.scale} under {limit} ({self.total}) is {_value(best.largest)}"

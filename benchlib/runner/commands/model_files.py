@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchlib.engine_names import split_names
+from benchlib.fit.cuda_policy import DEFAULT_GPU, GPUS
 from benchlib.runner.arguments import parse_assignments, ranks_params
 from benchlib.runner.notebooks import RunnerError
 
@@ -41,13 +42,17 @@ def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:
                     "measured on a GPU'. Exit status: 0 some engine fits, 1 none fits at the smallest value (or none "
                     "could be measured or predicted), 2 refused.")
     fit_parser.add_argument("file", metavar="FILE", help="a model file in the torch form (see `benchlib new`)")
-    fit_parser.add_argument("--memory", required=True, metavar="SIZE", help="the limit: '24 GB', '80 GiB', bytes")
+    fit_parser.add_argument("--memory", default=None, metavar="SIZE",
+                            help="the limit: '24 GB', '80 GiB', bytes (with --gpu, default: that card's memory)")
     fit_parser.add_argument("--scale", metavar="PARAM",
                             help="an integer parameter of the file that memory grows with (batch_size, seq_len)")
     fit_parser.add_argument("--at", metavar="PARAM=VALUE",
                             help="instead of the largest value: which engines fit this one (the batch you have), "
                                  "fastest first; exit 0 if any fits, 1 if none")
     fit_parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu); cuda without a GPU: predicted, not measured")
+    fit_parser.add_argument("--gpu", default=None, metavar="NAME",
+                            help="with --device cuda on a machine without a GPU: the card the prediction is for, whose "
+                                 f"kernels the trace chooses ({', '.join(GPUS)}; default: {DEFAULT_GPU})")
     fit_parser.add_argument("--engines", default=None, metavar="A,B", help="engines and combinations to fit, as torch,torch-sac+torch-autocast (default: all of the form's, "
                                  "and the combinations -p combinations=default|all|none adds)")
     fit_parser.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
@@ -136,14 +141,14 @@ def fit_command(arguments: argparse.Namespace) -> int:
     if arguments.at is not None:
         return _fit_at(arguments, chosen, started, started_at)
     try:
-        result = fit(file, memory=MemoryLimit(arguments.memory, _share(arguments.margin)), scale=scale, device=device,
-                     engines=chosen, params=ranks_params(arguments, parse_assignments(arguments.param)),
+        result = fit(file, memory=MemoryLimit(arguments.memory, _share(arguments.margin), arguments.gpu), scale=scale,
+                     device=device, engines=chosen, params=ranks_params(arguments, parse_assignments(arguments.param)),
                      verify=arguments.verify)
     except FitInterrupted as stopped:
         _save_interrupted(arguments, stopped, f"{stopped.result.name}_fit", started, started_at,
                           pd.DataFrame(stopped.result.rows()))
     print("\n".join(result.lines()))
-    question = (f"What is the largest {scale} at which {Path(file).name}'s step fits in {arguments.memory}, and under "
+    question = (f"What is the largest {scale} at which {Path(file).name}'s step fits in {_limit(arguments)}, and under "
                 "which engine?")
     ran_on = resolve_device("cpu" if result.predicted else device)  # a prediction runs on the CPU
     run, frame = _saved(arguments, result, f"{result.name}_fit", question, ran_on.name, started_at,
@@ -162,7 +167,8 @@ def _fit_at(arguments: argparse.Namespace, chosen: list[str] | None, started: fl
     from benchlib.report.page import HEADLINE_SUFFIX, SUMMARY_COLUMN
 
     try:
-        result = fit_at(arguments.file, memory=MemoryLimit(arguments.memory, _share(arguments.margin)), at=arguments.at,
+        result = fit_at(arguments.file, memory=MemoryLimit(arguments.memory, _share(arguments.margin), arguments.gpu),
+                        at=arguments.at,
                         device=arguments.device, engines=chosen,
                         params=ranks_params(arguments, parse_assignments(arguments.param)))
     except FitInterrupted as stopped:
@@ -170,11 +176,16 @@ def _fit_at(arguments: argparse.Namespace, chosen: list[str] | None, started: fl
                           pd.DataFrame({SUMMARY_COLUMN: stopped.result.lines()}))
     print("\n".join(result.lines()))
     question = (f"Which engines fit {Path(arguments.file).name}'s step at {result.scale}={result.value} in "
-                f"{arguments.memory}, and which is fastest?")
+                f"{_limit(arguments)}, and which is fastest?")
     run, _ = _saved(arguments, result, f"{result.name}_fit_at", question, result.device, started_at,
                     pd.DataFrame({SUMMARY_COLUMN: result.lines()}), HEADLINE_SUFFIX)
     return _finished(run, arguments, f"{result.name}_fit_at", result, started,
                      EXIT_FITS if result.fitting else EXIT_NONE_FITS)
+
+
+def _limit(arguments: argparse.Namespace) -> str:
+    """The limit as the command was given it: --memory, else the --gpu card's memory."""
+    return arguments.memory or f"{arguments.gpu}'s memory"
 
 
 def _saved(arguments: argparse.Namespace, result, name: str, question: str, device: str, started_at: str,

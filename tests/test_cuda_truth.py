@@ -1,0 +1,49 @@
+"""fit's CUDA prediction against GPU-measured truth (results/reference/cuda-truth/): every row predicted on this
+CPU, as the installed torch chooses kernels on the GPU the row was measured on, within 5% of its reserved peak, and
+over the limit wherever the GPU measured over it (so no answer lies past a batch the GPU could not hold).
+
+The rows were measured with torch 2.11; the trace emulates the installed torch's choices (its autocast lists and
+attention order), which agree with 2.11's for every op these models run."""
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from benchlib.fit.cuda_policy import gpu_named
+from benchlib.fit.predicted import predict_reserved
+from benchlib.units import format_bytes
+from benchlib.usermodel.loader import read_model_file
+
+TRUTH = Path(__file__).resolve().parents[1] / "results" / "reference" / "cuda-truth"
+TOLERANCE = 0.05  # of the measured reserved peak
+LIMIT = 80 * 2**30  # the limit the rows were measured around (80 GiB)
+
+
+def truth_tables() -> list[Path]:
+    return sorted(TRUTH.glob("*.csv"))
+
+
+@pytest.mark.slow  # minutes: a 124M-parameter model traced at every measured batch (it starts no process)
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("table", truth_tables(), ids=lambda path: path.stem)
+def test_every_measured_row_is_predicted_within_five_percent_and_over_the_limit_where_the_gpu_was(table):
+    pytest.importorskip("transformers", reason="the truth models are transformers' (pip install -e '.[hf]')")
+    rows = pd.read_csv(table, comment="#")
+    gpu = gpu_named(table.stem.rsplit("_", 1)[1])  # gpt2_124m_h200.csv: measured on an H200
+    predicted = {}
+    for (model, engine, batch_size, seq_len), _ in rows.groupby(["model", "engine", "batch_size", "seq_len"]):
+        model_file = read_model_file(TRUTH / f"{model}.py")
+        values = {"batch_size": int(batch_size), "seq_len": int(seq_len)}
+        predicted[model, engine, batch_size] = predict_reserved(model_file, engine, values, gpu=gpu).reserved
+    lines, misses = [], []
+    for row in rows.itertuples():
+        guess = predicted[row.model, row.engine, row.batch_size]
+        error = guess / row.reserved_bytes - 1
+        over_missed = row.reserved_bytes > LIMIT >= guess
+        lines.append(f"{row.model} {row.engine} batch {row.batch_size} ({row.source}): measured "
+                     f"{format_bytes(row.reserved_bytes)}, predicted {format_bytes(guess)} ({100 * error:+.2f}%)")
+        if abs(error) > TOLERANCE or over_missed:
+            misses.append(lines[-1] + (" predicted under the limit the GPU went over" if over_missed else ""))
+    print("\n".join(lines))
+    assert not misses, "\n".join(misses)
