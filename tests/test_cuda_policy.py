@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchlib.engines.techniques.builtin import _without_generation_cache
 from benchlib.fit.cuda_policy import CUDA_AUTOCAST, GPUS, as_cuda, cpu_autocast_ops, cuda_autocast_ops, gpu_named
-from benchlib.fit.predicted import _materialized
+from benchlib.fit.tracing import materialized
 
 
 class Ops(TorchDispatchMode):
@@ -115,7 +115,7 @@ def test_a_model_materialized_from_the_meta_device_keeps_its_tied_weights():
             self.head.weight = self.embed.weight
 
     with FakeTensorMode(allow_non_fake_inputs=True):
-        model = _materialized(Tied)
+        model = materialized(Tied)
     assert model.head.weight is model.embed.weight and len(list(model.parameters())) == 1
 
 

@@ -17,6 +17,7 @@ from benchlib.fit import measured
 from benchlib.fit.largest import fit
 from benchlib.fit.predicted import BASIS, RECURRENT, largest_fitting, predict_reserved
 from benchlib.fit.sizing import SEARCH_LIMIT
+from benchlib.fit.tracing import traced_peak, tracked_peak
 from benchlib.usermodel.loader import read_model_file
 from benchlib.usermodel.template import TEMPLATE
 from test_fit import blocks_file, model_file
@@ -144,7 +145,8 @@ def test_the_fake_tensor_trace_replays_the_same_allocations_as_real_tensors(tmp_
 
 
 def test_a_model_that_deep_copies_its_layers_as_it_is_built_is_traced(tmp_path):
-    """nn.TransformerEncoder copies its layer: built under the fake mode, those copies held another mode's tensors."""
+    """nn.TransformerEncoder copies its layer: built under the fake mode, those copies held another mode's tensors.
+    Both traces (the GPU's allocator replay and the CPU's live bytes) build it on the meta device."""
     (tmp_path / "encoder.py").write_text(
         "import torch\nfrom torch import nn\nPARAMETERS = {'batch_size': 4}\n"
         "def model(batch_size):\n"
@@ -156,6 +158,8 @@ def test_a_model_that_deep_copies_its_layers_as_it_is_built_is_traced(tmp_path):
     fake = predict_reserved(file, "torch", {"batch_size": 4}, workspaces=(), gpu=None)  # the CPU's attention, as real
     real = predict_reserved(file, "torch", {"batch_size": 4}, workspaces=(), fake=False)
     assert (fake.reserved, fake.allocated) == (real.reserved, real.allocated) and fake.allocated > 0
+    # the CPU's trace (fit's trace model) builds it the same way
+    assert traced_peak(file, "torch", {"batch_size": 4}) == tracked_peak(file, "torch", {"batch_size": 4}) > 0
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, --device cuda measures")

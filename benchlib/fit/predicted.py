@@ -30,7 +30,7 @@ from typing import Any
 from benchlib.fit.asking import scale_points
 from benchlib.fit.cuda_policy import DEFAULT_GPU, GPUS, Gpu, as_cuda, gpu_named
 from benchlib.fit.sizing import SEARCH_LIMIT, TRACE_REACH, largest_where
-from benchlib.fit.tracing import untraced_reason
+from benchlib.fit.tracing import materialized, untraced_reason
 from benchlib.measure.caching_allocator import CachingAllocatorModel
 
 BASIS = "predicted, not measured on a GPU"
@@ -131,39 +131,6 @@ def _moved_order(module) -> list:
     return tensors
 
 
-def _materialized(build: Callable[[], Any]):
-    """The model built on the meta device and materialized where it is asked (fake tensors under a fake mode), its
-    tied weights tied again: a model that deep-copies its layers as it is built (nn.TransformerEncoder) would
-    otherwise hold parameters of another fake mode, which torch refuses to mix. A model that cannot be built on
-    the meta device (its construction reads values) is built as it is."""
-    import torch
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    try:
-        with unset_fake_temporarily(), torch.device("meta"):
-            model = build()
-    except Exception:  # noqa: BLE001 - the file's own construction: built under the mode instead
-        return build()
-    tied = _tied_places(model)
-    model = model.to_empty(device="cpu")
-    for (owner, name), *others in tied:  # `to_empty` gives each place a tensor of its own: tied again
-        for module, other in others:
-            setattr(module, other, getattr(owner, name))
-    return model
-
-
-def _tied_places(model) -> list[list[tuple]]:
-    """(module, attribute) pairs that hold one parameter or buffer between them (a language model's embedding
-    and output weights), each group listed once."""
-    places: dict[int, list[tuple]] = {}
-    for _, module in model.named_modules(remove_duplicate=False):
-        for tensors in (module._parameters, module._buffers):
-            for name, tensor in tensors.items():
-                if tensor is not None and (module, name) not in places.get(id(tensor), []):
-                    places.setdefault(id(tensor), []).append((module, name))
-    return [group for group in places.values() if len(group) > 1]
-
-
 def predict_reserved(model_file, engine: str, values: Mapping[str, Any],
                      workspaces: Sequence[int] = CUBLAS_WORKSPACES, fake: bool = True,
                      world_size: int = 1, gpu: Gpu | None = GPUS[DEFAULT_GPU]) -> Prediction:
@@ -191,7 +158,7 @@ def predict_reserved(model_file, engine: str, values: Mapping[str, Any],
         warnings.simplefilter("ignore")
         build = lambda: model_file.seeded_model(values)  # noqa: E731 - the placement's builder
         # on the CPU, where the trace runs: moving fake parameters is refused, and the bytes are the same
-        model = combination.place(build, torch.device("cpu")) if world_size > 1 else _materialized(build)
+        model = combination.place(build, torch.device("cpu")) if world_size > 1 else materialized(build)
         batch = model_file.seeded_batch(values)
         if any(isinstance(module, torch.nn.RNNBase) for module in model.modules()):
             events.unseen.add(RECURRENT)

@@ -1,5 +1,7 @@
-"""A step's peak of live tensor bytes traced under fake tensors: any value of the parameter asked without its
-memory, by torch's own (private) `MemTracker`; and why a step could not be traced, in one line."""
+"""A step traced under fake tensors: the model as a trace builds it (`materialized`), the peak of its live tensor
+bytes at any value of the parameter asked without its memory, by torch's own (private) `MemTracker` (the CPU's
+answer; a GPU's replays the trace through the allocator: `fit.predicted`), and why a step could not be traced, in
+one line."""
 
 from __future__ import annotations
 
@@ -23,10 +25,11 @@ def traced_peak(model_file, engine: str, values: Mapping[str, Any]) -> int:
             raise ValueError(f"batch() item(s) {real} are real tensors under fake tensor mode")
 
     with FakeTensorMode():
-        return tracked_peak(model_file, engine, values, batch_is_fake)
+        return tracked_peak(model_file, engine, values, batch_is_fake, build=materialized)
 
 
-def tracked_peak(model_file, engine: str, values: Mapping[str, Any], check_batch: Callable[[tuple], None] = tuple) -> int:
+def tracked_peak(model_file, engine: str, values: Mapping[str, Any], check_batch: Callable[[tuple], None] = tuple,
+                 build: Callable = lambda make: make()) -> int:
     """The peak of live tensor bytes of one `engine` step at `values` by torch's `MemTracker`, after one step that
     makes the optimizer's state: under fake tensors (`traced_peak`) or, as a test compares, real ones."""
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -35,7 +38,8 @@ def tracked_peak(model_file, engine: str, values: Mapping[str, Any], check_batch
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tracker's own, about tensors it skips (None gradients)
-        model, batch = model_file.build(values)  # on the CPU: moving fake parameters is refused; bytes are the same
+        # on the CPU: moving fake parameters is refused; the bytes are the same
+        model, batch = build(lambda: model_file.seeded_model(values)), model_file.seeded_batch(values)
         check_batch(batch)
         step = make_step(model_file, engine, model, batch)
         step()
@@ -45,6 +49,40 @@ def tracked_peak(model_file, engine: str, values: Mapping[str, Any], check_batch
             step()
         (categories,) = tracker.get_tracker_snapshot("peak").values()
     return int(categories["Total"])
+
+
+def materialized(build: Callable[[], Any]):
+    """The model built on the meta device and materialized where it is asked (fake tensors under a fake mode), its
+    tied weights tied again: a model that deep-copies its layers as it is built (nn.TransformerEncoder) would
+    otherwise hold parameters of another fake mode, which torch refuses to mix. A model that cannot be built on
+    the meta device (its construction reads values) is built as it is."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    try:
+        with unset_fake_temporarily(), torch.device("meta"):
+            model = build()
+    except Exception:  # noqa: BLE001 - the file's own construction: built under the mode instead
+        return build()
+    tied = _tied_places(model)
+    # `to_empty`, from shapes alone: the meta tensors are no input a strict fake mode refuses
+    model = model._apply(lambda tensor: torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu"))
+    for (owner, name), *others in tied:  # `to_empty` gives each place a tensor of its own: tied again
+        for module, other in others:
+            setattr(module, other, getattr(owner, name))
+    return model
+
+
+def _tied_places(model) -> list[list[tuple]]:
+    """(module, attribute) pairs that hold one parameter or buffer between them (a language model's embedding
+    and output weights), each group listed once."""
+    places: dict[int, list[tuple]] = {}
+    for _, module in model.named_modules(remove_duplicate=False):
+        for tensors in (module._parameters, module._buffers):
+            for name, tensor in tensors.items():
+                if tensor is not None and (module, name) not in places.get(id(tensor), []):
+                    places.setdefault(id(tensor), []).append((module, name))
+    return [group for group in places.values() if len(group) > 1]
 
 
 def untraced_reason(error: Exception) -> str:
