@@ -252,3 +252,32 @@ def test_an_answer_table_needs_no_named_best_and_a_headline_of_its_own_shape_kee
     assert list(table["engine"]) == ["manual", "torch"] and table["status"][1] == "failed: RuntimeError: boom"
     custom = pd.DataFrame({"case": ["a"], "summary": ["a: 3 steps, 1.2 ms"]})
     assert _answer_html(custom) == "<pre class='answer'>a: 3 steps, 1.2 ms</pre>"
+
+
+def test_the_page_names_the_allocator_settings_that_shaped_it_and_nothing_where_none_did():
+    from benchlib.report.page import _allocator_text
+
+    assert _allocator_text({"isolation_default_policy": None, "env": {}}) == ""
+    assert _allocator_text({}) == ""
+    assert _allocator_text({"isolation_default_policy": "mmap-128k", "env": {"MALLOC_ARENA_MAX": "2"}}) == \
+        '; allocator policy mmap-128k; allocator environment {"MALLOC_ARENA_MAX": "2"}'
+
+
+def test_a_predicted_fit_is_drawn_in_gb_around_the_limit_with_its_traces_as_points():
+    import json
+
+    import pandas as pd
+
+    from benchlib.report.plots.usermodel import fit_figure
+
+    params = {"scale": "batch", "basis": "predicted, not measured on a GPU", "limit": 8e9}
+    rows = [{"benchmark": "m", "device": "cuda:0", "metric": "predicted_total_bytes", "variant": "torch",
+             "value": 1e9 * batch / 8, "params": json.dumps({**params, "value": batch, "model": "trace"})}
+            for batch in (8, 16, 32, 64, 128)]
+    rows.append({"benchmark": "m", "device": "cuda:0", "metric": "max_fitting", "variant": "torch", "value": 64.0,
+                 "params": json.dumps(params)})
+    figure = fit_figure(pd.DataFrame(rows))
+    (traced,) = figure.data
+    assert traced.mode == "markers" and list(traced.y) == [1.0, 2.0, 4.0, 8.0, 16.0]  # GB, one point per trace
+    assert figure.layout.yaxis.title.text == "total memory (GB)" and list(figure.layout.yaxis.range) == [0, 12.0]
+    assert figure.layout.shapes[-1].y0 == 8.0  # the limit, in GB

@@ -92,6 +92,15 @@ def notebook_question(run_path: Path, notebook: str, info: Mapping[str, Any]) ->
     return ""
 
 
+
+def _allocator_text(allocator: dict) -> str:
+    """What shaped the allocator's numbers, where anything was set: the isolation's policy (the processes a run
+    measured in) and the variables set; nothing where neither was (a fit, a run that isolated nothing)."""
+    policy, variables = allocator.get("isolation_default_policy"), allocator.get("env") or {}
+    said = ([f"allocator policy {policy}"] if policy else []) + \
+        ([f"allocator environment {json.dumps(variables)}"] if variables else [])
+    return "".join(f"; {part}" for part in said)
+
 def _environment_lines(info: Mapping[str, Any]) -> list[str]:
     """A few lines naming what shaped the numbers: device, versions, commit, allocator, threads, data."""
     env = info.get("environment", {})
@@ -108,8 +117,7 @@ def _environment_lines(info: Mapping[str, Any]) -> list[str]:
         f"host {env.get('host', '?')}, {cpu.get('model', '?')}, {cpu.get('usable_cores', '?')} usable cores, "
         f"{env.get('torch_threads', '?')} torch threads; GPU: {gpu_text}",
         f"Python {env.get('python', {}).get('version', '?')}; {versions}",
-        f"commit {commit}; allocator policy {allocator.get('isolation_default_policy')}, "
-        f"environment {json.dumps(allocator.get('env', {}))}",
+        f"commit {commit}" + _allocator_text(allocator),
     ]
     sources = info.get("data_sources") or info.get("data_source")
     if sources:

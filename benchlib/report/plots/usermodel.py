@@ -15,6 +15,8 @@ from benchlib.engine_names import COMBINED
 from benchlib.analysis.compare import trial_values
 from benchlib.report.plots.common import apply_layout, engine_color
 from benchlib.report.plots.gradients import MB, _annotate, _status_notes
+
+GB = 1e9
 from benchlib.analysis.stats import median_interval
 
 VERSION_COLORS = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#9d755d", "#e45756")
@@ -156,9 +158,10 @@ def _half(high: float, low: float) -> float:
 
 
 def fit_figure(records: pd.DataFrame) -> go.Figure:
-    """`benchlib fit`: where does each engine's total memory cross the limit? Per engine its measured totals
-    (dots), its size model's prediction (dashed), what was measured to confirm an answer (open diamonds) and the
-    confirmed answer (a star), against the scale parameter; the limit as a line, each largest fitting value marked."""
+    """`benchlib fit`: where does each engine's total memory cross the limit? Per engine its measured or traced
+    totals (dots), its size model (a line; dashed where no point was measured), what was measured to confirm an
+    answer (open diamonds) and the confirmed answer (a star), against the scale parameter, in GB on a linear axis
+    around the limit (a line), each largest fitting value marked."""
     totals = records[records["metric"] == "fit_total_bytes"]
     confirming = _param(totals, "confirms", False).astype(bool) if len(totals) else pd.Series(dtype=bool)
     measured, checked = totals[~confirming], totals[confirming]
@@ -175,10 +178,10 @@ def fit_figure(records: pd.DataFrame) -> go.Figure:
         searched = json.loads(row.params)["searched"]
         at = int(row.value)
         if str(at) in searched:
-            fig.add_trace(go.Scatter(x=[at], y=[searched[str(at)] / MB], mode="markers",
+            fig.add_trace(go.Scatter(x=[at], y=[searched[str(at)] / GB], mode="markers",
                                      name=f"{row.variant}: the answer, confirmed", legendgroup=row.variant,
                                      marker=dict(color=engine_color(row.variant), size=16, symbol="star"),
-                                     hovertemplate=f"{row.variant}: %{{y:.1f}} MB measured at {scale}=%{{x}}, the "
+                                     hovertemplate=f"{row.variant}: %{{y:.3f}} GB measured at {scale}=%{{x}}, the "
                                                    "largest under the limit<extra>confirmed</extra>"))
     _limit_lines(fig, params)
     what = (f"CUDA reserved peak of one step against {scale}, {params['basis']}" if traced_only
@@ -188,9 +191,11 @@ def fit_figure(records: pd.DataFrame) -> go.Figure:
     marks = ("dotted: each engine's largest fitting value" if traced_only else
              "dotted: each engine's predicted answer; star: the answer measurement confirmed")
     apply_layout(fig, title=_whose(records) + f"{what} ({marks})",
-                 x_title=scale, y_title="total memory (MB)", height=480)
+                 x_title=scale, y_title="total memory (GB)", height=480)
     if traced_only:
         fig.update_xaxes(type="log")
+    if params.get("limit"):  # the question is where each engine crosses the limit: the axis frames it
+        fig.update_yaxes(range=[0, 1.5 * params["limit"] / GB])
     fig.update_layout(legend=dict(orientation="v", yanchor="top", y=1, xanchor="left", x=1.02))
     return fig
 
@@ -206,30 +211,30 @@ def _engine_traces(fig: go.Figure, engine: str, frames: tuple, scale: str, trace
     color = engine_color(engine)
     rows = measured[measured["variant"] == engine]
     if len(rows):
-        fig.add_trace(go.Scatter(x=_param(rows, "value"), y=rows["value"] / MB, mode="markers",
+        fig.add_trace(go.Scatter(x=_param(rows, "value"), y=rows["value"] / GB, mode="markers",
                                  name=f"{engine} measured", legendgroup=engine, marker=dict(color=color, size=9),
-                                 hovertemplate=f"{engine}: %{{y:.1f}} MB at {scale}=%{{x}}<extra>measured</extra>"))
+                                 hovertemplate=f"{engine}: %{{y:.3f}} GB at {scale}=%{{x}}<extra>measured</extra>"))
     curve = predicted[predicted["variant"] == engine]
     if len(curve):
         curve = curve.assign(at=_param(curve, "value"), model=_param(curve, "model", "")).sort_values("at")
         for model, part in curve.groupby("model", sort=False):
-            traced = traced_only and model == "trace"  # a prediction's traces: the allocator's steps, drawn as such
+            traced = traced_only and model == "trace"  # a prediction's traces: points, each a trace of its own
             fig.add_trace(go.Scatter(
-                x=part["at"], y=part["value"] / MB, mode="lines+markers" if traced else "lines",
+                x=part["at"], y=part["value"] / GB, mode="markers" if traced else "lines",
                 name=f"{engine} {'traced' if traced else model + ' model'}"
                      + ("" if len(rows) or traced_only else " (not measured)"), legendgroup=engine,
-                line=dict(color=color, dash="solid" if traced else "dash", shape="hv" if traced else "linear"),
-                marker=dict(color=color, size=5),
-                hovertemplate=f"{engine}: %{{y:.1f}} MB at {scale}=%{{x}}<extra>predicted</extra>"))
+                line=dict(color=color, dash="solid" if traced_only else "dash"),
+                marker=dict(color=color, size=7),
+                hovertemplate=f"{engine}: %{{y:.3f}} GB at {scale}=%{{x}}<extra>predicted</extra>"))
     best = largest[largest["variant"] == engine]["value"]
     if len(curve) and len(best) and 0 < best.iloc[0] <= curve["at"].max():
         fig.add_vline(x=float(best.iloc[0]), line=dict(color=color, dash="dot", width=1))
     confirms = checked[checked["variant"] == engine]
     if len(confirms):
-        fig.add_trace(go.Scatter(x=_param(confirms, "value"), y=confirms["value"] / MB, mode="markers",
+        fig.add_trace(go.Scatter(x=_param(confirms, "value"), y=confirms["value"] / GB, mode="markers",
                                  name=f"{engine} confirming", legendgroup=engine,
                                  marker=dict(color=color, size=11, symbol="diamond-open", line=dict(width=2)),
-                                 hovertemplate=f"{engine}: %{{y:.1f}} MB at {scale}=%{{x}}"
+                                 hovertemplate=f"{engine}: %{{y:.3f}} GB at {scale}=%{{x}}"
                                                "<extra>measured to confirm</extra>"))
 
 
@@ -238,10 +243,10 @@ def _limit_lines(fig: go.Figure, params: dict) -> None:
     limit = params.get("limit")
     if limit is None:
         return
-    fig.add_hline(y=limit / MB, line=dict(color="#d62728", width=2),
-                  annotation_text=f"limit {limit / MB:,.0f} MB", annotation_position="top left")
+    fig.add_hline(y=limit / GB, line=dict(color="#d62728", width=2),
+                  annotation_text=f"limit {limit / GB:,.3f} GB", annotation_position="top left")
     if params.get("margin"):
         usable = limit * (1 - params["margin"])
-        fig.add_hline(y=usable / MB, line=dict(color="#d62728", width=1, dash="dash"),
-                      annotation_text=f"less the {100 * params['margin']:g}% margin: {usable / MB:,.0f} MB",
+        fig.add_hline(y=usable / GB, line=dict(color="#d62728", width=1, dash="dash"),
+                      annotation_text=f"less the {100 * params['margin']:g}% margin: {usable / GB:,.3f} GB",
                       annotation_position="bottom left")
