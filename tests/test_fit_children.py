@@ -118,3 +118,31 @@ def test_ctrl_c_during_a_fit_keeps_every_point_measured_before_it(tmp_path):
     measured = records[records["metric"] == "fit_total_bytes"]
     assert sorted(measured["params"].map(lambda p: __import__("json").loads(p)["value"])) == [8, 16]
     assert load_run_info(run)["interrupted"] is True and (run / "report.html").is_file()
+
+
+@pytest.mark.slow  # its run directory's environment asks git
+@pytest.mark.parametrize("question", [["--scale", "n"], ["--at", "n=8"]])
+def test_an_interrupt_before_the_first_point_is_measured_exits_130_with_the_run_marked_interrupted(
+        tmp_path, monkeypatch, capsys, question):
+    import benchlib.fit
+    from benchlib.fit import FitInterrupted
+    from benchlib.fit.at import AtResult
+    from benchlib.fit.result import FitResult
+    from benchlib.records.store import load_run_info
+    from benchlib.runner.cli import main
+
+    nothing = FitResult("hostile", "n", 10**9, "cpu", "total", []) if question[0] == "--scale" else \
+        AtResult("hostile", "n", 8, 10**9, 0.0, "cpu", "total")
+
+    def stopped(*args, **kwargs):
+        raise FitInterrupted(nothing, "SIGINT")
+
+    monkeypatch.setattr(benchlib.fit, "fit" if question[0] == "--scale" else "fit_at", stopped)
+    path = tmp_path / "hostile.py"
+    path.write_text("PARAMETERS = {'n': 64}\n")
+    assert main(["fit", str(path), "--memory", "2GB", *question, "--out", str(tmp_path / "out")]) == 130
+    assert "interrupted: before anything was measured; the run, marked so, is" in capsys.readouterr().err
+    (run,) = (tmp_path / "out").iterdir()
+    info = load_run_info(run)
+    assert info["interrupted"] is True and info["ended_at"] is not None
+    assert not (run / "records.parquet").exists() and (run / "report.html").is_file()

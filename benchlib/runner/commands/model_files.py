@@ -190,14 +190,16 @@ def _limit(arguments: argparse.Namespace) -> str:
 
 def _saved(arguments: argparse.Namespace, result, name: str, question: str, device: str, started_at: str,
            headline, suffix: str):
-    """A run directory started when the command started, holding the result's records and its headline table."""
+    """A run directory started when the command started, holding the result's records (none where an interrupt came
+    before the first was measured: the frame is then None) and its headline table."""
     from benchlib.records import Run
     from benchlib.records.store import default_results_root
 
     run = Run.create(arguments.out or default_results_root(), device, device_requested=arguments.device,
                      notebooks={}, benchmarks={name: {"question": question}}, command=["benchlib", *arguments.argv],
                      started_at=started_at)
-    frame = run.save_records(result.records(), result.name)
+    records = result.records()
+    frame = run.save_records(records, result.name) if records else None
     run.save_table(headline, f"{result.name}{suffix}")
     return run, frame
 
@@ -209,12 +211,13 @@ def _save_interrupted(arguments: argparse.Namespace, stopped, name: str, started
     from benchlib.report.page import HEADLINE_SUFFIX, write_report
 
     result = stopped.result
-    run, _ = _saved(arguments, result, name, f"{Path(arguments.file).name}'s fit, interrupted", result.device,
-                    started_at, headline, HEADLINE_SUFFIX)
-    run.record_notebook(name, status="interrupted", benchmarks=[result.name], path=str(Path(arguments.file).resolve()),
-                        duration_s=round(time.monotonic() - started, 3))
+    run, frame = _saved(arguments, result, name, f"{Path(arguments.file).name}'s fit, interrupted", result.device,
+                        started_at, headline, HEADLINE_SUFFIX)
+    run.record_notebook(name, status="interrupted", benchmarks=[result.name] if frame is not None else [],
+                        path=str(Path(arguments.file).resolve()), duration_s=round(time.monotonic() - started, 3))
     run.finish(interrupted=True)
-    print(f"interrupted: what was measured is in {run.path} (report: {write_report(run.path)})", file=sys.stderr)
+    what = "what was measured is in" if frame is not None else "before anything was measured; the run, marked so, is"
+    print(f"interrupted: {what} {run.path} (report: {write_report(run.path)})", file=sys.stderr)
     raise KeyboardInterrupt from stopped
 
 
