@@ -414,6 +414,7 @@ def test_flop_rate_is_read_from_calibration_records_of_the_same_device_and_threa
     assert E.calibration_flop_rate(pd.DataFrame(), "cpu") is None
 
 
+@pytest.mark.serial  # it counts the objects a collection walks in this process: an xdist worker's thread adds some
 def test_full_collection_pauses_cover_each_heap_frozen_and_not(data):
     pauses = E.full_collection_pauses(data, heap_sizes=(0, 50), repeats=2)
     assert pauses[["heap_objects", "frozen", "repeat"]].values.tolist() == [
