@@ -91,10 +91,13 @@ def test_ctrl_c_during_a_fit_keeps_every_point_measured_before_it(tmp_path):
     path = tmp_path / "hostile.py"
     path.write_text(textwrap.dedent(HOSTILE).replace("x.shape[0] > 100", "x.shape[0] > 20")
                     .replace('PARAMETERS = {"n": 64}', 'PARAMETERS = {"n": 64}\nQUICK = {"n": 4}'))
+    # Ctrl-C as a terminal delivers it: a suite started in the background (CI) runs with SIGINT ignored, which a
+    # child would inherit
     process = subprocess.Popen([sys.executable, "-m", "benchlib.runner.cli", "fit", str(path), "--memory", "2GB",
                                 "--engines", "torch", "--scale", "n", "--out", str(tmp_path / "out")],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "HOSTILE_MODE": "sleep", "HOSTILE_PIDS": str(tmp_path / "pids")})
+                               env={**os.environ, "HOSTILE_MODE": "sleep", "HOSTILE_PIDS": str(tmp_path / "pids")},
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen, pids = [], tmp_path / "pids"
     for line in process.stdout:  # n=8 and n=16 are measured; n=32's loss sleeps: stop the fit there
         seen.append(line)
@@ -107,7 +110,17 @@ def test_ctrl_c_during_a_fit_keeps_every_point_measured_before_it(tmp_path):
                 time.sleep(0.1)
             process.send_signal(signal.SIGINT)
             break
-    out = "".join(seen) + process.communicate(timeout=120)[0]
+    try:
+        out = "".join(seen) + process.communicate(timeout=120)[0]
+    except subprocess.TimeoutExpired:  # say what it printed and where it was, then end it and its children
+        import psutil
+
+        children = [" ".join(child.cmdline())[:160] for child in psutil.Process(process.pid).children(recursive=True)]
+        for child in psutil.Process(process.pid).children(recursive=True):
+            child.kill()
+        process.kill()
+        pytest.fail(f"fit did not end 120 s after Ctrl-C; its processes: {children}; it printed:\n"
+                    + "".join(seen) + process.communicate()[0])
     assert process.returncode == 130, out
     assert "interrupted: what was measured is in" in out
     (run,) = (tmp_path / "out").iterdir()
