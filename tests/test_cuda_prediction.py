@@ -103,6 +103,23 @@ def test_the_bisection_over_traces_finds_the_largest_fitting_value():
     assert largest_fitting(linear, {8: linear(8)}, limit=1500, reach=64) == 50
 
 
+def test_a_few_operators_fewer_at_a_value_of_one_is_no_loop_and_the_search_traces_on(tmp_path, monkeypatch):
+    """GPT-2's checkpointed step dispatches 20 operators fewer of 31164 at batch 1 (a squeezed dimension): traced to
+    its answer, not extrapolated from 8 times the value (which answered 118 where the H200 holds about 116)."""
+    from benchlib.fit import predicted as cuda_prediction
+
+    asked = []
+
+    def fake_trace(model_file, engine, values, **_):
+        asked.append(values["n"])
+        return cuda_prediction.Prediction(100 * MiB + values["n"] * MiB, 0, 1,
+                                          operators=31144 if values["n"] == 1 else 31164)
+
+    monkeypatch.setattr(cuda_prediction, "predict_reserved", fake_trace)
+    made = cuda_prediction.predict_engine(read_model_file(model_file(tmp_path)), "torch", {"width": 16, "n": 8}, "n", 1100 * MiB)
+    assert made["reach"] is None and made["largest"] == 1000 and max(asked) > 8 * 8
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, --device cuda measures")
 def test_a_step_whose_operators_grow_with_the_value_is_traced_no_farther_than_eight_times_it(fit_children_here, tmp_path, monkeypatch):
     from benchlib.fit import in_child, predicted as cuda_prediction

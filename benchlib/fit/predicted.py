@@ -36,6 +36,7 @@ from benchlib.measure.caching_allocator import CachingAllocatorModel
 BASIS = "predicted, not measured on a GPU"
 CUBLAS_WORKSPACES = (32 << 20, 32 << 20)  # cuBLAS's, for the caller's thread and autograd's (Hopper, torch 2.11)
 STEPS_TRACED = 4  # fit's measured processes run one warm-up step and three measured ones
+OPERATORS_GROWTH = 1.05  # a trace's operators growing past this over the grid: a loop over the value
 # Operators whose CUDA kernels take memory a trace of the CPU's operators does not see, by what an aten name holds:
 # the trace's answer for a step that runs them is a floor of what CUDA takes (checked on an H100 in
 # docs/techniques.md: a small BatchNorm CNN's largest batch predicted 39% too large, a transformer's 4%).
@@ -211,8 +212,10 @@ def predict_engine(model_file, engine: str, values: Mapping[str, Any], scale: st
         grid = {value: trace(value) for value in sorted({*points, *(values[scale] * k for k in TRACE_REACH)})}
         traced = {value: prediction.reserved for value, prediction in grid.items()}
         # a step whose operators grow with the value (a loop over a sequence) costs a trace that grows too:
-        # traced no farther than the grid's end, and extrapolated by the size model beyond it
-        reach = None if len({prediction.operators for prediction in grid.values()}) == 1 else max(grid)
+        # traced no farther than the grid's end, and extrapolated by the size model beyond it. A few operators
+        # fewer at a value of 1 (a dimension torch squeezes: GPT-2's checkpointed blocks, 20 of 31164) are no loop
+        operators = [prediction.operators for prediction in grid.values()]
+        reach = max(grid) if max(operators) > OPERATORS_GROWTH * min(operators) else None
         largest = largest_fitting(lambda value: trace(value).reserved, traced, limit, reach)
     except Exception as error:  # noqa: BLE001 - torch's tracer or the file's code under fake tensors: said, not fatal
         return {"reason": f"not predicted: its step could not be traced under fake tensors ({untraced_reason(error)})"}
