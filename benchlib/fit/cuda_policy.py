@@ -135,7 +135,7 @@ class CudaPolicy:
     attention: set[str] = field(default_factory=set)
     assumed: set[str] = field(default_factory=set)
 
-    def attention_kernel(self, query, key, value, attn_mask, dropout_p: float, enable_gqa: bool) -> str:
+    def attention_kernel(self, query, key, value, attn_mask, enable_gqa: bool) -> str:
         """The kernel CUDA's `select_sdp_backend` picks on this GPU, in the installed torch's order."""
         import torch
 
@@ -158,8 +158,8 @@ class CudaPolicy:
                     and attn_mask is None and same_heads and head <= 256 and head % 8 == 0)
         if kernel == "efficient":
             half = query.dtype in (torch.float16, torch.bfloat16)
-            dtype_ok = (query.dtype == torch.float32 or query.dtype == torch.float16
-                        or (query.dtype == torch.bfloat16 and self.gpu.capability >= (8, 0)))
+            dtype_ok = query.dtype in (torch.float32, torch.float16) or (
+                query.dtype == torch.bfloat16 and self.gpu.capability >= (8, 0))
             return (self.gpu.capability >= (5, 0) and dtype_ok and not grouped and key.size(-1) == head
                     and head % (8 if half else 4) == 0)
         if kernel == "math":
@@ -172,7 +172,7 @@ class CudaPolicy:
         import torch
 
         aten = torch.ops.aten
-        kernel = self.attention_kernel(query, key, value, attn_mask, dropout_p, enable_gqa)
+        kernel = self.attention_kernel(query, key, value, attn_mask, enable_gqa)
         self.attention.add(kernel)
         if kernel == "flash":
             if enable_gqa and query.size(-3) != key.size(-3):
