@@ -111,7 +111,7 @@ def test_fit_at_advises_the_blocks_measures_them_and_adds_one_where_the_plan_is_
     base = 200 * MB
     measured_engines = []
 
-    def measure(_file, engine, values, _device, by_module=None):
+    def measure(_file, engine, values, _device, by_module=None, **_options):
         measured_engines.append(engine)
         blocks = parse_module_spec(engine[len("torch-checkpoint["):-1]) if engine.endswith("]") else ()
         if by_module is not None:
@@ -140,7 +140,7 @@ def test_fit_at_advises_the_blocks_measures_them_and_adds_one_where_the_plan_is_
 
 
 def test_a_plan_predicted_over_is_still_measured_and_said_over_only_as_measured(fit_children_here, tmp_path, monkeypatch):
-    def measure(_file, engine, values, _device, by_module=None):
+    def measure(_file, engine, values, _device, by_module=None, **_options):
         if by_module is not None:
             by_module += _rows({f"1.{index}": 10 * MB for index in range(6)})
         return StepOutcome(310 * MB if engine == "torch" else 240 * MB, 1e-3)  # recomputation far under the prediction

@@ -1,6 +1,7 @@
 """fit's CUDA prediction against GPU-measured truth (results/reference/cuda-truth/): every row predicted on this
 CPU, as the installed torch chooses kernels on the GPU the row was measured on, within 5% of its reserved peak, and
-over the limit wherever the GPU measured over it (so no answer lies past a batch the GPU could not hold).
+over the limit wherever the GPU measured over it (so no answer lies past a batch the GPU could not hold). A table's
+columns besides model, engine and what was measured are the model file's parameters (tools/cuda_truth.py adds rows).
 
 The rows were measured with torch 2.11; the trace emulates the installed torch's choices (its autocast lists and
 attention order), which agree with 2.11's for every op these models run."""
@@ -31,19 +32,39 @@ def test_every_measured_row_is_predicted_within_five_percent_and_over_the_limit_
     pytest.importorskip("transformers", reason="the truth models are transformers' (pip install -e '.[hf]')")
     rows = pd.read_csv(table, comment="#")
     gpu = gpu_named(table.stem.rsplit("_", 1)[1])  # gpt2_124m_h200.csv: measured on an H200
+    parameters = [column for column in rows.columns
+                  if column not in ("model", "engine", "reserved_bytes", "allocated_bytes", "source")]
     predicted = {}
-    for (model, engine, batch_size, seq_len), _ in rows.groupby(["model", "engine", "batch_size", "seq_len"]):
-        model_file = read_model_file(TRUTH / f"{model}.py")
-        values = {"batch_size": int(batch_size), "seq_len": int(seq_len)}
-        predicted[model, engine, batch_size] = predict_reserved(model_file, engine, values, gpu=gpu).reserved
+    for key, _ in rows.groupby(["model", "engine", *parameters]):
+        model_file = read_model_file(TRUTH / f"{key[0]}.py")
+        values = {name: getattr(value, "item", lambda: value)() for name, value in zip(parameters, key[2:])}
+        predicted[key] = predict_reserved(model_file, key[1], values, gpu=gpu).reserved
     lines, misses = [], []
     for row in rows.itertuples():
-        guess = predicted[row.model, row.engine, row.batch_size]
+        guess = predicted[(row.model, row.engine, *(getattr(row, name) for name in parameters))]
         error = guess / row.reserved_bytes - 1
         over_missed = row.reserved_bytes > LIMIT >= guess
-        lines.append(f"{row.model} {row.engine} batch {row.batch_size} ({row.source}): measured "
+        at = ", ".join(f"{name} {getattr(row, name)}" for name in parameters)
+        lines.append(f"{row.model} {row.engine} {at} ({row.source}): measured "
                      f"{format_bytes(row.reserved_bytes)}, predicted {format_bytes(guess)} ({100 * error:+.2f}%)")
         if abs(error) > TOLERANCE or over_missed:
             misses.append(lines[-1] + (" predicted under the limit the GPU went over" if over_missed else ""))
     print("\n".join(lines))
     assert not misses, "\n".join(misses)
+
+
+def test_the_script_that_adds_rows_measures_only_on_a_gpu(capsys):
+    import importlib.util
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the script would measure")
+    spec = importlib.util.spec_from_file_location("cuda_truth", TRUTH.parents[2] / "tools" / "cuda_truth.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    before = {path: path.stat().st_mtime_ns for path in TRUTH.iterdir()}
+    assert script.main([str(TRUTH / "gpt2_124m.py"), "--gpu", "h200", "--engines", "torch",
+                        "--at", "batch_size=8"]) == 2
+    assert "no CUDA GPU here" in capsys.readouterr().err
+    assert {path: path.stat().st_mtime_ns for path in TRUTH.iterdir()} == before  # nothing written

@@ -1,6 +1,7 @@
 """`benchlib fit`: size models chosen by the point they predict, the largest fitting value, the answer, refusals
 before any work, exit codes, and a real fit whose prediction is checked against a real measurement."""
 
+import dataclasses
 import json
 import math
 import textwrap
@@ -16,12 +17,15 @@ from benchlib.fit.asking import FitError, MemoryLimit, scale_points
 from benchlib.fit.largest import fit
 from benchlib.fit.measured import StepOutcome
 from benchlib.fit.result import EngineFit
+from benchlib.fit.settings import THOROUGH
 from benchlib.fit.sizing import LINEAR, QUADRATIC, SEARCH_LIMIT, TRACE, SizeModel, choose_model, trace_model
 from benchlib.fit.tracing import traced_peak, tracked_peak
 from benchlib.usermodel.loader import read_model_file
 from test_usermodel import GOOD
 
 MB = 1e6
+NO_VERIFY = THOROUGH.verifying(False)  # the size model's answers, unconfirmed
+VERIFY = THOROUGH.verifying(True)
 
 
 def model_file(tmp_path):
@@ -70,7 +74,7 @@ def test_the_best_engine_fits_the_largest_value_and_the_others_say_what_they_giv
     monkeypatch.setattr(measured, "measure_step", fake_measure({"torch": lambda n: 100 * MB + n * MB,
                                                            "torch-checkpoint": lambda n: 100 * MB + n * MB / 4}))
     result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch", "torch-checkpoint", "torch.func"],
-                 params={"n": 64}, verify=False, progress=lambda line: None)
+                 params={"n": 64}, search=NO_VERIFY, progress=lambda line: None)
     by_engine = {engine_fit.engine: engine_fit for engine_fit in result.engines}
     assert by_engine["torch"].max_fitting == 100 and by_engine["torch-checkpoint"].max_fitting == 402
     assert result.best.engine == "torch-checkpoint"
@@ -111,7 +115,7 @@ def test_the_answer_is_read_from_the_size_models_upper_bound_and_keeps_the_margi
     monkeypatch.setattr(measured, "measure_step", lambda _file, _engine, values, _device, **_options: StepOutcome(
         int((100 * MB + values["n"] * MB) * noisy.get(values["n"], 1.0)), 1e-3))
     result = fit(model_file(tmp_path), memory="300 MB", scale="n", engines=["torch"], params={"n": 64},
-                 verify=False, progress=lambda line: None)
+                 search=NO_VERIFY, progress=lambda line: None)
     (torch_fit,) = result.engines
     error = torch_fit.model.check_error
     assert error > 0.05
@@ -119,7 +123,7 @@ def test_the_answer_is_read_from_the_size_models_upper_bound_and_keeps_the_margi
     assert torch_fit.model(torch_fit.max_fitting + 1) * (1 + error) > 300 * MB
     monkeypatch.setattr(measured, "measure_step", fake_measure({"torch": lambda n: 100 * MB + n * MB}))
     kept = fit(model_file(tmp_path), memory=MemoryLimit("300 MB", 0.1), scale="n", engines=["torch"],
-               params={"n": 64}, verify=False, progress=lambda line: None)
+               params={"n": 64}, search=NO_VERIFY, progress=lambda line: None)
     answer = kept.engines[0].max_fitting  # 10% of 300 MB kept free: at most 100 MB + 170 MB, and not timid
     assert 100 * MB + answer * MB <= 270 * MB < 100 * MB + (answer + 2) * MB
     assert "under 300.0 MB less a 10% margin (270.0 MB)" in kept.lines()[0]
@@ -145,6 +149,41 @@ def test_the_answer_is_confirmed_by_measurement_by_default_and_no_verify_skips_i
     assert main(["fit", path, "--memory", "150 MB", "--scale", "n", "--engines", "torch", "-p", "n=32",
                  "--no-verify", "--out", str(tmp_path / "out2")]) == 0
     assert asked == [4, 8, 16, 32] and "predicted, extrapolated 1.56x" in capsys.readouterr().out
+    asked.clear()
+    assert main(["fit", path, "--memory", "150 MB", "--scale", "n", "--engines", "torch", "-p", "n=32",
+                 "--quick", "--out", str(tmp_path / "out3")]) == 0
+    out = capsys.readouterr().out
+    assert asked[:3] == [8, 16, 32] and 50 in asked and "confirmed: measured in fresh processes" in out
+    assert "quick search: 3 points, 1 measured step(s) per process, answers held in 1 process(es), to 10%" in out
+
+
+def test_the_quick_search_measures_fewer_points_steps_and_holds_and_still_confirms(fit_children_here, tmp_path, monkeypatch):
+    from benchlib.fit import QUICK, THOROUGH
+
+    def searched(search):
+        asked = []
+
+        def measure(_file, _engine, values, _device, steps, **_options):
+            asked.append((values["n"], steps))
+            return StepOutcome(int(100 * MB + values["n"] * MB * (1 + 0.0005 * len(asked))), values["n"] * 1e-3)
+
+        monkeypatch.setattr(measured, "measure_step", measure)
+        result = fit(model_file(tmp_path), memory="150 MB", scale="n", engines=["torch"], params={"n": 32},
+                     progress=lambda line: None, search=search)
+        return result.engines[0], asked
+
+    thorough, thorough_asked = searched(THOROUGH)
+    quick, quick_asked = searched(QUICK)
+    assert [value for value, _ in thorough_asked[:4]] == [4, 8, 16, 32]
+    assert [value for value, _ in quick_asked[:3]] == [8, 16, 32]
+    assert {steps for _, steps in thorough_asked} == {3} and {steps for _, steps in quick_asked} == {1}
+    assert len(quick_asked) < len(thorough_asked)
+    for engine_fit in (thorough, quick):  # both confirmed by measurement, under the limit
+        assert engine_fit.confirmed is not None and engine_fit.checked[engine_fit.confirmed] <= 150 * MB
+    with pytest.raises(ValueError, match="hold_repeats must be an integer >= 1"):
+        dataclasses.replace(QUICK, hold_repeats=0)
+    with pytest.raises(ValueError, match="fractions must be shares"):
+        dataclasses.replace(QUICK, fractions=(0.5, 2))
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -425,7 +464,7 @@ def test_two_answers_the_largest_value_and_the_fastest_engine_at_the_largest_val
 
     monkeypatch.setattr(measured, "measure_step", measure)
     result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch", "torch-checkpoint"],
-                 params={"n": 64}, verify=False, progress=lambda line: None)
+                 params={"n": 64}, search=NO_VERIFY, progress=lambda line: None)
     assert result.best.engine == "torch-checkpoint" and result.best.largest == 402
     assert result.common_value == 100 and result.fastest.engine == "torch"
     largest, fastest = result.answers()
@@ -449,7 +488,7 @@ def test_confirmation_measures_the_fastest_engine_at_the_common_value_too(fit_ch
 
     monkeypatch.setattr(measured, "measure_step", measure)
     result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch", "torch-checkpoint"],
-                 params={"n": 64}, verify=True, progress=lambda line: None)
+                 params={"n": 64}, search=VERIFY, progress=lambda line: None)
     assert result.best.confirmed == 402 and ("torch-checkpoint", 403) in asked  # one past it, over the limit
     assert result.fastest.engine == "torch" and ("torch", 100) in asked  # the common value, measured
     records = result.records()
@@ -475,7 +514,7 @@ def test_added_combinations_are_predicted_from_their_traces_and_measured_only_pa
     monkeypatch.setattr(measured, "measure_step", measure)
     lines = []
     result = fit(model_file(tmp_path), memory="300 MB", scale="n", engines=None,
-                 params={"n": 64, "engines": "torch"}, verify=False, progress=lines.append)
+                 params={"n": 64, "engines": "torch"}, search=NO_VERIFY, progress=lines.append)
     fits = {engine_fit.engine: engine_fit for engine_fit in result.engines}
     assert fits["torch"].max_fitting == 200
     beyond = fits["torch-checkpoint+torch-autocast"]  # predicted 800 > 200: on the frontier, so measured
@@ -499,7 +538,7 @@ def test_an_engine_that_splits_the_batch_is_asked_only_multiples_of_its_split(fi
 
     monkeypatch.setattr(measured, "measure_step", measure)
     result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch-microbatch"], params={"n": 64},
-                 verify=True, progress=lambda line: None)
+                 search=VERIFY, progress=lambda line: None)
     (microbatch,) = result.engines
     assert microbatch.multiple == 4 and microbatch.max_fitting % 4 == 0
     assert all(value % 4 == 0 for value in asked) and microbatch.confirmed == 400  # 402 is no multiple of 4
@@ -513,7 +552,7 @@ def test_every_engine_is_confirmed_at_its_own_answer_and_searched_where_it_is_ov
 
     monkeypatch.setattr(measured, "measure_step", measure)
     result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch", "torch-checkpoint"],
-                 params={"n": 64}, verify=True, progress=lambda line: None)
+                 params={"n": 64}, search=VERIFY, progress=lambda line: None)
     fits = {engine_fit.engine: engine_fit for engine_fit in result.engines}
     checkpoint = fits["torch-checkpoint"]  # predicted 402 from a line; measured over there, so searched down
     assert checkpoint.max_fitting == 402 and checkpoint.checked[402] > 200.6 * MB
@@ -532,7 +571,7 @@ def test_an_answer_is_measured_three_times_and_one_process_over_the_limit_takes_
 
     monkeypatch.setattr(measured, "measure_step", measure)
     result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch"], params={"n": 64},
-                 verify=True, progress=lambda line: None)
+                 search=VERIFY, progress=lambda line: None)
     (torch_fit,) = result.engines
     assert torch_fit.confirmed is not None and torch_fit.confirmed < 100  # 100 read 206 MB in its second process
     assert seen[torch_fit.confirmed] >= 3 and torch_fit.checked[torch_fit.confirmed] <= 200.6 * MB
@@ -548,6 +587,6 @@ def test_an_answer_far_under_the_limit_is_searched_up_so_it_is_not_timid(fit_chi
 
     monkeypatch.setattr(measured, "measure_step", measure)
     result = fit(model_file(tmp_path), memory="300 MB", scale="n", engines=["torch", "torch-checkpoint"],
-                 params={"n": 64}, verify=True, progress=lambda line: None)
+                 params={"n": 64}, search=VERIFY, progress=lambda line: None)
     checkpoint = {engine_fit.engine: engine_fit for engine_fit in result.engines}["torch-checkpoint"]
     assert checkpoint.max_fitting < 180 and checkpoint.confirmed >= 196  # 100 MB + n MB under 300 MB: 200 at most

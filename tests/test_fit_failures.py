@@ -6,7 +6,7 @@ import json
 
 from benchlib.fit import fit, measured
 from benchlib.fit.measured import StepOutcome
-from test_fit import MB, model_file
+from test_fit import MB, NO_VERIFY, VERIFY, model_file
 
 KILLED = "failed: the child process was killed by SIGKILL (often the kernel's out-of-memory killer) before writing a result"
 
@@ -26,7 +26,7 @@ def test_an_answer_is_never_extrapolated_past_a_value_whose_step_failed(fit_chil
     measure, asked = _measure(fails_from=100)  # the grid (8..64) holds; the next point toward the answer fails
     monkeypatch.setattr(measured, "measure_step", measure)
     result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch"], params={"n": 64},
-                 verify=False, progress=lambda line: None)
+                 search=NO_VERIFY, progress=lambda line: None)
     (torch_fit,) = result.engines
     assert max(asked) >= 100 and torch_fit.failed  # it was asked past 100, and failed there
     assert torch_fit.largest == 64  # the largest measured value below the failure, not the 402 the line predicts
@@ -40,7 +40,7 @@ def test_a_step_that_fails_past_its_first_value_is_recorded_failed_not_not_appli
     measure, _ = _measure(fails_from=16)
     monkeypatch.setattr(measured, "measure_step", measure)
     result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch"], params={"n": 64},
-                 verify=False, progress=lambda line: None)
+                 search=NO_VERIFY, progress=lambda line: None)
     assert result.best is None
     metrics = {row["metric"] for row in result.records()}
     assert "failed" in metrics and "not_applicable" not in metrics
@@ -60,7 +60,7 @@ def test_verify_never_answers_a_value_whose_check_was_killed(fit_children_here, 
     monkeypatch.setattr(measured, "measure_step", measure)
     monkeypatch.setattr(isolation, "available_memory", lambda device: 10 ** 12)
     result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch"], params={"n": 64},
-                 verify=True, progress=lambda line: None)
+                 search=VERIFY, progress=lambda line: None)
     (torch_fit,) = result.engines
     assert checked and all(torch_fit.largest < value for value in checked)
     assert torch_fit.largest == 64
@@ -78,7 +78,7 @@ def test_totals_that_do_not_grow_are_measured_farther_out_and_never_answer_any_v
 
     monkeypatch.setattr(measured, "measure_step", flat)
     result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch"], params={"n": 64},
-                 verify=False, progress=lambda line: None)
+                 search=NO_VERIFY, progress=lambda line: None)
     (torch_fit,) = result.engines
     assert asked[:4] == [8, 16, 32, 64] and asked[4:8] == [512, 4096, 32768, 262144]  # 8x farther, four times
     assert not grows([(value, total) for value, total, _ in torch_fit.points])
@@ -94,7 +94,7 @@ def test_totals_that_grow_farther_out_are_fitted_from_there(fit_children_here, t
 
     monkeypatch.setattr(measured, "measure_step", late)
     result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch"], params={"n": 64},
-                 verify=False, progress=lambda line: None)
+                 search=NO_VERIFY, progress=lambda line: None)
     (torch_fit,) = result.engines
     assert not torch_fit.flat and 512 in [value for value, _, _ in torch_fit.points]
     assert abs(torch_fit.largest - 100_600) <= 1  # the line through the points, now that it rises
@@ -115,7 +115,7 @@ def test_every_confirming_process_is_capped_just_past_the_limit(fit_children_her
     monkeypatch.setattr(measured, "measure_step", measure)
     monkeypatch.setattr(isolation, "available_memory", lambda device: 10 ** 12)
     result = fit(model_file(tmp_path), memory="200.6 MB", scale="n", engines=["torch"], params={"n": 64},
-                 verify=True, progress=lambda line: None)
+                 search=VERIFY, progress=lambda line: None)
     assert result.best.confirmed == 402
     confirming = {value: cap for value, cap in caps.items() if value not in (8, 16, 32, 64, 252)}
     assert confirming and set(confirming.values()) == {int(200.6 * MB * 1.05)}

@@ -157,7 +157,7 @@ def test_the_worst_rank_is_the_one_holding_most_and_rank_0_judges_the_gradient()
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # minutes of work beside the suite's other workers
 def test_fit_on_ranks_answers_per_rank_confirmed_on_real_ranks(tmp_path, capsys):
-    from benchlib.fit import fit
+    from benchlib.fit import QUICK, fit
 
     batched = (MODEL.replace('"depth": 4}', '"depth": 4, "batch_size": 64}').replace("(width, depth)", "(width, depth, batch_size)")
                .replace("torch.randn(8, 6), torch.randint(0, 2, (8,))",
@@ -165,7 +165,7 @@ def test_fit_on_ranks_answers_per_rank_confirmed_on_real_ranks(tmp_path, capsys)
     (tmp_path / "model.py").write_text(textwrap.dedent(batched))
     result = fit(tmp_path / "model.py", memory="3 GB", scale="batch_size", params={"ranks": 2, "parallel": "fsdp",
                                                                                     "width": 256},
-                 verify=False, progress=lambda line: None)
+                 progress=lambda line: None, search=QUICK.verifying(False))
     (engine,) = result.engines
     assert engine.engine == "fsdp" and result.world_size == 2 and engine.points
     assert "its worst rank's resident high-water mark" in result.total
@@ -263,6 +263,6 @@ def test_a_rank_that_hangs_is_named_and_not_the_rank_waiting_for_it(tmp_path):
     params = {"path": str(tmp_path / "model.py"), "engine": "ddp", "values": {"width": 32, "depth": 4}}
     with pytest.raises(CaseFailed) as failed:
         run_ranks(RANKED_TARGET, params, name="hangs", world_size=2, devices=rank_devices(resolve_device("cpu"), 2),
-                  options=IsolationOptions(timeout_s=90))  # 72 s for rank 0's collective: 18 s for both to start
-    assert "rank 1 of 2 failed first: timed out after 90 s" in failed.value.reason
+                  options=IsolationOptions(timeout_s=45))  # 36 s for rank 0's collective: 9 s for both to start (alone)
+    assert "rank 1 of 2 failed first: timed out after 45 s" in failed.value.reason
     assert "rank 0: its collective lost rank 1" in failed.value.reason

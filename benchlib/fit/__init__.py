@@ -6,7 +6,8 @@ The rooms, each one job: `asking` (the question, checked before any work), `sizi
 search they share), `tracing` (a step's bytes under fake tensors), `measured` (fresh processes, the march toward
 the answer, confirmation), `predicted` (CUDA through an allocator model), `result` (the answers, lines and
 records), `pace` (progress), `in_child` (every call of the user's code, each in a process of its own), `advice`
-(which blocks to checkpoint where eager does not fit). The answer's table for report.html is `benchlib.report.tables.fit`.
+(which blocks to checkpoint where eager does not fit), `settings` (how hard the measured search works: `THOROUGH`,
+or `QUICK` for a first look). The answer's table for report.html is `benchlib.report.tables.fit`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ _HOMES = {
     "fit_at": "at",
     "FitResult": "result",
     "AtResult": "at",
+    "Search": "settings",
+    "THOROUGH": "settings",
+    "QUICK": "settings",
 }
 
 __getattr__ = lazy_exports(__name__, _HOMES)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from benchlib.engine_names import TORCH_CHECKPOINT
+from benchlib.fit.settings import THOROUGH
 from benchlib.records.metrics import MODULE_METRIC, SAVED_ROLE
 from benchlib.units import format_bytes, format_seconds
 
@@ -82,7 +83,7 @@ class EagerStep:
 
 
 def advise(model_file, values: dict, device, eager: EagerStep, usable: float, blocks: Sequence[str],
-           progress: Callable[[str], None]) -> CheckpointAdvice:
+           progress: Callable[[str], None], steps: int = THOROUGH.steps) -> CheckpointAdvice:
     """The checkpoint plan for eager's step over the model's `blocks` (`checkpoint_blocks`), measured before it is
     given; where even every block is predicted over, that plan is measured too (the prediction counts a whole
     block's recomputation, which can be far more than it holds), and the line says what it measured."""
@@ -102,7 +103,7 @@ def advise(model_file, values: dict, device, eager: EagerStep, usable: float, bl
     for _ in range(TRIES):
         ordered = [block for block in blocks if block in chosen]  # the model's order, so ranges read as ranges
         advice.blocks, advice.engine = tuple(ordered), f"{TORCH_CHECKPOINT}[{module_spec(ordered)}]"
-        outcome = measured.measure_step(model_file, advice.engine, values, device)
+        outcome = measured.measure_step(model_file, advice.engine, values, device, steps=steps)
         if not outcome.measured:
             advice.reason = f"{advice.engine} {outcome.reason}"
             return advice

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchlib.fit.settings import THOROUGH
 from benchlib.fit.sizing import MIN_POINTS
 from benchlib.usermodel.reading import FileFacts
-
-FRACTIONS = (1 / 8, 1 / 4, 1 / 2, 1)  # of the parameter's given value: the points measured
 
 
 class FitError(ValueError):
@@ -146,12 +145,12 @@ def ask(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | None
                     chosen + added, added)
 
 
-def scale_points(value: Any, scale: str) -> list[int]:
-    """The values of `scale` measured: `FRACTIONS` of its given value, distinct, at least 1."""
+def scale_points(value: Any, scale: str, fractions: tuple[float, ...] = THOROUGH.fractions) -> list[int]:
+    """The values of `scale` measured: `fractions` of its given value (`Search.fractions`), distinct, at least 1."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise FitError(f"--scale {scale}: its value is {value!r}; a scale parameter is an integer (a batch size, "
                        "a sequence length)")
-    points = sorted({max(1, round(value * fraction)) for fraction in FRACTIONS})
+    points = sorted({max(1, round(value * fraction)) for fraction in fractions})
     if len(points) < MIN_POINTS:
         raise FitError(f"--scale {scale}={value} gives only {len(points)} distinct values to measure "
                        f"({points}); give a value of 8 or more with -p {scale}=N")

@@ -17,6 +17,7 @@ from benchlib.fit.advice import CheckpointAdvice, EagerStep, advise
 from benchlib.fit.asking import FitInterrupted, MemoryLimit, ask, parse_at
 from benchlib.fit.largest import fit, gpu_question, on_ranks, total_words
 from benchlib.fit.result import MEASURED
+from benchlib.fit.settings import THOROUGH, Search
 from benchlib.units import format_bytes, format_seconds
 
 
@@ -101,21 +102,22 @@ class AtResult:
         return rows
 
 
-def _advice(model_file, values: dict, device, eager: EagerStep, result: AtResult, progress) -> CheckpointAdvice:
+def _advice(model_file, values: dict, device, eager: EagerStep, result: AtResult, progress,
+            steps: int) -> CheckpointAdvice:
     """The checkpoint plan (`advice.advise`) for eager's step over the model's blocks; a measured plan joins the
     engines, so its total and time are in the table and the records."""
     try:
         blocks = in_child.blocks(model_file, values)  # the model's structure, read where its code runs
     except in_child.ChildFailed as failed:
         return CheckpointAdvice(reason=str(failed))
-    advice = advise(model_file, values, device, eager, result.usable, blocks, progress)
+    advice = advise(model_file, values, device, eager, result.usable, blocks, progress, steps)
     if advice.engine and not math.isnan(advice.total) and advice.engine not in {e.engine for e in result.engines}:
         result.engines.append(AtEngine(advice.engine, total=advice.total, seconds=advice.seconds))
     return advice
 
 
 def _measure_each(model_file, values: dict, device, engines: Mapping[str, str | None], result: AtResult,
-                  progress: Callable[[str], None]) -> None:
+                  progress: Callable[[str], None], steps: int) -> None:
     """Each engine at the value in a fresh process (`engines`: engine -> why it does not apply, None where it does),
     into `result`; where eager torch is over, the checkpoint plan of its blocks (`_advice`)."""
     scale, value = result.scale, result.value
@@ -125,7 +127,7 @@ def _measure_each(model_file, values: dict, device, engines: Mapping[str, str | 
             result.engines.append(AtEngine(engine, reason=f"not applicable: {reason}"))
             continue
         by_module = {"by_module": []} if engine == REFERENCE else {}  # where eager is over: its blocks' bytes
-        outcome = measured.measure_step(model_file, engine, values, device, **by_module)  # the one measurement
+        outcome = measured.measure_step(model_file, engine, values, device, steps=steps, **by_module)  # the one
         if not outcome.measured:
             result.engines.append(AtEngine(engine, reason=outcome.reason))
         else:
@@ -135,13 +137,15 @@ def _measure_each(model_file, values: dict, device, engines: Mapping[str, str | 
         progress(f"{model_file.name} {engine} {scale}={value}: "
                  + (outcome.reason or f"{format_bytes(outcome.total)}, {format_seconds(outcome.seconds)}/step"))
     if eager is not None:  # eager does not fit: which of its blocks to checkpoint, measured as an engine
-        result.advice = _advice(model_file, values, device, eager, result, progress)
+        result.advice = _advice(model_file, values, device, eager, result, progress, steps)
 
 
 def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engines: Sequence[str] | None = None,
-           params: Mapping[str, Any] | None = None, progress: Callable[[str], None] = print) -> AtResult:
-    """Every engine at `at` (NAME=VALUE) under `memory` (a size, or a `MemoryLimit`): measured in a fresh process each where this machine can hold
-    the limit, else predicted by `fit`'s size model over the parameter, with its out-of-sample error as interval."""
+           params: Mapping[str, Any] | None = None, progress: Callable[[str], None] = print,
+           search: Search = THOROUGH) -> AtResult:
+    """Every engine at `at` (NAME=VALUE) under `memory` (a size, or a `MemoryLimit`): measured in a fresh process
+    each where this machine can hold the limit (`search.steps` steps each), else predicted by `fit`'s size model over
+    the parameter (searched as `search` says), with its out-of-sample error as interval."""
     from benchlib.measure import resolve_device
     from benchlib.measure.devices import cuda_without_gpu
     from benchlib.measure.isolation import available_memory
@@ -160,13 +164,13 @@ def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engin
         reasons = in_child.engine_facts(model_file, values, target, chosen, model_file.world_size).reasons
         try:
             _measure_each(model_file, values, target, {engine: reasons.get(engine) for engine in chosen}, result,
-                          progress)
+                          progress, search.steps)
         except KeyboardInterrupt as stopped:  # what was measured goes with it, for the command to save
             raise FitInterrupted(result, getattr(stopped, "signal_name", "")) from None
         return result
     fitted = fit(path, memory=MemoryLimit(limit, margin, gpu if cuda_without_gpu(device) else None), scale=scale,
-                 device=device, engines=chosen, params={**(params or {}), scale: value}, verify=False,
-                 progress=progress)
+                 device=device, engines=chosen, params={**(params or {}), scale: value},
+                 progress=progress, search=search.verifying(False))
     result = AtResult(fitted.name, scale, value, limit, margin, fitted.device, fitted.total)
     for engine_fit in fitted.engines:
         if engine_fit.model is None:

@@ -2,12 +2,12 @@
 sequence length) at which a model file's step fits a memory limit, under each engine and combination, and the
 fastest engine at the largest value they all reach.
 
-Each named engine's step is measured at `FRACTIONS` of the value given, one fresh process each, its size model
+Each named engine's step is measured at `Search.fractions` of the value given (`benchlib.fit.settings`), one fresh process each, its size model
 fitted (`benchlib.fit.sizing`), and, where this machine holds the limit, points measured toward the answer until
 it lies within `REACH` of one (`benchlib.fit.measured`). The combinations a run adds by default are first
 predicted from their steps traced under fake tensors (no memory taken) on the reference engine's measured
 offset; those whose prediction passes every measured engine's answer, the frontier, are then measured as the
-others. The answers are confirmed by measurement before they are given (`verify`, on by default where this
+others. The answers are confirmed by measurement before they are given (`Search.verify`, on by default where this
 machine holds the limit): the largest value searched and held in three processes, every other engine's own
 answer measured once (and searched where it is over), the fastest engine measured at the value all reach.
 
@@ -28,6 +28,7 @@ from benchlib.fit.measured import (CAP_SLACK, REACH, approach, check_at, confirm
                                    until_it_grows)
 from benchlib.fit.pace import Pace
 from benchlib.fit.result import EngineFit, FitResult
+from benchlib.fit.settings import THOROUGH, Search
 from benchlib.fit.sizing import MIN_POINTS, SEARCH_LIMIT, TRACE, SizeModel
 from benchlib.units import format_bytes, format_seconds
 
@@ -37,15 +38,16 @@ __all__ = ["REACH", "fit"]
 
 
 def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engines: Sequence[str] | None = None,
-        params: Mapping[str, Any] | None = None, verify: bool | None = None,
-        progress: Callable[[str], None] = print) -> FitResult:
+        params: Mapping[str, Any] | None = None, progress: Callable[[str], None] = print,
+        search: Search = THOROUGH) -> FitResult:
     """Fit every engine of the model file at `path` (the torch form) to the memory limit `memory` (bytes, or
     "24 GB", "80 GiB"..., or a `MemoryLimit` that keeps a margin free) over the integer parameter `scale`; see the
     module's docstring. Without `engines`, the form's and the combinations `-p combinations` adds (default: the
-    ones users reach for). `verify` (default: wherever this machine can hold the limit) measures the answers in
+    ones users reach for). `search.verify` (default: wherever this machine can hold the limit) measures the answers in
     fresh processes before they are given. Every call of the file's code runs in a child, each limited to
     `asking.process_timeout()` (`BENCHLIB_FIT_TIMEOUT`; reading the file: the form check's limit). A prediction is
-    made for the card `MemoryLimit.gpu` names (default `cuda_policy.DEFAULT_GPU`)."""
+    made for the card `MemoryLimit.gpu` names (default `cuda_policy.DEFAULT_GPU`). `search` says how hard the measured
+    search works (`settings.THOROUGH`, or `settings.QUICK` for a first look)."""
     from benchlib.measure import Device, resolve_device
     from benchlib.measure.devices import cuda_without_gpu
     from benchlib.measure.isolation import available_memory
@@ -54,10 +56,11 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
     memory, card = gpu_question(memory, predicted, device)
     question = ask(path, memory, scale, engines, params)
     model_file, values = question.model_file, question.values
+    verify = search.verify
     if predicted and verify:
         raise FitError("--verify measures the best engine on the device, and this machine has no GPU; without "
                        "--verify, --device cuda predicts from a trace under fake tensors")
-    points = scale_points(values[scale], scale)
+    points = scale_points(values[scale], scale, search.fractions)
     target = Device("cuda", int(device.partition(":")[2] or 0)) if predicted else resolve_device(device)
     on_ranks(model_file.world_size, target, predicted)
     if verify is None:  # confirmed by default wherever this machine can hold the limit
@@ -71,12 +74,12 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
     pace = Pace(progress)
     try:
         named = [engine_fit for engine_fit in fits if engine_fit.engine not in question.added]
-        _measure_all(named, question, scale, target, pace)
+        _measure_all(named, question, scale, target, pace, search)
         added = [engine_fit for engine_fit in fits if engine_fit.engine in question.added]
         frontier = _predict_added(added, named, question, scale, points, pace.say)
-        _measure_all(frontier, question, scale, target, pace)
+        _measure_all(frontier, question, scale, target, pace, search)
         if verify:
-            _confirm(result, question, target, pace)
+            _confirm(result, question, target, pace, search)
     except KeyboardInterrupt as stopped:  # what was measured goes with it, for the command to save
         raise FitInterrupted(result, getattr(stopped, "signal_name", "")) from None
     return result
@@ -118,11 +121,11 @@ def _applicable(question: Question, device, progress: Callable[[str], None]) -> 
     return fits
 
 
-def _measure_all(fits: list[EngineFit], question: Question, scale: str, device, pace: Pace) -> None:
+def _measure_all(fits: list[EngineFit], question: Question, scale: str, device, pace: Pace, search: Search) -> None:
     """Each engine at the grid's values, one fresh process each, then its size model, points toward the answer, and
     the answer."""
     model_file, values = question.model_file, question.values
-    points = scale_points(values[scale], scale)
+    points = scale_points(values[scale], scale, search.fractions)
     applicable = [engine_fit for engine_fit in fits if not engine_fit.reason]
     pace.expect(value for value in points for _ in applicable)
     skipped: dict[str, list[tuple[int, str]]] = {engine_fit.engine: [] for engine_fit in applicable}
@@ -131,7 +134,8 @@ def _measure_all(fits: list[EngineFit], question: Question, scale: str, device, 
             if not engine_fit.points and len(skipped[engine_fit.engine]) >= GIVE_UP:
                 pace.drop(value)
                 continue
-            outcome = measured.measure_step(model_file, engine_fit.engine, {**values, scale: value}, device)
+            outcome = measured.measure_step(model_file, engine_fit.engine, {**values, scale: value}, device,
+                                            steps=search.steps)
             if not outcome.measured:  # maybe at this value only (micro-batches need a multiple of their count)
                 skipped[engine_fit.engine].append((value, outcome.reason))
                 if outcome.failed:  # the user's code failed there: no answer at or past it
@@ -150,9 +154,9 @@ def _measure_all(fits: list[EngineFit], question: Question, scale: str, device, 
             engine_fit.reason = (f"{len(engine_fit.points)} of {len(points)} values measured, {MIN_POINTS} needed: "
                                  + "; ".join(f"{scale}={value}: {outcome}" for value, outcome in refusals))
             continue
-        until_it_grows(engine_fit, model_file, values, scale, device, question.usable, pace)
+        until_it_grows(engine_fit, model_file, values, scale, device, question.usable, pace, search)
         fit_model(engine_fit, model_file, values, scale, pace.say)
-        approach(engine_fit, model_file, values, scale, device, question.usable, pace)
+        approach(engine_fit, model_file, values, scale, device, question.usable, pace, search)
         engine_fit.max_fitting = engine_fit.answer(question.usable)
 
 
@@ -218,9 +222,9 @@ def _offset_model(reference: EngineFit, engine_fit: EngineFit, question: Questio
     return SizeModel(TRACE, tuple(float(c) for c in curve), error)
 
 
-def _confirm(result: FitResult, question: Question, device, pace: Pace) -> None:
+def _confirm(result: FitResult, question: Question, device, pace: Pace, search: Search) -> None:
     """Every answer measured before it is given: the largest value searched by measurement up to the first value
-    over the limit (`confirm`) and held in three processes (`hold`); each other measured engine at its own answer,
+    over the limit (`confirm`) and held in `search.hold_repeats` processes (`hold`); each other measured engine at its own answer,
     stepping down where it is over (`step_down`: a total can grow faster past the points than the model saw); the
     fastest engine at the largest value every measured engine reaches, once."""
     from benchlib.measure.isolation import available_memory
@@ -235,7 +239,7 @@ def _confirm(result: FitResult, question: Question, device, pace: Pace) -> None:
         def measure(value: int) -> measured.StepOutcome:
             pace.expect([value])
             outcome = measured.measure_step(question.model_file, engine_fit.engine, {**question.values, scale: value},
-                                            device, cap_bytes=cap)
+                                            device, steps=search.steps, cap_bytes=cap)
             if outcome.failed:  # no answer at or past it, whatever was said
                 engine_fit.fail(value, outcome.reason, usable)
             pace.done(f"confirming {engine_fit.engine} at {scale}={value}: " + (outcome.reason or
@@ -247,11 +251,11 @@ def _confirm(result: FitResult, question: Question, device, pace: Pace) -> None:
     tried = set()
     while (best := result.best) is not None and best.points and best.engine not in tried:
         tried.add(best.engine)  # an engine confirmed below another's prediction hands the answer on: confirm that
-        confirm(best, measuring(best), scale, usable, affordable, pace.say)
-        hold(best, measuring(best), usable, pace.say)
+        confirm(best, measuring(best), scale, usable, affordable, pace.say, search)
+        hold(best, measuring(best), usable, pace.say, search)
     for engine_fit in sorted(result.fitted, key=lambda fit: fit.largest, reverse=True):
         if engine_fit.points and engine_fit.confirmed is None and engine_fit.max_fitting < SEARCH_LIMIT:
-            step_down(engine_fit, measuring(engine_fit), scale, usable, affordable, pace.say)
+            step_down(engine_fit, measuring(engine_fit), scale, usable, affordable, pace.say, search)
     fastest, common = result.fastest, result.common_value
     if fastest is not None and common is not None and common < SEARCH_LIMIT:
         check_at(fastest, common, measuring(fastest), usable)

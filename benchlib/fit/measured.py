@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from benchlib.fit.asking import DEFAULT_TIMEOUT_S
 from benchlib.fit.pace import Pace
 from benchlib.fit.result import EngineFit
+from benchlib.fit.settings import THOROUGH, Search
 from benchlib.fit.sizing import (GROWTH_RESOLUTION, SEARCH_LIMIT, TRACE_TRUSTED, choose_model, grows, trace_model,
                                  trace_values)
 from benchlib.records.metrics import CUDA_RESERVED_PEAK
 from benchlib.units import format_bytes, format_seconds
 
-WARMUP, STEPS = 1, 3
+WARMUP = 1
 APPROACH_SLACK = 0.8  # a point toward the answer is measured at 1 / (REACH * this) of it
 # A training process runs with the allocator the user's environment gives it, not the fixed mmap threshold `run`
 # measures peaks under (which returns freed buffers at once), and nobody hands its heap back between steps: its
@@ -25,13 +26,7 @@ APPROACH_SLACK = 0.8  # a point toward the answer is measured at 1 / (REACH * th
 # batch 256 read 900 MB where a lean process of its own reached 1077 MB; under glibc's defaults with the heap handed
 # back before the measured steps, a ConvMixer's read 1.057 GB at batch 573 where a lean process needed 1165 MB at 561.
 USERS_ALLOCATOR = "training-process"
-# the search by measurement ends when the first value over the limit is this close above the last under it: totals
-# measured in fresh processes a value apart differ by more than the step between them (up to 2.4% on the CPU: a
-# ConvMixer read 1.073 GB at batch 1112 and 1.048 GB at 1113)
-RESOLUTION = 0.02
 REACH_UNBRACKETED = 1.2  # the confirming search's farthest step up from the largest value measured under the limit
-HOLD_REPEATS = 3  # processes an answer is measured in before it is given (`hold`)
-HOLD_STEPS = 5  # values `hold` steps down through before it gives up
 TIMID = 0.1  # an answer measured this far under the limit is searched up from (`step_down`)
 REACH = 2  # no answer on a device that can hold the limit lies more than this many times past a measured value
 FAILED = "failed: "  # how `measure_step` begins the reason of a step that failed (raised, killed, timed out)
@@ -63,7 +58,7 @@ class StepOutcome:
 Measure = Callable[[int], StepOutcome]  # one engine's step at a value of the scale, in a fresh process
 
 
-def measure_step(model_file, engine: str, values: dict, device, steps: int = STEPS,
+def measure_step(model_file, engine: str, values: dict, device, steps: int = THOROUGH.steps,
                  by_module: list | None = None, cap_bytes: int | None = None,
                  isolate: Callable | None = None) -> StepOutcome:
     """(total bytes, median seconds per step over `steps` after a warm-up) of one engine's step at `values`, in a
@@ -147,7 +142,7 @@ FLAT_STEPS = 4  # points measured farther out at most, before the answer stays t
 
 
 def until_it_grows(engine_fit: EngineFit, model_file, values: dict, scale: str, device, limit: float,
-                   pace: Pace) -> None:
+                   pace: Pace, search: Search = THOROUGH) -> None:
     """Where the totals measured do not rise past the measurement's resolution (`sizing.grows`), points farther out
     (`FLAT_REACH` times the largest, `FLAT_STEPS` at most) until they do: a slope read from noise can say any value
     fits, or turn negative. A value whose batch alone would take the step past the limit, or past what this machine
@@ -169,7 +164,7 @@ def until_it_grows(engine_fit: EngineFit, model_file, values: dict, scale: str, 
         if total + per_unit * (value - largest) > room:
             break
         pace.expect([value])
-        outcome = measure_step(model_file, engine_fit.engine, {**values, scale: value}, device)
+        outcome = measure_step(model_file, engine_fit.engine, {**values, scale: value}, device, steps=search.steps)
         pace.done(f"{model_file.name} {engine_fit.engine} {scale}={value} (farther out: the totals did not grow): "
                   + (outcome.reason or format_bytes(outcome.total)), value)
         if not outcome.measured:
@@ -190,7 +185,8 @@ def until_it_grows(engine_fit: EngineFit, model_file, values: dict, scale: str, 
                        f"totals vary), so no size model is read past what was measured{reach}")
 
 
-def approach(engine_fit: EngineFit, model_file, values: dict, scale: str, device, limit: float, pace: Pace) -> None:
+def approach(engine_fit: EngineFit, model_file, values: dict, scale: str, device, limit: float, pace: Pace,
+             search: Search = THOROUGH) -> None:
     """Measured points grow toward the answer: while it lies more than `REACH` times past the largest measured
     value, the next point is measured where the answer lies a little less than `REACH` times past it (one step,
     not one per doubling, where the prediction holds) in a fresh process and the size model is fitted again. Where this machine cannot hold the next point, or its measurement fails,
@@ -211,7 +207,7 @@ def approach(engine_fit: EngineFit, model_file, values: dict, scale: str, device
         # its predicted total is under the limit, which this machine holds
         value = _multiple(math.ceil(answer / (REACH * APPROACH_SLACK)), engine_fit.multiple)
         pace.expect([value])
-        outcome = measure_step(model_file, engine_fit.engine, {**values, scale: value}, device)
+        outcome = measure_step(model_file, engine_fit.engine, {**values, scale: value}, device, steps=search.steps)
         if not outcome.measured:
             engine_fit.unmeasured = f"{scale}={value}: {outcome.reason}"
             if outcome.failed:
@@ -225,7 +221,7 @@ def approach(engine_fit: EngineFit, model_file, values: dict, scale: str, device
 
 
 def confirm(engine_fit: EngineFit, measure: Measure, scale: str, limit: float,
-            affordable: float, progress: Progress) -> None:
+            affordable: float, progress: Progress, search: Search = THOROUGH) -> None:
     """The engine measured at its predicted answer, then the largest value whose measured total stays under `limit`
     searched by measurement (`largest_measured`): `checked` holds every total, `confirmed` the answer, left None
     where the machine cannot hold the answer or a measurement failed."""
@@ -240,7 +236,7 @@ def confirm(engine_fit: EngineFit, measure: Measure, scale: str, limit: float,
         if not outcome.measured:  # the measuring line said why
             return
         engine_fit.checked[value] = outcome.total
-    found = largest_measured(measure, engine_fit, scale, limit, affordable, progress)
+    found = largest_measured(measure, engine_fit, scale, limit, affordable, progress, search)
     if found is None:  # the search stopped: the largest value measured under the limit, if any, is what holds
         totals = {v: total for v, total, _ in engine_fit.points} | engine_fit.checked
         ceiling = engine_fit.ceiling
@@ -250,16 +246,16 @@ def confirm(engine_fit: EngineFit, measure: Measure, scale: str, limit: float,
 
 
 def hold(engine_fit: EngineFit, measure: Measure, limit: float,
-         progress: Progress) -> None:
-    """The confirmed answer measured in `HOLD_REPEATS` processes in all, its largest total kept: the same step's
-    resident high-water differs from process to process (by up to 14% on the CPU: glibc's arenas and mmap
+         progress: Progress, search: Search = THOROUGH) -> None:
+    """The confirmed answer measured in `search.hold_repeats` processes in all, its largest total kept: the same
+    step's resident high-water differs from process to process (by up to 14% on the CPU: glibc's arenas and mmap
     threshold), and an answer must hold in the worse ones. Where one is over the limit, the value steps down by
-    `RESOLUTION` and is measured as often again, `HOLD_STEPS` times at most."""
+    `search.resolution` and is measured as often again, `search.hold_steps` times at most."""
     value = engine_fit.confirmed
-    for _ in range(HOLD_STEPS):
+    for _ in range(search.hold_steps):
         if value is None:
             return
-        for _ in range(HOLD_REPEATS - (value in engine_fit.checked)):
+        for _ in range(search.hold_repeats - (value in engine_fit.checked)):
             outcome = measure(value)
             if not outcome.measured:  # the measuring line said why; the answer stays as measured so far
                 return
@@ -269,29 +265,29 @@ def hold(engine_fit: EngineFit, measure: Measure, limit: float,
         if engine_fit.checked[value] <= limit:
             engine_fit.confirmed = value
             return
-        value = _multiple(int(value * (1 - RESOLUTION)), engine_fit.multiple)
+        value = _multiple(int(value * (1 - search.resolution)), engine_fit.multiple)
     engine_fit.confirmed = None
-    engine_fit.unmeasured = (f"no value held the limit in {HOLD_REPEATS} processes, down to {value}: its totals differ "
+    engine_fit.unmeasured = (f"no value held the limit in {search.hold_repeats} processes, down to {value}: its totals differ "
                              "from process to process by more than the search's steps")
     progress(f"confirming {engine_fit.engine}: {engine_fit.unmeasured}")
 
 
 def step_down(engine_fit: EngineFit, measure: Measure, scale: str, limit: float,
-              affordable: float, progress: Progress) -> None:
-    """An engine's own answer measured once; where it is over the limit, the next value `RESOLUTION` below, until one
-    is under (`HOLD_STEPS` at most); where it is under by more than `TIMID`, searched up (`largest_measured`), so a
-    size model with a wide interval does not leave an answer far short of the limit."""
+              affordable: float, progress: Progress, search: Search = THOROUGH) -> None:
+    """An engine's own answer measured once; where it is over the limit, the next value `search.resolution` below,
+    until one is under (`search.hold_steps` at most); where it is under by more than `TIMID`, searched up
+    (`largest_measured`), so a size model with a wide interval does not leave an answer far short of the limit."""
     value = engine_fit.max_fitting
-    for _ in range(HOLD_STEPS):
+    for _ in range(search.hold_steps):
         if check_at(engine_fit, value, measure, limit):
             engine_fit.confirmed = value
             if engine_fit.total_at(value)[0] < limit * (1 - TIMID):
-                engine_fit.confirmed = largest_measured(measure, engine_fit, scale, limit, affordable, progress) \
-                    or value
+                engine_fit.confirmed = largest_measured(measure, engine_fit, scale, limit, affordable, progress,
+                                                        search) or value
             return
         if value not in engine_fit.checked:  # the measurement failed: the measuring line said why
             return
-        value = _multiple(int(value * (1 - RESOLUTION)), engine_fit.multiple)
+        value = _multiple(int(value * (1 - search.resolution)), engine_fit.multiple)
 
 
 def check_at(engine_fit: EngineFit, value: int, measure: Measure,
@@ -308,8 +304,8 @@ def check_at(engine_fit: EngineFit, value: int, measure: Measure,
 
 
 def largest_measured(measure: Measure, engine_fit: EngineFit, scale: str, limit: float, affordable: float,
-                     progress: Progress) -> int | None:
-    """The largest value whose measured total stays under `limit`, to within `RESOLUTION` of it, searched by
+                     progress: Progress, search: Search = THOROUGH) -> int | None:
+    """The largest value whose measured total stays under `limit`, to within `search.resolution` of it, searched by
     measurement from the engine's points and what `checked` holds (one fresh process per value): each next value is where the straight line through the
     two nearest measured totals crosses the limit (`_crossing`), bisection every other step once the answer is
     bracketed, so a prediction that is far off costs a few processes, not one per doubling. None where a
@@ -328,7 +324,7 @@ def largest_measured(measure: Measure, engine_fit: EngineFit, scale: str, limit:
         high = min([value for value, total in totals.items() if total > limit and value > low]
                    + [value for value in engine_fit.failed if value > low], default=None)  # a failure is over
         step = engine_fit.multiple
-        if high is not None and high - low <= max(step, int(low * RESOLUTION)):
+        if high is not None and high - low <= max(step, int(low * search.resolution)):
             return low
         if high is None:  # not bracketed yet: along the line through the two largest values under the limit, no
             below = sorted(under)[-2:]  # farther than `REACH_UNBRACKETED` past them (two noisy totals close together

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from benchlib.engine_names import split_names
 from benchlib.fit.cuda_policy import DEFAULT_GPU, GPUS
+from benchlib.fit.settings import QUICK, THOROUGH, Search
 from benchlib.runner.arguments import parse_assignments, ranks_params
 from benchlib.runner.notebooks import RunnerError
 
@@ -65,6 +66,9 @@ def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:
     fit_parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=None,
                             help="measure the answer in fresh processes before giving it, searching the true largest "
                                  "value (default: on wherever this machine can hold --memory; --no-verify skips)")
+    fit_parser.add_argument("--quick", action="store_true",
+                            help=f"a first look, fewer processes: the {QUICK.summary} (default: the "
+                                 f"{THOROUGH.summary})".replace("%", "%%"))
     fit_parser.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",
                             help="the longest each of fit's processes may take (a measured step, a trace): one that "
                                  "runs longer is killed and said, and fit goes on (default: BENCHLIB_FIT_TIMEOUT, else "
@@ -138,16 +142,19 @@ def fit_command(arguments: argparse.Namespace) -> int:
     if arguments.timeout is not None:  # read by every process fit starts, as BENCHLIB_FORM_CHECK_TIMEOUT is
         os.environ[TIMEOUT_ENV] = str(arguments.timeout)
     started, started_at = time.monotonic(), now_iso()
+    search = (QUICK if arguments.quick else THOROUGH).verifying(arguments.verify)
     if arguments.at is not None:
-        return _fit_at(arguments, chosen, started, started_at)
+        return _fit_at(arguments, chosen, started, started_at, search)
     try:
         result = fit(file, memory=MemoryLimit(arguments.memory, _share(arguments.margin), arguments.gpu), scale=scale,
                      device=device, engines=chosen, params=ranks_params(arguments, parse_assignments(arguments.param)),
-                     verify=arguments.verify)
+                     search=search)
     except FitInterrupted as stopped:
         _save_interrupted(arguments, stopped, f"{stopped.result.name}_fit", started, started_at,
                           pd.DataFrame(stopped.result.rows()))
     print("\n".join(result.lines()))
+    if search.name != THOROUGH.name:
+        print(search.summary)
     question = (f"What is the largest {scale} at which {Path(file).name}'s step fits in {_limit(arguments)}, and under "
                 "which engine?")
     ran_on = resolve_device("cpu" if result.predicted else device)  # a prediction runs on the CPU
@@ -159,7 +166,8 @@ def fit_command(arguments: argparse.Namespace) -> int:
                      EXIT_FITS if result.best is not None else EXIT_NONE_FITS)
 
 
-def _fit_at(arguments: argparse.Namespace, chosen: list[str] | None, started: float, started_at: str) -> int:
+def _fit_at(arguments: argparse.Namespace, chosen: list[str] | None, started: float, started_at: str,
+            search: Search) -> int:
     """`fit --at`: every engine at the value, printed fastest first among those that fit, saved as a run."""
     import pandas as pd
 
@@ -170,7 +178,7 @@ def _fit_at(arguments: argparse.Namespace, chosen: list[str] | None, started: fl
         result = fit_at(arguments.file, memory=MemoryLimit(arguments.memory, _share(arguments.margin), arguments.gpu),
                         at=arguments.at,
                         device=arguments.device, engines=chosen,
-                        params=ranks_params(arguments, parse_assignments(arguments.param)))
+                        params=ranks_params(arguments, parse_assignments(arguments.param)), search=search)
     except FitInterrupted as stopped:
         _save_interrupted(arguments, stopped, f"{stopped.result.name}_fit_at", started, started_at,
                           pd.DataFrame({SUMMARY_COLUMN: stopped.result.lines()}))
