@@ -114,17 +114,41 @@ def test_step_stays_lean(gradient_step):
 '''
 
 
-def _run(*command, cwd=None, timeout=900):
-    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "BENCHLIB_RESULTS")}
-    return subprocess.run([str(part) for part in command], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+def _run(*command, cwd=None, timeout=900, env=None):
+    # the fresh environment's bytecode is written where this machine's set-up asks for none: each of its processes
+    # would compile torch's and pandas' modules again
+    clean = {key: value for key, value in os.environ.items()
+             if key not in ("PYTHONPATH", "BENCHLIB_RESULTS", "PYTHONDONTWRITEBYTECODE")}
+    return subprocess.run([str(part) for part in command], cwd=cwd, env={**clean, **(env or {})}, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+# pip's settings that say where packages come from, as uv reads them (uv reads no pip configuration)
+PIP_TO_UV = {"index-url": "UV_INDEX_URL", "extra-index-url": "UV_EXTRA_INDEX_URL", "find-links": "UV_FIND_LINKS"}
+
+
+def _installer(python: Path) -> tuple[list, dict]:
+    """The command that installs into the environment of `python`, and its environment: uv where this environment
+    has it (a fresh environment filled with torch and its CUDA libraries in seconds where pip takes minutes), told
+    where pip finds packages here and to choose among those places as pip does; else that environment's pip."""
+    uv = Path(sys.executable).parent / "uv"
+    if not uv.is_file():
+        return [python, "-m", "pip", "install", "-q"], {}
+    listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+    env = {"UV_INDEX_STRATEGY": "unsafe-best-match"}
+    for line in listed.splitlines():
+        key, _, value = line.partition("=")
+        setting = PIP_TO_UV.get(key.rsplit(".", 1)[-1])
+        if setting is not None:
+            env[setting] = value.strip("'\"")
+    return [uv, "pip", "install", "-q", "--python", python], env
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # minutes of work beside the suite's other workers
 def test_installed_beside_another_torch_it_keeps_that_torch_and_runs_a_model_file_and_the_gate(wheel, tmp_path):
     """A user's own environment: a fresh virtual environment with torch 2.14.1 installed first, then the wheel
-    with its dependencies (at the project's pins, torch's excepted); pip keeps that torch, and from a folder
+    with its dependencies (at the project's pins, torch's excepted); the installer keeps that torch, and from a folder
     outside the checkout a model file runs on it and the pytest plugin gates a test of it. About 6 GB while it
     runs, removed after."""
     free = shutil.disk_usage(tmp_path).free
@@ -134,13 +158,14 @@ def test_installed_beside_another_torch_it_keeps_that_torch_and_runs_a_model_fil
     python = venv / "bin" / "python"
     try:
         assert _run(getattr(sys, "_base_executable", sys.executable), "-m", "venv", venv).returncode == 0
-        torch = _run(python, "-m", "pip", "install", "-q", f"torch=={OTHER_TORCH}")
+        install, env = _installer(python)
+        torch = _run(*install, f"torch=={OTHER_TORCH}", env=env)
         if torch.returncode != 0:  # not on this machine's disk, and no registry serves it here
             pytest.skip(f"torch {OTHER_TORCH} could not be installed here: {torch.stderr.strip()[-300:]}")
         pins = tmp_path / "pins.txt"
         pins.write_text("".join(line for line in (PROJECT / "constraints.txt").read_text().splitlines(keepends=True)
                                 if not line.startswith("torch")))
-        installed = _run(python, "-m", "pip", "install", "-q", "-c", pins, wheel, "pytest")
+        installed = _run(*install, "-c", pins, wheel, "pytest", env=env)
         assert installed.returncode == 0, installed.stderr[-2000:]
         kept = _run(python, "-c", "import torch, benchlib; print(torch.__version__, benchlib.__file__)", cwd=tmp_path)
         version, location = kept.stdout.split()
