@@ -390,6 +390,40 @@ def test_fit_measures_under_the_allocator_a_training_process_has_not_the_one_run
     assert seen == ["training-process"] and DEFAULT_MALLOC_POLICY != "training-process"
 
 
+FIT_IMPORTS = """
+import json, sys
+from benchlib.fit import measured
+from benchlib.fit.measured import StepOutcome
+from benchlib.runner.cli import main
+
+imported = []
+
+def measure(_file, _engine, values, _device, **_options):
+    imported.extend(imported or sorted(sys.modules))
+    return StepOutcome(int(100e6 + values["n"] * 1e6), 1e-3)
+
+measured.measure_step = measure
+code = main(["fit", sys.argv[1], "--memory", "150MB", "--scale", "n", "--engines", "torch", "--no-verify",
+             "--out", sys.argv[2]])
+print(json.dumps({"code": code, "imported": imported}))
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter: this one has imported the notebook runner for other tests
+def test_fit_imports_nothing_of_the_notebook_runner_before_it_measures(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", FIT_IMPORTS, str(model_file(tmp_path)), str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=300)
+    said = json.loads(done.stdout.splitlines()[-1])
+    assert said["code"] == 0 and said["imported"], done.stderr[-2000:]
+    runner = [name for name in said["imported"] if name.split(".")[0] in ("jupyter_client", "zmq", "tornado",
+                                                                         "traitlets", "papermill", "nbformat")
+              or name in ("benchlib.runner.kernels", "benchlib.runner.papermill_exec", "benchlib.runner.preflight")]
+    assert runner == []
+
+
 def test_a_measured_step_runs_no_check_unless_its_memory_by_module_is_asked_for(tmp_path):
     import benchlib.measure
     from benchlib.measure import resolve_device

@@ -139,6 +139,30 @@ def default_results_root() -> Path:
     return (project or Path.cwd().resolve()) / "results"
 
 
+class OutDirRefused(ValueError):
+    """A root for runs (`--out`) that cannot hold them, said before anything runs."""
+
+
+def check_out_dir(root: Path) -> None:
+    """Refuse a root for runs that cannot be created or written, or that lies inside a run, before anything runs."""
+    existing = root
+    while not existing.exists():
+        if existing.is_symlink():  # mkdir would say only "File exists"
+            raise OutDirRefused(f"--out {str(root)!r}: {str(existing)!r} is a symbolic link to "
+                                f"{os.readlink(existing)!r}, which does not exist; create its target or give another "
+                                "directory")
+        existing = existing.parent
+    if not existing.is_dir():
+        raise OutDirRefused(f"--out {str(root)!r} cannot be created: {str(existing)!r} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise OutDirRefused(f"--out {str(root)!r} is not writable ({str(existing)!r} refuses writes); choose a "
+                            "directory you can write")
+    for directory in (root.resolve(), *root.resolve().parents):
+        if (directory / RUN_INFO).is_file():
+            raise OutDirRefused(f"--out {str(root)!r} is inside the run {str(directory)!r}; runs are not nested: "
+                                f"give the directory that holds runs (e.g. {str(directory.parent)!r})")
+
+
 def find_project_root(start: Path | None = None) -> Path | None:
     """The nearest directory, from `start` (default: the working directory) up, holding `pyproject.toml` and `notebooks/`."""
     here = (start or Path.cwd()).resolve()

@@ -9,7 +9,6 @@ import hashlib
 import itertools
 import json
 import math
-import os
 import re
 import sys
 from collections import Counter
@@ -20,7 +19,7 @@ from typing import Any, TextIO
 
 from benchlib.benchmark import INJECTED, ParameterError, unknown_parameters
 from benchlib.measure.forkserver import isolation_mode
-from benchlib.records.store import RUN_INFO
+from benchlib.records.store import OutDirRefused, check_out_dir
 from benchlib.report.figure_files import check_static_export
 from benchlib.runner.notebooks import NotebookSpec, RunnerError, select_notebooks
 from benchlib.runner.papermill_exec import KERNEL_NAME
@@ -28,24 +27,6 @@ from benchlib.runner.sweep import EXECUTORS
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.=,-]+")  # what a point's key may hold
 ATTRIBUTE = "attribute"  # the parameter of the benchmarks that offer an attribution pass (--attribute sets it)
-
-
-def check_out_dir(root: Path) -> None:
-    """Refuse an output root that cannot be created or written, before anything runs."""
-    existing = root
-    while not existing.exists():
-        if existing.is_symlink():  # mkdir would say only "File exists"
-            raise RunnerError(f"--out {str(root)!r}: {str(existing)!r} is a symbolic link to {os.readlink(existing)!r}, "
-                              "which does not exist; create its target or give another directory")
-        existing = existing.parent
-    if not existing.is_dir():
-        raise RunnerError(f"--out {str(root)!r} cannot be created: {str(existing)!r} is a file, not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise RunnerError(f"--out {str(root)!r} is not writable ({str(existing)!r} refuses writes); choose a directory you can write")
-    for directory in (root.resolve(), *root.resolve().parents):
-        if (directory / RUN_INFO).is_file():
-            raise RunnerError(f"--out {str(root)!r} is inside the run {str(directory)!r}; runs are not nested: "
-                              f"give the directory that holds runs (e.g. {str(directory.parent)!r})")
 
 
 def check_values(planned: Sequence[tuple[NotebookSpec, dict[str, Any]]], device: Any) -> None:
@@ -238,7 +219,10 @@ def checked_plan(notebooks: Sequence[str], options, root: Path, stream) -> RunPl
     executions = expand(planned, dict(options.grid or {}), dict(params or {}))
     resolved = resolve_run_device(options.device)
     check_values([(execution.spec, execution.values) for execution in executions], resolved)
-    check_out_dir(root)
+    try:
+        check_out_dir(root)
+    except OutDirRefused as refused:
+        raise RunnerError(str(refused)) from None
     check_kernel()
     if options.png:
         try:

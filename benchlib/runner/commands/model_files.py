@@ -126,17 +126,13 @@ def fit_command(arguments: argparse.Namespace) -> int:
     from benchlib.fit.asking import TIMEOUT_ENV
     from benchlib.measure import resolve_device
     from benchlib.records.store import now_iso
-    from benchlib.report.figure_files import save_figure
-    from benchlib.report.plots.usermodel import fit_figure
-    from benchlib.report.page import HEADLINE_SUFFIX
 
     file, scale, device = arguments.file, arguments.scale, arguments.device
     chosen = None if arguments.engines is None else split_names(arguments.engines)
     if (scale is None) == (arguments.at is None):
         raise FitError("give --scale PARAM (the largest value that fits) or --at PARAM=VALUE (which engines fit that "
                        "value), one of them")
-    from benchlib.records.store import default_results_root
-    from benchlib.runner.preflight import check_out_dir
+    from benchlib.records.store import check_out_dir, default_results_root
 
     check_out_dir(arguments.out or default_results_root())  # before anything is measured, as `run` refuses it
     if arguments.timeout is not None:  # read by every process fit starts, as BENCHLIB_FORM_CHECK_TIMEOUT is
@@ -155,6 +151,10 @@ def fit_command(arguments: argparse.Namespace) -> int:
     print("\n".join(result.lines()))
     if search.name != THOROUGH.name:
         print(search.summary)
+    from benchlib.report.figure_files import save_figure  # presentation, once the answer is measured
+    from benchlib.report.page import HEADLINE_SUFFIX
+    from benchlib.report.plots.usermodel import fit_figure
+
     question = (f"What is the largest {scale} at which {Path(file).name}'s step fits in {_limit(arguments)}, and under "
                 "which engine?")
     ran_on = resolve_device("cpu" if result.predicted else device)  # a prediction runs on the CPU
@@ -172,7 +172,6 @@ def _fit_at(arguments: argparse.Namespace, chosen: list[str] | None, started: fl
     import pandas as pd
 
     from benchlib.fit import FitInterrupted, MemoryLimit, fit_at
-    from benchlib.report.page import HEADLINE_SUFFIX, SUMMARY_COLUMN
 
     try:
         result = fit_at(arguments.file, memory=MemoryLimit(arguments.memory, _share(arguments.margin), arguments.gpu),
@@ -180,8 +179,12 @@ def _fit_at(arguments: argparse.Namespace, chosen: list[str] | None, started: fl
                         device=arguments.device, engines=chosen,
                         params=ranks_params(arguments, parse_assignments(arguments.param)), search=search)
     except FitInterrupted as stopped:
+        from benchlib.report.page import SUMMARY_COLUMN
+
         _save_interrupted(arguments, stopped, f"{stopped.result.name}_fit_at", started, started_at,
                           pd.DataFrame({SUMMARY_COLUMN: stopped.result.lines()}))
+    from benchlib.report.page import HEADLINE_SUFFIX, SUMMARY_COLUMN  # presentation, once the answer is measured
+
     print("\n".join(result.lines()))
     question = (f"Which engines fit {Path(arguments.file).name}'s step at {result.scale}={result.value} in "
                 f"{_limit(arguments)}, and which is fastest?")
