@@ -280,3 +280,16 @@ def test_the_prediction_matches_what_an_h200_reserved_for_the_template_model(tmp
     path.write_text(TEMPLATE)
     values = {name: params[name] for name in ("width", "depth", "batch_size")}
     assert predict_reserved(read_model_file(path), engine, values).reserved == int(measured["value"].median())
+
+
+def test_a_predicted_total_carries_the_tolerance_the_gpu_truth_holds_traces_to():
+    from benchlib.fit.predicted import TRACE_TOLERANCE
+    from benchlib.fit.result import PREDICTED, EngineFit
+    from benchlib.fit.sizing import LINEAR, SizeModel
+
+    traced = {8: 800, 16: 1600, 32: 3200}
+    fit_ = EngineFit("torch", model=SizeModel(LINEAR, (100.0, 0.0), 0.001), max_fitting=16, traced=traced,
+                     tolerance=TRACE_TOLERANCE)
+    assert fit_.total_at(16) == (1600.0, 1600 * (1 - TRACE_TOLERANCE), 1600 * (1 + TRACE_TOLERANCE), PREDICTED)
+    low, high = fit_.model.bounds(20)  # no trace there: the size model's own interval
+    assert fit_.total_at(20)[1:3] == (low, high) and high - low < 0.01 * 2000

@@ -12,12 +12,11 @@ import pandas as pd
 import pytest
 
 from benchlib.fit.cuda_policy import gpu_named
-from benchlib.fit.predicted import predict_reserved
+from benchlib.fit.predicted import TRACE_TOLERANCE, predict_reserved
 from benchlib.units import format_bytes
 from benchlib.usermodel.loader import read_model_file
 
 TRUTH = Path(__file__).resolve().parents[1] / "results" / "reference" / "cuda-truth"
-TOLERANCE = 0.05  # of the measured reserved peak
 LIMIT = 80 * 2**30  # the limit the rows were measured around (80 GiB)
 
 
@@ -47,7 +46,7 @@ def test_every_measured_row_is_predicted_within_five_percent_and_over_the_limit_
         at = ", ".join(f"{name} {getattr(row, name)}" for name in parameters)
         lines.append(f"{row.model} {row.engine} {at} ({row.source}): measured "
                      f"{format_bytes(row.reserved_bytes)}, predicted {format_bytes(guess)} ({100 * error:+.2f}%)")
-        if abs(error) > TOLERANCE or over_missed:
+        if abs(error) > TRACE_TOLERANCE or over_missed:
             misses.append(lines[-1] + (" predicted under the limit the GPU went over" if over_missed else ""))
     print("\n".join(lines))
     assert not misses, "\n".join(misses)

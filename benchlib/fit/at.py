@@ -176,10 +176,13 @@ def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engin
         if engine_fit.model is None:
             result.engines.append(AtEngine(engine_fit.engine, reason=engine_fit.reason))
             continue
-        total, error = engine_fit.model(value), max(engine_fit.model.check_error, 0.0)
         seconds = next((each for at_value, _, each in engine_fit.points if at_value == value), math.nan)
-        low, high = engine_fit.model.bounds(value)
+        total, low, high, _ = engine_fit.total_at(value)
+        if engine_fit.tolerance and value in engine_fit.traced:
+            source, error = "its trace, within", engine_fit.tolerance
+        else:
+            source, error = "out-of-sample error", max(engine_fit.model.check_error, 0.0)
         result.engines.append(AtEngine(engine_fit.engine, total, low, high, seconds,
                                        f"predicted ({fitted.basis if fitted.predicted else 'size model'}, "
-                                       f"out-of-sample error {100 * error:.1f}%)"))
+                                       f"{source} {100 * error:.1f}%)"))
     return result

@@ -287,7 +287,7 @@ def _predict_all(model_file, fits: list[EngineFit], values: dict, scale: str, li
     engine predicted in a child of its own (`predicted.predict_engine`), and the size model of its traced points recorded
     with its check error."""
     from benchlib.fit.cuda_policy import emulated
-    from benchlib.fit.predicted import BASIS
+    from benchlib.fit.predicted import BASIS, TRACE_TOLERANCE
     from benchlib.fit.sizing import choose_model
     from benchlib.usermodel.case import combination_of
 
@@ -306,6 +306,7 @@ def _predict_all(model_file, fits: list[EngineFit], values: dict, scale: str, li
             progress(f"{model_file.name} {engine_fit.engine}: {engine_fit.reason}")
             continue
         engine_fit.traced = {int(value): reserved for value, reserved in made["traced"].items()}
+        engine_fit.tolerance = TRACE_TOLERANCE
         unseen.update(made["unseen"])
         assumed.update(made["assumed"])
         engine_fit.model = choose_model(list(engine_fit.traced), list(engine_fit.traced.values()))

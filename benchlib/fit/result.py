@@ -63,6 +63,9 @@ class EngineFit:
     failed: dict[int, str] = field(default_factory=dict)  # value -> why its step failed there (raised, killed, timed
     # out): every answer stays below the smallest
     flat: str = ""  # why no size model is read: its totals do not measurably grow over the values measured
+    # predicted without a GPU: how far a traced reserved peak may lie from the GPU's (`predicted.TRACE_TOLERANCE`),
+    # the interval of a total read from its trace; 0 where the totals are measured
+    tolerance: float = 0.0
 
     @property
     def ceiling(self) -> int | None:
@@ -103,11 +106,14 @@ class EngineFit:
         return max(predicted or 0, max(under))
 
     def total_at(self, value: int) -> tuple[float, float, float, str]:
-        """(total, low, high, basis) at `value`: measured where a process ran there (low = high = total), else the
-        size model's prediction and its interval."""
+        """(total, low, high, basis) at `value`: measured where a process ran there (low = high = total); predicted
+        from a trace there, within `tolerance`; else the size model's prediction and its interval."""
         measured = {v: total for v, total, _ in self.points} | self.checked
         if value in measured:
             return (float(measured[value]),) * 3 + (CONFIRMED if value in self.checked else MEASURED,)
+        if self.tolerance and value in self.traced:  # the trace itself, within what the GPU truth tables allow it
+            traced = float(self.traced[value])
+            return traced, traced * (1 - self.tolerance), traced * (1 + self.tolerance), PREDICTED
         low, high = self.model.bounds(value)
         return self.model(value), low, high, PREDICTED
 
@@ -259,7 +265,8 @@ class FitResult:
                 total, low, high, basis = fit.total_at(fit.largest)
                 seconds, label = fit.seconds_per_sample(fit.largest)
                 row.update(largest=fit.largest, total_bytes=total, total_low=low, total_high=high,
-                           basis=self.basis if self.predicted else _basis(fit), seconds_per_sample=seconds,
+                           basis=_predicted_basis(self.basis, fit) if self.predicted else _basis(fit),
+                           seconds_per_sample=seconds,
                            time_basis=label)
             elif fit.largest is not None:
                 row.update(largest=fit.largest, basis=f"the total does not grow with {self.scale}")
@@ -434,6 +441,13 @@ def _extrapolated_values(fit: EngineFit) -> list[int]:
     largest fitting value, for the figure's dashed line."""
     farthest = max(fit.traced)
     return sorted({int(round(v)) for v in np.geomspace(farthest, fit.max_fitting * 1.25, 12)} | {fit.max_fitting})
+
+
+def _predicted_basis(basis: str, fit: EngineFit) -> str:
+    """How a predicted total was reached, with what its interval is: the trace's tolerance (`TRACE_TOLERANCE`)."""
+    if fit.tolerance and fit.largest in fit.traced:
+        return f"{basis} (±{100 * fit.tolerance:g}%: how near GPU truth tables hold traces)"
+    return basis
 
 
 def _predicted_line(fit: EngineFit, scale: str, limit: int) -> str:
