@@ -120,3 +120,24 @@ def test_every_confirming_process_is_capped_just_past_the_limit(fit_children_her
     confirming = {value: cap for value, cap in caps.items() if value not in (8, 16, 32, 64, 252)}
     assert confirming and set(confirming.values()) == {int(200.6 * MB * 1.05)}
     assert {caps[value] for value in (8, 16, 32, 64)} == {None}  # the user's own grid runs as asked
+
+
+def test_an_answer_no_value_held_in_every_process_is_said_not_confirmed(fit_children_here, tmp_path, monkeypatch):
+    """Totals that differ between fresh processes (the first under the limit, the next 30% higher): the hold gives
+    up, and no single later process may call the answer confirmed."""
+    processes = {}
+
+    def measure(_file, _engine, values, _device, **_options):
+        n = values["n"]
+        processes[n] = processes.get(n, 0) + 1
+        factor = 1.0 if n <= 64 else (0.9 if processes[n] == 1 else 1.3)
+        return StepOutcome(int((100 * MB + n * MB) * factor), 1e-3)
+
+    monkeypatch.setattr(measured, "measure_step", measure)
+    result = fit(model_file(tmp_path), memory="200 MB", scale="n", engines=["torch"], params={"n": 64},
+                 search=VERIFY, progress=lambda line: None)
+    (torch_fit,) = result.engines
+    assert torch_fit.confirmed is None and "no value held the limit in 3 processes" in torch_fit.unconfirmed
+    lines = "\n".join(result.lines())
+    assert "not confirmed: no value held the limit" in lines.splitlines()[0]
+    assert "confirmed: measured" not in lines and "measured to confirm it" not in lines

@@ -254,6 +254,8 @@ def _confirm(result: FitResult, question: Question, device, pace: Pace, search: 
         confirm(best, measuring(best), scale, usable, affordable, pace.say, search)
         hold(best, measuring(best), usable, pace.say, search)
     for engine_fit in sorted(result.fitted, key=lambda fit: fit.largest, reverse=True):
+        if engine_fit.engine in tried:  # held above: where no value held in every process, one more cannot say it does
+            continue
         if engine_fit.points and engine_fit.confirmed is None and engine_fit.max_fitting < SEARCH_LIMIT:
             step_down(engine_fit, measuring(engine_fit), scale, usable, affordable, pace.say, search)
     fastest, common = result.fastest, result.common_value

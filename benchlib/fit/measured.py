@@ -267,9 +267,9 @@ def hold(engine_fit: EngineFit, measure: Measure, limit: float,
             return
         value = _multiple(int(value * (1 - search.resolution)), engine_fit.multiple)
     engine_fit.confirmed = None
-    engine_fit.unmeasured = (f"no value held the limit in {search.hold_repeats} processes, down to {value}: its totals differ "
-                             "from process to process by more than the search's steps")
-    progress(f"confirming {engine_fit.engine}: {engine_fit.unmeasured}")
+    engine_fit.unconfirmed = (f"no value held the limit in {search.hold_repeats} processes, down to {value}: its "
+                              "totals differ from process to process by more than the search's steps")
+    progress(f"confirming {engine_fit.engine}: {engine_fit.unconfirmed}")
 
 
 def step_down(engine_fit: EngineFit, measure: Measure, scale: str, limit: float,

@@ -57,6 +57,7 @@ class EngineFit:
     traced: dict[int, int] = field(default_factory=dict)  # value -> traced peak bytes, where the step was traced
     untraced: str = ""  # why it was not
     unmeasured: str = ""  # why the points stop short of the answer (the machine cannot hold the next one), if they do
+    unconfirmed: str = ""  # why confirmation gave up (no value held the limit in every process): the answer is not
     checked: dict[int, int] = field(default_factory=dict)  # value -> total measured to confirm an answer
     confirmed: int | None = None  # the largest value measured under the limit, searched up to the first over it
     multiple: int = 1  # what the values asked beyond the grid are multiples of (micro-batches split evenly)
@@ -158,11 +159,12 @@ class FitResult:
 
     @property
     def best(self) -> EngineFit | None:
-        """The engine reaching the largest value; then the least time per sample, or, predicted, the least total."""
+        """The engine reaching the largest value, one whose confirmation gave up only where none is confirmed; then
+        the least time per sample, or, predicted, the least total."""
         def rank(fit: EngineFit) -> tuple:  # a measured engine before one only predicted at the same value
             seconds = fit.seconds_per_sample(fit.largest)[0]
-            return fit.largest, bool(fit.points) or self.predicted, -(0.0 if math.isnan(seconds) else seconds), \
-                -fit.model(fit.largest)
+            return not fit.unconfirmed, fit.largest, bool(fit.points) or self.predicted, \
+                -(0.0 if math.isnan(seconds) else seconds), -fit.model(fit.largest)
 
         return max(self.fitted, key=rank, default=None)
 
@@ -409,6 +411,8 @@ def _basis(fit: EngineFit, value: int | None = None) -> str:
     """How an engine's answer (or its total at `value`) was reached: measured there, confirmed by measurement in
     fresh processes, or predicted (within the measured values, or extrapolated how far)."""
     value = fit.largest if value is None else value
+    if fit.unconfirmed and value == fit.largest:
+        return f"not confirmed: {fit.unconfirmed}"
     if fit.confirmed is not None and value == fit.confirmed:
         over = [v for v, total in fit.checked.items() if v > value]
         return ("confirmed: measured in fresh processes" + (f", under the limit there and over it at {min(over)}"
