@@ -135,6 +135,7 @@ def test_processes_saving_one_file_at_once_keep_every_step_and_a_readable_file(t
     assert not list(tmp_path.glob("*.tmp"))
 
 
+@pytest.mark.serial  # byte counts within 2 kB: beside an xdist worker's thread one read 3974 bytes more (CI)
 def test_the_line_holding_the_peak_is_found_with_its_bytes():
     def allocate():
         kept = np.empty(3_000_000, dtype=np.uint8)  # the known allocation, 3 MB
