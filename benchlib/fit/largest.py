@@ -254,7 +254,7 @@ def _confirm(result: FitResult, question: Question, device, pace: Pace, search: 
         confirm(best, measuring(best), scale, usable, affordable, pace.say, search)
         hold(best, measuring(best), usable, pace.say, search)
     for engine_fit in sorted(result.fitted, key=lambda fit: fit.largest, reverse=True):
-        if engine_fit.engine in tried:  # held above: where no value held in every process, one more cannot say it does
+        if engine_fit.unconfirmed:  # no value held in every process: one more process cannot say one does
             continue
         if engine_fit.points and engine_fit.confirmed is None and engine_fit.max_fitting < SEARCH_LIMIT:
             step_down(engine_fit, measuring(engine_fit), scale, usable, affordable, pace.say, search)

@@ -57,7 +57,7 @@ class EngineFit:
     traced: dict[int, int] = field(default_factory=dict)  # value -> traced peak bytes, where the step was traced
     untraced: str = ""  # why it was not
     unmeasured: str = ""  # why the points stop short of the answer (the machine cannot hold the next one), if they do
-    unconfirmed: str = ""  # why confirmation gave up (no value held the limit in every process): the answer is not
+    unconfirmed: str = ""  # why confirmation gave up (no value held the limit in every process): not confirmed
     checked: dict[int, int] = field(default_factory=dict)  # value -> total measured to confirm an answer
     confirmed: int | None = None  # the largest value measured under the limit, searched up to the first over it
     multiple: int = 1  # what the values asked beyond the grid are multiples of (micro-batches split evenly)
