@@ -11,10 +11,9 @@ ARGS ?=
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt tools/install.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/python tools/install.py
 	@touch $@
 
 ## benchlib's bytecode, for every process a run or the suite starts: an editable install compiles none, and where

@@ -1,6 +1,7 @@
 """benchlib installed from its wheel, outside this checkout: the built-in notebooks travel in it, a run finds
 them and writes ./results of the folder it runs in, and `benchlib notebooks DIR` copies them out."""
 
+import importlib.util
 import json
 import os
 import shutil
@@ -123,25 +124,18 @@ def _run(*command, cwd=None, timeout=900, env=None):
                           text=True, timeout=timeout)
 
 
-# pip's settings that say where packages come from, as uv reads them (uv reads no pip configuration)
-PIP_TO_UV = {"index-url": "UV_INDEX_URL", "extra-index-url": "UV_EXTRA_INDEX_URL", "find-links": "UV_FIND_LINKS"}
-
-
-def _installer(python: Path) -> tuple[list, dict]:
-    """The command that installs into the environment of `python`, and its environment: uv where this environment
-    has it (a fresh environment filled with torch and its CUDA libraries in seconds where pip takes minutes), told
-    where pip finds packages here and to choose among those places as pip does; else that environment's pip."""
+def _installer(python: Path) -> list:
+    """The command that installs into the environment of `python`: uv where this environment
+    has it (a fresh environment filled with torch and its CUDA libraries in seconds where pip takes minutes), given
+    pip's package sources and constraints here as `make install` gives them (tools/install.py); else that
+    environment's pip."""
     uv = Path(sys.executable).parent / "uv"
     if not uv.is_file():
-        return [python, "-m", "pip", "install", "-q"], {}
-    listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
-    env = {"UV_INDEX_STRATEGY": "unsafe-best-match"}
-    for line in listed.splitlines():
-        key, _, value = line.partition("=")
-        setting = PIP_TO_UV.get(key.rsplit(".", 1)[-1])
-        if setting is not None:
-            env[setting] = value.strip("'\"")
-    return [uv, "pip", "install", "-q", "--python", python], env
+        return [python, "-m", "pip", "install", "-q"]
+    spec = importlib.util.spec_from_file_location("install", PROJECT / "tools" / "install.py")
+    install = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(install)
+    return install.uv_command(uv, python)
 
 
 @pytest.mark.slow
@@ -158,14 +152,14 @@ def test_installed_beside_another_torch_it_keeps_that_torch_and_runs_a_model_fil
     python = venv / "bin" / "python"
     try:
         assert _run(getattr(sys, "_base_executable", sys.executable), "-m", "venv", venv).returncode == 0
-        install, env = _installer(python)
-        torch = _run(*install, f"torch=={OTHER_TORCH}", env=env)
+        install = _installer(python)
+        torch = _run(*install, f"torch=={OTHER_TORCH}")
         if torch.returncode != 0:  # not on this machine's disk, and no registry serves it here
             pytest.skip(f"torch {OTHER_TORCH} could not be installed here: {torch.stderr.strip()[-300:]}")
         pins = tmp_path / "pins.txt"
         pins.write_text("".join(line for line in (PROJECT / "constraints.txt").read_text().splitlines(keepends=True)
                                 if not line.startswith("torch")))
-        installed = _run(*install, "-c", pins, wheel, "pytest", env=env)
+        installed = _run(*install, "-c", pins, wheel, "pytest")
         assert installed.returncode == 0, installed.stderr[-2000:]
         kept = _run(python, "-c", "import torch, benchlib; print(torch.__version__, benchlib.__file__)", cwd=tmp_path)
         version, location = kept.stdout.split()
