@@ -49,5 +49,7 @@ def test_the_ci_recipe_passes_lean_fails_wasteful_and_refuses_a_foreign_baseline
     foreign.mkdir()
     records = load_records(tmp_path / "benchmarks" / "baseline")
     write_records_atomic(records.assign(benchmark="another_model"), foreign / "records.parquet")
-    refused = _run(gate, tmp_path, BASELINE="benchmarks/foreign")
+    # the block's compare line alone, against the candidate the wasteful gate just ran
+    (compare,) = [line for line in gate.splitlines() if line.startswith("benchlib compare")]
+    refused = _run(compare, tmp_path, BASELINE="benchmarks/foreign")
     assert refused.returncode == 2 and "nothing to compare" in refused.stderr
