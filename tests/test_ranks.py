@@ -163,7 +163,8 @@ def test_fit_on_ranks_answers_per_rank_confirmed_on_real_ranks(tmp_path, capsys)
                .replace("torch.randn(8, 6), torch.randint(0, 2, (8,))",
                         "torch.randn(batch_size, 6), torch.randint(0, 2, (batch_size,))"))
     (tmp_path / "model.py").write_text(textwrap.dedent(batched))
-    result = fit(tmp_path / "model.py", memory="3 GB", scale="batch_size", params={"ranks": 2, "parallel": "fsdp",
+    # 800 MB: two ranks start at about 405 MB each, so the answer is a batch of about 10^4 (at 3 GB, steps of 10 s)
+    result = fit(tmp_path / "model.py", memory="800 MB", scale="batch_size", params={"ranks": 2, "parallel": "fsdp",
                                                                                     "width": 256},
                  progress=lambda line: None, search=QUICK.verifying(False))
     (engine,) = result.engines
