@@ -76,3 +76,31 @@ def test_a_step_whose_loss_is_nan_fails_every_engine_and_the_notebook_reads_fail
     entry = load_run_info(run)["notebooks"]["nan"]
     assert entry["status"] == "failed"  # every case failed: nothing measured is not a partial answer
     assert "the gradient holds NaN or inf (in weight, bias)" in json.dumps(entry)
+
+
+RUN_IMPORTS = """
+import json, sys
+from benchlib.runner.cli import main
+
+code = main(["run", sys.argv[1], "--quick", "-p", "engines=torch", "-p", "trials=1", "--out", sys.argv[2],
+             "--no-progress"])
+print(json.dumps({"code": code, "torch": "torch" in sys.modules}))
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter: this one has imported torch for other tests
+def test_benchlib_run_plans_and_records_its_environment_without_importing_torch(tmp_path):
+    """`benchlib run FILE` only plans and starts processes: torch is imported by the child that reads the file, the
+    kernel and the cases, never by the command itself (2-3 s a run); run.json's torch facts are the reader's."""
+    import json
+    import subprocess
+    import sys
+
+    path = _write(tmp_path, "fine.py", GOOD)
+    done = subprocess.run([sys.executable, "-c", RUN_IMPORTS, path, str(tmp_path / "out")], capture_output=True,
+                          text=True, timeout=600)
+    said = json.loads(done.stdout.splitlines()[-1])
+    assert said == {"code": 0, "torch": False}, done.stderr[-2000:]
+    (run,) = (tmp_path / "out").iterdir()
+    environment = json.loads((run / "run.json").read_text())["environment"]
+    assert environment["torch_threads"] >= 1 and environment["gpu"]["available"] in (True, False)

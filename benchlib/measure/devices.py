@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import importlib.util
 import os
 from contextlib import contextmanager
 import re
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 from benchlib.records.metrics import CUDA_ALLOC_RETRIES, CUDA_MALLOC_COUNT, CUDA_RESERVED_PEAK, CUDA_RESERVED_UNUSED
 
@@ -70,7 +72,25 @@ def _torch():
     return torch
 
 
+def _built_without_gpu() -> bool:
+    """Whether the installed torch is a build with neither CUDA nor ROCm, read from its `version.py` without
+    importing torch (2-3 s of a process that only plans, as `benchlib run` does before its kernels start): such a
+    build never sees a GPU. False where that cannot be told: torch is then asked."""
+    if "torch" in sys.modules:
+        return False
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    try:
+        text = (Path(spec.submodule_search_locations[0]) / "version.py").read_text(encoding="utf-8")
+    except OSError:
+        return False
+    return all(re.search(rf"^{backend}\b[^=\n]*= None$", text, re.M) for backend in ("cuda", "hip"))
+
+
 def _cuda_count() -> int:
+    if _built_without_gpu():
+        return 0
     torch = _torch()
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 

@@ -134,10 +134,30 @@ def file_provenance(path: str | os.PathLike) -> dict[str, Any]:
             "git": {"root": root, **git}}
 
 
-def capture_environment(device: Any = None, *, allocator_policy: str | None = None) -> dict[str, Any]:
-    """The environment a run measures in; `device` (name or Device) and measure's policy are recorded as given."""
+# torch_facts() as a child reported them (`note_torch_facts`): what a process that imports no torch records
+_NOTED_TORCH_FACTS: dict[str, Any] = {}
+
+
+def torch_facts() -> dict[str, Any]:
+    """What torch reports here: its intra-op thread count and the GPUs it sees. Read from torch where this process
+    has imported it; else as a child of this process that imported torch reported them (`note_torch_facts`: the
+    model-file reader, under this process's environment), so that a process that only plans and starts others,
+    `benchlib run`, never imports torch (2-3 s) for run.json; else from torch, imported here."""
+    if "torch" not in sys.modules and _NOTED_TORCH_FACTS:
+        return dict(_NOTED_TORCH_FACTS)
     import torch
 
+    return {"torch_threads": torch.get_num_threads(), "gpu": _gpu(torch)}
+
+
+def note_torch_facts(facts: dict[str, Any]) -> None:
+    """Keep `torch_facts()` as a child that imported torch under this process's environment reported them."""
+    _NOTED_TORCH_FACTS.update(torch_threads=facts["torch_threads"], gpu=facts["gpu"])
+
+
+def capture_environment(device: Any = None, *, allocator_policy: str | None = None) -> dict[str, Any]:
+    """The environment a run measures in; `device` (name or Device) and measure's policy are recorded as given."""
+    torch = torch_facts()
     device_name = getattr(device, "name", device)
     return {
         "host": socket.gethostname(),
@@ -149,9 +169,9 @@ def capture_environment(device: Any = None, *, allocator_policy: str | None = No
         },
         "packages": _package_versions(),
         "cpu": _cpu(),
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": torch["torch_threads"],
         "device": device_name,
-        "gpu": _gpu(torch),
+        "gpu": torch["gpu"],
         "allocator": {
             "env": allocator_env(),
             "isolation_default_policy": allocator_policy,

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib.benchmark import Benchmark, DeclarationError
+from benchlib.records.environment import note_torch_facts
 from benchlib.usermodel.loader import ModelFileError
 
 FORM_CHECK_TIMEOUT_S = 120.0  # importing a file and one loss call at its QUICK values; BENCHLIB_FORM_CHECK_TIMEOUT
@@ -91,8 +92,11 @@ def read_outcome(group: Sequence[str]) -> dict:
 
 
 def child_main(result_path: str) -> None:
-    """Read groups of paths (JSON on stdin), write one outcome per group to `result_path`, and leave at
-    once: a thread the user's code started cannot keep this process, and says so."""
+    """Read groups of paths (JSON on stdin), write one outcome per group to `result_path`, with what torch reports
+    here (`torch_facts`, for the parent's run.json: it imports no torch), and leave at once: a thread the user's
+    code started cannot keep this process, and says so."""
+    from benchlib.records.environment import torch_facts
+
     groups = json.load(sys.stdin)
     outcomes = []
     for group in groups:
@@ -104,7 +108,7 @@ def child_main(result_path: str) -> None:
                                 "(make them daemon threads, or start them inside a function benchlib does not call)"}
         outcomes.append(outcome)
     with open(result_path, "w", encoding="utf-8") as f:
-        json.dump(outcomes, f)
+        json.dump({"outcomes": outcomes, "torch": torch_facts()}, f)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
@@ -157,7 +161,9 @@ def read_in_child(groups: Sequence[Sequence[str]]) -> list[list[FileFacts] | Mod
             return [ModelFileError(f"{', '.join(map(str, group))}: the process checking the file {why} before it "
                                    f"answered (does the file's code exit the process, e.g. os._exit or sys.exit?){tail}")
                     for group in groups]
-        return answers(json.loads(result_path.read_text(encoding="utf-8")))
+        answered = json.loads(result_path.read_text(encoding="utf-8"))
+        note_torch_facts(answered["torch"])
+        return answers(answered["outcomes"])
 
 
 def answers(outcomes: Sequence[dict]) -> list[list[FileFacts] | ModelFileError]:

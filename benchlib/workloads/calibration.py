@@ -22,7 +22,6 @@ from typing import Callable
 
 import numpy as np
 import pandas as pd
-import torch
 
 from benchlib.benchmark import Benchmark, Config, Parameter
 from benchlib.measure import (AllocationTracker, Device, count_allocations, measure, measure_steps, resolve_device,
@@ -53,6 +52,8 @@ def _libraries(device: Device) -> list[str]:
 
 
 def _operands(library: str, device: Device, shape: tuple, dtype: str, count: int, seed: int = 0):
+    import torch
+
     rng = np.random.default_rng(seed)
     arrays = [rng.standard_normal(shape).astype(dtype) for _ in range(count)]
     if library == "numpy":
@@ -62,6 +63,8 @@ def _operands(library: str, device: Device, shape: tuple, dtype: str, count: int
 
 def matmul_flops(device="cpu", sizes=None, dtypes=MATMUL_DTYPES, repeats: int = 5) -> list[dict]:
     """FLOP/s of an n×n by n×n product written into a preallocated output (one row per repeat)."""
+    import torch
+
     device = resolve_device(device)
     if sizes is None:
         sizes = BENCHMARK.defaults()["matmul_sizes_cuda" if device.is_cuda else "matmul_sizes_cpu"]
@@ -91,6 +94,8 @@ def matmul_flops(device="cpu", sizes=None, dtypes=MATMUL_DTYPES, repeats: int = 
 
 def copy_bandwidth(device="cpu", size_mib: int = 256, repeats: int = 5) -> list[dict]:
     """Bytes read + written per second copying one byte buffer into another of the same size."""
+    import torch
+
     device = resolve_device(device)
     size_mib = _check_positive_ints("size_mib", [size_mib])[0]
     nbytes = size_mib * 2**20
@@ -117,6 +122,8 @@ def copy_bandwidth(device="cpu", size_mib: int = 256, repeats: int = 5) -> list[
 
 def small_ops_workload(device, steps: int = 400, width: int = 64) -> Callable[[], object]:
     """A fixed GIL-bound workload: many small torch operations, like an eager gradient step."""
+    import torch
+
     gen = torch.Generator().manual_seed(0)
     w = (torch.randn(width, width, generator=gen) / width**0.5).to(device.torch)
     x0 = torch.randn(width, width, generator=gen).to(device.torch)
@@ -145,6 +152,8 @@ def numpy_temporaries_workload(steps: int = 100, size: int = 10_000) -> Callable
 
 def torch_autograd_workload(device, steps: int = 20, width: int = 128) -> Callable[[], object]:
     """A small MLP's forward and backward under torch autograd (many tensor allocations)."""
+    import torch
+
     gen = torch.Generator().manual_seed(0)
     weights = [(torch.randn(width, width, generator=gen) / width**0.5).to(device.torch)
                .requires_grad_() for _ in range(4)]

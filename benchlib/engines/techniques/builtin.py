@@ -1,14 +1,14 @@
 """benchlib's own step techniques (docs/techniques.md): eager torch, torch.func, activation checkpointing
 (full and selective), the optimizer fused into backward, bfloat16 autocast, micro-batches, activations
-offloaded to the host, and torch.compile at several activation memory budgets."""
+offloaded to the host, and torch.compile at several activation memory budgets. Declaring them imports no
+torch (a run plans without it); a technique imports torch where it acts on a step."""
 
 from __future__ import annotations
 
 import functools
 import re
 from contextlib import AbstractContextManager
-
-import torch
+from typing import TYPE_CHECKING
 
 from benchlib.engine_names import (FUSED_OPTIMIZER, TORCH, TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_COMPILE,
                                    TORCH_COMPILE_BUDGETS, TORCH_FUNC, TORCH_MICROBATCH, TORCH_OFFLOAD, TORCH_SAC)
@@ -18,6 +18,9 @@ from benchlib.engines.techniques.base import Aspect, Need, Technique, first_line
 from benchlib.engines.techniques.modules import (checkpoint_blocks, checkpoint_params, checkpoint_targets,
                                                  microbatch_scale, module_spec, split_batch, wrap_checkpoint_targets)
 
+if TYPE_CHECKING:
+    import torch
+
 # What torch says when torch.func meets code it cannot transform (an autograd.Function without
 # setup_context, an in-place update of a captured tensor, a tensor without storage): the technique does
 # not apply to the file; the file is not wrong.
@@ -26,18 +29,6 @@ TRANSFORM_LIMIT = re.compile(r"functorch|torch\.func|setup_context|\btransforms?
 # that branches on state the first pass changed, as transformers' attention-mask and cache code can).
 SAC_RECOMPUTE_LIMIT = re.compile(r"encountered during backward but not found in storage|recomputed .* differ")
 COMPILED_UNTRACED = "a compiled step is not traced under fake tensors here"
-
-
-class LossModule(torch.nn.Module):
-    """A loss over the model as a module, so `functional_call` swaps the parameters the loss reads and
-    torch.compile sees one module."""
-
-    def __init__(self, model: torch.nn.Module, loss):
-        super().__init__()
-        self.model, self.loss = model, loss
-
-    def forward(self, *batch):
-        return self.loss(self.model, *batch)
 
 
 class Eager(Technique):
@@ -62,6 +53,10 @@ class Functional(Technique):
         return None
 
     def prepare(self, step) -> None:
+        import torch
+
+        from benchlib.engines.techniques.loss_module import LossModule
+
         wrapper = LossModule(step.model, step.contextual_loss)
         self.detached = {f"model.{name}": p.detach() for name, p in step.named}
         # buffers go in as arguments: a transformed function may update its inputs (BatchNorm's running
@@ -209,6 +204,8 @@ class Autocast(Technique):
         return {"autocast": AUTOCAST_DTYPE}
 
     def forward_context(self, step) -> AbstractContextManager:
+        import torch
+
         return torch.autocast(step.device_type, dtype=getattr(torch, AUTOCAST_DTYPE))
 
 
@@ -241,6 +238,8 @@ class Offload(Technique):
     hides_saved = "save_on_cpu's own hooks take the saved tensors before ours would see them"
 
     def forward_context(self, step) -> AbstractContextManager:
+        import torch
+
         return torch.autograd.graph.save_on_cpu(pin_memory=True)
 
 
@@ -256,6 +255,10 @@ class Compile(Technique):
         return {"compile_backend": str(compiling.COMPILE_BACKEND), "activation_memory_budget": self.budget}
 
     def prepare(self, step) -> None:
+        import torch
+
+        from benchlib.engines.techniques.loss_module import LossModule
+
         step.forward = compiling.compiled(LossModule(step.model, step.contextual_loss))
         batch, _ = step.parts[0]
         with torch._functorch.config.patch(activation_memory_budget=self.budget):  # read by the partitioner

@@ -8,8 +8,10 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a model is read, not where a run is planned
+    import torch
 
 
 def stochastic_modules(model: torch.nn.Module) -> list[str]:
@@ -51,6 +53,8 @@ def block_stacks(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     ResNet's `layer1`..`layer4`, a transformer's `encoder.layers`), outermost first and none inside
     another: the repeated blocks torch users checkpoint. A mixed container (`Linear, GELU, Linear`) is
     one block's insides, not a stack."""
+    import torch
+
     found: list[tuple[str, torch.nn.Module]] = []
     for name, module in model.named_modules():
         inside = any(not outer or name.startswith(f"{outer}.") for outer, _ in found)
@@ -93,6 +97,8 @@ def checkpoint_targets(model: torch.nn.Module) -> list[CheckpointTarget]:
     blocks (`block_stacks`; a `Sequential` of four or more in about √n segments, else block by block);
     else the model's own, or its longest, mixed `nn.Sequential` in √n segments; else each top-level child
     whose forward takes one tensor. Empty when nothing can be."""
+    import torch
+
     targets = [CheckpointTarget(name, module, _segments(module) if isinstance(module, torch.nn.Sequential)
                                 and len(module) >= 4 else 0) for name, module in block_stacks(model)]
     if not targets:  # no repeated blocks: the model's own, or its longest, mixed Sequential in √n segments
@@ -206,6 +212,7 @@ def parse_module_spec(spec: str) -> tuple[str, ...]:
 def split_batch(batch: tuple, parts: int) -> list[tuple]:
     """The batch as `parts` equal micro-batches along the first dimension of its tensors (those of the
     first tensor's length; anything else is passed whole to each), or NotApplicable."""
+    import torch
     from benchlib.measure.case_child import NotApplicable
 
     tensors = [item for item in batch if isinstance(item, torch.Tensor) and item.dim() > 0]
@@ -227,6 +234,7 @@ def microbatch_scale(model: torch.nn.Module, loss: Callable, batch: tuple, chunk
     gradients and without random draws: every module but the batch-statistics norms in evaluation mode (an
     attention block passes its dropout to its kernel only in training mode), the random stream and the
     model's buffers left as they were."""
+    import torch
     from torch.nn.modules.batchnorm import _BatchNorm
 
     from benchlib.measure.case_child import NotApplicable

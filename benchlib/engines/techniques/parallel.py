@@ -23,12 +23,14 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-
-import torch
+from typing import TYPE_CHECKING
 
 from benchlib.engine_names import DDP, FSDP
 from benchlib.engines.techniques.base import Aspect, Need, Technique
 from benchlib.engines.techniques.modules import checkpoint_blocks
+
+if TYPE_CHECKING:  # torch is imported where ranks step, not where a run is planned
+    import torch
 
 COMMUNICATION_EVENTS = ("gloo:", "nccl:")  # torch.profiler's names of a collective's own work, by backend
 
@@ -45,6 +47,7 @@ class RankGroup:
 
     def join(self, device: torch.device) -> None:
         """Join the group: gloo on the CPU, NCCL on CUDA."""
+        import torch
         import torch.distributed as dist
 
         if device.type == "cuda":
@@ -195,6 +198,7 @@ class FullyShard(Technique):
               computes_in: str | None = None) -> torch.nn.Module:
         """Sharded per block and at the root; joined with autocast (`computes_in`), FSDP's mixed precision policy
         gathers the parameters in that dtype and reduces gradients in float32, as torch's recipe does."""
+        import torch
         from torch._subclasses.fake_tensor import unset_fake_temporarily
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -211,6 +215,7 @@ class FullyShard(Technique):
 def _sharded_on_meta(build: Callable[[], torch.nn.Module], policy) -> torch.nn.Module:
     """The model built on the meta device, `fully_shard` on each repeated block (the checkpoint targets), then the
     root, under the mixed precision `policy`: no rank ever holds it whole."""
+    import torch
     from torch.distributed.fsdp import fully_shard
 
     from benchlib.measure.case_child import NotApplicable

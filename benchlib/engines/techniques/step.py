@@ -13,12 +13,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-
-import torch
+from typing import TYPE_CHECKING
 
 from benchlib.engines.techniques.base import Aspect, Combination, TechniqueOptions, backward, combine
 
-Observer = Callable[[str, torch.Tensor], None]
+if TYPE_CHECKING:  # torch is imported where a step runs, not where a run is planned
+    import torch
+
+Observer = Callable[[str, "torch.Tensor"], None]
 
 
 class Step:

@@ -54,34 +54,32 @@ Modules: `config` (shape, initial parameters, minibatch order), `strategies`, `g
 from its config), `lenet` (the 5 LeNet5s). The benchmark name, the minibatch order and the load average, shared with `lenet`, are
 `common`'s.
 """
+import math
+
+from benchlib.analysis.seed_verdicts import RatioRule
+from benchlib.benchmark import Benchmark, Parameter, Seed, distinct, exceeds
+from benchlib.lazy_exports import lazy_exports
 from benchlib.workloads.ensembles import recorded
 from benchlib.workloads.ensembles.common import NAME, load_average, minibatch_indices
 from benchlib.workloads.ensembles.config import (
-    DEFAULT_POLICY, STRATEGIES, GC_POLICIES, RAISED_THRESHOLDS, PER_NET_STRATEGIES, PARAM_NAMES, EnsembleConfig,
+    DEFAULT_POLICY, GC_POLICIES, MODES, PARAM_NAMES, PER_NET_STRATEGIES, RAISED_THRESHOLDS, STRATEGIES, EnsembleConfig,
     initial_parameters,
 )
-from benchlib.workloads.ensembles.strategies import (
-    Strategy, Naive, BuffersReused, StepInBackward, BatchedVmap, BatchedHand, BatchedFused, evaluate,
-    STRATEGY_CLASSES, make_strategy,
-)
-from benchlib.workloads.ensembles.cycles import StepCycles, check_step
-from benchlib.workloads.ensembles.gc_policies import (
-    GCPolicy, long_lived_heap, full_collection_pauses, collection_pause_records, pause_frame, pause_records,
-)
-from benchlib.workloads.ensembles.training import (
-    Grid, TrainingPlan, TrainResult, train, run_grid, thread_sweep, cycle_sweep, summary_frame, steps_frame,
-    pauses_frame, trials_run_records, not_run_records,
-)
-from benchlib.workloads.ensembles.floor import (
-    matmul_flops, calibration_flop_rate, flop_floor, flop_floor_records,
-)
-from benchlib.workloads.ensembles.study import Study, progress_line, run_study, training_plan
 
-import math
-
-from benchlib.benchmark import Benchmark, Parameter, Seed, distinct, exceeds
-from benchlib.analysis.seed_verdicts import RatioRule
-from benchlib.workloads.ensembles.lenet import MODES
+# The training code, imported when first asked for: declaring the benchmark (discovery, a run's planning in
+# `benchlib run`'s own process) imports no torch.
+_HOMES = {
+    **dict.fromkeys(("Strategy", "Naive", "BuffersReused", "StepInBackward", "BatchedVmap", "BatchedHand", "BatchedFused",
+                     "evaluate", "STRATEGY_CLASSES", "make_strategy"), "strategies"),
+    **dict.fromkeys(("StepCycles", "check_step"), "cycles"),
+    **dict.fromkeys(("GCPolicy", "long_lived_heap", "full_collection_pauses", "collection_pause_records", "pause_frame",
+                     "pause_records"), "gc_policies"),
+    **dict.fromkeys(("Grid", "TrainingPlan", "TrainResult", "train", "run_grid", "thread_sweep", "cycle_sweep",
+                     "summary_frame", "steps_frame", "pauses_frame", "trials_run_records", "not_run_records"), "training"),
+    **dict.fromkeys(("matmul_flops", "calibration_flop_rate", "flop_floor", "flop_floor_records"), "floor"),
+    **dict.fromkeys(("Study", "progress_line", "run_study", "training_plan"), "study"),
+}
+__getattr__ = lazy_exports(__name__, _HOMES)
 
 MNIST_SAMPLES = 60_000  # the training split, when real digits are found
 MNIST_PIXELS = 28 * 28

@@ -8,14 +8,20 @@ from __future__ import annotations
 import math
 import os
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # imported where the nets train, not where the benchmark is declared
+    import torch
 
 NAME = "mnist_ensembles"
 
 
 def minibatch_indices(n_samples: int, batch: int, steps: int, seed: int) -> torch.Tensor:
     """(steps, batch) sample indices: epochs of seeded permutations, shared by every strategy."""
+    import torch
+
     if n_samples < batch:
         raise ValueError(f"the dataset has {n_samples} samples, fewer than one batch of {batch}")
     rng = np.random.default_rng(seed)

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # imported where the nets are made, not where the benchmark is declared
+    import torch
 
+MODES = ("sequential", "threads", "vmap")  # how the 5 LeNet5s train (`lenet`)
 
 STRATEGIES = ("naive", "buffers_reused", "step_in_backward", "batched_vmap", "batched_hand", "batched_fused")
 
@@ -66,6 +69,8 @@ class EnsembleConfig:
 def initial_parameters(config: EnsembleConfig) -> dict[str, torch.Tensor]:
     """Stacked float32 initial parameters (n_nets leading), drawn like ``nn.Linear``'s default
     (uniform in +-1/sqrt(fan_in)) from a generator seeded with ``config.seed``."""
+    import torch
+
     gen = torch.Generator().manual_seed(config.seed)
     n, i, h, c = config.n_nets, config.inputs, config.hidden, config.classes
 

@@ -26,8 +26,7 @@ from torch import nn
 
 from benchlib.records import make_record
 from benchlib.workloads.ensembles.common import NAME, load_average, minibatch_indices
-
-MODES = ("sequential", "threads", "vmap")
+from benchlib.workloads.ensembles.config import MODES
 
 
 @dataclass(frozen=True)
