@@ -130,11 +130,23 @@ def test_a_rank_that_exits_mid_step_ends_the_step_and_is_named(tmp_path):
     (("--parallel", "fsdp"), "give --ranks N"),
     (("--ranks", "2", "--parallel", "zero3"), "'zero3' is no parallel strategy; valid: ddp, fsdp"),
     (("-p", "engines=fsdp+ddp", "--ranks", "2"), "both change where the parameters live"),
+    (("--ranks", "100000", "--parallel", "ddp"), "ranks=100000 needs at least"),  # no machine holds 10^5 torch processes
 ])
 def test_bad_rank_settings_are_refused_before_any_work(tmp_path, capsys, args, words):
     code, records = _run(tmp_path, MODEL, *args)
     assert code == 2 and records.empty
     assert words in capsys.readouterr().err
+
+
+def test_ranks_beyond_the_memory_free_are_refused_saying_how_many_fit_and_crowded_cores_are_named():
+    from benchlib.measure.ranks import crowded_cores, refuse_ranks_beyond_memory
+
+    refuse_ranks_beyond_memory(8, 300 * 2**20, available_bytes=8 * 300 * 2**20)  # exactly fits: no refusal
+    with pytest.raises(ValueError, match=r"ranks=64 needs at least 20\.13 GB .* more than the 4\.000 GB free here; at "
+                                         r"most 12 such processes fit"):
+        refuse_ranks_beyond_memory(64, 300 * 2**20, available_bytes=4_000_000_000)
+    assert crowded_cores(4, cores=2) is None
+    assert "ranks=64 share 2 core(s): about 32 ranks a core" in crowded_cores(64, cores=2)
 
 
 def _rank(peak: int, baseline: int, checks: dict) -> IsolatedResult:

@@ -89,11 +89,12 @@ class Question:
 
 
 def ask(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | None,
-        params: Mapping[str, Any] | None) -> Question:
+        params: Mapping[str, Any] | None, predicted: bool = False) -> Question:
     """The `Question` of a fit of the model file at `path` over `scale` under `memory` (a size, or a `MemoryLimit`),
     or FitError. Without `engines`, the form's engines (sweeps left out) and the combinations `-p combinations` adds
     (default: the ones users reach for). The file is read and form-checked in a child (`read_in_child`), as `run`
-    reads it; each process fit starts later may take `process_timeout()`."""
+    reads it; each process fit starts later may take `process_timeout()`. A `predicted` question (CUDA without a
+    GPU) starts no process per rank, so the memory free here does not limit its ranks."""
     from benchlib.engines.techniques import CombinationError, added_combinations, technique_registry
     from benchlib.usermodel.case import combination_of
     from benchlib.usermodel.declare import declaration
@@ -120,6 +121,8 @@ def ask(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | None
     if isinstance(read, ModelFileError):
         raise read
     (facts,) = read
+    if predicted:  # a prediction starts no process per rank: the memory they would hold is not asked for here
+        facts = dataclasses.replace(facts, resident_bytes=None)
     if facts.arrays:
         raise FitError(f"{facts.path}: fit takes a model file in the torch form (this one is in the array form)")
     benchmark, form = declaration([facts], False, functools.partial(measure_reading, [str(facts.path)])), TORCH_FORM

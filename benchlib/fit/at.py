@@ -152,7 +152,7 @@ def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engin
 
     scale, value = parse_at(at)
     memory, gpu = gpu_question(memory, cuda_without_gpu(device), device)
-    question = ask(path, memory, scale, engines, {**(params or {}), scale: value})
+    question = ask(path, memory, scale, engines, {**(params or {}), scale: value}, cuda_without_gpu(device))
     model_file, values, limit, margin, chosen = (question.model_file, question.values, question.limit,
                                                  question.margin, question.engines)
     predicted = cuda_without_gpu(device)

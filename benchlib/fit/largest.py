@@ -54,7 +54,7 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
 
     predicted = cuda_without_gpu(device)
     memory, card = gpu_question(memory, predicted, device)
-    question = ask(path, memory, scale, engines, params)
+    question = ask(path, memory, scale, engines, params, predicted)
     model_file, values = question.model_file, question.values
     verify = search.verify
     if predicted and verify:

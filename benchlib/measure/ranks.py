@@ -185,6 +185,36 @@ def _peer_words(error: CaseFailed, first: int) -> str:
     return f"its collective lost rank {first}" if _lost_peer(error) else error.reason.splitlines()[0][:200]
 
 
+def refuse_ranks_beyond_memory(world_size: int, per_rank_bytes: int, available_bytes: int | None = None) -> None:
+    """ValueError, before any rank starts, where `world_size` processes of at least `per_rank_bytes` resident each
+    (what the process that read the model file measured: torch imported, the model built at its QUICK values; a
+    rank at the run's values holds more) cannot fit in the memory free now (`available_bytes`, psutil's by
+    default): started anyway, they take the machine to its limit and end in the kernel's OOM killer."""
+    from benchlib.units import format_bytes
+
+    if available_bytes is None:
+        import psutil
+
+        available_bytes = psutil.virtual_memory().available
+    needed = world_size * per_rank_bytes
+    if needed > available_bytes:
+        fitting = max(1, available_bytes // per_rank_bytes)
+        raise ValueError(f"ranks={world_size} needs at least {format_bytes(needed)} ({world_size} processes of at "
+                         f"least {format_bytes(per_rank_bytes)}: what the process that read the model file held, "
+                         f"torch imported and the model built at its QUICK values), more than the "
+                         f"{format_bytes(available_bytes)} free here; at most {fitting} such processes fit")
+
+
+def crowded_cores(world_size: int, cores: int | None = None) -> str | None:
+    """What to say where `world_size` ranks share far fewer cores (more than two ranks a core): their times are
+    the machine's sharing, not the step's. None otherwise."""
+    cores = cores or os.cpu_count() or 1
+    if world_size <= 2 * cores:
+        return None
+    return (f"ranks={world_size} share {cores} core(s): about {world_size / cores:.0f} ranks a core, so the step "
+            f"times measure the machine's sharing more than the step (memory figures are unaffected)")
+
+
 def rank_devices(device: Device, world_size: int) -> list[Device]:
     """The device of each rank: the host for every rank on the CPU, GPU r for rank r on CUDA (ValueError where
     there are fewer GPUs than ranks)."""

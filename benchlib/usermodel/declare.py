@@ -57,7 +57,8 @@ MICROBATCHES = Parameter("microbatches", TechniqueOptions.microbatches, "the par
 
 def _technique_rules(model_file, config) -> None:
     """Refused before any work: a SAC policy naming an op aten does not have (it would silently save nothing of
-    it), an engine that names no technique, or techniques that cannot join in one step."""
+    it), an engine that names no technique, techniques that cannot join in one step, or more ranks than the memory
+    free holds."""
     unknown = unknown_aten_ops(config.get("sac_saved_ops", ()))
     if unknown:
         raise ValueError(f"sac_saved_ops: {', '.join(map(repr, unknown))} is no op of torch.ops.aten; valid: aten op "
@@ -78,6 +79,11 @@ def _technique_rules(model_file, config) -> None:
                          f"(-p engines=fsdp+torch-checkpoint)")
     if ranks == 1 and (strategies or placed):
         raise ValueError(f"{', '.join(strategies or placed)} runs on several ranks: give --ranks N (N >= 2)")
+    resident = getattr(model_file, "resident_bytes", None)  # known where a child read the file (`reading`)
+    if ranks > 1 and resident:
+        from benchlib.measure.ranks import refuse_ranks_beyond_memory
+
+        refuse_ranks_beyond_memory(ranks, resident)
 
 
 def parallel_strategies(config) -> list[str]:

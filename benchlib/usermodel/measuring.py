@@ -153,8 +153,12 @@ def measure_model_files(versions: Mapping[str, Any], form: Form, config: Config,
     # the engine facts
     if run.ranks > 1:
         from benchlib.measure import rank_devices
+        from benchlib.measure.ranks import crowded_cores
 
         rank_devices(device, run.ranks)  # refused before any work where the device cannot hold a rank each
+        crowded = None if device.is_cuda else crowded_cores(run.ranks)
+        if crowded:
+            progress(f"{run.name}: {crowded}")
     loop = TrialLoop(TrialSettings(trials=config.trials, precision=float(config.get("precision", 0.0)),
                                    order_seed=ORDER_SEED, reference=form.reference), progress)
     units, labels, left_out = [], {}, {}

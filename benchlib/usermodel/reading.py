@@ -45,6 +45,9 @@ class FileFacts:
     techniques: dict[str, list[str]] = field(default_factory=dict)  # its own TECHNIQUES: name -> aspects changed
     has_optimizer: bool = False  # it defines optimizer(parameters)
     arrays: bool = False  # it is in the array form
+    # the reading process's resident high-water mark once it had read the file (torch imported, the model built at its
+    # QUICK values): what any process that steps it holds at least, a rank among them
+    resident_bytes: int | None = None
 
 
 def measure_reading(paths: Sequence[str], *args, **kwargs):
@@ -60,12 +63,19 @@ def _facts(group: Sequence[str]) -> dict:
     from benchlib.usermodel.arrays import ArrayModelFile
 
     _, files, _ = declare_model_files(group)
-    return {"arrays": isinstance(files[0], ArrayModelFile),
+    return {"arrays": isinstance(files[0], ArrayModelFile), "resident_bytes": _resident_high_water(),
             "files": [{"path": str(f.path), "name": f.name, "parameters": f.parameters, "quick": f.quick,
                        "techniques": {name: [aspect.name for aspect in technique.changes]
                                       for name, technique in getattr(f, "techniques", {}).items()},
                        "has_optimizer": getattr(f, "optimizer", None) is not None}
                       for f in files]}
+
+
+def _resident_high_water() -> int:
+    """This process's resident high-water mark in bytes (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
 
 
 def _stray_threads() -> list[str]:
@@ -176,7 +186,8 @@ def answers(outcomes: Sequence[dict]) -> list[list[FileFacts] | ModelFileError]:
             made.append(refusal)
             continue
         made.append([FileFacts(Path(f["path"]), f["name"], f["parameters"], f["quick"], f["techniques"],
-                               f["has_optimizer"], outcome["arrays"]) for f in outcome["files"]])
+                               f["has_optimizer"], outcome["arrays"], outcome.get("resident_bytes"))
+                     for f in outcome["files"]])
     return made
 
 
