@@ -4,7 +4,10 @@ versions: `make install` runs it with the project's .venv/bin/python.
 uv fills the environment in a fraction of pip's time (torch and about 170 other pinned packages: most of a fresh
 clone's `make test` set-up on a 2-core VM was pip unpacking wheels on one core). uv reads no pip configuration,
 so it is given the package sources and constraint files pip would use here (`pip config list`) and told to
-choose among those sources as pip does. Where uv cannot be installed or fails, pip installs, and this says so.
+choose among those sources as pip does, and to compile the packages' bytecode as pip does: where
+PYTHONDONTWRITEBYTECODE is set (these machines), no process writes it later, and every process that imports torch
+would compile it again (the suite ran at half speed). Where uv cannot be installed or fails, pip installs, and this
+says so.
 
     .venv/bin/python tools/install.py            # what make install runs
     .venv/bin/python tools/install.py --pip      # pip only
@@ -44,8 +47,10 @@ def pip_sources(python: str | Path = sys.executable) -> dict[str, list[str]]:
 
 def uv_command(uv: str | Path, python: str | Path) -> list[str]:
     """`uv pip install` into the environment of `python`, from the sources and under the constraints pip has
-    there, choosing among several sources as pip does (the best version anywhere, not the first source's)."""
-    command = [str(uv), "pip", "install", "--quiet", "--python", str(python), "--index-strategy", "unsafe-best-match"]
+    there, choosing among several sources as pip does (the best version anywhere, not the first source's) and
+    compiling bytecode as pip does."""
+    command = [str(uv), "pip", "install", "--quiet", "--python", str(python), "--index-strategy", "unsafe-best-match",
+               "--compile-bytecode"]
     for setting, values in pip_sources(python).items():
         for value in values:
             command += [SOURCES[setting], value]
