@@ -196,6 +196,7 @@ def test_the_quick_search_measures_fewer_points_steps_and_holds_and_still_confir
     (["--memory", "1 GB", "--scale", "n", "--out", "/dev/null/runs"], "cannot be created: '/dev/null' is a file"),
     (["--memory", "1 GB", "--scale", "n", "-p", "trials=3"], "-p trials: is a setting of `benchlib run`'s trials"),
     (["--memory", "1 GB", "--scale", "n", "--engines", ""], "--engines names no engine"),
+    (["--memory", "1 GB", "--scale", "n", "--engines", "torch,,torch"], "'torch,,torch' has an empty name"),
 ])
 def test_bad_input_is_refused_with_exit_2_before_anything_is_measured(fit_children_here, tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.setattr(measured, "measure_step", None)  # any measurement would raise
@@ -480,10 +481,13 @@ def test_at_a_limit_this_machine_cannot_hold_the_totals_are_predicted_with_their
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--memory", "1 GB", "--at", "n"], "--at 'n': one integer parameter and its value"),
+    (["--memory", "1 GB", "--at", "n"], "--at 'n': a parameter and its value, as batch_size=64"),
     (["--memory", "1 GB", "--at", "n=8", "--scale", "n"], "give --scale PARAM"),
     (["--memory", "1 GB"], "give --scale PARAM"),
-    (["--memory", "1 GB", "--at", "width=x"], "--at 'width=x'"),
+    (["--memory", "1 GB", "--at", "width=x"], "--at 'width=x': 'x' is not an integer; the value of width to answer at"),
+    (["--memory", "1 GB", "--at", "n=0"], "--at 'n=0': the value of n must be at least 1"),
+    (["--memory", "1 GB", "--at", "nope=3"], "--at 'nope' is not a parameter of tiny.py; its parameters: width, n"),
+    (["--memory", "1 GB", "--at", "n=8", "-p", "n=16"], "--at n=8 and -p n=16 both set n; give one"),
 ])
 def test_at_refuses_what_it_cannot_answer_before_anything_is_measured(fit_children_here, tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.setattr(measured, "measure_step", None)

@@ -250,6 +250,8 @@ def test_a_global_batch_is_split_evenly_over_the_ranks_or_refused_saying_what_wo
         (None, "batch_size=64", {}, "give --ranks N"),
         (2, "batch_size=64", {"batch_size": "8"}, "both set batch_size"),
         (2, "batch_size=lots", {}, "must be a whole number"),
+        (2, "batch_size=0", {}, "must be at least 1 sample per rank (batch_size=2 or more over 2 ranks)"),
+        (2, "batch_size=64", {"ranks": "3"}, "--ranks 2 and -p ranks=3 both set ranks; give one"),
     ]:
         with pytest.raises(RunnerError, match=words.replace("(", r"\(").replace(")", r"\)")):
             ranks_params(Namespace(ranks=ranks, parallel="fsdp", global_batch=global_batch), given)

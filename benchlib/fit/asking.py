@@ -89,12 +89,13 @@ class Question:
 
 
 def ask(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | None,
-        params: Mapping[str, Any] | None, predicted: bool = False) -> Question:
+        params: Mapping[str, Any] | None, predicted: bool = False, asked_by: str = "--scale") -> Question:
     """The `Question` of a fit of the model file at `path` over `scale` under `memory` (a size, or a `MemoryLimit`),
     or FitError. Without `engines`, the form's engines (sweeps left out) and the combinations `-p combinations` adds
     (default: the ones users reach for). The file is read and form-checked in a child (`read_in_child`), as `run`
     reads it; each process fit starts later may take `process_timeout()`. A `predicted` question (CUDA without a
-    GPU) starts no process per rank, so the memory free here does not limit its ranks."""
+    GPU) starts no process per rank, so the memory free here does not limit its ranks. `asked_by`: the flag that
+    named `scale`, as a refusal names it."""
     from benchlib.engines.techniques import CombinationError, added_combinations, technique_registry
     from benchlib.usermodel.case import combination_of
     from benchlib.usermodel.declare import declaration
@@ -117,6 +118,9 @@ def ask(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | None
                        "--engines)")
     if engines is not None and not [engine for engine in engines if engine.strip()]:
         raise FitError("--engines names no engine; leave it out for the form's engines, or name some, as torch,torch-sac")
+    if engines is not None and not all(engine.strip() for engine in engines):  # as run's -p engines refuses it
+        raise FitError(f"--engines {','.join(engines)!r} has an empty name between its commas; name each engine once, "
+                       "as torch,torch-sac")
     (read,) = read_in_child([[str(path)]])  # the file's code runs in a child, as `run` reads it
     if isinstance(read, ModelFileError):
         raise read
@@ -127,7 +131,7 @@ def ask(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | None
         raise FitError(f"{facts.path}: fit takes a model file in the torch form (this one is in the array form)")
     benchmark, form = declaration([facts], False, functools.partial(measure_reading, [str(facts.path)])), TORCH_FORM
     if scale not in facts.parameters:
-        raise FitError(f"--scale {scale!r} is not a parameter of {facts.path.name}; its parameters: "
+        raise FitError(f"{asked_by} {scale!r} is not a parameter of {facts.path.name}; its parameters: "
                        f"{', '.join(facts.parameters) or 'none'}")
     by_name = {parameter.name: parameter for parameter in benchmark.parameters}
     typed = {name: by_name[name].parse(value) if isinstance(value, str) and name in by_name else value
@@ -162,11 +166,14 @@ def scale_points(value: Any, scale: str, fractions: tuple[float, ...] = THOROUGH
 
 def parse_at(text: str) -> tuple[str, int]:
     """'batch_size=64' as ('batch_size', 64), or FitError saying what is valid."""
-    name, _, value = text.partition("=")
+    name, equals, value = (part.strip() for part in text.partition("="))
+    if not equals or not name:
+        raise FitError(f"--at {text!r}: a parameter and its value, as batch_size=64")
     try:
         number = int(value)
     except ValueError:
-        number = 0
-    if not name.strip() or number < 1:
-        raise FitError(f"--at {text!r}: one integer parameter and its value, as batch_size=64")
-    return name.strip(), number
+        raise FitError(f"--at {text!r}: {value!r} is not an integer; the value of {name} to answer at, as "
+                       f"{name}=64") from None
+    if number < 1:
+        raise FitError(f"--at {text!r}: the value of {name} must be at least 1")
+    return name, number

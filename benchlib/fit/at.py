@@ -14,7 +14,7 @@ from typing import Any
 from benchlib.engine_names import REFERENCE
 from benchlib.fit import in_child, measured
 from benchlib.fit.advice import CheckpointAdvice, EagerStep, advise
-from benchlib.fit.asking import FitInterrupted, MemoryLimit, ask, parse_at
+from benchlib.fit.asking import FitError, FitInterrupted, MemoryLimit, ask, parse_at
 from benchlib.fit.largest import fit, gpu_question, on_ranks, total_words
 from benchlib.fit.result import MEASURED
 from benchlib.fit.settings import THOROUGH, Search
@@ -151,8 +151,11 @@ def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engin
     from benchlib.measure.isolation import available_memory
 
     scale, value = parse_at(at)
+    if scale in (params or {}):
+        raise FitError(f"--at {at} and -p {scale}={params[scale]} both set {scale}; give one")
     memory, gpu = gpu_question(memory, cuda_without_gpu(device), device)
-    question = ask(path, memory, scale, engines, {**(params or {}), scale: value}, cuda_without_gpu(device))
+    question = ask(path, memory, scale, engines, {**(params or {}), scale: value}, cuda_without_gpu(device),
+                   asked_by="--at")
     model_file, values, limit, margin, chosen = (question.model_file, question.values, question.limit,
                                                  question.margin, question.engines)
     predicted = cuda_without_gpu(device)

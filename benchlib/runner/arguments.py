@@ -33,8 +33,11 @@ def parse_assignments(texts: Sequence[str]) -> dict[str, str]:
 def ranks_params(arguments, params: dict[str, str]) -> dict[str, str]:
     """`params` (the -p assignments) with what --ranks, --parallel and --global-batch NAME=B stand for: the ranks,
     their strategies, and NAME at B split evenly over the ranks (each rank's batch); RunnerError where B does not
-    split, there are no ranks to split it over, or -p gives NAME too."""
+    split, there are no ranks to split it over, or -p gives NAME, the ranks or the strategies too."""
     given = dict(params)
+    for flag, name in (("--ranks", "ranks"), ("--parallel", "parallel")):
+        if getattr(arguments, name) is not None and name in params:
+            raise RunnerError(f"{flag} {getattr(arguments, name)} and -p {name}={params[name]} both set {name}; give one")
     if arguments.ranks is not None:
         given["ranks"] = str(arguments.ranks)
     if arguments.parallel is not None:
@@ -51,6 +54,9 @@ def ranks_params(arguments, params: dict[str, str]) -> dict[str, str]:
         total = int(value)
     except ValueError:
         raise RunnerError(f"--global-batch {name}={value!r}: the global batch must be a whole number") from None
+    if total < 1:
+        raise RunnerError(f"--global-batch {name}={total}: the global batch must be at least 1 sample per rank "
+                          f"({name}={ranks} or more over {ranks} ranks)")
     if total < ranks or total % ranks:
         raise RunnerError(f"--global-batch {name}={total} does not split evenly over {ranks} ranks; a multiple of "
                           f"{ranks} does (e.g. {name}={max(ranks, total - total % ranks)})")
