@@ -135,7 +135,7 @@ def _installer(python: Path) -> list:
     spec = importlib.util.spec_from_file_location("install", PROJECT / "tools" / "install.py")
     install = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(install)
-    return install.uv_command(uv, python)
+    return install.uv_command(uv, python, compile_bytecode=False)  # its processes write what they import
 
 
 @pytest.mark.slow

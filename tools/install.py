@@ -45,12 +45,13 @@ def pip_sources(python: str | Path = sys.executable) -> dict[str, list[str]]:
     return {setting: values for setting, (_, values) in found.items()}
 
 
-def uv_command(uv: str | Path, python: str | Path) -> list[str]:
+def uv_command(uv: str | Path, python: str | Path, compile_bytecode: bool = True) -> list[str]:
     """`uv pip install` into the environment of `python`, from the sources and under the constraints pip has
-    there, choosing among several sources as pip does (the best version anywhere, not the first source's) and
-    compiling bytecode as pip does."""
+    there, choosing among several sources as pip does (the best version anywhere, not the first source's) and,
+    with `compile_bytecode`, compiling every module's bytecode as pip does (an environment whose processes may
+    write their own bytecode does without)."""
     command = [str(uv), "pip", "install", "--quiet", "--python", str(python), "--index-strategy", "unsafe-best-match",
-               "--compile-bytecode"]
+               *(["--compile-bytecode"] if compile_bytecode else [])]
     for setting, values in pip_sources(python).items():
         for value in values:
             command += [SOURCES[setting], value]
