@@ -161,6 +161,40 @@ def test_the_fake_tensor_trace_replays_the_same_allocations_as_real_tensors(tmp_
     assert predict_reserved(file, engine, {"n": 4}).reserved == bare.reserved + 64 * MiB
 
 
+KEEPS_A_TENSOR_PER_STEP = """
+import torch
+PARAMETERS = {"n": 8}
+KEPT = []
+def model(n):
+    return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+def batch(n):
+    return (torch.randn(n, 16),)
+def loss(model, x):
+    hidden = model[1](model[0](x))
+    KEPT.append(hidden.detach() * 1)  # a step that keeps what it made: no step repeats the one before
+    return model[2](hidden).square().mean()
+def optimizer(parameters):
+    return torch.optim.Adam(parameters)
+"""
+
+
+@pytest.mark.parametrize("engine", ["torch", "torch-checkpoint", "torch-autocast", "fused-optimizer"])
+def test_the_steps_after_the_steady_one_replay_what_tracing_them_allocates(tmp_path, monkeypatch, engine):
+    from benchlib.fit import predicted
+
+    replays = []
+    monkeypatch.setattr(predicted, "_replay", lambda *args, real=predicted._replay: replays.append(real(*args))
+                        or replays[-1])
+    (tmp_path / "kept.py").write_text(KEEPS_A_TENSOR_PER_STEP)
+    for file, steady in ((blocks_file(tmp_path), True), (read_model_file(tmp_path / "kept.py"), False)):
+        replayed = predict_reserved(file, engine, {"n": 64})
+        assert replays.pop() is steady  # a step that keeps more each time is traced to the end, not replayed
+        monkeypatch.setattr(predicted, "STEPS_TRACED", predicted.STEPS)  # every step traced
+        traced = predict_reserved(file, engine, {"n": 64})
+        monkeypatch.setattr(predicted, "STEPS_TRACED", 2)
+        assert (replayed.reserved, replayed.allocated, replayed.segments) == \
+            (traced.reserved, traced.allocated, traced.segments)
+
 def test_a_model_that_deep_copies_its_layers_as_it_is_built_is_traced(tmp_path):
     """nn.TransformerEncoder copies its layer: built under the fake mode, those copies held another mode's tensors.
     Both traces (the GPU's allocator replay and the CPU's live bytes) build it on the meta device."""

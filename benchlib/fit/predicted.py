@@ -5,9 +5,10 @@ it shows says so (`BASIS`).
 
 The trace follows what a measured CUDA process does (`benchlib.usermodel.measuring`): the model and the
 batch built, then moved to the device (parameters and buffers in the order `Module.to` copies them, then
-the batch), cuBLAS's workspaces taken (`prime_cuda_libraries`), and `STEPS_TRACED` steps, whose first
-makes the gradients and the optimizer's state. Every tensor storage the step makes is an allocation of
-its bytes, freed when torch frees it; the allocator model turns that sequence into reserved segments. The step
+the batch), cuBLAS's workspaces taken (`prime_cuda_libraries`), and `STEPS` steps, whose first makes the
+gradients and the optimizer's state. Every tensor storage the step makes is an allocation of its bytes, freed when
+torch frees it; the allocator model turns that sequence into reserved segments. Only the first two steps are
+traced where the second is steady: the later ones are its allocations again (`_replay`), which halves a trace. The step
 runs under `cuda_policy.as_cuda(gpu)`: autocast casts as CUDA's does, and attention runs the kernel CUDA would
 choose on that GPU (checked against an H200's measurements: tests/test_cuda_truth.py).
 
@@ -38,7 +39,8 @@ BASIS = "predicted, not measured on a GPU"
 # any GPU-measured truth row predicted farther off, so a prediction's interval is this either side of its trace
 TRACE_TOLERANCE = 0.05
 CUBLAS_WORKSPACES = (32 << 20, 32 << 20)  # cuBLAS's, for the caller's thread and autograd's (Hopper, torch 2.11)
-STEPS_TRACED = 4  # fit's measured processes run one warm-up step and three measured ones
+STEPS = 4  # fit's measured processes run one warm-up step and three measured ones
+STEPS_TRACED = 2  # the first makes the optimizer's state, the second is the steady step the others repeat (`_replay`)
 OPERATORS_GROWTH = 1.05  # a trace's operators growing past this over the grid: a loop over the value
 # Operators whose CUDA kernels take memory a trace of the CPU's operators does not see, by what an aten name holds:
 # the trace's answer for a step that runs them is a floor of what CUDA takes (checked on an H100 in
@@ -68,7 +70,8 @@ class Prediction:
 
 class _StorageEvents:
     """Every tensor storage an operator returns, allocated in the allocator model at its first sight and freed
-    when torch frees it (a weak reference's callback: torch keeps a storage's Python object while it lives)."""
+    when torch frees it (a weak reference's callback: torch keeps a storage's Python object while it lives), and
+    logged in order (`log`: (key, bytes) for an allocation, (key, None) for a free) for `_replay`."""
 
     def __init__(self, allocator: CachingAllocatorModel):
         from torch.utils.weak import WeakIdKeyDictionary
@@ -78,6 +81,15 @@ class _StorageEvents:
         self.seen = WeakIdKeyDictionary()  # storages compare by identity
         self.operators = 0
         self.unseen: set[str] = set()
+        self.log: list[tuple[object, int | None]] = []
+
+    def malloc(self, key: object, nbytes: int) -> None:
+        self.log.append((key, nbytes))
+        self.allocator.malloc(key, nbytes)
+
+    def free(self, key: object) -> None:
+        self.log.append((key, None))
+        self.allocator.free(key)
 
     def note(self, tensor) -> None:
         import torch
@@ -92,8 +104,8 @@ class _StorageEvents:
             return
         key = next(self.keys)
         self.seen[storage] = key
-        self.allocator.malloc(key, storage.nbytes())
-        weakref.finalize(storage, self.allocator.free, key)
+        self.malloc(key, storage.nbytes())
+        weakref.finalize(storage, self.free, key)
 
     def resized(self, tensor) -> None:
         """A storage resized in place (FSDP frees a block's gathered parameters so, and gathers them again:
@@ -103,8 +115,8 @@ class _StorageEvents:
         if key is None:
             self.note(tensor)
             return
-        self.allocator.free(key)
-        self.allocator.malloc(key, storage.nbytes())
+        self.free(key)
+        self.malloc(key, storage.nbytes())
 
 
 def _recording_mode(events: _StorageEvents):
@@ -175,12 +187,54 @@ def predict_reserved(model_file, engine: str, values: Mapping[str, Any],
             allocator.malloc(("cublas workspace", index), nbytes)
         with _recording_mode(events), storage_resizes(events.resized):
             step = make_step(model_file, engine, model, batch)
+            starts = []
             for _ in range(STEPS_TRACED):
+                starts.append(len(events.log))
                 step()
+            # the steps after the steady one are its events again, unless the two traced steps say otherwise
+            if not _replay(allocator, events.log, starts, STEPS - STEPS_TRACED):
+                for _ in range(STEPS - STEPS_TRACED):
+                    step()
         del step, model, batch
     chosen = (frozenset(policy.attention), frozenset(policy.assumed)) if policy is not None else ((), ())
     return Prediction(allocator.peak_reserved, allocator.peak_allocated, allocator.segments, events.operators,
                       frozenset(events.unseen), *map(frozenset, chosen))
+
+
+def _replay(allocator: CachingAllocatorModel, log: list[tuple[object, int | None]], starts: list[int],
+            steps: int) -> bool:
+    """Replay the last traced step's allocations and frees `steps` more times, as the steps after it would make
+    them, and say True; or False, replaying nothing, where the two traced steps do not hand over alike (then the
+    caller traces the rest). A steady step's storages are new each time, except the ones it keeps for the next
+    (the gradients): the storages the first step kept and the second freed must match, in order and bytes, the
+    ones the second step kept, and each replayed step frees the previous one's where the second freed the
+    first's. Storages made before the steps (parameters, the batch) are the same storages in every step."""
+    before, first, second = log[:starts[-2]], log[starts[-2]:starts[-1]], log[starts[-1]:]
+    old = {key for key, _ in before}
+    live, size = {}, {}
+    for index, (key, nbytes) in enumerate(first + second):
+        live[key] = nbytes is not None
+        size[key] = nbytes if nbytes is not None else size.get(key)
+        if index == len(first) - 1:
+            kept_by_first = {key for key, alive in live.items() if alive}
+    born_first = list(dict.fromkeys(key for key, nbytes in first if nbytes is not None and key not in old))
+    born_second = list(dict.fromkeys(key for key, nbytes in second if nbytes is not None and key not in old
+                                     and key not in born_first))
+    handed = [key for key in born_first if key in kept_by_first and not live[key]]
+    kept = [key for key in born_second if live[key]]
+    if [size[key] for key in handed] != [size[key] for key in kept]:
+        return False
+    previous = dict(zip(kept, kept))
+    for step in range(steps):
+        names = {key: (key, step) for key in born_second}
+        names.update((handed_key, previous[kept_key]) for handed_key, kept_key in zip(handed, kept))
+        for key, nbytes in second:
+            if nbytes is None:
+                allocator.free(names.get(key, key))
+            else:
+                allocator.malloc(names.get(key, key), nbytes)
+        previous = {key: names[key] for key in kept}
+    return True
 
 
 def largest_fitting(reserved: Callable[[int], int], traced: dict[int, int], limit: int,
