@@ -67,9 +67,10 @@ def fit_children_here(monkeypatch):
         made = getattr(in_child, function)(device=resolve_device("cpu"), path=str(model_file.path), **params)
         return json.loads(json.dumps(made, allow_nan=False))
 
-    monkeypatch.setattr(reading, "read_in_child",
-                        lambda groups: reading.answers([reading.read_outcome(list(map(str, group))) for group in groups]))
+    monkeypatch.setattr(reading, "read_in_child", lambda groups, shapes_only=False: reading.answers(
+        [reading.read_outcome(list(map(str, group)), shapes_only) for group in groups]))
     monkeypatch.setattr(in_child, "call_in_child", call_here)
+    monkeypatch.setattr(in_child, "trace_workers", lambda engines: 1)  # one engine after another, through that door
 
 
 class ProcessGuard:

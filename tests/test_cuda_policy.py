@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchlib.engines.techniques.builtin import _without_generation_cache
 from benchlib.fit.cuda_policy import CUDA_AUTOCAST, GPUS, as_cuda, cpu_autocast_ops, cuda_autocast_ops, gpu_named
-from benchlib.fit.tracing import materialized
+from benchlib.usermodel.shapes import materialized
 
 
 class Ops(TorchDispatchMode):

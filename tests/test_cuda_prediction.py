@@ -86,7 +86,7 @@ def test_reserved_holds_every_block_never_falls_and_everything_freed_leaves_noth
     assert allocator.allocated == 0 and allocator.reserved == reserved
 
 
-def test_the_bisection_over_traces_finds_the_largest_fitting_value():
+def test_the_search_over_traces_finds_the_largest_fitting_value_and_a_line_in_two_traces():
     calls = []
 
     def linear(value):
@@ -94,13 +94,34 @@ def test_the_bisection_over_traces_finds_the_largest_fitting_value():
         return 1000 + 10 * value
 
     assert largest_fitting(linear, {8: linear(8), 64: linear(64)}, limit=3000) == 200
-    assert len(calls) < 20
+    assert calls[2:] == [200, 201]  # where the line meets the limit, and its neighbour
+    calls.clear()
+    assert largest_fitting(linear, {8: linear(8), 64: linear(64), 512: linear(512)}, limit=3005) == 200
+    assert calls[3:] == [200, 201]  # between two traces as beyond them
     assert largest_fitting(linear, {8: linear(8)}, limit=1000) is None
     assert largest_fitting(lambda value: 5, {8: 5}, limit=10) == SEARCH_LIMIT  # a total that never grows
     calls.clear()
     assert largest_fitting(linear, {8: linear(8)}, limit=3000, reach=64) == 64  # fits at the reach: not traced beyond
     assert max(calls) == 64
     assert largest_fitting(linear, {8: linear(8)}, limit=1500, reach=64) == 50
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=40), st.integers(1, 30), st.integers(0, 3000),
+       st.sampled_from([0, 2, 5]))
+def test_the_search_over_traces_answers_as_reading_every_value_would_for_any_rising_curve(rises, start, limit, power):
+    """Steps (segments), plateaus and curves (attention's square): the answer of a value-by-value walk, in at most
+    three traces per halving of the interval."""
+    def peak(value):  # nondecreasing: a sum of the rises passed, times the value's power
+        return sum(rises[:value % len(rises)]) + (value // len(rises)) * sum(rises) + value ** power // 10
+
+    calls = []
+    traced = {start: peak(start), 8 * start: peak(8 * start)}
+    answer = largest_fitting(lambda value: calls.append(value) or peak(value), traced, limit, reach=4096)
+    walked = None if peak(start) > limit else next(
+        (value - 1 for value in range(start, 4097) if peak(value) > limit), 4096)
+    assert answer == walked
+    assert len(calls) <= 3 * (4096).bit_length() + 2
 
 
 def test_a_few_operators_fewer_at_a_value_of_one_is_no_loop_and_the_search_traces_on(tmp_path, monkeypatch):
@@ -122,7 +143,7 @@ def test_a_few_operators_fewer_at_a_value_of_one_is_no_loop_and_the_search_trace
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, --device cuda measures")
 def test_a_step_whose_operators_grow_with_the_value_is_traced_no_farther_than_eight_times_it(fit_children_here, tmp_path, monkeypatch):
-    from benchlib.fit import in_child, predicted as cuda_prediction
+    from benchlib.fit import predicted as cuda_prediction
 
     asked = []
 
@@ -131,12 +152,9 @@ def test_a_step_whose_operators_grow_with_the_value_is_traced_no_farther_than_ei
         return cuda_prediction.Prediction(100 * MiB + values["n"] * MiB, 0, 1, operators=values["n"])
 
     monkeypatch.setattr(cuda_prediction, "predict_reserved", fake_trace)
-    monkeypatch.setattr(in_child, "predicted_engine", lambda facts, engine, values, scale, limit, gpu:  # here, faked
-                        cuda_prediction.predict_engine(read_model_file(facts.path), engine, values, scale, limit,
-                                                       gpu=gpu))
     path = model_file(tmp_path)
-    result = fit(path, memory=100 * MiB + 1000 * MiB, scale="n", device="cuda", engines=["torch"],
-                         params={"n": 16}, progress=lambda line: None)
+    result = fit(path, memory=100 * MiB + 1000 * MiB + MiB // 2, scale="n", device="cuda", engines=["torch"],
+                 params={"n": 16}, progress=lambda line: None)  # half a step above the answer: no tie to round
     (torch_fit,) = result.engines
     assert max(asked) == 8 * 16 and torch_fit.max_fitting == 1000  # the linear size model, beyond the traces
     assert "n=1000, extrapolated (linear model past the farthest trace, 128" in "\n".join(result.lines())
@@ -327,3 +345,63 @@ def test_a_predicted_total_carries_the_tolerance_the_gpu_truth_holds_traces_to()
     assert fit_.total_at(16) == (1600.0, 1600 * (1 - TRACE_TOLERANCE), 1600 * (1 + TRACE_TOLERANCE), PREDICTED)
     low, high = fit_.model.bounds(20)  # no trace there: the size model's own interval
     assert fit_.total_at(20)[1:3] == (low, high) and high - low < 0.01 * 2000
+
+
+BUILT_ON = """
+from pathlib import Path
+import torch
+PARAMETERS = {"n": 8}
+def model(n):
+    layer = torch.nn.Linear(4, 4)
+    READS_VALUES and float(layer.weight.detach().sum())  # a construction that reads a value: no meta tensor holds one
+    Path(__file__).with_suffix(".built").write_text(layer.weight.device.type)
+    return torch.nn.Sequential(layer, torch.nn.ReLU(), torch.nn.Linear(4, 1))
+def batch(n):
+    return (torch.randn(n, 4),)
+def loss(model, x):
+    return model(x).square().mean()
+"""
+
+
+@pytest.mark.parametrize("reads_values, built_on", [(False, "meta"), (True, "cpu")])
+def test_a_predictions_engine_facts_build_the_model_on_the_meta_device_where_the_file_allows(tmp_path, reads_values,
+                                                                                           built_on):
+    from benchlib.fit.in_child import _in_child_engine_facts
+    from benchlib.measure import resolve_device
+
+    path = tmp_path / "built.py"
+    path.write_text(f"READS_VALUES = {reads_values}\n" + BUILT_ON)
+    made = _in_child_engine_facts(device=resolve_device("cpu"), path=str(path), values={"n": 8}, target="cuda:0",
+                                  engines=["torch", "torch-checkpoint"], shapes_only=True)
+    assert path.with_suffix(".built").read_text() == built_on
+    assert made["reasons"] == {} and made["dtype"] == "float32"  # the same facts either way
+
+
+LARGER_THAN_THIS_MACHINE = """
+import torch
+PARAMETERS = {"n": 8}
+def model(n):
+    return torch.nn.Sequential(torch.nn.Linear(100_000, 100_000), torch.nn.Linear(100_000, 1))  # 40 GB of weights
+def batch(n):
+    return (torch.randn(n, 100_000),)
+def loss(model, x):
+    out = model(x).square().mean()
+    READS_A_VALUE and float(out.detach())  # a step that reads a value: fake tensors hold none
+    return out
+"""
+
+
+def test_a_prediction_reads_and_checks_a_model_larger_than_this_machine_from_shapes_alone(tmp_path):
+    from benchlib.usermodel import reading
+
+    path = tmp_path / "huge.py"
+    path.write_text("READS_A_VALUE = False\n" + LARGER_THAN_THIS_MACHINE)
+    outcome = reading.read_outcome([str(path)], shapes_only=True)  # 40 GB built for real would not fit in 24 GB
+    assert "error" not in outcome and outcome["files"][0]["parameters"] == {"n": 8}
+    small = tmp_path / "reads.py"  # fake tensors cannot run it: checked with its real tensors, and passes
+    small.write_text("READS_A_VALUE = True\n" + LARGER_THAN_THIS_MACHINE.replace("100_000", "16"))
+    assert "error" not in reading.read_outcome([str(small)], shapes_only=True)
+    broken = tmp_path / "broken.py"  # a real error is still the file's, said as without shapes_only
+    broken.write_text("READS_A_VALUE = False\n" + LARGER_THAN_THIS_MACHINE.replace("100_000", "16")
+                      .replace("return out", "return out.reshape(1)"))
+    assert "must return a 0-dim tensor" in reading.read_outcome([str(broken)], shapes_only=True)["error"]

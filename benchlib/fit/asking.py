@@ -121,7 +121,7 @@ def ask(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | None
     if engines is not None and not all(engine.strip() for engine in engines):  # as run's -p engines refuses it
         raise FitError(f"--engines {','.join(engines)!r} has an empty name between its commas; name each engine once, "
                        "as torch,torch-sac")
-    (read,) = read_in_child([[str(path)]])  # the file's code runs in a child, as `run` reads it
+    (read,) = read_in_child([[str(path)]], shapes_only=predicted)  # the file's code runs in a child, as `run` reads it
     if isinstance(read, ModelFileError):
         raise read
     (facts,) = read

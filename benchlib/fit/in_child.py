@@ -9,6 +9,7 @@ The functions named `_in_child_*` run in the child (they read the file there); t
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,16 +37,17 @@ def call_in_child(function: str, model_file, what: str, timeout_s: float | None 
         raise ChildFailed(f"{what}: {failed.reason}") from None
 
 
-def engine_facts(model_file, values: Mapping[str, Any], device, engines: Sequence[str], world_size: int = 1):
+def engine_facts(model_file, values: Mapping[str, Any], device, engines: Sequence[str], world_size: int = 1,
+                 shapes_only: bool = False):
     """The form's `EngineFacts` at `values` (which engines do not apply, and why), made in a child under the form check's
-    time limit (the model and batch are built there)."""
+    time limit (the model and batch are built there: with `shapes_only`, on the meta device where the file allows)."""
     from benchlib.usermodel.measuring import EngineFacts
     from benchlib.usermodel.reading import timeout_s as form_check_timeout
 
     try:
         made = call_in_child("_in_child_engine_facts", model_file, "building the model and batch at the asked values",
                              timeout_s=form_check_timeout(), values=dict(values), target=device.name,
-                             engines=list(engines), world_size=world_size)
+                             engines=list(engines), world_size=world_size, shapes_only=shapes_only)
     except ChildFailed as failed:  # the file's code fails at these values: refused before anything is measured
         raise FitError(f"{model_file.path}: {failed}") from None
     return EngineFacts(**made)
@@ -78,28 +80,57 @@ def batch_bytes(model_file, values: Mapping[str, Any], scale: str, at: int) -> i
                              scale=scale, at=int(at)))
 
 
-def predicted_engine(model_file, engine: str, values: Mapping[str, Any], scale: str, limit: float,
-                     gpu: str = DEFAULT_GPU) -> dict:
-    """`predicted.predict_engine` run in a child: the engine's CUDA reserved peaks on the GPU `gpu` names (on
-    `model_file.world_size` ranks, rank 0's, simulated there) traced over its grid and search, or {"reason": ...}
-    where its step could not be traced."""
+def trace_workers(engines: int) -> int:
+    """How many engines' traces run at once: one per core this process may use. A trace is one thread's work and
+    measures no time, so traces side by side answer as one after another would."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(engines, cores))
+
+
+def predicted_engines(model_file, engines: Sequence[str], values: Mapping[str, Any], scale: str, limit: float,
+                      gpu: str = DEFAULT_GPU) -> dict[str, dict]:
+    """`predicted_engine` of every engine, all in one child that reads the file once and traces `trace_workers` engines
+    at a time, each in a fork of its own (which imports nothing again), under the time limit of one engine's
+    prediction per round of them; a child that fails fails every engine's prediction, saying why."""
+    import math
+
+    from benchlib.usermodel.reading import timeout_s as form_check_timeout
+
+    if not engines:
+        return {}
+    workers = trace_workers(len(engines))
+    each_s = getattr(model_file, "timeout_s", None) or form_check_timeout()
     try:
-        return call_in_child("_in_child_predicted", model_file, f"predicting {engine}", values=dict(values),
-                             engine=engine, scale=scale, limit=float(limit),
-                             world_size=getattr(model_file, "world_size", 1), gpu=gpu)
+        asked = {"scale": scale, "limit": float(limit), "world_size": getattr(model_file, "world_size", 1), "gpu": gpu}
+        return call_in_child("_in_child_predicted_each", model_file, f"predicting {', '.join(engines)}",
+                             timeout_s=each_s * math.ceil(len(engines) / workers), values=dict(values),
+                             engines=list(engines), asked=asked, workers=workers)
     except ChildFailed as failed:
-        return {"reason": f"not predicted: its trace's process failed ({failed})"}
+        return {engine: {"reason": f"not predicted: its trace's process failed ({failed})"} for engine in engines}
 
 
-def _in_child_engine_facts(*, device, path: str, values: dict, target: str, engines: list[str], world_size: int = 1) -> dict:
+def _in_child_engine_facts(*, device, path: str, values: dict, target: str, engines: list[str], world_size: int = 1,
+                           shapes_only: bool = False) -> dict:
     from benchlib.measure import Device
     from benchlib.usermodel.loader import read_model_file
     from benchlib.usermodel.measuring import TORCH_FORM
 
     kind, _, index = target.partition(":")  # a CUDA device fit predicts for need not be here: its kind is asked
-    made = TORCH_FORM.facts(read_model_file(path), values, Device(kind, int(index) if index else None), engines, {},
-                           world_size=world_size)
-    return dataclasses.asdict(made)
+    model_file = read_model_file(path)
+
+    def made():
+        return dataclasses.asdict(TORCH_FORM.facts(model_file, values, Device(kind, int(index) if index else None),
+                                                   engines, {}, world_size=world_size))
+
+    if shapes_only:  # a prediction never holds the model: built on the meta device, in no time and no memory
+        import torch
+
+        try:
+            with torch.device("meta"):
+                return made()
+        except Exception:  # noqa: BLE001 - a file whose model reads its own tensors' values: built as it is
+            pass
+    return made()
 
 
 def _in_child_traces(*, device, path: str, values: dict, engine: str, scale: str, at: list[int]) -> dict:
@@ -133,9 +164,36 @@ def _in_child_batch_bytes(*, device, path: str, values: dict, scale: str, at: in
     return sum(tensor.untyped_storage().nbytes() for tensor in tensors if isinstance(tensor, torch.Tensor))
 
 
-def _in_child_predicted(*, device, path: str, values: dict, engine: str, scale: str, limit: float,
-                        world_size: int = 1, gpu: str = DEFAULT_GPU) -> dict:
-    from benchlib.fit.predicted import predict_engine
+_PREDICTING: tuple = ()  # what `_in_child_predicted_each` traces, for the forks it makes (they inherit it)
+
+
+def _in_child_predicted_each(*, device, path: str, values: dict, engines: list[str], asked: dict, workers: int = 1
+                             ) -> dict:
+    """Each engine's `predict_engine` (`asked`: its scale, limit, world_size and gpu), `workers` forks at a time."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+    from multiprocessing import get_context
+
     from benchlib.usermodel.loader import read_model_file
 
-    return predict_engine(read_model_file(path), engine, values, scale, limit, world_size, gpu)
+    global _PREDICTING
+    _PREDICTING = (read_model_file(path), values, asked)  # imported once, here
+    if workers == 1 or len(engines) == 1:
+        return {engine: _predicted(engine) for engine in engines}
+    made = {}
+    with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
+        futures = {engine: pool.submit(_predicted, engine) for engine in engines}
+        for engine, future in futures.items():
+            try:
+                made[engine] = future.result()
+            except BrokenProcessPool:
+                made[engine] = {"reason": "not predicted: the process tracing it ended before it answered "
+                                          "(killed, or the file's code exited it)"}
+    return made
+
+
+def _predicted(engine: str) -> dict:
+    from benchlib.fit.predicted import predict_engine
+
+    model_file, values, asked = _PREDICTING
+    return predict_engine(model_file, engine, values, asked["scale"], asked["limit"], asked["world_size"], asked["gpu"])

@@ -65,7 +65,7 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
     on_ranks(model_file.world_size, target, predicted)
     if verify is None:  # confirmed by default wherever this machine can hold the limit
         verify = not predicted and question.limit <= available_memory(target)
-    fits = _applicable(question, target, progress)
+    fits = _applicable(question, target, progress, shapes_only=predicted)
     if predicted:
         result = _predict_all(model_file, fits, values, scale, question.usable, target.name, progress, card)
         return dataclasses.replace(result, limit=question.limit, margin=question.margin)
@@ -104,13 +104,15 @@ def on_ranks(world_size: int, target, predicted: bool) -> None:
         raise FitError(f"--ranks: {error}") from None
 
 
-def _applicable(question: Question, device, progress: Callable[[str], None]) -> list[EngineFit]:
-    """An `EngineFit` per engine, with the form's reason where it does not apply; an added combination that does not
-    apply is left out, as `run` leaves it out, and the line says so."""
+def _applicable(question: Question, device, progress: Callable[[str], None], shapes_only: bool = False
+                ) -> list[EngineFit]:
+    """An `EngineFit` per engine, with the form's reason where it does not apply (`shapes_only`: read from a model on
+    the meta device, for a prediction); an added combination that does not apply is left out, as `run` leaves it
+    out, and the line says so."""
     from benchlib.usermodel.case import combination_of
 
     reasons = in_child.engine_facts(question.model_file, question.values, device, question.engines,
-                            question.model_file.world_size).reasons
+                                    question.model_file.world_size, shapes_only).reasons
     fits = []
     for engine in question.engines:
         if engine in question.added and engine in reasons:
@@ -286,8 +288,8 @@ def gpu_question(memory: Any, predicted: bool, device: str) -> tuple[Any, str]:
 def _predict_all(model_file, fits: list[EngineFit], values: dict, scale: str, limit: float, device: str,
                 progress: Callable[[str], None], gpu: str) -> FitResult:
     """`fit`'s answer on a machine without a GPU (`fits`: the engines, with the plan's reasons already set): each
-    engine predicted in a child of its own (`predicted.predict_engine`), and the size model of its traced points recorded
-    with its check error."""
+    engine predicted (`predicted.predict_engine`), one per core at a time (`in_child.predicted_engines`), and the
+    size model of its traced points recorded with its check error."""
     from benchlib.fit.cuda_policy import emulated
     from benchlib.fit.predicted import BASIS, TRACE_TOLERANCE
     from benchlib.fit.sizing import choose_model
@@ -296,13 +298,17 @@ def _predict_all(model_file, fits: list[EngineFit], values: dict, scale: str, li
     unseen: set[str] = set()
     assumed: set[str] = set()
     for engine_fit in fits:
-        if engine_fit.reason:
-            continue
-        untraceable = combination_of(model_file, engine_fit.engine).untraceable
+        untraceable = None if engine_fit.reason else combination_of(model_file, engine_fit.engine).untraceable
         if untraceable is not None:
             engine_fit.reason = "not predicted: " + untraceable
-            continue
-        made = in_child.predicted_engine(model_file, engine_fit.engine, values, scale, limit, gpu)
+    traced = [engine_fit for engine_fit in fits if not engine_fit.reason]
+    if len(traced) > 1:
+        progress(f"{model_file.name}: tracing {len(traced)} engines, {in_child.trace_workers(len(traced))} at a time "
+                 "(one per core)")
+    predictions = in_child.predicted_engines(model_file, [engine_fit.engine for engine_fit in traced], values, scale,
+                                             limit, gpu)
+    for engine_fit in traced:
+        made = predictions[engine_fit.engine]
         if "reason" in made:
             engine_fit.reason = made["reason"]
             progress(f"{model_file.name} {engine_fit.engine}: {engine_fit.reason}")

@@ -30,8 +30,9 @@ from typing import Any
 
 from benchlib.fit.asking import scale_points
 from benchlib.fit.cuda_policy import DEFAULT_GPU, GPUS, Gpu, as_cuda, gpu_named
-from benchlib.fit.sizing import SEARCH_LIMIT, TRACE_REACH, largest_where
-from benchlib.fit.tracing import materialized, untraced_reason
+from benchlib.fit.sizing import MIN_POINTS, SEARCH_LIMIT, TRACE_REACH
+from benchlib.fit.tracing import untraced_reason
+from benchlib.usermodel.shapes import materialized
 from benchlib.measure.caching_allocator import CachingAllocatorModel
 
 BASIS = "predicted, not measured on a GPU"
@@ -41,6 +42,7 @@ TRACE_TOLERANCE = 0.05
 CUBLAS_WORKSPACES = (32 << 20, 32 << 20)  # cuBLAS's, for the caller's thread and autograd's (Hopper, torch 2.11)
 STEPS = 4  # fit's measured processes run one warm-up step and three measured ones
 STEPS_TRACED = 2  # the first makes the optimizer's state, the second is the steady step the others repeat (`_replay`)
+EXTRAPOLATION = TRACE_REACH[-1]  # how far past the largest value that fit a search's next trace may lie, at most
 OPERATORS_GROWTH = 1.05  # a trace's operators growing past this over the grid: a loop over the value
 # Operators whose CUDA kernels take memory a trace of the CPU's operators does not see, by what an aten name holds:
 # the trace's answer for a step that runs them is a floor of what CUDA takes (checked on an H100 in
@@ -240,45 +242,85 @@ def _replay(allocator: CachingAllocatorModel, log: list[tuple[object, int | None
 def largest_fitting(reserved: Callable[[int], int], traced: dict[int, int], limit: int,
                     reach: int | None = None) -> int | None:
     """The largest value whose traced reserved peak stays under `limit` (`traced`: value -> reserved, extended as
-    it asks): up from the smallest over the traced values, then doubling, then bisection. None when not even the
-    smallest fits; `SEARCH_LIMIT` when the total never reaches the limit. With `reach`, nothing beyond it is traced:
-    `reach` itself when it fits there (the caller extrapolates)."""
-    def fits(value: int) -> bool:
+    it asks). None when not even the smallest fits; `SEARCH_LIMIT` when the total never reaches the limit. With
+    `reach`, nothing beyond it is traced: `reach` itself when it fits there (the caller extrapolates).
+
+    A trace costs seconds and its peak is nearly linear in the value, so each next value is where the line through
+    the nearest traces meets the limit (past the largest fitting one: at most `EXTRAPOLATION` times it), then its
+    neighbour, which ends the search where the line was right; guesses that do not halve the interval are followed
+    by a bisection, so a curve far from a line costs at most three traces per halving."""
+    ceiling = SEARCH_LIMIT if reach is None else reach
+
+    def peak(value: int) -> int:
         if value not in traced:
             traced[value] = reserved(value)
-        return traced[value] <= limit
+        return traced[value]
 
-    known = [value for value in traced if reach is None or value <= reach]
-    return largest_where(fits, min(known), SEARCH_LIMIT if reach is None else reach, known)
+    known = sorted(value for value in traced if value <= ceiling)
+    if peak(known[0]) > limit:
+        return None
+    low, high = known[0], None
+    for value in known[1:]:
+        if peak(value) > limit:
+            high = value
+            break
+        low = value
+    bisect = False
+    while high is None or high - low > 1:
+        if high is None:
+            if low >= ceiling:
+                return low
+            below = [value for value in traced if value < low]
+            slope = (peak(low) - traced[max(below)]) / (low - max(below)) if below else 0.0
+            reach_to = low + (limit - peak(low)) / slope if slope > 0 else 2 * low
+            guess = min(ceiling, max(low + 1, min(int(reach_to), EXTRAPOLATION * low)))
+        elif bisect:
+            guess = (low + high) // 2
+        else:
+            share = (limit - peak(low)) / (peak(high) - peak(low)) if peak(high) > peak(low) else 0.5
+            guess = min(high - 1, max(low + 1, low + int(share * (high - low))))
+        width = None if high is None else high - low
+        low, high = (guess, high) if peak(guess) <= limit else (low, guess)
+        if not bisect and high is not None and high - low > 1:  # the guess's neighbour: one trace to end there
+            neighbour = low + 1 if guess == low else high - 1
+            low, high = (neighbour, high) if peak(neighbour) <= limit else (low, neighbour)
+        bisect = width is not None and not bisect and high - low > width / 2
+    return low
 
 
 def predict_engine(model_file, engine: str, values: Mapping[str, Any], scale: str, limit: float,
                    world_size: int = 1, gpu: str = DEFAULT_GPU) -> dict:
     """One engine's prediction on the GPU `gpu` names, in the child that read the file (`in_child.predicted_engine`):
-    its reserved peaks (rank 0's of `world_size`) traced at the grid's points and at `TRACE_REACH` times the given
-    value, then searched for the largest value under `limit` (`largest_fitting`); as JSON: `traced` (value ->
-    reserved), `largest`, `reach` (how far the search traced, None: unbounded), `unseen`, `attention` (the kernels
-    CUDA would run), `assumed` (the larger branches taken); or `reason` where its step could not be traced."""
+    its reserved peaks (rank 0's of `world_size`) traced at the grid's ends, then where the search for the largest
+    value under `limit` asks (`largest_fitting`); as JSON: `traced` (value -> reserved), `largest`, `reach` (how far
+    the search traced, None: unbounded), `unseen`, `attention` (the kernels CUDA would run), `assumed` (the larger
+    branches taken); or `reason` where its step could not be traced."""
     points = scale_points(values[scale], scale)
     card = gpu_named(gpu)
+    made: dict[int, Prediction] = {}
 
-    def trace(value: int) -> Prediction:
-        return predict_reserved(model_file, engine, {**values, scale: value}, world_size=world_size, gpu=card)
+    def trace(value: int) -> int:
+        made[value] = predict_reserved(model_file, engine, {**values, scale: value}, world_size=world_size, gpu=card)
+        return made[value].reserved
 
     try:
-        grid = {value: trace(value) for value in sorted({*points, *(values[scale] * k for k in TRACE_REACH)})}
-        traced = {value: prediction.reserved for value, prediction in grid.items()}
-        # a step whose operators grow with the value (a loop over a sequence) costs a trace that grows too:
-        # traced no farther than the grid's end, and extrapolated by the size model beyond it. A few operators
+        # the grid's ends, then where the search asks (it traces the answer and the value past it): the other
+        # points only where fewer than the size model needs were traced
+        traced = {value: trace(value) for value in (points[0], points[-1])}
+        # a step whose operators grow with the value (a loop over a sequence) costs a trace that grows too: traced
+        # no farther than `TRACE_REACH` times the value, and extrapolated by the size model beyond. A few operators
         # fewer at a value of 1 (a dimension torch squeezes: GPT-2's checkpointed blocks, 20 of 31164) are no loop
-        operators = [prediction.operators for prediction in grid.values()]
-        reach = max(grid) if max(operators) > OPERATORS_GROWTH * min(operators) else None
-        largest = largest_fitting(lambda value: trace(value).reserved, traced, limit, reach)
+        operators = [prediction.operators for prediction in made.values()]
+        reach = values[scale] * TRACE_REACH[-1] if max(operators) > OPERATORS_GROWTH * min(operators) else None
+        largest = largest_fitting(trace, traced, limit, reach)
+        for value in points[1:-1]:
+            if len(traced) < MIN_POINTS and value not in traced:
+                traced[value] = trace(value)
     except Exception as error:  # noqa: BLE001 - torch's tracer or the file's code under fake tensors: said, not fatal
         return {"reason": f"not predicted: its step could not be traced under fake tensors ({untraced_reason(error)})"}
 
     def union(part: str) -> list[str]:
-        return sorted(set().union(*(getattr(prediction, part) for prediction in grid.values())))
+        return sorted(set().union(*(getattr(prediction, part) for prediction in made.values())))
 
     return {"traced": {str(value): reserved for value, reserved in sorted(traced.items())}, "largest": largest,
             "reach": reach, "unseen": union("unseen"), "attention": union("attention"), "assumed": union("assumed")}

@@ -1,7 +1,7 @@
-"""A step traced under fake tensors: the model as a trace builds it (`materialized`), the peak of its live tensor
-bytes at any value of the parameter asked without its memory, by torch's own (private) `MemTracker` (the CPU's
-answer; a GPU's replays the trace through the allocator: `fit.predicted`), and why a step could not be traced, in
-one line."""
+"""A step traced under fake tensors: the model as a trace builds it (`usermodel.shapes.materialized`), the peak of
+its live tensor bytes at any value of the parameter asked without its memory, by torch's own (private) `MemTracker`
+(the CPU's answer; a GPU's replays the trace through the allocator: `fit.predicted`), and why a step could not be
+traced, in one line."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ def traced_peak(model_file, engine: str, values: Mapping[str, Any]) -> int:
     torch (numpy) are real: the trace model asks at most `TRACE_REACH[-1]` times the largest value measured,
     whose batch a measured process held in full."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from benchlib.usermodel.shapes import materialized
 
     def batch_is_fake(batch: tuple) -> None:
         real = [i for i, tensor in enumerate(batch) if not isinstance(tensor, FakeTensor)]
@@ -49,40 +51,6 @@ def tracked_peak(model_file, engine: str, values: Mapping[str, Any], check_batch
             step()
         (categories,) = tracker.get_tracker_snapshot("peak").values()
     return int(categories["Total"])
-
-
-def materialized(build: Callable[[], Any]):
-    """The model built on the meta device and materialized where it is asked (fake tensors under a fake mode), its
-    tied weights tied again: a model that deep-copies its layers as it is built (nn.TransformerEncoder) would
-    otherwise hold parameters of another fake mode, which torch refuses to mix. A model that cannot be built on
-    the meta device (its construction reads values) is built as it is."""
-    import torch
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    try:
-        with unset_fake_temporarily(), torch.device("meta"):
-            model = build()
-    except Exception:  # noqa: BLE001 - the file's own construction: built under the mode instead
-        return build()
-    tied = _tied_places(model)
-    # `to_empty`, from shapes alone: the meta tensors are no input a strict fake mode refuses
-    model = model._apply(lambda tensor: torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu"))
-    for (owner, name), *others in tied:  # `to_empty` gives each place a tensor of its own: tied again
-        for module, other in others:
-            setattr(module, other, getattr(owner, name))
-    return model
-
-
-def _tied_places(model) -> list[list[tuple]]:
-    """(module, attribute) pairs that hold one parameter or buffer between them (a language model's embedding
-    and output weights), each group listed once."""
-    places: dict[int, list[tuple]] = {}
-    for _, module in model.named_modules(remove_duplicate=False):
-        for tensors in (module._parameters, module._buffers):
-            for name, tensor in tensors.items():
-                if tensor is not None and (module, name) not in places.get(id(tensor), []):
-                    places.setdefault(id(tensor), []).append((module, name))
-    return [group for group in places.values() if len(group) > 1]
 
 
 def untraced_reason(error: Exception) -> str:

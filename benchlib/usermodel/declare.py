@@ -140,8 +140,9 @@ def load_model_files(paths: Sequence[str | Path]) -> Benchmark:
     return declare_model_files(paths)[0]
 
 
-def declare_model_files(paths: Sequence[str | Path]) -> tuple[Benchmark, list, Form]:
-    """`load_model_files`' benchmark, with the files read and their form (for one engine's step alone)."""
+def declare_model_files(paths: Sequence[str | Path], shapes_only: bool = False) -> tuple[Benchmark, list, Form]:
+    """`load_model_files`' benchmark, with the files read and their form (for one engine's step alone); with
+    `shapes_only`, the torch form checked from shapes alone where the step allows (`check_form`)."""
     files = [_read(path) for path in paths]
     model_file = files[0]
     for other in files[1:]:
@@ -160,8 +161,8 @@ def declare_model_files(paths: Sequence[str | Path]) -> tuple[Benchmark, list, F
     parameters = _parameters(model_file, form)
     quick = {p.name: p.quick if p.has_quick else p.default for p in parameters[:len(model_file.parameters)]}
     for each in files:
-        (check_array_form if arrays else check_form)(
-            each, {name: list(v) if isinstance(v, tuple) else v for name, v in quick.items()})
+        values = {name: list(v) if isinstance(v, tuple) else v for name, v in quick.items()}
+        check_array_form(each, values) if arrays else check_form(each, values, shapes_only)
     versions = dict(zip(version_labels([f.path for f in files]), files))
     return declaration(files, arrays, functools.partial(measure_model_files, versions, form)), files, form
 

@@ -286,14 +286,30 @@ def read_model_file(path: str | Path) -> ModelFile:
     return torch_form(*open_model_file(path))
 
 
-def check_form(model_file: ModelFile, values: Mapping[str, Any]) -> None:
+def check_form(model_file: ModelFile, values: Mapping[str, Any], shapes_only: bool = False) -> None:
     """Build the model and batch at `values` and call loss (and optimizer, and step) once: what each returns is the
-    form's."""
+    form's. With `shapes_only` (a prediction, for a model perhaps larger than this machine's memory), first from
+    shapes alone (`usermodel.shapes`); a file whose step fake tensors cannot run is checked with its real tensors."""
+    if shapes_only:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        from benchlib.usermodel.shapes import materialized
+
+        try:
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                _check_form(model_file, values, materialized)
+            return
+        except Exception:  # noqa: BLE001 - a step that reads values (.item()): its error, if any, comes from below
+            pass
+    _check_form(model_file, values)
+
+
+def _check_form(model_file: ModelFile, values: Mapping[str, Any], build: Callable = lambda make: make()) -> None:
     import torch
 
     path = model_file.path
     try:
-        module = model_file.model(**values)
+        module = build(lambda: model_file.model(**values))
     except Exception as error:
         raise ModelFileError(model_file.user_error(error, "model(**params)")) from error
     if not isinstance(module, torch.nn.Module):

@@ -57,12 +57,12 @@ def measure_reading(paths: Sequence[str], *args, **kwargs):
     return load_model_files(paths).measure(*args, **kwargs)
 
 
-def _facts(group: Sequence[str]) -> dict:
+def _facts(group: Sequence[str], shapes_only: bool = False) -> dict:
     """In the child: the group read and checked as in-process, reported as JSON-able facts."""
     from benchlib.usermodel import declare_model_files
     from benchlib.usermodel.arrays import ArrayModelFile
 
-    _, files, _ = declare_model_files(group)
+    _, files, _ = declare_model_files(group, shapes_only)
     return {"arrays": isinstance(files[0], ArrayModelFile), "resident_bytes": _resident_high_water(),
             "files": [{"path": str(f.path), "name": f.name, "parameters": f.parameters, "quick": f.quick,
                        "techniques": {name: [aspect.name for aspect in technique.changes]
@@ -83,11 +83,11 @@ def _stray_threads() -> list[str]:
             if thread is not threading.main_thread() and not thread.daemon and thread.is_alive()]
 
 
-def read_outcome(group: Sequence[str]) -> dict:
+def read_outcome(group: Sequence[str], shapes_only: bool = False) -> dict:
     """One group's facts as JSON values, or {"error", "traceback"} saying why its files are refused: what the child
     sends back for it (`child_main`; tests of fit's search call it in their own process)."""
     try:
-        outcome = _facts(group)
+        outcome = _facts(group, shapes_only)
     except (ModelFileError, DeclarationError) as error:
         return {"error": str(error), "traceback": traceback.format_exc()}
     except Exception as error:  # noqa: BLE001 - the user's code: name it; --debug shows the traceback
@@ -107,10 +107,10 @@ def child_main(result_path: str) -> None:
     code started cannot keep this process, and says so."""
     from benchlib.records.environment import torch_facts
 
-    groups = json.load(sys.stdin)
+    asked = json.load(sys.stdin)
     outcomes = []
-    for group in groups:
-        outcome = read_outcome(group)
+    for group in asked["groups"]:
+        outcome = read_outcome(group, asked["shapes_only"])
         stray = _stray_threads()
         if stray and "error" not in outcome:  # this group's code started them: its refusal, no other's
             outcome = {"error": f"{', '.join(map(str, group))}: the file's code started thread(s) {', '.join(stray)} "
@@ -144,10 +144,11 @@ def timeout_s() -> float:
         raise ModelFileError(str(error)) from None
 
 
-def read_in_child(groups: Sequence[Sequence[str]]) -> list[list[FileFacts] | ModelFileError]:
+def read_in_child(groups: Sequence[Sequence[str]], shapes_only: bool = False) -> list[list[FileFacts] | ModelFileError]:
     """Per group of model-file paths (versions of one NAME), the facts of its files, or the `ModelFileError` that
-    says why they were refused, all read and checked in one child under the time limit. A child that exits before
-    it answers, hangs or is killed refuses every group, naming what happened."""
+    says why they were refused, all read and checked in one child under the time limit (`shapes_only`: a
+    prediction's, from shapes alone where the step allows: `loader.check_form`). A child that exits before it
+    answers, hangs or is killed refuses every group, naming what happened."""
     limit = timeout_s()
     with tempfile.TemporaryDirectory(prefix="benchlib-reading-") as folder:
         result_path, output_path = Path(folder) / "result.json", Path(folder) / "output.txt"
@@ -156,7 +157,8 @@ def read_in_child(groups: Sequence[Sequence[str]]) -> list[list[FileFacts] | Mod
                                        stdin=subprocess.PIPE, stdout=output, stderr=subprocess.STDOUT,
                                        start_new_session=True, text=True)
             try:
-                process.communicate(json.dumps([list(map(str, group)) for group in groups]), timeout=limit)
+                process.communicate(json.dumps({"groups": [list(map(str, group)) for group in groups],
+                                                "shapes_only": shapes_only}), timeout=limit)
             except subprocess.TimeoutExpired:
                 reason = (f"did not finish within {limit:g} s (importing it and building the model and batch at the "
                           f"QUICK values, one loss call); set {TIMEOUT_ENV} for a slower file")
