@@ -158,9 +158,11 @@ def test_a_step_whose_operators_grow_with_the_value_is_traced_no_farther_than_ei
     (torch_fit,) = result.engines
     assert max(asked) == 8 * 16 and torch_fit.max_fitting == 1000  # the linear size model, beyond the traces
     assert "n=1000, extrapolated (linear model past the farthest trace, 128" in "\n".join(result.lines())
-    extrapolated = [row for row in result.records() if row["metric"] == "predicted_total_bytes"
-                    and json.loads(row["params"])["model"] == "linear"]
-    assert extrapolated and min(json.loads(row["params"])["value"] for row in extrapolated) == 128
+    (answer,) = [row for row in result.records() if row["metric"] == "max_fitting"]
+    assert json.loads(answer["params"])["extrapolated_beyond"] == 128
+    line = [json.loads(row["params"])["value"] for row in result.records() if row["metric"] == "predicted_total_bytes"
+            and json.loads(row["params"])["model"] == "linear"]  # the figure's line: through the traces, past 1000
+    assert min(line) == 2 and 1000 in line and max(line) > 1000
 
 
 @pytest.mark.parametrize("engine", ["torch", "torch-checkpoint", "fused-optimizer"])

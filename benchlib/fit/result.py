@@ -380,7 +380,7 @@ class FitResult:
         from benchlib.records import make_record
 
         beyond_traces = self.predicted and (fit.max_fitting or 0) > max(fit.traced)
-        values = self.curve_values(fit) if not self.predicted else (_extrapolated_values(fit) if beyond_traces else [])
+        values = _traced_curve_values(fit) if self.predicted else self.curve_values(fit)
         rows = [make_record(**labels, metric="predicted_total_bytes", value=fit.model(value), unit="B",
                             params={**common, "value": value, "model": fit.model.kind}) for value in values]
         rows.append(make_record(**labels, metric="fit_check_error", value=fit.model.check_error, unit="ratio",
@@ -440,11 +440,12 @@ def _total_text(row: dict) -> str:
     return total if low == high else f"{total} [{low}, {high}]"
 
 
-def _extrapolated_values(fit: EngineFit) -> list[int]:
-    """Where a prediction's size model is recorded beyond its traces: from the farthest trace to a little past its
-    largest fitting value, for the figure's dashed line."""
-    farthest = max(fit.traced)
-    return sorted({int(round(v)) for v in np.geomspace(farthest, fit.max_fitting * 1.25, 12)} | {fit.max_fitting})
+def _traced_curve_values(fit: EngineFit) -> list[int]:
+    """Where a prediction's size model is recorded, for the figure's line through its traces: from the nearest
+    trace to a little past the farther of the farthest trace and the largest fitting value (on a log axis)."""
+    farthest = max(max(fit.traced), min(fit.max_fitting or 0, SEARCH_LIMIT - 1))
+    grid = np.geomspace(min(fit.traced), farthest * 1.25, 24)
+    return sorted({int(round(v)) for v in grid} | ({fit.max_fitting} if fit.max_fitting else set()))
 
 
 def _predicted_basis(basis: str, fit: EngineFit) -> str:

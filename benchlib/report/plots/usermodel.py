@@ -190,7 +190,7 @@ def fit_figure(records: pd.DataFrame) -> go.Figure:
         what += "<br>a floor, not a bound: " + "; ".join(params["unseen"])
     marks = ("dotted: each engine's largest fitting value" if traced_only else
              "dotted: each engine's predicted answer; star: the answer measurement confirmed")
-    apply_layout(fig, title=_whose(records) + f"{what} ({marks})",
+    apply_layout(fig, title=_whose(records) + f"{what}<br>({marks})",
                  x_title=scale, y_title="total memory (GB)", height=480)
     if traced_only:
         fig.update_xaxes(type="log")
