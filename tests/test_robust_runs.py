@@ -454,6 +454,36 @@ def test_a_notebook_past_its_timeout_is_timed_out_keeps_its_records_and_the_othe
     assert "timed out" in capsys.readouterr().out
 
 
+HANGS_UNDER_AUTOCAST = """
+import time
+import torch
+PARAMETERS = {"width": 16}
+def model(width):
+    return torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
+def batch(width):
+    return (torch.randn(4, 8),)
+def loss(model, x):
+    if torch.is_autocast_enabled("cpu"):  # one engine's step never ends
+        time.sleep(600)
+    return model(x).square().mean()
+"""
+
+
+@pytest.mark.slow
+def test_a_case_that_hangs_fails_named_within_the_timeout_and_the_trials_before_it_are_kept(tmp_path, capsys):
+    (tmp_path / "hangs.py").write_text(HANGS_UNDER_AUTOCAST)
+    assert main(["run", str(tmp_path / "hangs.py"), "--quick", "--timeout", "30", "-p", "engines=torch,torch-autocast",
+                 "-p", "trials=1", "--out", str(tmp_path / "out"), "--no-progress"]) == 1
+    (run_dir,) = (tmp_path / "out").iterdir()
+    entry = load_run_info(run_dir)["notebooks"]["hangs"]
+    assert entry["status"] == "partial" and "torch-autocast" in entry["error"]  # it finished, naming what hung
+    records = load_records(run_dir)
+    failed = records[records["metric"] == "failed"]
+    assert set(failed["variant"]) == {"torch-autocast"}
+    assert "(all the run's --timeout or --budget left it)" in failed["params"].iloc[0]
+    assert {"time", "peak_bytes"} <= set(records[records["variant"] == "torch"]["metric"])  # measured before it
+
+
 def test_a_timeout_that_is_not_a_positive_number_is_refused(tmp_path, capsys):
     assert cli("run", "probe", "--timeout", "0", out=tmp_path / "out") == 2
     assert "--timeout must be a number of seconds > 0, got 0" in capsys.readouterr().err

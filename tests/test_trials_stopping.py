@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchlib.trials.stopping import DETERMINISTIC, MAX_TRIALS, PRECISION, relative_half_width, stop_reason
+from benchlib.trials.stopping import DETERMINISTIC, MAX_TRIALS, PRECISION, Deadline, relative_half_width, stop_reason
 
 
 def stops_after(sequence, **rule):
@@ -39,3 +39,27 @@ def test_the_precision_reached_is_the_median_intervals_relative_half_width():
     assert relative_half_width([100.0, 100.0, 100.0]) == 0.0
     assert relative_half_width([100.0, 102.0, 101.0]) == pytest.approx(0.0099, abs=1e-3)
     assert relative_half_width([0.0, 0.0, 0.0]) == 0.0
+
+
+def test_a_case_is_given_no_more_time_than_the_deadline_leaves_and_its_timeout_says_why():
+    from benchlib.measure import CaseCapped, CaseFailed
+
+    clock = [1000.0]
+    deadline, given = Deadline(1030.0, clock=lambda: clock[0]), []
+
+    def hangs(limit):
+        given.append(limit)
+        raise CaseFailed("m/step/slow", f"timed out after {limit:g} s; the child was killed")
+
+    with pytest.raises(CaseFailed, match=r"timed out after 30 s; .* \(all the run's --timeout or --budget left it\)"):
+        deadline.within(hangs, 600)
+    clock[0] = 1040.0  # past it: the first child still runs, and fails at once, named
+    with pytest.raises(CaseFailed):
+        deadline.within(hangs, 600)
+    assert given == [30.0, 1.0]
+    with pytest.raises(CaseFailed) as plain:  # no deadline: the case's own timeout, said as it was
+        Deadline(None).within(hangs, 600)
+    assert given[-1] == 600 and "left it" not in plain.value.reason
+    with pytest.raises(CaseCapped):  # any other failure goes on as it was
+        deadline.within(lambda limit: (_ for _ in ()).throw(CaseCapped("m", 10, 5)), 600)
+    assert Deadline(1030.0, clock=lambda: 1000.0).within(lambda limit: limit, 20) == 20  # its own timeout comes first

@@ -311,17 +311,22 @@ class _RunLoop:
         self.say(f"{self._tally(index)} {execution.key}: {status} in {duration:.1f} s{detail}")
 
     def _measuring_deadline(self, index: int) -> float | None:
-        """When the execution at `index` (from 1) must stop measuring (`time.time()`), under --budget: its
-        share of the time left, weighed by its last duration among those still to run (their mean where
-        unknown), less a reserve for its kernel's start and its tables and figures. None without a budget."""
+        """When the execution at `index` (from 1) must stop measuring (`time.time()`), less a reserve for its
+        kernel's start and its tables and figures: by its --timeout, and under --budget by its share of the time
+        left, weighed by its last duration among those still to run (their mean where unknown). None without
+        either. A case still running then fails as itself (`trials.cases`), before the kernel is ended."""
+        timed = None
+        if self.timeout_s:
+            timed = time.time() + self.timeout_s - min(BUDGET_RESERVE_SHARE * self.timeout_s, BUDGET_RESERVE_S)
         if self.budget_ends is None:
-            return None
+            return timed
         now, rest = time.time(), self.executions[index - 1:]
         durations = [last_duration(self.root, execution.key, self.quick) for execution in rest]
         known = [duration for duration in durations if duration]
         weights = [duration or (sum(known) / len(known) if known else 1.0) for duration in durations]
         share = (self.budget_ends - now) * weights[0] / sum(weights)
-        return now + share - min(BUDGET_RESERVE_SHARE * share, BUDGET_RESERVE_S)
+        budgeted = now + share - min(BUDGET_RESERVE_SHARE * share, BUDGET_RESERVE_S)
+        return budgeted if timed is None else min(budgeted, timed)
 
     def _budget_spent(self, index: int, execution: Execution) -> None:
         """Record an execution the budget left no time for as `not run`, saying so."""
@@ -349,7 +354,7 @@ class _RunLoop:
                 if deadline is not None:
                     environment[DEADLINE_ENV] = repr(deadline)
                     measuring = max(deadline - time.time(), 0.0)
-                    eta += f", measuring for at most {measuring:.0f} s of the --budget"
+                    eta += f", measuring for at most {measuring:.0f} s of the {'--budget' if self.budget_ends else '--timeout'}"
                     expected = min(expected or math.inf, measuring + min(BUDGET_RESERVE_S, measuring))  # the ETA's basis
                 self.say(f"[{index}/{len(self.executions)}] {execution.key}: started{f' ({shown})' if shown else ''}{eta}")
                 self.run_.record_notebook(execution.key, status="running", started_at=now_iso())

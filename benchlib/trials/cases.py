@@ -286,7 +286,7 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", timeout_s
     loop = TrialLoop(TrialSettings(trials=trials, precision=precision, order_seed=order_seed,
                                    reference=REFERENCE_ENGINE), progress)
     timelines = _Timelines()
-    measure = _measuring(cases, comparison, settings, device, timeout_s, isolate or run_isolated)
+    measure = _measuring(cases, comparison, settings, device, (timeout_s, deadline), isolate or run_isolated)
     try:
         for index, (case, child_params) in enumerate(cases.params.items()):
             comparison.case_params[case] = dict(child_params)
@@ -305,25 +305,27 @@ def compare_engines(cases: Cases, settings: Mapping, *, device="auto", timeout_s
     return _gathered(comparison, loop, timelines)
 
 
-def _measuring(cases: Cases, comparison: EngineComparison, settings: Mapping, device, timeout_s: float,
-               isolate: Callable):
-    """The trial loop's `measure(unit, trial, gradient_dir)`: one case of one engine in a fresh process (`isolate`)."""
+def _measuring(cases: Cases, comparison: EngineComparison, settings: Mapping, device,
+               limits: tuple[float, Deadline], isolate: Callable):
+    """The trial loop's `measure(unit, trial, gradient_dir)`: one case of one engine in a fresh process (`isolate`),
+    within its timeout, never past the deadline (`limits`; `Deadline.within`)."""
     from benchlib.measure import IsolationOptions
 
     dtype, malloc = settings["dtype"], settings.get("malloc")
     options = {} if malloc is None else {"malloc": malloc}
+    timeout_s, deadline = limits
 
     def measure(unit: Unit, trial: int, gradient_dir: str):
         child_params = comparison.case_params[unit.labels["case"]]
         required = cases.memory_required(unit.engine, child_params) if cases.memory_required else None
-        return isolate(
+        return deadline.within(lambda limit: isolate(
             cases.target, {**child_params, "engine": unit.engine, "dtype": dtype, "gradient_dir": gradient_dir},
             name=f"{cases.benchmark}/{unit.labels['case']}/{unit.engine}", device=device.name,
             options=IsolationOptions(warmup=settings.get("warmup", 0), repeats=settings.get("repeats", 1),
-                                     track_allocations=False, timeline=True, timeout_s=timeout_s,
+                                     track_allocations=False, timeline=True, timeout_s=limit,
                                      timeline_interval_s=TIMELINE_INTERVAL_S, role_timeline=trial == 0,
                                      memory_required_bytes=required, preload=case_imports(unit.engine, device),
-                                     **options))
+                                     **options)), timeout_s)
 
     return measure
 

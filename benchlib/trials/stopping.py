@@ -9,6 +9,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -16,7 +17,8 @@ from benchlib.records.metrics import TRIALS_RUN  # noqa: F401 (re-exported: the 
 from benchlib.analysis.stats import median_interval
 
 PRECISION, DETERMINISTIC, MAX_TRIALS, BUDGET = "precision", "deterministic", "max_trials", "budget"
-DEADLINE_ENV = "BENCHLIB_DEADLINE"  # set by `benchlib run --budget` in each notebook's kernel
+DEADLINE_ENV = "BENCHLIB_DEADLINE"  # set by `benchlib run --budget` or `--timeout` in each notebook's kernel
+LEAST_TIMEOUT_S = 1.0  # a case's timeout at a deadline already past (the first child always runs): it fails, named
 MIN_TRIALS = 3  # fewer give no interval worth the name: two trials bound the median by themselves
 
 
@@ -43,7 +45,7 @@ def stop_reason(values: Sequence[float], *, precision: float, max_trials: int,
 
 class Deadline:
     """When measuring must end: a wall-clock time (`time.time()`), or None for no limit. `benchlib run
-    --budget` gives each notebook's kernel one in `DEADLINE_ENV`; `from_environment` reads it there."""
+    --budget` or `--timeout` gives each notebook's kernel one in `DEADLINE_ENV`; `from_environment` reads it there."""
 
     def __init__(self, at: float | None = None, clock: Callable[[], float] = time.time):
         self.at, self.clock = at, clock
@@ -58,6 +60,21 @@ class Deadline:
 
     def left(self) -> float:
         return math.inf if self.at is None else self.at - self.clock()
+
+    def within(self, measure: Callable[[float], Any], timeout_s: float) -> Any:
+        """`measure(limit)`: one case in a process of its own, given `timeout_s`, or less where this deadline comes
+        first. The run's --timeout or --budget ends the kernel then, so a case that hangs fails as itself first,
+        named, saying so, and the trials before it are kept."""
+        from benchlib.measure import CaseFailed
+
+        limit = round(min(timeout_s, max(self.left(), LEAST_TIMEOUT_S)), 1)
+        try:
+            return measure(limit)
+        except CaseFailed as failed:
+            if type(failed) is CaseFailed and limit < timeout_s and failed.reason.startswith("timed out"):
+                raise CaseFailed(failed.name, f"{failed.reason} (all the run's --timeout or --budget left it)",
+                                 failed.child_traceback, failed.output) from None
+            raise
 
     def share(self, parts: int) -> "Deadline":
         """The deadline of the next of `parts` equal shares of the time left (the first of several cases)."""

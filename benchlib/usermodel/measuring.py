@@ -268,20 +268,22 @@ class _ModelRun:
         case_name = f"{self.name}/{self.cases[unit.group]}/{unit.engine}"
         path = str(self.versions[unit.group].path)
         if unit.engine in self.on_ranks:
-            return run_ranks(
+            return Deadline.from_environment().within(lambda limit: run_ranks(
                 RANKED_TARGET, {"path": path, "engine": unit.engine, "values": self.values, "options": options,
                                 "module_depth": depth},
                 name=case_name, world_size=self.ranks, devices=rank_devices(device, self.ranks),
-                options=IsolationOptions(warmup=WARMUP, repeats=STEPS, track_allocations=track, timeline=False))
-        return run_isolated(
+                options=IsolationOptions(warmup=WARMUP, repeats=STEPS, track_allocations=track, timeline=False,
+                                         timeout_s=limit)), IsolationOptions.timeout_s)
+        return Deadline.from_environment().within(lambda limit: run_isolated(
             form.target, {"path": path, "engine": unit.engine, "values": self.values, "gradient_dir": gradient_dir,
                           **({"options": options, "module_depth": depth} if form.composes else {}),
                           **({"check": "categories"} if traced and form.torch_categories else {})},
             name=case_name, device=device.name,
             options=IsolationOptions(warmup=WARMUP, repeats=STEPS, track_allocations=track, timeline=False,
                                      attribute=traced, cuda_snapshot=snapshot_path(case_name, device) if trial == 0
-                                     else None,
-                                     preload=preload(form, self.versions[unit.group], unit.engine, device, options)))
+                                     else None, timeout_s=limit,
+                                     preload=preload(form, self.versions[unit.group], unit.engine, device,
+                                                     options))), IsolationOptions.timeout_s)
 
 
 def site_diffs(attributions: Mapping[tuple[str, str], dict], labels: Mapping[tuple[str, str], dict],
