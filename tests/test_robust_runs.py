@@ -496,11 +496,17 @@ def test_a_timeout_that_is_not_a_positive_number_is_refused(tmp_path, capsys):
 def broken_runs(tmp_path) -> dict[str, Path]:
     """Runs each broken one way a user meets: run.json not JSON, empty records.parquet, a directory
     where records.parquet should be, no records/ at all; and a good one."""
+    from benchlib.analysis.seed_verdicts import save_verdicts, seed_verdicts
+    from benchlib.registry import verdict_rules
+
     made = {}
-    for name in ("good", "bad_json", "empty_records", "records_dir", "no_fragments"):
+    for name in ("good", "bad_json", "empty_records", "records_dir", "no_fragments", "judged_garbage"):
         made[name] = two_row_run(tmp_path / name).path
     (made["bad_json"] / "run.json").write_text("{not json")
     (made["empty_records"] / "records.parquet").write_bytes(b"")
+    # judged (its verdicts written, as a finished run's are) before its records were damaged
+    save_verdicts(seed_verdicts(load_records(made["judged_garbage"]), verdict_rules()), made["judged_garbage"])
+    (made["judged_garbage"] / "records.parquet").write_bytes(b"PAR1 not a parquet file")
     (made["records_dir"] / "records.parquet").unlink()
     (made["records_dir"] / "records.parquet").mkdir()
     for fragment in (made["no_fragments"] / "records").iterdir():
@@ -515,6 +521,7 @@ def broken_runs(tmp_path) -> dict[str, Path]:
     ("compare", "records_dir", 2, "records.parquet: not a file (a directory)"),
     ("report", "bad_json", 2, "run.json: cannot read run.json"),
     ("report", "empty_records", 1, "records.parquet: cannot read records"),
+    ("report", "judged_garbage", 1, "records.parquet: cannot read records"),
     ("merge-records", "records_dir", 2, "records.parquet: cannot write"),
     ("merge-records", "no_fragments", 2, "holds no per-notebook records: nothing to merge"),
     ("history", "records_dir", 2, "records.parquet: not a file"),
@@ -534,6 +541,8 @@ def test_a_broken_run_gives_one_line_naming_the_file_and_the_documented_exit(com
     assert named in err and "Traceback" not in err
     assert len([line for line in err.splitlines() if line.startswith("benchlib:")]) == 1
     assert all(path.read_bytes() == content for path, content in held.items())  # never fewer results than found
+    if command == "report" and code == 1:  # the page is written, and says at its top why it shows no measurement
+        assert "could not be read" in (runs[broken] / "report.html").read_text()
     capsys.readouterr()
     if code == 2:  # the same refusal with --debug: its traceback, then the same line
         assert main([*argv, "--debug"]) == 2

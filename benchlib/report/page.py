@@ -239,14 +239,16 @@ def _run_link(run_path: Path, text: str) -> str:
     return f"<a href='{html.escape(quote(text, safe='/'))}'>{html.escape(text)}</a>"
 
 
-def _records(run_path: Path) -> pd.DataFrame | None:
-    """The run's records, None when it has none or they cannot be read (the page still shows everything else)."""
-    from benchlib.records.store import load_records
+def _records(run_path: Path) -> tuple[pd.DataFrame | None, str]:
+    """The run's records, or None and why they cannot be read (the page still shows everything else, and says so)."""
+    from benchlib.records.store import RecordsUnreadable, load_records
 
     try:
-        return load_records(run_path)
-    except Exception:
-        return None
+        return load_records(run_path), ""
+    except RecordsUnreadable as error:  # it names the file and why
+        return None, str(error)
+    except Exception as error:  # noqa: BLE001 - a damaged file costs the measurements' parts, said at the top
+        return None, f"{type(error).__name__}: {error}"
 
 
 def _part_html(build, what: str, records: pd.DataFrame, benchmark: str, figure_specs: list[dict[str, Any]]) -> str:
@@ -284,10 +286,13 @@ def build_report(run: str | os.PathLike) -> str:
     tables = group_by_notebook(table_names, [*notebooks, *unclaimed], written)
     sections = [name for name in figures if figures[name] or name in notebooks or tables.get(name)]
     headlines = {section: _headline_tables(run_path, tables.get(section, [])) for section in sections}
-    records = _records(run_path)
+    records, unreadable = _records(run_path)
     attributed = records if records is not None and records["metric"].isin(ATTRIBUTION_METRICS).any() else None
     page = _Page(run_path, info, figure_specs=[])
     parts = page.opening(sections, headlines)
+    if unreadable:
+        parts.insert(1, f"<p class='problem'><b>The run's records could not be read</b>, so what was measured is not "
+                        f"shown below: {html.escape(unreadable)}</p>")
     for section in sections:
         parts += page.section(section, headlines[section], figures.get(section, []))
         for benchmark in dict.fromkeys([section.split("@")[0], *written.get(section, [])]):

@@ -97,15 +97,17 @@ def report_command(run_name: str, root: Path | None) -> int:
     from benchlib.records.store import RecordsUnreadable, load_records, resolve_run
 
     path = resolve_run(run_name, root)
-    unjudged = None
-    if load_verdicts(path) is None:  # an older or unfinished run: judge its records now, as a finished run does
-        try:
-            save_verdicts(seed_verdicts(load_records(path), verdict_rules()), path)
-        except RecordsUnreadable as error:  # the page is still written, without verdicts: answered, not whole
-            unjudged = error
+    try:
+        records = load_records(path)
+    except RecordsUnreadable as error:  # the page is still written, saying so: answered, not whole
+        records, unreadable = None, error
+    else:
+        unreadable = None
+    if records is not None and load_verdicts(path) is None:  # an older or unfinished run: judged now, as it ends
+        save_verdicts(seed_verdicts(records, verdict_rules()), path)
     print(write_report(path))
-    if unjudged is not None:
-        print(f"benchlib: no verdicts: {unjudged}", file=sys.stderr)
+    if unreadable is not None:
+        print(f"benchlib: the page shows no measurement: {unreadable}", file=sys.stderr)
         return 1
     return 0
 
