@@ -152,3 +152,13 @@ def test_a_plan_predicted_over_is_still_measured_and_said_over_only_as_measured(
     advice = fit_at(path, memory=f"{250 * MB}", at="n=8", engines=["torch"], progress=lambda line: None).advice
     assert advice.predicted == pytest.approx(310 * MB - 60 * MB + 10 * MB) and advice.predicted > 250 * MB
     assert advice.engine == "torch-checkpoint[1.0-5]" and advice.fits  # measured, not refused on the prediction
+
+
+def test_a_range_of_blocks_the_model_lacks_is_named_as_a_range():
+    from benchlib.engines.techniques import StepFacts
+    from benchlib.engines.techniques.builtin import Checkpoint
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(4)])
+    technique = Checkpoint().acting_on(tuple(f"{index}" for index in range(100)))
+    reason = technique.not_applicable(model, StepFacts(False, False, "cpu", 1))
+    assert reason == "the model (Sequential) has no module 4-99; its blocks: 0-3"

@@ -190,3 +190,16 @@ def test_cli_refuses_an_unknown_isolation_mode_before_anything_runs(tmp_path, ca
     assert main(["run", "probe", "--notebooks-dir", str(NOTEBOOKS), "--out", str(tmp_path / "out")]) == 2
     assert "BENCHLIB_ISOLATION='threads': valid values are fork, spawn" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_notebook_that_measured_nothing_because_no_engine_applies_is_failed_never_ok():
+    from benchlib.runner.outcomes import CaseOutcomes
+
+    misspelt = ("torch-checkpoint[encoder.layer] (step): the model (M) has no module encoder.layer; its blocks: "
+                "encoder.layers.0-5",)
+    status, error = CaseOutcomes([], [], 0, measured=0, inapplicable=misspelt).judged()
+    assert status == "failed" and error.startswith("nothing was measured: no engine asked applies (torch-checkpoint")
+    assert CaseOutcomes([], [], 0, measured=12, inapplicable=misspelt).judged() == ("ok", None)  # others measured
+    assert CaseOutcomes(["x (step): boom"], [], 0, measured=3).judged()[0] == "partial"
+    assert CaseOutcomes(["x (step): boom"], [], 0, measured=0).judged() == ("failed", "1 case(s) failed: x (step): boom")
+    assert CaseOutcomes([], [], 0).judged() == ("ok", None)

@@ -285,10 +285,10 @@ class _RunLoop:
         or anything a Dask worker ran), whose records are merged into the run's."""
         in_points = in_points or bool(execution.point)
         point_dir = self.run_.path / "points" / execution.key
-        failures, sources, not_run, measured, benchmarks = case_outcomes(point_dir if in_points else self.run_.path, since)
-        if failures and status == "ok":
-            status = "partial" if measured else FAILED  # nothing measured at all: not a partial answer
-            error = f"{len(failures)} case(s) failed: " + "; ".join(failures[:3]) + (" ..." if len(failures) > 3 else "")
+        outcomes = case_outcomes(point_dir if in_points else self.run_.path, since)
+        failures, sources, not_run, benchmarks = outcomes.failures, outcomes.sources, outcomes.not_run, outcomes.benchmarks
+        if status == "ok":
+            status, error = outcomes.judged()
         if in_points:
             try:
                 _merge_point_records(self.run_, execution, point_dir)

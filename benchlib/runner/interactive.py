@@ -32,13 +32,12 @@ def finish_notebook(run: Run) -> Path | None:
     from benchlib.report.page import write_report
 
     ended = now_iso()
-    failures, sources, not_run, measured, _ = case_outcomes(run.path, since=0.0)
+    outcomes = case_outcomes(run.path, since=0.0)
+    failures, sources, not_run = outcomes.failures, outcomes.sources, outcomes.not_run
     for name, entry in run.info.get("notebooks", {}).items():
         if entry.get("status") != RUNNING:
             continue
-        status = ("partial" if measured else "failed") if failures else "ok"
-        error = (f"{len(failures)} case(s) failed: " + "; ".join(failures[:3]) + (" ..." if len(failures) > 3 else "")
-                 if failures else None)
+        status, error = outcomes.judged()
         duration = (datetime.fromisoformat(ended) - datetime.fromisoformat(entry["started_at"])).total_seconds()
         run.record_notebook(name, status=status, ended_at=ended, duration_s=round(duration, 3), error=error,
                             failed_cases=failures, not_run_cases=not_run, data_source="+".join(sources) or None)

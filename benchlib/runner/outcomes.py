@@ -16,6 +16,7 @@ from benchlib.runner.notebooks import NotebookSpec
 
 EXIT_INTERRUPTED = 130
 FAILED_CASE_METRIC = "failed"  # the status records a workload saves for a case that failed
+NOT_APPLICABLE = "not_applicable"  # ... and for an engine that cannot run a case, with its reason
 NOT_RUN_CASE_METRIC = "not_run"  # ... and for a case the --budget left no time for
 
 
@@ -80,11 +81,25 @@ class CaseOutcomes(NamedTuple):
     not_run: int
     measured: int = 0
     benchmarks: tuple[str, ...] = ()
+    inapplicable: tuple[str, ...] = ()  # 'engine (case): why it does not apply', one per not-applicable case
+
+    def judged(self) -> tuple[str, str | None]:
+        """The notebook's status and error, where it ran to its end: `partial` where cases failed and some
+        measured, `failed` where they failed and none did, or where nothing was measured because no engine asked
+        applies (a misspelt checkpoint target, an engine the device lacks: never `ok`), else `ok`."""
+        if self.failures:
+            return ("partial" if self.measured else "failed",
+                    f"{len(self.failures)} case(s) failed: " + "; ".join(self.failures[:3])
+                    + (" ..." if len(self.failures) > 3 else ""))
+        if not self.measured and self.inapplicable:
+            return "failed", ("nothing was measured: no engine asked applies (" + "; ".join(self.inapplicable[:3])
+                              + (" ..." if len(self.inapplicable) > 3 else "") + ")")
+        return "ok", None
 
 
 def case_outcomes(run_path: Path, since: float) -> CaseOutcomes:
     """`CaseOutcomes` from the record fragments a notebook wrote since `since`."""
-    failures, sources, not_run, measured, benchmarks = [], [], 0, 0, []
+    failures, sources, not_run, measured, benchmarks, inapplicable = [], [], 0, 0, [], []
     for fragment in sorted((run_path / "records").glob("*.parquet")):
         if fragment.stat().st_mtime < since:
             continue
@@ -98,10 +113,14 @@ def case_outcomes(run_path: Path, since: float) -> CaseOutcomes:
         for row, row_params in zip(frame[frame["metric"] == FAILED_CASE_METRIC].itertuples(), params[frame["metric"] == FAILED_CASE_METRIC]):
             message = (row_params.get("message") or "").strip().splitlines()
             failures.append(f"{row.variant} ({row.case}): {message[0][:200] if message else 'failed'}")
+        for row, row_params in zip(frame[frame["metric"] == NOT_APPLICABLE].itertuples(),
+                                   params[frame["metric"] == NOT_APPLICABLE]):
+            inapplicable.append(f"{row.variant} ({row.case}): {(row_params.get('message') or 'not applicable')[:200]}")
         sources += [source for source in dict.fromkeys(params.map(lambda p: p.get("data"))) if isinstance(source, str)]
         not_run += int((frame["metric"] == NOT_RUN_CASE_METRIC).sum())
         measured += int((~frame["metric"].isin(STATUSES)).sum())
-    return CaseOutcomes(failures, list(dict.fromkeys(sources)), not_run, measured, tuple(benchmarks))
+    return CaseOutcomes(failures, list(dict.fromkeys(sources)), not_run, measured, tuple(benchmarks),
+                        tuple(inapplicable))
 
 
 def last_duration(root: Path, notebook: str, quick: bool) -> float | None:

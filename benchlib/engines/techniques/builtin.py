@@ -92,7 +92,7 @@ class Checkpoint(Technique):
     def not_applicable(self, model, facts) -> str | None:
         if self.modules:
             missing = [path for path in self.modules if not _has_module(model, path)]
-            return (f"the model ({type(model).__name__}) has no module {', '.join(missing)}; its blocks: "
+            return (f"the model ({type(model).__name__}) has no module {module_spec(missing)}; its blocks: "
                     f"{module_spec(checkpoint_blocks(model)) or 'none'}") if missing else None
         if checkpoint_targets(model):
             return None
