@@ -69,10 +69,10 @@ def test_case_outcomes_read_failures_and_data_sources_from_the_records_a_noteboo
                                    params={"message": "boom\ntraceback..."}, **common),
                        make_record(case="c3", engine="g", metric="not_run", value=1.0,
                                    params={"message": "the budget ran out"}, **common)], "b")
-    failures, sources, not_run, measured, benchmarks = case_outcomes(run_.path, since)
+    failures, sources, not_run, measured, benchmarks, inapplicable = case_outcomes(run_.path, since)
     assert failures == ["f (c2): boom"] and sources == ["synthetic"] and not_run == 1 and measured == 1
-    assert benchmarks == ("b",)
-    assert case_outcomes(run_.path, time.time() + 60) == ([], [], 0, 0, ())  # earlier notebooks' fragments are not read
+    assert benchmarks == ("b",) and inapplicable == ()
+    assert case_outcomes(run_.path, time.time() + 60) == ([], [], 0, 0, (), ())  # earlier notebooks' fragments: unread
 
 
 # ---------------------------------------------------------------- refused while planning
