@@ -329,6 +329,7 @@ def test_each_cell_sees_its_own_peak_memory_not_what_earlier_cells_freed(tensors
         assert result.peak_bytes >= adam_state_bytes, (result.peak_bytes, adam_state_bytes)
 
 
+@pytest.mark.serial  # compares this process's allocation counts of two cells: an xdist worker's thread adds to one
 def test_run_grid_labels_every_record_with_the_synthetic_data_source(data):
     seen = []
     results = E.run_grid(data, device=CPU, config=SMALL,
