@@ -89,7 +89,7 @@ def trace_workers(engines: int) -> int:
 
 def predicted_engines(model_file, engines: Sequence[str], values: Mapping[str, Any], scale: str, limit: float,
                       gpu: str = DEFAULT_GPU) -> dict[str, dict]:
-    """`predicted_engine` of every engine, all in one child that reads the file once and traces `trace_workers` engines
+    """`predicted.predict_engine` of every engine, all in one child that reads the file once and traces `trace_workers` engines
     at a time, each in a fork of its own (which imports nothing again), under the time limit of one engine's
     prediction per round of them; a child that fails fails every engine's prediction, saying why."""
     import math

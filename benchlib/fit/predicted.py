@@ -214,11 +214,15 @@ def _replay(allocator: CachingAllocatorModel, log: list[tuple[object, int | None
     before, first, second = log[:starts[-2]], log[starts[-2]:starts[-1]], log[starts[-1]:]
     old = {key for key, _ in before}
     live, size = {}, {}
-    for index, (key, nbytes) in enumerate(first + second):
-        live[key] = nbytes is not None
-        size[key] = nbytes if nbytes is not None else size.get(key)
-        if index == len(first) - 1:
-            kept_by_first = {key for key, alive in live.items() if alive}
+
+    def walk(events: list) -> None:
+        for key, nbytes in events:
+            live[key] = nbytes is not None
+            size[key] = nbytes if nbytes is not None else size.get(key)
+
+    walk(first)
+    kept_by_first = {key for key, alive in live.items() if alive}
+    walk(second)
     born_first = list(dict.fromkeys(key for key, nbytes in first if nbytes is not None and key not in old))
     born_second = list(dict.fromkeys(key for key, nbytes in second if nbytes is not None and key not in old
                                      and key not in born_first))
@@ -290,7 +294,7 @@ def largest_fitting(reserved: Callable[[int], int], traced: dict[int, int], limi
 
 def predict_engine(model_file, engine: str, values: Mapping[str, Any], scale: str, limit: float,
                    world_size: int = 1, gpu: str = DEFAULT_GPU) -> dict:
-    """One engine's prediction on the GPU `gpu` names, in the child that read the file (`in_child.predicted_engine`):
+    """One engine's prediction on the GPU `gpu` names, in a fork of the child that read the file (`in_child.predicted_engines`):
     its reserved peaks (rank 0's of `world_size`) traced at the grid's ends, then where the search for the largest
     value under `limit` asks (`largest_fitting`); as JSON: `traced` (value -> reserved), `largest`, `reach` (how far
     the search traced, None: unbounded), `unseen`, `attention` (the kernels CUDA would run), `assumed` (the larger
