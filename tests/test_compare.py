@@ -3,6 +3,8 @@
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from benchlib.records import Run, make_record
 from benchlib.analysis.compare import compare_records, compare_runs
@@ -77,6 +79,25 @@ def test_trial_values_take_one_median_per_trial_and_every_row_without_trials():
     plain = pd.DataFrame([make_record(benchmark="b", case="c", engine="torch", device="cpu", dtype="float64",
                                       metric="time", value=v, unit="s", repeat=i) for i, v in enumerate([1.0, 2.0])])
     assert trial_values(plain).tolist() == [1.0, 2.0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["step", "v2"]), st.sampled_from(["torch", "torch-autocast"]),
+                          st.sampled_from(["time", "peak_bytes"]), st.one_of(st.none(), st.integers(0, 3)),
+                          st.floats(0, 1e6)), min_size=1, max_size=40))
+def test_trial_values_of_every_group_in_one_pass_are_each_groups_trial_values_in_order(rows):
+    from benchlib.analysis.compare import trial_values, trial_values_by
+
+    frame = pd.DataFrame([make_record(benchmark="b", case=case, engine=engine, device="cpu", dtype="float32",
+                                      metric=metric, value=value, unit="s" if metric == "time" else "B", repeat=i,
+                                      params={} if trial is None else {"trial": trial})
+                          for i, (case, engine, metric, trial, value) in enumerate(rows)])
+    keys = ["case", "variant", "metric"]
+    expected = {key: trial_values(group) for key, group in frame.groupby(keys, sort=False)}
+    found = trial_values_by(frame, keys)
+    assert found.keys() == expected.keys()
+    for key, values in expected.items():
+        assert found[key].tolist() == values.tolist(), key
 
 
 def test_noise_table_flags_a_planted_outlier_and_a_loaded_start_but_not_steady_trials():

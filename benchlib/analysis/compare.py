@@ -6,6 +6,7 @@ grouped by are named once, in `KEY_COLUMNS`, `VALUE_COLUMN` and `UNIT_COLUMN`.
 
 from __future__ import annotations
 
+import functools
 import json
 import textwrap
 import math
@@ -103,16 +104,38 @@ def trial_values(group: pd.DataFrame) -> np.ndarray:
     """One value per independent trial: the median of each case's trial's rows (repeats, steps) when the
     rows' params name their `trial`, else every row's value (rows of one process are then the sample)."""
     values = group[VALUE_COLUMN].to_numpy(float)
-    if not has_trials(group):
+    trials = group["params"].map(_trial_of)
+    if group.empty or trials.isna().any():
         return values
-    trials = group["params"].map(lambda params: json.loads(params).get("trial"))
     return group.groupby([group["case"].to_numpy(), trials.to_numpy()])[VALUE_COLUMN].median().to_numpy(float)
+
+
+def trial_values_by(records: pd.DataFrame, keys: list[str]) -> dict[tuple, np.ndarray]:
+    """`trial_values` of each group of `records` by `keys`, in one pass over the frame: the summary and the report
+    read every engine's every metric, where a groupby per group cost milliseconds each."""
+    if records.empty:
+        return {}
+    trials = records["params"].map(_trial_of)
+    frame = records.assign(_trial=trials.to_numpy(), _untrialed=trials.isna().to_numpy())
+    untrialed = frame.groupby(keys, sort=False)["_untrialed"].transform("any").to_numpy(bool)
+    medians = frame[~untrialed].groupby([*keys, "case", "_trial"] if "case" not in keys else [*keys, "_trial"],
+                                        sort=True)[VALUE_COLUMN].median()
+    values = {key: group.to_numpy(float) for key, group in medians.groupby(level=list(range(len(keys))), sort=False)}
+    for key, group in frame[untrialed].groupby(keys, sort=False):
+        values[key] = group[VALUE_COLUMN].to_numpy(float)
+    return {key if isinstance(key, tuple) else (key,): value for key, value in values.items()}
 
 
 def has_trials(group: pd.DataFrame) -> bool:
     """Whether every row names its `trial`: then the trials, not the rows, are independent samples."""
-    trials = group["params"].map(lambda params: json.loads(params).get("trial") if params else None)
-    return not group.empty and not trials.isna().any()
+    return not group.empty and not group["params"].map(_trial_of).isna().any()
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _trial_of(params: str) -> int | None:
+    """The trial a row's params name; one trial's rows share one params text, so each text is parsed once (the
+    summary and the report read every metric's trials: parsing each row's JSON was most of their time)."""
+    return json.loads(params).get("trial") if params else None
 
 
 def _mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float:

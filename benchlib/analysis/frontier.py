@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from benchlib.analysis.compare import trial_values
+from benchlib.analysis.compare import trial_values_by
 from benchlib.records.metrics import GRAD_UNCHECKED_METRIC
 from benchlib.analysis.stats import median_interval
 from benchlib.units import format_bytes
@@ -47,12 +47,13 @@ def frontier_frame(records: pd.DataFrame) -> pd.DataFrame:
     and the time per step with their intervals, whether its gradient was checked, and whether it is on the
     frontier (no other checked engine has a lower or equal peak and time, one of them lower; medians)."""
     rows = []
+    trials = trial_values_by(records, ["case", "variant", "metric"])
     for case, of_case in records.groupby("case", sort=False):
         samples, checked = {}, {}
         for engine, group in of_case.groupby("variant", sort=False):
             if (group["metric"] == "failed").any():
                 continue
-            metrics = {metric: trial_values(rows_of) for metric, rows_of in group.groupby("metric")}
+            metrics = {metric: trials[case, engine, metric] for metric in sorted(group["metric"].unique())}
             if "time" in metrics and "peak_bytes" in metrics:
                 samples[engine] = metrics
                 checked[engine] = GRAD_UNCHECKED_METRIC not in metrics

@@ -15,7 +15,7 @@ from benchlib.units import format_bytes, format_seconds
 from benchlib.records.metrics import COMPILE_COLUMN, COMPILE_METRIC, MODULE_METRIC
 from benchlib.analysis.ranks import rank_table, ranks_words
 from benchlib.analysis.modules import holder_words, largest_holder, module_table, module_totals
-from benchlib.analysis.compare import trial_values
+from benchlib.analysis.compare import trial_values_by
 from benchlib.analysis.frontier import TRACKED, deciding_peak, frontier_frame, median_with_interval
 from benchlib.report.page import SUMMARY_COLUMN
 from benchlib.analysis.stats import noise_flags, ratio_of_medians
@@ -248,11 +248,13 @@ def summary_table(records: pd.DataFrame) -> pd.DataFrame:
     versions = list(dict.fromkeys(records["case"]))
     samples, rows = {}, []
     width = max((ENGINE_WIDTH, *map(len, records["variant"].dropna().astype(str))))
+    measured = records[records["metric"] != MODULE_METRIC]
+    trials = trial_values_by(measured, ["case", "variant", "metric"])
     for version in versions:
         group = records[records["case"] == version]
         samples[version] = {}
-        for engine, of_engine in group[group["metric"] != MODULE_METRIC].groupby("variant", sort=False):
-            metrics = {metric: trial_values(rows_of) for metric, rows_of in of_engine.groupby("metric")}
+        for engine, of_engine in measured[measured["case"] == version].groupby("variant", sort=False):
+            metrics = {metric: trials[version, engine, metric] for metric in sorted(of_engine["metric"].unique())}
             if "time" in metrics and "peak_bytes" in metrics:
                 samples[version][engine] = metrics
         prefix = f"{version}: " if len(versions) > 1 else ""

@@ -75,7 +75,7 @@ def ratio_frame(records: pd.DataFrame, *, metric: str, baseline: str, by: Sequen
 
     Ratios are taken within one frame (one run), as the design asks: never against typed-in numbers.
     """
-    from benchlib.analysis.compare import trial_values
+    from benchlib.analysis.compare import trial_values_by
     from benchlib.analysis.stats import ratio_of_medians
 
     by = list(by)
@@ -89,7 +89,7 @@ def ratio_frame(records: pd.DataFrame, *, metric: str, baseline: str, by: Sequen
     base = medians[medians["variant"] == baseline].drop(columns="variant").rename(columns={"value": "baseline_value"})
     ratios = medians.merge(base, on=by, how="left")
     ratios["ratio"] = ratios["value"] / ratios["baseline_value"]
-    samples = {key: trial_values(group) for key, group in rows.groupby(by + ["variant"], sort=False)}
+    samples = trial_values_by(rows, by + ["variant"])
     intervals = []
     for row in ratios.itertuples(index=False):
         key = tuple(getattr(row, name) for name in by)
