@@ -288,7 +288,7 @@ def gpu_question(memory: Any, predicted: bool, device: str) -> tuple[Any, str]:
 def _predict_all(model_file, fits: list[EngineFit], values: dict, scale: str, limit: float, device: str,
                 progress: Callable[[str], None], gpu: str) -> FitResult:
     """`fit`'s answer on a machine without a GPU (`fits`: the engines, with the plan's reasons already set): each
-    engine predicted (`predicted.predict_engine`), one per core at a time (`in_child.predicted_engines`), and the
+    engine predicted (`predicted.predict_engine`), side by side (`in_child.predicted_engines`), and the
     size model of its traced points recorded with its check error."""
     from benchlib.fit.cuda_policy import emulated
     from benchlib.fit.predicted import BASIS, TRACE_TOLERANCE
@@ -304,7 +304,7 @@ def _predict_all(model_file, fits: list[EngineFit], values: dict, scale: str, li
     traced = [engine_fit for engine_fit in fits if not engine_fit.reason]
     if len(traced) > 1:
         progress(f"{model_file.name}: tracing {len(traced)} engines, {in_child.trace_workers(len(traced))} at a time "
-                 "(one per core)")
+                 f"on {in_child.usable_cores()} cores")
     predictions = in_child.predicted_engines(model_file, [engine_fit.engine for engine_fit in traced], values, scale,
                                              limit, gpu)
     for engine_fit in traced:
