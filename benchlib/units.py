@@ -30,7 +30,7 @@ def format_bytes(nbytes: int) -> str:
     sign = "-" if nbytes < 0 else ""
     nbytes = abs(nbytes)
     if nbytes < 1000:
-        return f"{sign}{nbytes} bytes"
+        return f"{sign}{nbytes} {'byte' if nbytes == 1 else 'bytes'}"
     for unit in ("kB", "MB", "GB", "TB"):
         nbytes /= 1000
         if nbytes < 1000 or unit == "TB":

@@ -190,6 +190,7 @@ def test_the_quick_search_measures_fewer_points_steps_and_holds_and_still_confir
     (["--memory", "1 GB", "--scale", "n", "--margin", "lots"], "--margin 'lots': a share of the limit"),
     (["--memory", "1 GB", "--scale", "n", "--margin", "100%"], "--margin 1: a share of the limit kept free"),
     (["--memory", "lots", "--scale", "n"], "not a memory size"),
+    (["--memory", "0", "--scale", "n"], "--memory 0: nothing fits in no memory"),
     (["--memory", "1 GB", "--scale", "batch"], "'batch' is not a parameter of tiny.py; its parameters: width, n"),
     (["--memory", "1 GB", "--scale", "n", "--engines", "torch,jax"], "--engines: 'jax' is no technique; valid: torch"),
     (["--memory", "1 GB", "--scale", "n", "-p", "n=2"], "only 2 distinct values"),

@@ -88,6 +88,19 @@ def test_totals_that_do_not_grow_are_measured_farther_out_and_never_answer_any_v
     assert "its batch alone would take it to the limit at n=" in lines  # 16 bytes a sample: near 6.3 million
 
 
+def test_flat_totals_over_the_limit_never_name_a_value_where_the_batch_would_reach_it(fit_children_here, tmp_path,
+                                                                                     monkeypatch):
+    def flat(_file, engine, values, _device, **_options):  # about 100 MB at every value, over a 50 MB limit
+        return StepOutcome(int(100 * MB + values["n"] * 10 + (values["n"] % 3) * 200_000), 1e-3)
+
+    monkeypatch.setattr(measured, "measure_step", flat)
+    result = fit(model_file(tmp_path), memory="50 MB", scale="n", engines=["torch"], params={"n": 64},
+                 search=NO_VERIFY, progress=lambda line: None)
+    lines = "\n".join(result.lines())
+    assert "does not fit at the smallest n measured" in lines
+    assert "would take it to the limit" not in lines  # it was a negative n: the limit lies below every total
+
+
 def test_totals_that_grow_farther_out_are_fitted_from_there(fit_children_here, tmp_path, monkeypatch):
     def late(_file, engine, values, _device, **_options):  # flat to 64; 1 kB a sample shows from 512 on
         return StepOutcome(int(100 * MB + values["n"] * 1000), 1e-3)

@@ -109,6 +109,9 @@ def ask(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | None
         limit = parse_bytes(memory)
     except ValueError as error:
         raise FitError(f"--memory: {error}") from None
+    if limit <= 0:
+        raise FitError(f"--memory {memory}: nothing fits in no memory; give the size a step must fit in, as 8GiB or "
+                       "'0.5 GB'")
     if not 0.0 <= margin < 1.0:
         raise FitError(f"--margin {margin:g}: a share of the limit kept free, from 0 (none) up to below 1 (e.g. 10%)")
     run_only = sorted(set(params or {}) & RUN_ONLY)

@@ -178,7 +178,7 @@ def until_it_grows(engine_fit: EngineFit, model_file, values: dict, scale: str, 
     if grows(points):
         return
     low, high = points[0], max(points)
-    reach = "" if per_unit <= 0 else (f"; its batch alone would take it to the limit at {scale}="
+    reach = "" if per_unit <= 0 or high[1] >= limit else (f"; its batch alone would take it to the limit at {scale}="
                                       f"{int(high[0] + (limit - high[1]) / per_unit)}")
     engine_fit.flat = (f"its total does not measurably grow from {scale}={low[0]} to {high[0]} ({format_bytes(low[1])} "
                        f"to {format_bytes(high[1])}: less than the {100 * GROWTH_RESOLUTION:.0f}% fresh processes' "
