@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from benchlib.fit.asking import FitError
@@ -27,12 +28,15 @@ def call_in_child(function: str, model_file, what: str, timeout_s: float | None 
     door of every fit child, which tests of fit's search replace to call the function in their own process."""
     from benchlib.measure import CaseFailed, CaseNotApplicable
     from benchlib.measure.isolation import call_isolated
+    from benchlib.usermodel.loader import top_level_imports
     from benchlib.usermodel.reading import timeout_s as form_check_timeout
 
     limit = timeout_s or getattr(model_file, "timeout_s", None) or form_check_timeout()
+    preload = ("torch", *top_level_imports(Path(model_file.path)))  # one template imports the file's packages
+    # (transformers: 6 s) for all of fit's children, as a measured step's template does
     try:
         return call_isolated(f"{__name__}:{function}", {"path": str(model_file.path), **params},
-                             name=f"{model_file.name} {what}", timeout_s=limit, preload=("torch",))
+                             name=f"{model_file.name} {what}", timeout_s=limit, preload=preload)
     except (CaseFailed, CaseNotApplicable) as failed:
         raise ChildFailed(f"{what}: {failed.reason}") from None
 
