@@ -223,3 +223,65 @@ def test_the_documented_technique_is_measured_checked_and_combined(tmp_path):
     combined = records[(records["variant"] == joined) & (records["metric"] == "peak_bytes")]["params"].map(json.loads)
     assert len(combined) and all(params["techniques"] == ["torch-microbatch", "half-saved"]
                                  and params["microbatches"] == 2 for params in combined)
+
+
+FAULTY = '''import torch
+from torch import nn
+
+from benchlib.engines.techniques import Technique
+
+
+class Faulty(Technique):
+    description = "a technique whose own check raises"
+
+    def not_applicable(self, model, facts):
+        raise KeyError("no such layer")
+
+
+class RefusesBadly(Technique):
+    description = "a technique whose refusal check raises"
+
+    def refuses(self, other):
+        return 1 / 0
+
+
+TECHNIQUES = {"faulty": Faulty, "refuses-badly": RefusesBadly}
+PARAMETERS = {"n": 8}
+
+
+def model(n):
+    return nn.Linear(4, 2)
+
+
+def batch(n):
+    return torch.randn(n, 4), torch.randn(n, 2)
+
+
+def loss(model, x, y):
+    return nn.functional.mse_loss(model(x), y)
+'''
+
+
+def test_a_technique_whose_own_hook_raises_fails_its_steps_alone_and_names_itself(tmp_path):
+    from benchlib.measure import resolve_device
+    from benchlib.usermodel.loader import read_model_file
+    from benchlib.usermodel.measuring import TORCH_FORM
+
+    path = tmp_path / "faulty_model.py"
+    path.write_text(FAULTY)
+    engines = [TORCH, TORCH_AUTOCAST, "faulty", f"{TORCH_AUTOCAST}+faulty", f"{TORCH_AUTOCAST}+refuses-badly"]
+    facts = TORCH_FORM.facts(read_model_file(path), {"n": 8}, resolve_device("cpu"), engines, {})
+    assert set(facts.failed) == {"faulty", f"{TORCH_AUTOCAST}+faulty", f"{TORCH_AUTOCAST}+refuses-badly"}
+    assert facts.failed["faulty"] == "technique faulty: its not_applicable raised KeyError: 'no such layer'"
+    assert facts.failed[f"{TORCH_AUTOCAST}+refuses-badly"].startswith(
+        "technique refuses-badly: its refuses raised ZeroDivisionError")
+    assert not facts.reasons  # eager torch and autocast alone apply, and run
+
+
+def test_a_technique_whose_changes_or_needs_are_not_sets_of_their_members_is_refused_naming_it():
+    class Listed(Technique):
+        changes = ["saving"]
+
+    with pytest.raises(CombinationError, match=r"technique 'listed': changes must be a frozenset of Aspect members "
+                                               r"\(FORWARD, SAVING, .*\), got \['saving'\]"):
+        technique_registry({"listed": Listed})

@@ -15,7 +15,7 @@ from typing import Any
 from benchlib.benchmark import Config
 from benchlib.engines import case_imports
 from benchlib.engine_names import COMBINED
-from benchlib.engines.techniques import (COMPILING, REFERENCE, SWEEP, BUILTIN, Aspect, StepFacts,
+from benchlib.engines.techniques import (COMPILING, REFERENCE, SWEEP, BUILTIN, Aspect, StepFacts, TechniqueFault,
                                          TechniqueOptions, added_combinations, combine, technique_registry)
 from benchlib.engines.module_memory import DEFAULT_DEPTH
 from benchlib.engines.techniques.modules import stochastic_modules
@@ -41,6 +41,7 @@ class EngineFacts:
     engine_dtypes: dict[str, str] = field(default_factory=dict)  # engine -> the dtype it computes in, where not
     # `dtype` (autocast): its records carry it, and its gradient is judged with that dtype's tolerance
     regroups_optimizer: dict[str, str] = field(default_factory=dict)  # engine -> why its optimizer step is its own
+    failed: dict[str, str] = field(default_factory=dict)  # engine -> which of its techniques' own code raised
 
 
 @dataclass(frozen=True)
@@ -72,14 +73,19 @@ def _torch_facts(model_file: ModelFile, values: dict, device, engines, options: 
     first = next(model.parameters(), None)
     registry = technique_registry(model_file.techniques)
     reasons, params, dtypes, regroups = {}, {}, {}, {}
+    failed = {}
     for engine in engines:
-        combination = combine(engine, registry, TechniqueOptions.from_json(options))
-        ranks = world_size if placed(combination) else 1
-        facts = StepFacts(model_file.optimizer is not None, model_file.step is not None, device.kind, ranks)
-        reason = combination.not_applicable(model, facts)
+        try:
+            combination = combine(engine, registry, TechniqueOptions.from_json(options))
+            ranks = world_size if placed(combination) else 1
+            facts = StepFacts(model_file.optimizer is not None, model_file.step is not None, device.kind, ranks)
+            reason = combination.not_applicable(model, facts)
+            params[engine] = combination.params(model)
+        except TechniqueFault as fault:  # that technique's steps fail, saying so; the others run
+            failed[engine] = str(fault)
+            continue
         if reason is not None:
             reasons[engine] = reason
-        params[engine] = combination.params(model)
         if combination.computes_in:
             dtypes[engine] = combination.computes_in
         if combination.regroups_optimizer:
@@ -87,7 +93,7 @@ def _torch_facts(model_file: ModelFile, values: dict, device, engines, options: 
     stochastic = stochastic_modules(model)
     return EngineFacts(reasons, str(first.dtype).removeprefix("torch.") if first is not None else "float32", params,
                 {"stochastic_modules": stochastic} if stochastic else {}, engine_dtypes=dtypes,
-                regroups_optimizer=regroups)
+                regroups_optimizer=regroups, failed=failed)
 
 
 def _torch_imports(model_file: ModelFile, engine: str, options: dict) -> tuple[str, ...]:
@@ -248,7 +254,9 @@ class _ModelRun:
                         trial_params=facts.engine_params.get(engine, {}),
                         regroups_optimizer=facts.regroups_optimizer.get(engine),
                         judges_own_gradient=engine in self.on_ranks)
-            if engine in facts.reasons:
+            if engine in facts.failed:
+                loop.note(unit, "failed", facts.failed[engine])
+            elif engine in facts.reasons:
                 loop.note(unit, status, facts.reasons[engine])
             else:
                 units.append(unit)

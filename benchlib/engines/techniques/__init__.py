@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from benchlib.engine_names import (COMBINED, DEFAULT_COMBINATIONS, REFERENCE, TORCH, TORCH_COMPILE,
                                    TORCH_COMPILE_BUDGETS)
 from benchlib.engines.techniques.base import (Aspect, Combination, CombinationError, Need, StepFacts, Technique,
-                                              TechniqueOptions, combine, refusal)
+                                              TechniqueFault, TechniqueOptions, combine, refusal)
 from benchlib.engines.techniques.builtin import BUILTIN
 from benchlib.engines.techniques.parallel import PARALLEL
 from benchlib.engines.techniques.step import Step
@@ -28,7 +28,8 @@ COMPILING = (TORCH_COMPILE, *TORCH_COMPILE_BUDGETS)  # set-ups that compile: sec
 ALL, DEFAULT, NONE = "all", "default", "none"  # which combinations a model file's run adds (-p combinations=)
 COMBINATION_CHOICES = (DEFAULT, ALL, NONE)
 
-__all__ = ["Aspect", "Combination", "CombinationError", "Need", "Step", "StepFacts", "Technique", "TechniqueOptions",
+__all__ = ["Aspect", "Combination", "CombinationError", "Need", "Step", "StepFacts", "Technique", "TechniqueFault",
+           "TechniqueOptions",
            "BUILTIN", "PARALLEL", "REFERENCE", "SWEEP", "COMPILING", "COMBINATION_CHOICES", "technique_registry", "combine",
            "added_combinations", "check_technique", "stand_in"]
 
@@ -45,6 +46,12 @@ def check_technique(name: str, technique: object, source: str) -> type[Technique
         raise CombinationError(f"{source}: {name!r} is benchlib's own technique; give yours another name")
     if technique.name and technique.name != name:
         raise CombinationError(f"{source}: {name!r} maps to {technique.__name__}, whose name is {technique.name!r}")
+    for attribute, members in (("changes", Aspect), ("needs", Need)):
+        value = getattr(technique, attribute)
+        if not isinstance(value, (set, frozenset)) or not all(isinstance(member, members) for member in value):
+            raise CombinationError(f"{source}: technique {name!r}: {attribute} must be a frozenset of "
+                                   f"{members.__name__} members ({', '.join(member.name for member in members)}), "
+                                   f"got {value!r}")
     if not technique.name:  # a class named only by the mapping that registers it
         technique = type(technique.__name__, (technique,), {"name": name})
     return technique
@@ -82,8 +89,13 @@ def stand_in(name: str, aspects: Iterable[str]) -> type[Technique]:
 
 
 def _valid(names: Iterable[str], registry: Mapping[str, type[Technique]]) -> bool:
+    """Whether the techniques join; a join whose `refuses` raises is not added (the engines that name that
+    technique fail, saying which hook raised)."""
     parts = [registry[name]() for name in names]
-    return all(refusal(first, second) is None for first, second in itertools.combinations(parts, 2))
+    try:
+        return all(refusal(first, second) is None for first, second in itertools.combinations(parts, 2))
+    except TechniqueFault:
+        return False
 
 
 def added_combinations(which: str, registry: Mapping[str, type[Technique]], named: Iterable[str] = ()) -> list[str]:

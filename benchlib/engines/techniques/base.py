@@ -180,6 +180,22 @@ class CombinationError(ValueError):
     """A technique name that is not one, or techniques that cannot join; the message says what is valid."""
 
 
+class TechniqueFault(RuntimeError):
+    """One technique's own hook raised: a fault of that technique, which fails the steps it is part of, never the
+    others' nor the model file's."""
+
+    def __init__(self, technique: Technique, hook: str, error: BaseException):
+        super().__init__(f"technique {technique.name}: its {hook} raised {type(error).__name__}: {first_line(error)}")
+
+
+def _hook(technique: Technique, hook: str, *args: Any) -> Any:
+    """`technique.hook(*args)`, a raise in it a `TechniqueFault` naming the technique."""
+    try:
+        return getattr(technique, hook)(*args)
+    except Exception as error:  # noqa: BLE001 - any raise in a technique's own code is that technique's fault
+        raise TechniqueFault(technique, hook, error) from error
+
+
 @dataclass(frozen=True)
 class Combination:
     """The techniques one step runs, in the registry's order (its name is theirs joined by `+`)."""
@@ -245,7 +261,7 @@ class Combination:
     def not_applicable(self, model: torch.nn.Module, facts: StepFacts) -> str | None:
         """Why this step cannot run on `model` (the first part that cannot, named where there are several)."""
         for part in self.parts:
-            reason = _needs_missing(part, model, facts) or part.not_applicable(model, facts)
+            reason = _needs_missing(part, model, facts) or _hook(part, "not_applicable", model, facts)
             if reason is None and facts.has_step and not part.runs_file_step:
                 reason = (f"the file's step(model, optimizer, *batch) runs its own forward and backward (and its "
                           f"optimizer's step); {part.name} ({part.description}) cannot run that step as written")
@@ -256,7 +272,7 @@ class Combination:
     def params(self, model: torch.nn.Module) -> dict:
         params: dict = {"techniques": [part.name for part in self.parts]} if self.combined else {}
         for part in self.parts:
-            params.update(part.params(model))
+            params.update(_hook(part, "params", model))
         return params
 
     def limit(self, error: BaseException) -> str | None:
@@ -289,7 +305,7 @@ def refusal(first: Technique, second: Technique) -> str | None:
     if shared:
         what = ", ".join(sorted(aspect.value for aspect in shared))
         return f"{first.name} and {second.name} both change {what}"
-    return first.refuses(second) or second.refuses(first)
+    return _hook(first, "refuses", second) or _hook(second, "refuses", first)
 
 
 def _bracketed(part: str) -> tuple[str, tuple[str, ...] | None]:
