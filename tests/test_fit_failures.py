@@ -154,3 +154,18 @@ def test_an_answer_no_value_held_in_every_process_is_said_not_confirmed(fit_chil
     lines = "\n".join(result.lines())
     assert "not confirmed: no value held the limit" in lines.splitlines()[0]
     assert "confirmed: measured" not in lines and "measured to confirm it" not in lines
+
+
+def test_no_engine_fits_says_how_many_were_measured_and_how_many_could_not_be(fit_children_here, tmp_path,
+                                                                               monkeypatch):
+    def over(_file, engine, values, _device, **_options):  # torch over the limit; autocast's step never runs
+        if engine != "torch":
+            return StepOutcome(reason="not applicable: on purpose")
+        return StepOutcome(int(100 * MB + values["n"] * MB), values["n"] * 1e-3)
+
+    monkeypatch.setattr(measured, "measure_step", over)
+    result = fit(model_file(tmp_path), memory="50 MB", scale="n", engines=["torch", "torch-autocast"],
+                 params={"n": 16}, search=NO_VERIFY, progress=lambda line: None)
+    (answer,) = result.answers()
+    assert answer == ("tiny: the one engine measured does not fit 50.00 MB (the process's resident high-water mark) "
+                      "even at the smallest n measured; 1 more could not be measured (each says why)")

@@ -200,8 +200,14 @@ class FitResult:
         if not any(fit.model is not None for fit in self.engines):
             return [f"{self.name}: no engine could be {'predicted' if self.predicted else 'measured'}; each says why"]
         if best is None:
-            return [f"{self.name}: no engine fits {limit} ({self.total}) even at the smallest {self.scale} "
-                    + ("traced" if self.predicted else "measured")]
+            done = "predicted" if self.predicted else "measured"
+            answered = sum(fit.model is not None for fit in self.engines)
+            unanswered = len(self.engines) - answered
+            head = "no engine fits" if not unanswered else (f"the one engine {done} does not fit" if answered == 1
+                                                             else f"none of the {answered} engines {done} fits")
+            return [f"{self.name}: {head} {limit} ({self.total}) even at the smallest {self.scale} "
+                    + ("traced" if self.predicted else "measured")
+                    + (f"; {unanswered} more could not be {done} (each says why)" if unanswered else "")]
         if self.predicted:
             lines = [f"{self.name}, {self.basis}: the largest {self.scale} under {limit} of CUDA reserved memory is "
                      f"{_value(best.largest)}{self._per_rank(best.largest)}, with {best.engine}",
