@@ -87,9 +87,10 @@ def get(name: str) -> Benchmark:
     return known[name]
 
 
-def resolve(name_or_path: str | Sequence[str]) -> Benchmark:
+def resolve(name_or_path: str | Sequence[str], checked: Mapping[str, str] | None = None) -> Benchmark:
     """A declared benchmark by name, else the benchmark the model file at that path declares (a list of
-    paths: versions of one NAME, one benchmark). A file whose NAME a declared benchmark already has is
+    paths: versions of one NAME, one benchmark; `checked`: the digests of file contents a form check already
+    passed, `usermodel.declare_model_files`). A file whose NAME a declared benchmark already has is
     refused (`RegistryError`), as a duplicate entry point is; a file the torch form refuses raises
     `benchlib.usermodel.ModelFileError`. Either way the benchmark comes registered (`Benchmark.register`)."""
     if isinstance(name_or_path, str) and (name_or_path in benchmarks() or not (
@@ -97,7 +98,7 @@ def resolve(name_or_path: str | Sequence[str]) -> Benchmark:
         return get(name_or_path)
     from benchlib.usermodel import load_model_files
 
-    benchmark = load_model_files([name_or_path] if isinstance(name_or_path, str) else name_or_path)
+    benchmark = load_model_files([name_or_path] if isinstance(name_or_path, str) else name_or_path, checked)
     refuse_declared_name(benchmark, name_or_path)
     return benchmark.register()
 

@@ -227,6 +227,23 @@ def benchlib(*args, cwd):
                           text=True, timeout=600)
 
 
+def test_a_content_a_form_check_passed_is_not_checked_again_and_an_edited_file_is(tmp_path):
+    """The runner's reading child checks the file; the kernel given that content's digest does not call it again."""
+    from benchlib.records.environment import file_digest
+    from benchlib.usermodel import load_model_files
+
+    counting = GOOD.replace("def loss(model, x, y):\n", "def loss(model, x, y):\n    CALLS.write_text(CALLS.read_text() + 'x')\n")
+    path = write(tmp_path, "from pathlib import Path\nCALLS = Path(__file__).with_name('calls.txt')\n" + counting)
+    calls = tmp_path / "calls.txt"
+    calls.write_text("")
+    load_model_files([path])
+    assert calls.read_text() == "x"  # checked: one loss call
+    load_model_files([path], checked={str(path.resolve()): file_digest(path)})
+    assert calls.read_text() == "x"  # the content already passed: not called again
+    load_model_files([path], checked={str(path.resolve()): "0" * 64})
+    assert calls.read_text() == "xx"  # another content (the file was edited since): checked again
+
+
 @pytest.mark.slow
 def test_a_model_file_runs_end_to_end_with_quick(tmp_path):
     write(tmp_path, GOOD + OPTIMIZER)
@@ -261,6 +278,10 @@ def test_a_model_file_runs_end_to_end_with_quick(tmp_path):
     assert provenance["path"] == str((tmp_path / "model.py").resolve())
     import hashlib
     assert provenance["sha256"] == hashlib.sha256((tmp_path / "model.py").read_bytes()).hexdigest()
+    executed = json.loads(next((run / "notebooks").iterdir()).read_text())  # the kernel was told what was checked
+    injected = "".join("".join(cell["source"]) for cell in executed["cells"]
+                       if "injected-parameters" in cell["metadata"].get("tags", []))
+    assert f'checked = {{"{(tmp_path / "model.py").resolve()}": "{provenance["sha256"]}"}}' in injected.replace("'", '"')
     summary = done.stdout[done.stdout.index("tiny:\n"):].splitlines()[1:5]  # the summary first, one line per engine
     assert [line.split()[0] for line in summary] == list(ENGINES)
     assert all(" peak +" in line and "/step" in line and "largest module " in line for line in summary)

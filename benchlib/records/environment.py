@@ -122,15 +122,20 @@ def _git(root: Path) -> dict[str, Any]:
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
 
+def file_digest(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes: which content of a model file a run measured, or a form check passed."""
+    import hashlib
+
+    return hashlib.sha256(Path(path).expanduser().read_bytes()).hexdigest()
+
+
 def file_provenance(path: str | os.PathLike) -> dict[str, Any]:
     """A file a run measured (a user's model file): its path, sha256, and the commit and dirty state of
     the git repository that holds it (None, with a note, outside one)."""
-    import hashlib
-
     path = Path(path).resolve()
     root = _command(["git", "rev-parse", "--show-toplevel"], cwd=path.parent) if shutil.which("git") else None
     git = _git(Path(root)) if root else {"commit": None, "dirty": None, "note": f"{path.parent} is not in a git repository"}
-    return {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+    return {"path": str(path), "sha256": file_digest(path),
             "git": {"root": root, **git}}
 
 

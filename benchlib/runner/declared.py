@@ -52,14 +52,15 @@ def headline_table(records: pd.DataFrame, metrics: tuple[str, ...]) -> pd.DataFr
 
 
 def run_declared(name: str | list[str], parameters: Mapping[str, Any], *, device: str = "auto",
-                 results_dir: str = "") -> Outcome:
-    """Measure benchmark `name` (or a model file's path, or the paths of versions of one) with `parameters` on `device` and save its results
-    into `results_dir`."""
+                 results_dir: str = "", checked: Mapping[str, str] | None = None) -> Outcome:
+    """Measure benchmark `name` (or a model file's path, or the paths of versions of one) with `parameters` on
+    `device` and save its results into `results_dir`; `checked`: the digests of model-file contents the runner's
+    form check passed (`registry.resolve`), not checked again."""
     from benchlib.measure import resolve_device
     from benchlib.measure.cuda_snapshot import snapshot_folder
     from benchlib.records.store import CUDA_SNAPSHOT_FOLDER
 
-    benchmark = registry.resolve(name)
+    benchmark = registry.resolve(name, checked)
     config = benchmark.config(parameters)
     resolved = resolve_device(device)
     run = Run.open(results_dir, device=resolved, config=config)

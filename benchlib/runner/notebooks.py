@@ -38,6 +38,8 @@ class NotebookSpec:
     path: Path
     has_quick: bool = True  # False: an undeclared notebook without a `quick` cell (--quick refuses it)
     sources: tuple[Path, ...] = ()  # the model file(s) a benchmark was loaded from (the kernel loads them again)
+    checked: tuple[tuple[str, str], ...] = ()  # (source, digest of the content the reading child's form check
+    # passed): the kernel does not check that content again
 
     @property
     def name(self) -> str:
@@ -66,7 +68,8 @@ class NotebookSpec:
         if self.path == DECLARED_NOTEBOOK:
             files = [str(source) for source in self.sources]
             benchmark = (files[0] if len(files) == 1 else files) if files else self.benchmark.name
-            return {"benchmark": benchmark, "parameters": config, **injected}
+            return {"benchmark": benchmark, "parameters": config, **({"checked": dict(self.checked)} if self.checked
+                                                                     else {}), **injected}
         return {**config, **injected}
 
 
@@ -142,6 +145,7 @@ def model_file_specs(groups: Sequence[Sequence[str]]) -> list[NotebookSpec]:
     """Each group of model files (paths ending in .py; several: versions of one NAME) as one benchmark run by
     the generic notebook, every group read and checked in one child process (`benchlib.usermodel.reading`:
     the user's code never runs in the runner's); the first refusal is raised, saying why."""
+    from benchlib.records.environment import file_digest
     from benchlib.usermodel.reading import declare_in_child
 
     for name in (name for group in groups for name in group):
@@ -152,6 +156,12 @@ def model_file_specs(groups: Sequence[Sequence[str]]) -> list[NotebookSpec]:
                               "(its bytes name no text: run.json, the records and the report are text); rename "
                               "the file") from None
     specs = []
+    digests = {}  # taken before the child reads the files: the content its form check passes
+    for name in (name for group in groups for name in group):
+        try:
+            digests[str(Path(name).expanduser().resolve())] = file_digest(name)
+        except OSError:  # the child names what is wrong with the file
+            pass
     for group, answer in zip(groups, declare_in_child(groups)):
         if isinstance(answer, Exception):
             raise RunnerError(str(answer)) from answer
@@ -159,8 +169,10 @@ def model_file_specs(groups: Sequence[Sequence[str]]) -> list[NotebookSpec]:
             registry.refuse_declared_name(answer, group[0] if len(group) == 1 else list(group))
         except DeclarationError as error:
             raise RunnerError(str(error)) from error
-        specs.append(NotebookSpec(answer, DECLARED_NOTEBOOK,
-                                  sources=tuple(Path(name).expanduser().resolve() for name in group)))
+        sources = tuple(Path(name).expanduser().resolve() for name in group)
+        specs.append(NotebookSpec(answer, DECLARED_NOTEBOOK, sources=sources,
+                                  checked=tuple((str(source), digests[str(source)]) for source in sources
+                                                if str(source) in digests)))
     return specs
 
 
@@ -203,7 +215,8 @@ def select_notebooks(names: Sequence[str], notebooks_dir: Path | None = None) ->
                 if len(set(paths)) < len(paths):
                     raise RunnerError(f"{name} is given twice")
                 versions.setdefault(spec.name, [str(source) for source in selected[spec.name].sources]).append(name)
-                spec = NotebookSpec(spec.benchmark, spec.path, sources=tuple(paths))
+                spec = NotebookSpec(spec.benchmark, spec.path, sources=tuple(paths),
+                                    checked=(*selected[spec.name].checked, *spec.checked))
             selected[spec.name] = spec
             continue
         if os.sep in name or (os.altsep and os.altsep in name) or (name.endswith(".ipynb") and path.is_file()):

@@ -5,7 +5,7 @@ by their defaults, checked by one loss call at the QUICK values, declared (`decl
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from benchlib.benchmark import Benchmark, DeclarationError, Parameter, ParameterError
@@ -20,6 +20,7 @@ from benchlib.usermodel.case import CASE_METRICS
 from benchlib.report.plots.usermodel import frontier, memory_by_role, peak_intervals
 from benchlib.usermodel.arrays import ARRAY_FORM_RUN, ArrayModelFile, array_form, check_array_form
 from benchlib.usermodel.measuring import TORCH_FORM, Form, measure_model_files
+from benchlib.records.environment import file_digest
 from benchlib.usermodel.loader import (ModelFileError, check_form, is_array_form, open_model_file, torch_form)
 from benchlib.usermodel.summary import summary_table
 
@@ -134,15 +135,21 @@ def _form_name(model_file) -> str:
     return "array form" if isinstance(model_file, ArrayModelFile) else "torch form"
 
 
-def load_model_files(paths: Sequence[str | Path]) -> Benchmark:
+def load_model_files(paths: Sequence[str | Path], checked: Mapping[str, str] | None = None) -> Benchmark:
     """One benchmark of the files (versions of one NAME, of one form, at the same PARAMETERS and QUICK),
-    each file's form checked by one loss call at the QUICK values."""
-    return declare_model_files(paths)[0]
+    each file's form checked by one loss call at the QUICK values (not again where `checked` holds its digest)."""
+    return declare_model_files(paths, checked=checked)[0]
 
 
-def declare_model_files(paths: Sequence[str | Path], shapes_only: bool = False) -> tuple[Benchmark, list, Form]:
+def declare_model_files(paths: Sequence[str | Path], shapes_only: bool = False,
+                        checked: Mapping[str, str] | None = None) -> tuple[Benchmark, list, Form]:
     """`load_model_files`' benchmark, with the files read and their form (for one engine's step alone); with
-    `shapes_only`, the torch form checked from shapes alone where the step allows (`check_form`)."""
+    `shapes_only`, the torch form checked from shapes alone where the step allows (`check_form`). `checked` maps
+    a resolved path to the digest (`file_digest`) of the content a form check already passed (the runner's reading
+    child, moments before this kernel): a file still of that content is not checked again (the check's loss and
+    optimizer calls import torch's dynamo stack, seconds a run)."""
+    passed = {str(Path(path).expanduser().resolve()) for path in paths
+              if checked and checked.get(str(Path(path).expanduser().resolve())) == file_digest(path)}
     files = [_read(path) for path in paths]
     model_file = files[0]
     for other in files[1:]:
@@ -161,6 +168,8 @@ def declare_model_files(paths: Sequence[str | Path], shapes_only: bool = False) 
     parameters = _parameters(model_file, form)
     quick = {p.name: p.quick if p.has_quick else p.default for p in parameters[:len(model_file.parameters)]}
     for each in files:
+        if str(Path(each.path).resolve()) in passed:
+            continue
         values = {name: list(v) if isinstance(v, tuple) else v for name, v in quick.items()}
         check_array_form(each, values) if arrays else check_form(each, values, shapes_only)
     versions = dict(zip(version_labels([f.path for f in files]), files))
