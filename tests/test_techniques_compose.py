@@ -285,3 +285,23 @@ def test_a_technique_whose_changes_or_needs_are_not_sets_of_their_members_is_ref
     with pytest.raises(CombinationError, match=r"technique 'listed': changes must be a frozenset of Aspect members "
                                                r"\(FORWARD, SAVING, .*\), got \['saving'\]"):
         technique_registry({"listed": Listed})
+
+
+@pytest.mark.slow
+def test_a_run_with_a_faulty_technique_measures_every_other_engine_and_fails_that_ones_steps(tmp_path):
+    import json
+
+    from benchlib.records import load_records
+    from benchlib.runner.cli import main
+
+    path = tmp_path / "faulty_model.py"
+    path.write_text(FAULTY)
+    assert main(["run", str(path), "--quick", "-p", f"engines={TORCH},faulty,{TORCH_AUTOCAST}+refuses-badly",
+                 "--no-progress", "--out", str(tmp_path / "out")]) == 1  # partial: the run measured, two failed
+    records = load_records(next((tmp_path / "out").iterdir()))
+    failed = records[records["metric"] == "failed"]
+    messages = dict(zip(failed["variant"], failed["params"].map(lambda params: json.loads(params)["message"])))
+    assert messages == {"faulty": "technique faulty: its not_applicable raised KeyError: 'no such layer'",
+                        f"{TORCH_AUTOCAST}+refuses-badly": "technique refuses-badly: its refuses raised "
+                                                           "ZeroDivisionError: division by zero"}
+    assert set(records.loc[records["metric"] == "peak_bytes", "variant"]) == {TORCH}

@@ -12,8 +12,8 @@ from benchlib.benchmark import Benchmark, DeclarationError, Parameter, Parameter
 from benchlib.engine_names import COMBINED, DEFAULT_COMBINATIONS, PARALLEL_STRATEGIES
 from benchlib.engines.module_memory import DEFAULT_DEPTH
 from benchlib.engines.namespaces import SAC_SAVED_OPS, unknown_aten_ops
-from benchlib.engines.techniques import (COMBINATION_CHOICES, Aspect, CombinationError, TechniqueOptions, combine,
-                                         technique_registry)
+from benchlib.engines.techniques import (COMBINATION_CHOICES, Aspect, CombinationError, TechniqueFault,
+                                         TechniqueOptions, combine, technique_registry)
 from benchlib.engines.techniques import DEFAULT as DEFAULT_CHOICE, NONE as NONE_CHOICE
 from benchlib.trials.cases import PRECISION, trials_parameter
 from benchlib.usermodel.case import CASE_METRICS
@@ -71,6 +71,8 @@ def _technique_rules(model_file, config) -> None:
             combination = combine(engine, registry)
         except CombinationError as error:
             raise ValueError(f"engines: {error}") from None
+        except TechniqueFault:  # that engine's steps fail, saying so (the engine facts); the others run
+            continue
         if combination.owner(Aspect.PLACEMENT) is not None:
             placed.append(engine)
     ranks, strategies = config.get("ranks", 1), parallel_strategies(config)

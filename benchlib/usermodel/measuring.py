@@ -120,6 +120,15 @@ def spread_over_ranks(engines: list[str], parallel: str, registry, reference: st
     return list(dict.fromkeys(name for names in spread for name in names))
 
 
+def _registry_name(engine: str, registry) -> str:
+    """The engine's techniques in the registry's order; as given where one of its techniques' own checks raises
+    (its steps fail, saying which: `EngineFacts.failed`)."""
+    try:
+        return combine(engine, registry).name
+    except TechniqueFault:
+        return engine
+
+
 def run_engines(form: Form, config: Config, model_file) -> tuple[list[str], list[str]]:
     """The engines a run measures, the reference first: the named ones (`-p engines`), then, for a form whose
     engines compose, the combinations `-p combinations` adds; and which of them were added (they are left out
@@ -131,7 +140,7 @@ def run_engines(form: Form, config: Config, model_file) -> tuple[list[str], list
     registry = technique_registry(model_file.techniques)
     ranks = int(config.get("ranks", 1))
     given = config.engines if ranks == 1 or tuple(config.engines) != tuple(form.engines) else (form.reference,)
-    named = list(dict.fromkeys(combine(engine, registry).name for engine in given))  # the registry's order
+    named = list(dict.fromkeys(_registry_name(engine, registry) for engine in given))
     if ranks > 1:
         named = [form.reference, *spread_over_ranks(named, config.get("parallel", ""), registry, form.reference)]
     if form.reference in named:
