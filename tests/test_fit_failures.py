@@ -169,3 +169,26 @@ def test_no_engine_fits_says_how_many_were_measured_and_how_many_could_not_be(fi
     (answer,) = result.answers()
     assert answer == ("tiny: the one engine measured does not fit 50.00 MB (the process's resident high-water mark) "
                       "even at the smallest n measured; 1 more could not be measured (each says why)")
+
+
+def test_an_engine_whose_technique_check_raises_is_failed_and_never_measured(fit_children_here, tmp_path, monkeypatch):
+    from test_techniques_compose import FAULTY
+
+    asked = []
+
+    def measure(_file, engine, values, _device, **_options):
+        asked.append(engine)
+        return StepOutcome(int(100 * MB + values["n"] * MB), values["n"] * 1e-3)
+
+    monkeypatch.setattr(measured, "measure_step", measure)
+    path = tmp_path / "faulty_model.py"
+    path.write_text(FAULTY)
+    result = fit(path, memory="1 GB", scale="n", engines=["torch", "faulty", "torch-autocast+refuses-badly"],
+                 params={"n": 8}, search=NO_VERIFY, progress=lambda line: None)
+    assert set(asked) == {"torch"}
+    faulty = {each.engine: each for each in result.engines if each.engine != "torch"}
+    assert faulty["faulty"].reason == "failed: technique faulty: its not_applicable raised KeyError: 'no such layer'"
+    assert faulty["torch-autocast+refuses-badly"].reason.startswith("failed: technique refuses-badly: its refuses")
+    statuses = {record["variant"]: json.loads(record["params"])["status"] for record in result.records()
+                if record["metric"] == "failed" or "status" in json.loads(record["params"])}
+    assert statuses["faulty"] == "failed"

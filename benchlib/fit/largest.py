@@ -65,7 +65,7 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
     on_ranks(model_file.world_size, target, predicted)
     if verify is None:  # confirmed by default wherever this machine can hold the limit
         verify = not predicted and question.limit <= available_memory(target)
-    fits = _applicable(question, target, progress, shapes_only=predicted)
+    fits = _applicable(question, target, scale, progress, shapes_only=predicted)
     if predicted:
         result = _predict_all(model_file, fits, values, scale, question.usable, target.name, progress, card)
         return dataclasses.replace(result, limit=question.limit, margin=question.margin)
@@ -104,17 +104,22 @@ def on_ranks(world_size: int, target, predicted: bool) -> None:
         raise FitError(f"--ranks: {error}") from None
 
 
-def _applicable(question: Question, device, progress: Callable[[str], None], shapes_only: bool = False
+def _applicable(question: Question, device, scale: str, progress: Callable[[str], None], shapes_only: bool = False
                 ) -> list[EngineFit]:
     """An `EngineFit` per engine, with the form's reason where it does not apply (`shapes_only`: read from a model on
-    the meta device, for a prediction); an added combination that does not apply is left out, as `run` leaves it
-    out, and the line says so."""
+    the meta device, for a prediction), failed where one of its techniques' own checks raised; an added combination
+    that does not apply is left out, as `run` leaves it out, and the line says so."""
     from benchlib.usermodel.case import combination_of
 
-    reasons = in_child.engine_facts(question.model_file, question.values, device, question.engines,
-                                    question.model_file.world_size, shapes_only).reasons
+    facts = in_child.engine_facts(question.model_file, question.values, device, question.engines,
+                                  question.model_file.world_size, shapes_only)
+    reasons = facts.reasons
     fits = []
     for engine in question.engines:
+        if engine in facts.failed:  # a fault of the technique, not of the file: failed at any value, never measured
+            message = f"failed: {facts.failed[engine]}"
+            fits.append(EngineFit(engine, reason=message, failed={question.values[scale]: message}))
+            continue
         if engine in question.added and engine in reasons:
             progress(f"{question.model_file.name} {engine}: left out of the combinations fit adds ({reasons[engine]})")
             continue
