@@ -266,3 +266,21 @@ def test_a_report_of_a_run_deleted_meanwhile_is_refused_and_never_makes_the_fold
     with pytest.raises(OSError, match="report.html"):
         page.write_report(run.path)
     assert not run.path.exists()
+
+
+def test_a_module_renamed_between_runs_is_named_as_not_compared_never_silently_dropped():
+    from benchlib.analysis.compare import one_sided_text
+
+    def run(module):
+        return pd.DataFrame([make_record(benchmark="b", case="step", engine="torch", device="cpu", dtype="float32",
+                                         metric=metric, value=1000.0, unit="B",
+                                         params={"trial": trial, **({"module": module, "role": "parameters"}
+                                                                    if metric == "module_bytes" else {})})
+                             for trial in range(3) for metric in ("peak_bytes", "module_bytes")])
+
+    table = compare_records(run("layers.0"), run("blocks.0"))
+    assert table["metric"].tolist() == ["peak_bytes"]  # the one measurement both runs hold
+    assert one_sided_text(table) == ("not compared (in one run only; a renamed module, engine or metric is another "
+                                     "measurement): only in A: b/step/torch/module_bytes layers.0 parameters; "
+                                     "only in B: b/step/torch/module_bytes blocks.0 parameters")
+    assert one_sided_text(compare_records(run("layers.0"), run("layers.0"))) == ""

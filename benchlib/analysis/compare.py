@@ -223,10 +223,11 @@ def compare_records(records_a: pd.DataFrame, records_b: pd.DataFrame, *, thresho
         if benchmarks:
             selected = selected[selected["benchmark"].isin(benchmarks)]
         filtered.append(with_config(selected.dropna(subset=[VALUE_COLUMN])))
+    groups_a = dict(iter(filtered[0].groupby(keys, sort=True)))
     groups_b = dict(iter(filtered[1].groupby(keys, sort=True)))
     stops = [stops_by_variant(records) for records in (records_a, records_b)]
     rows = []
-    for key, group_a in filtered[0].groupby(keys, sort=True):
+    for key, group_a in groups_a.items():
         if key not in groups_b:
             continue
         group_b = groups_b[key]
@@ -249,7 +250,24 @@ def compare_records(records_a: pd.DataFrame, records_b: pd.DataFrame, *, thresho
         stopped = "; ".join(f"{side}: {stop[variant]}" for side, stop in zip("AB", stops) if variant in stop)
         rows.append([*key, a.size, b.size, median_a, median_b, ratio, ci_low, ci_high, p_value, label,
                      "; ".join(noise), stopped])
-    return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
+    table = pd.DataFrame(rows, columns=COMPARE_COLUMNS)
+    table.attrs[ONE_SIDED] = {side: [key_name(pd.Series(dict(zip(keys, key)))) for key in mine if key not in theirs]
+                              for side, mine, theirs in (("A", groups_a, groups_b), ("B", groups_b, groups_a))}
+    return table
+
+
+ONE_SIDED = "one_sided"  # compare_records' table.attrs: side -> the names of measurements only that run holds (a
+# module, engine or metric renamed or gone between the runs), which nothing was compared with
+
+
+def one_sided_text(comparison: pd.DataFrame, shown: int = 5) -> str:
+    """What was not compared because only one run holds it, or "" where both hold the same measurements."""
+    sides = comparison.attrs.get(ONE_SIDED, {})
+    parts = [f"only in {side}: {', '.join(names[:shown])}" + (f" and {len(names) - shown} more" if len(names) > shown
+                                                                else "")
+             for side, names in sides.items() if names]
+    return ("not compared (in one run only; a renamed module, engine or metric is another measurement): "
+            + "; ".join(parts)) if parts else ""
 
 
 NOISE_COLUMNS = [*KEY_COLUMNS, UNIT_COLUMN, CONFIG_COLUMN, "trials", "median", "max_over_min", "flags"]

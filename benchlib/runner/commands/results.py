@@ -149,7 +149,7 @@ def compare_command(arguments: argparse.Namespace) -> int:
     """Print the comparison; exit 1 when any metric is significantly worse beyond the threshold."""
     from benchlib import registry
     from benchlib.analysis.compare import (WORSE, any_worse, compact_table, compare_runs, headline, key_name,
-                                          machine_drift)
+                                          machine_drift, one_sided_text)
 
     yardsticks = registry.yardsticks(declared())  # every benchmark registered: each metric judged its own way
     comparison = compare_runs(arguments.run_a, arguments.run_b, root=arguments.out, threshold=arguments.threshold,
@@ -172,6 +172,9 @@ def compare_command(arguments: argparse.Namespace) -> int:
         prose = [drift or "machine drift: unknown (no yardstick benchmark, such as calibration, is in both runs)",
                  *verdict_changes(arguments).splitlines()]
         print("\n".join(_wrapped(prose)))
+    one_sided = one_sided_text(comparison)
+    if one_sided:
+        print(f"benchlib: {one_sided}", file=sys.stderr)
     if any_worse(comparison):
         worse = comparison[comparison["label"] == WORSE]
         names = [key_name(row) for row in worse.itertuples()]
