@@ -245,3 +245,23 @@ def test_a_runs_machine_is_its_hardware_not_its_host_name():
     assert machine({**info, "environment": {**info["environment"], "host": "runner-91aa"}}) == machine(info)
     assert machine({"environment": {"cpu": {"model": "x"}, "gpu": {"available": False}}}) == "x"
     assert machine({}) == machine({"environment": "not a dict"}) == ""
+
+
+def test_a_module_renamed_before_the_latest_run_is_named_not_dropped_in_silence(tmp_path, capsys):
+    for index in range(6):
+        run_id = f"2026110{index + 1}-100000-test"
+        run = Run(tmp_path / run_id, {"run_id": run_id, "started_at": f"2026-11-0{index + 1}T10:00:00+00:00",
+                                      "notebooks": {}, "environment": {"git": {"commit": f"{index:x}" * 40,
+                                                                               "dirty": False}},
+                                      "benchmarks": {"mlp": {"headline": ["peak_bytes"]}}})
+        run.write_info()
+        module = "layers.0" if index < 4 else "blocks.0"  # renamed in the fifth run
+        run.save_records([make_record(benchmark="mlp", case="step", engine="torch", device="cpu", dtype="float32",
+                                      metric=metric, value=1000.0, unit="B",
+                                      params={"trial": trial, **({"module": module, "role": "parameters"}
+                                                                 if metric == "module_bytes" else {})})
+                          for trial in range(3) for metric in ("peak_bytes", "module_bytes")], "mlp")
+    assert main(["history", "--out", str(tmp_path), "--metric", "module_bytes"]) == 0
+    captured = capsys.readouterr()
+    assert ("1 series the latest run does not hold (a module, engine or metric renamed or gone; not judged there): "
+            "mlp/step/torch/module_bytes layers.0 parameters") in captured.err

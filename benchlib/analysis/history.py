@@ -280,6 +280,15 @@ def series_name(row: Any) -> str:
     return key_name(row) + (f" on {host}" if host else "")
 
 
+def ended_series(series: pd.DataFrame) -> list[str]:
+    """The series of a benchmark the latest run measured that the latest run does not hold (a module, engine or
+    metric renamed or gone since): their history ends before it, so no step of theirs is judged at the latest run."""
+    latest = series.sort_values("started").iloc[-1]["run_id"]
+    measured = set(series.loc[series["run_id"] == latest, "benchmark"])
+    return [series_name(group.iloc[0]) for _, group in series.groupby(SERIES_COLUMNS, sort=True, dropna=False)
+            if group["benchmark"].iloc[0] in measured and latest not in set(group["run_id"])]
+
+
 def format_value(value: float, unit: str) -> str:
     """A value in a readable scale of its unit (`unit_scale`)."""
     factor, name = unit_scale(value, unit)

@@ -188,8 +188,9 @@ def history_command(arguments: argparse.Namespace) -> int:
     """Print the steps and write history.html; exit 1 when any series' latest step is a regression."""
     import pandas as pd
 
-    from benchlib.analysis.history import (MIN_RUNS, SERIES_COLUMNS, HistoryError, answer, build_series, find_steps,
-                                           latest_regressions, looked_at, read_history, without_commit)
+    from benchlib.analysis.history import (MIN_RUNS, SERIES_COLUMNS, HistoryError, answer, build_series,
+                                           ended_series, find_steps, latest_regressions, looked_at, read_history,
+                                           without_commit)
     from benchlib.report.history import HISTORY_PAGE, history_page, step_table
     from benchlib.records.store import default_results_root, refuse_overwriting_run_data, write_text_atomic
 
@@ -213,6 +214,10 @@ def history_command(arguments: argparse.Namespace) -> int:
                            "runs read): a step needs runs on both sides of it to tell it from noise")
     steps = find_steps(series, threshold=arguments.threshold)
     print(answer(steps, series))
+    ended = ended_series(series)
+    if ended:
+        print(f"benchlib: {len(ended)} series the latest run does not hold (a module, engine or metric renamed or gone; "
+              f"not judged there): {', '.join(ended[:5])}{' ...' if len(ended) > 5 else ''}", file=sys.stderr)
     unrecorded = without_commit(series) if arguments.by == "commit" else []
     if unrecorded:
         print(f"{len(unrecorded)} run(s) without a recorded commit (made outside git) are placed by their start time: "
