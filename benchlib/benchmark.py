@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchlib.errors import Refused
 from benchlib.engine_names import split_names
 
 # The memory a plan may use: sizes above this share of the device's available memory are refused.
@@ -34,11 +35,11 @@ _NO_QUICK = object()
 _SCALARS = (bool, int, float, str)
 
 
-class ParameterError(ValueError):
+class ParameterError(Refused):
     """A parameter value a benchmark refuses; the message names the benchmark, the parameter and what is valid."""
 
 
-class DeclarationError(ValueError):
+class DeclarationError(Refused):
     """A `Benchmark` that cannot be run as declared (missing fields, defaults its own checks refuse)."""
 
 
@@ -385,7 +386,7 @@ class Benchmark:
 
         available = available_memory(device)
         if required > MEMORY_HEADROOM * available:
-            raise ValueError(
+            raise Refused(
                 f"these sizes need about {required / 1e9:.2f} GB, but {available / 1e9:.2f} GB are available on "
                 f"{device.name} ({MEMORY_HEADROOM:.0%} may be planned); choose smaller sizes")
 
@@ -442,10 +443,10 @@ def _calls_config_from(node: ast.AST) -> bool:
 def exceeds(name: str, value: Any, other_name: str, other: Any) -> None:
     """A rule's check that one parameter is larger than another."""
     if not value > other:
-        raise ValueError(f"{name} ({value}) must exceed {other_name} ({other})")
+        raise Refused(f"{name} ({value}) must exceed {other_name} ({other})")
 
 
 def distinct(name: str, values: Sequence[Any]) -> None:
     """A rule's check that a list names each value once."""
     if len(set(values)) != len(values):
-        raise ValueError(f"{name} lists a value twice: {list(values)}")
+        raise Refused(f"{name} lists a value twice: {list(values)}")

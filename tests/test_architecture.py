@@ -11,7 +11,7 @@ import benchlib
 PACKAGE = pathlib.Path(benchlib.__file__).parent
 # Bottom to top; a part may import its own layer's other modules and anything in a lower layer.
 LAYERS = (
-    ("units", "source_files", "engine_names", "lazy_exports"),
+    ("units", "source_files", "engine_names", "lazy_exports", "errors"),
     ("records", "autodiff"),
     ("analysis",),
     ("measure",),

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from benchlib.errors import Refused
 from benchlib.analysis.derived import with_step_summaries
 from benchlib.records.metrics import HARNESS_PHASES, METRICS, TRIALS_RUN, harness_metric
 from benchlib.analysis.stats import (
@@ -208,14 +209,14 @@ def compare_records(records_a: pd.DataFrame, records_b: pd.DataFrame, *, thresho
     (ratios, flags) get "no direction" and never gate.
     """
     if not 0 <= threshold < 1:
-        raise ValueError(f"threshold must lie in [0, 1) (a relative change, 0.05 = 5%), got {threshold!r}")
+        raise Refused(f"threshold must lie in [0, 1) (a relative change, 0.05 = 5%), got {threshold!r}")
     keys = [*KEY_COLUMNS, UNIT_COLUMN, CONFIG_COLUMN]
     prepared = [with_step_summaries(records) for records in (records_a, records_b)]
     for column, names in (("metric", metrics), ("benchmark", benchmarks)):  # a typo must not read as "no change"
         held = sorted(set(prepared[0][column]) | set(prepared[1][column]))
         unknown = [name for name in names or () if name not in held]
         if unknown:
-            raise ValueError(f"{column} {', '.join(unknown)}: in neither run; they hold: {', '.join(held)}")
+            raise Refused(f"{column} {', '.join(unknown)}: in neither run; they hold: {', '.join(held)}")
     filtered = []
     for selected in prepared:
         if metrics:
@@ -310,7 +311,7 @@ def compare_runs(run_a: str | Path, run_b: str | Path, *, root: Path | None = No
     records = [load_records(run, root) for run in (run_a, run_b)]
     for run, frame in zip((run_a, run_b), records):
         if frame.empty:
-            raise ValueError(f"{resolve_run(run, root)} has no records: nothing to compare")
+            raise Refused(f"{resolve_run(run, root)} has no records: nothing to compare")
     return compare_records(*records, **options)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from benchlib.errors import Refused
 from benchlib.analysis.compare import (CONFIG_COLUMN, CONTEXT_METRICS, KEY_COLUMNS, lower_is_better,
                                       UNIT_COLUMN, VALUE_COLUMN, key_name, trial_values, with_config)
 from benchlib.analysis.derived import with_step_summaries
@@ -40,7 +41,7 @@ STEP_COLUMNS = [*SERIES_COLUMNS, "from_run", "to_run", "from_commit", "to_commit
                 "runs_after", "median_before", "median_after", "ratio", "ci_low", "ci_high", "label", "latest"]
 
 
-class HistoryError(ValueError):
+class HistoryError(Refused):
     """Input a history cannot be told from; the message says what to give instead."""
 
 

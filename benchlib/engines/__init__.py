@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from benchlib import engine_names
+from benchlib.errors import Refused
 from benchlib.engine_names import *  # noqa: F403 (every engine's name, re-exported: engine_names.__all__)
 from benchlib.engines import namespaces
 
@@ -346,7 +347,7 @@ def get_engine(name: str) -> Engine:
     try:
         return ENGINES[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown engine {name!r}; valid engines: {', '.join(ENGINE_NAMES)}") from None
+        raise Refused(f"unknown engine {name!r}; valid engines: {', '.join(ENGINE_NAMES)}") from None
 
 
 def case_imports(name: str, device) -> tuple[str, ...]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from benchlib.errors import Refused
 from benchlib.analysis.module_paths import NO_MODULE, cut_path
 from benchlib.engines.roles import local_storage
 from benchlib.records.metrics import MODULE_METRIC
@@ -31,7 +32,7 @@ class ModulePaths:
 
     def __init__(self, model, depth: int = DEFAULT_DEPTH, outside: str = NO_MODULE):
         if depth < 1:
-            raise ValueError(f"module depth must be 1 or more (levels below the model), got {depth}")
+            raise Refused(f"module depth must be 1 or more (levels below the model), got {depth}")
         self.depth = depth
         self.of_module = {id(module): cut_path(path, depth) for path, module in model.named_modules()}
         self.of_parameter: dict[int, str] = {}  # storage pointer -> owning path: a tied parameter's first owner

@@ -11,12 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchlib.errors import Refused
 from benchlib.fit.settings import THOROUGH
 from benchlib.fit.sizing import MIN_POINTS
 from benchlib.usermodel.reading import FileFacts
 
 
-class FitError(ValueError):
+class FitError(Refused):
     """A fit that cannot be asked as written (an unknown or non-integer parameter, a value too small to
     measure at three points, a size that does not parse): refused before anything is measured."""
 

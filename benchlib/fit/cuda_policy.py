@@ -25,6 +25,8 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from benchlib.errors import Refused
+
 # CUDA's autocast, by op (every overload) or by "op.overload": what it does with floating-point inputs.
 LOWER = "lower"  # cast to the autocast dtype (bfloat16 or float16)
 FLOAT32 = "float32"  # cast to float32
@@ -98,7 +100,7 @@ def gpu_named(name: str) -> Gpu:
 
         close = difflib.get_close_matches(key, GPUS, n=3)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise ValueError(f"--gpu {name!r} is not a GPU benchlib knows{hint}; known: {', '.join(GPUS)}")
+        raise Refused(f"--gpu {name!r} is not a GPU benchlib knows{hint}; known: {', '.join(GPUS)}")
     return GPUS[key]
 
 

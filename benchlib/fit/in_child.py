@@ -14,11 +14,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchlib.errors import Failed
 from benchlib.fit.asking import FitError
 from benchlib.fit.cuda_policy import DEFAULT_GPU
 
 
-class ChildFailed(RuntimeError):
+class ChildFailed(Failed):
     """A call of the user's code failed in its process: raised, exited, was killed or timed out; says which."""
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from benchlib.errors import Refused
 from benchlib.records.metrics import CUDA_ALLOC_RETRIES, CUDA_MALLOC_COUNT, CUDA_RESERVED_PEAK, CUDA_RESERVED_UNUSED
 
 VALID_FORMS = '"auto", "cpu", "cuda", "cuda:N" (N a device index)'
@@ -52,7 +53,7 @@ def torch_threads(count: int):
     """Run the body with `count` torch intra-op threads, restoring the previous setting after: the
     thread pool's wake-ups shape short timings, so a measurement may need to fix the count."""
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-        raise ValueError(f"torch thread count must be an integer >= 1, got {count!r}")
+        raise Refused(f"torch thread count must be an integer >= 1, got {count!r}")
     torch = _torch()
     previous = torch.get_num_threads()
     torch.set_num_threads(count)
@@ -62,7 +63,7 @@ def torch_threads(count: int):
         torch.set_num_threads(previous)
 
 
-class DeviceError(ValueError):
+class DeviceError(Refused):
     """A device request that is malformed or names hardware this machine does not have."""
 
 

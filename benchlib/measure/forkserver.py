@@ -31,6 +31,8 @@ import time
 from collections import OrderedDict
 from importlib import import_module
 
+from benchlib.errors import Refused
+
 ISOLATION_ENV = "BENCHLIB_ISOLATION"
 FORK, SPAWN = "fork", "spawn"
 MODES = (FORK, SPAWN)
@@ -56,7 +58,7 @@ def isolation_mode() -> str:
     mapped pages, i.e. Linux) or `spawn` (a fresh interpreter; the default elsewhere)."""
     mode = os.environ.get(ISOLATION_ENV, FORK)
     if mode not in MODES:
-        raise ValueError(f"{ISOLATION_ENV}={mode!r}: valid values are {', '.join(MODES)}")
+        raise Refused(f"{ISOLATION_ENV}={mode!r}: valid values are {', '.join(MODES)}")
     return mode if FORK_SUPPORTED else SPAWN
 
 

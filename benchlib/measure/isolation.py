@@ -28,6 +28,8 @@ from .core import Measurement, _check_counts
 from .devices import Device, resolve_device
 from .timeline import timeline_from_json
 
+from benchlib.errors import Failed, Refused
+
 MALLOC_POLICIES: dict[str, dict[str, str]] = {
     # Fixed mmap threshold: every buffer >= 128 KiB is its own mapping, returned to the OS when
     # freed, so RSS follows live memory instead of glibc's heap retention (docs/architecture.md).
@@ -61,7 +63,7 @@ class IsolatedResult:
     breakdown: tuple = ()  # the case's `breakdown()` rows: {"metric", "value", "params"} (memory by module)
 
 
-class CaseFailed(RuntimeError):
+class CaseFailed(Failed):
     """A case that did not produce a result: child exception, crash, timeout or refusal."""
 
     def __init__(self, name: str, reason: str, child_traceback: str = "", output: str = ""):
@@ -118,7 +120,7 @@ def available_memory(device: Device) -> int:
 def malloc_environment(policy: str) -> dict[str, str]:
     """The environment variables a malloc policy sets; unknown policies are refused."""
     if policy not in MALLOC_POLICIES:
-        raise ValueError(f"unknown malloc policy {policy!r}; valid policies: "
+        raise Refused(f"unknown malloc policy {policy!r}; valid policies: "
                          f"{', '.join(repr(p) for p in MALLOC_POLICIES)}")
     return dict(MALLOC_POLICIES[policy])
 

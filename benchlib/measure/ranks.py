@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from time import perf_counter
 
+from benchlib.errors import Refused
 from benchlib.records.metrics import RANK_PREFIX
 
 from .devices import Device
@@ -88,7 +89,7 @@ def run_ranks(target: str, params: dict, *, name: str, world_size: int, devices:
     """`target(device=, group={rank, world_size, rendezvous, timeout_s}, **params)` measured on `world_size` ranks at
     once, rank r on `devices[r]`; CaseFailed naming the rank that failed first (the others are ended with it)."""
     if not (isinstance(world_size, int) and world_size >= 2 and len(devices) == world_size):
-        raise ValueError(f"world_size must be an int >= 2 with one device per rank, got {world_size!r} and "
+        raise Refused(f"world_size must be an int >= 2 with one device per rank, got {world_size!r} and "
                          f"{len(devices)} device(s)")
     threads = max(1, (os.cpu_count() or 1) // world_size)
     with tempfile.TemporaryDirectory(prefix="benchlib-ranks-") as tmp:
@@ -199,7 +200,7 @@ def refuse_ranks_beyond_memory(world_size: int, per_rank_bytes: int, available_b
     needed = world_size * per_rank_bytes
     if needed > available_bytes:
         fitting = max(1, available_bytes // per_rank_bytes)
-        raise ValueError(f"ranks={world_size} needs at least {format_bytes(needed)} ({world_size} processes of at "
+        raise Refused(f"ranks={world_size} needs at least {format_bytes(needed)} ({world_size} processes of at "
                          f"least {format_bytes(per_rank_bytes)}: what the process that read the model file held, "
                          f"torch imported and the model built at its QUICK values), more than the "
                          f"{format_bytes(available_bytes)} free here; at most {fitting} such processes fit")
@@ -226,5 +227,5 @@ def rank_devices(device: Device, world_size: int) -> list[Device]:
 
     count = torch.cuda.device_count()
     if world_size > count:
-        raise ValueError(f"ranks={world_size} on CUDA needs a GPU per rank; this machine has {count}")
+        raise Refused(f"ranks={world_size} on CUDA needs a GPU per rank; this machine has {count}")
     return [resolve_device(f"cuda:{rank}") for rank in range(world_size)]

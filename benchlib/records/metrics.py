@@ -11,6 +11,7 @@ derived when read (`benchlib.analysis`, `benchlib.report`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from benchlib.errors import Refused
 
 TRIALS_RUN = "trials_run"  # the record of how many trials a case ran; params.stop says why (benchlib.trials)
 # Recorded (value 1, the reason in params["message"]) for an engine that ran but whose gradient could not be
@@ -52,7 +53,7 @@ KINDS = ("time", "memory", "count", "rate", "ratio", "loss", "check", "status", 
 UNITS = ("s", "B", "count", "", "ratio", "B/s", "FLOP/s", "model-samples/s")
 
 
-class MetricError(ValueError):
+class MetricError(Refused):
     """A metric that is not registered, or a unit that is not its registered unit."""
 
 

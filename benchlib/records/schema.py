@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from benchlib.errors import Refused
 from benchlib.records.metrics import METRICS, Metric, MetricError  # noqa: F401  (re-exported)
 
 # Version 2: `dimension` + `variant` (what varies and its value) replace the overloaded `engine`;
@@ -69,7 +70,7 @@ def arrow_schema():
                      metadata={SCHEMA_VERSION_KEY: str(SCHEMA_VERSION)})
 
 
-class RecordError(ValueError):
+class RecordError(Refused):
     """A record that does not fit the schema; the message names the field and what is valid."""
 
 

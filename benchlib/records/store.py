@@ -20,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 
+from benchlib.errors import Refused
 from benchlib.records.environment import capture_environment
 from benchlib.records.schema import (SCHEMA_VERSION, SCHEMA_VERSION_KEY, RecordError, arrow_schema, conform,
                                       empty_records_frame, records_frame, upgrade_frame)
@@ -35,7 +36,7 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 def file_name(name: Any, what: str) -> str:
     """`name`, where it can name a file in a run directory (letters, digits, '_', '-', '.'); else ValueError."""
     if not isinstance(name, str) or not _SAFE_NAME.match(name):
-        raise ValueError(f"{what} name must be letters, digits, '_', '-', '.' (it names a file), got {name!r}")
+        raise Refused(f"{what} name must be letters, digits, '_', '-', '.' (it names a file), got {name!r}")
     return name
 
 
@@ -139,7 +140,7 @@ def default_results_root() -> Path:
     return (project or Path.cwd().resolve()) / "results"
 
 
-class OutDirRefused(ValueError):
+class OutDirRefused(Refused):
     """A root for runs (`--out`) that cannot hold them, said before anything runs."""
 
 
@@ -394,11 +395,11 @@ def _kind(path: Path) -> str:
     return next((words for test, words in kinds if test(mode)), "not a regular file")
 
 
-class RecordsUnreadable(ValueError):
+class RecordsUnreadable(Refused):
     """A records or run.json file that exists but cannot be read; the message names the file."""
 
 
-class RecordsKept(ValueError):
+class RecordsKept(Refused):
     """records.parquet was not rebuilt: the per-notebook files would give fewer rows than it holds."""
 
     def __init__(self, message: str, skipped: list[str]):
@@ -451,10 +452,10 @@ def refuse_overwriting_run_data(path: str | os.PathLike, page: str) -> Path:
     records, a report), so no command replaces a run's data."""
     path = Path(path)
     if path.is_dir():
-        raise ValueError(f"{path} is a directory; give the page's file name (e.g. {path / page})")
+        raise Refused(f"{path} is a directory; give the page's file name (e.g. {path / page})")
     in_run = next((parent for parent in list(path.parents)[:3] if (parent / RUN_INFO).is_file()), None)
     if path.exists() and path.name != page and in_run is not None:
-        raise ValueError(f"{path} is a file of the run {in_run}; writing the page there would replace its data "
+        raise Refused(f"{path} is a file of the run {in_run}; writing the page there would replace its data "
                          f"(give another path, e.g. {path.parent / page})")
     return path
 

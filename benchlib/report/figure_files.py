@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from benchlib.errors import Failed
 from benchlib.records.store import FIGURES, file_name, write_atomic, write_text_atomic
 
 FIGURE_PNG_ENV = "BENCHLIB_FIGURE_PNG"  # "1": save_figure also writes figures/<name>.png (benchlib run --png)
@@ -57,13 +58,13 @@ def check_static_export() -> None:
     try:
         import kaleido  # noqa: F401  (plotly imports it itself; here only to name what is missing)
     except ImportError:
-        raise RuntimeError("PNG export needs kaleido: pip install -e '.[png]' (and a Chrome or Chromium, "
+        raise Failed("PNG export needs kaleido: pip install -e '.[png]' (and a Chrome or Chromium, "
                            "e.g. Debian's chromium package)") from None
     import plotly.graph_objects as go
 
     try:
         go.Figure().to_image(format="png", width=10, height=10)
     except Exception as error:  # kaleido says why (no browser found, browser failed to start)
-        raise RuntimeError(f"PNG export is not available here: kaleido could not drive a Chrome/Chromium "
+        raise Failed(f"PNG export is not available here: kaleido could not drive a Chrome/Chromium "
                            f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
                            "install one (Debian: apt-get install chromium) or run without --png") from None

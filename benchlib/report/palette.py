@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
+from benchlib.errors import Refused
 from benchlib.engine_names import (AUTOGRAD, BENCHLIB_CHECKPOINT, BENCHLIB_DEFERRED, BENCHLIB_INPLACE, DEFAULT_COMBINATIONS,
                                    FUSED_OPTIMIZER,
                                    MANUAL, MANUAL_SEED, TORCH, TORCH_AUTOCAST, TORCH_CHECKPOINT, TORCH_COMPILE,
@@ -45,7 +46,7 @@ SERIES_COLORS: dict[str, dict[str, str]] = {
 PALETTE = ("#17becf", "#7f7f7f", "#bcbd22", "#393b79", "#843c39", "#637939", "#7b4173")
 
 
-class PaletteError(ValueError):
+class PaletteError(Refused):
     """A series given a second colour, or a colour of the fallback palette."""
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import registry
+from benchlib.errors import Refused
 from benchlib.benchmark import INJECTED, Benchmark, DeclarationError, Parameter, ParameterError
 from benchlib.records.store import find_project_root
 
@@ -26,7 +27,7 @@ from benchlib.records.store import find_project_root
 DECLARED_NOTEBOOK = Path(__file__).with_name("declared.ipynb")
 
 
-class RunnerError(ValueError):
+class RunnerError(Refused):
     """Input the runner refuses before anything runs; the message says what is valid."""
 
 

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from benchlib.errors import EXIT_INTERRUPTED
 from benchlib.records import STATUSES
 from benchlib.records.environment import file_provenance
 from benchlib.records.store import RUN_INFO, RecordsUnreadable, read_records_file
 from benchlib.runner.notebooks import NotebookSpec
 
-EXIT_INTERRUPTED = 130
 FAILED_CASE_METRIC = "failed"  # the status records a workload saves for a case that failed
 NOT_APPLICABLE = "not_applicable"  # ... and for an engine that cannot run a case, with its reason
 NOT_RUN_CASE_METRIC = "not_run"  # ... and for a case the --budget left no time for

@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from benchlib.errors import Failed
 from benchlib.report.page import HEADLINE_SUFFIX, SUMMARY_COLUMN
 from benchlib.usermodel.template import write_model_file
 
@@ -63,7 +64,7 @@ def profile(model: str | Path | Mapping[str, Any], *, engines: Sequence[str] | N
                      attribute=attribute)
         benchmark = registry.resolve(str(path))
     if not result.notebooks or result.notebooks[0].status in ("failed", "not run"):
-        raise RuntimeError(f"{path}: the run failed: {result.notebooks[0].error if result.notebooks else result.path}")
+        raise Failed(f"{path}: the run failed: {result.notebooks[0].error if result.notebooks else result.path}")
     records = load_records(result.path)
     summary = pd.read_parquet(result.path / "tables" / f"{benchmark.name}{HEADLINE_SUFFIX}.parquet")
     figures = {name: build(records) for name, build in benchmark.figures.items()}

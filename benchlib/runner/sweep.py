@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from benchlib.errors import Refused
 from benchlib.runner.kernels import ipc_kernel_manager, reap_orphans
 from benchlib.runner.notebooks import RunnerError
 from benchlib.runner.papermill_exec import execute_notebook
@@ -62,7 +63,7 @@ def unpack_point(data: bytes, results_dir: Path, executed: Path) -> dict[str, An
                 continue
             target = executed if name == "executed.ipynb" else results_dir / name.removeprefix("results/")
             if not target.resolve().is_relative_to(results_dir.resolve()) and target != executed:
-                raise ValueError(f"a packed point names a file outside its results: {name}")
+                raise Refused(f"a packed point names a file outside its results: {name}")
             content = archive.read(name)
             write_atomic(target, lambda temp, content=content: Path(temp).write_bytes(content))
     return summary

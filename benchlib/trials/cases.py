@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import pandas as pd
 
+from benchlib.errors import Failed, Refused
 from benchlib.benchmark import Config, Parameter, distinct
 from benchlib.engines import ENGINE_NAMES, case_imports, get_engine
 from benchlib.engines.gradients import (GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, WORST_ARRAY_METRIC, error_limit,
@@ -83,7 +84,7 @@ class GradientMismatch(AssertionError):
     """An engine's gradient disagrees with the hand-written one beyond its dtype's tolerance."""
 
 
-class AllCasesFailed(RuntimeError):
+class AllCasesFailed(Failed):
     """Not one case of a comparison could be measured: the notebook stops here, with the first
     case's error, instead of failing later in a table or figure with nothing to show."""
 
@@ -92,22 +93,22 @@ def validate_common(*, dtype: str, engines: Iterable[str], repeats: int, warmup:
     """Refuse bad arguments before any child process starts, saying what is valid; the engines as a list
     (so a generator of names is read once)."""
     if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        raise Refused(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if isinstance(engines, str):
-        raise ValueError(f"engines must be a list of engine names, got the string {engines!r}")
+        raise Refused(f"engines must be a list of engine names, got the string {engines!r}")
     engines = list(engines)
     if not engines:
-        raise ValueError(f"engines must name at least one of {', '.join(ENGINE_NAMES)}")
+        raise Refused(f"engines must name at least one of {', '.join(ENGINE_NAMES)}")
     for name in engines:
         get_engine(name)
     if len(set(engines)) != len(engines):
-        raise ValueError(f"engines lists a name twice: {engines}")
+        raise Refused(f"engines lists a name twice: {engines}")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+        raise Refused(f"repeats must be an integer >= 1, got {repeats!r}")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+        raise Refused(f"warmup must be an integer >= 0, got {warmup!r}")
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
-        raise ValueError(f"trials must be an integer >= 1 (fresh processes per engine), got {trials!r}")
+        raise Refused(f"trials must be an integer >= 1 (fresh processes per engine), got {trials!r}")
     return engines
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from benchlib.errors import Refused
 from benchlib.records.metrics import TRIALS_RUN  # noqa: F401 (re-exported: the record a trial loop writes)
 from benchlib.analysis.stats import median_interval
 
@@ -56,7 +57,7 @@ class Deadline:
         try:
             return cls(float(text) if text else None)
         except ValueError:
-            raise ValueError(f"{DEADLINE_ENV} must be a time in seconds since the epoch, got {text!r}") from None
+            raise Refused(f"{DEADLINE_ENV} must be a time in seconds since the epoch, got {text!r}") from None
 
     def left(self) -> float:
         return math.inf if self.at is None else self.at - self.clock()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from benchlib.errors import Refused
 from benchlib.engines.gradients import (SEED_DEPENDENT_METRIC, UPDATE_ERROR_METRIC, gradient_tolerance,
                                         max_relative_error, require_finite, save_gradient)
 from benchlib.analysis.module_paths import COMPILED, NO_MODULE
@@ -133,7 +134,7 @@ def case(*, device, path: str, engine: str, values: dict, gradient_dir: str, che
     (`measuring.technique_options`: micro-batches, the SAC policy); `module_depth`: the levels of module
     paths its memory by module keeps; `check`: what runs after the measured steps (`CHECKS`)."""
     if check not in CHECKS:
-        raise ValueError(f"check={check!r}: valid values are {', '.join(CHECKS)}")
+        raise Refused(f"check={check!r}: valid values are {', '.join(CHECKS)}")
     model_file = read_model_file(path)
     model, batch = guarded(model_file, "model or batch (building the case)", model_file.build, values, device.torch)
     step = guarded(model_file, f"{engine}'s set-up (optimizer)", make_step, model_file, engine, model, batch, options)

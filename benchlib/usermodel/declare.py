@@ -8,6 +8,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from benchlib.errors import Refused
 from benchlib.benchmark import Benchmark, DeclarationError, Parameter, ParameterError
 from benchlib.engine_names import COMBINED, DEFAULT_COMBINATIONS, PARALLEL_STRATEGIES
 from benchlib.engines.module_memory import DEFAULT_DEPTH
@@ -62,7 +63,7 @@ def _technique_rules(model_file, config) -> None:
     free holds."""
     unknown = unknown_aten_ops(config.get("sac_saved_ops", ()))
     if unknown:
-        raise ValueError(f"sac_saved_ops: {', '.join(map(repr, unknown))} is no op of torch.ops.aten; valid: aten op "
+        raise Refused(f"sac_saved_ops: {', '.join(map(repr, unknown))} is no op of torch.ops.aten; valid: aten op "
                          f"names without overload, such as the default {', '.join(SAC_SAVED_OPS)}")
     registry = technique_registry(getattr(model_file, "techniques", {}))
     placed = []
@@ -70,18 +71,18 @@ def _technique_rules(model_file, config) -> None:
         try:
             combination = combine(engine, registry)
         except CombinationError as error:
-            raise ValueError(f"engines: {error}") from None
+            raise Refused(f"engines: {error}") from None
         except TechniqueFault:  # that engine's steps fail, saying so (the engine facts); the others run
             continue
         if combination.owner(Aspect.PLACEMENT) is not None:
             placed.append(engine)
     ranks, strategies = config.get("ranks", 1), parallel_strategies(config)
     if ranks > 1 and not (strategies or placed):
-        raise ValueError(f"ranks={ranks}: say how the step is spread over them: --parallel "
+        raise Refused(f"ranks={ranks}: say how the step is spread over them: --parallel "
                          f"{' or '.join(PARALLEL_STRATEGIES)} (-p parallel=fsdp), or an engine that names one "
                          f"(-p engines=fsdp+torch-checkpoint)")
     if ranks == 1 and (strategies or placed):
-        raise ValueError(f"{', '.join(strategies or placed)} runs on several ranks: give --ranks N (N >= 2)")
+        raise Refused(f"{', '.join(strategies or placed)} runs on several ranks: give --ranks N (N >= 2)")
     resident = getattr(model_file, "resident_bytes", None)  # known where a child read the file (`reading`)
     if ranks > 1 and resident:
         from benchlib.measure.ranks import refuse_ranks_beyond_memory
@@ -94,7 +95,7 @@ def parallel_strategies(config) -> list[str]:
     named = [part.strip() for part in str(config.get("parallel", "")).split(",") if part.strip()]
     unknown = [name for name in named if name not in PARALLEL_STRATEGIES]
     if unknown:
-        raise ValueError(f"parallel: {', '.join(map(repr, unknown))} is no parallel strategy; valid: "
+        raise Refused(f"parallel: {', '.join(map(repr, unknown))} is no parallel strategy; valid: "
                          f"{', '.join(PARALLEL_STRATEGIES)}, or both joined by a comma")
     return list(dict.fromkeys(named))
 

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchlib.errors import Refused
 from benchlib.engines import DYNAMO, case_imports
 from benchlib.analysis.modules import ROLE_WORDS
 from benchlib.engines.roles import GRADIENT_METRIC, OPTIMIZER_METRIC, PARAMETER_METRIC, SAVED_METRIC
@@ -40,7 +41,7 @@ BASELINE_FORMAT = 1
 GATE_PRELOAD = (DYNAMO,)
 
 
-class GateError(ValueError):
+class GateError(Refused):
     """A gate that cannot be checked as written: a limit that does not parse, an engine that is not
     the form's or does not apply, a baseline of another benchmark. Never a pass."""
 

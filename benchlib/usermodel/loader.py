@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from benchlib.errors import Failed, Refused
 
 REQUIRED = ("model", "batch", "loss")
 FORM = ("model(**params) -> torch.nn.Module, batch(**params) -> tensor or tuple of tensors, "
@@ -37,7 +38,7 @@ SEED = 0  # every process builds the same initial model and batch: gradients com
 RANK_SEED_STRIDE = 1000  # rank r's batch is drawn from SEED + 1 + r * RANK_SEED_STRIDE, apart from every other seed
 
 
-class ModelFileError(ValueError):
+class ModelFileError(Refused):
     """A model file its form refuses; the one message names the file, the function and what is expected."""
 
 
@@ -86,7 +87,7 @@ class ModelFile:
         return tuple(tensors if device is None else (tensor.to(device) for tensor in tensors))
 
 
-class UserCodeError(RuntimeError):
+class UserCodeError(Failed):
     """An exception in the model file's own code during a case; the message names the file's line."""
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchlib.errors import Refused
 from benchlib.benchmark import Benchmark, DeclarationError
 from benchlib.records.environment import note_torch_facts
 from benchlib.usermodel.loader import ModelFileError
@@ -132,7 +133,7 @@ def env_seconds(name: str, default: float) -> float:
     except ValueError:
         value = -1.0
     if not 0 < value < 1e9:
-        raise ValueError(f"{name} must be a number of seconds > 0, got {text!r}")
+        raise Refused(f"{name} must be a number of seconds > 0, got {text!r}")
     return value
 
 

@@ -21,6 +21,8 @@ allocations and GC pauses, and which role (saved activations, gradients) holds t
 
 import torch
 
+from benchlib.errors import Refused
+
 NAME = "my_mlp"  # records, files and the report use this name (default: the file's name)
 
 # Every parameter, with its default: `-p width=512` or `--grid width=128,256` change them. Values
@@ -111,7 +113,7 @@ def write_model_file(form: Mapping[str, Any], folder: str | Path) -> Path:
     torch and its arguments (the measured children import the file, not this process's objects)."""
     unknown = sorted(set(form) - {*FUNCTIONS, *VALUES})
     if unknown:
-        raise ValueError(f"profile() takes a path or a mapping of {', '.join(FUNCTIONS + VALUES)}; got {unknown}")
+        raise Refused(f"profile() takes a path or a mapping of {', '.join(FUNCTIONS + VALUES)}; got {unknown}")
     parts = ["import torch\n"]
     parts += [f"{name} = {form[name]!r}\n" for name in VALUES if name in form]
     parts += [textwrap.dedent(inspect.getsource(form[name])) for name in FUNCTIONS if form.get(name) is not None]

@@ -23,6 +23,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from benchlib.errors import Refused
 from benchlib.benchmark import Benchmark, Config, Parameter
 from benchlib.measure import (AllocationTracker, Device, count_allocations, measure, measure_steps, resolve_device,
                               time_call, torch_threads)
@@ -35,14 +36,14 @@ def _check_positive_ints(name: str, values) -> list[int]:
     values = list(values)
     if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
                              for v in values):
-        raise ValueError(f"{name} must be a non-empty list of positive integers, got {values!r}")
+        raise Refused(f"{name} must be a non-empty list of positive integers, got {values!r}")
     return values
 
 
 def _check_dtypes(dtypes) -> list[str]:
     dtypes = list(dtypes)
     if not dtypes or any(d not in MATMUL_DTYPES for d in dtypes):
-        raise ValueError(f"dtypes must be a non-empty subset of {list(MATMUL_DTYPES)}, got {dtypes!r}")
+        raise Refused(f"dtypes must be a non-empty subset of {list(MATMUL_DTYPES)}, got {dtypes!r}")
     return dtypes
 
 
@@ -217,7 +218,7 @@ def sampler_overhead(device="cpu", intervals_s=(0.001, 0.002, 0.01), rounds: int
     device = resolve_device(device)
     intervals = list(intervals_s)
     if not intervals or not all(isinstance(i, (int, float)) and i > 0 for i in intervals):
-        raise ValueError(f"intervals_s must be a non-empty list of positive seconds, "
+        raise Refused(f"intervals_s must be a non-empty list of positive seconds, "
                          f"got {intervals!r}")
     rounds = _check_positive_ints("rounds", [rounds])[0]
     fn = small_ops_workload(device, steps=steps)

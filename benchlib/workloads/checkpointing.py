@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from benchlib import autodiff
+from benchlib.errors import Refused
 from benchlib.autodiff import ops
 from benchlib.autodiff.checkpoint import revolve_cost
 from benchlib.engines import get_engine
@@ -57,13 +58,13 @@ def case(*, device, engine: str, D: int, depth: int, dtype: str, gradient_dir: s
 def check_budgets(budgets: Iterable, depth: int) -> list[int]:
     """Budgets as a list of distinct ints in 1..depth; what is wrong is said otherwise."""
     if isinstance(budgets, (str, int)) or not list(budgets):
-        raise ValueError(f"budgets must be a non-empty list of snapshot counts in 1..depth ({depth}), got {budgets!r}")
+        raise Refused(f"budgets must be a non-empty list of snapshot counts in 1..depth ({depth}), got {budgets!r}")
     budgets = list(budgets)
     bad = [b for b in budgets if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= depth]
     if bad:
-        raise ValueError(f"budgets must be integers in 1..depth ({depth}), got {bad}")
+        raise Refused(f"budgets must be integers in 1..depth ({depth}), got {bad}")
     if len(set(budgets)) != len(budgets):
-        raise ValueError(f"budgets lists a value twice: {budgets}")
+        raise Refused(f"budgets lists a value twice: {budgets}")
     return budgets
 
 

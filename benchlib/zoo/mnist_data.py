@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+from benchlib.errors import Refused
 
 ENV_DATA_DIR = "BENCHLIB_MNIST_DIR"
 
@@ -72,7 +73,7 @@ _IDX_DTYPES = {
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
-class MNISTDataError(ValueError):
+class MNISTDataError(Refused):
     """An IDX file is corrupt, truncated or does not match its partner, or a download failed
     verification."""
 

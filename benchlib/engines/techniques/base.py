@@ -17,6 +17,7 @@ from enum import Enum
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from benchlib.errors import Refused
 from benchlib.engine_names import COMBINED, TORCH
 
 if TYPE_CHECKING:
@@ -176,7 +177,7 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-class CombinationError(ValueError):
+class CombinationError(Refused):
     """A technique name that is not one, or techniques that cannot join; the message says what is valid."""
 
 

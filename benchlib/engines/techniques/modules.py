@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from benchlib.errors import Refused
+
 if TYPE_CHECKING:  # torch is imported where a model is read, not where a run is planned
     import torch
 
@@ -196,14 +198,14 @@ def parse_module_spec(spec: str) -> tuple[str, ...]:
     paths: list[str] = []
     for item in (part.strip() for part in spec.split(",")):
         if not item:
-            raise ValueError(f"[{spec}] names an empty module path; give paths or ranges such as encoder.layers.0-5")
+            raise Refused(f"[{spec}] names an empty module path; give paths or ranges such as encoder.layers.0-5")
         match = _RANGE.match(item)
         if match is None:
             paths.append(item)
             continue
         first, last = int(match["first"]), int(match["last"])
         if last < first:
-            raise ValueError(f"{item}: a range of blocks runs from the lower index to the higher (e.g. 0-5)")
+            raise Refused(f"{item}: a range of blocks runs from the lower index to the higher (e.g. 0-5)")
         prefix = f"{match['stack']}." if match["stack"] else ""
         paths += [f"{prefix}{index}" for index in range(first, last + 1)]
     return tuple(dict.fromkeys(paths))

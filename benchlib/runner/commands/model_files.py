@@ -11,12 +11,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchlib.engine_names import split_names
+from benchlib.errors import EXIT_FAILED, EXIT_OK
 from benchlib.fit.cuda_policy import DEFAULT_GPU, GPUS
 from benchlib.fit.settings import QUICK, THOROUGH, Search
 from benchlib.runner.arguments import parse_assignments, ranks_params
 from benchlib.runner.notebooks import RunnerError
 
-EXIT_FITS, EXIT_NONE_FITS = 0, 1
+EXIT_FITS, EXIT_NONE_FITS = EXIT_OK, EXIT_FAILED
 
 
 def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:

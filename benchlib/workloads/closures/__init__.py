@@ -23,6 +23,7 @@ passes (tracing slows code), each starting from fresh set-ups and, for torch.com
 Modules: `spec` (names and settings), `engines`, `mwes`, `protocol` (passes and records), `tables`.
 """
 
+from benchlib.errors import Refused
 from benchlib.workloads.closures.spec import (
     NAME, MWES, MWE_DTYPES, ORDERS, INITIAL, RERUN, NEW, RESETUP, STEPS, PHASES, PAIRS, SHARED_ENGINES,
     COMPILE_ENGINE, FUNC_ENGINE, ENGINES, VALID_ENGINES, COMPILE_BACKENDS, N_SAMPLES, N_IN, N_OUT, BATCH_SIZE,
@@ -50,7 +51,7 @@ def _rules(config) -> None:
     for name in ("mwes", "engines", "orders"):
         distinct(name, config[name])
     if not 0 < config.alpha < 1:
-        raise ValueError(f"alpha must be between 0 and 1, got {config.alpha!r}")
+        raise Refused(f"alpha must be between 0 and 1, got {config.alpha!r}")
 
 
 _ZYGOTE = "Zygote #1206: a structurally identical new closure costs the same"

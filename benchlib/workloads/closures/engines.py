@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from benchlib.errors import Refused
 from benchlib.engine_names import TORCH, TORCH_FUNC
 from benchlib.engines import Engine, get_engine
 from benchlib.engines.functional import array_engine, torch_func_gradient
@@ -103,9 +104,9 @@ def not_applicable(engine: str, device) -> str | None:
 def make_engine(name: str, device, backend: str = Protocol.backend) -> ClosureEngine:
     """The engine called `name` (one of VALID_ENGINES) on `device`."""
     if name not in VALID_ENGINES:
-        raise ValueError(f"unknown engine {name!r}; valid: {', '.join(VALID_ENGINES)}")
+        raise Refused(f"unknown engine {name!r}; valid: {', '.join(VALID_ENGINES)}")
     if backend not in COMPILE_BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(COMPILE_BACKENDS)}, got {backend!r}")
+        raise Refused(f"backend must be one of {', '.join(COMPILE_BACKENDS)}, got {backend!r}")
     device = resolve_device(device)
     if name == COMPILE_ENGINE:
         compiler = CompileCounter(backend)

@@ -6,6 +6,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from benchlib.errors import Refused
 from benchlib.engines.gradients import GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, max_relative_error
 from benchlib.measure import attribute_allocations, count_allocations, resolve_device, time_call
 from benchlib.records import make_record, status_record
@@ -223,7 +224,7 @@ def tracker_records(device="auto", samples: int = 5) -> list[dict]:
     """The allocation tracker's count for an empty call, `samples` times: what is left of it once its floor
     (params.floor, measured in the same session) is subtracted, and the jitter every comparison allows for."""
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise ValueError(f"samples must be an integer >= 1, got {samples!r}")
+        raise Refused(f"samples must be an integer >= 1, got {samples!r}")
     device = resolve_device(device)
     records = []
     for i in range(samples):

@@ -56,6 +56,7 @@ from its config), `lenet` (the 5 LeNet5s). The benchmark name, the minibatch ord
 """
 import math
 
+from benchlib.errors import Refused
 from benchlib.analysis.seed_verdicts import RatioRule
 from benchlib.benchmark import Benchmark, Parameter, Seed, distinct, exceeds
 from benchlib.lazy_exports import lazy_exports
@@ -93,7 +94,7 @@ def _rules(config) -> None:
         distinct(name, config[name])
     only_default = [name for name in config.strategies if name not in config.policy_strategies]
     if only_default and DEFAULT_POLICY not in config.gc_policies:
-        raise ValueError(f"strategies {', '.join(only_default)} run under the {DEFAULT_POLICY} GC policy only, which "
+        raise Refused(f"strategies {', '.join(only_default)} run under the {DEFAULT_POLICY} GC policy only, which "
                          f"gc_policies leaves out: add {DEFAULT_POLICY} to gc_policies, or them to policy_strategies")
 
 

@@ -10,6 +10,8 @@ import os
 
 from typing import TYPE_CHECKING
 
+from benchlib.errors import Refused
+
 import numpy as np
 
 if TYPE_CHECKING:  # imported where the nets train, not where the benchmark is declared
@@ -23,7 +25,7 @@ def minibatch_indices(n_samples: int, batch: int, steps: int, seed: int) -> torc
     import torch
 
     if n_samples < batch:
-        raise ValueError(f"the dataset has {n_samples} samples, fewer than one batch of {batch}")
+        raise Refused(f"the dataset has {n_samples} samples, fewer than one batch of {batch}")
     rng = np.random.default_rng(seed)
     per_epoch = n_samples // batch
     epochs = -(-steps // per_epoch)

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from benchlib.errors import Refused
+
 if TYPE_CHECKING:  # imported where the nets are made, not where the benchmark is declared
     import torch
 
@@ -48,9 +50,9 @@ class EnsembleConfig:
         for name in ("n_nets", "inputs", "hidden", "classes", "batch"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+                raise Refused(f"{name} must be a positive integer, got {value!r}")
         if not (isinstance(self.lr, (int, float)) and self.lr > 0):
-            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+            raise Refused(f"lr must be a positive number, got {self.lr!r}")
 
     @property
     def params_per_net(self) -> int:

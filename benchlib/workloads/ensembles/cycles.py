@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import weakref
 
+from benchlib.errors import Refused
+
 
 class StepCheckFailed(Exception):
     """What the step check raises, and the loop keeps."""
@@ -40,7 +42,7 @@ class StepCycles:
 
     def __init__(self, per_step: int):
         if isinstance(per_step, bool) or not isinstance(per_step, int) or per_step < 0:
-            raise ValueError(f"cycles per step must be an integer >= 0, got {per_step!r}")
+            raise Refused(f"cycles per step must be an integer >= 0, got {per_step!r}")
         self.per_step = per_step
         self._held: dict[weakref.ref, int] = {}
         self._kept: list = []

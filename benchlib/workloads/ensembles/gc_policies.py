@@ -8,6 +8,7 @@ import gc
 
 import torch
 
+from benchlib.errors import Refused
 from benchlib.records import make_record
 from benchlib.workloads.ensembles.config import GC_POLICIES, RAISED_THRESHOLDS
 from benchlib.workloads.ensembles.common import NAME
@@ -19,11 +20,11 @@ class GCPolicy:
 
     def __init__(self, name: str, *, every: int = 10, generation: int = 2, cuda: bool = False):
         if name not in GC_POLICIES:
-            raise ValueError(f"unknown GC policy {name!r}; valid: {', '.join(GC_POLICIES)}")
+            raise Refused(f"unknown GC policy {name!r}; valid: {', '.join(GC_POLICIES)}")
         if not isinstance(every, int) or every < 1:
-            raise ValueError(f"manual GC interval must be a positive integer, got {every!r}")
+            raise Refused(f"manual GC interval must be a positive integer, got {every!r}")
         if generation not in (0, 1, 2):
-            raise ValueError(f"manual GC generation must be 0, 1 or 2, got {generation!r}")
+            raise Refused(f"manual GC generation must be 0, 1 or 2, got {generation!r}")
         self.name, self.every, self.generation, self.cuda = name, every, generation, cuda
         self._was_enabled, self._thresholds = True, gc.get_threshold()  # what __enter__ finds, restored on exit
 
@@ -83,7 +84,7 @@ def full_collection_pauses(data, heap_sizes=(0, 60000), repeats: int = 5):
     from benchlib.measure import GCMonitor
 
     if not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+        raise Refused(f"repeats must be a positive integer, got {repeats!r}")
     frames = []
     for heap_size in heap_sizes:
         with long_lived_heap(data, heap_size):

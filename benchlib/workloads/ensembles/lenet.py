@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchlib.errors import Refused
 from benchlib.records import make_record
 from benchlib.workloads.ensembles.common import NAME, load_average, minibatch_indices
 from benchlib.workloads.ensembles.config import MODES
@@ -44,11 +45,11 @@ class LeNetConfig:
         for name in ("n_models", "batch", "epochs"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+                raise Refused(f"{name} must be a positive integer, got {value!r}")
         if not isinstance(self.step_limit, int) or self.step_limit < 0:
-            raise ValueError(f"step_limit must be a non-negative integer (0: whole epochs), got {self.step_limit!r}")
+            raise Refused(f"step_limit must be a non-negative integer (0: whole epochs), got {self.step_limit!r}")
         if not self.lr > 0:
-            raise ValueError(f"lr must be positive, got {self.lr!r}")
+            raise Refused(f"lr must be positive, got {self.lr!r}")
 
 
 def lenet5() -> nn.Sequential:
@@ -219,10 +220,10 @@ def run_lenet(
 
     unknown = [m for m in modes if m not in TRAINERS]
     if unknown:
-        raise ValueError(f"unknown LeNet modes {unknown}; valid: {', '.join(MODES)}")
+        raise Refused(f"unknown LeNet modes {unknown}; valid: {', '.join(MODES)}")
     for name, value in (("alloc_steps", alloc_steps), ("warmup_steps", warmup_steps)):
         if not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+            raise Refused(f"{name} must be a non-negative integer, got {value!r}")
     x_all, y_all = data.as_float_tensors(device.torch)
     x_all = x_all.view(-1, 1, 28, 28)
     per_epoch = len(data) // config.batch

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from benchlib.errors import Refused
 from benchlib.workloads.ensembles.config import STRATEGIES, PARAM_NAMES, EnsembleConfig
 
 
@@ -322,5 +323,5 @@ STRATEGY_CLASSES = {cls.name: cls for cls in (Naive, BuffersReused, StepInBackwa
 def make_strategy(name: str, init: dict[str, torch.Tensor], config: EnsembleConfig, device) -> Strategy:
     """A strategy by name, its nets set to ``init`` (stacked, from `initial_parameters`)."""
     if name not in STRATEGY_CLASSES:
-        raise ValueError(f"unknown strategy {name!r}; valid: {', '.join(STRATEGIES)}")
+        raise Refused(f"unknown strategy {name!r}; valid: {', '.join(STRATEGIES)}")
     return STRATEGY_CLASSES[name](init, config, getattr(device, "torch", device))

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchlib.errors import Refused
 from benchlib.records import make_record
 from benchlib.trials.loop import stopping_rule
 from benchlib.trials.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline
@@ -178,7 +179,7 @@ def train(
     warmup, alloc_steps, cycles = plan.warmup, plan.alloc_steps, plan.cycles
     steps = len(batches) - alloc_steps
     if steps <= warmup:
-        raise ValueError(f"need more steps than warm-up steps ({warmup}), got {steps} timed steps")
+        raise Refused(f"need more steps than warm-up steps ({warmup}), got {steps} timed steps")
     loss, memory, held = np.zeros(steps), np.zeros(steps), np.zeros(steps)
     left = StepCycles(cycles)
     labels = dict(labels or {}) | {"warmup": warmup, "loadavg_1m_before": load_average(),
@@ -305,18 +306,18 @@ def _check_grid(grid: Grid, plan: TrainingPlan) -> None:
     """ValueError, saying what is valid, for a grid or plan that names what does not exist or cannot run."""
     unknown = [s for s in grid.strategies if s not in STRATEGY_CLASSES]
     if unknown:
-        raise ValueError(f"unknown strategies {unknown}; valid: {', '.join(STRATEGIES)}")
+        raise Refused(f"unknown strategies {unknown}; valid: {', '.join(STRATEGIES)}")
     bad_policies = [p for p in grid.gc_policies if p not in GC_POLICIES]
     if bad_policies:
-        raise ValueError(f"unknown GC policies {bad_policies}; valid: {', '.join(GC_POLICIES)}")
+        raise Refused(f"unknown GC policies {bad_policies}; valid: {', '.join(GC_POLICIES)}")
     bad_heaps = [h for h in grid.heap_sizes if not isinstance(h, int) or h < 0]
     if bad_heaps:
-        raise ValueError(f"heap sizes must be integers >= 0 (samples held as tuples), got {bad_heaps}")
+        raise Refused(f"heap sizes must be integers >= 0 (samples held as tuples), got {bad_heaps}")
     if set(plan.steps_per_strategy) - set(STRATEGIES):
-        raise ValueError(f"steps_per_strategy names unknown strategies; valid: {', '.join(STRATEGIES)}")
+        raise Refused(f"steps_per_strategy names unknown strategies; valid: {', '.join(STRATEGIES)}")
     for name in grid.strategies:
         if plan.steps_of(name) <= plan.warmup:
-            raise ValueError(f"{name}: steps must exceed warmup ({plan.warmup})")
+            raise Refused(f"{name}: steps must exceed warmup ({plan.warmup})")
 
 
 @dataclass(frozen=True)
@@ -409,7 +410,7 @@ def thread_sweep(
     """
     bad = [n for n in thread_counts if not isinstance(n, int) or n < 1]
     if bad or not thread_counts:
-        raise ValueError(f"thread_counts must be a non-empty list of integers >= 1, got {list(thread_counts)}")
+        raise Refused(f"thread_counts must be a non-empty list of integers >= 1, got {list(thread_counts)}")
     from benchlib.measure import torch_threads
 
     cell = Grid(strategies=(strategy,), gc_policies=(gc_policy,), heap_sizes=(0,))
@@ -443,7 +444,7 @@ def cycle_sweep(
     blocks falls on every count alike."""
     bad = [n for n in cycle_counts if isinstance(n, bool) or not isinstance(n, int) or n < 0]
     if bad or not cycle_counts:
-        raise ValueError(f"cycle_counts must be a non-empty list of integers >= 0, got {list(cycle_counts)}")
+        raise Refused(f"cycle_counts must be a non-empty list of integers >= 0, got {list(cycle_counts)}")
     results = []
     for trial in range(plan.trials):
         order_seed = None if plan.order_seed is None else plan.order_seed + trial
