@@ -292,7 +292,6 @@ class Benchmark:
         nothing. The same meaning twice is fine; another meaning for a name is refused (DeclarationError)."""
         from benchlib.records.metrics import METRICS, MetricError
         from benchlib.records.schema import DIMENSIONS
-        from benchlib.report.palette import PaletteError, register
 
         try:
             for metric in self.metrics:
@@ -303,10 +302,13 @@ class Benchmark:
             if DIMENSIONS.setdefault(dimension, meaning) != meaning:
                 raise DeclarationError(f"benchmark {self.name!r}: dimension {dimension!r} is already declared as "
                                        f"{DIMENSIONS[dimension]!r}")
-        try:
-            register(self.name, self.colors)
-        except PaletteError as error:
-            raise DeclarationError(f"benchmark {self.name!r}: colors: {error}") from None
+        if self.colors:  # the palette is presentation's: loaded only for a benchmark that has colours of its own
+            from benchlib.report.palette import PaletteError, register
+
+            try:
+                register(self.name, self.colors)
+            except PaletteError as error:
+                raise DeclarationError(f"benchmark {self.name!r}: colors: {error}") from None
         return self
 
     def __repr__(self) -> str:

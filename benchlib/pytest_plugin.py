@@ -74,12 +74,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     marked = [item for item in items if item.get_closest_marker(MARKER) is not None]
     if not marked:
         return
-    from benchlib.usermodel.gate import GateError
+    from benchlib.errors import Refused
 
     for item in marked:
         try:
             _marker_limits(item)
-        except (GateError, TypeError) as error:
+        except (Refused, TypeError) as error:  # a limit that does not parse (the gate's and units' refusals)
             raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.{MARKER}: {error}") from None
         if "gradient_step" not in getattr(item, "fixturenames", ()):
             raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.{MARKER} limits the steps the gradient_step fixture "

@@ -15,7 +15,7 @@ from benchlib.fit.in_child import ChildFailed
 from benchlib.measure.isolation import CaseFailed
 from benchlib.records.store import OutDirRefused, RecordsUnreadable
 from benchlib.runner import cli
-from benchlib.runner.notebooks import RunnerError
+from benchlib.runner.arguments import RunnerError
 from benchlib.usermodel.gate import GateError
 from benchlib.usermodel.loader import ModelFileError, UserCodeError
 

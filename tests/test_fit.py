@@ -412,7 +412,7 @@ print(json.dumps({"code": code, "imported": imported}))
 
 
 @pytest.mark.slow  # a fresh interpreter: this one has imported the notebook runner for other tests
-def test_fit_imports_nothing_of_the_notebook_runner_before_it_measures(tmp_path):
+def test_fit_imports_nothing_of_the_notebook_runner_nor_the_report_before_it_measures(tmp_path):
     import subprocess
     import sys
 
@@ -422,8 +422,11 @@ def test_fit_imports_nothing_of_the_notebook_runner_before_it_measures(tmp_path)
     assert said["code"] == 0 and said["imported"], done.stderr[-2000:]
     runner = [name for name in said["imported"] if name.split(".")[0] in ("jupyter_client", "zmq", "tornado",
                                                                          "traitlets", "papermill", "nbformat")
-              or name in ("benchlib.runner.kernels", "benchlib.runner.papermill_exec", "benchlib.runner.preflight")]
+              or name in ("benchlib.runner.kernels", "benchlib.runner.papermill_exec", "benchlib.runner.preflight",
+                          "benchlib.runner.notebooks", "benchlib.runner.execute", "benchlib.usermodel.declare")]
     assert runner == []
+    shown = [name for name in said["imported"] if name.startswith("benchlib.report") or name.split(".")[0] == "plotly"]
+    assert shown == []  # the question is asked with the file's parameters alone (`usermodel.parameters`)
 
 
 def test_a_measured_step_runs_no_check_unless_its_memory_by_module_is_asked_for(tmp_path):

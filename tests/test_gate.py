@@ -7,10 +7,12 @@ import textwrap
 import numpy as np
 import pytest
 
+from benchlib.errors import Refused
 from benchlib.measure import measure
 from benchlib.measure.allocations import PeakSite
-from benchlib.usermodel.gate import (Baselines, GateError, Limits, StepCost, check_step, measure_step, parse_bytes,
+from benchlib.usermodel.gate import (Baselines, GateError, Limits, StepCost, check_step, measure_step,
                                      parse_count, parse_ratio)
+from benchlib.units import parse_bytes
 
 
 @pytest.mark.parametrize("text, expected", [("64 MiB", 64 * 2**20), ("0.5 GB", 500_000_000), ("800kB", 800_000),
@@ -21,7 +23,7 @@ def test_byte_limits_parse(text, expected):
 
 @pytest.mark.parametrize("text", ["lots", "5 parsecs", "", "-3 MB", -1, True, None, "MiB"])
 def test_byte_limits_that_do_not_parse_say_what_is_valid(text):
-    with pytest.raises(GateError, match="is not a memory size; valid: .*MiB"):
+    with pytest.raises(Refused, match="is not a memory size; valid: .*MiB"):
         parse_bytes(text)
 
 

@@ -18,7 +18,8 @@ import pytest
 from benchlib.records.store import list_runs
 from benchlib.registry import get
 from benchlib.runner.commands.running import working_copies
-from benchlib.runner.notebooks import RunnerError, find_project_notebooks
+from benchlib.runner.arguments import RunnerError
+from benchlib.runner.notebooks import find_project_notebooks
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 BENCHLIB = Path(sys.executable).with_name("benchlib")

@@ -17,7 +17,7 @@ from benchlib.benchmark import Parameter, ParameterError  # noqa: E402
 from benchlib.records import Run, load_records, make_record  # noqa: E402
 from benchlib.records.store import RecordsKept, read_records_file, rows_held, write_records_atomic  # noqa: E402
 from benchlib.runner.arguments import parse_assignment  # noqa: E402
-from benchlib.runner.notebooks import RunnerError  # noqa: E402
+from benchlib.runner.arguments import RunnerError  # noqa: E402
 from benchlib.runner.arguments import parse_grid  # noqa: E402
 
 MANY = settings(max_examples=1000, deadline=None)

@@ -241,7 +241,7 @@ def test_a_global_batch_is_split_evenly_over_the_ranks_or_refused_saying_what_wo
     from argparse import Namespace
 
     from benchlib.runner.arguments import ranks_params
-    from benchlib.runner.notebooks import RunnerError
+    from benchlib.runner.arguments import RunnerError
 
     asked = Namespace(ranks=4, parallel="fsdp", global_batch="batch_size=64")
     assert ranks_params(asked, {"width": "8"}) == {"width": "8", "ranks": "4", "parallel": "fsdp", "batch_size": "16"}

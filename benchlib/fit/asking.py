@@ -13,6 +13,7 @@ from typing import Any
 
 from benchlib.errors import Refused
 from benchlib.fit.settings import THOROUGH
+from benchlib.units import parse_bytes
 from benchlib.fit.sizing import MIN_POINTS
 from benchlib.usermodel.reading import FileFacts
 
@@ -99,11 +100,10 @@ def ask(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | None
     named `scale`, as a refusal names it."""
     from benchlib.engines.techniques import CombinationError, added_combinations, technique_registry
     from benchlib.usermodel.case import combination_of
-    from benchlib.usermodel.declare import declaration
     from benchlib.usermodel.loader import ModelFileError
     from benchlib.usermodel.reading import measure_reading, read_in_child
-    from benchlib.usermodel.gate import parse_bytes
     from benchlib.usermodel.measuring import TORCH_FORM, spread_over_ranks
+    from benchlib.usermodel.parameters import file_benchmark
 
     memory, margin = (memory.size, memory.margin) if isinstance(memory, MemoryLimit) else (memory, 0.0)
     try:
@@ -133,7 +133,7 @@ def ask(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | None
         facts = dataclasses.replace(facts, resident_bytes=None)
     if facts.arrays:
         raise FitError(f"{facts.path}: fit takes a model file in the torch form (this one is in the array form)")
-    benchmark, form = declaration([facts], False, functools.partial(measure_reading, [str(facts.path)])), TORCH_FORM
+    benchmark, form = file_benchmark([facts], False, functools.partial(measure_reading, [str(facts.path)])), TORCH_FORM
     if scale not in facts.parameters:
         raise FitError(f"{asked_by} {scale!r} is not a parameter of {facts.path.name}; its parameters: "
                        f"{', '.join(facts.parameters) or 'none'}")

@@ -2,41 +2,34 @@
 and loading runs back (parquet and JSON; no pickle). The measuring code writes through it; judging
 (`benchlib.analysis`) and showing (`benchlib.report`) read it."""
 
-from benchlib.records.environment import capture_environment
-from benchlib.records.metrics import METRICS, Metric, MetricError
-from benchlib.records.schema import (DIMENSIONS, RECORD_COLUMNS, SCHEMA_VERSION, STATUSES, RecordError, make_record,
-                                      params_json, records_frame, status_record)
-from benchlib.records.store import (
-    Run,
-    default_results_root,
-    list_runs,
-    load_records,
-    load_run_info,
-    reference_records,
-    write_json_atomic,
-    write_parquet_atomic,
-)
+from benchlib.lazy_exports import lazy_exports
 
-__all__ = [
-    "DIMENSIONS",
-    "METRICS",
-    "Metric",
-    "MetricError",
-    "RECORD_COLUMNS",
-    "SCHEMA_VERSION",
-    "STATUSES",
-    "RecordError",
-    "Run",
-    "capture_environment",
-    "default_results_root",
-    "list_runs",
-    "load_records",
-    "load_run_info",
-    "make_record",
-    "params_json",
-    "records_frame",
-    "reference_records",
-    "status_record",
-    "write_json_atomic",
-    "write_parquet_atomic",
-]
+# Public names and the module that holds each, imported when first asked for: a process that reads one part (the
+# environment's facts, a metric's name) loads no pandas.
+_HOMES = {
+    "capture_environment": "environment",
+    "METRICS": "metrics",
+    "Metric": "metrics",
+    "MetricError": "metrics",
+    "DIMENSIONS": "schema",
+    "RECORD_COLUMNS": "schema",
+    "SCHEMA_VERSION": "schema",
+    "STATUSES": "schema",
+    "RecordError": "schema",
+    "make_record": "schema",
+    "params_json": "schema",
+    "records_frame": "schema",
+    "status_record": "schema",
+    "Run": "store",
+    "default_results_root": "store",
+    "list_runs": "store",
+    "load_records": "store",
+    "load_run_info": "store",
+    "reference_records": "store",
+    "write_json_atomic": "store",
+    "write_parquet_atomic": "store",
+}
+
+__getattr__ = lazy_exports(__name__, _HOMES)
+
+__all__ = sorted(_HOMES)

@@ -1,8 +1,12 @@
 """Presentation: report.html (`page`), history.html (`history`), the plotly figure builders (`plots`), the
 tables and text (`tables`), and figures as files in a run (`figure_files`). Takes tidy frames; measures
-nothing and decides nothing. What a notebook shows besides its figures is re-exported here."""
+nothing and decides nothing. What a notebook shows besides its figures is re-exported here, imported when
+first asked for: a process that needs one part (the palette, a table) loads none of the figures."""
 
-from benchlib.report.figure_files import save_figure
-from benchlib.report.tables.comparison import comparison_frame
+from benchlib.lazy_exports import lazy_exports
 
-__all__ = ["comparison_frame", "save_figure"]
+_HOMES = {"comparison_frame": "tables.comparison", "save_figure": "figure_files"}
+
+__getattr__ = lazy_exports(__name__, _HOMES)
+
+__all__ = sorted(_HOMES)

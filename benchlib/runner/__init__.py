@@ -11,7 +11,7 @@ _HOMES = {
     "NotebookSpec": "notebooks",
     "RunOptions": "execute",
     "RunResult": "outcomes",
-    "RunnerError": "notebooks",
+    "RunnerError": "arguments",
     "inspect": "notebooks",
     "values_for": "preflight",
     "run": "execute",

@@ -8,7 +8,12 @@ import ast
 from collections.abc import Sequence
 from typing import Any
 
-from benchlib.runner.notebooks import RunnerError
+from benchlib.errors import Refused
+
+
+class RunnerError(Refused):
+    """Input the runner refuses before anything runs; the message says what is valid. Here, with the command line's
+    text, so that parsing it loads nothing else of the runner."""
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:

@@ -19,16 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import registry
-from benchlib.errors import Refused
+from benchlib.runner.arguments import RunnerError
 from benchlib.benchmark import INJECTED, Benchmark, DeclarationError, Parameter, ParameterError
 from benchlib.records.store import find_project_root
 
 # Runs a benchmark declared with `measure` (no notebook of its own) in a kernel like any other.
 DECLARED_NOTEBOOK = Path(__file__).with_name("declared.ipynb")
-
-
-class RunnerError(Refused):
-    """Input the runner refuses before anything runs; the message says what is valid."""
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ from benchlib.benchmark import INJECTED, ParameterError, unknown_parameters
 from benchlib.measure.forkserver import isolation_mode
 from benchlib.records.store import OutDirRefused, check_out_dir
 from benchlib.report.figure_files import check_static_export
-from benchlib.runner.notebooks import NotebookSpec, RunnerError, select_notebooks
+from benchlib.runner.arguments import RunnerError
+from benchlib.runner.notebooks import NotebookSpec, select_notebooks
 from benchlib.runner.papermill_exec import KERNEL_NAME
 from benchlib.runner.sweep import EXECUTORS
 

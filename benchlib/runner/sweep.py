@@ -28,7 +28,7 @@ from typing import Any
 
 from benchlib.errors import Refused
 from benchlib.runner.kernels import ipc_kernel_manager, reap_orphans
-from benchlib.runner.notebooks import RunnerError
+from benchlib.runner.arguments import RunnerError
 from benchlib.runner.papermill_exec import execute_notebook
 
 BENCHMARK_SLOT = "benchmark"  # the Dask worker resource a timed point needs; one per machine (per GPU)

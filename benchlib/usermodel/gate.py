@@ -12,7 +12,6 @@ the glue to pytest.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import tempfile
@@ -27,13 +26,10 @@ from benchlib.engines.roles import GRADIENT_METRIC, OPTIMIZER_METRIC, PARAMETER_
 from benchlib.measure.allocations import PeakSite
 from benchlib.records.metrics import MODULE_METRIC
 from benchlib.source_files import is_library
-from benchlib.units import format_bytes, format_count
+from benchlib.units import format_bytes, format_count, parse_bytes
 
 ROLE_NAMES = {PARAMETER_METRIC: "parameters", GRADIENT_METRIC: "gradients", SAVED_METRIC: "saved activations",
               OPTIMIZER_METRIC: "optimizer state"}
-BYTE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-              "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_QUANTITY = re.compile(r"^\s*((?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*$")
 BASELINE_FORMAT = 1
 # What a torch step's set-up imports anyway: torch.optim imports torch._dynamo on first use (0.8 s on a 2-core
 # machine). The gate's template imports it beside the model file's import here, before the file says whether it
@@ -44,22 +40,6 @@ GATE_PRELOAD = (DYNAMO,)
 class GateError(Refused):
     """A gate that cannot be checked as written: a limit that does not parse, an engine that is not
     the form's or does not apply, a baseline of another benchmark. Never a pass."""
-
-
-def parse_bytes(value: Any) -> int:
-    """A byte limit: a number of bytes, or text with a unit ("64 MiB", "0.5 GB", "800kB")."""
-    valid = "a number of bytes, or a number with a unit: B, kB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB " \
-            "(powers of 1024), e.g. '64 MiB' or '0.5 GB'"
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf:
-        return int(value)
-    match = _QUANTITY.match(value) if isinstance(value, str) else None
-    unit = match.group(2).lower() if match else ""
-    if match is None or (unit and unit not in BYTE_UNITS):
-        raise GateError(f"{value!r} is not a memory size; valid: {valid}")
-    size = float(match.group(1)) * BYTE_UNITS[unit or "b"]
-    if not math.isfinite(size):
-        raise GateError(f"{value!r} is not a finite memory size; valid: {valid}")
-    return int(size)
 
 
 def parse_count(value: Any) -> int:

@@ -14,8 +14,7 @@ from benchlib.engine_names import split_names
 from benchlib.errors import EXIT_FAILED, EXIT_OK
 from benchlib.fit.cuda_policy import DEFAULT_GPU, GPUS
 from benchlib.fit.settings import QUICK, THOROUGH, Search
-from benchlib.runner.arguments import parse_assignments, ranks_params
-from benchlib.runner.notebooks import RunnerError
+from benchlib.runner.arguments import RunnerError, parse_assignments, ranks_params
 
 EXIT_FITS, EXIT_NONE_FITS = EXIT_OK, EXIT_FAILED
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchlib.runner.notebooks import RunnerError, declared
+from benchlib.runner.arguments import RunnerError
 
 
 def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:
@@ -150,6 +150,7 @@ def compare_command(arguments: argparse.Namespace) -> int:
     from benchlib import registry
     from benchlib.analysis.compare import (WORSE, any_worse, compact_table, compare_runs, headline, key_name,
                                           machine_drift, one_sided_text)
+    from benchlib.runner.notebooks import declared
 
     yardsticks = registry.yardsticks(declared())  # every benchmark registered: each metric judged its own way
     comparison = compare_runs(arguments.run_a, arguments.run_b, root=arguments.out, threshold=arguments.threshold,
@@ -193,6 +194,7 @@ def history_command(arguments: argparse.Namespace) -> int:
                                            without_commit)
     from benchlib.report.history import HISTORY_PAGE, history_page, step_table
     from benchlib.records.store import default_results_root, refuse_overwriting_run_data, write_text_atomic
+    from benchlib.runner.notebooks import declared
 
     if arguments.html is not None:  # refused before anything is read, not after the answer is printed
         refuse_overwriting_run_data(arguments.html, HISTORY_PAGE)

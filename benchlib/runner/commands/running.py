@@ -9,8 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchlib.runner.arguments import parse_assignments, ranks_params
-from benchlib.runner.notebooks import RunnerError, select_notebooks
+from benchlib.runner.arguments import RunnerError, parse_assignments, ranks_params
 
 
 def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:
@@ -138,6 +137,8 @@ def _run(arguments: argparse.Namespace) -> int:
 
 
 def _list(names: Sequence[str], notebooks_dir: Path | None) -> int:
+    from benchlib.runner.notebooks import select_notebooks
+
     for spec in select_notebooks(names, notebooks_dir):
         benchmark = spec.benchmark
         print(f"{benchmark.name}  ({', '.join(map(str, spec.sources)) or spec.path})")
