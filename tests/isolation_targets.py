@@ -10,6 +10,11 @@ from benchlib.measure import Case, mark
 ARRAY_BYTES = 8 * 4_000_000
 
 
+def allocate_in_check(device, n=4_000_000):
+    """The measured call allocates little; its check allocates n float64s (a second model's gradient, say)."""
+    return Case(lambda: np.ones(1000), lambda result: {"checked": float(np.ones(n).sum())})
+
+
 def allocate(device, n=4_000_000):
     """Set-up allocates `kept` (before the baseline); the measured call allocates n float64s."""
     kept = np.ones(n)

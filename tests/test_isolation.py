@@ -267,3 +267,10 @@ def test_a_child_past_its_resident_cap_ends_itself_and_says_what_it_held():
     assert small.measurement.peak_bytes is not None  # under its cap: measured as ever
     with pytest.raises(ValueError, match="rss_cap_bytes must be a number of bytes > 0"):
         IsolationOptions(rss_cap_bytes=-1)
+
+
+def test_the_resident_cap_judges_the_measured_steps_not_the_check_after_them():
+    cap = 300 * 10 ** 6  # the check holds 800 MB: over the cap, after the steps it judges
+    result = run_isolated("isolation_targets:allocate_in_check", {"n": 100_000_000}, name="checked",
+                          options=IsolationOptions(timeline=False, rss_cap_bytes=cap))
+    assert result.checks["checked"] == 100_000_000 and result.measurement.peak_bytes < cap

@@ -148,17 +148,20 @@ def _called(spec: dict, device: Device) -> dict:
 RSS_CAPPED_STATUS = 3  # the exit status of a child that passed its resident-memory cap (`IsolationOptions.rss_cap_bytes`)
 
 
-def _watch_resident(cap: int, result_path: str) -> None:
+def _watch_resident(cap: int, result_path: str) -> Callable[[], None]:
     """A thread that ends this process the moment its resident memory passes `cap`, leaving the outcome `capped`
-    with the bytes it saw: a case asked at a value far past what fits must not take the machine down first."""
+    with the bytes it saw: a case asked at a value far past what fits must not take the machine down first.
+    Returns what stops it: the cap judges the measured steps, not the check after them (a second model's gradient,
+    memory by module), which would otherwise read as a step over the limit."""
     import threading
     import time
 
     page = os.sysconf("SC_PAGE_SIZE")
+    stopped = threading.Event()
 
     def watch() -> None:
         with open("/proc/self/statm") as statm:
-            while True:
+            while not stopped.is_set():
                 statm.seek(0)
                 resident = int(statm.read().split()[1]) * page
                 if resident > cap:
@@ -166,8 +169,16 @@ def _watch_resident(cap: int, result_path: str) -> None:
                     os._exit(RSS_CAPPED_STATUS)
                 time.sleep(0.005)
 
-    if os.path.exists("/proc/self/statm"):
-        threading.Thread(target=watch, name="benchlib-resident-cap", daemon=True).start()
+    if not os.path.exists("/proc/self/statm"):
+        return lambda: None
+    watcher = threading.Thread(target=watch, name="benchlib-resident-cap", daemon=True)
+    watcher.start()
+
+    def stop() -> None:
+        stopped.set()
+        watcher.join()
+
+    return stop
 
 
 def child_main(spec_path: str, result_path: str) -> int:
@@ -185,8 +196,7 @@ def child_main(spec_path: str, result_path: str) -> int:
             write_json_atomic(outcome, result_path)
             return 0
         prime_cuda_libraries(device)  # cuBLAS's per-thread workspaces are no part of any case's peak
-        if spec.get("rss_cap_bytes"):
-            _watch_resident(int(spec["rss_cap_bytes"]), result_path)
+        stop_cap = _watch_resident(int(spec["rss_cap_bytes"]), result_path) if spec.get("rss_cap_bytes") else None
         started = perf_counter()
         case = _load_case(spec["target"], device, spec["params"])
         setup_s = perf_counter() - started
@@ -197,6 +207,8 @@ def child_main(spec_path: str, result_path: str) -> int:
                 track_allocations=SITES if spec["track_allocations"] and spec["sites"] else spec["track_allocations"],
                 timeline=spec["timeline"] and spec["timeline_interval_s"], attribute=spec.get("attribute", False),
                 gauge=gauge)
+        if stop_cap is not None:  # the steps held under the cap: what follows is no step
+            stop_cap()
         phases, started = {"setup": setup_s, **measurement.phase_s}, perf_counter()
         checks = _checks(case, last)
         del last
