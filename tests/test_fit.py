@@ -476,9 +476,14 @@ def test_at_a_limit_this_machine_cannot_hold_the_totals_are_predicted_with_their
     from benchlib.measure import isolation
     from benchlib.fit.at import fit_at
 
+    from benchlib.usermodel import reading
+
     monkeypatch.setattr(measured, "measure_step", fake_measure({"torch": lambda n: 100 * MB + n * MB}))
     monkeypatch.setattr(isolation, "available_memory", lambda device: 50 * 10 ** 9)
+    reads, read_here = [], reading.read_in_child
+    monkeypatch.setattr(reading, "read_in_child", lambda *args, **kwargs: reads.append(args) or read_here(*args, **kwargs))
     result = fit_at(model_file(tmp_path), memory="80 GB", at="n=64", engines=["torch"], progress=lambda line: None)
+    assert len(reads) == 1  # the question asked once, and the size model's search fits that question
     (torch_at,) = result.engines
     assert torch_at.basis.startswith("predicted (size model") and torch_at.low <= torch_at.total <= torch_at.high
     assert torch_at.total == pytest.approx(164 * MB, rel=1e-6) and result.fitting == [torch_at]

@@ -5,6 +5,7 @@ this machine can hold the limit, else predicted by `fit`'s size model with its o
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -14,8 +15,8 @@ from typing import Any
 from benchlib.engine_names import REFERENCE
 from benchlib.fit import in_child, measured
 from benchlib.fit.advice import CheckpointAdvice, EagerStep, advise
-from benchlib.fit.asking import FitError, FitInterrupted, MemoryLimit, ask, parse_at
-from benchlib.fit.largest import fit, gpu_question, on_ranks, total_words
+from benchlib.fit.asking import FitError, FitInterrupted, ask, parse_at
+from benchlib.fit.largest import fit_asked, gpu_question, on_ranks, total_words
 from benchlib.fit.result import MEASURED
 from benchlib.fit.settings import THOROUGH, Search
 from benchlib.units import format_bytes, format_seconds
@@ -171,9 +172,8 @@ def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engin
         except KeyboardInterrupt as stopped:  # what was measured goes with it, for the command to save
             raise FitInterrupted(result, getattr(stopped, "signal_name", "")) from None
         return result
-    fitted = fit(path, memory=MemoryLimit(limit, margin, gpu if cuda_without_gpu(device) else None), scale=scale,
-                 device=device, engines=chosen, params={**(params or {}), scale: value},
-                 progress=progress, search=search.verifying(False))
+    fitted = fit_asked(dataclasses.replace(question, added=[]), scale=scale, device=device,
+                       card=gpu if predicted else None, progress=progress, search=search.verifying(False))
     result = AtResult(fitted.name, scale, value, limit, margin, fitted.device, fitted.total)
     for engine_fit in fitted.engines:
         if engine_fit.model is None:

@@ -48,13 +48,22 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
     `asking.process_timeout()` (`BENCHLIB_FIT_TIMEOUT`; reading the file: the form check's limit). A prediction is
     made for the card `MemoryLimit.gpu` names (default `cuda_policy.DEFAULT_GPU`). `search` says how hard the measured
     search works (`settings.THOROUGH`, or `settings.QUICK` for a first look)."""
+    from benchlib.measure.devices import cuda_without_gpu
+
+    predicted = cuda_without_gpu(device)
+    memory, card = gpu_question(memory, predicted, device)
+    return fit_asked(ask(path, memory, scale, engines, params, predicted), scale=scale, device=device, card=card,
+                     progress=progress, search=search)
+
+
+def fit_asked(question: Question, *, scale: str, device: str, card: str | None, progress: Callable[[str], None],
+              search: Search) -> FitResult:
+    """`fit` of a question already asked (the file read and checked once: `fit --at` falls back to it)."""
     from benchlib.measure import Device, resolve_device
     from benchlib.measure.devices import cuda_without_gpu
     from benchlib.measure.isolation import available_memory
 
     predicted = cuda_without_gpu(device)
-    memory, card = gpu_question(memory, predicted, device)
-    question = ask(path, memory, scale, engines, params, predicted)
     model_file, values = question.model_file, question.values
     verify = search.verify
     if predicted and verify:

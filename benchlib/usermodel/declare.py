@@ -13,7 +13,7 @@ from benchlib.benchmark import Benchmark
 from benchlib.usermodel.case import CASE_METRICS
 from benchlib.report.plots.usermodel import frontier, memory_by_role, peak_intervals
 from benchlib.usermodel.arrays import ARRAY_FORM_RUN, ArrayModelFile, array_form, check_array_form
-from benchlib.usermodel.measuring import TORCH_FORM, measure_model_files
+from benchlib.usermodel.measuring import TORCH_FORM, Form, measure_model_files
 from benchlib.usermodel.parameters import file_benchmark, file_parameters
 from benchlib.records.environment import file_digest
 from benchlib.usermodel.loader import (ModelFileError, check_form, is_array_form, open_model_file, torch_form)

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from benchlib.errors import Refused
+
 FUNCTIONS = ("model", "batch", "loss", "optimizer", "step")
 VALUES = ("NAME", "PARAMETERS", "QUICK")
 
@@ -20,8 +22,6 @@ allocations and GC pauses, and which role (saved activations, gradients) holds t
 """
 
 import torch
-
-from benchlib.errors import Refused
 
 NAME = "my_mlp"  # records, files and the report use this name (default: the file's name)
 
