@@ -1,9 +1,11 @@
 """Every engine's name, written once: records on disk carry these strings, so they never change.
 
-This module imports nothing and sits below every layer, so any of them may import it, `benchlib.records`
+This module imports nothing but `benchlib.errors` and sits below every layer, so any of them may import it, `benchlib.records`
 (the lowest) included, without importing `benchlib.engines`. The registry, `benchlib.engines.ENGINES`,
 builds its engines under these names.
 """
+
+from benchlib.errors import Refused
 
 MANUAL = "manual"  # the lean hand-written gradient each workload supplies: the floor every engine is checked against
 MANUAL_SEED = "manual-seed"  # the seed's own hand-written code, with its buffer lifetimes, where a workload has one
@@ -53,6 +55,16 @@ DEFAULT_COMBINATIONS = tuple(COMBINED.join(parts) for parts in (
     (TORCH_CHECKPOINT, TORCH_MICROBATCH), (FUSED_OPTIMIZER, TORCH_AUTOCAST),
     (TORCH_CHECKPOINT, TORCH_AUTOCAST, TORCH_MICROBATCH)))
 
+def parallel_strategies_named(text: str) -> list[str]:
+    """The strategies `-p parallel` names (comma-separated, each once, in order), or Refused saying which are valid."""
+    named = [part.strip() for part in str(text).split(",") if part.strip()]
+    unknown = [name for name in named if name not in PARALLEL_STRATEGIES]
+    if unknown:
+        raise Refused(f"parallel: {', '.join(map(repr, unknown))} is no parallel strategy; valid: "
+                      f"{', '.join(PARALLEL_STRATEGIES)}, or both joined by a comma")
+    return list(dict.fromkeys(named))
+
+
 # the engine every other's gradient is checked against, and drawn first: a role, which eager torch holds
 REFERENCE = TORCH
 
@@ -62,4 +74,4 @@ TORCH_AUTOGRAD = (TORCH, TORCH_CHECKPOINT, TORCH_SAC, TORCH_AUTOCAST, TORCH_COMP
 __all__ = ["MANUAL", "MANUAL_SEED", "BENCHLIB_INPLACE", "BENCHLIB_DEFERRED", "BENCHLIB_CHECKPOINT", "AUTOGRAD",
            "TORCH", "TORCH_CHECKPOINT", "TORCH_COMPILE", "TORCH_FUNC", "FUSED_OPTIMIZER",
            "TORCH_SAC", "TORCH_AUTOCAST", "TORCH_MICROBATCH", "TORCH_OFFLOAD", "DDP", "FSDP", "PARALLEL_STRATEGIES", "COMPILE_BUDGETS", "TORCH_COMPILE_BUDGETS",
-           "TORCH_AUTOGRAD", "COMBINED", "split_names", "DEFAULT_COMBINATIONS", "REFERENCE"]
+           "TORCH_AUTOGRAD", "COMBINED", "split_names", "parallel_strategies_named", "DEFAULT_COMBINATIONS", "REFERENCE"]

@@ -115,35 +115,57 @@ def test_a_fused_optimizer_joined_with_autocast_steps_once_per_parameter():
     assert len(step.optimizers) == len(step.named) and step.owns_optimizer
 
 
+# the roles an engine holds, not engines: the baseline every gradient and ratio is checked against (eager torch in
+# a model file's run, the hand-written gradient in an array workload's) and the seed's own code beside it
+ROLES = ("REFERENCE", "REFERENCE_ENGINE", "SEED_ENGINE")
+
+
 def test_no_engine_name_is_compared_outside_benchlib_engines():
     """A technique's or an engine's behaviour lives in its own class (benchlib/engines/); elsewhere nothing
-    branches on an engine's name. The reference is a role, which any engine could hold."""
+    branches on an engine's name: not by its constant, not by a module's alias of one (`COMPILE_ENGINE =
+    TORCH_COMPILE`), not by its text where engines are held (an `engine` or a record's `variant`). The reference is
+    a role, which any engine could hold."""
     constants = {name for name in engine_names.__all__ if name not in ("COMBINED", "REFERENCE")}
     values = {value for name in constants if isinstance(value := getattr(engine_names, name), str)}
-
-    def words(node):
-        for sub in ast.walk(node):
-            if isinstance(sub, ast.Name):
-                yield sub.id
-            elif isinstance(sub, ast.Attribute):
-                yield sub.attr
-            elif isinstance(sub, ast.Constant) and isinstance(sub.value, str):
-                yield repr(sub.value)
+    trees = {path: ast.parse(path.read_text(encoding="utf-8")) for path in sorted((PROJECT / "benchlib").rglob("*.py"))}
+    for _ in range(3):  # aliases of aliases
+        for path, tree in trees.items():
+            for node in tree.body if path.name != "engine_names.py" else ():  # a module's own names for engine names
+                if isinstance(node, ast.Assign) and _names_engine(node.value, constants, values):
+                    constants |= {target.id for target in ast.walk(node.targets[0]) if isinstance(target, ast.Name)
+                                  and target.id.isupper() and target.id not in ROLES}
 
     found = []
-    for path in sorted((PROJECT / "benchlib").rglob("*.py")):
+    for path, tree in trees.items():
         relative = path.relative_to(PROJECT / "benchlib")
         if relative.parts[0] == "engines" or relative.name == "engine_names.py":
             continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(tree):
             if not isinstance(node, ast.Compare) or not any(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn))
                                                             for op in node.ops):
                 continue
-            seen = set(words(node))
-            if any("engine" in word.lower() for word in seen) and \
-                    seen & (constants | {repr(value) for value in values}):
+            seen = set(_words(node))
+            holds_engines = any("engine" in word.lower() or word.strip("'") == "variant" for word in seen)
+            if seen & constants or (holds_engines and seen & {repr(value) for value in values}):
                 found.append(f"{relative}:{node.lineno}")
     assert found == []
+
+
+def _words(node):
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name):
+            yield sub.id
+        elif isinstance(sub, ast.Attribute):
+            yield sub.attr
+        elif isinstance(sub, ast.Constant) and isinstance(sub.value, str):
+            yield repr(sub.value)
+
+
+def _names_engine(value, constants: set, values: set) -> bool:
+    """An assigned value that is an engine's name: its constant, its text, or a tuple of them."""
+    parts = value.elts if isinstance(value, ast.Tuple) else [value]
+    return bool(parts) and all(isinstance(part, ast.Name) and part.id in constants or isinstance(part, ast.Constant)
+                               and part.value in values for part in parts)
 
 
 class Doubled(Technique):

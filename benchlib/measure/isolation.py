@@ -121,7 +121,7 @@ def malloc_environment(policy: str) -> dict[str, str]:
     """The environment variables a malloc policy sets; unknown policies are refused."""
     if policy not in MALLOC_POLICIES:
         raise Refused(f"unknown malloc policy {policy!r}; valid policies: "
-                         f"{', '.join(repr(p) for p in MALLOC_POLICIES)}")
+                      f"{', '.join(repr(p) for p in MALLOC_POLICIES)}")
     return dict(MALLOC_POLICIES[policy])
 
 

@@ -90,7 +90,7 @@ def run_ranks(target: str, params: dict, *, name: str, world_size: int, devices:
     once, rank r on `devices[r]`; CaseFailed naming the rank that failed first (the others are ended with it)."""
     if not (isinstance(world_size, int) and world_size >= 2 and len(devices) == world_size):
         raise Refused(f"world_size must be an int >= 2 with one device per rank, got {world_size!r} and "
-                         f"{len(devices)} device(s)")
+                      f"{len(devices)} device(s)")
     threads = max(1, (os.cpu_count() or 1) // world_size)
     with tempfile.TemporaryDirectory(prefix="benchlib-ranks-") as tmp:
         ranks = []
@@ -201,9 +201,9 @@ def refuse_ranks_beyond_memory(world_size: int, per_rank_bytes: int, available_b
     if needed > available_bytes:
         fitting = max(1, available_bytes // per_rank_bytes)
         raise Refused(f"ranks={world_size} needs at least {format_bytes(needed)} ({world_size} processes of at "
-                         f"least {format_bytes(per_rank_bytes)}: what the process that read the model file held, "
-                         f"torch imported and the model built at its QUICK values), more than the "
-                         f"{format_bytes(available_bytes)} free here; at most {fitting} such processes fit")
+                      f"least {format_bytes(per_rank_bytes)}: what the process that read the model file held, "
+                      f"torch imported and the model built at its QUICK values), more than the "
+                      f"{format_bytes(available_bytes)} free here; at most {fitting} such processes fit")
 
 
 def crowded_cores(world_size: int, cores: int | None = None) -> str | None:

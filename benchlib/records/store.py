@@ -456,7 +456,7 @@ def refuse_overwriting_run_data(path: str | os.PathLike, page: str) -> Path:
     in_run = next((parent for parent in list(path.parents)[:3] if (parent / RUN_INFO).is_file()), None)
     if path.exists() and path.name != page and in_run is not None:
         raise Refused(f"{path} is a file of the run {in_run}; writing the page there would replace its data "
-                         f"(give another path, e.g. {path.parent / page})")
+                      f"(give another path, e.g. {path.parent / page})")
     return path
 
 

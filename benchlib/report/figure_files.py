@@ -59,12 +59,12 @@ def check_static_export() -> None:
         import kaleido  # noqa: F401  (plotly imports it itself; here only to name what is missing)
     except ImportError:
         raise Failed("PNG export needs kaleido: pip install -e '.[png]' (and a Chrome or Chromium, "
-                           "e.g. Debian's chromium package)") from None
+                     "e.g. Debian's chromium package)") from None
     import plotly.graph_objects as go
 
     try:
         go.Figure().to_image(format="png", width=10, height=10)
     except Exception as error:  # kaleido says why (no browser found, browser failed to start)
         raise Failed(f"PNG export is not available here: kaleido could not drive a Chrome/Chromium "
-                           f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
-                           "install one (Debian: apt-get install chromium) or run without --png") from None
+                     f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
+                     "install one (Debian: apt-get install chromium) or run without --png") from None

@@ -10,7 +10,7 @@ from pathlib import Path
 import functools
 
 from benchlib.benchmark import Benchmark, DeclarationError, Parameter, ParameterError
-from benchlib.engine_names import COMBINED, DEFAULT_COMBINATIONS, PARALLEL_STRATEGIES
+from benchlib.engine_names import COMBINED, DEFAULT_COMBINATIONS, PARALLEL_STRATEGIES, parallel_strategies_named
 from benchlib.engines.module_memory import DEFAULT_DEPTH
 from benchlib.engines.namespaces import SAC_SAVED_OPS, unknown_aten_ops
 from benchlib.engines.techniques import (COMBINATION_CHOICES, Aspect, CombinationError, TechniqueFault,
@@ -60,7 +60,7 @@ def technique_rules(model_file, config) -> None:
     unknown = unknown_aten_ops(config.get("sac_saved_ops", ()))
     if unknown:
         raise Refused(f"sac_saved_ops: {', '.join(map(repr, unknown))} is no op of torch.ops.aten; valid: aten op "
-                         f"names without overload, such as the default {', '.join(SAC_SAVED_OPS)}")
+                      f"names without overload, such as the default {', '.join(SAC_SAVED_OPS)}")
     registry = technique_registry(getattr(model_file, "techniques", {}))
     placed = []
     for engine in config.get("engines", ()):
@@ -72,11 +72,11 @@ def technique_rules(model_file, config) -> None:
             continue
         if combination.owner(Aspect.PLACEMENT) is not None:
             placed.append(engine)
-    ranks, strategies = config.get("ranks", 1), parallel_strategies(config)
+    ranks, strategies = config.get("ranks", 1), parallel_strategies_named(config.get("parallel", ""))
     if ranks > 1 and not (strategies or placed):
         raise Refused(f"ranks={ranks}: say how the step is spread over them: --parallel "
-                         f"{' or '.join(PARALLEL_STRATEGIES)} (-p parallel=fsdp), or an engine that names one "
-                         f"(-p engines=fsdp+torch-checkpoint)")
+                      f"{' or '.join(PARALLEL_STRATEGIES)} (-p parallel=fsdp), or an engine that names one "
+                      f"(-p engines=fsdp+torch-checkpoint)")
     if ranks == 1 and (strategies or placed):
         raise Refused(f"{', '.join(strategies or placed)} runs on several ranks: give --ranks N (N >= 2)")
     resident = getattr(model_file, "resident_bytes", None)  # known where a child read the file (`reading`)
@@ -84,16 +84,6 @@ def technique_rules(model_file, config) -> None:
         from benchlib.measure.ranks import refuse_ranks_beyond_memory
 
         refuse_ranks_beyond_memory(ranks, resident)
-
-
-def parallel_strategies(config) -> list[str]:
-    """The strategies `-p parallel` names (comma-separated), or ValueError saying which are valid."""
-    named = [part.strip() for part in str(config.get("parallel", "")).split(",") if part.strip()]
-    unknown = [name for name in named if name not in PARALLEL_STRATEGIES]
-    if unknown:
-        raise Refused(f"parallel: {', '.join(map(repr, unknown))} is no parallel strategy; valid: "
-                         f"{', '.join(PARALLEL_STRATEGIES)}, or both joined by a comma")
-    return list(dict.fromkeys(named))
 
 
 def file_parameters(model_file, form: Form) -> tuple[Parameter, ...]:

@@ -47,9 +47,12 @@ def _check_dtypes(dtypes) -> list[str]:
     return dtypes
 
 
+NUMPY_LIBRARY, TORCH_LIBRARY = "numpy", "torch"  # the libraries whose matmul ceiling is measured (a record's variant)
+
+
 def _libraries(device: Device) -> list[str]:
     """NumPy runs on the CPU only; on CUDA the ceiling is torch's."""
-    return ["torch"] if device.is_cuda else ["numpy", "torch"]
+    return [TORCH_LIBRARY] if device.is_cuda else [NUMPY_LIBRARY, TORCH_LIBRARY]
 
 
 def _operands(library: str, device: Device, shape: tuple, dtype: str, count: int, seed: int = 0):
@@ -219,7 +222,7 @@ def sampler_overhead(device="cpu", intervals_s=(0.001, 0.002, 0.01), rounds: int
     intervals = list(intervals_s)
     if not intervals or not all(isinstance(i, (int, float)) and i > 0 for i in intervals):
         raise Refused(f"intervals_s must be a non-empty list of positive seconds, "
-                         f"got {intervals!r}")
+                      f"got {intervals!r}")
     rounds = _check_positive_ints("rounds", [rounds])[0]
     fn = small_ops_workload(device, steps=steps)
     samples = {interval: 0 for interval in intervals}

@@ -95,10 +95,30 @@ class ClosureEngine:
         return {} if self.compiler is None else self.compiler.describe()
 
 
+def _compiled(name: str, device, backend: str) -> ClosureEngine:
+    compiler = CompileCounter(backend)
+    torch_engine = get_engine(TORCH)
+    return ClosureEngine(name, torch_engine, device, torch_engine.gradient, compiler.wrap, compiler)
+
+
+def _functional(name: str, device, backend: str) -> ClosureEngine:
+    return ClosureEngine(name, array_engine(TORCH_FUNC), device, torch_func_gradient)
+
+
+def _registered(name: str, device, backend: str) -> ClosureEngine:
+    engine = get_engine(name)
+    return ClosureEngine(name, engine, device, engine.gradient)
+
+
+# This workload's own engines, adapters over torch (the registry's engine each runs on), and how each is made; every
+# other engine is the registry's own.
+_ADAPTERS = {COMPILE_ENGINE: _compiled, FUNC_ENGINE: _functional}
+_RUNS_ON = dict.fromkeys(_ADAPTERS, TORCH)
+
+
 def not_applicable(engine: str, device) -> str | None:
-    """Why `engine` cannot run on `device`, or None."""
-    base = get_engine(TORCH if engine in (COMPILE_ENGINE, FUNC_ENGINE) else engine)
-    return base.not_applicable(resolve_device(device))
+    """Why `engine` cannot run on `device` (an adapter: where torch cannot), or None."""
+    return get_engine(_RUNS_ON.get(engine, engine)).not_applicable(resolve_device(device))
 
 
 def make_engine(name: str, device, backend: str = Protocol.backend) -> ClosureEngine:
@@ -107,14 +127,4 @@ def make_engine(name: str, device, backend: str = Protocol.backend) -> ClosureEn
         raise Refused(f"unknown engine {name!r}; valid: {', '.join(VALID_ENGINES)}")
     if backend not in COMPILE_BACKENDS:
         raise Refused(f"backend must be one of {', '.join(COMPILE_BACKENDS)}, got {backend!r}")
-    device = resolve_device(device)
-    if name == COMPILE_ENGINE:
-        compiler = CompileCounter(backend)
-        torch_engine = get_engine(TORCH)
-        return ClosureEngine(name, torch_engine, device, torch_engine.gradient, compiler.wrap, compiler)
-    if name == FUNC_ENGINE:
-        return ClosureEngine(name, array_engine(TORCH_FUNC), device, torch_func_gradient)
-    engine = get_engine(name)
-    return ClosureEngine(name, engine, device, engine.gradient)
-
-
+    return _ADAPTERS.get(name, _registered)(name, resolve_device(device), backend)

@@ -95,7 +95,7 @@ def _rules(config) -> None:
     only_default = [name for name in config.strategies if name not in config.policy_strategies]
     if only_default and DEFAULT_POLICY not in config.gc_policies:
         raise Refused(f"strategies {', '.join(only_default)} run under the {DEFAULT_POLICY} GC policy only, which "
-                         f"gc_policies leaves out: add {DEFAULT_POLICY} to gc_policies, or them to policy_strategies")
+                      f"gc_policies leaves out: add {DEFAULT_POLICY} to gc_policies, or them to policy_strategies")
 
 
 def _memory(config, device) -> int:

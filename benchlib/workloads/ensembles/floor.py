@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import torch
-
 from benchlib.records import make_record
 from benchlib.workloads.ensembles.config import EnsembleConfig
 from benchlib.workloads.ensembles.common import NAME
@@ -32,7 +30,7 @@ def calibration_flop_rate(records, device_name: str, threads: int | None = None)
     if records is None or len(records) == 0:
         return None
     rows = records[(records["benchmark"] == calibration.BENCHMARK.name) & (records["metric"] == "flop_rate")
-                   & (records["variant"] == "torch") & (records["dtype"] == "float32")
+                   & (records["variant"] == calibration.TORCH_LIBRARY) & (records["dtype"] == "float32")
                    & (records["device"] == device_name)]
     if threads is not None:
         rows = rows[rows["params"].map(lambda text: (json.loads(text) if text else {}).get("torch_threads") == threads)]
