@@ -13,7 +13,8 @@ from benchlib.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REFUSED, Failed,
 from benchlib.fit.asking import FitError
 from benchlib.fit.in_child import ChildFailed
 from benchlib.measure.isolation import CaseFailed
-from benchlib.records.store import OutDirRefused, RecordsUnreadable
+from benchlib.records.places import OutDirRefused
+from benchlib.records.store import RecordsUnreadable
 from benchlib.runner import cli
 from benchlib.runner.arguments import RunnerError
 from benchlib.usermodel.gate import GateError

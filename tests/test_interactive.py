@@ -5,7 +5,8 @@ import pytest
 
 from benchlib.records import Run
 from benchlib.records.schema import make_record, status_record
-from benchlib.records.store import RUN_INFO, list_runs
+from benchlib.records.places import RUN_INFO
+from benchlib.records.store import list_runs
 from benchlib.registry import get
 from benchlib.runner.interactive import finish_notebook
 

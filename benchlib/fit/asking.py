@@ -98,13 +98,6 @@ def ask(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | None
     reads it; each process fit starts later may take `process_timeout()`. A `predicted` question (CUDA without a
     GPU) starts no process per rank, so the memory free here does not limit its ranks. `asked_by`: the flag that
     named `scale`, as a refusal names it."""
-    from benchlib.engines.techniques import CombinationError, added_combinations, technique_registry
-    from benchlib.usermodel.case import combination_of
-    from benchlib.usermodel.loader import ModelFileError
-    from benchlib.usermodel.reading import measure_reading, read_in_child
-    from benchlib.usermodel.measuring import TORCH_FORM, spread_over_ranks
-    from benchlib.usermodel.parameters import file_benchmark
-
     memory, margin = (memory.size, memory.margin) if isinstance(memory, MemoryLimit) else (memory, 0.0)
     try:
         limit = parse_bytes(memory)
@@ -125,6 +118,14 @@ def ask(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | None
     if engines is not None and not all(engine.strip() for engine in engines):  # as run's -p engines refuses it
         raise FitError(f"--engines {','.join(engines)!r} has an empty name between its commas; name each engine once, "
                        "as torch,torch-sac")
+    # the checks above import nothing, so their refusals come at once; reading the file needs the rest
+    from benchlib.engines.techniques import CombinationError, added_combinations, technique_registry
+    from benchlib.usermodel.case import combination_of
+    from benchlib.usermodel.loader import ModelFileError
+    from benchlib.usermodel.reading import measure_reading, read_in_child
+    from benchlib.usermodel.measuring import TORCH_FORM, spread_over_ranks
+    from benchlib.usermodel.parameters import file_benchmark
+
     (read,) = read_in_child([[str(path)]], shapes_only=predicted)  # the file's code runs in a child, as `run` reads it
     if isinstance(read, ModelFileError):
         raise read

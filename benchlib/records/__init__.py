@@ -21,7 +21,7 @@ _HOMES = {
     "records_frame": "schema",
     "status_record": "schema",
     "Run": "store",
-    "default_results_root": "store",
+    "default_results_root": "places",
     "list_runs": "store",
     "load_records": "store",
     "load_run_info": "store",

@@ -22,13 +22,12 @@ import pandas as pd
 
 from benchlib.errors import Refused
 from benchlib.records.environment import capture_environment
+from benchlib.records.places import RUN_INFO, default_results_root, find_project_root, now_iso
 from benchlib.records.schema import (SCHEMA_VERSION, SCHEMA_VERSION_KEY, RecordError, arrow_schema, conform,
                                       empty_records_frame, records_frame, upgrade_frame)
 
-RUN_INFO = "run.json"
 RECORDS = "records.parquet"
 CUDA_SNAPSHOT_FOLDER = "cuda_snapshots"  # a run's CUDA allocator snapshots (benchlib.measure.cuda_snapshot)
-RESULTS_ROOT_ENV = "BENCHLIB_RESULTS"
 FIGURES = "figures"  # a run's figure files (`benchlib.report.figure_files`)
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -53,11 +52,6 @@ _FILE_MODE = 0o666 & ~_current_umask()
 OPENED_BY_NOTEBOOK = "Run.open"  # run.json's `created_by` for a run a notebook made itself (no runner)
 # Set in every kernel the runner starts: a run.json such a kernel's Run.open writes (a grid point's) is the runner's.
 UNDER_RUNNER_ENV = "BENCHLIB_UNDER_RUNNER"
-
-
-def now_iso() -> str:
-    """UTC time, to the second, in ISO 8601: what run.json records."""
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def write_atomic(path: Path, write: Any, make_folder: bool = True) -> Path:
@@ -124,53 +118,6 @@ def write_text_atomic(text: str, path: str | os.PathLike, make_folder: bool = Tr
 def write_json_atomic(data: Any, path: str | os.PathLike) -> Path:
     """Write JSON atomically (indented, so run.json reads well in a diff)."""
     return write_text_atomic(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n", path)
-
-
-def default_results_root() -> Path:
-    """`$BENCHLIB_RESULTS`, else `results/` of the project containing the working directory, else
-    `results/` of the project this package was installed from (an editable install), else `./results`.
-
-    JupyterLab starts kernels in `notebooks/`, the runner in the project root: both find the
-    same `results/` by walking up to the directory that holds `pyproject.toml` and `notebooks/`;
-    from anywhere else the project the package lives in is used.
-    """
-    if os.environ.get(RESULTS_ROOT_ENV):
-        return Path(os.environ[RESULTS_ROOT_ENV])
-    project = find_project_root() or find_project_root(Path(__file__).resolve().parent)
-    return (project or Path.cwd().resolve()) / "results"
-
-
-class OutDirRefused(Refused):
-    """A root for runs (`--out`) that cannot hold them, said before anything runs."""
-
-
-def check_out_dir(root: Path) -> None:
-    """Refuse a root for runs that cannot be created or written, or that lies inside a run, before anything runs."""
-    existing = root
-    while not existing.exists():
-        if existing.is_symlink():  # mkdir would say only "File exists"
-            raise OutDirRefused(f"--out {str(root)!r}: {str(existing)!r} is a symbolic link to "
-                                f"{os.readlink(existing)!r}, which does not exist; create its target or give another "
-                                "directory")
-        existing = existing.parent
-    if not existing.is_dir():
-        raise OutDirRefused(f"--out {str(root)!r} cannot be created: {str(existing)!r} is a file, not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise OutDirRefused(f"--out {str(root)!r} is not writable ({str(existing)!r} refuses writes); choose a "
-                            "directory you can write")
-    for directory in (root.resolve(), *root.resolve().parents):
-        if (directory / RUN_INFO).is_file():
-            raise OutDirRefused(f"--out {str(root)!r} is inside the run {str(directory)!r}; runs are not nested: "
-                                f"give the directory that holds runs (e.g. {str(directory.parent)!r})")
-
-
-def find_project_root(start: Path | None = None) -> Path | None:
-    """The nearest directory, from `start` (default: the working directory) up, holding `pyproject.toml` and `notebooks/`."""
-    here = (start or Path.cwd()).resolve()
-    for directory in (here, *here.parents):
-        if (directory / "pyproject.toml").is_file() and (directory / "notebooks").is_dir():
-            return directory
-    return None
 
 
 def _slug(text: str) -> str:

@@ -23,7 +23,8 @@ from urllib.parse import quote
 import pandas as pd
 
 from benchlib.analysis.seed_verdicts import QUICK_CAVEAT, load_verdicts
-from benchlib.records.store import RUN_INFO, load_run_info, resolve_run, write_text_atomic
+from benchlib.records.places import RUN_INFO
+from benchlib.records.store import load_run_info, resolve_run, write_text_atomic
 from benchlib.report.tables.compact import constant_columns_apart, every_row_text
 from benchlib.report.tables.fit import is_fit_headline
 

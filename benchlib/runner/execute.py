@@ -28,8 +28,8 @@ import pandas as pd
 from benchlib.records import Run, default_results_root, load_records
 from benchlib.trials.stopping import DEADLINE_ENV
 from benchlib.report.figure_files import FIGURE_PNG_ENV, save_figure
+from benchlib.records.places import now_iso
 from benchlib.records.store import (
-    now_iso,
     RecordsKept,
     RecordsUnreadable,
     read_records_file,

@@ -13,7 +13,8 @@ from datetime import datetime
 from pathlib import Path
 
 from benchlib.records import Run
-from benchlib.records.store import OPENED_BY_NOTEBOOK, now_iso
+from benchlib.records.places import now_iso
+from benchlib.records.store import OPENED_BY_NOTEBOOK
 from benchlib.runner.outcomes import case_outcomes
 
 RUNNING = "running"

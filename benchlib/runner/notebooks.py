@@ -21,7 +21,7 @@ from typing import Any
 from benchlib import registry
 from benchlib.runner.arguments import RunnerError
 from benchlib.benchmark import INJECTED, Benchmark, DeclarationError, Parameter, ParameterError
-from benchlib.records.store import find_project_root
+from benchlib.records.places import find_project_root
 
 # Runs a benchmark declared with `measure` (no notebook of its own) in a kernel like any other.
 DECLARED_NOTEBOOK = Path(__file__).with_name("declared.ipynb")

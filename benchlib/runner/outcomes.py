@@ -12,7 +12,8 @@ from typing import Any, NamedTuple
 from benchlib.errors import EXIT_INTERRUPTED
 from benchlib.records import STATUSES
 from benchlib.records.environment import file_provenance
-from benchlib.records.store import RUN_INFO, RecordsUnreadable, read_records_file
+from benchlib.records.places import RUN_INFO
+from benchlib.records.store import RecordsUnreadable, read_records_file
 from benchlib.runner.notebooks import NotebookSpec
 
 FAILED_CASE_METRIC = "failed"  # the status records a workload saves for a case that failed

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 from benchlib.benchmark import INJECTED, ParameterError, unknown_parameters
 from benchlib.measure.forkserver import isolation_mode
-from benchlib.records.store import OutDirRefused, check_out_dir
+from benchlib.records.places import OutDirRefused, check_out_dir
 from benchlib.report.figure_files import check_static_export
 from benchlib.runner.arguments import RunnerError
 from benchlib.runner.notebooks import NotebookSpec, select_notebooks

@@ -119,20 +119,18 @@ def _share(text: str) -> float:
 
 def fit_command(arguments: argparse.Namespace) -> int:
     """Fit, print, save; 0 when some engine fits, 1 when none fits at the smallest value or none could be fitted
-    (refusals raise)."""
-    import pandas as pd
-
+    (refusals raise). pandas and the run's records are imported once the question is asked."""
     from benchlib.fit import FitError, FitInterrupted, MemoryLimit, fit
     from benchlib.fit.asking import TIMEOUT_ENV
     from benchlib.measure import resolve_device
-    from benchlib.records.store import now_iso
+    from benchlib.records.places import now_iso
 
     file, scale, device = arguments.file, arguments.scale, arguments.device
     chosen = None if arguments.engines is None else split_names(arguments.engines)
     if (scale is None) == (arguments.at is None):
         raise FitError("give --scale PARAM (the largest value that fits) or --at PARAM=VALUE (which engines fit that "
                        "value), one of them")
-    from benchlib.records.store import check_out_dir, default_results_root
+    from benchlib.records.places import check_out_dir, default_results_root
 
     check_out_dir(arguments.out or default_results_root())  # before anything is measured, as `run` refuses it
     if arguments.timeout is not None:  # read by every process fit starts, as BENCHLIB_FORM_CHECK_TIMEOUT is
@@ -146,8 +144,12 @@ def fit_command(arguments: argparse.Namespace) -> int:
                      device=device, engines=chosen, params=ranks_params(arguments, parse_assignments(arguments.param)),
                      search=search)
     except FitInterrupted as stopped:
+        import pandas as pd
+
         _save_interrupted(arguments, stopped, f"{stopped.result.name}_fit", started, started_at,
                           pd.DataFrame(stopped.result.rows()))
+    import pandas as pd
+
     print("\n".join(result.lines()))
     if search.name != THOROUGH.name:
         print(search.summary)
@@ -204,7 +206,7 @@ def _saved(arguments: argparse.Namespace, result, name: str, question: str, devi
     """A run directory started when the command started, holding the result's records (none where an interrupt came
     before the first was measured: the frame is then None) and its headline table."""
     from benchlib.records import Run
-    from benchlib.records.store import default_results_root
+    from benchlib.records.places import default_results_root
 
     run = Run.create(arguments.out or default_results_root(), device, device_requested=arguments.device,
                      notebooks={}, benchmarks={name: {"question": question}}, command=["benchlib", *arguments.argv],

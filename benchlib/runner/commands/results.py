@@ -193,7 +193,8 @@ def history_command(arguments: argparse.Namespace) -> int:
                                            ended_series, find_steps, latest_regressions, looked_at, read_history,
                                            without_commit)
     from benchlib.report.history import HISTORY_PAGE, history_page, step_table
-    from benchlib.records.store import default_results_root, refuse_overwriting_run_data, write_text_atomic
+    from benchlib.records.places import default_results_root
+    from benchlib.records.store import refuse_overwriting_run_data, write_text_atomic
     from benchlib.runner.notebooks import declared
 
     if arguments.html is not None:  # refused before anything is read, not after the answer is printed

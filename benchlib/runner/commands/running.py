@@ -225,7 +225,7 @@ def working_copies(folder: Path, notebooks_dir: Path | None) -> tuple[list[str],
 
 
 def _lab(folder: Path, notebooks_dir: Path | None, jupyter_args: Sequence[str]) -> int:
-    from benchlib.records.store import RESULTS_ROOT_ENV, default_results_root
+    from benchlib.records.places import RESULTS_ROOT_ENV, default_results_root
 
     copied, edited = working_copies(folder, notebooks_dir)
     if copied:
