@@ -206,6 +206,25 @@ def _imported_modules(tree: ast.AST, modules: set[str]):
             yield from (alias.name for alias in node.names if alias.name.startswith("benchlib"))
 
 
+def test_a_package_init_only_re_exports():
+    """Definitions live in modules named for them; a package's __init__ holds its docstring, imports and the names it
+    re-exports (lazily: `lazy_exports`). A workload package's __init__ is its declaration (`BENCHMARK`, its rules),
+    which discovery reads there."""
+    allowed = (ast.Import, ast.ImportFrom)
+    found = []
+    for path in sorted(PACKAGE.rglob("__init__.py")):
+        if path.relative_to(PACKAGE).parts[0] == "workloads":
+            continue
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+            names = [target.id for target in getattr(node, "targets", []) if isinstance(target, ast.Name)]
+            exports = isinstance(node, ast.Assign) and set(names) <= {"__all__", "_HOMES", "__getattr__"}
+            lazy = isinstance(node, ast.FunctionDef) and node.name == "__getattr__"
+            if not (docstring or exports or lazy or isinstance(node, allowed)):
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert found == []
+
+
 def test_no_two_modules_import_each_other_even_through_others():
     """Module by module, not only part by part: a circle inside a part (two files each needing the other) is a
     job split in the wrong place. A package's __init__ only re-exports, so arrows into it are not followed."""

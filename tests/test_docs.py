@@ -82,7 +82,7 @@ def test_architecture_has_short_lines():
 
 
 def test_architecture_names_every_command_of_each_family_the_cli_has():
-    from benchlib.runner.commands import FAMILIES
+    from benchlib.runner.cli import FAMILIES
 
     for family in FAMILIES:
         commands = argparse.ArgumentParser().add_subparsers()

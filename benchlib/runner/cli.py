@@ -12,8 +12,10 @@ import traceback
 from collections.abc import Sequence
 
 from benchlib.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REFUSED, BenchlibError
-from benchlib.runner.commands import FAMILIES
+from benchlib.runner.commands import model_files, results, running
 from benchlib.runner.startup import skip_iri_grammars
+
+FAMILIES = (running, model_files, results)  # the subcommands' families, in the order --help lists them
 
 
 def _parser() -> argparse.ArgumentParser:
