@@ -56,7 +56,9 @@ def test_names_with_modules_split_parse_and_print_back():
     joined = combine("torch-autocast+torch-checkpoint[1.0-2]", registry)
     assert joined.name == "torch-checkpoint[1.0-2]+torch-autocast" and joined.parts[0].modules == ("1.0", "1.1", "1.2")
     for bad, words in (("torch[1.0]", "takes no modules"), ("torch-checkpoint[1.3-1]", "lower index"),
-                       ("torch-checkpoint[]", "empty module path")):
+                       ("torch-checkpoint[]", "empty module path"),
+                       ("torch-checkpoint[1.0,1.0.lin]", "names 1.0.lin inside 1.0: a block is recomputed whole"),
+                       ("torch-checkpoint[1.0-2,1.1.lin]", "names 1.1.lin inside 1.1")):
         with pytest.raises(CombinationError, match=words):
             combine(bad, registry)
 

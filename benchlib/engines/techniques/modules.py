@@ -208,6 +208,11 @@ def parse_module_spec(spec: str) -> tuple[str, ...]:
             raise Refused(f"{item}: a range of blocks runs from the lower index to the higher (e.g. 0-5)")
         prefix = f"{match['stack']}." if match["stack"] else ""
         paths += [f"{prefix}{index}" for index in range(first, last + 1)]
+    nested = [(outer, inner) for outer in paths for inner in paths if inner.startswith(f"{outer}.")]
+    if nested:
+        outer, inner = nested[0]
+        raise Refused(f"[{spec}] names {inner} inside {outer}: a block is recomputed whole, so a module within it "
+                      f"cannot be checkpointed apart; name {outer} or the modules inside it, not both")
     return tuple(dict.fromkeys(paths))
 
 
