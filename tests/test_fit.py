@@ -392,6 +392,19 @@ def test_fit_measures_under_the_allocator_a_training_process_has_not_the_one_run
     assert seen == ["training-process"] and DEFAULT_MALLOC_POLICY != "training-process"
 
 
+@pytest.mark.slow  # the file is read in its child, which measures what a process holds with torch imported
+@pytest.mark.parametrize("question", [["--scale", "n"], ["--at", "n=8"]])
+def test_a_limit_below_what_an_interpreter_with_torch_holds_is_refused_before_any_step(question, tmp_path, monkeypatch,
+                                                                                      capsys):
+    stepped = []
+    monkeypatch.setattr(measured, "measure_step", lambda *args, **kwargs: stepped.append(args))
+    assert main(["fit", str(model_file(tmp_path)), "--memory", "1", *question, "--out", str(tmp_path / "out")]) == 2
+    said = capsys.readouterr().err
+    assert said.startswith("benchlib: error: --memory 1 byte: on the CPU a step's total is its process's resident "
+                           "memory, and a process holds ") and "once it has imported torch" in said
+    assert stepped == [] and not (tmp_path / "out").exists()
+
+
 FIT_IMPORTS = """
 import json, sys
 from benchlib.fit import measured
@@ -402,10 +415,10 @@ imported = []
 
 def measure(_file, _engine, values, _device, **_options):
     imported.extend(imported or sorted(sys.modules))
-    return StepOutcome(int(100e6 + values["n"] * 1e6), 1e-3)
+    return StepOutcome(int(500e6 + values["n"] * 1e6), 1e-3)
 
 measured.measure_step = measure
-code = main(["fit", sys.argv[1], "--memory", "150MB", "--scale", "n", "--engines", "torch", "--no-verify",
+code = main(["fit", sys.argv[1], "--memory", "550MB", "--scale", "n", "--engines", "torch", "--no-verify",
              "--out", sys.argv[2]])
 print(json.dumps({"code": code, "imported": imported}))
 """

@@ -157,6 +157,22 @@ def ask(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | None
                     chosen + added, added)
 
 
+def refuse_below_interpreter(question: Question, target) -> None:
+    """FitError, before anything is measured, where the limit is below what every process that steps the file holds
+    before it builds anything: on the CPU a total is the process's resident memory, and the process that read the
+    file held `interpreter_bytes` once it had imported torch."""
+    from benchlib.units import format_bytes
+
+    floor = getattr(question.model_file, "interpreter_bytes", None)
+    if target.is_cuda or not floor or question.usable >= floor:
+        return
+    kept = f" less the {question.margin:.0%} kept free" if question.margin else ""
+    raise FitError(f"--memory {format_bytes(question.limit)}{kept}: on the CPU a step's total is its process's "
+                   f"resident memory, and a process holds {format_bytes(floor)} once it has imported torch, before it "
+                   "builds the model (measured in the process that read the file); no value fits under that: give a "
+                   "larger limit")
+
+
 def scale_points(value: Any, scale: str, fractions: tuple[float, ...] = THOROUGH.fractions) -> list[int]:
     """The values of `scale` measured: `fractions` of its given value (`Search.fractions`), distinct, at least 1."""
     if isinstance(value, bool) or not isinstance(value, int):

@@ -15,7 +15,7 @@ from typing import Any
 from benchlib.engine_names import REFERENCE
 from benchlib.fit import in_child, measured
 from benchlib.fit.advice import CheckpointAdvice, EagerStep, advise
-from benchlib.fit.asking import FitError, FitInterrupted, ask, parse_at
+from benchlib.fit.asking import FitError, FitInterrupted, ask, parse_at, refuse_below_interpreter
 from benchlib.fit.largest import fit_asked, gpu_question, on_ranks, total_words
 from benchlib.fit.result import MEASURED
 from benchlib.fit.settings import THOROUGH, Search
@@ -162,6 +162,8 @@ def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engin
     predicted = cuda_without_gpu(device)
     target = None if predicted else resolve_device(device)
     on_ranks(model_file.world_size, target, predicted)
+    if target is not None:
+        refuse_below_interpreter(question, target)
     if target is not None and limit <= available_memory(target):
         result = AtResult(model_file.name, scale, value, limit, margin, target.name,
                           total_words(target, model_file.world_size))

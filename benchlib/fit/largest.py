@@ -22,7 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchlib.fit.asking import FitError, FitInterrupted, MemoryLimit, Question, ask, scale_points
+from benchlib.fit.asking import (FitError, FitInterrupted, MemoryLimit, Question, ask, refuse_below_interpreter,
+                                 scale_points)
 from benchlib.fit import in_child, measured
 from benchlib.fit.measured import (CAP_SLACK, REACH, approach, check_at, confirm, fit_model, hold, step_down,
                                    until_it_grows)
@@ -72,6 +73,7 @@ def fit_asked(question: Question, *, scale: str, device: str, card: str | None, 
     points = scale_points(values[scale], scale, search.fractions)
     target = Device("cuda", int(device.partition(":")[2] or 0)) if predicted else resolve_device(device)
     on_ranks(model_file.world_size, target, predicted)
+    refuse_below_interpreter(question, target)
     if verify is None:  # confirmed by default wherever this machine can hold the limit
         verify = not predicted and question.limit <= available_memory(target)
     fits = _applicable(question, target, scale, progress, shapes_only=predicted)

@@ -49,6 +49,9 @@ class FileFacts:
     # the reading process's resident high-water mark once it had read the file (torch imported, the model built at its
     # QUICK values): what any process that steps it holds at least, a rank among them
     resident_bytes: int | None = None
+    # the same process's resident memory once it had imported torch, before the file: no process that steps the file
+    # on the CPU holds less (a limit below it cannot be met)
+    interpreter_bytes: int | None = None
 
 
 def measure_reading(paths: Sequence[str], *args, **kwargs):
@@ -106,12 +109,15 @@ def child_main(result_path: str) -> None:
     """Read groups of paths (JSON on stdin), write one outcome per group to `result_path`, with what torch reports
     here (`torch_facts`, for the parent's run.json: it imports no torch), and leave at once: a thread the user's
     code started cannot keep this process, and says so."""
+    import torch  # noqa: F401  (what every process that steps a file holds first: `FileFacts.interpreter_bytes`)
+
     from benchlib.records.environment import torch_facts
 
+    interpreter = _resident_high_water()
     asked = json.load(sys.stdin)
     outcomes = []
     for group in asked["groups"]:
-        outcome = read_outcome(group, asked["shapes_only"])
+        outcome = {**read_outcome(group, asked["shapes_only"]), "interpreter_bytes": interpreter}
         stray = _stray_threads()
         if stray and "error" not in outcome:  # this group's code started them: its refusal, no other's
             outcome = {"error": f"{', '.join(map(str, group))}: the file's code started thread(s) {', '.join(stray)} "
@@ -189,7 +195,8 @@ def answers(outcomes: Sequence[dict]) -> list[list[FileFacts] | ModelFileError]:
             made.append(refusal)
             continue
         made.append([FileFacts(Path(f["path"]), f["name"], f["parameters"], f["quick"], f["techniques"],
-                               f["has_optimizer"], outcome["arrays"], outcome.get("resident_bytes"))
+                               f["has_optimizer"], outcome["arrays"], outcome.get("resident_bytes"),
+                               outcome.get("interpreter_bytes"))
                      for f in outcome["files"]])
     return made
 
