@@ -633,9 +633,11 @@ def loss(model, x):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups and the kernel's session are POSIX")
-def test_ctrl_c_on_a_model_file_run_keeps_the_trials_that_finished_and_prints_no_traceback(tmp_path):
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_sigterm_on_a_model_file_run_keeps_the_trials_that_finished_and_prints_no_traceback(stop, tmp_path):
     # Ctrl-C reaches the terminal's foreground group: the runner, not the kernel (a session of its own), which the
-    # runner interrupts in turn and waits for, so the kernel saves its finished trials before it is shut down
+    # runner interrupts in turn and waits for, so the kernel saves its finished trials before it is shut down;
+    # SIGTERM (a CI job's time-out) reaches the runner alone, and is passed on the same way
     path = tmp_path / "slow.py"
     path.write_text(SLOW_STEP)
     out = tmp_path / "out"
@@ -648,7 +650,10 @@ def test_ctrl_c_on_a_model_file_run_keeps_the_trials_that_finished_and_prints_no
         lines.append(line)
         if "trial 3/50" in line:
             break
-    os.killpg(runner.pid, signal.SIGINT)
+    if stop == "SIGINT":
+        os.killpg(runner.pid, signal.SIGINT)
+    else:
+        os.kill(runner.pid, signal.SIGTERM)
     lines += runner.stdout.readlines()
     assert runner.wait(timeout=60) == 130
     output = "".join(lines)
@@ -656,6 +661,7 @@ def test_ctrl_c_on_a_model_file_run_keeps_the_trials_that_finished_and_prints_no
     (run_dir,) = out.iterdir()
     records = load_records(run_dir)
     assert len(records[records["metric"] == "time"]) >= 3 and load_run_info(run_dir)["interrupted"] is True
+    assert load_run_info(run_dir)["interrupted_by"] == ("KeyboardInterrupt" if stop == "SIGINT" else "SIGTERM")
 
 
 @pytest.mark.slow  # its run's environment asks git for the commit

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from benchlib.records.store import UNDER_RUNNER_ENV
+from benchlib.runner.interrupts import TERMINATING_SIGNALS, Terminated
 from benchlib.runner.kernels import kernel_environment
 
 KERNEL_NAME = "python3"
@@ -118,9 +119,10 @@ class _Deadline:
 
 @contextmanager
 def _interrupts_passed_on(deadline: _Deadline) -> Iterator[None]:
-    """Ctrl-C reaches the runner only (each kernel runs in a session of its own), and papermill shuts the kernel
-    down as the KeyboardInterrupt unwinds it: so, in the main thread, SIGINT is passed on to the kernels first
-    (`_Deadline.pass_interrupt_on`), then raised here."""
+    """Ctrl-C, SIGTERM and SIGHUP reach the runner only (each kernel runs in a session of its own), and papermill
+    shuts the kernel down as the KeyboardInterrupt unwinds it: so, in the main thread, an interrupt is passed on to
+    the kernels first (`_Deadline.pass_interrupt_on`), so each saves the trials that finished, then raised here
+    (SIGTERM and SIGHUP as `Terminated`, naming the signal)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -131,13 +133,17 @@ def _interrupts_passed_on(deadline: _Deadline) -> Iterator[None]:
         # the interrupted cell's task ends with its error unretrieved as papermill unwinds: asyncio would print
         # that traceback at exit, after the run's own summary
         logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-        raise KeyboardInterrupt
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Terminated(signal.Signals(signum).name)
 
-    previous = signal.signal(signal.SIGINT, interrupted)
+    numbers = [signal.SIGINT, *(getattr(signal, name) for name in TERMINATING_SIGNALS if hasattr(signal, name))]
+    previous = {number: signal.signal(number, interrupted) for number in numbers}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def execute_notebook(source: Path | str, output: Path | str, parameters: Mapping[str, Any], *, cwd: Path | str,
