@@ -9,7 +9,6 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from benchlib.engine_names import TORCH_CHECKPOINT
 from benchlib.fit.settings import THOROUGH
 from benchlib.records.metrics import MODULE_METRIC, SAVED_ROLE
 from benchlib.units import format_bytes, format_seconds
@@ -87,7 +86,7 @@ def advise(model_file, values: dict, device, eager: EagerStep, usable: float, bl
     """The checkpoint plan for eager's step over the model's `blocks` (`checkpoint_blocks`), measured before it is
     given; where even every block is predicted over, that plan is measured too (the prediction counts a whole
     block's recomputation, which can be far more than it holds), and the line says what it measured."""
-    from benchlib.engines.techniques.modules import module_spec
+    from benchlib.engines.techniques.modules import checkpointing
     from benchlib.fit import measured
 
     if not blocks:
@@ -102,7 +101,7 @@ def advise(model_file, values: dict, device, eager: EagerStep, usable: float, bl
     advice = CheckpointAdvice(predicted=predicted, of=len(blocks))
     for _ in range(TRIES):
         ordered = [block for block in blocks if block in chosen]  # the model's order, so ranges read as ranges
-        advice.blocks, advice.engine = tuple(ordered), f"{TORCH_CHECKPOINT}[{module_spec(ordered)}]"
+        advice.blocks, advice.engine = tuple(ordered), checkpointing(ordered)
         outcome = measured.measure_step(model_file, advice.engine, values, device, steps=steps)
         if not outcome.measured:
             advice.reason = f"{advice.engine} {outcome.reason}"

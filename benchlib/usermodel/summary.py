@@ -21,8 +21,7 @@ from benchlib.report.page import SUMMARY_COLUMN
 from benchlib.analysis.stats import noise_flags, ratio_of_medians
 from benchlib.trials import DETERMINISTIC, GRAD_UNCHECKED_METRIC, MAX_TRIALS, PRECISION
 from benchlib.usermodel.arrays import ARRAY_ENGINES
-from benchlib.engine_names import COMBINED, TORCH
-from benchlib.engines.techniques import BUILTIN, PARALLEL
+from benchlib.engines.techniques import BUILTIN, placement_of
 
 ENGINE_WIDTH = max(map(len, (*BUILTIN, *ARRAY_ENGINES)))  # the engine column's least width (combinations widen it)
 
@@ -97,9 +96,7 @@ def _whole_message(statuses: pd.DataFrame) -> str:
 def _order(engine: str) -> tuple[int, int]:
     """One process first, then each parallel strategy's steps; within each, the registry's order (combinations and
     a file's own techniques after, in the order they ran)."""
-    parts = engine.split(COMBINED)
-    strategy = next((index for index, name in enumerate(PARALLEL, 1) if name in parts), 0)
-    rest = COMBINED.join(part for part in parts if part not in PARALLEL) or TORCH
+    strategy, rest = placement_of(engine)
     return strategy, ORDER.get(rest, len(ORDER))
 
 

@@ -15,10 +15,10 @@ from benchlib.engines.techniques.builtin import BUILTIN
 from benchlib.engines.techniques.parallel import PARALLEL
 from benchlib.engines.techniques.registry import (ALL, COMBINATION_CHOICES, COMPILING, DEFAULT, ENTRY_POINT_GROUP, NONE,
                                                   SWEEP, added_combinations, check_technique, installed_techniques,
-                                                  stand_in, technique_registry)
+                                                  placement_of, stand_in, technique_registry)
 from benchlib.engines.techniques.step import Step
 
 __all__ = ["Aspect", "Combination", "CombinationError", "Need", "Step", "StepFacts", "Technique", "TechniqueFault",
            "TechniqueOptions", "BUILTIN", "PARALLEL", "REFERENCE", "SWEEP", "COMPILING", "COMBINATION_CHOICES", "ALL",
            "DEFAULT", "NONE", "ENTRY_POINT_GROUP", "technique_registry", "combine", "added_combinations",
-           "check_technique", "installed_techniques", "stand_in"]
+           "check_technique", "installed_techniques", "placement_of", "stand_in"]

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from benchlib.engine_names import TORCH_CHECKPOINT
 from benchlib.errors import Refused
 
 if TYPE_CHECKING:  # torch is imported where a model is read, not where a run is planned
@@ -191,6 +192,11 @@ def module_spec(paths: list[str]) -> str:
     return ",".join(group[0] if len(group) == 1 else
                     (f"{group[0]}." if group[0] else "") + (f"{group[1]}" if group[1] == group[2] else f"{group[1]}-{group[2]}")
                     for group in groups)
+
+
+def checkpointing(paths: list[str]) -> str:
+    """The engine that checkpoints exactly these blocks: `torch-checkpoint[encoder.layers.0-5]`."""
+    return f"{TORCH_CHECKPOINT}[{module_spec(paths)}]"
 
 
 def parse_module_spec(spec: str) -> tuple[str, ...]:

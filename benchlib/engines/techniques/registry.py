@@ -100,3 +100,11 @@ def added_combinations(which: str, registry: Mapping[str, type[Technique]], name
     found = [COMBINED.join(group) for size in range(2, len(joinable) + 1)
              for group in itertools.combinations(joinable, size) if _valid(group, registry)]
     return [name for name in found if name not in named]
+
+
+def placement_of(engine: str) -> tuple[int, str]:
+    """An engine's parallel strategy (its place in `PARALLEL`, from 1; 0 for one process) and the rest of its name,
+    eager torch where it names a strategy alone (`ddp+torch-checkpoint` -> (1, "torch-checkpoint"))."""
+    parts = engine.split(COMBINED)
+    strategy = next((index for index, name in enumerate(PARALLEL, 1) if name in parts), 0)
+    return strategy, COMBINED.join(part for part in parts if part not in PARALLEL) or TORCH
