@@ -642,7 +642,7 @@ def test_ctrl_c_or_sigterm_on_a_model_file_run_keeps_the_trials_that_finished_an
     path.write_text(SLOW_STEP)
     out = tmp_path / "out"
     runner = subprocess.Popen([sys.executable, "-m", "benchlib", "run", str(path), "-p", "engines=torch,torch-checkpoint",
-                               "-p", "trials=50", "-p", "precision=0", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               "-p", "trials=50", "-p", "precision=0", "-p", "combinations=none", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, start_new_session=True,
                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
