@@ -124,9 +124,10 @@ def ask(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | None
     from benchlib.usermodel.loader import ModelFileError
     from benchlib.usermodel.reading import measure_reading, read_in_child
     from benchlib.usermodel.measuring import TORCH_FORM, spread_over_ranks
+    from benchlib.usermodel.named import resolved
     from benchlib.usermodel.parameters import file_benchmark
 
-    (read,) = read_in_child([[str(path)]], shapes_only=predicted)  # the file's code runs in a child, as `run` reads it
+    (read,) = read_in_child([[str(resolved(path))]], shapes_only=predicted)  # a child reads it, as `run` does
     if isinstance(read, ModelFileError):
         raise read
     (facts,) = read

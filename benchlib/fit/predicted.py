@@ -188,7 +188,7 @@ def predict_reserved(model_file, engine: str, values: Mapping[str, Any],
         for index, nbytes in enumerate(workspaces):
             allocator.malloc(("cublas workspace", index), nbytes)
         with _recording_mode(events), storage_resizes(events.resized):
-            step = make_step(model_file, engine, model, batch)
+            step = make_step(model_file, engine, values, model, batch)
             starts = []
             for _ in range(STEPS_TRACED):
                 starts.append(len(events.log))

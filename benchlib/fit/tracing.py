@@ -43,7 +43,7 @@ def tracked_peak(model_file, engine: str, values: Mapping[str, Any], check_batch
         # on the CPU: moving fake parameters is refused; the bytes are the same
         model, batch = build(lambda: model_file.seeded_model(values)), model_file.seeded_batch(values)
         check_batch(batch)
-        step = make_step(model_file, engine, model, batch)
+        step = make_step(model_file, engine, values, model, batch)
         step()
         tracker = MemTracker()
         tracker.track_external(model, *step.optimizers)

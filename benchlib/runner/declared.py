@@ -88,10 +88,11 @@ def run_model_file(config, *, device: str = "auto", results_dir: str = ""):
     """The your_model notebook's run: `config` names the model file (empty: `benchlib new`'s example) and whether
     to run at its QUICK values; records, summary and figures saved in `results_dir`."""
     from benchlib.usermodel import load_model_file
+    from benchlib.usermodel.named import resolved
     from benchlib.usermodel.template import TEMPLATE
 
     with tempfile.TemporaryDirectory(prefix="benchlib-example-") as folder:
-        path = Path(config.model_file or Path(folder) / "my_model.py")
+        path = Path(resolved(config.model_file) or Path(folder) / "my_model.py")
         if not config.model_file:
             path.write_text(TEMPLATE, encoding="utf-8")
         values = load_model_file(path).quick if config.quick else {}

@@ -133,9 +133,12 @@ def _spec(name: str, path: Path) -> NotebookSpec:
 
 
 def is_model_file(name: str) -> bool:
-    """A name `benchlib run` reads as a model file: it ends in .py, or names a file that is not a notebook."""
+    """A name `benchlib run` reads as a model file: it ends in .py, names a file that is not a notebook, or is a
+    model's name (hf:, tv:, timm:: `benchlib.usermodel.named`)."""
+    from benchlib.usermodel.named import is_model_name
+
     path = Path(name)
-    return name.endswith(".py") or (path.is_file() and path.suffix != ".ipynb")
+    return name.endswith(".py") or (path.is_file() and path.suffix != ".ipynb") or is_model_name(name)
 
 
 def model_file_specs(groups: Sequence[Sequence[str]]) -> list[NotebookSpec]:
@@ -173,6 +176,20 @@ def model_file_specs(groups: Sequence[Sequence[str]]) -> list[NotebookSpec]:
     return specs
 
 
+def _every_notebook(notebooks_dir: Path | None, folder: Path) -> list[NotebookSpec]:
+    """What a run without names runs: the notebooks in `notebooks_dir`, else every declared benchmark and every
+    undeclared notebook in `folder` (the project's)."""
+    if notebooks_dir:
+        return [_spec(name, path) for name, path in available_notebooks(notebooks_dir).items()]
+    specs = {name: NotebookSpec(benchmark, declared_notebook(benchmark)) for name, benchmark in declared().items()}
+    for name, path in (available_notebooks(folder) if folder.is_dir() else {}).items():
+        if name not in specs:
+            specs[name] = notebook_spec(name, path)
+    if not specs:
+        raise RunnerError(f"no benchmarks: nothing declared and no notebooks (*.ipynb) in {str(folder)!r}")
+    return list(specs.values())
+
+
 def select_notebooks(names: Sequence[str], notebooks_dir: Path | None = None) -> list[NotebookSpec]:
     """The benchmarks asked for, or all: every declared benchmark and every undeclared notebook in
     the project's notebooks/ (or, given `notebooks_dir`, the notebooks there).
@@ -186,15 +203,10 @@ def select_notebooks(names: Sequence[str], notebooks_dir: Path | None = None) ->
     """
     folder = notebooks_dir or find_project_notebooks()
     if not names:
-        if notebooks_dir:
-            return [_spec(name, path) for name, path in available_notebooks(notebooks_dir).items()]
-        specs = {name: NotebookSpec(benchmark, declared_notebook(benchmark)) for name, benchmark in declared().items()}
-        for name, path in (available_notebooks(folder) if folder.is_dir() else {}).items():
-            if name not in specs:
-                specs[name] = notebook_spec(name, path)
-        if not specs:
-            raise RunnerError(f"no benchmarks: nothing declared and no notebooks (*.ipynb) in {str(folder)!r}")
-        return list(specs.values())
+        return _every_notebook(notebooks_dir, folder)
+    from benchlib.usermodel.named import resolved
+
+    names = [resolved(name) for name in names]  # hf:, tv:, timm: names: the model file each stands for
     selected: dict[str, NotebookSpec] = {}
     unknown = []
     model_files = [name for name in names if is_model_file(name)]
@@ -241,7 +253,8 @@ def select_notebooks(names: Sequence[str], notebooks_dir: Path | None = None) ->
     if unknown:
         listing = ", ".join(dict.fromkeys([*declared(), *(available_notebooks(folder) if folder.is_dir() else {})]))
         raise RunnerError(f"unknown benchmark(s): {', '.join(unknown)}; known: {listing or 'none'} "
-                          "(or give a path to a .ipynb file, or a model file ending in .py)")
+                          "(or give a path to a .ipynb file, a model file ending in .py, or a model by name: hf:NAME_OR_PATH, "
+                          "tv:NAME, timm:NAME)")
     return list(selected.values())
 
 

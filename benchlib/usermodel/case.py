@@ -81,9 +81,9 @@ def combination_of(model_file: ModelFile, engine: str, options: dict | None = No
     return combine(engine, technique_registry(model_file.techniques), TechniqueOptions.from_json(options))
 
 
-def make_step(model_file: ModelFile, engine: str, model, batch, options: dict | None = None) -> Step:
-    """`engine`'s step over `model` and `batch`."""
-    return Step(combination_of(model_file, engine, options), model, batch, model_file.loss, model_file.optimizer,
+def make_step(model_file: ModelFile, engine: str, values: dict, model, batch, options: dict | None = None) -> Step:
+    """`engine`'s step over `model` and `batch`, built at `values`."""
+    return Step(combination_of(model_file, engine, options), model, batch, model_file.loss, model_file.optimizer_at(values),
                 model_file.step)
 
 
@@ -97,7 +97,7 @@ def _gradient(model_file: ModelFile, engine: str, values: dict, device: Any, see
     import torch
 
     model, batch = model_file.build(values, device.torch)
-    step = make_step(model_file, engine, model, batch, options)
+    step = make_step(model_file, engine, values, model, batch, options)
     captured = {}
     before = [p.detach().cpu().clone() for _, p in step.named]
     torch.manual_seed(seed)
@@ -116,7 +116,7 @@ def _joint_update(model_file: ModelFile, values: dict, device: Any, gradient: li
     before = [p.detach().cpu().clone() for p in named]
     for p, g in zip(named, gradient):
         p.grad = g.to(device=p.device, dtype=p.dtype)
-    model_file.optimizer(named).step()
+    model_file.optimizer_at(values)(named).step()
     return [p.detach().cpu() - old for p, old in zip(named, before)]
 
 
@@ -137,7 +137,7 @@ def case(*, device, path: str, engine: str, values: dict, gradient_dir: str, che
         raise Refused(f"check={check!r}: valid values are {', '.join(CHECKS)}")
     model_file = read_model_file(path)
     model, batch = guarded(model_file, "model or batch (building the case)", model_file.build, values, device.torch)
-    step = guarded(model_file, f"{engine}'s set-up (optimizer)", make_step, model_file, engine, model, batch, options)
+    step = guarded(model_file, f"{engine}'s set-up (optimizer)", make_step, model_file, engine, values, model, batch, options)
     what = f"the {engine} step"
     regroups = step.combination.regroups_optimizer is not None and model_file.optimizer is not None
     by_module: list[dict] = []

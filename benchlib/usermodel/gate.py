@@ -292,8 +292,9 @@ def measure_step(model: str | Path, engine: str = "torch", *, params: dict | Non
                                timeout_s=timeout_s, preload=tuple(dict.fromkeys(torch_imports + GATE_PRELOAD)) if torch_imports else ())
     prepare_isolation(options)
     from benchlib.usermodel import declare_model_files  # torch and the model file: beside the template's imports
+    from benchlib.usermodel.named import resolved
 
-    benchmark, (model_file,), form = declare_model_files([model])
+    benchmark, (model_file,), form = declare_model_files([resolved(model)])
     if not form.composes and engine not in form.engines:
         raise GateError(f"{engine!r} is not an engine of {model_file.path.name}'s form; valid: {', '.join(form.engines)}")
     if form.composes:

@@ -6,6 +6,7 @@ array form's own checks are in `benchlib.usermodel.arrays`.
     def batch(**params) -> a tensor or a tuple of tensors
     def loss(model, *batch) -> a 0-dim tensor
     def optimizer(parameters) -> torch.optim.Optimizer     # optional: a step then includes its step
+                                                           # (optimizer(parameters, **params) is given them too)
     def step(model, optimizer, *batch) -> None             # optional: the whole training step, as written
     NAME = "my_model"; PARAMETERS = {"width": 256}; QUICK = {"width": 16}   # optional
 
@@ -16,6 +17,7 @@ file.py` would have it), so two files with the same stem never meet. Every refus
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import inspect
@@ -30,7 +32,7 @@ from benchlib.errors import Failed, Refused
 
 REQUIRED = ("model", "batch", "loss")
 FORM = ("model(**params) -> torch.nn.Module, batch(**params) -> tensor or tuple of tensors, "
-        "loss(model, *batch) -> 0-dim tensor, and optionally optimizer(parameters) -> torch.optim.Optimizer and "
+        "loss(model, *batch) -> 0-dim tensor, and optionally optimizer(parameters[, **params]) -> torch.optim.Optimizer and "
         "step(model, optimizer, *batch), the whole training step")
 ARRAY_FORM = ("params(**params) -> tuple of NumPy arrays (differentiated), data(**params) -> tuple of NumPy "
               "arrays, loss(xp, *params, *data) -> scalar")
@@ -63,6 +65,13 @@ class ModelFile:
     @property
     def has_optimizer(self) -> bool:
         return self.optimizer is not None
+
+    def optimizer_at(self, values: Mapping[str, Any]) -> Callable | None:
+        """optimizer(parameters), given `values` too where the file's takes them (optimizer(parameters, **params):
+        an optimizer or learning rate chosen by a parameter)."""
+        if self.optimizer is None or not takes_values(self.optimizer, values):
+            return self.optimizer
+        return functools.partial(self.optimizer, **values)
 
     def build(self, values: Mapping[str, Any], device: Any = None) -> tuple[Any, tuple]:
         """The model and batch at `values`, seeded, on `device` (a torch.device; None keeps them where made)."""
@@ -170,7 +179,10 @@ def _check_signatures(path: Path, module, parameters: Mapping[str, Any]) -> None
         try:
             signature(path, optimizer, "optimizer").bind(object())
         except TypeError as error:
-            raise refuse(path, f"optimizer must accept one argument, optimizer(parameters): {error}") from None
+            if not takes_values(optimizer, parameters):
+                raise refuse(path, f"optimizer must accept the parameters to optimize, optimizer(parameters), or them "
+                                   f"and every PARAMETERS name as a keyword argument, optimizer(parameters, **params): "
+                                   f"{error}") from None
     step = getattr(module, "step", None)
     if step is not None:
         if not callable(step):
@@ -180,6 +192,15 @@ def _check_signatures(path: Path, module, parameters: Mapping[str, Any]) -> None
         if len(taken) < 2 and not any(p.kind == p.VAR_POSITIONAL for p in taken):
             raise refuse(path, f"step{signature(path, step, 'step')} must accept (model, optimizer, *batch): the "
                                "model, the optimizer (None without one), then the batch's tensors")
+
+
+def takes_values(optimizer: Callable, values: Mapping[str, Any]) -> bool:
+    """Whether optimizer(parameters, **values) binds: the file's optimizer reads its parameters' values."""
+    try:
+        inspect.signature(optimizer).bind(object(), **values)
+    except (TypeError, ValueError):
+        return False
+    return bool(values)
 
 
 def _dict(path: Path, module, name: str) -> dict[str, Any]:
@@ -344,7 +365,7 @@ def _check_form(model_file: ModelFile, values: Mapping[str, Any], build: Callabl
                             "(requires_grad is False)")
     if model_file.optimizer is not None:
         try:
-            made_optimizer = model_file.optimizer(module.parameters())
+            made_optimizer = model_file.optimizer_at(values)(module.parameters())
         except Exception as error:
             raise ModelFileError(model_file.user_error(error, "optimizer(parameters)")) from error
         if not isinstance(made_optimizer, torch.optim.Optimizer):

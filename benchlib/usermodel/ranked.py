@@ -28,7 +28,7 @@ def _placed_step(model_file: ModelFile, engine: str, values: dict, device, rank:
     combination = combination_of(model_file, engine, options)
     model = combination.place(lambda: model_file.seeded_model(values), device.torch)
     return Step(combination, model, model_file.seeded_batch(values, device.torch, rank), model_file.loss,
-                model_file.optimizer, model_file.step, TechniqueOptions.from_json(options))
+                model_file.optimizer_at(values), model_file.step, TechniqueOptions.from_json(options))
 
 
 def _gathered_gradient(step: Step, rank: int) -> list:
@@ -49,7 +49,7 @@ def _data_parallel_gradient(model_file: ModelFile, values: dict, device, world_s
     total = None
     for rank in range(world_size):
         model, batch = model_file.seeded_model(values).to(device.torch), model_file.seeded_batch(values, device.torch, rank)
-        step = Step(REFERENCE, model, batch, model_file.loss, model_file.optimizer, model_file.step)
+        step = Step(REFERENCE, model, batch, model_file.loss, model_file.optimizer_at(values), model_file.step)
         captured = {}
         torch.manual_seed(STEP_SEED + rank)
         with step.observe(lambda name, gradient: captured.__setitem__(name, gradient.detach().cpu().clone())):

@@ -23,10 +23,13 @@ def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:
     new_parser = commands.add_parser(
         "new", parents=common, help="write a commented example model file to run with `benchlib run FILE`")
     new_parser.add_argument("file", type=Path, metavar="FILE", help="the .py file to write (never overwritten)")
+    new_parser.add_argument("--from", dest="source", default=None, metavar="NAME",
+                            help="write the model file a name stands for (hf:NAME_OR_PATH, tv:NAME, timm:NAME), to "
+                                 "change its loss, batch or optimizer: `benchlib fit FILE` then answers as the name")
     new_parser.add_argument("--form", choices=("torch", "arrays"), default="torch",
                             help="torch: an nn.Module, a batch and a loss; arrays: NumPy arrays and a loss over xp, "
                                  "run under benchlib's engines, HIPS autograd, torch and torch.func (default: torch)")
-    new_parser.set_defaults(handler=lambda arguments: _new(arguments.file, arguments.form))
+    new_parser.set_defaults(handler=lambda arguments: _new(arguments.file, arguments.form, arguments.source))
 
     fit_parser = commands.add_parser(
         "fit", parents=common, help="the largest batch (or sequence length) a model file's step fits in a memory limit",
@@ -80,16 +83,23 @@ def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:
     fit_parser.set_defaults(handler=fit_command)
 
 
-def _new(path: Path, form: str) -> int:
+def _new(path: Path, form: str, source: str | None = None) -> int:
+    from benchlib.usermodel.named import model_file_text
     from benchlib.usermodel.template import ARRAY_TEMPLATE, TEMPLATE
 
     if path.suffix != ".py":
         raise RunnerError(f"{path}: a model file ends in .py")
+    if source is not None and form != "torch":
+        raise RunnerError(f"--from {source} writes a model file in the torch form; leave out --form {form}")
+    exists = RunnerError(f"{path} exists; benchlib new never overwrites a file (choose another name)")
+    if path.exists():  # before a name's library is imported
+        raise exists
+    text = model_file_text(source) if source is not None else ARRAY_TEMPLATE if form == "arrays" else TEMPLATE
     try:
         with open(path, "x", encoding="utf-8") as file:
-            file.write(ARRAY_TEMPLATE if form == "arrays" else TEMPLATE)
+            file.write(text)
     except FileExistsError:
-        raise RunnerError(f"{path} exists; benchlib new never overwrites a file (choose another name)") from None
+        raise exists from None
     except OSError as error:
         raise RunnerError(f"{path} cannot be written: {error.strerror}") from None
     print(f"wrote {path}; try it: benchlib run {path} --quick")
