@@ -237,6 +237,26 @@ def test_fit_on_ranks_on_cuda_without_a_gpu_predicts_rank_0_from_one_process(tmp
                if record["metric"] == "max_fitting")
 
 
+@pytest.mark.slow  # a child reads the file
+def test_a_global_batch_naming_a_parameter_that_leaves_the_batch_as_it_is_is_refused_before_any_work(tmp_path, capsys):
+    batched = (MODEL.replace('"depth": 4}', '"depth": 4, "batch_size": 8}').replace("(width, depth)", "(width, depth, batch_size)")
+               .replace("torch.randn(8, 6), torch.randint(0, 2, (8,))",
+                        "torch.randn(batch_size, 6), torch.randint(0, 2, (batch_size,))"))
+    (tmp_path / "model.py").write_text(textwrap.dedent(batched))
+    out = tmp_path / "out"
+    assert main(["run", str(tmp_path / "model.py"), "--quick", "--ranks", "2", "--parallel", "ddp", "--global-batch",
+                 "width=64", "--out", str(out)]) == 2  # before: each rank's model built half as wide, in silence
+    said = capsys.readouterr().err
+    assert "--global-batch width=...: width does not change the batch" in said and not out.exists()
+    assert "the parameters that change the batch: batch_size" in said
+    from benchlib.usermodel.parameters import technique_rules
+    from benchlib.usermodel.reading import read_in_child
+
+    ((facts,),) = read_in_child([[str(tmp_path / "model.py")]])
+    assert facts.batch_parameters == ("batch_size",)
+    technique_rules(facts, {"ranks": 2, "parallel": "ddp", "global_batch": "batch_size"})  # a batch: accepted
+
+
 def test_a_global_batch_is_split_evenly_over_the_ranks_or_refused_saying_what_would():
     from argparse import Namespace
 
@@ -244,7 +264,8 @@ def test_a_global_batch_is_split_evenly_over_the_ranks_or_refused_saying_what_wo
     from benchlib.runner.arguments import RunnerError
 
     asked = Namespace(ranks=4, parallel="fsdp", global_batch="batch_size=64")
-    assert ranks_params(asked, {"width": "8"}) == {"width": "8", "ranks": "4", "parallel": "fsdp", "batch_size": "16"}
+    assert ranks_params(asked, {"width": "8"}) == {"width": "8", "ranks": "4", "parallel": "fsdp", "batch_size": "16",
+                                                  "global_batch": "batch_size"}
     for ranks, global_batch, given, words in [
         (4, "batch_size=66", {}, "does not split evenly over 4 ranks; a multiple of 4 does (e.g. batch_size=64)"),
         (None, "batch_size=64", {}, "give --ranks N"),

@@ -65,7 +65,7 @@ def ranks_params(arguments, params: dict[str, str]) -> dict[str, str]:
     if total < ranks or total % ranks:
         raise RunnerError(f"--global-batch {name}={total} does not split evenly over {ranks} ranks; a multiple of "
                           f"{ranks} does (e.g. {name}={max(ranks, total - total % ranks)})")
-    given[name] = str(total // ranks)
+    given[name], given["global_batch"] = str(total // ranks), name
     return given
 
 

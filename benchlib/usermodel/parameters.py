@@ -49,6 +49,8 @@ RANKS = Parameter("ranks", 1, "the torch.distributed ranks each engine's step ru
                   "CPU, NCCL on CUDA, a GPU per rank); 1: one process (benchlib run --ranks N)", minimum=1)
 PARALLEL = Parameter("parallel", "", f"with ranks > 1, the parallel strategies each engine runs under, joined by "
                      f"commas: {', '.join(PARALLEL_STRATEGIES)} (benchlib run --parallel ddp,fsdp)")
+GLOBAL_BATCH = Parameter("global_batch", "", "the parameter `--global-batch NAME=B` split over the ranks (each rank "
+                         "gets B/N): set by that flag, and refused where NAME does not change the batch")
 MICROBATCHES = Parameter("microbatches", TechniqueOptions.microbatches, "the parts torch-microbatch splits the batch "
                          "into, alone or combined", minimum=2)
 
@@ -79,6 +81,7 @@ def technique_rules(model_file, config) -> None:
                       f"(-p engines=fsdp+torch-checkpoint)")
     if ranks == 1 and (strategies or placed):
         raise Refused(f"{', '.join(strategies or placed)} runs on several ranks: give --ranks N (N >= 2)")
+    _refuse_a_global_batch_that_is_no_batch(model_file, config.get("global_batch", ""))
     resident = getattr(model_file, "resident_bytes", None)  # known where a child read the file (`reading`)
     if ranks > 1 and resident:
         from benchlib.measure.ranks import refuse_ranks_beyond_memory
@@ -86,10 +89,23 @@ def technique_rules(model_file, config) -> None:
         refuse_ranks_beyond_memory(ranks, resident)
 
 
+def _refuse_a_global_batch_that_is_no_batch(model_file, name: str) -> None:
+    """--global-batch NAME=B splits NAME over the ranks: a NAME that leaves the batch's shapes as they are would
+    split the model (its width, say), not the batch."""
+    known = getattr(model_file, "batch_parameters", None)  # known where a child read the file (`reading`)
+    if not name or known is None or name in known:
+        return
+    raise Refused(f"--global-batch {name}=...: {name} does not change the batch (batch() gives the same shapes at "
+                  f"{name}={model_file.quick.get(name, model_file.parameters.get(name))} and one more), so splitting "
+                  f"it over the ranks would change the model, not the batch; "
+                  + (f"the parameters that change the batch: {', '.join(known)}" if known else
+                     "no integer parameter of the file changes the batch"))
+
+
 def file_parameters(model_file, form: Form) -> tuple[Parameter, ...]:
     """The file's own PARAMETERS, typed by their defaults, then benchlib's own (its form's)."""
     own = (TRIALS, PRECISION, _engine_choice(form), ATTRIBUTE,  # benchlib's parameters of every model file
-           *((COMBINATIONS, MICROBATCHES, SAC_POLICY, MODULE_DEPTH, RANKS, PARALLEL) if form.composes else ()))
+           *((COMBINATIONS, MICROBATCHES, SAC_POLICY, MODULE_DEPTH, RANKS, PARALLEL, GLOBAL_BATCH) if form.composes else ()))
     parameters = []
     for name, default in model_file.parameters.items():
         if name in {each.name for each in own}:

@@ -52,6 +52,8 @@ class FileFacts:
     # the same process's resident memory once it had imported torch, before the file: no process that steps the file
     # on the CPU holds less (a limit below it cannot be met)
     interpreter_bytes: int | None = None
+    # the integer parameters whose value changes the batch's shapes (None: not known): what --global-batch may split
+    batch_parameters: tuple[str, ...] | None = None
 
 
 def measure_reading(paths: Sequence[str], *args, **kwargs):
@@ -71,8 +73,29 @@ def _facts(group: Sequence[str], shapes_only: bool = False) -> dict:
             "files": [{"path": str(f.path), "name": f.name, "parameters": f.parameters, "quick": f.quick,
                        "techniques": {name: [aspect.name for aspect in technique.changes]
                                       for name, technique in getattr(f, "techniques", {}).items()},
-                       "has_optimizer": getattr(f, "optimizer", None) is not None}
+                       "has_optimizer": getattr(f, "optimizer", None) is not None,
+                       "batch_parameters": None if isinstance(f, ArrayModelFile) else _batch_parameters(f)}
                       for f in files]}
+
+
+def _batch_parameters(model_file) -> list[str] | None:
+    """The integer parameters whose value changes the shapes batch() gives, at the QUICK values and one more, under
+    fake tensors (no memory, whatever the sizes); None where batch() cannot run so (it reads real values)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    values, found = {**model_file.parameters, **model_file.quick}, []
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            continue
+        try:
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                shapes = [[tuple(getattr(t, "shape", ())) for t in (made if isinstance(made, (tuple, list)) else (made,))]
+                          for made in (model_file.batch(**{**values, name: at}) for at in (value, value + 1))]
+        except Exception:  # noqa: BLE001 - a batch that needs real values: not known, so nothing is refused
+            return None
+        if shapes[0] != shapes[1]:
+            found.append(name)
+    return found
 
 
 def _resident_high_water() -> int:
@@ -196,7 +219,8 @@ def answers(outcomes: Sequence[dict]) -> list[list[FileFacts] | ModelFileError]:
             continue
         made.append([FileFacts(Path(f["path"]), f["name"], f["parameters"], f["quick"], f["techniques"],
                                f["has_optimizer"], outcome["arrays"], outcome.get("resident_bytes"),
-                               outcome.get("interpreter_bytes"))
+                               outcome.get("interpreter_bytes"),
+                               None if f.get("batch_parameters") is None else tuple(f["batch_parameters"]))
                      for f in outcome["files"]])
     return made
 
