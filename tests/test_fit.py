@@ -650,3 +650,16 @@ def test_an_answer_far_under_the_limit_is_searched_up_so_it_is_not_timid(fit_chi
                  params={"n": 64}, search=VERIFY, progress=lambda line: None)
     checkpoint = {engine_fit.engine: engine_fit for engine_fit in result.engines}["torch-checkpoint"]
     assert checkpoint.max_fitting < 180 and checkpoint.confirmed >= 196  # 100 MB + n MB under 300 MB: 200 at most
+
+
+def test_fit_at_never_headlines_no_engine_fits_when_no_engine_had_an_answer():
+    from benchlib.fit.at import AtEngine, AtResult
+
+    reason = "not applicable: the file declares no optimizer(parameters)"
+    result = AtResult("cnn", "batch_size", 8, 2 * 10**9, 0.0, "cpu", "resident",
+                      [AtEngine("fused-optimizer", reason=reason)])
+    # before: "no engine fits under 2.000 GB", as if the engine had been measured over it
+    assert result.lines()[0] == "cnn at batch_size=8: no engine could be measured or predicted; each says why"
+    assert reason in result.lines()[1]
+    result.engines.append(AtEngine("torch", total=3e9))
+    assert "no engine fits under 2.000 GB" in result.lines()[0]

@@ -149,6 +149,23 @@ def test_ranks_beyond_the_memory_free_are_refused_saying_how_many_fit_and_crowde
     assert "ranks=64 share 2 core(s): about 32 ranks a core" in crowded_cores(64, cores=2)
 
 
+def test_ranks_far_beyond_the_cores_are_refused_before_any_rank_starts_and_a_prediction_is_not():
+    from types import SimpleNamespace
+
+    from benchlib.measure.ranks import refuse_crowded_cores
+    from benchlib.usermodel.parameters import technique_rules
+
+    refuse_crowded_cores(16, cores=2)  # 8 a core: run, said to be crowded
+    with pytest.raises(ValueError, match=r"ranks=64 on 2 core\(s\) is 32 ranks a core: .* at most 16 ranks here .*"
+                                         r"`benchlib fit FILE --device cuda --ranks 64 --parallel fsdp \.\.\.`"):
+        refuse_crowded_cores(64, cores=2)  # before: admitted by memory (64 x 326 MB), then over 5 minutes at load 40
+    cores = __import__("os").cpu_count()
+    read = SimpleNamespace(techniques={}, resident_bytes=2**20, batch_parameters=None)  # what a reading child reports
+    with pytest.raises(ValueError, match="ranks a core"):
+        technique_rules(read, {"ranks": 8 * cores + 1, "parallel": "ddp"})
+    technique_rules(SimpleNamespace(techniques={}), {"ranks": 8 * cores + 1, "parallel": "ddp"})  # predicted: no rank starts
+
+
 def _rank(peak: int, baseline: int, checks: dict) -> IsolatedResult:
     measurement = Measurement(name="x", device="cpu", times_s=(0.1,), gc_count=0, gc_seconds=0.0,
                               peak_bytes=peak, baseline_bytes=baseline)

@@ -62,10 +62,11 @@ class AtResult:
     def lines(self) -> list[str]:
         limit = format_bytes(self.limit) + (f" less a {100 * self.margin:g}% margin ({format_bytes(int(self.usable))})"
                                             if self.margin else "")
-        fitting = self.fitting
-        head = (f"{self.name} at {self.scale}={self.value}: {len(fitting)} of {len(self.engines)} engines fit under "
-                f"{limit} ({self.total}), fastest first" if fitting else
-                f"{self.name} at {self.scale}={self.value}: no engine fits under {limit} ({self.total})")
+        fitting, answered = self.fitting, [engine for engine in self.engines if not engine.reason]
+        head = f"{self.name} at {self.scale}={self.value}: " + (
+            f"{len(fitting)} of {len(self.engines)} engines fit under {limit} ({self.total}), fastest first" if fitting
+            else f"no engine fits under {limit} ({self.total})" if answered
+            else "no engine could be measured or predicted; each says why")
         width = max((len(engine.engine) for engine in self.engines), default=0)
         others = [engine for engine in self.engines if engine not in fitting]
         lines = [head]

@@ -206,6 +206,22 @@ def refuse_ranks_beyond_memory(world_size: int, per_rank_bytes: int, available_b
                       f"{format_bytes(available_bytes)} free here; at most {fitting} such processes fit")
 
 
+MOST_RANKS_A_CORE = 8  # past this, a run of ranks is refused: each step waits on the others for minutes
+
+
+def refuse_crowded_cores(world_size: int, cores: int | None = None) -> None:
+    """Refused, before any rank starts, where `world_size` ranks would share the cores more than `MOST_RANKS_A_CORE`
+    a core: every step waits on the others (64 ranks on 2 cores ran for over 5 minutes at a load of 40), and its
+    times measure the sharing. What each of many ranks holds is predicted from one simulated rank instead."""
+    cores = cores or os.cpu_count() or 1
+    if world_size > MOST_RANKS_A_CORE * cores:
+        raise Refused(f"ranks={world_size} on {cores} core(s) is {world_size / cores:.0f} ranks a core: each rank's "
+                      f"step would wait on the others' for minutes, and its times would measure the sharing; at most "
+                      f"{MOST_RANKS_A_CORE * cores} ranks here ({MOST_RANKS_A_CORE} a core). What each of "
+                      f"{world_size} ranks holds: `benchlib fit FILE --device cuda --ranks {world_size} --parallel "
+                      f"fsdp ...` simulates rank 0 in one process")
+
+
 def crowded_cores(world_size: int, cores: int | None = None) -> str | None:
     """What to say where `world_size` ranks share far fewer cores (more than two ranks a core): their times are
     the machine's sharing, not the step's. None otherwise."""

@@ -220,8 +220,9 @@ def optimizer(parameters, **params):
 HF_TEMPLATE = '''"""{model_type} from transformers' config, random weights: the model file `hf:{name}` stands for.
 
 Its config came from {source}
-and is written below, so this file runs offline. The batch is random token ids; the loss is the model's own (labels: the ids, or random classes for seq-cls). Change anything here: it is a model file
-like any other (`benchlib run THIS_FILE --quick`).
+and is written below, so this file runs offline. The batch is random token ids; the loss is the model's own
+(labels: the ids, or random classes for seq-cls). Change anything here: it is a model file like any other
+(`benchlib run THIS_FILE --quick`).
 """
 
 import torch

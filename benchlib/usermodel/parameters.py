@@ -82,10 +82,12 @@ def technique_rules(model_file, config) -> None:
     if ranks == 1 and (strategies or placed):
         raise Refused(f"{', '.join(strategies or placed)} runs on several ranks: give --ranks N (N >= 2)")
     _refuse_a_global_batch_that_is_no_batch(model_file, config.get("global_batch", ""))
-    resident = getattr(model_file, "resident_bytes", None)  # known where a child read the file (`reading`)
+    # known where a child read the file (`reading`) for ranks that will start here (a prediction starts none)
+    resident = getattr(model_file, "resident_bytes", None)
     if ranks > 1 and resident:
-        from benchlib.measure.ranks import refuse_ranks_beyond_memory
+        from benchlib.measure.ranks import refuse_crowded_cores, refuse_ranks_beyond_memory
 
+        refuse_crowded_cores(ranks)
         refuse_ranks_beyond_memory(ranks, resident)
 
 
