@@ -87,8 +87,8 @@ def technique_rules(model_file, config) -> None:
     if ranks > 1 and resident:
         from benchlib.measure.ranks import refuse_crowded_cores, refuse_ranks_beyond_memory
 
+        refuse_ranks_beyond_memory(ranks, resident)  # first: past the memory, the machine itself is at risk
         refuse_crowded_cores(ranks)
-        refuse_ranks_beyond_memory(ranks, resident)
 
 
 def _refuse_a_global_batch_that_is_no_batch(model_file, name: str) -> None:
