@@ -79,19 +79,18 @@ def _facts(group: Sequence[str], shapes_only: bool = False) -> dict:
 
 
 def _batch_parameters(model_file) -> list[str] | None:
-    """The integer parameters whose value changes the shapes batch() gives, at the QUICK values and one more, under
-    fake tensors (no memory, whatever the sizes); None where batch() cannot run so (it reads real values)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
+    """The integer parameters whose value changes the shapes batch() gives: batch() called at the values the form
+    check steps (QUICK over the defaults) and at each integer one more. Real calls, as the check's own: meta or fake
+    tensors would import torch's symbolic-shape stack (0.7-2 s of every reading) and fail on a batch that reads its
+    values. None where batch() fails so."""
     values, found = {**model_file.parameters, **model_file.quick}, []
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int):
             continue
         try:
-            with FakeTensorMode(allow_non_fake_inputs=True):
-                shapes = [[tuple(getattr(t, "shape", ())) for t in (made if isinstance(made, (tuple, list)) else (made,))]
-                          for made in (model_file.batch(**{**values, name: at}) for at in (value, value + 1))]
-        except Exception:  # noqa: BLE001 - a batch that needs real values: not known, so nothing is refused
+            shapes = [[tuple(getattr(t, "shape", ())) for t in (made if isinstance(made, (tuple, list)) else (made,))]
+                      for made in (model_file.batch(**{**values, name: at}) for at in (value, value + 1))]
+        except Exception:  # noqa: BLE001 - a batch that refuses a value: not known, so nothing is refused
             return None
         if shapes[0] != shapes[1]:
             found.append(name)
