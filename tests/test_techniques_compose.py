@@ -75,6 +75,8 @@ def test_techniques_join_in_the_registrys_order_and_the_default_combinations_are
     (f"{TORCH_SAC}+{TORCH_SAC}", "names a technique twice"),
     ("torch-autocast+nope", "'nope' is no technique; valid: torch, ddp, fsdp, torch.func"),
     ("torch.func+torch-checkpoint", "torch.func computes the gradient with grad()"),
+    ("ddp+torch.func", "whose hooks ddp reduces the ranks' gradients in: each rank would step on its own"),
+    ("fsdp+torch.func", "whose hooks fsdp reduces the ranks' gradients in"),
     ("torch.compile+torch-sac", "torch-sac and torch.compile both change what backward saves"),
 ])
 def test_a_combination_that_cannot_exist_is_refused_naming_the_pair_and_why(name, words):
