@@ -395,6 +395,20 @@ def two_row_run(tmp_path) -> Run:
 
 
 @pytest.mark.slow  # its run's environment asks git for the commit
+def test_unstamped_records_in_todays_columns_are_read_and_an_empty_table_is_reported_as_no_measurement(tmp_path,
+                                                                                                    capsys):
+    run_ = two_row_run(tmp_path)
+    records = load_records(run_.path)
+    records.to_parquet(run_.path / "records.parquet")  # pandas' own writer: no schema stamp
+    assert len(load_records(run_.path)) == 2  # before: "schema version 1 records need `benchmark` and `engine`..."
+    records.iloc[:0].to_parquet(run_.path / "records.parquet")
+    assert main(["report", str(run_.path)]) == 1  # before: 0, and an empty page said nothing
+    err = capsys.readouterr().err
+    assert "benchlib: the page shows no measurement" in err and "its records hold no row" in err
+    assert "schema version 1" not in err and (run_.path / "report.html").is_file()
+
+
+@pytest.mark.slow  # its run's environment asks git for the commit
 def test_merge_records_never_replaces_records_parquet_with_fewer_rows(tmp_path, capsys):
     run_ = two_row_run(tmp_path)
     corrupt(run_.path / "records" / "b.parquet")

@@ -23,7 +23,8 @@ import pandas as pd
 from benchlib.errors import Refused
 from benchlib.records.environment import capture_environment
 from benchlib.records.places import RUN_INFO, default_results_root, find_project_root, now_iso
-from benchlib.records.schema import (SCHEMA_VERSION, SCHEMA_VERSION_KEY, RecordError, arrow_schema, conform,
+from benchlib.records.schema import (RECORD_COLUMNS, SCHEMA_VERSION, SCHEMA_VERSION_KEY, RecordError, arrow_schema,
+                                      conform,
                                       empty_records_frame, records_frame, upgrade_frame)
 
 RECORDS = "records.parquet"
@@ -355,11 +356,15 @@ class RecordsKept(Refused):
 
 
 def schema_version_of(path: Path) -> int:
-    """The records schema version a parquet file was written with (1: written before versions were stamped)."""
+    """The records schema version a parquet file was written with. An unstamped file is version 1 (written before
+    versions were stamped), unless its columns are today's (a table written by other code than benchlib's writer)."""
     import pyarrow.parquet as pq
 
-    metadata = pq.read_schema(path).metadata or {}
-    return int(metadata.get(SCHEMA_VERSION_KEY.encode(), b"1"))
+    schema = pq.read_schema(path)
+    stamped = (schema.metadata or {}).get(SCHEMA_VERSION_KEY.encode())
+    if stamped is not None:
+        return int(stamped)
+    return SCHEMA_VERSION if set(RECORD_COLUMNS) <= set(schema.names) and "engine" not in schema.names else 1
 
 
 def read_records_file(path: Path) -> pd.DataFrame:

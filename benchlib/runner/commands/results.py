@@ -106,6 +106,8 @@ def report_command(run_name: str, root: Path | None) -> int:
     if records is not None and load_verdicts(path) is None:  # an older or unfinished run: judged now, as it ends
         save_verdicts(seed_verdicts(records, verdict_rules()), path)
     print(write_report(path))
+    if unreadable is None and records.empty:  # a run that measured nothing, or one still running
+        unreadable = f"{path}: its records hold no row"
     if unreadable is not None:
         print(f"benchlib: the page shows no measurement: {unreadable}", file=sys.stderr)
         return 1
