@@ -131,6 +131,7 @@ def test_ctrl_c_during_a_fit_keeps_every_point_measured_before_it(tmp_path):
     measured = records[records["metric"] == "fit_total_bytes"]
     assert sorted(measured["params"].map(lambda p: __import__("json").loads(p)["value"])) == [8, 16]
     assert load_run_info(run)["interrupted"] is True and (run / "report.html").is_file()
+    assert load_run_info(run)["interrupted_by"] == "KeyboardInterrupt"  # as a run's says (before: None)
 
 
 @pytest.mark.slow  # its run directory's environment asks git
@@ -157,5 +158,5 @@ def test_an_interrupt_before_the_first_point_is_measured_exits_130_with_the_run_
     assert "interrupted: before anything was measured; the run, marked so, is" in capsys.readouterr().err
     (run,) = (tmp_path / "out").iterdir()
     info = load_run_info(run)
-    assert info["interrupted"] is True and info["ended_at"] is not None
+    assert info["interrupted"] is True and info["ended_at"] is not None and info["interrupted_by"] == "SIGINT"
     assert not (run / "records.parquet").exists() and (run / "report.html").is_file()

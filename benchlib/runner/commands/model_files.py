@@ -238,7 +238,7 @@ def _save_interrupted(arguments: argparse.Namespace, stopped, name: str, started
                         started_at, headline, HEADLINE_SUFFIX)
     run.record_notebook(name, status="interrupted", benchmarks=[result.name] if frame is not None else [],
                         path=str(Path(arguments.file).resolve()), duration_s=round(time.monotonic() - started, 3))
-    run.finish(interrupted=True)
+    run.finish(interrupted=True, interrupted_by=stopped.signal_name or "KeyboardInterrupt")  # as a run's run.json says
     what = "what was measured is in" if frame is not None else "before anything was measured; the run, marked so, is"
     print(f"interrupted: {what} {run.path} (report: {write_report(run.path)})", file=sys.stderr)
     raise KeyboardInterrupt from stopped
