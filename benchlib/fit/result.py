@@ -22,6 +22,7 @@ from benchlib.units import format_bytes, format_seconds
 MEASURED, CONFIRMED, PREDICTED = "measured", "confirmed", "predicted"
 ENGINE_WIDTH = 24  # the engine column of the lines: a longer combination's name pushes its line on
 CLOSE = 0.05  # times per sample this close are not told apart by the few steps a fit times
+MEMORY_MISS_PERCENT = 5.0  # a confirmed value whose predicted memory missed by this much says so beside it
 FIT_METRICS = (  # what a fit records: a command's, not a benchmark's, so registered where it is made
     ("fit_total_bytes", "B", "memory", "total memory of one step at params.value of the parameter params.scale: on CUDA "
      "the allocator's reserved peak, on the CPU the process's resident high-water mark (params.total says which; "
@@ -321,16 +322,20 @@ class FitResult:
                          f"{row['basis']} ({fit.model.kind} model, {100 * fit.model.check_error:.1f}% out of sample)"
                          + (f"; {row['reason']}" if row["reason"] else ""))
         for fit in self.engines:  # each confirmation: how far the prediction was, and what measurement found
+            error = None
             if fit.max_fitting in fit.checked:
                 predicted, measured = fit.model(fit.max_fitting), fit.checked[fit.max_fitting]
+                error = 100 * (predicted - measured) / measured
                 lines.append(f"confirming {fit.engine} at {self.scale}={fit.max_fitting}: predicted "
-                             f"{format_bytes(int(predicted))}, measured {format_bytes(measured)} (error "
-                             f"{100 * (predicted - measured) / measured:+.1f}%)")
+                             f"{format_bytes(int(predicted))}, measured {format_bytes(measured)} (error {error:+.1f}%)")
             if fit.confirmed is not None and fit.checked:
                 off, count = fit.max_fitting - fit.confirmed, len(fit.checked)
+                verdict = ("the predicted value held" if off == 0 else
+                           f"the prediction was {abs(off)} {'over' if off > 0 else 'under'}")
+                if error is not None and abs(error) >= MEMORY_MISS_PERCENT:  # the value held, the bytes did not
+                    verdict += f", though its memory there was predicted {error:+.1f}% off"
                 lines.append(f"confirmed: under {self.limit_text()}, {fit.engine} reaches {self.scale}={fit.confirmed} "
-                             f"({count} value{'s' if count > 1 else ''} measured to confirm it); the prediction was "
-                             + ("exact" if off == 0 else f"{abs(off)} {'over' if off > 0 else 'under'}"))
+                             f"({count} value{'s' if count > 1 else ''} measured to confirm it); {verdict}")
         return lines
 
     def curve_values(self, fit: EngineFit) -> list[int]:
