@@ -65,6 +65,17 @@ def parallel_strategies_named(text: str) -> list[str]:
     return list(dict.fromkeys(named))
 
 
+def no_spread(ranks: int) -> str:
+    """Why several ranks with no parallel strategy and no engine that places the step are refused."""
+    return (f"ranks={ranks}: say how the step is spread over them: --parallel {' or '.join(PARALLEL_STRATEGIES)} "
+            f"(-p parallel=fsdp), or an engine that names one (-p engines=fsdp+torch-checkpoint)")
+
+
+def no_ranks(strategies: list[str]) -> str:
+    """Why a parallel strategy on one process is refused."""
+    return f"{', '.join(strategies)} runs on several ranks: give --ranks N (N >= 2)"
+
+
 # the engine every other's gradient is checked against, and drawn first: a role, which eager torch holds
 REFERENCE = TORCH
 

@@ -274,6 +274,27 @@ def test_a_global_batch_naming_a_parameter_that_leaves_the_batch_as_it_is_is_ref
     technique_rules(facts, {"ranks": 2, "parallel": "ddp", "global_batch": "batch_size"})  # a batch: accepted
 
 
+def test_what_the_flags_alone_settle_is_refused_before_any_file_is_read():
+    """A strategy on one process, an unknown one, or ranks with neither a strategy nor named engines: refused by the
+    flags' parsing, which starts no process (it took a reading child and a kernel: 6.5 s a refusal in the suite)."""
+    from argparse import Namespace
+
+    from benchlib.errors import Refused
+    from benchlib.runner.arguments import RunnerError, ranks_params
+
+    with pytest.raises(RunnerError, match="ranks=2: say how the step is spread over them: --parallel ddp or fsdp"):
+        ranks_params(Namespace(ranks=2, parallel=None), {})
+    with pytest.raises(RunnerError, match=r"fsdp runs on several ranks: give --ranks N \(N >= 2\)"):
+        ranks_params(Namespace(ranks=None, parallel="fsdp"), {})
+    with pytest.raises(RunnerError, match="ddp runs on several ranks"):
+        ranks_params(Namespace(ranks=None, parallel=None), {"parallel": "ddp"})
+    with pytest.raises(Refused, match="'zero3' is no parallel strategy; valid: ddp, fsdp"):
+        ranks_params(Namespace(ranks=2, parallel="zero3"), {})
+    # named engines may place the step themselves (a file's own technique among them): their file's reading tells
+    assert ranks_params(Namespace(ranks=2, parallel=None), {"engines": "fsdp+torch-checkpoint"})["ranks"] == "2"
+    assert ranks_params(Namespace(ranks=2, parallel=None, engines="fsdp"), {}) == {"ranks": "2"}  # fit's --engines
+
+
 def test_a_global_batch_is_split_evenly_over_the_ranks_or_refused_saying_what_would():
     from argparse import Namespace
 

@@ -47,6 +47,7 @@ def ranks_params(arguments, params: dict[str, str]) -> dict[str, str]:
         given["ranks"] = str(arguments.ranks)
     if arguments.parallel is not None:
         given["parallel"] = arguments.parallel
+    _refuse_ranks_without_a_spread(given, "engines" in given or getattr(arguments, "engines", None) is not None)
     if getattr(arguments, "global_batch", None) is None:
         return given
     name, value = parse_assignment(arguments.global_batch)
@@ -67,6 +68,23 @@ def ranks_params(arguments, params: dict[str, str]) -> dict[str, str]:
                           f"{ranks} does (e.g. {name}={max(ranks, total - total % ranks)})")
     given[name], given["global_batch"] = str(total // ranks), name
     return given
+
+
+def _refuse_ranks_without_a_spread(given: dict[str, str], engines_named: bool) -> None:
+    """What the flags alone settle, refused before any file is read (seconds): a strategy that does not exist, one on
+    a single process, or several ranks with neither a strategy nor engines named (the default, eager torch alone,
+    places nothing; named engines may place the step, which their file's reading tells)."""
+    from benchlib.engine_names import no_ranks, no_spread, parallel_strategies_named
+
+    strategies = parallel_strategies_named(given.get("parallel", ""))
+    try:
+        ranks = int(given.get("ranks", 1))
+    except ValueError:  # the parameter's own check says what is valid
+        return
+    if strategies and ranks == 1:
+        raise RunnerError(no_ranks(strategies))
+    if ranks > 1 and not strategies and not engines_named:
+        raise RunnerError(no_spread(ranks))
 
 
 def parse_grid(assignments: Sequence[str]) -> dict[str, list[Any]]:

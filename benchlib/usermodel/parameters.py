@@ -10,7 +10,8 @@ from pathlib import Path
 import functools
 
 from benchlib.benchmark import Benchmark, DeclarationError, Parameter, ParameterError
-from benchlib.engine_names import COMBINED, DEFAULT_COMBINATIONS, PARALLEL_STRATEGIES, parallel_strategies_named
+from benchlib.engine_names import (COMBINED, DEFAULT_COMBINATIONS, PARALLEL_STRATEGIES, no_ranks, no_spread,
+                                   parallel_strategies_named)
 from benchlib.engines.module_memory import DEFAULT_DEPTH
 from benchlib.engines.namespaces import SAC_SAVED_OPS, unknown_aten_ops
 from benchlib.engines.techniques import (COMBINATION_CHOICES, Aspect, CombinationError, TechniqueFault,
@@ -76,11 +77,9 @@ def technique_rules(model_file, config) -> None:
             placed.append(engine)
     ranks, strategies = config.get("ranks", 1), parallel_strategies_named(config.get("parallel", ""))
     if ranks > 1 and not (strategies or placed):
-        raise Refused(f"ranks={ranks}: say how the step is spread over them: --parallel "
-                      f"{' or '.join(PARALLEL_STRATEGIES)} (-p parallel=fsdp), or an engine that names one "
-                      f"(-p engines=fsdp+torch-checkpoint)")
+        raise Refused(no_spread(ranks))
     if ranks == 1 and (strategies or placed):
-        raise Refused(f"{', '.join(strategies or placed)} runs on several ranks: give --ranks N (N >= 2)")
+        raise Refused(no_ranks(strategies or placed))
     _refuse_a_global_batch_that_is_no_batch(model_file, config.get("global_batch", ""))
     # known where a child read the file (`reading`) for ranks that will start here (a prediction starts none)
     resident = getattr(model_file, "resident_bytes", None)
