@@ -24,8 +24,7 @@ from benchlib.errors import Refused
 from benchlib.records.environment import capture_environment
 from benchlib.records.places import RUN_INFO, default_results_root, find_project_root, now_iso
 from benchlib.records.schema import (RECORD_COLUMNS, SCHEMA_VERSION, SCHEMA_VERSION_KEY, RecordError, arrow_schema,
-                                      conform,
-                                      empty_records_frame, records_frame, upgrade_frame)
+                                      conform, empty_records_frame, records_frame, upgrade_frame)
 
 RECORDS = "records.parquet"
 CUDA_SNAPSHOT_FOLDER = "cuda_snapshots"  # a run's CUDA allocator snapshots (benchlib.measure.cuda_snapshot)
