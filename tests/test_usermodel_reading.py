@@ -104,3 +104,16 @@ def test_benchlib_run_plans_and_records_its_environment_without_importing_torch(
     (run,) = (tmp_path / "out").iterdir()
     environment = json.loads((run / "run.json").read_text())["environment"]
     assert environment["torch_threads"] >= 1 and environment["gpu"]["available"] in (True, False)
+
+
+@pytest.mark.slow
+def test_what_a_process_holds_is_measured_in_the_reading_child_not_inherited_from_a_large_parent(tmp_path):
+    """Linux folds a parent's resident high-water mark into its child's ru_maxrss at exec: a reader started from a
+    kernel or worker holding a gigabyte would claim every rank, and torch alone, needs that much."""
+    from benchlib.usermodel.reading import read_in_child
+
+    held = bytearray(1 << 30)
+    held[::4096] = b"\1" * len(held[::4096])  # resident here, in the parent, before the child starts
+    ((facts,),) = read_in_child([[_write(tmp_path, "fine.py", GOOD)]])
+    assert 0 < facts.interpreter_bytes <= facts.resident_bytes < len(held)
+    del held

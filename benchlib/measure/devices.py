@@ -150,6 +150,20 @@ def hwm_resettable() -> bool:
         return False
 
 
+def resident_high_water() -> int:
+    """This process's resident high-water mark in bytes: VmHWM on Linux, which belongs to the process's own address
+    space, not ru_maxrss, which keeps the high-water mark of whatever ran before the process's exec (a child started
+    from a 1 GB parent reads 1 GB there: Linux folds the parent's mark into it); ru_maxrss elsewhere (KiB, bytes
+    on macOS)."""
+    if sys.platform.startswith("linux"):
+        hwm = _read_vm_hwm()
+        if hwm is not None:
+            return hwm
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+
+
 def _read_vm_hwm() -> int | None:
     with open("/proc/self/status") as f:
         for line in f:

@@ -28,6 +28,7 @@ from typing import Any
 
 from benchlib.errors import Refused
 from benchlib.benchmark import Benchmark, DeclarationError
+from benchlib.measure.devices import resident_high_water
 from benchlib.records.environment import note_torch_facts
 from benchlib.usermodel.loader import ModelFileError
 
@@ -69,7 +70,7 @@ def _facts(group: Sequence[str], shapes_only: bool = False) -> dict:
     from benchlib.usermodel.arrays import ArrayModelFile
 
     _, files, _ = declare_model_files(group, shapes_only)
-    return {"arrays": isinstance(files[0], ArrayModelFile), "resident_bytes": _resident_high_water(),
+    return {"arrays": isinstance(files[0], ArrayModelFile), "resident_bytes": resident_high_water(),
             "files": [{"path": str(f.path), "name": f.name, "parameters": f.parameters, "quick": f.quick,
                        "techniques": {name: [aspect.name for aspect in technique.changes]
                                       for name, technique in getattr(f, "techniques", {}).items()},
@@ -95,13 +96,6 @@ def _batch_parameters(model_file) -> list[str] | None:
         if shapes[0] != shapes[1]:
             found.append(name)
     return found
-
-
-def _resident_high_water() -> int:
-    """This process's resident high-water mark in bytes (ru_maxrss: KiB on Linux, bytes on macOS)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
 
 
 def _stray_threads() -> list[str]:
@@ -135,7 +129,7 @@ def child_main(result_path: str) -> None:
 
     from benchlib.records.environment import torch_facts
 
-    interpreter = _resident_high_water()
+    interpreter = resident_high_water()
     asked = json.load(sys.stdin)
     outcomes = []
     for group in asked["groups"]:
