@@ -284,3 +284,26 @@ def test_a_module_renamed_between_runs_is_named_as_not_compared_never_silently_d
                                      "measurement): only in A: b/step/torch/module_bytes layers.0 parameters; "
                                      "only in B: b/step/torch/module_bytes blocks.0 parameters")
     assert one_sided_text(compare_records(run("layers.0"), run("layers.0"))) == ""
+
+
+@pytest.mark.slow  # its runs' environment asks git for the commit
+def test_a_candidate_that_measured_nothing_is_no_comparison_never_no_regression(tmp_path, capsys):
+    """Markers (an engine not applicable, a case that failed) have no direction: a run that holds only them beside
+    a baseline's measurements must not pass a CI gate as 'no regression'."""
+    from benchlib.records.schema import status_record
+
+    def marker(run):
+        return status_record(status="not_applicable", message="no GPU", benchmark="dot_chain", case="n=4",
+                             engine="torch-offload", device="cpu", dtype="float64")
+
+    baseline = Run.create(tmp_path / "a", "cpu")
+    baseline.save_records([marker(baseline), *(make_record(benchmark="dot_chain", case="n=4", engine="torch",
+                                                           device="cpu", dtype="float64", metric="peak_bytes",
+                                                           value=1000.0, unit="B", params={"trial": trial})
+                                               for trial in range(3))], "dot_chain")
+    candidate = Run.create(tmp_path / "b", "cpu")
+    candidate.save_records([marker(candidate)], "dot_chain")
+    assert main(["compare", str(baseline.path), str(candidate.path)]) == 2
+    said = capsys.readouterr()
+    assert "nothing to compare: the only metrics in both runs have no direction (not_applicable" in said.err
+    assert "no regression" not in said.out

@@ -150,7 +150,7 @@ WORSE_NAMED = 20  # worse metrics named on stderr; the table lists them all
 def compare_command(arguments: argparse.Namespace) -> int:
     """Print the comparison; exit 1 when any metric is significantly worse beyond the threshold."""
     from benchlib import registry
-    from benchlib.analysis.compare import (WORSE, any_worse, compact_table, compare_runs, headline, key_name,
+    from benchlib.analysis.compare import (NO_DIRECTION, WORSE, any_worse, compact_table, compare_runs, headline, key_name,
                                           machine_drift, one_sided_text)
     from benchlib.runner.notebooks import declared
 
@@ -160,6 +160,10 @@ def compare_command(arguments: argparse.Namespace) -> int:
     if comparison.empty:
         raise RunnerError("nothing to compare: no metric with the same benchmark, case, engine, device, dtype "
                           "and config is in both runs")
+    if (comparison["label"] == NO_DIRECTION).all():  # a marker (failed, not applicable) or a ratio cannot gate
+        raise RunnerError(f"nothing to compare: the only metrics in both runs have no direction "
+                          f"({', '.join(sorted(set(comparison['metric'])))}: markers and ratios, never worse or "
+                          "better); did a run measure nothing? `benchlib runs` shows each run's status")
     if arguments.format == "csv":
         print(comparison.to_csv(index=False), end="")
     elif arguments.format == "json":
