@@ -374,6 +374,26 @@ def test_verify_bisects_where_the_totals_are_not_a_line():
     assert len(probed) <= 5
 
 
+def test_totals_that_do_not_grow_are_searched_between_the_last_value_under_and_the_first_over():
+    """A step whose total barely moves with the value (a model's weights dwarf its batch) still has a first value
+    over the limit: the answer lies between it and the last one under, so it is bisected there (no line: the
+    totals' slope is noise), never left at a value far below the limit."""
+    probed = []
+
+    def measure(value):
+        probed.append(value)
+        return StepOutcome(490_000_000 + 150_000 * value, 0.0)
+
+    flat = EngineFit("torch", points=[(2, 490_300_000, 0.0), (4, 490_600_000, 0.0), (8, 491_200_000, 0.0)],
+                     model=SizeModel(LINEAR, (150_000.0, 490_000_000.0), 0.0), flat="its total does not grow",
+                     checked={4: 490_600_000, 8: 491_200_000})
+    largest = measured.largest_measured(measure, flat, "batch_size", 491_100_000, 1e12, lambda line: None)
+    assert largest == 7 and probed == [6, 7]
+    unbracketed = EngineFit("torch", points=flat.points[:2], model=flat.model, flat=flat.flat)
+    assert measured.largest_measured(measure, unbracketed, "batch_size", 500e6, 1e12, lambda line: None) is None
+    assert probed == [6, 7]  # nothing measured past the values, where no line says how far to go
+
+
 def test_fit_measures_under_the_allocator_a_training_process_has_not_the_one_run_compares_peaks_under(tmp_path):
     # glibc keeps freed heap: a small ViT's step read 900 MB under run's fixed mmap threshold where a lean process
     # of its own reached 1077 MB, so answers overshot the limit

@@ -308,11 +308,10 @@ def largest_measured(measure: Measure, engine_fit: EngineFit, scale: str, limit:
     """The largest value whose measured total stays under `limit`, to within `search.resolution` of it, searched by
     measurement from the engine's points and what `checked` holds (one fresh process per value): each next value is where the straight line through the
     two nearest measured totals crosses the limit (`_crossing`), bisection every other step once the answer is
-    bracketed, so a prediction that is far off costs a few processes, not one per doubling. None where a
-    measurement failed, nothing measured is under the limit, or the next value would not fit this machine
-    (`affordable` bytes)."""
-    if engine_fit.flat:  # no line to follow where the totals do not grow: the largest value measured stands
-        return None
+    bracketed, so a prediction that is far off costs a few processes, not one per doubling; where the totals do not
+    measurably grow (`flat`) a line says nothing, so a bracket is halved and an open one is not searched. None where
+    a measurement failed, nothing measured is under the limit, the answer is not bracketed and the totals are flat,
+    or the next value would not fit this machine (`affordable` bytes)."""
     interpolated = False
     while True:
         totals = {value: total for value, total, _ in engine_fit.points} | engine_fit.checked
@@ -326,13 +325,15 @@ def largest_measured(measure: Measure, engine_fit: EngineFit, scale: str, limit:
         step = engine_fit.multiple
         if high is not None and high - low <= max(step, int(low * search.resolution)):
             return low
+        if high is None and engine_fit.flat:  # no line to follow past what was measured: the largest under stands
+            return None
         if high is None:  # not bracketed yet: along the line through the two largest values under the limit, no
             below = sorted(under)[-2:]  # farther than `REACH_UNBRACKETED` past them (two noisy totals close together
             # can draw a line that crosses far away)
             crossing = min(_crossing(below[0], totals[below[0]], low, totals[low], limit), int(low * REACH_UNBRACKETED))
             value = max(low + step, _multiple(crossing, step))
-        elif interpolated or high not in totals:  # the bracket's line did not end it, or its top failed (no total to
-            # draw a line to): halve, so the search ends in any case
+        elif interpolated or high not in totals or engine_fit.flat:  # the bracket's line did not end it, its top
+            # failed (no total to draw a line to), or the totals are flat (the line is noise): halve
             value, interpolated = _multiple((low + high) // 2, step), False
         else:
             value = min(high - step, max(low + step, _multiple(_crossing(low, totals[low], high, totals[high], limit),
