@@ -646,7 +646,8 @@ def test_a_spent_budget_leaves_the_later_phases_not_run_said_recorded_and_their_
     assert study.pauses is None and study.lenet is None and study.threads is None and study.cycles is None
     not_run = [row for row in study.records if row["metric"] == "not_run"]
     assert {row["case"] for row in not_run} == {"gc.collect", "lenet5", "threads", "cycles"}
-    assert sum(line.endswith("the budget ran out before it started (benchlib run --budget)") for line in said) == 4
+    assert sum(line.endswith("the run's time limit (benchlib run --budget or --timeout) ran out before it started")
+               for line in said) == 4
     text = closing_text(study.summary, study.threads, floor_step_s=study.floor["floor_step_s"], device="cpu")
     assert "best cell: naive" in text and "torch thread(s)" not in text
     pauses = pd.DataFrame({"repeat": [0], "generation": [2], "collected": 0, "uncollectable": 0, "tracked_before": [300],

@@ -498,6 +498,28 @@ def test_a_case_that_hangs_fails_named_within_the_timeout_and_the_trials_before_
     assert {"time", "peak_bytes"} <= set(records[records["variant"] == "torch"]["metric"])  # measured before it
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("cut_by, code, status", [("--timeout", 1, "partial"), ("--budget", 0, "ok")])
+def test_cases_a_timeout_left_no_time_for_make_the_notebook_partial_and_name_the_timeout(cut_by, code, status,
+                                                                                         tmp_path, capsys, monkeypatch):
+    """A --timeout is a safety limit: engines it left unmeasured are a partial run (exit 1) that names it. Under
+    --budget, leaving cases out is what was asked: listed, and the notebook stays ok."""
+    from benchlib.runner.execute import _RunLoop
+
+    monkeypatch.setattr(_RunLoop, "_measuring_deadline", lambda self, index: (time.time() - 1, cut_by))  # spent
+    (tmp_path / "small.py").write_text(HANGS_UNDER_AUTOCAST.replace("import time\n", "")
+                                       .replace("    if torch.is_autocast_enabled", "    if False and torch.is_autocast_enabled"))
+    assert main(["run", str(tmp_path / "small.py"), "--quick", "--timeout", "300", "-p", "engines=torch,torch-autocast",
+                 "-p", "trials=1", "--out", str(tmp_path / "out"), "--no-progress"]) == code
+    (run_dir,) = (tmp_path / "out").iterdir()
+    entry = load_run_info(run_dir)["notebooks"]["small"]
+    said = f"1 case(s) not run: the {cut_by} left no time for them"
+    assert entry["status"] == status and entry["not_run_cases"] == 1
+    assert said in capsys.readouterr().out and (status == "ok" or said in entry["error"])
+    not_run = load_records(run_dir).query("metric == 'not_run'")
+    assert set(not_run["variant"]) == {"torch-autocast"}  # the first child always runs: torch measured
+
+
 def test_a_timeout_that_is_not_a_positive_number_is_refused(tmp_path, capsys):
     assert cli("run", "probe", "--timeout", "0", out=tmp_path / "out") == 2
     assert "--timeout must be a number of seconds > 0, got 0" in capsys.readouterr().err

@@ -234,6 +234,7 @@ class _RunLoop:
         self.timeout_s = options.timeout_s
         self.budget_ends = None if options.budget_s is None else time.time() + options.budget_s
         self.durations: list[float] = []
+        self.cut_by: dict[str, str] = {}  # per execution, the flag whose deadline it measured under
 
     def say(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
@@ -289,6 +290,11 @@ class _RunLoop:
         failures, sources, not_run, benchmarks = outcomes.failures, outcomes.sources, outcomes.not_run, outcomes.benchmarks
         if status == "ok":
             status, error = outcomes.judged()
+        cut_by = (self.cut_by.get(execution.key) or ("--budget" if self.budget_ends is not None else
+                                                     "--timeout" if self.timeout_s else "time limit"))
+        not_run_said = f"{not_run} case(s) not run: the {cut_by} left no time for them"
+        if not_run and status == "ok" and cut_by == "--timeout":  # a safety limit asked nothing be left out:
+            status, error = "partial", f"{not_run_said} (a longer --timeout runs them)"  # never `ok` without them
         if in_points:
             try:
                 _merge_point_records(self.run_, execution, point_dir)
@@ -306,27 +312,28 @@ class _RunLoop:
                                                     output if output.exists() else None, data_source))
         self.durations.append(duration)
         detail = f" ({error.splitlines()[0][:200]})" if error else ""
-        if not_run:
-            detail += f" ({not_run} case(s) not run: the --budget ran out before them)"
+        if not_run and not_run_said not in detail:
+            detail += f" ({not_run_said})"
         self.say(f"{self._tally(index)} {execution.key}: {status} in {duration:.1f} s{detail}")
 
-    def _measuring_deadline(self, index: int) -> float | None:
+    def _measuring_deadline(self, index: int) -> tuple[float | None, str]:
         """When the execution at `index` (from 1) must stop measuring (`time.time()`), less a reserve for its
         kernel's start and its tables and figures: by its --timeout, and under --budget by its share of the time
         left, weighed by its last duration among those still to run (their mean where unknown). None without
-        either. A case still running then fails as itself (`trials.cases`), before the kernel is ended."""
+        either; with the flag that sets it ("" for none). A case still running then fails as itself (`trials.cases`), before the
+        kernel is ended."""
         timed = None
         if self.timeout_s:
             timed = time.time() + self.timeout_s - min(BUDGET_RESERVE_SHARE * self.timeout_s, BUDGET_RESERVE_S)
         if self.budget_ends is None:
-            return timed
+            return timed, "--timeout" if timed is not None else ""
         now, rest = time.time(), self.executions[index - 1:]
         durations = [last_duration(self.root, execution.key, self.quick) for execution in rest]
         known = [duration for duration in durations if duration]
         weights = [duration or (sum(known) / len(known) if known else 1.0) for duration in durations]
         share = (self.budget_ends - now) * weights[0] / sum(weights)
         budgeted = now + share - min(BUDGET_RESERVE_SHARE * share, BUDGET_RESERVE_S)
-        return budgeted if timed is None else min(budgeted, timed)
+        return (budgeted, "--budget") if timed is None or budgeted <= timed else (timed, "--timeout")
 
     def _budget_spent(self, index: int, execution: Execution) -> None:
         """Record an execution the budget left no time for as `not run`, saying so."""
@@ -349,12 +356,12 @@ class _RunLoop:
                 shown = ", ".join(f"{key}={list(value) if isinstance(value, tuple) else value!r}" for key, value in execution.values.items())
                 expected = last_duration(self.root, execution.key, self.quick)
                 eta = f", last time {expected:.0f} s" if expected else ""
-                deadline = self._measuring_deadline(index)
+                deadline, self.cut_by[execution.key] = self._measuring_deadline(index)
                 environment = dict(self.figures_env)
                 if deadline is not None:
                     environment[DEADLINE_ENV] = repr(deadline)
                     measuring = max(deadline - time.time(), 0.0)
-                    eta += f", measuring for at most {measuring:.0f} s of the {'--budget' if self.budget_ends else '--timeout'}"
+                    eta += f", measuring for at most {measuring:.0f} s of the {self.cut_by[execution.key]}"
                     expected = min(expected or math.inf, measuring + min(BUDGET_RESERVE_S, measuring))  # the ETA's basis
                 self.say(f"[{index}/{len(self.executions)}] {execution.key}: started{f' ({shown})' if shown else ''}{eta}")
                 self.run_.record_notebook(execution.key, status="running", started_at=now_iso())

@@ -27,7 +27,10 @@ from benchlib.analysis.stats import interleaved_order
 from benchlib.trials.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline, TrialStopping
 
 CHILD_PARAMS = ("malloc_policy", "malloc_env", "isolation", "worst_rank")  # worst_rank: of a step on several ranks
-NOT_RUN_MESSAGE = "the budget ran out before its first trial (benchlib run --budget)"
+# the run's deadline (BENCHLIB_DEADLINE) comes from --budget or --timeout; the runner's summary names which
+TIME_LIMIT = "the run's time limit (benchlib run --budget or --timeout) ran out"
+NOT_RUN_MESSAGE = f"{TIME_LIMIT} before its first trial"
+NOT_STARTED_MESSAGE = f"{TIME_LIMIT} before it started"
 
 K = TypeVar("K")
 

@@ -10,7 +10,7 @@ from benchlib.errors import Refused
 from benchlib.engines.gradients import GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, max_relative_error
 from benchlib.measure import attribute_allocations, count_allocations, resolve_device, time_call
 from benchlib.records import make_record, status_record
-from benchlib.trials.loop import stopping_rule
+from benchlib.trials.loop import NOT_STARTED_MESSAGE, stopping_rule
 from benchlib.trials.stopping import Deadline
 from benchlib.workloads.closures.spec import (
     NAME, MWE_DTYPES, ORDERS, INITIAL, RERUN, NEW, RESETUP, STEPS, PAIRS, N_SAMPLES, BATCH_SIZE, GRADS_IDENTICAL,
@@ -252,7 +252,7 @@ def run(config, device="auto", *, progress: Callable[[str], None] | None = print
     budget = stopping_rule(1, Deadline.from_environment())
     for index, (mwe, engine, order) in enumerate(itertools.product(config.mwes, config.engines, config.orders)):
         if index > 0 and not budget.affords((mwe, engine, order)):
-            message = "the budget ran out before it started (benchlib run --budget)"
+            message = NOT_STARTED_MESSAGE
             records += [status_record(status="not_run", message=message, benchmark=NAME,
                                       case=case_name(mwe, order, step), engine=engine, device=device,
                                       dtype=MWE_DTYPES[mwe], params={"mwe": mwe, "order": order, "step": step})

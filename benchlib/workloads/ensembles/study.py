@@ -12,6 +12,7 @@ import pandas as pd
 import torch
 
 from benchlib.measure import torch_threads
+from benchlib.trials.loop import NOT_STARTED_MESSAGE
 from benchlib.trials.stopping import Deadline
 from benchlib.workloads.ensembles import lenet
 from benchlib.workloads.ensembles.common import NAME
@@ -80,7 +81,7 @@ def _phase_reached(study: Study, phase: str, deadline: Deadline, variants: dict,
         return True
     from benchlib.records import status_record
 
-    reason = "the budget ran out before it started (benchlib run --budget)"
+    reason = NOT_STARTED_MESSAGE
     study.not_run[phase] = reason
     study.records += [status_record(status="not_run", message=reason, benchmark=NAME, case=phase, device=device.name,
                                     dtype="float32", params={**labels, "phase": phase}, **{dimension: name})
@@ -99,7 +100,7 @@ def _main_grid(study: Study, results, plan: TrainingPlan, device, labels: dict, 
     study.records += trials_run_records(results, plan.trials, device)
     study.records += not_run_records(skipped, device, labels)
     for strategy, policy, heap in skipped:
-        progress(f"{strategy}|gc={policy}|heap={heap}: not run: the budget ran out before it started")
+        progress(f"{strategy}|gc={policy}|heap={heap}: not run: {NOT_STARTED_MESSAGE}")
 
 
 def _floor(study: Study, ensemble: EnsembleConfig, calibration, device, labels: dict) -> None:

@@ -15,7 +15,7 @@ import torch
 
 from benchlib.errors import Refused
 from benchlib.records import make_record
-from benchlib.trials.loop import stopping_rule
+from benchlib.trials.loop import NOT_STARTED_MESSAGE, stopping_rule
 from benchlib.trials.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline
 from benchlib.analysis.derived import step_summaries
 from benchlib.workloads.ensembles.config import DEFAULT_POLICY, STRATEGIES, GC_POLICIES, EnsembleConfig, initial_parameters
@@ -372,7 +372,7 @@ def not_run_records(cells: Sequence[tuple[str, str, int]], device, labels: dict)
     from benchlib.records import status_record
 
     threads = torch.get_num_threads()
-    return [status_record(status="not_run", message="the budget ran out before it started (benchlib run --budget)",
+    return [status_record(status="not_run", message=NOT_STARTED_MESSAGE,
                           benchmark=NAME, case=f"{strategy}|gc={policy}|heap={heap}|threads={threads}",
                           strategy=strategy, device=device, dtype="float32",
                           params={**labels, "strategy": strategy, "gc_policy": policy, "heap_objects": heap})
