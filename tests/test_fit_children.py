@@ -38,6 +38,8 @@ def loss(model, x, y):
             sys.exit(0)
         elif MODE == "sleep":
             time.sleep(600)
+        elif MODE == "exit under autocast" and torch.is_autocast_enabled("cpu"):  # one engine's step only
+            sys.exit(0)
     return ((model(x) - y) ** 2).mean()
 """
 
@@ -74,6 +76,22 @@ def test_a_loss_that_exits_or_hangs_fails_that_engine_within_the_timeout(tmp_pat
     assert f"torch failed: the child process {said}" in out or f"torch failed: {said}" in out
     assert pid not in called
     assert (tmp_path / "out").is_dir()
+
+
+@pytest.mark.slow
+def test_an_answer_without_an_engine_whose_step_failed_exits_one_and_records_the_failure(tmp_path):
+    from benchlib.records import load_records, load_run_info
+
+    code, out, _, _ = _fit(tmp_path, "exit under autocast", "--at", "n=200", "--engines", "torch,torch-autocast",
+                           timeout=180)
+    assert code == 1, out  # torch fits, but an engine asked for failed: never exit 0
+    assert "torch-autocast failed: the child process exited with status" in out and "torch " in out
+    assert "benchlib: 1 engine(s) failed: torch-autocast (each line says why)" in out
+    (run,) = (tmp_path / "out").iterdir()
+    assert load_run_info(run)["notebooks"]["hostile_fit_at"]["status"] == "partial"
+    records = load_records(run)
+    assert set(records[records["metric"] == "failed"]["variant"]) == {"torch-autocast"}  # failed, not "not applicable"
+    assert not (records["metric"] == "not_applicable").any()
 
 
 @pytest.mark.slow

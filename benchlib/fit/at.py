@@ -34,6 +34,7 @@ class AtEngine:
     seconds: float = math.nan
     basis: str = MEASURED  # or "predicted (...)"
     reason: str = ""
+    failed: bool = False  # the reason is a failure of its step (raised, killed, timed out), not "does not apply"
 
 
 @dataclass
@@ -51,6 +52,10 @@ class AtResult:
     @property
     def usable(self) -> float:
         return self.limit * (1.0 - self.margin)
+
+    @property
+    def failed_engines(self) -> list[str]:
+        return [engine.engine for engine in self.engines if engine.failed]
 
     @property
     def fitting(self) -> list[AtEngine]:
@@ -93,7 +98,8 @@ class AtResult:
             common = {"scale": self.scale, "value": self.value, "limit": self.limit, "margin": self.margin,
                       "total": self.total, "basis": engine.basis}
             if engine.reason:
-                rows.append(status_record(status="not_applicable", message=engine.reason, params=common, **labels))
+                rows.append(status_record(status="failed" if engine.failed else "not_applicable",
+                                          message=engine.reason, params=common, **labels))
                 continue
             metric = "fit_total_bytes" if engine.basis == MEASURED else "predicted_total_bytes"
             rows.append(make_record(**labels, metric=metric, value=float(engine.total), unit="B",
@@ -131,7 +137,7 @@ def _measure_each(model_file, values: dict, device, engines: Mapping[str, str | 
         by_module = {"by_module": []} if engine == REFERENCE else {}  # where eager is over: its blocks' bytes
         outcome = measured.measure_step(model_file, engine, values, device, steps=steps, **by_module)  # the one
         if not outcome.measured:
-            result.engines.append(AtEngine(engine, reason=outcome.reason))
+            result.engines.append(AtEngine(engine, reason=outcome.reason, failed=outcome.failed))
         else:
             result.engines.append(AtEngine(engine, total=outcome.total, seconds=outcome.seconds))
             if by_module and outcome.total > result.usable:

@@ -159,6 +159,11 @@ class FitResult:
         return self.basis != MEASURED
 
     @property
+    def failed_engines(self) -> list[str]:
+        """The engines asked whose step failed (raised, was killed, timed out) wherever it was tried: no answer."""
+        return [fit.engine for fit in self.engines if fit.reason and fit.failed]
+
+    @property
     def best(self) -> EngineFit | None:
         """The engine reaching the largest value, one whose confirmation gave up only where none is confirmed; then
         the least time per sample, or, predicted, the least total."""

@@ -128,8 +128,8 @@ def _share(text: str) -> float:
 
 
 def fit_command(arguments: argparse.Namespace) -> int:
-    """Fit, print, save; 0 when some engine fits, 1 when none fits at the smallest value or none could be fitted
-    (refusals raise). pandas and the run's records are imported once the question is asked."""
+    """Fit, print, save; 0 when some engine fits, 1 when none fits at the smallest value, none could be fitted or an
+    engine asked for failed (refusals raise). pandas and the run's records are imported once the question is asked."""
     from benchlib.fit import FitError, FitInterrupted, MemoryLimit, fit
     from benchlib.fit.asking import TIMEOUT_ENV
     from benchlib.measure import resolve_device
@@ -246,17 +246,28 @@ def _save_interrupted(arguments: argparse.Namespace, stopped, name: str, started
 
 def _finished(run, arguments: argparse.Namespace, name: str, result, started: float, status: int) -> int:
     """The run closed (no seed rule applies to a fit, so its verdicts are empty) and its report written; a fit that
-    exits 1 (nothing fits, or nothing could be measured) is listed as failed, its answer the reason."""
+    exits 1 (nothing fits, or nothing could be measured) is listed as failed, its answer the reason; one whose answer
+    stands without an engine asked for, whose step failed, is `partial` and exits 1 too."""
     import pandas as pd
 
     from benchlib.analysis.seed_verdicts import save_verdicts
     from benchlib.report.page import write_report
 
-    failed = {} if status == EXIT_FITS else {"error": result.lines()[0]}
-    run.record_notebook(name, status="failed" if failed else "ok", benchmarks=[result.name],
+    broken = result.failed_engines
+    if status != EXIT_FITS:
+        state, failed = "failed", {"error": result.lines()[0]}
+    elif broken:  # an answer without an engine that was asked for: said, and never exit 0
+        state, failed = "partial", {"error": f"{len(broken)} engine(s) failed: {', '.join(broken)} (each line says why); "
+                                             "the answer is among the others"}
+        status = EXIT_FAILED
+    else:
+        state, failed = "ok", {}
+    run.record_notebook(name, status=state, benchmarks=[result.name],
                         path=str(Path(arguments.file).resolve()), duration_s=round(time.monotonic() - started, 3),
                         **failed)
     save_verdicts(pd.DataFrame(), run.path)
     run.finish(interrupted=False)
     print(f"report: {write_report(run.path)}")
+    if broken and state == "partial":
+        print(f"benchlib: {failed['error']}", file=sys.stderr)
     return status
