@@ -313,7 +313,7 @@ def test_a_step_whose_cuda_kernels_choose_their_own_memory_is_predicted_as_a_flo
     assert main(["fit", str(path), "--memory", "100 MB", "--scale", "n", "--device", "cuda", "--engines", "torch",
                  "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
-    assert "a floor, not a bound: " in out and "cuDNN picks" in out and "confirm with --verify on the GPU" in out
+    assert "its memory is a floor, so this n is an upper bound: " in out and "cuDNN picks" in out and "confirm with --verify on the GPU" in out
     (run,) = (tmp_path / "out").iterdir()
     params = load_records(run)["params"].map(json.loads)
     assert all(len(p["unseen"]) == 1 for p in params)

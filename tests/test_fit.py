@@ -703,3 +703,15 @@ def test_fit_at_never_headlines_no_engine_fits_when_no_engine_had_an_answer():
     assert reason in result.lines()[1]
     result.engines.append(AtEngine("torch", total=3e9))
     assert "no engine fits under 2.000 GB" in result.lines()[0]
+
+
+def test_a_time_per_unit_names_what_the_scaled_parameter_counts():
+    """Seconds per sample only where the batch grows with the parameter; a sequence length's unit is a position."""
+    from types import SimpleNamespace
+
+    from benchlib.fit.largest import unit_of
+
+    read = SimpleNamespace(batch_parameters=("batch_size",))
+    assert unit_of(read, "batch_size") == "sample" and unit_of(read, "seq_len") == "unit of seq_len"
+    unread = SimpleNamespace(batch_parameters=None)  # the reading child could not tell
+    assert unit_of(unread, "batch") == "sample" and unit_of(unread, "width") == "unit of width"

@@ -81,7 +81,7 @@ def fit_asked(question: Question, *, scale: str, device: str, card: str | None, 
         result = _predict_all(model_file, fits, values, scale, question.usable, target.name, progress, card)
         return dataclasses.replace(result, limit=question.limit, margin=question.margin)
     result = FitResult(model_file.name, scale, question.limit, target.name, total_words(target, model_file.world_size),
-                       fits, margin=question.margin, world_size=model_file.world_size)
+                       fits, margin=question.margin, world_size=model_file.world_size, per=unit_of(model_file, scale))
     pace = Pace(progress)
     try:
         named = [engine_fit for engine_fit in fits if engine_fit.engine not in question.added]
@@ -94,6 +94,13 @@ def fit_asked(question: Question, *, scale: str, device: str, card: str | None, 
     except KeyboardInterrupt as stopped:  # what was measured goes with it, for the command to save
         raise FitInterrupted(result, getattr(stopped, "signal_name", "")) from None
     return result
+
+
+def unit_of(model_file, scale: str) -> str:
+    """What one unit of `scale` is, for a time per unit: a sample where the file's batch grows with it (its reading
+    child found so), else a unit of the parameter (a sequence position, a width)."""
+    batch = getattr(model_file, "batch_parameters", None)
+    return "sample" if (scale in batch if batch is not None else "batch" in scale.lower()) else f"unit of {scale}"
 
 
 def total_words(target, world_size: int) -> str:

@@ -123,7 +123,10 @@ def _trace(engine_fit: EngineFit, model_file, values: dict, scale: str, progress
         return
     points = [(v, total) for v, total, _ in engine_fit.points]
     missing = [value for value in trace_values(points) if value not in engine_fit.traced]  # each traced once
-    if missing:
+    if missing:  # one process, silent until it ends: said first, with how long it may take
+        limit = getattr(model_file, "timeout_s", None)
+        progress(f"{model_file.name} {engine_fit.engine}: tracing at {scale}={', '.join(map(str, missing))} under fake "
+                 f"tensors, in one process{f' (at most {limit:g} s)' if limit else ''}")
         traced, untraced = in_child.traced_peaks(model_file, engine_fit.engine, values, scale, missing)
         if untraced is not None:
             engine_fit.untraced, engine_fit.traced = untraced, {}

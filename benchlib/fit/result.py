@@ -145,6 +145,7 @@ class FitResult:
     assumed: list[str] = field(default_factory=list)  # predicted: where a choice was unknown, the larger branch taken
     margin: float = 0.0  # the share of the limit kept free: answers stay under limit * (1 - margin)
     world_size: int = 1  # the ranks each step ran on: values are per rank, totals the worst rank's
+    per: str = "sample"  # what one unit of `scale` is, for times per unit: a sample where it is a batch's size
 
     @property
     def usable(self) -> float:
@@ -221,10 +222,11 @@ class FitResult:
                      "  (a trace under fake tensors replayed through a model of the caching allocator"
                      + (f"; rank 0 of {self.world_size} simulated in one process under torch's fake process group, "
                         "whose collectives move nothing" if self.world_size > 1 else "")
-                     + "; time per sample needs a GPU)"]
+                     + f"; time per {self.per} needs a GPU)"]
             if self.unseen:  # one reason a line: the answer box stays readable
-                lines.append(f"  a floor, not a bound: the trace does not see this memory, so a smaller {self.scale} "
-                             "may be the largest (confirm with --verify on the GPU):")
+                lines.append(f"  its memory is a floor, so this {self.scale} is an upper bound: the trace does not see the "
+                             f"memory below, and a smaller {self.scale} may be the largest (confirm with --verify on "
+                             "the GPU):")
                 lines.extend(f"    {why}" for why in self.unseen)
             if self.assumed:
                 lines.append("  where CUDA's choice could not be known, the larger branch was taken:")
@@ -232,13 +234,13 @@ class FitResult:
             return lines
         seconds, label = best.seconds_per_sample(best.largest)
         lines = [f"{self.name}: the largest {self.scale} under {limit} ({self.total}) is {_value(best.largest)}"
-                 + self._per_rank(best.largest) + f", with {best.engine} ({format_seconds(seconds)} per sample, {label}); {_basis(best)}"
+                 + self._per_rank(best.largest) + f", with {best.engine} ({format_seconds(seconds)} per {self.per}, {label}); {_basis(best)}"
                  + (_bound(best) if best.largest not in best.checked else "")]
         fastest, common, timed = self.fastest, self.common_value, self.timed_value
         if fastest is not None and len([fit for fit in self.fitted if fit.points]) > 1:
             seconds = fastest.seconds_per_sample(timed)[0]
             lines.append(f"{self.name}: the fastest at {self.scale}={_value(common)}, the largest every fitting engine "
-                         f"reaches, is {fastest.engine} ({format_seconds(seconds)} per sample at {self.scale}={timed}, "
+                         f"reaches, is {fastest.engine} ({format_seconds(seconds)} per {self.per} at {self.scale}={timed}, "
                          f"the largest value all were timed at); {_basis(fastest, common)}"
                          + (_bound(fastest) if common not in fastest.checked and common not in
                             {v for v, _, _ in fastest.points} else "")
@@ -322,7 +324,7 @@ class FitResult:
                 continue
             total = "" if math.isnan(row["total_bytes"]) else _total_text(row)
             time = "" if math.isnan(row["seconds_per_sample"]) else \
-                f"  {format_seconds(row['seconds_per_sample'])} per sample ({row['time_basis']})"
+                f"  {format_seconds(row['seconds_per_sample'])} per {self.per} ({row['time_basis']})"
             lines.append(f"  {fit.engine:<{width}}  up to {self.scale}={_value(row['largest'])}: {total}{time}; "
                          f"{row['basis']} ({fit.model.kind} model, {100 * fit.model.check_error:.1f}% out of sample)"
                          + (f"; {row['reason']}" if row["reason"] else ""))
