@@ -264,3 +264,24 @@ def test_a_module_renamed_before_the_latest_run_is_named_not_dropped_in_silence(
     captured = capsys.readouterr()
     assert ("1 series the latest run does not hold (a module, engine or metric renamed or gone; not judged there): "
             "mlp/step/torch/module_bytes layers.0 parameters") in captured.err
+
+
+def test_series_of_one_name_that_ended_are_told_apart_by_what_differs_in_their_settings(tmp_path, capsys):
+    """fit's runs record one series per value measured: where several ended, each is named with its own value, as
+    compare names them, never the same name five times."""
+    for index in range(4):
+        run_id = f"2026110{index + 1}-100000-test"
+        run = Run(tmp_path / run_id, {"run_id": run_id, "started_at": f"2026-11-0{index + 1}T10:00:00+00:00",
+                                      "notebooks": {}, "environment": {"git": {"commit": f"{index:x}" * 40,
+                                                                               "dirty": False}},
+                                      "benchmarks": {"mlp": {"headline": ["peak_bytes"]}}})
+        run.write_info()
+        values = (8, 16) if index < 3 else (32,)  # the latest run measured another value only
+        run.save_records([make_record(benchmark="mlp", case="fit batch", engine="torch", device="cpu", dtype="float32",
+                                      metric="peak_bytes", value=1000.0 * value, unit="B",
+                                      params={"trial": trial, "value": value})
+                          for trial in range(3) for value in values], "mlp")
+    main(["history", "--out", str(tmp_path)])
+    said = capsys.readouterr().err
+    assert ("2 series the latest run does not hold (a module, engine or metric renamed or gone; not judged there): "
+            "mlp/fit batch/torch/peak_bytes [value=16], mlp/fit batch/torch/peak_bytes [value=8]") in said

@@ -329,7 +329,7 @@ def headline(comparison: pd.DataFrame, shown: int = 10) -> list[str]:
     worst = worse.assign(distance=np.abs(np.log(worse["ratio"]))).sort_values("distance", ascending=False,
                                                                                 na_position="last")
     lines.append(f"worst regressions ({min(shown, len(worst))} of {len(worst)}), B/A with 95% interval:")
-    for name, row in zip(_names(worst.head(shown)), worst.head(shown).itertuples()):
+    for name, row in zip(distinct_names(worst.head(shown)), worst.head(shown).itertuples()):
         lines.append(f"  {name}: {row.ratio:.3g}x [{row.ci_low:.3g}, {row.ci_high:.3g}]")
     return lines
 
@@ -354,7 +354,7 @@ def key_name(row, config: Mapping[str, Any] | None = None) -> str:
     return f"{row.benchmark}/{row.case}/{row.variant}/{row.metric}{where}"
 
 
-def _names(rows: pd.DataFrame) -> list[str]:
+def distinct_names(rows: pd.DataFrame) -> list[str]:
     """benchmark/case/variant/metric of each row (memory by module: with its module and role, `.../module_bytes
     encoder.layers.3 saved`), and where several rows share that, the settings of their configuration that tell
     them apart (`[n=512]`), so no two lines read alike."""
@@ -387,7 +387,7 @@ def compact_table(comparison: pd.DataFrame, width: int = TABLE_WIDTH) -> list[st
     cells = [(name,
               f"{_amount(row.median_a, row.unit)} -> {_amount(row.median_b, row.unit)}",
               "" if not np.isfinite(row.ratio) else f"{row.ratio:.3g}x [{row.ci_low:.3g}, {row.ci_high:.3g}]",
-              str(row.label)) for name, row in zip(_names(rows), rows.itertuples())]
+              str(row.label)) for name, row in zip(distinct_names(rows), rows.itertuples())]
     notes = [f"    trials stopped: {row.stopped}"[:width] if row.label in (INCONCLUSIVE, NOISY) and row.stopped else ""
              for row in rows.itertuples()]
     amount_width = max((len(amounts) for _, amounts, _, _ in cells), default=0)

@@ -22,7 +22,7 @@ import pandas as pd
 
 from benchlib.errors import Refused
 from benchlib.analysis.compare import (CONFIG_COLUMN, CONTEXT_METRICS, KEY_COLUMNS, lower_is_better,
-                                      UNIT_COLUMN, VALUE_COLUMN, key_name, trial_values, with_config)
+                                      UNIT_COLUMN, VALUE_COLUMN, distinct_names, key_name, trial_values, with_config)
 from benchlib.analysis.derived import with_step_summaries
 from benchlib.units import unit_scale
 from benchlib.analysis.stats import BETTER, WORSE, ratio_of_medians
@@ -286,8 +286,12 @@ def ended_series(series: pd.DataFrame) -> list[str]:
     metric renamed or gone since): their history ends before it, so no step of theirs is judged at the latest run."""
     latest = series.sort_values("started").iloc[-1]["run_id"]
     measured = set(series.loc[series["run_id"] == latest, "benchmark"])
-    return [series_name(group.iloc[0]) for _, group in series.groupby(SERIES_COLUMNS, sort=True, dropna=False)
-            if group["benchmark"].iloc[0] in measured and latest not in set(group["run_id"])]
+    ended = pd.DataFrame([group.iloc[0] for _, group in series.groupby(SERIES_COLUMNS, sort=True, dropna=False)
+                          if group["benchmark"].iloc[0] in measured and latest not in set(group["run_id"])])
+    if ended.empty:
+        return []
+    hosts = [getattr(row, HOST_COLUMN, "") for row in ended.itertuples()]  # series of one name told apart, as
+    return [name + (f" on {host}" if host else "") for name, host in zip(distinct_names(ended), hosts)]  # compare does
 
 
 def format_value(value: float, unit: str) -> str:
