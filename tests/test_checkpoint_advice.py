@@ -9,7 +9,8 @@ import torch
 
 from benchlib.engine_names import split_names
 from benchlib.engines.gradients import max_relative_error
-from benchlib.engines.techniques import CombinationError, Step, combine, technique_registry
+from benchlib.engines.techniques import CombinationError, Step, StepFacts, TechniqueFault, combine, technique_registry
+from benchlib.engines.techniques.base import Misnamed
 from benchlib.engines.techniques.modules import checkpoint_blocks, module_spec, parse_module_spec
 from benchlib.fit import measured
 from benchlib.fit.measured import StepOutcome
@@ -90,8 +91,9 @@ def test_a_checkpoint_on_named_blocks_keeps_eagers_gradient_and_saves_only_their
     assert named["1.2"] == eager["1.2"] and named["1.5"] == eager["1.5"]  # the others as eager keeps them
     assert sum(every.values()) < sum(named.values()) < sum(eager.values())
     model = model_file.build({"n": 8})[0]
-    reason = combine("torch-checkpoint[1.9]", technique_registry()).parts[0].not_applicable(model, None)
-    assert "has no module 1.9; its blocks: 1.0-5" in reason
+    with pytest.raises(TechniqueFault, match=r"^torch-checkpoint\[1.9\]: the model \(Sequential\) has no module 1.9; "
+                                             r"its blocks: 1.0-5$"):  # a misspelt path fails, never "not applicable"
+        combine("torch-checkpoint[1.9]", technique_registry()).not_applicable(model, StepFacts(False, False, "cpu", 1))
 
 
 def _rows(saved: dict) -> list[dict]:
@@ -162,5 +164,5 @@ def test_a_range_of_blocks_the_model_lacks_is_named_as_a_range():
 
     model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(4)])
     technique = Checkpoint().acting_on(tuple(f"{index}" for index in range(100)))
-    reason = technique.not_applicable(model, StepFacts(False, False, "cpu", 1))
-    assert reason == "the model (Sequential) has no module 4-99; its blocks: 0-3"
+    with pytest.raises(Misnamed, match=r"^the model \(Sequential\) has no module 4-99; its blocks: 0-3$"):
+        technique.not_applicable(model, StepFacts(False, False, "cpu", 1))

@@ -195,11 +195,10 @@ def test_cli_refuses_an_unknown_isolation_mode_before_anything_runs(tmp_path, ca
 def test_a_notebook_that_measured_nothing_because_no_engine_applies_is_failed_never_ok():
     from benchlib.runner.outcomes import CaseOutcomes
 
-    misspelt = ("torch-checkpoint[encoder.layer] (step): the model (M) has no module encoder.layer; its blocks: "
-                "encoder.layers.0-5",)
-    status, error = CaseOutcomes([], [], 0, measured=0, inapplicable=misspelt).judged()
-    assert status == "failed" and error.startswith("nothing was measured: no engine asked applies (torch-checkpoint")
-    assert CaseOutcomes([], [], 0, measured=12, inapplicable=misspelt).judged() == ("ok", None)  # others measured
+    no_gpu = ("torch-offload (step): moves saved activations to the host: needs a CUDA device",)
+    status, error = CaseOutcomes([], [], 0, measured=0, inapplicable=no_gpu).judged()
+    assert status == "failed" and error.startswith("nothing was measured: no engine asked applies (torch-offload")
+    assert CaseOutcomes([], [], 0, measured=12, inapplicable=no_gpu).judged() == ("ok", None)  # others measured
     assert CaseOutcomes(["x (step): boom"], [], 0, measured=3).judged()[0] == "partial"
     assert CaseOutcomes(["x (step): boom"], [], 0, measured=0).judged() == ("failed", "1 case(s) failed: x (step): boom")
     assert CaseOutcomes([], [], 0).judged() == ("ok", None)

@@ -320,12 +320,15 @@ def test_a_run_with_a_faulty_technique_measures_every_other_engine_and_fails_tha
 
     path = tmp_path / "faulty_model.py"
     path.write_text(FAULTY)
-    assert main(["run", str(path), "--quick", "-p", f"engines={TORCH},faulty,{TORCH_AUTOCAST}+refuses-badly",
-                 "--no-progress", "--out", str(tmp_path / "out")]) == 1  # partial: the run measured, two failed
+    assert main(["run", str(path), "--quick", "-p", f"engines={TORCH},faulty,{TORCH_AUTOCAST}+refuses-badly,"
+                 f"{TORCH_CHECKPOINT}[missing.block]", "--no-progress", "--out", str(tmp_path / "out")]) == 1  # partial:
+    # the run measured, three failed (a misspelt module path is the request's error, never "not applicable")
     records = load_records(next((tmp_path / "out").iterdir()))
     failed = records[records["metric"] == "failed"]
     messages = dict(zip(failed["variant"], failed["params"].map(lambda params: json.loads(params)["message"])))
     assert messages == {"faulty": "technique faulty: its not_applicable raised KeyError: 'no such layer'",
                         f"{TORCH_AUTOCAST}+refuses-badly": "technique refuses-badly: its refuses raised "
-                                                           "ZeroDivisionError: division by zero"}
+                                                           "ZeroDivisionError: division by zero",
+                        f"{TORCH_CHECKPOINT}[missing.block]": f"{TORCH_CHECKPOINT}[missing.block]: the model (Linear) "
+                                                              "has no module missing.block; its blocks: none"}
     assert set(records.loc[records["metric"] == "peak_bytes", "variant"]) == {TORCH}

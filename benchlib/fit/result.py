@@ -288,8 +288,8 @@ class FitResult:
                 row.update(largest=fit.largest, basis=f"the total does not grow with {self.scale}")
             elif fit.model is not None:
                 row["reason"] = row["reason"] or f"does not fit at the smallest {self.scale} measured"
-            failure = fit.ceiling is not None and (f"its step failed at {self.scale}={fit.ceiling} "
-                                                   f"({fit.failed[fit.ceiling]}): answers stay below it")
+            failure = fit.ceiling is not None and bool(fit.points) and (  # with no point, its reason says it
+                f"its step failed at {self.scale}={fit.ceiling} ({fit.failed[fit.ceiling]}): answers stay below it")
             notes = [note for note in (failure, fit.flat, fit.untraced and f"not traced: {fit.untraced}",
                                        fit.unmeasured and f"not measured nearer the answer: {fit.unmeasured}") if note]
             row["reason"] = "; ".join([row["reason"], *notes] if row["reason"] else notes)

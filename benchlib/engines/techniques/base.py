@@ -181,12 +181,18 @@ class CombinationError(Refused):
     """A technique name that is not one, or techniques that cannot join; the message says what is valid."""
 
 
+class Misnamed(ValueError):
+    """What a technique was asked to act on is not in the model (a misspelt module path): an error of the request,
+    so the steps that asked fail saying so, never a reason the technique does not apply (which leaves a run ok)."""
+
+
 class TechniqueFault(RuntimeError):
     """One technique's own hook raised: a fault of that technique, which fails the steps it is part of, never the
-    others' nor the model file's."""
+    others' nor the model file's; or it was asked for what the model lacks (`Misnamed`), said in its own words."""
 
     def __init__(self, technique: Technique, hook: str, error: BaseException):
-        super().__init__(f"technique {technique.name}: its {hook} raised {type(error).__name__}: {first_line(error)}")
+        super().__init__(f"{technique.name}: {error}" if isinstance(error, Misnamed) else
+                         f"technique {technique.name}: its {hook} raised {type(error).__name__}: {first_line(error)}")
 
 
 def _hook(technique: Technique, hook: str, *args: Any) -> Any:

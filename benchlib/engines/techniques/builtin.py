@@ -14,7 +14,7 @@ from benchlib.engine_names import (FUSED_OPTIMIZER, TORCH, TORCH_AUTOCAST, TORCH
                                    TORCH_COMPILE_BUDGETS, TORCH_FUNC, TORCH_MICROBATCH, TORCH_OFFLOAD, TORCH_SAC)
 from benchlib.engines import AUTOCAST_DTYPE, DYNAMO, compiling
 from benchlib.engines.namespaces import sac_contexts
-from benchlib.engines.techniques.base import Aspect, Need, Technique, first_line
+from benchlib.engines.techniques.base import Aspect, Misnamed, Need, Technique, first_line
 from benchlib.engines.techniques.modules import (checkpoint_blocks, checkpoint_params, checkpoint_targets,
                                                  microbatch_scale, module_spec, split_batch, wrap_checkpoint_targets)
 
@@ -95,8 +95,10 @@ class Checkpoint(Technique):
     def not_applicable(self, model, facts) -> str | None:
         if self.modules:
             missing = [path for path in self.modules if not _has_module(model, path)]
-            return (f"the model ({type(model).__name__}) has no module {module_spec(missing)}; its blocks: "
-                    f"{module_spec(checkpoint_blocks(model)) or 'none'}") if missing else None
+            if missing:  # asked for by name: a misspelt path fails the steps that asked (Misnamed), never "n/a"
+                raise Misnamed(f"the model ({type(model).__name__}) has no module {module_spec(missing)}; its blocks: "
+                               f"{module_spec(checkpoint_blocks(model)) or 'none'}")
+            return None
         if checkpoint_targets(model):
             return None
         return (f"the model ({type(model).__name__}) is not an nn.Sequential, holds no nn.Sequential or "
