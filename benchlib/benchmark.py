@@ -97,7 +97,7 @@ class Parameter:
         else:
             low = "" if self.minimum is None else f">= {self.minimum:g}"
             high = "" if self.maximum is None else f"<= {self.maximum:g}"
-            what = f"{'an integer' if self.item_type is int else 'a number' if self.item_type is float else 'a ' + self.item_type.__name__}" + (
+            what = f"{'an integer' if self.item_type is int else 'a number' if self.item_type is float else 'True or False' if self.item_type is bool else 'a ' + self.item_type.__name__}" + (
                 f" {' and '.join(p for p in (low, high) if p)}" if low or high else "")
         return f"a non-empty list, each {what}" if self.is_list else what
 
@@ -144,6 +144,8 @@ class Parameter:
 
         if self.item_type is str and not self.is_list:
             return self.check(text)
+        if self.item_type is bool and not self.is_list and text.strip().lower() in ("true", "false"):
+            return self.check(text.strip().lower() == "true")  # as a shell user writes it: -p download=false
         try:
             value = ast.literal_eval(text)
         except (ValueError, SyntaxError):

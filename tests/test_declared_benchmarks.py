@@ -149,7 +149,8 @@ def test_declaring_registers_nothing_and_one_explicit_step_registers_what_it_dec
 
 
 @pytest.mark.parametrize(("default", "text", "value"), [
-    (3, "5", 5), (0.5, "1", 1.0), (True, "False", False), ("a", "123", "123"), ((1, 2), "[3, 4]", (3, 4)),
+    (3, "5", 5), (0.5, "1", 1.0), (True, "False", False), (True, "false", False), (False, " TRUE", True),
+    ("a", "123", "123"), ((1, 2), "[3, 4]", (3, 4)),
     (("x",), "y,z", ("y", "z")), (("x",), "['y']", ("y",)),
 ])
 def test_a_parameter_parses_command_line_text_by_its_type(default, text, value):
@@ -163,6 +164,7 @@ def test_a_parameter_parses_command_line_text_by_its_type(default, text, value):
     (Parameter("kinds", ("a",), "h", choices=("a", "b")), ["a", "c"], "kinds must be a non-empty list, each one of a, b"),
     (Parameter("sizes", (1,), "h", minimum=1), [], "sizes must be a non-empty list, each an integer >= 1, got []"),
     (Parameter("x", 1.0, "h"), float("nan"), "x must be a number, got nan"),
+    (Parameter("download", True, "h"), "no", "download must be True or False, got 'no'"),
 ])
 def test_a_parameter_refuses_saying_what_is_valid(parameter, bad, message):
     with pytest.raises(ParameterError, match=message.replace("[", r"\[").replace("]", r"\]")):
