@@ -246,14 +246,19 @@ def test_a_runs_machine_is_its_hardware_not_its_host_name():
     assert machine({}) == machine({"environment": "not a dict"}) == ""
 
 
+def _committed_run(tmp_path, index: int) -> Run:
+    """The `index`-th of a history of runs, one a day at commits 000..., 111..., with run.json written."""
+    run_id = f"2026110{index + 1}-100000-test"
+    run = Run(tmp_path / run_id, {"run_id": run_id, "started_at": f"2026-11-0{index + 1}T10:00:00+00:00",
+                                  "notebooks": {}, "environment": {"git": {"commit": f"{index:x}" * 40, "dirty": False}},
+                                  "benchmarks": {"mlp": {"headline": ["peak_bytes"]}}})
+    run.write_info()
+    return run
+
+
 def test_a_module_renamed_before_the_latest_run_is_named_not_dropped_in_silence(tmp_path, capsys):
     for index in range(6):
-        run_id = f"2026110{index + 1}-100000-test"
-        run = Run(tmp_path / run_id, {"run_id": run_id, "started_at": f"2026-11-0{index + 1}T10:00:00+00:00",
-                                      "notebooks": {}, "environment": {"git": {"commit": f"{index:x}" * 40,
-                                                                               "dirty": False}},
-                                      "benchmarks": {"mlp": {"headline": ["peak_bytes"]}}})
-        run.write_info()
+        run = _committed_run(tmp_path, index)
         module = "layers.0" if index < 4 else "blocks.0"  # renamed in the fifth run
         run.save_records([make_record(benchmark="mlp", case="step", engine="torch", device="cpu", dtype="float32",
                                       metric=metric, value=1000.0, unit="B",
@@ -270,12 +275,7 @@ def test_series_of_one_name_that_ended_are_told_apart_by_what_differs_in_their_s
     """fit's runs record one series per value measured: where several ended, each is named with its own value, as
     compare names them, never the same name five times."""
     for index in range(4):
-        run_id = f"2026110{index + 1}-100000-test"
-        run = Run(tmp_path / run_id, {"run_id": run_id, "started_at": f"2026-11-0{index + 1}T10:00:00+00:00",
-                                      "notebooks": {}, "environment": {"git": {"commit": f"{index:x}" * 40,
-                                                                               "dirty": False}},
-                                      "benchmarks": {"mlp": {"headline": ["peak_bytes"]}}})
-        run.write_info()
+        run = _committed_run(tmp_path, index)
         values = (8, 16) if index < 3 else (32,)  # the latest run measured another value only
         run.save_records([make_record(benchmark="mlp", case="fit batch", engine="torch", device="cpu", dtype="float32",
                                       metric="peak_bytes", value=1000.0 * value, unit="B",
