@@ -606,6 +606,10 @@ def test_added_combinations_are_predicted_from_their_traces_and_measured_only_pa
     assert untraced and all(fit.reason.startswith("not predicted: its step cannot be traced") and not fit.points
                             for fit in untraced)
     assert any("past every measured engine (200): measured" in line for line in lines)
+    # a trace's process says it starts, with its limit, before the silence of its run (minutes on a large step)
+    announced = [i for i, line in enumerate(lines) if " torch: tracing at n=" in line]
+    assert announced and all("under fake tensors, in one process (at most 600 s)" in lines[i] and
+                             " torch: traced at " in lines[i + 1] for i in announced)
 
 
 def test_an_engine_that_splits_the_batch_is_asked_only_multiples_of_its_split(fit_children_here, tmp_path, monkeypatch):
