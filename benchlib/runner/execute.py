@@ -320,8 +320,8 @@ class _RunLoop:
         """When the execution at `index` (from 1) must stop measuring (`time.time()`), less a reserve for its
         kernel's start and its tables and figures: by its --timeout, and under --budget by its share of the time
         left, weighed by its last duration among those still to run (their mean where unknown). None without
-        either; with the flag that sets it ("" for none). A case still running then fails as itself (`trials.cases`), before the
-        kernel is ended."""
+        either; with the flag that sets it ("" for none). A case still running then fails as itself (`trials.cases`),
+        before the kernel is ended."""
         timed = None
         if self.timeout_s:
             timed = time.time() + self.timeout_s - min(BUDGET_RESERVE_SHARE * self.timeout_s, BUDGET_RESERVE_S)

@@ -268,6 +268,6 @@ def _finished(run, arguments: argparse.Namespace, name: str, result, started: fl
     save_verdicts(pd.DataFrame(), run.path)
     run.finish(interrupted=False)
     print(f"report: {write_report(run.path)}")
-    if broken and state == "partial":
+    if state == "partial":
         print(f"benchlib: {failed['error']}", file=sys.stderr)
     return status
