@@ -16,7 +16,7 @@ from benchlib.runner.cli import main
 from benchlib.fit import measured
 from benchlib.fit.largest import fit
 from benchlib.fit.predicted import ATTENTION, BASIS, RECURRENT, largest_fitting, predict_reserved
-from benchlib.fit.sizing import SEARCH_LIMIT
+from benchlib.fit.search import SEARCH_LIMIT
 from benchlib.fit.tracing import traced_peak, tracked_peak
 from benchlib.usermodel.loader import read_model_file
 from benchlib.usermodel.template import TEMPLATE

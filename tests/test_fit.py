@@ -19,7 +19,8 @@ from benchlib.fit.largest import fit
 from benchlib.fit.measured import StepOutcome
 from benchlib.fit.result import EngineFit
 from benchlib.fit.settings import THOROUGH
-from benchlib.fit.sizing import LINEAR, QUADRATIC, SEARCH_LIMIT, TRACE, SizeModel, choose_model, trace_model
+from benchlib.fit.search import SEARCH_LIMIT
+from benchlib.fit.sizing import LINEAR, QUADRATIC, TRACE, SizeModel, choose_model, trace_model
 from benchlib.fit.tracing import traced_peak, tracked_peak
 from benchlib.usermodel.loader import read_model_file
 from test_usermodel import GOOD

@@ -30,7 +30,8 @@ from benchlib.fit.measured import (CAP_SLACK, REACH, approach, check_at, confirm
 from benchlib.fit.pace import Pace
 from benchlib.fit.result import EngineFit, FitResult
 from benchlib.fit.settings import THOROUGH, Search
-from benchlib.fit.sizing import MIN_POINTS, SEARCH_LIMIT, TRACE, SizeModel
+from benchlib.fit.search import SEARCH_LIMIT
+from benchlib.fit.sizing import MIN_POINTS, TRACE, SizeModel
 from benchlib.units import format_bytes, format_seconds
 
 GIVE_UP = 2  # an engine refused or failed at this many values before any was measured is not asked again

@@ -13,7 +13,8 @@ from benchlib.fit.asking import DEFAULT_TIMEOUT_S
 from benchlib.fit.pace import Pace
 from benchlib.fit.result import EngineFit
 from benchlib.fit.settings import THOROUGH, Search
-from benchlib.fit.sizing import (GROWTH_RESOLUTION, SEARCH_LIMIT, TRACE_TRUSTED, choose_model, grows, trace_model,
+from benchlib.fit.search import SEARCH_LIMIT, Bracketing, Toward, drive, multiple_of
+from benchlib.fit.sizing import (GROWTH_RESOLUTION, TRACE_TRUSTED, choose_model, grows, trace_model,
                                  trace_values)
 from benchlib.records.metrics import CUDA_RESERVED_PEAK
 from benchlib.units import format_bytes, format_seconds
@@ -163,7 +164,7 @@ def until_it_grows(engine_fit: EngineFit, model_file, values: dict, scale: str, 
     room = min(limit, available_memory(device))
     for _ in range(FLAT_STEPS):
         largest, total = max(points)
-        value = _multiple(largest * FLAT_REACH, engine_fit.multiple)
+        value = multiple_of(largest * FLAT_REACH, engine_fit.multiple)
         if total + per_unit * (value - largest) > room:
             break
         pace.expect([value])
@@ -208,7 +209,7 @@ def approach(engine_fit: EngineFit, model_file, values: dict, scale: str, device
             return
         # an answer that grows as the model learns from the new point stays within REACH of it (no creeping by ones);
         # its predicted total is under the limit, which this machine holds
-        value = _multiple(math.ceil(answer / (REACH * APPROACH_SLACK)), engine_fit.multiple)
+        value = multiple_of(math.ceil(answer / (REACH * APPROACH_SLACK)), engine_fit.multiple)
         pace.expect([value])
         outcome = measure_step(model_file, engine_fit.engine, {**values, scale: value}, device, steps=search.steps)
         if not outcome.measured:
@@ -268,7 +269,7 @@ def hold(engine_fit: EngineFit, measure: Measure, limit: float,
         if engine_fit.checked[value] <= limit:
             engine_fit.confirmed = value
             return
-        value = _multiple(int(value * (1 - search.resolution)), engine_fit.multiple)
+        value = multiple_of(int(value * (1 - search.resolution)), engine_fit.multiple)
     engine_fit.confirmed = None
     engine_fit.unconfirmed = (f"no value held the limit in {search.hold_repeats} processes, down to {value}: its "
                               "totals differ from process to process by more than the search's steps")
@@ -290,7 +291,7 @@ def step_down(engine_fit: EngineFit, measure: Measure, scale: str, limit: float,
             return
         if value not in engine_fit.checked:  # the measurement failed: the measuring line said why
             return
-        value = _multiple(int(value * (1 - search.resolution)), engine_fit.multiple)
+        value = multiple_of(int(value * (1 - search.resolution)), engine_fit.multiple)
 
 
 def check_at(engine_fit: EngineFit, value: int, measure: Measure,
@@ -309,60 +310,28 @@ def check_at(engine_fit: EngineFit, value: int, measure: Measure,
 def largest_measured(measure: Measure, engine_fit: EngineFit, scale: str, limit: float, affordable: float,
                      progress: Progress, search: Search = THOROUGH) -> int | None:
     """The largest value whose measured total stays under `limit`, to within `search.resolution` of it, searched by
-    measurement from the engine's points and what `checked` holds (one fresh process per value): each next value is where the straight line through the
-    two nearest measured totals crosses the limit (`_crossing`), bisection every other step once the answer is
-    bracketed, so a prediction that is far off costs a few processes, not one per doubling; where the totals do not
-    measurably grow (`flat`) a line says nothing, so a bracket is halved and an open one is not searched. None where
-    a measurement failed, nothing measured is under the limit, the answer is not bracketed and the totals are flat,
-    or the next value would not fit this machine (`affordable` bytes)."""
-    interpolated = False
-    while True:
-        totals = {value: total for value, total, _ in engine_fit.points} | engine_fit.checked
-        ceiling = engine_fit.ceiling
-        under = [value for value, total in totals.items() if total <= limit and (ceiling is None or value < ceiling)]
-        if not under:
-            return None
-        low = max(under)
-        high = min([value for value, total in totals.items() if total > limit and value > low]
-                   + [value for value in engine_fit.failed if value > low], default=None)  # a failure is over
-        step = engine_fit.multiple
-        if high is not None and high - low <= max(step, int(low * search.resolution)):
-            return low
-        if high is None and engine_fit.flat:  # no line to follow past what was measured: the largest under stands
-            return None
-        if high is None:  # not bracketed yet: along the line through the two largest values under the limit, no
-            below = sorted(under)[-2:]  # farther than `REACH_UNBRACKETED` past them (two noisy totals close together
-            # can draw a line that crosses far away)
-            crossing = min(_crossing(below[0], totals[below[0]], low, totals[low], limit), int(low * REACH_UNBRACKETED))
-            value = max(low + step, _multiple(crossing, step))
-        elif interpolated or high not in totals or engine_fit.flat:  # the bracket's line did not end it, its top
-            # failed (no total to draw a line to), or the totals are flat (the line is noise): halve
-            value, interpolated = _multiple((low + high) // 2, step), False
-        else:
-            value = min(high - step, max(low + step, _multiple(_crossing(low, totals[low], high, totals[high], limit),
-                                                               step)))
-            interpolated = True
+    measurement (`search.Toward`: each next value where the line through the two nearest measured totals crosses
+    the limit, a halving after each such guess once the answer is bracketed, since two noisy totals can draw a
+    line that lands anywhere) from the engine's points and what `checked` holds, one fresh process per value. None
+    where a measurement failed, nothing measured is under the limit, the answer is not bracketed and the totals are
+    flat, or the next value would not fit this machine (`affordable` bytes)."""
+    toward = Toward(lambda: {value: total for value, total, _ in engine_fit.points} | engine_fit.checked, limit,
+                    Bracketing(resolution=search.resolution, step=engine_fit.multiple, reach=REACH_UNBRACKETED),
+                    over=lambda: engine_fit.failed, flat=bool(engine_fit.flat))
+
+    def probe(value: int) -> bool:
         if engine_fit.model(value) > affordable:
             progress(f"confirming: {scale}={value} would need more memory than this machine has: search stopped")
-            return None
+            return False
         outcome = measure(value)
         if not outcome.measured:
             progress(f"confirming: {scale}={value}: {outcome.reason}: search stopped")
-            return None
+            return False
         engine_fit.checked[value] = outcome.total
+        return True
 
-
-def _crossing(value_a: int, total_a: int, value_b: int, total_b: int, limit: float) -> int:
-    """The value where the straight line through two measured (value, total) points reaches `limit`, rounded
-    down; twice the larger value where the line does not rise (the totals are one allocator step apart)."""
-    if value_a == value_b or total_b <= total_a:
-        return 2 * max(value_a, value_b)
-    return int(value_b + (limit - total_b) * (value_b - value_a) / (total_b - total_a))
-
-
-def _multiple(value: int, step: int) -> int:
-    """`value` rounded down to a multiple of `step`, at least `step`."""
-    return max(step, value - value % step)
+    drive(toward, probe)
+    return toward.answer
 
 
 def _named(value: int) -> str:

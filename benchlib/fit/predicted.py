@@ -30,7 +30,8 @@ from typing import Any
 
 from benchlib.fit.asking import scale_points
 from benchlib.fit.cuda_policy import DEFAULT_GPU, GPUS, Gpu, as_cuda, gpu_named
-from benchlib.fit.sizing import MIN_POINTS, SEARCH_LIMIT, TRACE_REACH
+from benchlib.fit.search import SEARCH_LIMIT, Bracketing, largest_under
+from benchlib.fit.sizing import MIN_POINTS, TRACE_REACH
 from benchlib.fit.tracing import untraced_reason
 from benchlib.usermodel.shapes import materialized
 from benchlib.measure.caching_allocator import CachingAllocatorModel
@@ -253,43 +254,8 @@ def largest_fitting(reserved: Callable[[int], int], traced: dict[int, int], limi
     the nearest traces meets the limit (past the largest fitting one: at most `EXTRAPOLATION` times it), then its
     neighbour, which ends the search where the line was right; guesses that do not halve the interval are followed
     by a bisection, so a curve far from a line costs at most three traces per halving."""
-    ceiling = SEARCH_LIMIT if reach is None else reach
-
-    def peak(value: int) -> int:
-        if value not in traced:
-            traced[value] = reserved(value)
-        return traced[value]
-
-    known = sorted(value for value in traced if value <= ceiling)
-    if peak(known[0]) > limit:
-        return None
-    low, high = known[0], None
-    for value in known[1:]:
-        if peak(value) > limit:
-            high = value
-            break
-        low = value
-    bisect = False
-    while high is None or high - low > 1:
-        if high is None:
-            if low >= ceiling:
-                return low
-            below = [value for value in traced if value < low]
-            slope = (peak(low) - traced[max(below)]) / (low - max(below)) if below else 0.0
-            reach_to = low + (limit - peak(low)) / slope if slope > 0 else 2 * low
-            guess = min(ceiling, max(low + 1, min(int(reach_to), EXTRAPOLATION * low)))
-        elif bisect:
-            guess = (low + high) // 2
-        else:
-            share = (limit - peak(low)) / (peak(high) - peak(low)) if peak(high) > peak(low) else 0.5
-            guess = min(high - 1, max(low + 1, low + int(share * (high - low))))
-        width = None if high is None else high - low
-        low, high = (guess, high) if peak(guess) <= limit else (low, guess)
-        if not bisect and high is not None and high - low > 1:  # the guess's neighbour: one trace to end there
-            neighbour = low + 1 if guess == low else high - 1
-            low, high = (neighbour, high) if peak(neighbour) <= limit else (low, neighbour)
-        bisect = width is not None and not bisect and high - low > width / 2
-    return low
+    return largest_under(reserved, limit, traced, Bracketing(reach=EXTRAPOLATION, ceiling=reach or SEARCH_LIMIT,
+                                                            neighbour=True))
 
 
 def predict_engine(model_file, engine: str, values: Mapping[str, Any], scale: str, limit: float,

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from benchlib.fit.sizing import SEARCH_LIMIT, TRACE, SizeModel
+from benchlib.fit.search import SEARCH_LIMIT
+from benchlib.fit.sizing import TRACE, SizeModel
 from benchlib.records.metrics import METRICS
 from benchlib.units import format_bytes, format_seconds
 

@@ -1,5 +1,5 @@
 """Size models: a step's total memory as a function of one integer parameter, each checked on the point it
-did not see, and the one search every fit shares (the largest value under a limit).
+did not see, and the largest value each says is under a limit (`benchlib.fit.search`).
 
 Two models come from measured points alone: linear in the parameter (a batch) and quadratic (attention over a
 sequence length). Each is fitted to the smaller points and judged by how well it predicts the largest measured
@@ -16,11 +16,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from benchlib.fit.search import largest_under
+
 MIN_POINTS = 3  # a model checked on a held-out point needs two to fit and one to predict
 LINEAR, QUADRATIC, TRACE = "linear", "quadratic", "trace"
 TRACE_REACH = (2, 4, 8)  # traced beyond the largest measured value, at these multiples of it
 TRACE_TRUSTED = 0.05  # a trace model that predicts the largest measured point this well is chosen
-SEARCH_LIMIT = 2 ** 40  # the largest value a search looks at: a total that does not grow fits "at any value"
 GROWTH_RESOLUTION = 0.05  # a total must rise by this share over the measured values for its slope to be read: fresh
 # processes' totals of one step differ by up to 2.4%, so a smaller rise is noise (a slope that can even turn negative)
 
@@ -34,30 +35,6 @@ def grows(points: Sequence[tuple[int, int]]) -> bool:
         return False
     slope = np.polyfit(x, y, 1)[0]
     return slope * np.ptp(x) > GROWTH_RESOLUTION * float(np.median(y))
-
-
-def largest_where(fits: Callable[[int], bool], start: int, ceiling: int = SEARCH_LIMIT,
-                  steps: Sequence[int] = ()) -> int | None:
-    """The largest integer v in [start, ceiling] with fits(v), for a `fits` that holds up to some value and not
-    past it: through `steps` (values already known, cheap to ask) in order, then doubling, then bisection. None
-    when not even `start` fits; `ceiling` when it fits there."""
-    if not fits(start):
-        return None
-    low, high = start, None
-    for value in sorted(value for value in steps if start < value <= ceiling):
-        if not fits(value):
-            high = value
-            break
-        low = value
-    while high is None:
-        if low >= ceiling:
-            return low
-        following = min(low * 2, ceiling)
-        low, high = (following, None) if fits(following) else (low, following)
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle)
-    return low
 
 
 @dataclass(frozen=True)
@@ -80,7 +57,7 @@ class SizeModel:
     def largest_under(self, limit: float, start: int) -> int | None:
         """The largest integer v >= `start` whose predicted total is at most `limit` (None when not even
         `start`; `SEARCH_LIMIT` when the total does not reach the limit there)."""
-        return largest_where(lambda value: self(value) <= limit, start)
+        return largest_under(self, limit, {start: self(start)})
 
 
 def choose_model(values: Sequence[float], totals: Sequence[float]) -> SizeModel:
