@@ -2,12 +2,13 @@
 (`largest`), or which engines fit the value a user has (`at`); measured in fresh processes and confirmed where this
 machine holds the limit, predicted with an interval where it cannot (`predicted`: CUDA without a GPU).
 
-The rooms, each one job: `asking` (the question, checked before any work), `sizing` (size models and the one
-search they share), `tracing` (a step's bytes under fake tensors), `measured` (fresh processes, the march toward
-the answer, confirmation), `predicted` (CUDA through an allocator model), `result` (the answers, lines and
-records), `pace` (progress), `in_child` (every call of the user's code, each in a process of its own), `advice`
-(which blocks to checkpoint where eager does not fit), `settings` (how hard the measured search works: `THOROUGH`,
-or `QUICK` for a first look). The answer's table for report.html is `benchlib.report.tables.fit`.
+The rooms, each one job: `asking` (the question, checked before any work), `search` (the one search loop, and
+the largest value under a limit), `sizing` (size models), `tracing` (a step's bytes under fake tensors), `measured`
+(fresh processes, the march toward the answer, confirmation), `plan` (a measured fit's phases, in order),
+`predicted` (CUDA through an allocator model), `result` (the answers, lines and records), `pace` (progress),
+`in_child` (every call of the user's code, each in a process of its own), `advice` (which blocks to checkpoint
+where eager does not fit), `settings` (how hard the measured search works: `THOROUGH`, or `QUICK` for a first
+look). The answer's table for report.html is `benchlib.report.tables.fit`.
 """
 
 from __future__ import annotations

@@ -2,14 +2,15 @@
 sequence length) at which a model file's step fits a memory limit, under each engine and combination, and the
 fastest engine at the largest value they all reach.
 
-Each named engine's step is measured at `Search.fractions` of the value given (`benchlib.fit.settings`), one fresh process each, its size model
-fitted (`benchlib.fit.sizing`), and, where this machine holds the limit, points measured toward the answer until
-it lies within `REACH` of one (`benchlib.fit.measured`). The combinations a run adds by default are first
-predicted from their steps traced under fake tensors (no memory taken) on the reference engine's measured
-offset; those whose prediction passes every measured engine's answer, the frontier, are then measured as the
-others. The answers are confirmed by measurement before they are given (`Search.verify`, on by default where this
-machine holds the limit): the largest value searched and held in three processes, every other engine's own
-answer measured once (and searched where it is over), the fastest engine measured at the value all reach.
+Each named engine's step is measured at `Search.fractions` of the value given (`benchlib.fit.settings`), one fresh
+process each, its size model fitted (`benchlib.fit.sizing`), and, where this machine holds the limit, points
+measured toward the answer until it lies within `Search.reach` of one (`benchlib.fit.measured`), as one plan of
+phases (`benchlib.fit.plan`). The combinations a run adds by default are first predicted from their steps traced
+under fake tensors (no memory taken) on the reference engine's measured offset; those whose prediction passes every
+measured engine's answer, the frontier, are then measured as the others. The answers are confirmed by measurement
+before they are given (`Search.verify`, on by default where this machine holds the limit): the largest value
+searched and held in three processes, every other engine's own answer measured once (and searched where it is over),
+the fastest engine measured at the value all reach.
 
 On a machine without a GPU, `device="cuda"` predicts instead of measuring (`benchlib.fit.predicted`), and every
 line, record and figure says "predicted, not measured on a GPU".
@@ -24,19 +25,14 @@ from typing import Any
 
 from benchlib.fit.asking import (FitError, FitInterrupted, MemoryLimit, Question, ask, refuse_below_interpreter,
                                  scale_points)
-from benchlib.fit import in_child, measured
-from benchlib.fit.measured import (CAP_SLACK, REACH, approach, check_at, confirm, fit_model, hold, step_down,
-                                   until_it_grows)
+from benchlib.fit import in_child
 from benchlib.fit.pace import Pace
+from benchlib.fit.plan import MeasuredFit, carry_out, plan
 from benchlib.fit.result import EngineFit, FitResult
 from benchlib.fit.settings import THOROUGH, Search
-from benchlib.fit.search import SEARCH_LIMIT
-from benchlib.fit.sizing import MIN_POINTS, TRACE, SizeModel
-from benchlib.units import format_bytes, format_seconds
+from benchlib.units import format_bytes
 
-GIVE_UP = 2  # an engine refused or failed at this many values before any was measured is not asked again
-
-__all__ = ["REACH", "fit"]
+__all__ = ["fit"]
 
 
 def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engines: Sequence[str] | None = None,
@@ -71,7 +67,7 @@ def fit_asked(question: Question, *, scale: str, device: str, card: str | None, 
     if predicted and verify:
         raise FitError("--verify measures the best engine on the device, and this machine has no GPU; without "
                        "--verify, --device cuda predicts from a trace under fake tensors")
-    points = scale_points(values[scale], scale, search.fractions)
+    scale_points(values[scale], scale, search.fractions)  # a grid of too few values is refused before any work
     target = Device("cuda", int(device.partition(":")[2] or 0)) if predicted else resolve_device(device)
     on_ranks(model_file.world_size, target, predicted)
     refuse_below_interpreter(question, target)
@@ -83,15 +79,10 @@ def fit_asked(question: Question, *, scale: str, device: str, card: str | None, 
         return dataclasses.replace(result, limit=question.limit, margin=question.margin)
     result = FitResult(model_file.name, scale, question.limit, target.name, total_words(target, model_file.world_size),
                        fits, margin=question.margin, world_size=model_file.world_size, per=unit_of(model_file, scale))
-    pace = Pace(progress)
+    named = [engine_fit for engine_fit in fits if engine_fit.engine not in question.added]
+    run = MeasuredFit(question, scale, target, Pace(progress), search, result=result, measuring=named)
     try:
-        named = [engine_fit for engine_fit in fits if engine_fit.engine not in question.added]
-        _measure_all(named, question, scale, target, pace, search)
-        added = [engine_fit for engine_fit in fits if engine_fit.engine in question.added]
-        frontier = _predict_added(added, named, question, scale, points, pace.say)
-        _measure_all(frontier, question, scale, target, pace, search)
-        if verify:
-            _confirm(result, question, target, pace, search)
+        carry_out(plan(question, verify), run)
     except KeyboardInterrupt as stopped:  # what was measured goes with it, for the command to save
         raise FitInterrupted(result, getattr(stopped, "signal_name", "")) from None
     return result
@@ -145,148 +136,6 @@ def _applicable(question: Question, device, scale: str, progress: Callable[[str]
         multiple = combination_of(question.model_file, engine).batch_multiple
         fits.append(EngineFit(engine, reason=reasons.get(engine, ""), multiple=multiple))
     return fits
-
-
-def _measure_all(fits: list[EngineFit], question: Question, scale: str, device, pace: Pace, search: Search) -> None:
-    """Each engine at the grid's values, one fresh process each, then its size model, points toward the answer, and
-    the answer."""
-    model_file, values = question.model_file, question.values
-    points = scale_points(values[scale], scale, search.fractions)
-    applicable = [engine_fit for engine_fit in fits if not engine_fit.reason]
-    pace.expect(value for value in points for _ in applicable)
-    skipped: dict[str, list[tuple[int, str]]] = {engine_fit.engine: [] for engine_fit in applicable}
-    for value in points:
-        for engine_fit in applicable:
-            if not engine_fit.points and len(skipped[engine_fit.engine]) >= GIVE_UP:
-                pace.drop(value)
-                continue
-            outcome = measured.measure_step(model_file, engine_fit.engine, {**values, scale: value}, device,
-                                            steps=search.steps)
-            if not outcome.measured:  # maybe at this value only (micro-batches need a multiple of their count)
-                skipped[engine_fit.engine].append((value, outcome.reason))
-                if outcome.failed:  # the user's code failed there: no answer at or past it
-                    engine_fit.failed[value] = outcome.reason
-                pace.done(f"{model_file.name} {engine_fit.engine} {scale}={value}: {outcome.reason}", value)
-                continue
-            engine_fit.points.append((value, outcome.total, outcome.seconds))
-            pace.done(f"{model_file.name} {engine_fit.engine} {scale}={value}: {format_bytes(outcome.total)}, "
-                      f"{format_seconds(outcome.seconds)}/step", value)
-    for engine_fit in applicable:
-        refusals = skipped[engine_fit.engine]
-        if not engine_fit.points:  # refused or failed each time: its last reason, and where
-            engine_fit.reason = f"{refusals[-1][1]} (at {scale}={', '.join(str(value) for value, _ in refusals)})"
-            continue
-        if len(engine_fit.points) < MIN_POINTS:
-            engine_fit.reason = (f"{len(engine_fit.points)} of {len(points)} values measured, {MIN_POINTS} needed: "
-                                 + "; ".join(f"{scale}={value}: {outcome}" for value, outcome in refusals))
-            continue
-        until_it_grows(engine_fit, model_file, values, scale, device, question.usable, pace, search)
-        fit_model(engine_fit, model_file, values, scale, pace.say)
-        approach(engine_fit, model_file, values, scale, device, question.usable, pace, search)
-        engine_fit.max_fitting = engine_fit.answer(question.usable)
-
-
-def _predict_added(added: list[EngineFit], named: list[EngineFit], question: Question, scale: str,
-                   points: list[int], say: Callable[[str], None]) -> list[EngineFit]:
-    """Each added combination's answer predicted from its step traced under fake tensors, on the offset the reference
-    engine's traced peaks leave to its measured totals (the interpreter, torch), with that mapping's own
-    out-of-sample error; returns those whose prediction passes every measured engine's answer, to be measured."""
-    reference = next((fit for fit in named if fit.traced and fit.points and fit.model is not None), None)
-    reached = max((fit.max_fitting for fit in named if fit.max_fitting is not None), default=0)
-    frontier = []
-    for engine_fit in added:
-        if engine_fit.reason:
-            continue
-        if reference is None:
-            engine_fit.reason = ("not predicted: no measured engine's step could be traced to map traced bytes to "
-                                 "totals; name it with --engines to measure it")
-            continue
-        model = _offset_model(reference, engine_fit, question, scale, points)
-        if model is None:  # nothing says it is on the frontier: measuring every such one would cost the most
-            engine_fit.reason = (f"not predicted: its step cannot be traced under fake tensors ({engine_fit.untraced}); "
-                                 "name it with --engines to measure it")
-            engine_fit.untraced = ""
-            continue
-        engine_fit.model = model
-        engine_fit.max_fitting = model.largest_under(question.usable / (1 + model.check_error), min(points))
-        if engine_fit.max_fitting is not None and engine_fit.max_fitting > reached:
-            say(f"{question.model_file.name} {engine_fit.engine}: predicted up to {scale}={engine_fit.max_fitting}, "
-                f"past every measured engine ({reached}): measured")
-            engine_fit.model, engine_fit.max_fitting, engine_fit.traced = None, None, {}
-            frontier.append(engine_fit)
-        else:
-            engine_fit.unmeasured = (f"predicted from its trace (up to {engine_fit.max_fitting or 'none'}), not past "
-                                     f"the measured engines' largest ({reached}): not measured")
-    return frontier
-
-
-def _offset_model(reference: EngineFit, engine_fit: EngineFit, question: Question, scale: str,
-                  points: list[int]) -> SizeModel | None:
-    """The combination's traced peaks over the grid and at `REACH`-fold steps past it, plus the reference engine's
-    offset (its median measured total less its traced peak), as a size model whose error is that offset's, checked
-    on the reference's largest point; None where the step cannot be traced (`untraced` says why)."""
-    import numpy as np
-
-    from benchlib.usermodel.case import combination_of
-
-    model_file, values = question.model_file, question.values
-    untraceable = combination_of(model_file, engine_fit.engine).untraceable
-    if untraceable is not None:
-        engine_fit.untraced = untraceable
-        return None
-    grid = sorted({*points, *(points[-1] * REACH ** k for k in (1, 2, 3))})
-    engine_fit.traced, untraced = in_child.traced_peaks(model_file, engine_fit.engine, values, scale, grid)
-    if untraced is not None:
-        engine_fit.untraced, engine_fit.traced = untraced, {}
-        return None
-    measured = sorted((value, total) for value, total, _ in reference.points if value in reference.traced)
-    offsets = [total - reference.traced[value] for value, total in measured]
-    offset = float(np.median(offsets[:-1]))
-    error = abs(reference.traced[measured[-1][0]] + offset - measured[-1][1]) / measured[-1][1]
-    x = np.array(list(engine_fit.traced), float)
-    curve = np.polyfit(x, np.array(list(engine_fit.traced.values()), float) + offset, 1)
-    return SizeModel(TRACE, tuple(float(c) for c in curve), error)
-
-
-def _confirm(result: FitResult, question: Question, device, pace: Pace, search: Search) -> None:
-    """Every answer measured before it is given: the largest value searched by measurement up to the first value
-    over the limit (`confirm`) and held in `search.hold_repeats` processes (`hold`); each other measured engine at its own answer,
-    stepping down where it is over (`step_down`: a total can grow faster past the points than the model saw); the
-    fastest engine at the largest value every measured engine reaches, once."""
-    from benchlib.measure.isolation import available_memory
-
-    affordable = available_memory(device)
-    scale, usable = result.scale, question.usable
-    # a confirming process ends itself once it is past the limit (it is over, whatever more it would take) or what
-    # this machine has: a prediction that was low cannot start a process larger than the machine
-    cap = int(min(question.limit * (1 + CAP_SLACK), affordable * 0.9))
-
-    def measuring(engine_fit: EngineFit) -> measured.Measure:
-        def measure(value: int) -> measured.StepOutcome:
-            pace.expect([value])
-            outcome = measured.measure_step(question.model_file, engine_fit.engine, {**question.values, scale: value},
-                                            device, steps=search.steps, cap_bytes=cap)
-            if outcome.failed:  # no answer at or past it, whatever was said
-                engine_fit.fail(value, outcome.reason, usable)
-            pace.done(f"confirming {engine_fit.engine} at {scale}={value}: " + (outcome.reason or
-                      f"{format_bytes(outcome.total)} ({'under' if outcome.total <= usable else 'over'} the limit)"),
-                      value)
-            return outcome
-        return measure
-
-    tried = set()
-    while (best := result.best) is not None and best.points and best.engine not in tried:
-        tried.add(best.engine)  # an engine confirmed below another's prediction hands the answer on: confirm that
-        confirm(best, measuring(best), scale, usable, affordable, pace.say, search)
-        hold(best, measuring(best), usable, pace.say, search)
-    for engine_fit in sorted(result.fitted, key=lambda fit: fit.largest, reverse=True):
-        if engine_fit.unconfirmed:  # no value held in every process: one more process cannot say one does
-            continue
-        if engine_fit.points and engine_fit.confirmed is None and engine_fit.max_fitting < SEARCH_LIMIT:
-            step_down(engine_fit, measuring(engine_fit), scale, usable, affordable, pace.say, search)
-    fastest, common = result.fastest, result.common_value
-    if fastest is not None and common is not None and common < SEARCH_LIMIT:
-        check_at(fastest, common, measuring(fastest), usable)
 
 
 def gpu_question(memory: Any, predicted: bool, device: str) -> tuple[Any, str]:

@@ -1,13 +1,14 @@
 """The measured path: each engine's step measured in fresh processes at a few values of the parameter, its size
-model fitted, points measured toward the answer until it lies within `REACH` of one, and the answer confirmed by
-measurement (`confirm`) before it is given."""
+model fitted, points measured toward the answer until it lies within `Search.reach` of one, and the answer confirmed
+by measurement (`confirm`) before it is given: each search its own proposals, driven by `benchlib.fit.search.drive`."""
 
 from __future__ import annotations
 
 import math
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from benchlib.fit.asking import DEFAULT_TIMEOUT_S
 from benchlib.fit.pace import Pace
@@ -20,18 +21,13 @@ from benchlib.records.metrics import CUDA_RESERVED_PEAK
 from benchlib.units import format_bytes, format_seconds
 
 WARMUP = 1
-APPROACH_SLACK = 0.8  # a point toward the answer is measured at 1 / (REACH * this) of it
 # A training process runs with the allocator the user's environment gives it, not the fixed mmap threshold `run`
 # measures peaks under (which returns freed buffers at once), and nobody hands its heap back between steps: its
 # resident high-water over its whole life is what must fit. Measured under `run`'s policy, a small ViT's eager step at
 # batch 256 read 900 MB where a lean process of its own reached 1077 MB; under glibc's defaults with the heap handed
 # back before the measured steps, a ConvMixer's read 1.057 GB at batch 573 where a lean process needed 1165 MB at 561.
 USERS_ALLOCATOR = "training-process"
-REACH_UNBRACKETED = 1.2  # the confirming search's farthest step up from the largest value measured under the limit
-TIMID = 0.1  # an answer measured this far under the limit is searched up from (`step_down`)
-REACH = 2  # no answer on a device that can hold the limit lies more than this many times past a measured value
 FAILED = "failed: "  # how `measure_step` begins the reason of a step that failed (raised, killed, timed out)
-CAP_SLACK = 0.05  # a confirming process ends itself this far past the limit: it is over, and need not go on
 DEEP = 64  # module levels a step's memory by module is kept to when asked for (`by_module`): every block apart
 
 Progress = Callable[[str], None]
@@ -141,44 +137,75 @@ def _trace(engine_fit: EngineFit, model_file, values: dict, scale: str, progress
         engine_fit.model = model
 
 
-FLAT_REACH = 8  # a total that does not measurably grow is measured again this many times farther out
-FLAT_STEPS = 4  # points measured farther out at most, before the answer stays the largest value measured
+@dataclass
+class MeasuredSearch:
+    """What the phases of a measured fit share (`benchlib.fit.plan`): the question, where it is measured, how hard,
+    the progress line, and each engine's step measured in a fresh process (`step`)."""
+
+    question: Any  # asking.Question
+    scale: str
+    device: Any
+    pace: Pace
+    search: Search = THOROUGH
+
+    @property
+    def model_file(self):
+        return self.question.model_file
+
+    @property
+    def usable(self) -> float:
+        return self.question.usable
+
+    def step(self, engine_fit: EngineFit, value: int, cap_bytes: int | None = None, planned: bool = False
+             ) -> StepOutcome:
+        """The engine's step at `value` of the scale, in a fresh process, counted by the progress line (`planned`:
+        already, with the phase's other processes)."""
+        if not planned:
+            self.pace.expect([value])
+        return measure_step(self.model_file, engine_fit.engine, {**self.question.values, self.scale: value},
+                            self.device, steps=self.search.steps, cap_bytes=cap_bytes)
+
+    def named(self, engine_fit: EngineFit, value: int) -> str:
+        return f"{self.model_file.name} {engine_fit.engine} {self.scale}={value}"
 
 
-def until_it_grows(engine_fit: EngineFit, model_file, values: dict, scale: str, device, limit: float,
-                   pace: Pace, search: Search = THOROUGH) -> None:
+def farther_out(run: MeasuredSearch, engine_fit: EngineFit) -> None:
     """Where the totals measured do not rise past the measurement's resolution (`sizing.grows`), points farther out
-    (`FLAT_REACH` times the largest, `FLAT_STEPS` at most) until they do: a slope read from noise can say any value
+    (`flat_reach` times the largest, `flat_steps` at most) until they do: a slope read from noise can say any value
     fits, or turn negative. A value whose batch alone would take the step past the limit, or past what this machine
     has, is not measured. Where the totals still do not grow, `flat` says so, with the value at which the batch alone
     would reach the limit, and the answer is the largest value measured (`EngineFit.answer`)."""
     from benchlib.fit import in_child
     from benchlib.measure.isolation import available_memory
 
-    points = sorted((value, total) for value, total, _ in engine_fit.points)
-    if grows(points):
+    search, limit, scale = run.search, run.usable, run.scale
+    if grows(_totals(engine_fit)):
         return
-    (below, _), (largest, _) = points[-2], points[-1]
-    per_unit = (in_child.batch_bytes(model_file, values, scale, largest)
-                - in_child.batch_bytes(model_file, values, scale, below)) / (largest - below)
-    room = min(limit, available_memory(device))
-    for _ in range(FLAT_STEPS):
-        largest, total = max(points)
-        value = multiple_of(largest * FLAT_REACH, engine_fit.multiple)
-        if total + per_unit * (value - largest) > room:
-            break
-        pace.expect([value])
-        outcome = measure_step(model_file, engine_fit.engine, {**values, scale: value}, device, steps=search.steps)
-        pace.done(f"{model_file.name} {engine_fit.engine} {scale}={value} (farther out: the totals did not grow): "
-                  + (outcome.reason or format_bytes(outcome.total)), value)
-        if not outcome.measured:
-            if outcome.failed:
-                engine_fit.failed[value] = outcome.reason
-            break
-        engine_fit.points.append((value, outcome.total, outcome.seconds))
-        points = sorted((v, t) for v, t, _ in engine_fit.points)
-        if grows(points):
-            return
+    (below, _), (largest, _) = _totals(engine_fit)[-2:]
+    per_unit = (in_child.batch_bytes(run.model_file, run.question.values, scale, largest)
+                - in_child.batch_bytes(run.model_file, run.question.values, scale, below)) / (largest - below)
+    room = min(limit, available_memory(run.device))
+
+    def proposals() -> Iterator[int]:
+        for _ in range(search.flat_steps):
+            largest, total = max(_totals(engine_fit))
+            value = multiple_of(largest * search.flat_reach, engine_fit.multiple)
+            if total + per_unit * (value - largest) > room or grows(_totals(engine_fit)):
+                return
+            yield value
+
+    def probe(value: int) -> bool:
+        outcome = run.step(engine_fit, value)
+        run.pace.done(f"{run.named(engine_fit, value)} (farther out: the totals did not grow): "
+                      + (outcome.reason or format_bytes(outcome.total)), value)
+        if outcome.failed:
+            engine_fit.failed[value] = outcome.reason
+        if outcome.measured:
+            engine_fit.points.append((value, outcome.total, outcome.seconds))
+        return outcome.measured
+
+    drive(proposals(), probe)
+    points = _totals(engine_fit)
     if grows(points):
         return
     low, high = points[0], max(points)
@@ -189,39 +216,47 @@ def until_it_grows(engine_fit: EngineFit, model_file, values: dict, scale: str, 
                        f"totals vary), so no size model is read past what was measured{reach}")
 
 
-def approach(engine_fit: EngineFit, model_file, values: dict, scale: str, device, limit: float, pace: Pace,
-             search: Search = THOROUGH) -> None:
-    """Measured points grow toward the answer: while it lies more than `REACH` times past the largest measured
-    value, the next point is measured where the answer lies a little less than `REACH` times past it (one step,
-    not one per doubling, where the prediction holds) in a fresh process and the size model is fitted again. Where this machine cannot hold the next point, or its measurement fails,
-    `unmeasured` says so and the answer stays an extrapolation."""
+def toward_answer(run: MeasuredSearch, engine_fit: EngineFit) -> None:
+    """Measured points grow toward the answer: while it lies more than `reach` times past the largest measured
+    value, the next point is measured where the answer lies a little less than `reach` times past it (one step,
+    not one per doubling, where the prediction holds) in a fresh process and the size model is fitted again. Where
+    this machine cannot hold the next point, or its measurement fails, `unmeasured` says so and the answer stays an
+    extrapolation."""
     from benchlib.measure.isolation import available_memory
 
-    available = available_memory(device)
+    search, limit = run.search, run.usable
+    available = available_memory(run.device)
     if limit > available:  # the answer could not be measured here anyway: the line says how far it extrapolated
-        engine_fit.unmeasured = (f"the limit is above the {format_bytes(available)} {device.name} has available, so "
-                                 "the points stop at the value given")
+        engine_fit.unmeasured = (f"the limit is above the {format_bytes(available)} {run.device.name} has available, "
+                                 "so the points stop at the value given")
         return
-    while True:
+
+    def proposals() -> Iterator[int]:
+        while True:
+            answer = engine_fit.answer(limit)
+            largest = max(value for value, _, _ in engine_fit.points)
+            if answer is None or answer >= SEARCH_LIMIT or answer <= search.reach * largest:
+                return
+            # an answer that grows as the model learns from the new point stays within reach of it (no creeping by
+            # ones); its predicted total is under the limit, which this machine holds
+            yield multiple_of(math.ceil(answer / (search.reach * search.approach_slack)), engine_fit.multiple)
+
+    def probe(value: int) -> bool:
         answer = engine_fit.answer(limit)
-        largest = max(value for value, _, _ in engine_fit.points)
-        if answer is None or answer >= SEARCH_LIMIT or answer <= REACH * largest:
-            return
-        # an answer that grows as the model learns from the new point stays within REACH of it (no creeping by ones);
-        # its predicted total is under the limit, which this machine holds
-        value = multiple_of(math.ceil(answer / (REACH * APPROACH_SLACK)), engine_fit.multiple)
-        pace.expect([value])
-        outcome = measure_step(model_file, engine_fit.engine, {**values, scale: value}, device, steps=search.steps)
+        outcome = run.step(engine_fit, value)
         if not outcome.measured:
-            engine_fit.unmeasured = f"{scale}={value}: {outcome.reason}"
+            engine_fit.unmeasured = f"{run.scale}={value}: {outcome.reason}"
             if outcome.failed:
                 engine_fit.fail(value, outcome.reason, limit)
-            pace.done(f"{model_file.name} {engine_fit.engine} {scale}={value}: {outcome.reason}", value)
-            return
+            run.pace.done(f"{run.named(engine_fit, value)}: {outcome.reason}", value)
+            return False
         engine_fit.points.append((value, outcome.total, outcome.seconds))
-        pace.done(f"{model_file.name} {engine_fit.engine} {scale}={value}: {format_bytes(outcome.total)}, "
-                  f"{format_seconds(outcome.seconds)}/step (toward the answer, predicted {answer})", value)
-        fit_model(engine_fit, model_file, values, scale, pace.say)
+        run.pace.done(f"{run.named(engine_fit, value)}: {format_bytes(outcome.total)}, "
+                      f"{format_seconds(outcome.seconds)}/step (toward the answer, predicted {answer})", value)
+        fit_model(engine_fit, run.model_file, run.question.values, run.scale, run.pace.say)
+        return True
+
+    drive(proposals(), probe)
 
 
 def confirm(engine_fit: EngineFit, measure: Measure, scale: str, limit: float,
@@ -235,11 +270,8 @@ def confirm(engine_fit: EngineFit, measure: Measure, scale: str, limit: float,
         progress(f"confirming {engine_fit.engine} at {scale}={_named(value)} needs {format_bytes(int(predicted))}; "
                  f"this machine has {format_bytes(int(affordable))} available: not measured")
         return
-    if value not in engine_fit.checked:
-        outcome = measure(value)
-        if not outcome.measured:  # the measuring line said why
-            return
-        engine_fit.checked[value] = outcome.total
+    if value not in engine_fit.checked and not _checked(engine_fit, measure, value):
+        return  # the measuring line said why
     found = largest_measured(measure, engine_fit, scale, limit, affordable, progress, search)
     if found is None:  # the search stopped: the largest value measured under the limit, if any, is what holds
         totals = {v: total for v, total, _ in engine_fit.points} | engine_fit.checked
@@ -254,57 +286,91 @@ def hold(engine_fit: EngineFit, measure: Measure, limit: float,
     """The confirmed answer measured in `search.hold_repeats` processes in all, its largest total kept: the same
     step's resident high-water differs from process to process (by up to 14% on the CPU: glibc's arenas and mmap
     threshold), and an answer must hold in the worse ones. Where one is over the limit, the value steps down by
-    `search.resolution` and is measured as often again, `search.hold_steps` times at most."""
-    value = engine_fit.confirmed
-    for _ in range(search.hold_steps):
-        if value is None:
-            return
-        for _ in range(search.hold_repeats - (value in engine_fit.checked)):
-            outcome = measure(value)
-            if not outcome.measured:  # the measuring line said why; the answer stays as measured so far
+    `search.resolution` and is measured as often again, `search.hold_steps` times at most. A measurement that fails
+    leaves the answer as measured so far (its line said why)."""
+    if engine_fit.confirmed is None:
+        return
+    last = {"value": engine_fit.confirmed, "held": False}  # the value the proposals reached, and whether it held
+
+    def proposals() -> Iterator[int]:
+        value = engine_fit.confirmed
+        for _ in range(search.hold_steps):
+            for _ in range(search.hold_repeats - (value in engine_fit.checked)):
+                yield value
+                if engine_fit.checked[value] > limit:
+                    break
+            if engine_fit.checked[value] <= limit:
+                last.update(value=value, held=True)
                 return
+            value = multiple_of(int(value * (1 - search.resolution)), engine_fit.multiple)
+        last.update(value=value, held=None)
+
+    def probe(value: int) -> bool:
+        outcome = measure(value)
+        if outcome.measured:
             engine_fit.checked[value] = max(engine_fit.checked.get(value, 0), outcome.total)
-            if engine_fit.checked[value] > limit:
-                break
-        if engine_fit.checked[value] <= limit:
-            engine_fit.confirmed = value
-            return
-        value = multiple_of(int(value * (1 - search.resolution)), engine_fit.multiple)
-    engine_fit.confirmed = None
-    engine_fit.unconfirmed = (f"no value held the limit in {search.hold_repeats} processes, down to {value}: its "
-                              "totals differ from process to process by more than the search's steps")
-    progress(f"confirming {engine_fit.engine}: {engine_fit.unconfirmed}")
+        return outcome.measured
+
+    drive(proposals(), probe)
+    if last["held"]:
+        engine_fit.confirmed = last["value"]
+    elif last["held"] is None:  # every value stepped through was over in some process
+        engine_fit.confirmed = None
+        engine_fit.unconfirmed = (f"no value held the limit in {search.hold_repeats} processes, down to "
+                                  f"{last['value']}: its totals differ from process to process by more than the "
+                                  "search's steps")
+        progress(f"confirming {engine_fit.engine}: {engine_fit.unconfirmed}")
+    # else a measurement failed: the answer stays as measured so far (its line said why)
 
 
 def step_down(engine_fit: EngineFit, measure: Measure, scale: str, limit: float,
               affordable: float, progress: Progress, search: Search = THOROUGH) -> None:
     """An engine's own answer measured once; where it is over the limit, the next value `search.resolution` below,
-    until one is under (`search.hold_steps` at most); where it is under by more than `TIMID`, searched up
+    until one is under (`search.hold_steps` at most); where it is under by more than `search.timid`, searched up
     (`largest_measured`), so a size model with a wide interval does not leave an answer far short of the limit."""
-    value = engine_fit.max_fitting
-    for _ in range(search.hold_steps):
-        if check_at(engine_fit, value, measure, limit):
-            engine_fit.confirmed = value
-            if engine_fit.total_at(value)[0] < limit * (1 - TIMID):
-                engine_fit.confirmed = largest_measured(measure, engine_fit, scale, limit, affordable, progress,
-                                                        search) or value
-            return
-        if value not in engine_fit.checked:  # the measurement failed: the measuring line said why
-            return
-        value = multiple_of(int(value * (1 - search.resolution)), engine_fit.multiple)
+    def proposals() -> Iterator[int]:
+        value = engine_fit.max_fitting
+        for _ in range(search.hold_steps):
+            if not _known(engine_fit, value):
+                yield value
+            if engine_fit.total_at(value)[0] <= limit:
+                engine_fit.confirmed = value
+                return
+            if value not in engine_fit.checked:  # over at a point of the grid: no step down from it
+                return
+            value = multiple_of(int(value * (1 - search.resolution)), engine_fit.multiple)
+
+    drive(proposals(), lambda value: _checked(engine_fit, measure, value))
+    value = engine_fit.confirmed
+    if value is not None and engine_fit.total_at(value)[0] < limit * (1 - search.timid):
+        found = largest_measured(measure, engine_fit, scale, limit, affordable, progress, search)
+        engine_fit.confirmed = found or value
 
 
 def check_at(engine_fit: EngineFit, value: int, measure: Measure,
              limit: float) -> bool:
     """One fresh process at `value` where the engine's total there was not yet measured; whether it stays under
     `limit` (an answer that does not is taken back: the caller gives the next one)."""
-    if value in engine_fit.checked or value in {v for v, _, _ in engine_fit.points}:
-        return engine_fit.total_at(value)[0] <= limit
+    if not _known(engine_fit, value) and not _checked(engine_fit, measure, value):
+        return False  # the measuring line said why
+    return engine_fit.total_at(value)[0] <= limit
+
+
+def _known(engine_fit: EngineFit, value: int) -> bool:
+    """Whether the engine's total at `value` was measured (a point of its grid or toward the answer, or checked)."""
+    return value in engine_fit.checked or value in {v for v, _, _ in engine_fit.points}
+
+
+def _checked(engine_fit: EngineFit, measure: Measure, value: int) -> bool:
+    """`measure` at `value`, its total kept in `checked`; False where it has none (the measuring line said why)."""
     outcome = measure(value)
-    if not outcome.measured:  # the measuring line said why
-        return False
-    engine_fit.checked[value] = outcome.total
-    return outcome.total <= limit
+    if outcome.measured:
+        engine_fit.checked[value] = outcome.total
+    return outcome.measured
+
+
+def _totals(engine_fit: EngineFit) -> list[tuple[int, int]]:
+    return sorted((value, total) for value, total, _ in engine_fit.points)
 
 
 def largest_measured(measure: Measure, engine_fit: EngineFit, scale: str, limit: float, affordable: float,
@@ -316,7 +382,7 @@ def largest_measured(measure: Measure, engine_fit: EngineFit, scale: str, limit:
     where a measurement failed, nothing measured is under the limit, the answer is not bracketed and the totals are
     flat, or the next value would not fit this machine (`affordable` bytes)."""
     toward = Toward(lambda: {value: total for value, total, _ in engine_fit.points} | engine_fit.checked, limit,
-                    Bracketing(resolution=search.resolution, step=engine_fit.multiple, reach=REACH_UNBRACKETED),
+                    Bracketing(resolution=search.resolution, step=engine_fit.multiple, reach=search.reach_unbracketed),
                     over=lambda: engine_fit.failed, flat=bool(engine_fit.flat))
 
     def probe(value: int) -> bool:

@@ -11,18 +11,19 @@ process a minute and comes back noisy.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 SEARCH_LIMIT = 2 ** 40  # the largest value a search looks at: a total that does not grow fits "at any value"
 
-Propose = Callable[[], "int | None"]  # the next value to probe, or None: the search is over
 Probe = Callable[[int], bool]  # learn the value's total; False: it could not (its line said why), the search stops
 
 
-def drive(propose: Propose, probe: Probe) -> None:
-    """The loop every fit search runs: probe what `propose` gives until it gives None or a probe fails."""
-    while (value := propose()) is not None:
+def drive(proposals: Iterable[int], probe: Probe) -> None:
+    """The loop every fit search runs: each value proposed is probed, until the proposals end (they have their
+    answer, or nothing more is worth a probe) or a probe fails. Proposals are read one at a time, each after the
+    previous probe, so they see what it learnt."""
+    for value in proposals:
         if not probe(value):
             return
 
@@ -56,7 +57,11 @@ class Toward:
         self._guess: int | None = None
         self._width: int | None = None  # the bracket's width before the last line guess
 
-    def __call__(self) -> int | None:
+    def __iter__(self) -> Iterator[int]:
+        while (value := self._next()) is not None:
+            yield value
+
+    def _next(self) -> int | None:
         totals, b = self.totals(), self.bracketing
         first_failed = min(self.over(), default=None)
         under = [value for value, total in totals.items()

@@ -24,6 +24,16 @@ class Search:
     resolution: float = 0.02
     hold_repeats: int = 3  # processes an answer is measured in before it is given (`measured.hold`)
     hold_steps: int = 5  # values `hold` and `step_down` step down through, `resolution` apart, before they give up
+    # no answer on a device that can hold the limit lies more than this many times past a measured value: points are
+    # measured toward it (`toward_answer`), each where the answer lies `reach * approach_slack` times past it
+    reach: int = 2
+    approach_slack: float = 0.8
+    reach_unbracketed: float = 1.2  # the confirming search's farthest step up from the largest value under the limit
+    timid: float = 0.1  # an engine's answer measured this far under the limit is searched up from (`step_down`)
+    flat_reach: int = 8  # a total that does not measurably grow is measured again this many times farther out...
+    flat_steps: int = 4  # ...this many times at most, before the answer stays the largest value measured
+    give_up: int = 2  # an engine refused or failed at this many grid values before any was measured is not asked again
+    cap_slack: float = 0.05  # a confirming process ends itself this far past the limit: it is over, and need not go on
     # answers measured in fresh processes before they are given (None: wherever this machine can hold the limit;
     # False: the size model's answers, `--no-verify`)
     verify: bool | None = None
@@ -34,7 +44,12 @@ class Search:
             raise ValueError(f"fractions must be shares of the given value in (0, 1], got {self.fractions!r}")
         if not 0 < self.resolution < 1:
             raise ValueError(f"resolution must be a share in (0, 1), got {self.resolution!r}")
-        for field in ("steps", "hold_repeats", "hold_steps"):
+        if not (self.reach > 1 and 0 < self.approach_slack <= 1 and self.reach_unbracketed > 1 and self.flat_reach > 1):
+            raise ValueError("reach, reach_unbracketed and flat_reach must be above 1, approach_slack in (0, 1]")
+        if not (0 < self.timid < 1 and 0 <= self.cap_slack < 1):
+            raise ValueError(f"timid must be a share in (0, 1), cap_slack in [0, 1), got {self.timid!r}, "
+                             f"{self.cap_slack!r}")
+        for field in ("steps", "hold_repeats", "hold_steps", "flat_steps", "give_up"):
             if not (isinstance(getattr(self, field), int) and getattr(self, field) >= 1):
                 raise ValueError(f"{field} must be an integer >= 1, got {getattr(self, field)!r}")
 
