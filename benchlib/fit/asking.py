@@ -83,6 +83,7 @@ class Question:
     margin: float
     engines: list[str]
     added: list[str]  # the combinations added to the engines named (predicted first, measured on the frontier)
+    predicted: bool = False  # asked of CUDA on a machine without a GPU: every answer predicted, none measured
 
     @property
     def usable(self) -> float:
@@ -155,7 +156,7 @@ def ask(path: str | Path, memory: Any, scale: str, engines: Sequence[str] | None
     added = [] if engines or not form.composes or model_file.world_size > 1 else \
         added_combinations(values.get("combinations", "none"), technique_registry(model_file.techniques), chosen)
     return Question(model_file, form, {name: values[name] for name in model_file.parameters}, limit, margin,
-                    chosen + added, added)
+                    chosen + added, added, predicted)
 
 
 def refuse_below_interpreter(question: Question, target) -> None:

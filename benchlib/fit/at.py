@@ -161,12 +161,11 @@ def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engin
     scale, value = parse_at(at)
     if scale in (params or {}):
         raise FitError(f"--at {at} and -p {scale}={params[scale]} both set {scale}; give one")
-    memory, gpu = gpu_question(memory, cuda_without_gpu(device), device)
-    question = ask(path, memory, scale, engines, {**(params or {}), scale: value}, cuda_without_gpu(device),
-                   asked_by="--at")
+    predicted = cuda_without_gpu(device)  # decided once: the question carries it (`Question.predicted`)
+    memory, gpu = gpu_question(memory, predicted, device)
+    question = ask(path, memory, scale, engines, {**(params or {}), scale: value}, predicted, asked_by="--at")
     model_file, values, limit, margin, chosen = (question.model_file, question.values, question.limit,
                                                  question.margin, question.engines)
-    predicted = cuda_without_gpu(device)
     target = None if predicted else resolve_device(device)
     on_ranks(model_file.world_size, target, predicted)
     if target is not None:

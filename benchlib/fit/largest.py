@@ -58,10 +58,9 @@ def fit_asked(question: Question, *, scale: str, device: str, card: str | None, 
               search: Search) -> FitResult:
     """`fit` of a question already asked (the file read and checked once: `fit --at` falls back to it)."""
     from benchlib.measure import Device, resolve_device
-    from benchlib.measure.devices import cuda_without_gpu
     from benchlib.measure.isolation import available_memory
 
-    predicted = cuda_without_gpu(device)
+    predicted = question.predicted
     model_file, values = question.model_file, question.values
     verify = search.verify
     if predicted and verify:
