@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from benchlib.report.tables.comparison import comparison_text
+from benchlib.report.tables.engine_summary import comparison_text
 from benchlib.trials.cases import Cases, compare_engines
 from benchlib.engines.gradients import save_gradient
 from benchlib.measure.core import Measurement

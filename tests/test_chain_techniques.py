@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchlib.report.tables.comparison import comparison_text
+from benchlib.report.tables.engine_summary import comparison_text
 from benchlib.engines import compiling, get_engine
 from benchlib.engines.gradients import LOST_ARRAY, array_floor, load_gradient, max_relative_error
 from benchlib.measure import Device, MemoryTimeline

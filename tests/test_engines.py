@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import benchlib.measure
-from benchlib.analysis.comparison import Problem
-from benchlib.report.tables.comparison import comparison_text
+from benchlib.analysis.engine_summary import Problem
+from benchlib.report.tables.engine_summary import comparison_text
 from benchlib.engines import ENGINE_NAMES, ENGINES, NotApplicableError, get_engine
 from benchlib.engines import namespaces
 from benchlib.trials.cases import (

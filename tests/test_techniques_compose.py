@@ -125,11 +125,15 @@ ROLES = ("REFERENCE", "REFERENCE_ENGINE", "SEED_ENGINE")
 def test_no_engine_name_is_compared_outside_benchlib_engines():
     """A technique's or an engine's behaviour lives in its own class (benchlib/engines/); elsewhere nothing
     branches on an engine's name: not by its constant, not by a module's alias of one (`COMPILE_ENGINE =
-    TORCH_COMPILE`), not by its text where engines are held (an `engine` or a record's `variant`). The reference is
+    TORCH_COMPILE`, or `import TORCH as EAGER`), not by its text where engines are held (an `engine` or a record's `variant`). The reference is
     a role, which any engine could hold."""
     constants = {name for name in engine_names.__all__ if name not in ("COMBINED", "REFERENCE")}
     values = {value for name in constants if isinstance(value := getattr(engine_names, name), str)}
     trees = {path: ast.parse(path.read_text(encoding="utf-8")) for path in sorted((PROJECT / "benchlib").rglob("*.py"))}
+    for tree in trees.values():  # a name imported under another (`from benchlib.engine_names import TORCH as EAGER`)
+        constants |= {alias.asname for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                      and node.module == "benchlib.engine_names" for alias in node.names
+                      if alias.asname and alias.name in constants}
     for _ in range(3):  # aliases of aliases
         for path, tree in trees.items():
             for node in tree.body if path.name != "engine_names.py" else ():  # a module's own names for engine names

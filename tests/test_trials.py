@@ -1,7 +1,7 @@
 """The one trial loop: its order, and the same records whatever runs through it."""
 
 from benchlib.trials import trial_order
-from benchlib.analysis.comparison import Problem
+from benchlib.analysis.engine_summary import Problem
 
 MANUAL_FIRST = "manual".__eq__  # the reference opens the first round
 

@@ -5,7 +5,7 @@ first asked for: a process that needs one part (the palette, a table) loads none
 
 from benchlib.lazy_exports import lazy_exports
 
-_HOMES = {"comparison_frame": "tables.comparison", "save_figure": "figure_files"}
+_HOMES = {"comparison_frame": "tables.engine_summary", "save_figure": "figure_files"}
 
 __getattr__ = lazy_exports(__name__, _HOMES)
 

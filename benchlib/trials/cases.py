@@ -26,7 +26,7 @@ from benchlib.engines.gradients import (GRAD_ERROR_METRIC, GRADIENT_TOLERANCE, W
                                         gradient_tolerance)
 from benchlib.records.metrics import GRADIENT_ROLE, SAVED_ROLE
 from benchlib.trials.loop import GRAD_UNCHECKED_METRIC, TrialLoop, TrialSettings, Unit
-from benchlib.analysis.comparison import REFERENCE_ENGINE, Problem, summarize
+from benchlib.analysis.engine_summary import REFERENCE_ENGINE, Problem, summarize
 from benchlib.trials.stopping import Deadline
 
 # Time is measured in the same calls as the memory timeline (one fresh process per case), so the
@@ -154,7 +154,7 @@ class EngineComparison:
 
     def summary_frame(self, params: Iterable[str] = ()) -> pd.DataFrame:
         """One row per case and engine: peak and median time, each with its ratio to `manual`
-        (`analysis.comparison.summarize`). `params` names case parameters (e.g. "T") to add as columns, for sweeps.
+        (`analysis.engine_summary.summarize`). `params` names case parameters (e.g. "T") to add as columns, for sweeps.
         """
         table = summarize(self.frame(), self.problems, ENGINE_NAMES)
         for name in params:

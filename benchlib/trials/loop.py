@@ -22,7 +22,7 @@ from benchlib.engines.gradients import (GRAD_ERROR_METRIC, LOST_ARRAY, SEED_DEPE
                                         UPDATE_ERROR_METRIC, WORST_ARRAY_METRIC, array_floor, error_limit,
                                         gradient_file, gradient_tolerance, saved_gradient_error)
 from benchlib.records.metrics import GRAD_UNCHECKED_METRIC, harness_metric
-from benchlib.analysis.comparison import Problem
+from benchlib.analysis.engine_summary import Problem
 from benchlib.analysis.stats import interleaved_order
 from benchlib.trials.stopping import BUDGET, MAX_TRIALS, TRIALS_RUN, Deadline, TrialStopping
 

@@ -29,7 +29,7 @@ from benchlib.engine_names import BENCHLIB_DEFERRED, BENCHLIB_INPLACE, MANUAL, M
 from benchlib.engines.roles import role_gauge, tape_roles
 from benchlib.measure import Case, mark
 from benchlib.analysis.seed_verdicts import RatioRule
-from benchlib.report.tables.comparison import comparison_text
+from benchlib.report.tables.engine_summary import comparison_text
 
 SEED_SIZES = {"D": 1000, "depth": 100}
 # torch.compile runs when named: its compile in every fresh process (7-9 s at the seed's sizes) added 62 s to this

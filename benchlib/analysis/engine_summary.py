@@ -1,6 +1,6 @@
 """An engine comparison's summary: per case and engine, trials (and why they stopped), peak bytes, median time
 and gradient error, each ratio to the hand-written baselines a ratio of medians with its 95% interval. Tables of it
-are drawn in `benchlib.report.tables.comparison`."""
+are drawn in `benchlib.report.tables.engine_summary`."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import math
 
 import pandas as pd
 
-from benchlib.analysis.comparison import REFERENCE_ENGINE, SEED_ENGINE, SUMMARY_COLUMNS
+from benchlib.analysis.engine_summary import REFERENCE_ENGINE, SEED_ENGINE, SUMMARY_COLUMNS
 from benchlib.records.metrics import COMPILE_COLUMN, GRAD_ERROR_METRIC
 
 # Each ratio column of `summarize` headed by its baseline, wherever a table is printed.
