@@ -1,5 +1,5 @@
 """A measured fit as one explicit plan: its phases in the order they run (`plan`), each over the engines in play,
-and the progress line numbers them ("phase 3/8: toward the answer") beside the processes it counts (`Pace`).
+and the progress line numbers them ("phase 4/7: toward the answer") beside the processes it counts (`Pace`).
 
 The named engines go through the measuring phases (the grid, farther out, size models, toward the answer); the
 combinations a run adds by default are then predicted from their traces, and those that pass every measured
