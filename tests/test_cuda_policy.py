@@ -8,7 +8,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchlib.engines.techniques.builtin import _without_generation_cache
-from benchlib.fit.cuda_policy import CUDA_AUTOCAST, GPUS, as_cuda, cpu_autocast_ops, cuda_autocast_ops, gpu_named
+from benchlib.fit.cuda_policy import (CUDA_AUTOCAST, GPUS, CudaPolicy, as_cuda, cpu_autocast_ops, cuda_autocast_ops,
+                                      gpu_named, torch_named)
 from benchlib.usermodel.shapes import materialized
 
 
@@ -64,16 +65,20 @@ def test_the_casts_are_saved_for_backward_as_cuda_saves_them():
 
 
 @pytest.mark.parametrize("gpu, dtype, heads, mask, expected", [
-    ("h100-80gb", torch.float32, 8, False, "efficient"),
-    ("h100-80gb", torch.bfloat16, 8, False, "flash"),
-    ("h100-80gb", torch.bfloat16, 8, True, "efficient"),  # flash takes no mask
+    ("h100-80gb", torch.float32, 8, False, "efficient"),  # cuDNN's takes half precision only
+    ("h100-80gb", torch.bfloat16, 8, False, "cudnn"),  # first on compute capability 9.x since torch 2.11
+    ("h100-80gb", torch.bfloat16, 8, True, "cudnn"),  # with a mask too
+    ("h100-80gb", torch.bfloat16, 2, False, "cudnn"),  # and grouped-query heads as they are
     ("h100-80gb", torch.float32, 2, False, "math"),  # grouped heads in float32
     ("a100-40gb", torch.float16, 8, False, "flash"),
+    ("a100-40gb", torch.bfloat16, 8, True, "efficient"),  # flash takes no mask
+    ("a100-80gb", torch.bfloat16, 2, False, "flash"),  # grouped heads: keys and values repeated (the larger branch)
+    ("l4", torch.bfloat16, 8, False, "flash"),  # cuDNN first only on 9.x and 10.x
     ("t4", torch.float16, 8, False, "efficient"),  # no flash before sm80
     ("t4", torch.bfloat16, 8, False, "math"),  # nor bfloat16 in the efficient one
 ])
 def test_attention_runs_the_kernel_cuda_chooses_for_the_card(gpu, dtype, heads, mask, expected):
-    with FakeTensorMode(), as_cuda(gpu_named(gpu)) as policy:
+    with FakeTensorMode(), as_cuda(gpu_named(gpu), torch_named("2.13")) as policy:
         query = torch.randn(2, 8, 128, 64, dtype=dtype, requires_grad=True)
         key, value = (torch.randn(2, heads, 128, 64, dtype=dtype, requires_grad=True) for _ in range(2))
         bias = torch.ones(128, 128, dtype=torch.bool).tril() if mask else None
@@ -89,6 +94,31 @@ def test_attention_runs_the_kernel_cuda_chooses_for_the_card(gpu, dtype, heads, 
                               f"_scaled_dot_product_{expected}_attention_backward"}
     assert out.shape == query.shape and query.grad.shape == query.shape
     assert policy.attention == {expected}
+
+
+@pytest.mark.parametrize("release, dropout, deprioritized, expected", [
+    ("2.13", 0.0, False, "cudnn"),
+    ("2.13", 0.0, True, "flash"),  # TORCH_CUDNN_SDPA_DEPRIORITIZED keeps cuDNN last, as torch does
+    ("2.13", 0.1, False, "flash"),  # cuDNN takes a dropout in sixteenths only, since 2.12
+    ("2.13", 0.125, False, "cudnn"),
+    ("2.11", 0.1, False, "cudnn"),
+])
+def test_each_release_orders_and_checks_the_kernels_as_its_cuda_build_does(monkeypatch, release, dropout,
+                                                                           deprioritized, expected):
+    if deprioritized:
+        monkeypatch.setenv("TORCH_CUDNN_SDPA_DEPRIORITIZED", "1")
+    policy = CudaPolicy(GPUS["h200"], torch_named(release))
+    with FakeTensorMode():
+        query = torch.randn(2, 8, 128, 64, dtype=torch.bfloat16)
+        assert policy.attention_kernel(query, query, query, None, False, dropout) == expected
+        assert policy.attention_kernel(query[0], query[0], query[0], None, False, 0.0) == "math"  # 3-D: no fused kernel
+
+
+def test_a_release_benchlib_does_not_know_is_refused_and_the_installed_one_is_the_default():
+    with pytest.raises(ValueError, match=r"--torch '2.9' is not a release .* known: 2.11, 2.12, 2.13"):
+        torch_named("2.9")
+    assert torch_named("torch 2.11.0+cu130").version == "2.11" and torch_named(" 2.12 ").version == "2.12"
+    assert torch_named(None).version == ".".join(torch.__version__.split("+")[0].split(".")[:2])
 
 
 def test_the_cpu_kernel_runs_again_once_the_policy_is_left():

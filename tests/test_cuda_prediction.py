@@ -260,6 +260,11 @@ def test_fit_on_cuda_without_a_gpu_predicts_labels_everything_and_measures_nothi
     assert main(["fit", path, "--memory", "100 MB", "--scale", "n", "--device", "cuda", "--verify",
                  "--out", str(tmp_path / "out2")]) == 2
     assert "this machine has no GPU" in capsys.readouterr().err and not (tmp_path / "out2").exists()
+    for argv, message in ((["--device", "cuda", "--torch", "2.9"], "--torch '2.9' is not a release whose kernel "
+                           "choices benchlib knows; known: 2.11, 2.12, 2.13"),
+                          (["--torch", "2.11"], "--torch names what a prediction is made for, with --device cuda")):
+        assert main(["fit", path, "--memory", "100 MB", "--scale", "n", *argv, "--out", str(tmp_path / "out3")]) == 2
+        assert message in capsys.readouterr().err and not (tmp_path / "out3").exists()
 
 
 CONV_AND_ATTENTION = """

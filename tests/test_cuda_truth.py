@@ -1,17 +1,16 @@
 """fit's CUDA prediction against GPU-measured truth (results/reference/cuda-truth/): every row predicted on this
-CPU, as the installed torch chooses kernels on the GPU the row was measured on, within 5% of its reserved peak, and
-over the limit wherever the GPU measured over it (so no answer lies past a batch the GPU could not hold). A table's
-columns besides model, engine and what was measured are the model file's parameters (tools/cuda_truth.py adds rows).
+CPU, with the kernels the torch release it was measured with chooses on the GPU it was measured on (both read from
+the table's header), within 5% of its reserved peak, and over the limit wherever the GPU measured over it (so no
+answer lies past a batch the GPU could not hold). A table's columns besides model, engine and what was measured are
+the model file's parameters (tools/cuda_truth.py adds rows). Autocast's op lists are the installed torch's."""
 
-The rows were measured with torch 2.11; the trace emulates the installed torch's choices (its autocast lists and
-attention order), which agree with 2.11's for every op these models run."""
-
+import re
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from benchlib.fit.cuda_policy import gpu_named
+from benchlib.fit.cuda_policy import gpu_named, torch_named
 from benchlib.fit.predicted import TRACE_TOLERANCE, predict_reserved
 from benchlib.units import format_bytes
 from benchlib.usermodel.loader import read_model_file
@@ -31,13 +30,14 @@ def test_every_measured_row_is_predicted_within_five_percent_and_over_the_limit_
     pytest.importorskip("transformers", reason="the truth models are transformers' (pip install -e '.[hf]')")
     rows = pd.read_csv(table, comment="#")
     gpu = gpu_named(table.stem.rsplit("_", 1)[1])  # gpt2_124m_h200.csv: measured on an H200
+    rules = torch_named(re.search(r"torch (\d+\.\d+)", table.read_text().split("\n", 1)[0])[1])
     parameters = [column for column in rows.columns
                   if column not in ("model", "engine", "reserved_bytes", "allocated_bytes", "source")]
     predicted = {}
     for key, _ in rows.groupby(["model", "engine", *parameters]):
         model_file = read_model_file(TRUTH / f"{key[0]}.py")
         values = {name: getattr(value, "item", lambda: value)() for name, value in zip(parameters, key[2:])}
-        predicted[key] = predict_reserved(model_file, key[1], values, gpu=gpu).reserved
+        predicted[key] = predict_reserved(model_file, key[1], values, gpu=gpu, rules=rules).reserved
     lines, misses = [], []
     for row in rows.itertuples():
         guess = predicted[(row.model, row.engine, *(getattr(row, name) for name in parameters))]

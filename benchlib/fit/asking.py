@@ -35,11 +35,13 @@ class FitInterrupted(KeyboardInterrupt):
 @dataclass(frozen=True)
 class MemoryLimit:
     """A limit with headroom: `size` ("24 GiB", bytes) of which `margin` (a fraction) is kept free; on the GPU `gpu`
-    names (`cuda_policy.GPUS`), whose kernels a prediction emulates and whose memory `size=None` takes."""
+    names (`cuda_policy.GPUS`), whose kernels a prediction emulates as the torch release `torch` chooses them
+    (`cuda_policy.TORCH_RULES`; None: the installed one's), and whose memory `size=None` takes."""
 
     size: Any
     margin: float = 0.0
     gpu: str | None = None
+    torch: str | None = None
 
 
 RUN_ONLY = frozenset({"trials", "precision", "attribute", "module_depth"})  # `run`'s settings, which fit has no use for

@@ -15,7 +15,7 @@ from typing import Any
 from benchlib.engine_names import REFERENCE
 from benchlib.fit import in_child, measured
 from benchlib.fit.advice import CheckpointAdvice, EagerStep, advise
-from benchlib.fit.asking import FitError, FitInterrupted, ask, parse_at, refuse_below_interpreter
+from benchlib.fit.asking import FitError, FitInterrupted, MemoryLimit, ask, parse_at, refuse_below_interpreter
 from benchlib.fit.largest import fit_asked, gpu_question, on_ranks, total_words
 from benchlib.fit.result import MEASURED
 from benchlib.fit.settings import THOROUGH, Search
@@ -181,7 +181,8 @@ def fit_at(path: str | Path, *, memory: Any, at: str, device: str = "cpu", engin
             raise FitInterrupted(result, getattr(stopped, "signal_name", "")) from None
         return result
     fitted = fit_asked(dataclasses.replace(question, added=[]), scale=scale, device=device,
-                       card=gpu if predicted else None, progress=progress, search=search.verifying(False))
+                       card=gpu if predicted else None, progress=progress, search=search.verifying(False),
+                       torch=memory.torch if isinstance(memory, MemoryLimit) else None)
     result = AtResult(fitted.name, scale, value, limit, margin, fitted.device, fitted.total)
     for engine_fit in fitted.engines:
         if engine_fit.model is None:

@@ -14,6 +14,10 @@ Two choices differ, and both change what the step saves for backward:
   the chosen CUDA operator (`_scaled_dot_product_{flash,efficient}_attention` or the math path), whose meta
   kernels save, under fake tensors, what the CUDA kernels save.
 
+Which kernel a release picks is not all in the installed CPU build: the order it takes on a GPU (cuDNN first on
+compute capability 9.x and 10.x since torch 2.11) and its checks that differ by release are `TORCH_RULES`, read
+from each release's CUDA wheel; `--torch` names the release emulated (default: the installed one's).
+
 Where a choice cannot be known, the larger branch is taken and said (`CudaPolicy.assumed`): an op with an
 `AutocastCUDA` kernel this table does not know runs in float32; grouped-query heads on the flash kernel are
 repeated to full heads; the math path upcasts half precision to float32.
@@ -92,6 +96,55 @@ GPUS: dict[str, Gpu] = {
 DEFAULT_GPU = "h100-80gb"
 
 
+@dataclass(frozen=True)
+class TorchRules:
+    """What one torch release's CUDA build decides about attention where the installed CPU build cannot tell: read
+    from that release's CUDA wheel on PyPI (its shipped headers and its compiled `select_sdp_backend`). All three
+    known releases order flash, efficient, math, cuDNN, and move cuDNN first on the first attention call on a GPU of
+    compute capability 9.x or 10.x (unless `TORCH_CUDNN_SDPA_DEPRIORITIZED` is set), since the cuDNN they bundle is
+    newer than 9.15."""
+
+    version: str
+    cudnn_first_minors: tuple[int, ...] | None  # on 9.x/10.x, only these minor versions move cuDNN first (None: any)
+    cudnn_dropout_sixteenths: bool  # cuDNN takes only a dropout that is a multiple of 1/16
+    cudnn_max_batch_heads: int | None  # cuDNN takes no batch or head count above this
+    efficient_aligned_offset: bool  # efficient attention (8.0 and later) takes no q/k/v at an unaligned storage offset
+
+    def cudnn_first(self, gpu: Gpu) -> bool:
+        import os
+
+        major, minor = gpu.capability
+        return (major in (9, 10) and (self.cudnn_first_minors is None or minor in self.cudnn_first_minors)
+                and not os.environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED"))
+
+
+TORCH_RULES: dict[str, TorchRules] = {
+    "2.11": TorchRules("2.11", (0, 3), False, None, False),  # bundles cuDNN 9.19
+    "2.12": TorchRules("2.12", (0, 3), True, None, False),  # cuDNN 9.20
+    "2.13": TorchRules("2.13", None, True, 65535, True),  # cuDNN 9.20
+}
+
+
+def installed_torch() -> str:
+    """The installed torch's release, as "2.13"."""
+    import torch
+
+    return ".".join(torch.__version__.split("+")[0].split(".")[:2])
+
+
+def torch_named(version: str | None) -> TorchRules:
+    """The rules of the release `--torch VERSION` names (None: the installed one's, or the newest known where the
+    installed one is not in the table); a refusal listing the known releases otherwise."""
+    if version is None:
+        installed = installed_torch()
+        return TORCH_RULES.get(installed) or TORCH_RULES[max(TORCH_RULES, key=lambda v: tuple(map(int, v.split("."))))]
+    key = ".".join(str(version).strip().removeprefix("torch").strip().split("+")[0].split(".")[:2])
+    if key not in TORCH_RULES:
+        raise Refused(f"--torch {version!r} is not a release whose kernel choices benchlib knows; known: "
+                      f"{', '.join(TORCH_RULES)}")
+    return TORCH_RULES[key]
+
+
 def gpu_named(name: str) -> Gpu:
     """The card `--gpu NAME` names; a clear refusal listing the known names otherwise."""
     key = name.strip().lower()
@@ -134,39 +187,54 @@ class CudaPolicy:
     larger branch because the choice could not be known."""
 
     gpu: Gpu
+    rules: TorchRules = field(default_factory=lambda: torch_named(None))
     attention: set[str] = field(default_factory=set)
     assumed: set[str] = field(default_factory=set)
 
-    def attention_kernel(self, query, key, value, attn_mask, enable_gqa: bool) -> str:
-        """The kernel CUDA's `select_sdp_backend` picks on this GPU, in the installed torch's order."""
+    def attention_kernel(self, query, key, value, attn_mask, enable_gqa: bool, dropout_p: float = 0.0) -> str:
+        """The kernel CUDA's `select_sdp_backend` picks on this GPU, in the order the release sets (cuDNN first where
+        `TorchRules.cudnn_first`), among the kernels the installed torch's flags enable."""
         import torch
 
         order = {1: "flash", 2: "efficient", 0: "math", 3: "cudnn", 4: "overrideable"}
+        kernels = [order.get(int(choice)) for choice in torch._C._get_sdp_priority_order()]
+        if self.rules.cudnn_first(self.gpu):
+            kernels = ["cudnn", *(kernel for kernel in kernels if kernel != "cudnn")]
         enabled = {"flash": torch._C._get_flash_sdp_enabled(), "efficient": torch._C._get_mem_efficient_sdp_enabled(),
                    "math": torch._C._get_math_sdp_enabled(), "cudnn": torch._C._get_cudnn_sdp_enabled()}
-        for kernel in (order.get(int(choice)) for choice in torch._C._get_sdp_priority_order()):
-            if enabled.get(kernel) and self._supports(kernel, query, key, value, attn_mask, enable_gqa):
+        for kernel in kernels:
+            if enabled.get(kernel) and self._supports(kernel, query, key, value, attn_mask, enable_gqa, dropout_p):
                 return kernel
         return "math"
 
-    def _supports(self, kernel: str, query, key, value, attn_mask, enable_gqa: bool) -> bool:
+    def _supports(self, kernel: str, query, key, value, attn_mask, enable_gqa: bool, dropout_p: float) -> bool:
         import torch
 
         head = query.size(-1)
-        grouped = enable_gqa and query.size(-3) != key.size(-3)
+        half = query.dtype in (torch.float16, torch.bfloat16)
+        grouped = query.size(-3) != key.size(-3) or key.size(-3) != value.size(-3)
         same_heads = key.size(-1) == head and value.size(-1) == head
+        if query.dim() != 4 or grouped and not (enable_gqa and kernel in ("flash", "cudnn")):
+            return kernel == "math"  # the fused kernels take 4-D inputs; grouped-query heads, flash's and cuDNN's
         if kernel == "flash":
-            return (self.gpu.capability >= (8, 0) and query.dtype in (torch.float16, torch.bfloat16)
-                    and attn_mask is None and same_heads and head <= 256 and head % 8 == 0)
+            return (self.gpu.capability >= (8, 0) and half and attn_mask is None and same_heads and head <= 256)
         if kernel == "efficient":
-            half = query.dtype in (torch.float16, torch.bfloat16)
             dtype_ok = query.dtype in (torch.float32, torch.float16) or (
                 query.dtype == torch.bfloat16 and self.gpu.capability >= (8, 0))
-            return (self.gpu.capability >= (5, 0) and dtype_ok and not grouped and key.size(-1) == head
-                    and head % (8 if half else 4) == 0)
-        if kernel == "math":
-            return True
-        return False  # cuDNN's and an out-of-tree backend's: after math in every order torch ships, never reached
+            align = 8 if half else (4 if self.gpu.capability >= (8, 0) else 1)
+            offsets = not self.rules.efficient_aligned_offset or self.gpu.capability < (8, 0) or all(
+                tensor.storage_offset() % align == 0 for tensor in (query, key, value))
+            return (self.gpu.capability >= (5, 0) and dtype_ok and key.size(-1) == head and head % align == 0
+                    and value.size(-1) % align == 0 and offsets)
+        if kernel == "cudnn":
+            limit = self.rules.cudnn_max_batch_heads
+            return (self.gpu.capability >= (8, 0) and half and max(head, value.size(-1)) <= 256
+                    and head % 8 == 0 and value.size(-1) % 8 == 0 and key.size(-2) != 1
+                    and not (dropout_p and query.size(-2) == 1)
+                    and not (self.rules.cudnn_dropout_sixteenths and (dropout_p * 16) % 1)
+                    and (limit is None or max(query.size(0), query.size(1)) <= limit)
+                    and (attn_mask is None or 2 <= attn_mask.dim() <= 4 and not attn_mask.requires_grad))
+        return kernel == "math"  # an out-of-tree backend's: after math in every order torch ships, never reached
 
     def attention_output(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                          enable_gqa=False):
@@ -174,22 +242,26 @@ class CudaPolicy:
         import torch
 
         aten = torch.ops.aten
-        kernel = self.attention_kernel(query, key, value, attn_mask, enable_gqa)
+        kernel = self.attention_kernel(query, key, value, attn_mask, enable_gqa, dropout_p)
         self.attention.add(kernel)
+        if kernel in ("efficient", "cudnn") and attn_mask is not None and attn_mask.dtype == torch.bool:
+            # CUDA turns a boolean mask into an additive bias of the query's dtype
+            attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(~attn_mask, float("-inf"))
+        wants_lse = any(t.requires_grad for t in (query, key, value))
         if kernel == "flash":
-            if enable_gqa and query.size(-3) != key.size(-3):
+            if query.size(-3) != key.size(-3):
                 self.assumed.add("grouped-query heads on the flash kernel: keys and values repeated to every head")
                 groups = query.size(-3) // key.size(-3)
                 key, value = key.repeat_interleave(groups, -3), value.repeat_interleave(groups, -3)
             return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False,
                                                             scale=scale)[0]
+        if kernel == "cudnn":
+            return aten._scaled_dot_product_cudnn_attention(query, key, value, attn_mask, wants_lse, dropout_p,
+                                                            is_causal, False, scale=scale)[0]
         if kernel == "efficient":
-            if attn_mask is not None and attn_mask.dtype == torch.bool:  # CUDA turns it into an additive bias
-                attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(~attn_mask, float("-inf"))
             if attn_mask is not None and attn_mask.size(-1) % 16:  # the kernel reads a bias padded to 16 columns
                 pad = 16 - attn_mask.size(-1) % 16
                 attn_mask = torch.nn.functional.pad(attn_mask, (0, pad))[..., :attn_mask.size(-1)]
-            wants_lse = any(t.requires_grad for t in (query, key, value))
             return aten._scaled_dot_product_efficient_attention(query, key, value, attn_mask, wants_lse, dropout_p,
                                                                 is_causal, scale=scale)[0]
         dtype = query.dtype
@@ -243,15 +315,16 @@ def _autocast_kernel(op, what: str | None):
 
 
 @contextlib.contextmanager
-def as_cuda(gpu: Gpu) -> Iterator[CudaPolicy]:
-    """Within it, this process's operators choose as `gpu` would under the installed torch: autocast on the CPU
-    casts as CUDA's does, and attention runs CUDA's chosen kernel (on fake tensors: real CPU tensors have no CUDA
-    kernel to run). The registrations are removed on exit."""
+def as_cuda(gpu: Gpu, rules: TorchRules | None = None) -> Iterator[CudaPolicy]:
+    """Within it, this process's operators choose as `gpu` would under the release `rules` describes (default: the
+    installed one's): autocast on the CPU casts as CUDA's does (the installed torch's lists), and attention runs the
+    kernel CUDA would choose (on fake tensors: real CPU tensors have no CUDA kernel to run). The registrations are
+    removed on exit."""
     import warnings
 
     import torch
 
-    policy = CudaPolicy(gpu)
+    policy = CudaPolicy(gpu, rules or torch_named(None))
     library = torch.library.Library("aten", "IMPL")
     cuda_ops = cuda_autocast_ops()
     unknown = sorted(name for name, what in cuda_ops.items() if what is None)
@@ -272,11 +345,11 @@ def as_cuda(gpu: Gpu) -> Iterator[CudaPolicy]:
         library._destroy()
 
 
-def emulated(gpu: str) -> str:
-    """What a prediction for the card `gpu` names emulates, in words for its answer."""
-    import torch
-
-    card = gpu_named(gpu)
+def emulated(gpu: str, torch_version: str | None = None) -> str:
+    """What a prediction for the card `gpu` under the release `torch_version` (None: the installed one's) emulates,
+    in words for its answer."""
+    card, rules = gpu_named(gpu), torch_named(torch_version)
     major, minor = card.capability
+    lists = "" if rules.version == installed_torch() else f", with autocast's lists of the installed {installed_torch()}"
     return (f"{card.name} (compute capability {major}.{minor}, {card.memory_mib} MiB; --gpu to choose), "
-            f"as torch {torch.__version__.split('+')[0]} chooses its kernels")
+            f"as torch {rules.version} chooses its kernels{lists} (--torch to choose)")

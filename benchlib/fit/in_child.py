@@ -100,7 +100,7 @@ def trace_workers(engines: int) -> int:
 
 
 def predicted_engines(model_file, engines: Sequence[str], values: Mapping[str, Any], scale: str, limit: float,
-                      gpu: str = DEFAULT_GPU) -> dict[str, dict]:
+                      target: tuple[str, str | None] = (DEFAULT_GPU, None)) -> dict[str, dict]:
     """`predicted.predict_engine` of every engine, all in one child that reads the file once and traces `trace_workers` engines
     at a time, each in a fork of its own (which imports nothing again), under the time limit of one engine's
     prediction per round of them; a child that fails fails every engine's prediction, saying why."""
@@ -113,7 +113,8 @@ def predicted_engines(model_file, engines: Sequence[str], values: Mapping[str, A
     workers = trace_workers(len(engines))
     each_s = getattr(model_file, "timeout_s", None) or form_check_timeout()
     try:
-        asked = {"scale": scale, "limit": float(limit), "world_size": getattr(model_file, "world_size", 1), "gpu": gpu}
+        asked = {"scale": scale, "limit": float(limit), "world_size": getattr(model_file, "world_size", 1),
+                 "gpu": target[0], "torch": target[1]}
         return call_in_child("_in_child_predicted_each", model_file, f"predicting {', '.join(engines)}",
                              timeout_s=each_s * math.ceil(len(engines) / min(workers, usable_cores())),
                              values=dict(values),
@@ -182,7 +183,8 @@ _PREDICTING: tuple = ()  # what `_in_child_predicted_each` traces, for the forks
 
 def _in_child_predicted_each(*, device, path: str, values: dict, engines: list[str], asked: dict, workers: int = 1
                              ) -> dict:
-    """Each engine's `predict_engine` (`asked`: its scale, limit, world_size and gpu), `workers` forks at a time."""
+    """Each engine's `predict_engine` (`asked`: its scale, limit, world_size, gpu and torch release), `workers` forks
+    at a time."""
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
     from multiprocessing import get_context
@@ -209,4 +211,5 @@ def _predicted(engine: str) -> dict:
     from benchlib.fit.predicted import predict_engine
 
     model_file, values, asked = _PREDICTING
-    return predict_engine(model_file, engine, values, asked["scale"], asked["limit"], asked["world_size"], asked["gpu"])
+    return predict_engine(model_file, engine, values, asked["scale"], asked["limit"], asked["world_size"], asked["gpu"],
+                          asked["torch"])

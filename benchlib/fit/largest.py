@@ -51,12 +51,13 @@ def fit(path: str | Path, *, memory: Any, scale: str, device: str = "cpu", engin
     predicted = cuda_without_gpu(device)
     memory, card = gpu_question(memory, predicted, device)
     return fit_asked(ask(path, memory, scale, engines, params, predicted), scale=scale, device=device, card=card,
-                     progress=progress, search=search)
+                     progress=progress, search=search, torch=memory.torch if isinstance(memory, MemoryLimit) else None)
 
 
 def fit_asked(question: Question, *, scale: str, device: str, card: str | None, progress: Callable[[str], None],
-              search: Search) -> FitResult:
-    """`fit` of a question already asked (the file read and checked once: `fit --at` falls back to it)."""
+              search: Search, torch: str | None = None) -> FitResult:
+    """`fit` of a question already asked (the file read and checked once: `fit --at` falls back to it); a
+    prediction is for the card `card` under the torch release `torch` (None: the installed one's)."""
     from benchlib.measure import Device, resolve_device
     from benchlib.measure.isolation import available_memory
 
@@ -74,7 +75,7 @@ def fit_asked(question: Question, *, scale: str, device: str, card: str | None, 
         verify = not predicted and question.limit <= available_memory(target)
     fits = _applicable(question, target, scale, progress, shapes_only=predicted)
     if predicted:
-        result = _predict_all(model_file, fits, values, scale, question.usable, target.name, progress, card)
+        result = _predict_all(model_file, fits, values, scale, question.usable, target.name, progress, (card, torch))
         return dataclasses.replace(result, limit=question.limit, margin=question.margin)
     result = FitResult(model_file.name, scale, question.limit, target.name, total_words(target, model_file.world_size),
                        fits, margin=question.margin, world_size=model_file.world_size, per=unit_of(model_file, scale))
@@ -138,30 +139,33 @@ def _applicable(question: Question, device, scale: str, progress: Callable[[str]
 
 
 def gpu_question(memory: Any, predicted: bool, device: str) -> tuple[Any, str]:
-    """The limit and the name of the card a prediction is for: `MemoryLimit.gpu` (`--gpu`) only where fit predicts,
-    and its memory where no size is given. Refused, saying what is valid, before any work."""
-    from benchlib.fit.cuda_policy import DEFAULT_GPU, gpu_named
+    """The limit and the name of the card a prediction is for: `MemoryLimit.gpu` (`--gpu`) and `.torch` (`--torch`)
+    only where fit predicts, and the card's memory where no size is given. Refused, saying what is valid, before any
+    work."""
+    from benchlib.fit.cuda_policy import DEFAULT_GPU, gpu_named, torch_named
 
     gpu = memory.gpu if isinstance(memory, MemoryLimit) else None
-    if gpu is not None and not predicted:
-        raise FitError(f"--gpu names the GPU a prediction is made for, with --device cuda on a machine without one; "
-                       f"with --device {device} fit measures here")
+    for flag, given in (("--gpu", gpu), ("--torch", getattr(memory, "torch", None))):
+        if given is not None and not predicted:
+            raise FitError(f"{flag} names what a prediction is made for, with --device cuda on a machine without a "
+                           f"GPU; with --device {device} fit measures here")
     try:
         card = gpu_named(gpu or DEFAULT_GPU)
+        torch_named(getattr(memory, "torch", None))
     except ValueError as error:
         raise FitError(str(error)) from None
     if memory is None or (isinstance(memory, MemoryLimit) and memory.size is None):
         if gpu is None:
             raise FitError("give --memory SIZE (the limit), or --gpu NAME for a prediction at that card's memory")
-        memory = MemoryLimit(card.memory_bytes, memory.margin, gpu)
+        memory = MemoryLimit(card.memory_bytes, memory.margin, gpu, memory.torch)
     return memory, gpu or DEFAULT_GPU
 
 
 def _predict_all(model_file, fits: list[EngineFit], values: dict, scale: str, limit: float, device: str,
-                progress: Callable[[str], None], gpu: str) -> FitResult:
-    """`fit`'s answer on a machine without a GPU (`fits`: the engines, with the plan's reasons already set): each
-    engine predicted (`predicted.predict_engine`), side by side (`in_child.predicted_engines`), and the
-    size model of its traced points recorded with its check error."""
+                progress: Callable[[str], None], target: tuple[str, str | None]) -> FitResult:
+    """`fit`'s answer on a machine without a GPU (`fits`: the engines, with the plan's reasons already set) for the
+    card and torch release `target` names: each engine predicted (`predicted.predict_engine`), side by side
+    (`in_child.predicted_engines`), and the size model of its traced points recorded with its check error."""
     from benchlib.fit.cuda_policy import emulated
     from benchlib.fit.predicted import BASIS, TRACE_TOLERANCE
     from benchlib.fit.sizing import choose_model
@@ -169,6 +173,7 @@ def _predict_all(model_file, fits: list[EngineFit], values: dict, scale: str, li
 
     unseen: set[str] = set()
     assumed: set[str] = set()
+    attention: dict[str, list[str]] = {}
     for engine_fit in fits:
         untraceable = None if engine_fit.reason else combination_of(model_file, engine_fit.engine).untraceable
         if untraceable is not None:
@@ -178,7 +183,7 @@ def _predict_all(model_file, fits: list[EngineFit], values: dict, scale: str, li
         progress(f"{model_file.name}: tracing {len(traced)} engines, {in_child.trace_workers(len(traced))} at a time "
                  f"on {in_child.usable_cores()} cores")
     predictions = in_child.predicted_engines(model_file, [engine_fit.engine for engine_fit in traced], values, scale,
-                                             limit, gpu)
+                                             limit, target)
     for engine_fit in traced:
         made = predictions[engine_fit.engine]
         if "reason" in made:
@@ -189,6 +194,8 @@ def _predict_all(model_file, fits: list[EngineFit], values: dict, scale: str, li
         engine_fit.tolerance = TRACE_TOLERANCE
         unseen.update(made["unseen"])
         assumed.update(made["assumed"])
+        if made["attention"]:
+            attention[engine_fit.engine] = made["attention"]
         engine_fit.model = choose_model(list(engine_fit.traced), list(engine_fit.traced.values()))
         largest, reach = made["largest"], made["reach"]
         if largest is not None and largest == reach:  # fits at the farthest value traced: the size model says beyond
@@ -200,4 +207,4 @@ def _predict_all(model_file, fits: list[EngineFit], values: dict, scale: str, li
     if model_file.world_size > 1:
         total = f"rank 0's reserved peak (the largest shard), simulated in one process, {BASIS}"
     return FitResult(model_file.name, scale, limit, device, total, fits, basis=BASIS, unseen=sorted(unseen),
-                     target=emulated(gpu), assumed=sorted(assumed), world_size=model_file.world_size)
+                     target=emulated(*target), assumed=sorted(assumed), attention=attention, world_size=model_file.world_size)

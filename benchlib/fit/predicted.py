@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchlib.fit.asking import scale_points
-from benchlib.fit.cuda_policy import DEFAULT_GPU, GPUS, Gpu, as_cuda, gpu_named
+from benchlib.fit.cuda_policy import DEFAULT_GPU, GPUS, Gpu, TorchRules, as_cuda, gpu_named, torch_named
 from benchlib.fit.search import SEARCH_LIMIT, Bracketing, largest_under
 from benchlib.fit.sizing import MIN_POINTS, TRACE_REACH
 from benchlib.fit.tracing import untraced_reason
@@ -152,8 +152,10 @@ def _moved_order(module) -> list:
 
 def predict_reserved(model_file, engine: str, values: Mapping[str, Any],
                      workspaces: Sequence[int] = CUBLAS_WORKSPACES, fake: bool = True,
-                     world_size: int = 1, gpu: Gpu | None = GPUS[DEFAULT_GPU]) -> Prediction:
-    """The predicted CUDA reserved peak of `engine`'s step at `values` on `gpu` (see the module's docstring). Raises
+                     world_size: int = 1, gpu: Gpu | None = GPUS[DEFAULT_GPU], rules: TorchRules | None = None
+                     ) -> Prediction:
+    """The predicted CUDA reserved peak of `engine`'s step at `values` on `gpu`, its kernels chosen as the torch
+    release `rules` describes (default: the installed one; see the module's docstring). Raises
     where torch cannot trace the step under fake tensors (data-dependent control flow, torch.func's wrappers). On
     `world_size` ranks, rank 0's, simulated in this process (`simulated_rank`): its parallel strategy places the
     model and the file's batch is rank 0's. `fake=False` records the same step over real tensors, as a test
@@ -172,7 +174,7 @@ def predict_reserved(model_file, engine: str, values: Mapping[str, Any],
     ranks = simulated_rank(world_size) if world_size > 1 else contextlib.nullcontext()
     # the model is made on the meta device and materialized under the mode: those tensors are not fake yet
     tensors = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
-    kernels = as_cuda(gpu) if gpu is not None and fake else contextlib.nullcontext(None)
+    kernels = as_cuda(gpu, rules) if gpu is not None and fake else contextlib.nullcontext(None)
     with warnings.catch_warnings(), ranks, tensors, kernels as policy:
         warnings.simplefilter("ignore")
         build = lambda: model_file.seeded_model(values)  # noqa: E731 - the placement's builder
@@ -259,18 +261,19 @@ def largest_fitting(reserved: Callable[[int], int], traced: dict[int, int], limi
 
 
 def predict_engine(model_file, engine: str, values: Mapping[str, Any], scale: str, limit: float,
-                   world_size: int = 1, gpu: str = DEFAULT_GPU) -> dict:
-    """One engine's prediction on the GPU `gpu` names, in a fork of the child that read the file (`in_child.predicted_engines`):
-    its reserved peaks (rank 0's of `world_size`) traced at the grid's ends, then where the search for the largest
+                   world_size: int = 1, gpu: str = DEFAULT_GPU, torch_version: str | None = None) -> dict:
+    """One engine's prediction on the GPU `gpu` names under the torch release `torch_version` (None: the installed
+    one's), in a fork of the child that read the file (`in_child.predicted_engines`): its reserved peaks (rank 0's of `world_size`) traced at the grid's ends, then where the search for the largest
     value under `limit` asks (`largest_fitting`); as JSON: `traced` (value -> reserved), `largest`, `reach` (how far
     the search traced, None: unbounded), `unseen`, `attention` (the kernels CUDA would run), `assumed` (the larger
     branches taken); or `reason` where its step could not be traced."""
     points = scale_points(values[scale], scale)
-    card = gpu_named(gpu)
+    card, rules = gpu_named(gpu), torch_named(torch_version)
     made: dict[int, Prediction] = {}
 
     def trace(value: int) -> int:
-        made[value] = predict_reserved(model_file, engine, {**values, scale: value}, world_size=world_size, gpu=card)
+        made[value] = predict_reserved(model_file, engine, {**values, scale: value}, world_size=world_size, gpu=card,
+                                       rules=rules)
         return made[value].reserved
 
     try:

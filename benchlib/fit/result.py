@@ -144,6 +144,7 @@ class FitResult:
     unseen: list[str] = field(default_factory=list)  # predicted: what CUDA's kernels take that the trace did not see
     target: str = ""  # predicted: the GPU and the torch whose kernel choices the trace made (cuda_policy)
     assumed: list[str] = field(default_factory=list)  # predicted: where a choice was unknown, the larger branch taken
+    attention: dict[str, list[str]] = field(default_factory=dict)  # predicted: the attention kernels, by engine
     margin: float = 0.0  # the share of the limit kept free: answers stay under limit * (1 - margin)
     world_size: int = 1  # the ranks each step ran on: values are per rank, totals the worst rank's
     per: str = "sample"  # what one unit of `scale` is, for times per unit: a sample where it is a batch's size
@@ -220,6 +221,9 @@ class FitResult:
             lines = [f"{self.name}, {self.basis}: the largest {self.scale} under {limit} of CUDA reserved memory is "
                      f"{_value(best.largest)}{self._per_rank(best.largest)}, with {best.engine}",
                      *([f"  for {self.target}"] if self.target else []),
+                     *(["  attention, as CUDA's kernels there: " + "; ".join(
+                         f"{engine} {', '.join(kernels)}" for engine, kernels in self.attention.items())]
+                       if self.attention else []),
                      "  (a trace under fake tensors replayed through a model of the caching allocator"
                      + (f"; rank 0 of {self.world_size} simulated in one process under torch's fake process group, "
                         "whose collectives move nothing" if self.world_size > 1 else "")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from benchlib.engine_names import split_names
 from benchlib.errors import EXIT_FAILED, EXIT_OK
-from benchlib.fit.cuda_policy import DEFAULT_GPU, GPUS
+from benchlib.fit.cuda_policy import DEFAULT_GPU, GPUS, TORCH_RULES
 from benchlib.fit.settings import QUICK, THOROUGH, Search
 from benchlib.runner.arguments import RunnerError, parse_assignments, ranks_params
 
@@ -57,6 +57,9 @@ def add_commands(commands, common: Sequence[argparse.ArgumentParser]) -> None:
     fit_parser.add_argument("--gpu", default=None, metavar="NAME",
                             help="with --device cuda on a machine without a GPU: the card the prediction is for, whose "
                                  f"kernels the trace chooses ({', '.join(GPUS)}; default: {DEFAULT_GPU})")
+    fit_parser.add_argument("--torch", default=None, metavar="VERSION",
+                            help="with --device cuda on a machine without a GPU: the torch release whose CUDA kernel "
+                                 f"choices the trace emulates ({', '.join(TORCH_RULES)}; default: the installed one's)")
     fit_parser.add_argument("--engines", default=None, metavar="A,B", help="engines and combinations to fit, as torch,torch-sac+torch-autocast (default: all of the form's, "
                                  "and the combinations -p combinations=default|all|none adds)")
     fit_parser.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
@@ -150,7 +153,7 @@ def fit_command(arguments: argparse.Namespace) -> int:
     if arguments.at is not None:
         return _fit_at(arguments, chosen, started, started_at, search)
     try:
-        result = fit(file, memory=MemoryLimit(arguments.memory, _share(arguments.margin), arguments.gpu), scale=scale,
+        result = fit(file, memory=MemoryLimit(arguments.memory, _share(arguments.margin), arguments.gpu, arguments.torch), scale=scale,
                      device=device, engines=chosen, params=ranks_params(arguments, parse_assignments(arguments.param)),
                      search=search)
     except FitInterrupted as stopped:
@@ -186,7 +189,7 @@ def _fit_at(arguments: argparse.Namespace, chosen: list[str] | None, started: fl
     from benchlib.fit import FitInterrupted, MemoryLimit, fit_at
 
     try:
-        result = fit_at(arguments.file, memory=MemoryLimit(arguments.memory, _share(arguments.margin), arguments.gpu),
+        result = fit_at(arguments.file, memory=MemoryLimit(arguments.memory, _share(arguments.margin), arguments.gpu, arguments.torch),
                         at=arguments.at,
                         device=arguments.device, engines=chosen,
                         params=ranks_params(arguments, parse_assignments(arguments.param)), search=search)
