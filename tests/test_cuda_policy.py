@@ -8,8 +8,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchlib.engines.techniques.builtin import _without_generation_cache
-from benchlib.fit.cuda_policy import (CUDA_AUTOCAST, GPUS, CudaPolicy, as_cuda, cpu_autocast_ops, cuda_autocast_ops,
-                                      gpu_named, torch_named)
+from benchlib.fit.cuda_policy import (CUDA_AUTOCAST, GPUS, AttentionCall, CudaPolicy, as_cuda, cpu_autocast_ops,
+                                      cuda_autocast_ops, gpu_named, torch_named)
 from benchlib.usermodel.shapes import materialized
 
 
@@ -110,8 +110,24 @@ def test_each_release_orders_and_checks_the_kernels_as_its_cuda_build_does(monke
     policy = CudaPolicy(GPUS["h200"], torch_named(release))
     with FakeTensorMode():
         query = torch.randn(2, 8, 128, 64, dtype=torch.bfloat16)
-        assert policy.attention_kernel(query, query, query, None, False, dropout) == expected
-        assert policy.attention_kernel(query[0], query[0], query[0], None, False, 0.0) == "math"  # 3-D: no fused kernel
+        assert policy.attention_kernel(AttentionCall(query, query, query, dropout_p=dropout)) == expected
+        assert policy.attention_kernel(AttentionCall(query[0], query[0], query[0])) == "math"  # 3-D: no fused kernel
+
+
+@pytest.mark.parametrize("gpu, shape, causal, grad, expected", [
+    ("a100-80gb", (2, 8, 128, 64), True, True, "flash"),
+    ("a100-80gb", (2, 8, 128, 64, 256), True, True, "efficient"),  # causal over more keys than queries: not flash
+    ("l4", (2, 8, 128, 200), False, True, "efficient"),  # sm89: no flash for heads of 193-224 in training
+    ("l4", (2, 8, 128, 200), False, False, "flash"),
+    ("a100-80gb", (2, 8, 128, 200), False, True, "flash"),
+])
+def test_flash_is_chosen_as_its_checks_allow(gpu, shape, causal, grad, expected):
+    batch, heads, queries, head, *keys = shape
+    policy = CudaPolicy(gpu_named(gpu), torch_named("2.13"))
+    with FakeTensorMode():
+        query = torch.randn(batch, heads, queries, head, dtype=torch.float16, requires_grad=grad)
+        key = torch.randn(batch, heads, keys[0] if keys else queries, head, dtype=torch.float16)
+        assert policy.attention_kernel(AttentionCall(query, key, key, is_causal=causal)) == expected
 
 
 def test_a_release_benchlib_does_not_know_is_refused_and_the_installed_one_is_the_default():

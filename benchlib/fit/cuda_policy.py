@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from benchlib.errors import Refused
 
@@ -181,6 +182,35 @@ def cpu_autocast_ops() -> set[str]:
             and torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "AutocastCPU")}
 
 
+@dataclass(frozen=True)
+class AttentionCall:
+    """One `scaled_dot_product_attention` call, as CUDA's `select_sdp_backend` reads it."""
+
+    query: Any
+    key: Any
+    value: Any
+    attn_mask: Any = None
+    dropout_p: float = 0.0
+    is_causal: bool = False
+    enable_gqa: bool = False
+
+    @property
+    def half(self) -> bool:
+        import torch
+
+        return self.query.dtype in (torch.float16, torch.bfloat16)
+
+    @property
+    def grouped(self) -> bool:
+        """Keys and values with fewer heads than the query (or than each other)."""
+        return self.query.size(-3) != self.key.size(-3) or self.key.size(-3) != self.value.size(-3)
+
+    def fused(self) -> bool:
+        """Whether any fused kernel may take it: 4-D inputs, and grouped-query heads only where asked for
+        (`enable_gqa`; flash's and cuDNN's take them, efficient's not before torch 2.14)."""
+        return self.query.dim() == 4 and (not self.grouped or self.enable_gqa)
+
+
 @dataclass
 class CudaPolicy:
     """The choices a trace made as `gpu` would (`as_cuda`): the attention kernels it ran, and where it took the
@@ -191,7 +221,7 @@ class CudaPolicy:
     attention: set[str] = field(default_factory=set)
     assumed: set[str] = field(default_factory=set)
 
-    def attention_kernel(self, query, key, value, attn_mask, enable_gqa: bool, dropout_p: float = 0.0) -> str:
+    def attention_kernel(self, call: AttentionCall) -> str:
         """The kernel CUDA's `select_sdp_backend` picks on this GPU, in the order the release sets (cuDNN first where
         `TorchRules.cudnn_first`), among the kernels the installed torch's flags enable."""
         import torch
@@ -202,39 +232,47 @@ class CudaPolicy:
             kernels = ["cudnn", *(kernel for kernel in kernels if kernel != "cudnn")]
         enabled = {"flash": torch._C._get_flash_sdp_enabled(), "efficient": torch._C._get_mem_efficient_sdp_enabled(),
                    "math": torch._C._get_math_sdp_enabled(), "cudnn": torch._C._get_cudnn_sdp_enabled()}
+        takes = {"flash": self._flash_takes, "efficient": self._efficient_takes, "cudnn": self._cudnn_takes}
         for kernel in kernels:
-            if enabled.get(kernel) and self._supports(kernel, query, key, value, attn_mask, enable_gqa, dropout_p):
+            if kernel == "math" and enabled["math"]:
+                return "math"
+            if enabled.get(kernel) and kernel in takes and call.fused() and takes[kernel](call):
                 return kernel
         return "math"
 
-    def _supports(self, kernel: str, query, key, value, attn_mask, enable_gqa: bool, dropout_p: float) -> bool:
+    def _flash_takes(self, call: AttentionCall) -> bool:
+        query, key, value = call.query, call.key, call.value
+        head, capability = query.size(-1), self.gpu.capability
+        training = any(tensor.requires_grad for tensor in (query, key, value))
+        sm86_89 = capability in ((8, 6), (8, 9))  # its kernels' shared memory: no large heads in training
+        return (capability >= (8, 0) and call.half and call.attn_mask is None and key.size(-1) == head
+                and value.size(-1) == head and head <= 256
+                and not (call.is_causal and query.size(-2) != key.size(-2))
+                and not (sm86_89 and training and (192 < head <= 224 or head > 224 and call.dropout_p)))
+
+    def _efficient_takes(self, call: AttentionCall) -> bool:
         import torch
 
-        head = query.size(-1)
-        half = query.dtype in (torch.float16, torch.bfloat16)
-        grouped = query.size(-3) != key.size(-3) or key.size(-3) != value.size(-3)
-        same_heads = key.size(-1) == head and value.size(-1) == head
-        if query.dim() != 4 or grouped and not (enable_gqa and kernel in ("flash", "cudnn")):
-            return kernel == "math"  # the fused kernels take 4-D inputs; grouped-query heads, flash's and cuDNN's
-        if kernel == "flash":
-            return (self.gpu.capability >= (8, 0) and half and attn_mask is None and same_heads and head <= 256)
-        if kernel == "efficient":
-            dtype_ok = query.dtype in (torch.float32, torch.float16) or (
-                query.dtype == torch.bfloat16 and self.gpu.capability >= (8, 0))
-            align = 8 if half else (4 if self.gpu.capability >= (8, 0) else 1)
-            offsets = not self.rules.efficient_aligned_offset or self.gpu.capability < (8, 0) or all(
-                tensor.storage_offset() % align == 0 for tensor in (query, key, value))
-            return (self.gpu.capability >= (5, 0) and dtype_ok and key.size(-1) == head and head % align == 0
-                    and value.size(-1) % align == 0 and offsets)
-        if kernel == "cudnn":
-            limit = self.rules.cudnn_max_batch_heads
-            return (self.gpu.capability >= (8, 0) and half and max(head, value.size(-1)) <= 256
-                    and head % 8 == 0 and value.size(-1) % 8 == 0 and key.size(-2) != 1
-                    and not (dropout_p and query.size(-2) == 1)
-                    and not (self.rules.cudnn_dropout_sixteenths and (dropout_p * 16) % 1)
-                    and (limit is None or max(query.size(0), query.size(1)) <= limit)
-                    and (attn_mask is None or 2 <= attn_mask.dim() <= 4 and not attn_mask.requires_grad))
-        return kernel == "math"  # an out-of-tree backend's: after math in every order torch ships, never reached
+        query, key, value, capability = call.query, call.key, call.value, self.gpu.capability
+        if call.grouped:
+            return False
+        dtype_ok = query.dtype in (torch.float32, torch.float16) or (
+            query.dtype == torch.bfloat16 and capability >= (8, 0))
+        align = 8 if call.half else (4 if capability >= (8, 0) else 1)
+        offsets = not self.rules.efficient_aligned_offset or capability < (8, 0) or all(
+            tensor.storage_offset() % align == 0 for tensor in (query, key, value))
+        return (capability >= (5, 0) and dtype_ok and key.size(-1) == query.size(-1)
+                and query.size(-1) % align == 0 and value.size(-1) % align == 0 and offsets)
+
+    def _cudnn_takes(self, call: AttentionCall) -> bool:
+        query, key, value, mask = call.query, call.key, call.value, call.attn_mask
+        limit = self.rules.cudnn_max_batch_heads
+        heads = (query.size(-1), value.size(-1))
+        return (self.gpu.capability >= (8, 0) and call.half and max(heads) <= 256 and heads[0] % 8 == 0
+                and heads[1] % 8 == 0 and key.size(-2) != 1 and not (call.dropout_p and query.size(-2) == 1)
+                and not (self.rules.cudnn_dropout_sixteenths and (call.dropout_p * 16) % 1)
+                and (limit is None or max(query.size(0), query.size(1)) <= limit)
+                and (mask is None or 2 <= mask.dim() <= 4 and not mask.requires_grad))
 
     def attention_output(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                          enable_gqa=False):
@@ -242,7 +280,7 @@ class CudaPolicy:
         import torch
 
         aten = torch.ops.aten
-        kernel = self.attention_kernel(query, key, value, attn_mask, enable_gqa, dropout_p)
+        kernel = self.attention_kernel(AttentionCall(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa))
         self.attention.add(kernel)
         if kernel in ("efficient", "cudnn") and attn_mask is not None and attn_mask.dtype == torch.bool:
             # CUDA turns a boolean mask into an additive bias of the query's dtype
