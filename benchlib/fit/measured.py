@@ -161,7 +161,7 @@ class MeasuredSearch:
         """The engine's step at `value` of the scale, in a fresh process, counted by the progress line (`planned`:
         already, with the phase's other processes)."""
         if not planned:
-            self.pace.expect([value])
+            self.pace.expect([value], searching=True)
         return measure_step(self.model_file, engine_fit.engine, {**self.question.values, self.scale: value},
                             self.device, steps=self.search.steps, cap_bytes=cap_bytes)
 
@@ -196,8 +196,8 @@ def farther_out(run: MeasuredSearch, engine_fit: EngineFit) -> None:
 
     def probe(value: int) -> bool:
         outcome = run.step(engine_fit, value)
-        run.pace.done(f"{run.named(engine_fit, value)} (farther out: the totals did not grow): "
-                      + (outcome.reason or format_bytes(outcome.total)), value)
+        run.pace.done(f"{run.named(engine_fit, value)} (farther out: the totals did not grow): " + (outcome.reason or (
+            f"{format_bytes(outcome.total)}, {format_seconds(outcome.seconds)}/step")), value)
         if outcome.failed:
             engine_fit.failed[value] = outcome.reason
         if outcome.measured:

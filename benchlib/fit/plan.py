@@ -89,11 +89,12 @@ def plan(question: Question, verify: bool) -> tuple[Phase, ...]:
 
 
 def carry_out(phases: tuple[Phase, ...], run: MeasuredFit) -> None:
-    """Each phase in turn, announced with its number in the plan."""
+    """Each phase in turn, announced with its number in the plan before its first line (a phase with nothing to do,
+    a frontier with no engine, is passed over in silence)."""
     for number, phase in enumerate(phases, 1):
         if phase.measuring and not run.in_play:
             continue
-        run.pace.say(f"phase {number}/{len(phases)}: {phase.name}")
+        run.pace.announce(f"phase {number}/{len(phases)}: {phase.name}")
         phase.run(run)
 
 
