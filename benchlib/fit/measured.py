@@ -290,9 +290,7 @@ def hold(engine_fit: EngineFit, measure: Measure, limit: float,
     leaves the answer as measured so far (its line said why)."""
     if engine_fit.confirmed is None:
         return
-    last = {"value": engine_fit.confirmed, "held": False}  # the value the proposals reached, and whether it held
-
-    def proposals() -> Iterator[int]:
+    def proposals() -> Iterator[int]:  # a measurement that fails ends them: the answer stays as measured so far
         value = engine_fit.confirmed
         for _ in range(search.hold_steps):
             for _ in range(search.hold_repeats - (value in engine_fit.checked)):
@@ -300,10 +298,13 @@ def hold(engine_fit: EngineFit, measure: Measure, limit: float,
                 if engine_fit.checked[value] > limit:
                     break
             if engine_fit.checked[value] <= limit:
-                last.update(value=value, held=True)
+                engine_fit.confirmed = value
                 return
-            value = multiple_of(int(value * (1 - search.resolution)), engine_fit.multiple)
-        last.update(value=value, held=None)
+            value = _step_below(value, engine_fit, search)
+        engine_fit.confirmed = None
+        engine_fit.unconfirmed = (f"no value held the limit in {search.hold_repeats} processes, down to {value}: its "
+                                  "totals differ from process to process by more than the search's steps")
+        progress(f"confirming {engine_fit.engine}: {engine_fit.unconfirmed}")
 
     def probe(value: int) -> bool:
         outcome = measure(value)
@@ -312,15 +313,6 @@ def hold(engine_fit: EngineFit, measure: Measure, limit: float,
         return outcome.measured
 
     drive(proposals(), probe)
-    if last["held"]:
-        engine_fit.confirmed = last["value"]
-    elif last["held"] is None:  # every value stepped through was over in some process
-        engine_fit.confirmed = None
-        engine_fit.unconfirmed = (f"no value held the limit in {search.hold_repeats} processes, down to "
-                                  f"{last['value']}: its totals differ from process to process by more than the "
-                                  "search's steps")
-        progress(f"confirming {engine_fit.engine}: {engine_fit.unconfirmed}")
-    # else a measurement failed: the answer stays as measured so far (its line said why)
 
 
 def step_down(engine_fit: EngineFit, measure: Measure, scale: str, limit: float,
@@ -338,7 +330,7 @@ def step_down(engine_fit: EngineFit, measure: Measure, scale: str, limit: float,
                 return
             if value not in engine_fit.checked:  # over at a point of the grid: no step down from it
                 return
-            value = multiple_of(int(value * (1 - search.resolution)), engine_fit.multiple)
+            value = _step_below(value, engine_fit, search)
 
     drive(proposals(), lambda value: _checked(engine_fit, measure, value))
     value = engine_fit.confirmed
@@ -367,6 +359,12 @@ def _checked(engine_fit: EngineFit, measure: Measure, value: int) -> bool:
     if outcome.measured:
         engine_fit.checked[value] = outcome.total
     return outcome.measured
+
+
+def _step_below(value: int, engine_fit: EngineFit, search: Search) -> int:
+    """The value `search.resolution` below `value`, a multiple of the engine's step: where hold and step_down go
+    next from a value over the limit."""
+    return multiple_of(int(value * (1 - search.resolution)), engine_fit.multiple)
 
 
 def _totals(engine_fit: EngineFit) -> list[tuple[int, int]]:

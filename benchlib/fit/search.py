@@ -1,7 +1,7 @@
 """fit's one search loop and the largest value it looks for.
 
-Every search fit makes, over a size model, over traces or over measured processes, is `drive`: a proposal gives the
-next value (or None: it has its answer, or nothing more is worth a probe), a probe learns that value's total (or
+Every search fit makes, over a size model, over traces or over measured processes, is `drive`: proposals give the next value
+(they end when they have their answer, or nothing more is worth a probe), a probe learns that value's total (or
 says it could not, and the search stops). The phases differ only in what they propose (`benchlib.fit.measured`:
 farther out, toward the answer, holding an answer, stepping down); the largest value under a limit is proposed
 by `Toward`, whose `Bracketing` says what a probe costs: a size model is free, a trace takes seconds, a measured
